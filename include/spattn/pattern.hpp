@@ -1,0 +1,95 @@
+// spattn/pattern.hpp — the pattern language of PATTERNS.md: parse, bind to lengths, predicate, rows.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spattn/error.hpp"
+
+namespace spattn {
+
+// An affine run of keys: start, start + stride, ..., start + (count - 1) * stride. stride >= 1, count >= 1.
+// An interval [a, b) is the run {a, 1, b - a}.
+struct Run {
+  int64_t start = 0;
+  int64_t stride = 1;
+  int64_t count = 0;
+  int64_t last() const { return start + (count - 1) * stride; }
+  int64_t end() const { return last() + 1; }  // one past the last key
+  bool operator==(const Run&) const = default;
+};
+
+// The keys of one query row, as runs. Guarantees: no key appears twice; runs are ordered by start;
+// intervals (stride 1) neither overlap nor touch one another. Strided runs may interleave with other runs.
+using RowRuns = std::vector<Run>;
+
+namespace detail {
+struct Node;       // parsed spec (length independent)
+struct BoundNode;  // spec bound to (q_len, k_len), validated
+}  // namespace detail
+
+class BoundPattern;
+
+// A parsed pattern spec. Immutable and cheap to copy. Syntax errors throw spattn::Error naming the
+// offending text and its column (1-based).
+class Pattern {
+ public:
+  static Pattern parse(std::string_view spec);
+  const std::string& spec() const { return spec_; }
+  // Binds the pattern to a query length and a key length. Length-dependent errors (an index out of range,
+  // document segments that do not sum to L, a neighborhood window that does not fit) throw here.
+  BoundPattern bind(int64_t q_len, int64_t k_len) const;
+  BoundPattern bind(int64_t len) const;
+
+ private:
+  std::string spec_;
+  std::shared_ptr<const detail::Node> root_;
+};
+
+inline Pattern parse(std::string_view spec) { return Pattern::parse(spec); }
+
+// A pattern bound to lengths: the reference predicate and cheap row enumeration. Thread-safe for reads.
+class BoundPattern {
+ public:
+  int64_t q_len() const { return q_len_; }
+  int64_t k_len() const { return k_len_; }
+  const std::string& spec() const { return spec_; }
+
+  // The reference predicate of PATTERNS.md. O(1) for every atom except random (O(Lk) the first time a row
+  // is asked on a thread; cached after).
+  bool contains(int64_t q, int64_t k) const;
+
+  // The keys of row q as runs (see RowRuns), in time proportional to the number of runs where the atoms'
+  // geometry allows (local(256) is one interval, O(1)), never worse than O(nnz of the row + runs log runs),
+  // except random, which scans the row once.
+  void row(int64_t q, RowRuns& out) const;
+  RowRuns row(int64_t q) const {
+    RowRuns r;
+    row(q, r);
+    return r;
+  }
+  // The keys of row q in increasing order.
+  void row_keys(int64_t q, std::vector<int64_t>& out) const;
+  int64_t row_nnz(int64_t q) const;
+  // Total number of kept (q, k) pairs (walks every row).
+  int64_t nnz() const;
+
+ private:
+  friend class Pattern;
+  std::string spec_;
+  int64_t q_len_ = 0, k_len_ = 0;
+  std::shared_ptr<const detail::BoundNode> root_;
+};
+
+// Number of keys in a row given as runs.
+int64_t count_keys(const RowRuns& runs);
+// Expands runs to sorted keys.
+void expand_runs(const RowRuns& runs, std::vector<int64_t>& keys);
+
+// The hash behind random(r, seed=x), exactly as PATTERNS.md defines it.
+uint64_t random_mix(uint64_t x);
+uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k);
+
+}  // namespace spattn
