@@ -1,0 +1,119 @@
+// spattn/multigrain.hpp — the unfused Multigrain kernels on CUDA: SDDMM, compound sparse softmax, SpMM.
+//
+// A pattern is split once, on the host, into two parts that never overlap:
+//   coarse: BSR blocks (32 or 64 square) whose density reaches `coarse_min_density`; computed on tensor
+//           cores as whole tiles; a partial block carries a bitmask (masked entries are stored as 0);
+//   fine:   every other kept (q, k), as CSR; computed on CUDA cores, one warp per row or row slice.
+// Both parts run concurrently on two streams (the caller's stream and a side stream the plan owns, joined
+// back with events, so a run can be captured in a CUDA graph). The softmax is one kernel over both parts.
+//
+// Sparse values (scores S, probabilities P) live in two arrays per (batch, query head), bh = b * Hq + h:
+//   coarse: [B * Hq][coarse_blocks][block][block] row-major inside a block, block order of coarse_bsr();
+//   fine:   [B * Hq][fine_nnz] in the order of fine_csr().
+// S is always fp32 and unscaled (S = Q K^T, as cuSPARSE's SDDMM with alpha = 1); P has the input dtype.
+// LSE is fp32 [B, Hq, Lq], natural log, of the scaled scores; a fully masked row gives P = 0, O = 0 and
+// LSE = -inf.
+//
+// Inputs follow PATTERNS.md: Q [B, Lq, Hq, D], K [B, Lk, Hkv, D], V [B, Lk, Hkv, Dv], O [B, Lq, Hq, Dv];
+// any strides with a unit innermost stride and 16-byte aligned rows. dtypes: bf16 and f16 (coarse on tensor
+// cores, fp32 accumulation) and f32 (CUDA cores only: an f32 plan has no coarse part). D and Dv: multiples
+// of 8 (16 where a coarse part exists), at most 256 (128 for f32).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spattn/format.hpp"
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+struct CUstream_st;
+
+namespace spattn::multigrain {
+
+using Stream = CUstream_st*;  // the same type as cudaStream_t; nullptr is the legacy default stream
+
+struct Options {
+  int block = 64;                     // coarse block size: 32 or 64
+  double coarse_min_density = 0.1;    // a block with at least this share of its area kept goes coarse
+  // Forcing, for tests and benchmarks: every nonempty block coarse, or everything fine.
+  enum class Split : uint8_t { automatic, all_coarse, all_fine } split = Split::automatic;
+  int fine_slice = 256;               // SDDMM fine: longest row slice one warp takes (load balance)
+};
+
+// The split of one pattern, on the host (no CUDA needed): what the plan uploads.
+struct Split {
+  int64_t q_len = 0, k_len = 0;
+  int block = 0;
+  // Coarse part. masks hold block*block/64 words per partial block, bit r*block + c.
+  Bsr coarse;
+  // Fine part: CSR of the kept (q, k) outside every coarse block.
+  Csr fine;
+  int64_t nnz = 0;          // kept (q, k) in the pattern (coarse kept + fine)
+  int64_t coarse_nnz = 0;   // kept entries inside coarse blocks
+  std::string describe() const;
+};
+
+// Splits a bound pattern (walks each row's runs once; cost follows rows x blocks touched, not Lq x Lk).
+Split split_pattern(const BoundPattern& pattern, const Options& options, DType dtype);
+
+// A status with a reason, never an abort.
+struct Status {
+  bool ok = true;
+  std::string reason;
+  static Status success() { return {}; }
+  static Status failure(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
+// Values of a sparse matrix in the plan's split layout (see above). Either part may be null when the plan
+// has no entries in it.
+struct SparseValues {
+  void* coarse = nullptr;
+  void* fine = nullptr;
+};
+
+// The plan: a split uploaded to the current CUDA device, for one Problem. Immutable after build; a run
+// may be relaunched, and captured in a CUDA graph. Not to be run concurrently with itself (it owns one side
+// stream and two events).
+class Plan {
+ public:
+  // Throws spattn::Error naming the offending value (problem fields, dtype, head dims, block size).
+  static Plan build(const BoundPattern& pattern, const Problem& problem, const Options& options = {});
+
+  const Problem& problem() const;
+  const Split& split() const;
+  std::string explain() const;
+
+  bool has_coarse() const;
+  bool has_fine() const;
+  // Element counts of one sparse value array, per (b, h) and in all.
+  int64_t coarse_elems_per_head() const;  // coarse_blocks * block * block
+  int64_t fine_elems_per_head() const;    // fine nnz
+  int64_t score_bytes() const;            // S for all heads (fp32)
+  int64_t prob_bytes() const;             // P for all heads (input dtype)
+
+  // Workspace of each op in bytes (the caller owns it; 256-byte aligned; none is allocated here).
+  int64_t sddmm_workspace_size() const { return 0; }
+  int64_t softmax_workspace_size() const { return 0; }
+  int64_t spmm_workspace_size() const;       // fp32 partial rows where a row has both parts
+  int64_t attention_workspace_size(bool p_given) const;  // S + (P unless given) + SpMM's
+
+  // S = Q K^T on the pattern (unscaled, fp32).
+  void sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const;
+  // P = softmax(scale * S) per row over both parts; lse may be null.
+  void softmax(SparseValues s, SparseValues p, float* lse, Stream stream) const;
+  // O = P V.
+  void spmm(SparseValues p, const TensorView& v, const TensorView& o, void* workspace, Stream stream) const;
+  // O, LSE (and P when p.coarse / p.fine are given) of sparse attention, through the three ops.
+  void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                 float* lse, SparseValues p, void* workspace, Stream stream) const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace spattn::multigrain

@@ -1,0 +1,100 @@
+// dtypes, half-precision conversion, problem validation.
+#include <cstring>
+#include <string>
+
+#include "spattn/tensor.hpp"
+
+namespace spattn {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+    case DType::f64: return "fp64";
+  }
+  return "?";
+}
+
+DType parse_dtype(std::string_view s) {
+  if (s == "fp32" || s == "f32" || s == "float32" || s == "float") return DType::f32;
+  if (s == "fp16" || s == "f16" || s == "float16" || s == "half") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "fp64" || s == "f64" || s == "float64" || s == "double") return DType::f64;
+  throw Error("unsupported dtype '" + std::string(s) + "' (use fp32, fp16 or bf16)");
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400u)) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      u = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow (>= 65520 rounds to inf)
+  if (absu < 0x38800000u) {                                 // subnormal or zero in half
+    if (absu < 0x33000000u) return uint16_t(sign);          // < 2^-25 rounds to 0
+    const uint32_t e = absu >> 23, m = (absu & 0x7fffffu) | 0x800000u;
+    const int shift = int(126 - e) + 14;  // so that the result is m >> shift in units of 2^-24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) ++r;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = ((absu >> 13) - ((127 - 15) << 10));
+  const uint32_t rem = absu & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) ++r;
+  return uint16_t(sign | r);
+}
+
+void Problem::check_view(const TensorView& t, std::string_view what, std::array<int64_t, 4> shape) {
+  auto str = [](const std::array<int64_t, 4>& s) {
+    return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ", " + std::to_string(s[3]) + "]";
+  };
+  if (t.shape != shape)
+    throw Error(std::string(what) + " has shape " + str(t.shape) + ", expected " + str(shape));
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  if (numel > 0 && !t.data) throw Error(std::string(what) + " has no data pointer");
+}
+
+void Problem::validate() const {
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw Error(msg);
+  };
+  need(batch >= 1, "batch must be at least 1, got " + std::to_string(batch));
+  need(q_heads >= 1, "heads must be at least 1, got " + std::to_string(q_heads));
+  need(kv_heads >= 1, "kv heads must be at least 1, got " + std::to_string(kv_heads));
+  need(q_heads % kv_heads == 0, "heads (" + std::to_string(q_heads) + ") must be a multiple of kv heads (" + std::to_string(kv_heads) + ")");
+  need(q_len >= 0, "query length must not be negative, got " + std::to_string(q_len));
+  need(kv_len >= 0, "key length must not be negative, got " + std::to_string(kv_len));
+  need(head_dim >= 1, "head dim must be at least 1, got " + std::to_string(head_dim));
+  need(value_dim >= 0, "value dim must not be negative, got " + std::to_string(value_dim));
+  need(std::isfinite(scale), "scale must be finite");
+}
+
+}  // namespace spattn

@@ -1,0 +1,31 @@
+// cuda/fused/fused_params.hpp — what the fused block-sparse attention kernel receives (plain data, no CUDA
+// headers, so host code of other layers can fill it).
+#pragma once
+#include <cstdint>
+
+namespace spattn::cuda::fused {
+
+struct FusedParams {
+  const void* q;  // [B, Lq, Hq, D]   (head dim contiguous; other strides free)
+  const void* k;  // [B, Lk, Hkv, D]
+  const void* v;  // [B, Lk, Hkv, D]
+  void* o;        // [B, Lq, Hq, D]
+  float* lse;     // [B, Hq, Lq] natural log, may be null
+  int64_t q_sb, q_sl, q_sh;  // strides in elements
+  int64_t k_sb, k_sl, k_sh;
+  int64_t v_sb, v_sl, v_sh;
+  int64_t o_sb, o_sl, o_sh;
+  int64_t lse_sb, lse_sh;
+  int batch, q_heads, group;  // group = Hq / Hkv
+  int q_len, k_len;
+  int perm_d, q_group, k_group;  // plan space (see plan/block_plan.hpp)
+  float scale_log2;              // softmax scale * log2(e)
+  float scale;                   // softmax scale
+  const int64_t* row_offsets;    // [q_tiles + 1]
+  const int4* entries;           // TileEntry {kt, mask, lo, hi}
+  const unsigned long long* masks;
+  const int32_t* order;          // [q_tiles]
+  int q_tiles;
+};
+
+}  // namespace spattn::cuda::fused

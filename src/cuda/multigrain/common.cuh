@@ -1,0 +1,150 @@
+// Device helpers of the Multigrain kernels: CUDA checks, dtype traits, cp.async, ldmatrix, mma.sync.
+// mma.sync m16n8k16 (bf16/f16 -> fp32) runs on sm_80 and sm_90a alike; these kernels move more bytes than
+// they multiply (an SDDMM tile writes 4 bytes per 128 flops), so wgmma would not change their time.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "kernels.hpp"
+#include "spattn/error.hpp"
+
+namespace spattn::multigrain::detail {
+
+inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
+                "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+#define SPATTN_CUDA_CHECK(expr) ::spattn::multigrain::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
+#define SPATTN_LAUNCH_CHECK(name) ::spattn::multigrain::detail::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
+
+inline void require(const Status& s, const char* kernel) {
+  if (!s.ok) throw Error(std::string("multigrain ") + kernel + ": " + s.reason);
+}
+
+// ---- dtypes ----------------------------------------------------------------------------------------
+template <class T> struct Num;
+template <> struct Num<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+};
+template <> struct Num<__half> {
+  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
+};
+template <> struct Num<float> {
+  static __device__ __forceinline__ float to(float x) { return x; }
+  static __device__ __forceinline__ float from(float x) { return x; }
+};
+
+// 16 bytes of T unpacked to floats: 8 halves or 4 floats.
+template <class T> struct Vec {
+  static constexpr int N = 16 / int(sizeof(T));
+};
+template <class T>
+__device__ __forceinline__ void unpack(const uint4& u, float (&f)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+  } else {
+    const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = Num<T>::to(h[i]);
+  }
+}
+template <class T>
+__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
+  uint4 u;
+  if constexpr (sizeof(T) == 4) {
+    u.x = __float_as_uint(f[0]); u.y = __float_as_uint(f[1]);
+    u.z = __float_as_uint(f[2]); u.w = __float_as_uint(f[3]);
+  } else {
+    T* h = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = Num<T>::from(f[i]);
+  }
+  return u;
+}
+
+// ---- cp.async / ldmatrix / mma -----------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; src_bytes 0 fills the destination with zeros (rows past the end).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// D += A(16x16, row) * B(16x8, col), fp32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// ---- host-side checks shared by the handles ---------------------------------------------------------
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline Status check_dense(const Dense& t, int64_t inner, DType dt, const char* name) {
+  if (!t.data) return Status::failure(std::string(name) + ": null data pointer");
+  if (!aligned16(t.data)) return Status::failure(std::string(name) + ": data pointer is not 16-byte aligned");
+  const int64_t vec = 16 / dtype_size(dt);
+  for (int64_t s : {t.sb, t.sl, t.sh})
+    if (s % vec != 0)
+      return Status::failure(std::string(name) + ": stride " + std::to_string(s) + " is not a multiple of " +
+                             std::to_string(vec) + " elements (16-byte rows needed)");
+  if (inner % vec != 0)
+    return Status::failure(std::string(name) + ": head dim " + std::to_string(inner) + " is not a multiple of " +
+                           std::to_string(vec));
+  return Status::success();
+}
+
+inline Status check_shape(const Shape& s) {
+  if (s.B < 1 || s.Hq < 1 || s.Hkv < 1 || s.Lq < 1 || s.Lk < 1 || s.D < 1 || s.Dv < 1)
+    return Status::failure("problem sizes must be positive (B " + std::to_string(s.B) + ", Hq " +
+                           std::to_string(s.Hq) + ", Hkv " + std::to_string(s.Hkv) + ", Lq " +
+                           std::to_string(s.Lq) + ", Lk " + std::to_string(s.Lk) + ", D " + std::to_string(s.D) +
+                           ", Dv " + std::to_string(s.Dv) + ")");
+  if (s.Hq % s.Hkv != 0)
+    return Status::failure("q_heads " + std::to_string(s.Hq) + " is not a multiple of kv_heads " +
+                           std::to_string(s.Hkv));
+  if (s.bh() > 65535 * 32) return Status::failure("batch * q_heads " + std::to_string(s.bh()) + " is too large");
+  return Status::success();
+}
+
+inline unsigned grid_dim(int64_t n, const char* what) {
+  if (n > 0x7fffffff) throw Error(std::string("multigrain: grid of ") + what + " too large: " + std::to_string(n));
+  return unsigned(n);
+}
+
+}  // namespace spattn::multigrain::detail

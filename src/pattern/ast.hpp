@@ -1,0 +1,59 @@
+// Internal: the parsed form of a pattern spec (length independent) and its bound form.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "spattn/pattern.hpp"
+
+namespace spattn::detail {
+
+enum class Kind {
+  Union, Inter,
+  Dense, Causal, Local, Dilated, Stride, BlockDiag, Summary,
+  Global, GlobalRows, GlobalCols, Random, Document, Blocked, Neighborhood,
+};
+
+// A sorted list of half-open index ranges [first, second), merged.
+using IndexSet = std::vector<std::pair<int64_t, int64_t>>;
+
+struct Node {
+  Kind kind = Kind::Dense;
+  int64_t column = 1;      // 1-based column of this node's text in the spec, for errors raised at bind time
+  std::string text;        // the node's text, for errors raised at bind time
+  std::vector<std::shared_ptr<const Node>> children;  // Union / Inter operands; Blocked: the inner spec
+  // Parameters (meaning per kind):
+  //   Local: a = left, b = right.   Dilated: a = w, b = d.   Stride / BlockDiag: a = s.
+  //   Summary: a = s, b = c.        Random: a = r, b = seed.  Blocked: a = block.
+  int64_t a = 0, b = 0;
+  IndexSet set;                    // Global*: the index set G
+  bool clip = false;               // Global*: clip G to the lengths instead of rejecting (presets)
+  std::vector<int64_t> segments;   // Document: segment lengths
+  // Neighborhood (naxes in 1..3; dims[0] == 0 means "omitted", then n0 = L):
+  int naxes = 1;
+  std::array<int64_t, 3> dims{0, 0, 0}, kernel{1, 1, 1}, dilation{1, 1, 1};
+  std::array<bool, 3> causal{false, false, false};
+};
+
+// The bound form: validated against (q_len, k_len); answers contains() and row().
+struct BoundNode {
+  int64_t q_len = 0, k_len = 0;
+  virtual ~BoundNode() = default;
+  virtual bool contains(int64_t q, int64_t k) const = 0;
+  // Writes the normalised runs of row q into out (replacing its contents).
+  virtual void row(int64_t q, RowRuns& out) const = 0;
+};
+
+std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& node, const std::string& spec,
+                                           int64_t q_len, int64_t k_len);
+
+// Run algebra (runs.cpp).
+void normalize(RowRuns& runs);                                       // any runs -> normalised RowRuns
+void intersect(const RowRuns& a, const RowRuns& b, RowRuns& out);    // normalised inputs -> normalised
+void compress_keys(const std::vector<int64_t>& sorted_keys, RowRuns& out);  // sorted unique keys -> runs
+bool run_has(const Run& r, int64_t k);
+
+}  // namespace spattn::detail

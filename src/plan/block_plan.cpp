@@ -1,0 +1,370 @@
+// plan/block_plan.cpp — see block_plan.hpp.
+#include "plan/block_plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <numeric>
+#include <sstream>
+
+namespace spattn::plan {
+namespace {
+
+constexpr int64_t kNegInf = -(int64_t(1) << 30);  // band bounds that never bind
+constexpr int64_t kPosInf = (int64_t(1) << 30);
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// The plan-space geometry shared by the builder and the cost estimate.
+struct Space {
+  int bm, bn, d;
+  int64_t lq, lk, q_group, k_group, q_tiles, k_tiles;
+
+  Space(int64_t lq_, int64_t lk_, int bm_, int bn_, int d_) : bm(bm_), bn(bn_), d(d_), lq(lq_), lk(lk_) {
+    if (d == 1) {
+      q_group = lq;
+      k_group = lk;
+      q_tiles = ceil_div(lq, bm);
+      k_tiles = ceil_div(lk, bn);
+    } else {
+      q_group = round_up(ceil_div(lq, d), bm);
+      k_group = round_up(ceil_div(lk, d), bn);
+      q_tiles = d * q_group / bm;
+      k_tiles = d * k_group / bn;
+    }
+  }
+  int64_t q_token(int64_t p) const {
+    if (d == 1) return p;
+    const int64_t g = p / q_group;
+    return g + (p - g * q_group) * d;
+  }
+  // Number of valid keys at the start of key tile kt (invalid keys of a tile are always a suffix).
+  int64_t k_valid(int64_t kt) const {
+    const int64_t k0 = kt * bn;
+    if (d == 1) return std::clamp<int64_t>(lk - k0, 0, bn);
+    const int64_t g = k0 / k_group, j0 = k0 - g * k_group;
+    const int64_t ng = g < lk ? (lk - g + d - 1) / d : 0;
+    return std::clamp<int64_t>(ng - j0, 0, bn);
+  }
+  // Appends the plan-space runs of a token-space run.
+  void map_run(const Run& r, std::vector<Run>& out) const {
+    if (d == 1) {
+      out.push_back(r);
+      return;
+    }
+    if (r.stride % d == 0) {
+      const int64_t g = r.start % d;
+      out.push_back({g * k_group + r.start / d, r.stride / d, r.count});
+    } else if (r.stride == 1) {
+      const int64_t last = r.last();
+      for (int64_t g = 0; g < d; ++g) {
+        const int64_t t0 = r.start + ((g - r.start % d) % d + d) % d;
+        if (t0 > last) continue;
+        out.push_back({g * k_group + t0 / d, 1, (last - t0) / d + 1});
+      }
+    } else {
+      for (int64_t i = 0; i < r.count; ++i) {
+        const int64_t t = r.start + i * r.stride;
+        out.push_back({(t % d) * k_group + t / d, 1, 1});
+      }
+    }
+  }
+};
+
+// Walks the kept keys of one plan-space run tile by tile: f(kt, first local col, one-past-last local col,
+// stride) for intervals, f(kt, c, c + 1, 1) per key for strided runs.
+template <class F>
+void for_each_tile_span(const Run& r, int bn, F&& f) {
+  if (r.count <= 0) return;
+  if (r.stride == 1 || r.count == 1) {
+    const int64_t a = r.start, b = r.start + r.count;
+    for (int64_t kt = a / bn; kt * bn < b; ++kt) {
+      const int64_t k0 = kt * bn;
+      f(kt, std::max(a, k0) - k0, std::min(b, k0 + bn) - k0);
+    }
+  } else {
+    for (int64_t i = 0; i < r.count; ++i) {
+      const int64_t k = r.start + i * r.stride;
+      const int64_t kt = k / bn;
+      f(kt, k - kt * bn, k - kt * bn + 1);
+    }
+  }
+}
+
+// Per query tile scratch: counts per touched key tile.
+struct TileScratch {
+  std::vector<int64_t> count;   // [k_tiles]
+  std::vector<int32_t> slot;    // [k_tiles] partial slot or -1
+  std::vector<int64_t> touched;
+  explicit TileScratch(int64_t k_tiles) : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1) {}
+};
+
+// Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
+int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, std::vector<Run>& tmp,
+                  std::vector<int64_t>& row_begin, std::vector<Run>& runs, int64_t& nnz) {
+  row_begin.assign(size_t(sp.bm) + 1, 0);
+  runs.clear();
+  int64_t valid = 0;
+  for (int r = 0; r < sp.bm; ++r) {
+    row_begin[size_t(r)] = int64_t(runs.size());
+    const int64_t q = sp.q_token(qt * sp.bm + r);
+    if (q >= sp.lq) continue;
+    ++valid;
+    pat.row(q, tmp);
+    for (const Run& x : tmp) {
+      nnz += x.count;
+      sp.map_run(x, runs);
+    }
+  }
+  row_begin[size_t(sp.bm)] = int64_t(runs.size());
+  return valid;
+}
+
+// Tries to describe a partial tile's mask as a band lo <= kp - qp <= hi (restricted to the tile's valid
+// keys). Rows whose token is out of range are don't-cares.
+bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, int64_t kvalid, int64_t& lo_out,
+                 int64_t& hi_out) {
+  const int words = sp.bn / 64;
+  const int64_t q0 = qt * sp.bm, k0 = kt * sp.bn;
+  int64_t lo = kNegInf, hi = kPosInf;
+  bool have_lo = false, have_hi = false;
+  std::vector<int64_t> a(size_t(sp.bm)), b(size_t(sp.bm));
+  std::vector<char> valid(size_t(sp.bm));
+  for (int r = 0; r < sp.bm; ++r) {
+    valid[size_t(r)] = sp.q_token(q0 + r) < sp.lq;
+    int64_t first = -1, last = -1, pop = 0;
+    for (int w = 0; w < words; ++w) {
+      const uint64_t x = mask[size_t(r) * words + w];
+      if (!x) continue;
+      pop += __builtin_popcountll(x);
+      if (first < 0) first = w * 64 + __builtin_ctzll(x);
+      last = w * 64 + 63 - __builtin_clzll(x);
+    }
+    if (!valid[size_t(r)]) continue;
+    if (pop == 0) {
+      a[size_t(r)] = b[size_t(r)] = 0;
+      continue;
+    }
+    if (pop != last - first + 1) return false;  // a hole: not a band
+    a[size_t(r)] = first;
+    b[size_t(r)] = last + 1;
+    const int64_t p = q0 + r;
+    if (first > 0) {
+      const int64_t v = k0 + first - p;
+      if (have_lo && v != lo) return false;
+      lo = v, have_lo = true;
+    }
+    if (last + 1 < kvalid) {
+      const int64_t v = k0 + last - p;
+      if (have_hi && v != hi) return false;
+      hi = v, have_hi = true;
+    }
+  }
+  for (int r = 0; r < sp.bm; ++r) {
+    if (!valid[size_t(r)]) continue;
+    const int64_t p = q0 + r;
+    int64_t ea = std::max<int64_t>(0, p + lo - k0), eb = std::min<int64_t>(kvalid, p + hi - k0 + 1);
+    if (eb <= ea) ea = eb = 0;
+    if (ea != a[size_t(r)] || eb != b[size_t(r)]) return false;
+  }
+  lo_out = lo;
+  hi_out = hi;
+  return true;
+}
+
+}  // namespace
+
+std::string BlockPlan::describe() const {
+  std::ostringstream s;
+  s << "block " << block_m << "x" << block_n << ", perm_d " << perm_d << ", " << q_tiles << "x" << k_tiles
+    << " tiles, " << nentries() << " visited (" << n_full << " full, " << n_band << " band, " << n_bitmask
+    << " bitmask), nnz " << nnz << ", waste " << waste() << ", built in " << build_ms << " ms";
+  return s.str();
+}
+
+BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if ((bm != 64 && bm != 128) || (bn != 64 && bn != 128))
+    throw Error("block plan: tile sizes must be 64 or 128, got " + std::to_string(bm) + "x" + std::to_string(bn));
+  if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
+  if (pat.q_len() <= 0 || pat.k_len() <= 0) throw Error("block plan: empty lengths");
+  const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
+  if (sp.q_tiles >= INT32_MAX || sp.k_tiles >= INT32_MAX) throw Error("block plan: too many tiles");
+
+  BlockPlan plan;
+  plan.block_m = bm;
+  plan.block_n = bn;
+  plan.q_len = sp.lq;
+  plan.k_len = sp.lk;
+  plan.perm_d = d;
+  plan.q_group = sp.q_group;
+  plan.k_group = sp.k_group;
+  plan.q_tiles = sp.q_tiles;
+  plan.k_tiles = sp.k_tiles;
+  plan.row_offsets.assign(size_t(sp.q_tiles) + 1, 0);
+
+  const int words = bm * bn / 64, row_words = bn / 64;
+  TileScratch scr(sp.k_tiles);
+  std::vector<Run> tmp, runs;
+  std::vector<int64_t> row_begin;
+  std::vector<uint64_t> pmask;  // partial masks of the current query tile
+  std::vector<int64_t> partial_kt;
+
+  for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
+    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+    const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, plan.nnz);
+    scr.touched.clear();
+    for (const Run& r : runs)
+      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
+        if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
+        scr.count[size_t(kt)] += b - a;
+      });
+    std::sort(scr.touched.begin(), scr.touched.end());
+    partial_kt.clear();
+    for (int64_t kt : scr.touched) {
+      const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
+      if (!full) {
+        scr.slot[size_t(kt)] = int32_t(partial_kt.size());
+        partial_kt.push_back(kt);
+      }
+    }
+    pmask.assign(partial_kt.size() * size_t(words), 0);
+    if (!partial_kt.empty()) {
+      for (int r = 0; r < bm; ++r) {
+        for (int64_t i = row_begin[size_t(r)]; i < row_begin[size_t(r) + 1]; ++i)
+          for_each_tile_span(runs[size_t(i)], bn, [&](int64_t kt, int64_t a, int64_t b) {
+            const int32_t s = scr.slot[size_t(kt)];
+            if (s < 0) return;
+            uint64_t* m = &pmask[size_t(s) * words + size_t(r) * row_words];
+            for (int64_t c = a; c < b;) {  // set bits [a, b) word by word
+              const int64_t w = c / 64, e = std::min(b, (w + 1) * 64);
+              const int64_t n = e - c;
+              const uint64_t bits = n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << (c % 64);
+              m[w] |= bits;
+              c = e;
+            }
+          });
+      }
+    }
+    for (int64_t kt : scr.touched) {
+      TileEntry e{int32_t(kt), kFull, 0, 0};
+      const int32_t s = scr.slot[size_t(kt)];
+      if (s >= 0) {
+        const uint64_t* m = &pmask[size_t(s) * words];
+        int64_t lo, hi;
+        if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi)) {
+          e.mask = kBand;
+          e.lo = int32_t(lo);
+          e.hi = int32_t(hi);
+          ++plan.n_band;
+        } else {
+          e.mask = int32_t(plan.masks.size() / size_t(words));
+          plan.masks.insert(plan.masks.end(), m, m + words);
+          ++plan.n_bitmask;
+        }
+      } else {
+        ++plan.n_full;
+      }
+      plan.entries.push_back(e);
+      scr.count[size_t(kt)] = 0;
+      scr.slot[size_t(kt)] = -1;
+    }
+    if (plan.masks.size() / size_t(words) >= size_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+
+  plan.order.resize(size_t(sp.q_tiles));
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
+    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
+           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
+  });
+  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+int choose_permutation(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len();
+  int64_t g = 0;
+  RowRuns runs;
+  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3, lq - 1}) {
+    if (q < 0) continue;
+    pat.row(q, runs);
+    for (const Run& r : runs) {
+      if (r.count <= 1) continue;
+      if (r.stride == 1) return 1;
+      g = std::gcd(g, r.stride);
+    }
+  }
+  if (g < 2 || g > 16) return 1;
+  return int(g);
+}
+
+double tile_cost(TileShape s, int64_t head_dim) {
+  // Per-score cost relative to a 128x128 tile. A 64x64 tile runs in a one-warpgroup CTA that reads K/V
+  // for 64 rows only (half the reuse) — first guess 1.5x, to be replaced by the measured ratio.
+  (void)head_dim;
+  if (s.block_m == 128 && s.block_n == 128) return 1.0;
+  if (s.block_m == 128 && s.block_n == 64) return 1.15;
+  return 1.5;
+}
+
+namespace {
+// Predicted cost of a shape/permutation from a sample of query tiles (no bitmasks built).
+double estimate_cost(const BoundPattern& pat, int bm, int bn, int d, int64_t head_dim) {
+  const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
+  const int64_t samples = std::min<int64_t>(sp.q_tiles, 48);
+  TileScratch scr(sp.k_tiles);
+  std::vector<Run> tmp, runs;
+  std::vector<int64_t> row_begin;
+  double cost = 0;
+  for (int64_t i = 0; i < samples; ++i) {
+    const int64_t qt = samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
+    int64_t nnz = 0;
+    const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, nnz);
+    scr.touched.clear();
+    for (const Run& r : runs)
+      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
+        if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
+        scr.count[size_t(kt)] += b - a;
+      });
+    for (int64_t kt : scr.touched) {
+      const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
+      cost += double(bm) * bn * (full ? 1.0 : 1.15);  // partial tiles: mask work
+      scr.count[size_t(kt)] = 0;
+    }
+  }
+  return cost * tile_cost({bm, bn}, head_dim) * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
+}
+}  // namespace
+
+BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block_m, int block_n, int perm_d) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> perms;
+  if (perm_d >= 1) {
+    perms = {perm_d};
+  } else {
+    const int d = choose_permutation(pat);
+    perms = {1};
+    if (d > 1) perms.push_back(d);
+  }
+  std::vector<TileShape> shapes;
+  if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
+  else shapes = {{128, 128}, {64, 64}};
+  double best = 0;
+  int bm = shapes[0].block_m, bn = shapes[0].block_n, bd = perms[0];
+  if (shapes.size() * perms.size() > 1) {
+    bool first = true;
+    for (int d : perms)
+      for (TileShape s : shapes) {
+        const double c = estimate_cost(pat, s.block_m, s.block_n, d, head_dim);
+        if (first || c < best) best = c, bm = s.block_m, bn = s.block_n, bd = d, first = false;
+      }
+  }
+  BlockPlan p = build_block_plan(pat, bm, bn, bd);
+  p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return p;
+}
+
+}  // namespace spattn::plan

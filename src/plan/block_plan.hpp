@@ -1,0 +1,84 @@
+// plan/block_plan.hpp — the tile plan of the fused block-sparse attention kernel (src/cuda/fused).
+//
+// For every query tile (block_m rows) the plan lists the key tiles (block_n keys) that hold at least one
+// kept (q, k), each tagged:
+//   full     every in-range (q, k) of the tile is kept: the kernel runs it unmasked;
+//   band     kept iff lo <= kp - qp <= hi (positions in plan space): an in-kernel predicate, no memory
+//            (causal and sliding-window diagonals, the edges of local bands, dilated bands after permutation);
+//   bitmask  anything else: block_m x block_n bits, row-major (bit r * block_n + c is (q0 + r, k0 + c)).
+//
+// Plan space. With perm_d == 1 plan positions are token indices. With perm_d = d > 1 (dilated and strided
+// patterns) tokens are regrouped by residue: token t sits in group g = t % d at position j = t / d, and each
+// group is padded to `q_group` (`k_group`) positions, a multiple of the tile sizes, so that a tile never
+// straddles two groups. dilated(w, d) becomes local(w) inside each group: every visited tile is dense
+// (KERNELS.md section 1/2: permute so that affine rows become dense tiles). The kernel gathers rows through
+// this map in its loads (cp.async takes one row address per 16-byte chunk anyway), so no tensor is permuted.
+//
+// Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains().
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spattn/pattern.hpp"
+
+namespace spattn::plan {
+
+struct TileEntry {
+  int32_t kt;    // key tile index (plan space)
+  int32_t mask;  // kFull, kBand, or the index of the tile's bitmask
+  int32_t lo;    // band: kept iff lo <= kp - qp <= hi (plan-space positions)
+  int32_t hi;
+};
+inline constexpr int32_t kFull = -1;
+inline constexpr int32_t kBand = -2;
+
+struct BlockPlan {
+  int block_m = 0, block_n = 0;
+  int64_t q_len = 0, k_len = 0;   // token lengths
+  int perm_d = 1;                 // 1: identity; d > 1: residue groups (see above)
+  int64_t q_group = 0, k_group = 0;  // padded group length in plan space (== length when perm_d == 1)
+  int64_t q_tiles = 0, k_tiles = 0;  // plan-space tiles: perm_d * q_group / block_m, ...
+  std::vector<int64_t> row_offsets;  // [q_tiles + 1] into entries
+  std::vector<TileEntry> entries;    // per query tile, ascending kt
+  std::vector<uint64_t> masks;       // [nbitmask * words_per_mask()]
+  std::vector<int32_t> order;        // query tiles, most work first (longest-processing-time order)
+  int64_t nnz = 0;                   // kept (q, k) pairs (per head)
+  int64_t n_full = 0, n_band = 0, n_bitmask = 0;
+  double build_ms = 0;
+
+  int64_t words_per_mask() const { return int64_t(block_m) * block_n / 64; }
+  int64_t nentries() const { return int64_t(entries.size()); }
+  // Visited tile area over nnz: 1.0 means no computed score is wasted.
+  double waste() const { return nnz ? double(nentries()) * block_m * block_n / double(nnz) : 0.0; }
+  // Plan-space position -> token (or a value >= len for padding).
+  int64_t q_token(int64_t p) const { return token(p, q_group); }
+  int64_t k_token(int64_t p) const { return token(p, k_group); }
+  int64_t token(int64_t p, int64_t group) const {
+    if (perm_d == 1) return p;
+    const int64_t g = p / group, j = p - g * group;
+    return g + j * perm_d;
+  }
+  std::string describe() const;
+};
+
+// Builds the plan for given tile sizes (each 64 or 128) and permutation (1: none).
+BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1);
+
+// The residue grouping that makes the pattern's rows dense: d > 1 when every run of a few sampled rows is
+// strided with a common stride multiple of d (dilated(w, d), stride(s)); 1 otherwise.
+int choose_permutation(const BoundPattern& pattern);
+
+struct TileShape {
+  int block_m, block_n;
+};
+// Relative cost of one visited tile of each shape, per score, for the Hopper kernel (measured; see
+// src/cuda/fused/NOTES.md). Used to pick the shape with the least predicted time.
+double tile_cost(TileShape s, int64_t head_dim);
+
+// Chooses the tile shape (among the kernel's shapes) and permutation with the least predicted cost, and
+// returns the plan built with them. block_m / block_n > 0 force a shape.
+BlockPlan choose_block_plan(const BoundPattern& pattern, int64_t head_dim, int block_m = 0, int block_n = 0,
+                            int perm_d = -1);
+
+}  // namespace spattn::plan

@@ -1,0 +1,316 @@
+// The `spattn` command: mask, run, show, explain, info, bench. Bad input gives a one-line message on stderr
+// and a non-zero exit code, never an abort.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spattn/config.hpp"
+#include "spattn/device.hpp"
+#include "spattn/format.hpp"
+#include "spattn/pattern.hpp"
+#include "spattn/reference.hpp"
+#include "tools/args.hpp"
+#include "tools/bench_cuda.hpp"
+#include "tools/commands.hpp"
+#include "tools/npy.hpp"
+#include "tools/png.hpp"
+
+namespace spattn::tools {
+namespace {
+
+const char* kUsage =
+    "usage: spattn <command> [options]\n"
+    "  run      attention on random or .npy inputs      (spattn run --help)\n"
+    "  mask     print each query row's keys              --pattern SPEC --len L | --q-len A --k-len B\n"
+    "  show     picture of the mask                      --pattern SPEC --len L [-o mask.png | --ascii] [--size N]\n"
+    "  explain  nnz, density, blocks, runs, strips      --pattern SPEC --len L\n"
+    "  bench    benchmark suite                          --device cpu|cuda [--suite standard | --pattern SPEC] ...\n"
+    "  info     version, build options, CPU, GPUs\n";
+
+const char* kRunUsage =
+    "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
+    "                  [--dim D] [--value-dim DV] [--dtype fp32|fp16|bf16] [--seed S] [--scale X]\n"
+    "                  [--q q.npy --k k.npy --v v.npy] [--out o.npy] [--lse lse.npy]\n"
+    "                  [--impl " SPATTN_CPU_IMPLS "] [--device cpu|cuda] [--threads N]\n"
+    "With no arguments: a small Longformer-style default on random inputs.\n";
+
+// Lengths from --len or --q-len/--k-len.
+std::pair<int64_t, int64_t> lengths(const Args& a, int64_t def) {
+  if (a.has("len") && (a.has("q-len") || a.has("k-len"))) throw Error("give either --len or --q-len/--k-len, not both");
+  int64_t lq = a.integer("len", def), lk = lq;
+  if (a.has("q-len") || a.has("k-len")) {
+    if (!a.has("q-len") || !a.has("k-len")) throw Error("--q-len and --k-len go together");
+    lq = a.integer("q-len", 0);
+    lk = a.integer("k-len", 0);
+  }
+  if (lq < 0 || lk < 0) throw Error("lengths must not be negative (got " + std::to_string(lq) + " x " + std::to_string(lk) + ")");
+  if (lq < 0 || lk > (int64_t(1) << 31) - 1) throw Error("length " + std::to_string(lk) + " is too large");
+  return {lq, lk};
+}
+
+std::string require(const Args& a, const std::string& name) {
+  if (!a.has(name)) throw Error("missing --" + name);
+  return a.str(name);
+}
+
+// ---- mask ----
+int cmd_mask(int argc, char** argv) {
+  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
+  const auto [lq, lk] = lengths(a, -1);
+  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
+  const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  std::string buf;
+  std::vector<int64_t> keys;
+  char num[24];
+  for (int64_t q = 0; q < lq; ++q) {
+    p.row_keys(q, keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i) buf += ' ';
+      const int n = std::snprintf(num, sizeof num, "%lld", static_cast<long long>(keys[i]));
+      buf.append(num, size_t(n));
+    }
+    buf += '\n';
+    if (buf.size() > (1 << 20)) {
+      std::fwrite(buf.data(), 1, buf.size(), stdout);
+      buf.clear();
+    }
+  }
+  std::fwrite(buf.data(), 1, buf.size(), stdout);
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+// ---- show ----
+int cmd_show(int argc, char** argv) {
+  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "o", "out", "size"}, {"ascii"});
+  const auto [lq, lk] = lengths(a, -1);
+  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
+  const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  const bool ascii = a.has("ascii");
+  const std::string out = a.has("o") ? a.str("o") : a.str("out");
+  if (!ascii && out.empty()) throw Error("give -o FILE.png or --ascii");
+  const int64_t size = a.integer("size", ascii ? 64 : 512);
+  if (size < 1 || size > 8192) throw Error("--size must be in [1, 8192], got " + std::to_string(size));
+  const int64_t W = std::max<int64_t>(1, std::min(lk, size)), H = std::max<int64_t>(1, std::min(lq, size));
+  // Density of each picture cell: kept entries / entries, accumulated from the row runs.
+  std::vector<double> kept(size_t(W * H), 0.0);
+  auto col_bin = [&](int64_t k) { return k * W / std::max<int64_t>(lk, 1); };
+  RowRuns runs;
+  for (int64_t q = 0; q < lq; ++q) {
+    const int64_t y = q * H / lq;
+    p.row(q, runs);
+    for (const Run& r : runs) {
+      if (r.stride == 1) {
+        for (int64_t k = r.start; k < r.start + r.count;) {
+          const int64_t x = col_bin(k);
+          const int64_t next = std::min(r.start + r.count, ((x + 1) * lk + W - 1) / W);  // first key of the next bin
+          kept[size_t(y * W + x)] += double(std::max<int64_t>(1, next - k));
+          k = std::max(next, k + 1);
+        }
+      } else {
+        for (int64_t t = 0; t < r.count; ++t) kept[size_t(y * W + col_bin(r.start + t * r.stride))] += 1;
+      }
+    }
+  }
+  std::vector<uint8_t> px(size_t(W * H));
+  for (int64_t y = 0; y < H; ++y) {
+    const int64_t rows = (y + 1) * lq / H - y * lq / H;
+    for (int64_t x = 0; x < W; ++x) {
+      const int64_t cols = (x + 1) * lk / W - x * lk / W;
+      const double d = rows * cols > 0 ? kept[size_t(y * W + x)] / double(rows * cols) : 0.0;
+      px[size_t(y * W + x)] = uint8_t(std::lround(255.0 * (1.0 - std::min(1.0, d))));
+    }
+  }
+  if (ascii) {
+    const char* shades = " .:-=+*#%@";
+    for (int64_t y = 0; y < H; ++y) {
+      std::string line;
+      for (int64_t x = 0; x < W; ++x) {
+        const int v = 255 - px[size_t(y * W + x)];
+        line += v == 0 ? '.' : v == 255 ? '#' : shades[1 + v * 8 / 255];
+      }
+      std::cout << line << '\n';
+    }
+  }
+  if (!out.empty()) {
+    write_png_gray(out, int(W), int(H), px);
+    std::cerr << "wrote " << out << " (" << W << "x" << H << ", " << (W == lk && H == lq ? "one pixel per entry" : "shaded by density")
+              << ")\n";
+  }
+  return 0;
+}
+
+// ---- explain ----
+int cmd_explain(int argc, char** argv) {
+  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
+  const auto [lq, lk] = lengths(a, -1);
+  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
+  const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  std::printf("pattern   %s\nshape     %lld queries x %lld keys\n", p.spec().c_str(), (long long)lq, (long long)lk);
+  int64_t nnz = 0, mn = std::numeric_limits<int64_t>::max(), mx = 0, nruns = 0, strided = 0, maxruns = 0, empty = 0, full_rows = 0;
+  std::vector<int64_t> col_count(size_t(lk), 0);
+  RowRuns runs;
+  for (int64_t q = 0; q < lq; ++q) {
+    p.row(q, runs);
+    const int64_t n = count_keys(runs);
+    nnz += n;
+    mn = std::min(mn, n);
+    mx = std::max(mx, n);
+    empty += n == 0;
+    full_rows += n == lk && lk > 0;
+    nruns += int64_t(runs.size());
+    maxruns = std::max<int64_t>(maxruns, int64_t(runs.size()));
+    for (const Run& r : runs) {
+      strided += r.stride > 1;
+      if (r.stride == 1) {
+        col_count[size_t(r.start)] += 1;
+        if (r.start + r.count < lk) col_count[size_t(r.start + r.count)] -= 1;  // difference array
+      }
+    }
+  }
+  // Columns kept by every row need exact counts: strided runs are added after the prefix sum.
+  for (int64_t k = 1; k < lk; ++k) col_count[size_t(k)] += col_count[size_t(k - 1)];
+  for (int64_t q = 0; q < lq; ++q) {
+    p.row(q, runs);
+    for (const Run& r : runs)
+      if (r.stride > 1)
+        for (int64_t t = 0; t < r.count; ++t) col_count[size_t(r.start + t * r.stride)] += 1;
+  }
+  const double dens = lq && lk ? double(nnz) / (double(lq) * double(lk)) : 0.0;
+  std::printf("nnz       %lld per head (density %.4f%%)\n", (long long)nnz, 100 * dens);
+  std::printf("keys/row  min %lld  mean %.1f  max %lld  (empty rows %lld)\n", (long long)(lq ? mn : 0), lq ? double(nnz) / lq : 0.0,
+              (long long)mx, (long long)empty);
+  std::printf("runs      %lld affine runs (%.2f per row, max %lld); %lld with stride > 1\n", (long long)nruns,
+              lq ? double(nruns) / lq : 0.0, (long long)maxruns, (long long)strided);
+  int64_t full_cols = 0;
+  for (int64_t k = 0; k < lk; ++k) full_cols += col_count[size_t(k)] == lq && lq > 0;
+  std::printf("strips    %lld dense rows (every key), %lld dense columns (every query)\n", (long long)full_rows, (long long)full_cols);
+  std::printf("blocks    size   stored    full  partial  fill%%  partial-fill histogram (<25%% <50%% <75%% <100%%)\n");
+  for (int bs : {16, 32, 64, 128}) {
+    const Bsr b = make_bsr(p, bs);
+    int64_t hist[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < b.nblocks(); ++i) {
+      if (b.full(i)) continue;
+      const uint64_t* m = b.masks.data() + b.mask_index[size_t(i)] * b.words_per_mask();
+      int64_t bits = 0;
+      for (int64_t w = 0; w < b.words_per_mask(); ++w) bits += __builtin_popcountll(m[w]);
+      const double f = double(bits) / (double(bs) * bs);
+      hist[std::min(3, int(f * 4))] += 1;
+    }
+    const int64_t nfull = b.nblocks() - b.npartial();
+    std::printf("          %4d %8lld %7lld %8lld %6.1f  %lld %lld %lld %lld\n", bs, (long long)b.nblocks(), (long long)nfull,
+                (long long)b.npartial(), b.nblocks() ? 100.0 * double(nnz) / (double(b.nblocks()) * bs * bs) : 0.0,
+                (long long)hist[0], (long long)hist[1], (long long)hist[2], (long long)hist[3]);
+  }
+  return 0;
+}
+
+// ---- info ----
+int cmd_info(int argc, char** argv) {
+  Args a(argc, argv, 2, {}, {});
+  std::printf("spattn %s (%s build)\n", SPATTN_VERSION, SPATTN_BUILD_TYPE);
+  std::printf("cuda      %s", SPATTN_HAVE_CUDA ? "on" : "off");
+  if (SPATTN_HAVE_CUDA) std::printf(" (architectures %s)", SPATTN_CUDA_ARCHS);
+  std::printf("\ncpu       %u hardware threads;", std::thread::hardware_concurrency());
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  std::printf(" sse4.2 %s, avx2 %s, fma %s, avx512f %s", __builtin_cpu_supports("sse4.2") ? "yes" : "no",
+              __builtin_cpu_supports("avx2") ? "yes" : "no", __builtin_cpu_supports("fma") ? "yes" : "no",
+              __builtin_cpu_supports("avx512f") ? "yes" : "no");
+#endif
+  std::printf("\ncpu impls %s\n", SPATTN_CPU_IMPLS);
+  std::string why;
+  const auto gpus = list_gpus(&why);
+  if (gpus.empty()) std::printf("gpus      none (%s)\n", why.c_str());
+  for (const GpuInfo& g : gpus)
+    std::printf("gpu %d     %s, compute capability %d.%d, %d SMs, %.1f GiB\n", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
+                g.multiprocessors, double(g.memory_bytes) / (1 << 30));
+  return 0;
+}
+
+// ---- run ----
+int cmd_run(int argc, char** argv) {
+  if (argc > 2 && (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h")) {
+    std::cout << kRunUsage;
+    return 0;
+  }
+  Args a(argc, argv, 2,
+         {"pattern", "len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype", "seed", "scale", "q", "k", "v",
+          "out", "lse", "impl", "device", "threads"},
+         {});
+  const bool defaults = argc == 2;
+  RunOptions o;
+  o.spec = a.str("pattern", "longformer(128, 16)");
+  std::tie(o.problem.q_len, o.problem.kv_len) = lengths(a, 4096);
+  o.problem.batch = a.integer("batch", 1);
+  o.problem.q_heads = a.integer("heads", 4);
+  o.problem.kv_heads = a.integer("kv-heads", o.problem.q_heads);
+  o.problem.head_dim = a.integer("dim", 64);
+  o.problem.value_dim = a.integer("value-dim", 0);
+  o.problem.dtype = parse_dtype(a.str("dtype", "fp32"));
+  o.problem.scale = a.real("scale", 0.0);
+  o.seed = uint64_t(a.integer("seed", 0));
+  o.q_path = a.str("q");
+  o.k_path = a.str("k");
+  o.v_path = a.str("v");
+  o.out_path = a.str("out");
+  o.lse_path = a.str("lse");
+  o.impl = a.str("impl", "auto");
+  o.device = a.str("device", "cpu");
+  o.threads = int(a.integer("threads", 0));
+  o.verbose = defaults || o.out_path.empty();
+  return run_attention(o);
+}
+
+}  // namespace
+
+int main_impl(int argc, char** argv) {
+  if (argc < 2) {
+    // No command: the default job.
+    char* args[] = {argv[0], const_cast<char*>("run")};
+    return cmd_run(2, args);
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "mask") return cmd_mask(argc, argv);
+  if (cmd == "run") return cmd_run(argc, argv);
+  if (cmd == "show") return cmd_show(argc, argv);
+  if (cmd == "explain") return cmd_explain(argc, argv);
+  if (cmd == "info") return cmd_info(argc, argv);
+  if (cmd == "bench") {
+    for (int i = 2; i + 1 < argc; ++i)
+      if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {
+#if SPATTN_HAVE_CUDA
+        return bench_cuda_main(argc - 2, argv + 2);
+#else
+        throw Error("this build of spattn has no CUDA support: rebuild with a CUDA compiler (SPATTN_CUDA=ON)");
+#endif
+      }
+    return bench_cpu_main(argc, argv);
+  }
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    std::cout << kUsage;
+    return 0;
+  }
+  throw Error("unknown command '" + cmd + "' (run `spattn help` for the list)");
+}
+
+}  // namespace spattn::tools
+
+int main(int argc, char** argv) {
+  try {
+    return spattn::tools::main_impl(argc, argv);
+  } catch (const spattn::Error& e) {
+    std::fprintf(stderr, "spattn: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "spattn: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "spattn: error: %s\n", e.what());
+  }
+  return 2;
+}

@@ -1,0 +1,114 @@
+// `spattn run`: attention on .npy or random inputs through the chosen implementation.
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "spattn/pattern.hpp"
+#include "spattn/reference.hpp"
+#include "tools/commands.hpp"
+#include "tools/npy.hpp"
+
+namespace spattn::tools {
+namespace {
+
+// Host storage for one [B, L, H, D] tensor in the problem's dtype.
+struct HostTensor {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+};
+
+HostTensor random_tensor(DType t, std::array<int64_t, 4> shape, std::mt19937_64& rng) {
+  HostTensor h;
+  const int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
+  h.bytes.resize(size_t(n * dtype_size(t)));
+  h.view = TensorView::contiguous(h.bytes.data(), t, shape);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = nd(rng);
+    if (t == DType::f32) reinterpret_cast<float*>(h.bytes.data())[i] = x;
+    else if (t == DType::f16) reinterpret_cast<uint16_t*>(h.bytes.data())[i] = float_to_half(x);
+    else if (t == DType::bf16) reinterpret_cast<uint16_t*>(h.bytes.data())[i] = float_to_bf16(x);
+    else reinterpret_cast<double*>(h.bytes.data())[i] = x;
+  }
+  return h;
+}
+
+HostTensor from_npy(const std::string& path, const char* what) {
+  NpyArray a = read_npy(path);
+  if (a.shape.size() != 4)
+    throw Error(std::string(what) + " '" + path + "' has shape " + shape_str(a.shape) + "; expected 4 dimensions [B, L, H, D]");
+  HostTensor h;
+  h.bytes = std::move(a.bytes);
+  h.view = TensorView::contiguous(h.bytes.data(), a.dtype, {a.shape[0], a.shape[1], a.shape[2], a.shape[3]});
+  return h;
+}
+
+}  // namespace
+
+int run_attention(const RunOptions& o) {
+  Problem p = o.problem;
+  HostTensor q, k, v;
+  const bool from_files = !o.q_path.empty() || !o.k_path.empty() || !o.v_path.empty();
+  if (from_files) {
+    if (o.q_path.empty() || o.k_path.empty() || o.v_path.empty()) throw Error("--q, --k and --v go together");
+    q = from_npy(o.q_path, "q");
+    k = from_npy(o.k_path, "k");
+    v = from_npy(o.v_path, "v");
+    const auto& qs = q.view.shape;
+    const auto& ks = k.view.shape;
+    const auto& vs = v.view.shape;
+    if (ks[0] != qs[0] || vs[0] != qs[0])
+      throw Error("batch sizes differ: q " + std::to_string(qs[0]) + ", k " + std::to_string(ks[0]) + ", v " + std::to_string(vs[0]));
+    if (ks[3] != qs[3]) throw Error("head dims differ: q " + std::to_string(qs[3]) + ", k " + std::to_string(ks[3]));
+    if (vs[1] != ks[1] || vs[2] != ks[2])
+      throw Error("v has shape [" + std::to_string(vs[0]) + ", " + std::to_string(vs[1]) + ", " + std::to_string(vs[2]) + ", " +
+                  std::to_string(vs[3]) + "] but k has " + std::to_string(ks[1]) + " keys and " + std::to_string(ks[2]) + " heads");
+    if (ks[2] < 1 || qs[2] % ks[2] != 0)
+      throw Error("q has " + std::to_string(qs[2]) + " heads, not a multiple of k's " + std::to_string(ks[2]));
+    if (q.view.dtype != k.view.dtype || q.view.dtype != v.view.dtype) throw Error("q, k and v must have the same dtype");
+    p.batch = qs[0];
+    p.q_len = qs[1];
+    p.q_heads = qs[2];
+    p.head_dim = qs[3];
+    p.kv_len = ks[1];
+    p.kv_heads = ks[2];
+    p.value_dim = vs[3] == qs[3] ? 0 : vs[3];
+    p.dtype = q.view.dtype;
+  }
+  p.validate();
+  if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
+  if (o.device == "cuda") throw Error("--device cuda: no GPU attention path is wired into `spattn run` yet (use --device cpu)");
+  if (o.impl != "auto" && o.impl != "reference") throw Error("unknown --impl '" + o.impl + "' (use " SPATTN_CPU_IMPLS ")");
+  const BoundPattern pat = Pattern::parse(o.spec).bind(p.q_len, p.kv_len);
+  if (!from_files) {
+    std::mt19937_64 rng(o.seed);
+    q = random_tensor(p.dtype, {p.batch, p.q_len, p.q_heads, p.head_dim}, rng);
+    k = random_tensor(p.dtype, {p.batch, p.kv_len, p.kv_heads, p.head_dim}, rng);
+    v = random_tensor(p.dtype, {p.batch, p.kv_len, p.kv_heads, p.dv()}, rng);
+  }
+  std::vector<float> out(size_t(p.batch * p.q_len * p.q_heads * p.dv()));
+  std::vector<float> lse(size_t(p.batch * p.q_heads * p.q_len));
+  const TensorView ov = TensorView::contiguous(out.data(), DType::f32, {p.batch, p.q_len, p.q_heads, p.dv()});
+  const TensorView lv = TensorView::contiguous(lse.data(), DType::f32, {p.batch, p.q_heads, p.q_len, 1});
+  const std::string impl = "reference";
+  const auto t0 = std::chrono::steady_clock::now();
+  cpu::reference_attention({pat}, p, q.view, k.view, v.view, ov, lv);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!o.out_path.empty()) write_npy(o.out_path, out.data(), {p.batch, p.q_len, p.q_heads, p.dv()});
+  if (!o.lse_path.empty()) write_npy(o.lse_path, lse.data(), {p.batch, p.q_heads, p.q_len});
+  if (o.verbose) {
+    const int64_t nnz = pat.nnz();
+    const double flops = 2.0 * double(nnz) * double(p.head_dim + p.dv()) * double(p.batch * p.q_heads);
+    std::printf("spattn run: pattern \"%s\"  B=%lld Lq=%lld Lk=%lld H=%lld HK=%lld D=%lld Dv=%lld %s  impl=%s device=%s\n", o.spec.c_str(),
+                (long long)p.batch, (long long)p.q_len, (long long)p.kv_len, (long long)p.q_heads, (long long)p.kv_heads,
+                (long long)p.head_dim, (long long)p.dv(), std::string(dtype_name(p.dtype)).c_str(), impl.c_str(), o.device.c_str());
+    std::printf("  nnz %lld per head (density %.3f%%)  time %.3f ms  effective %.2f GFLOP/s\n", (long long)nnz,
+                p.q_len && p.kv_len ? 100.0 * double(nnz) / (double(p.q_len) * double(p.kv_len)) : 0.0, secs * 1e3,
+                secs > 0 ? flops / secs / 1e9 : 0.0);
+    if (!o.out_path.empty()) std::printf("  wrote %s [B, L, H, Dv] float32\n", o.out_path.c_str());
+    if (!o.lse_path.empty()) std::printf("  wrote %s [B, H, L] float32\n", o.lse_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace spattn::tools
