@@ -28,4 +28,17 @@ struct FusedParams {
   int q_tiles;
 };
 
+// One launch: the kernel parameters plus the configuration that selects the instantiation.
+struct LaunchParams {
+  FusedParams kernel;
+  int block_m = 0, block_n = 0, head_dim = 0;
+  bool bf16 = true, sm90 = false;
+  unsigned grid = 0;
+};
+
+// Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return
+// cudaErrorInvalidConfiguration (as int) when no instantiation matches, else the launch's error code.
+int launch_sm90(const LaunchParams& p, void* stream);
+int launch_sm80(const LaunchParams& p, void* stream);
+
 }  // namespace spattn::cuda::fused

@@ -1,0 +1,60 @@
+// spattn/fused.hpp — the fused block-sparse flash-attention forward (GPU).
+//
+//   auto bound = spattn::parse("local(256)").bind(L);
+//   spattn::FusedAttention attn(bound, /*head_dim=*/64);       // builds the tile plan, uploads it once
+//   if (auto st = attn.can_implement(problem, q, k, v, o, lse); !st.ok) ... st.reason ...
+//   attn.run(problem, q, k, v, o, lse, stream);                // relaunchable, graph-capturable
+//
+// Tensors are device pointers in TensorViews ([B, L, H, D], head dim contiguous); bf16 or fp16; head dim
+// 64 or 128; GQA (Hq % Hkv == 0); lse [B, Hq, Lq] (shape {B, Hq, Lq, 1}) fp32 natural log, optional.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn {
+
+struct FusedOptions {
+  int block_m = 0, block_n = 0;  // 0: chosen by the planner (64x64 or 128x128)
+  int perm_d = -1;               // -1: chosen (residue grouping for dilated/strided rows); 1: none
+  bool force_sm80 = false;       // run the mma.sync kernel on Hopper too (tests)
+};
+
+struct FusedStatus {
+  bool ok = true;
+  std::string reason;
+};
+
+class FusedAttention {
+ public:
+  // Builds the plan on the host and uploads it to the current CUDA device. Throws Error.
+  FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options = {});
+  ~FusedAttention();
+  FusedAttention(FusedAttention&&) noexcept;
+  FusedAttention& operator=(FusedAttention&&) noexcept;
+
+  FusedStatus can_implement(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& o, const TensorView& lse) const;
+  size_t workspace_size(const Problem&) const { return 0; }
+  // Enqueues the forward on `stream` (a cudaStream_t, null for the default stream). Throws Error when
+  // can_implement fails or the launch fails.
+  void run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+           const TensorView& o, const TensorView& lse, void* stream = nullptr) const;
+
+  std::string explain() const;  // tile shape, permutation, visited/full/band/bitmask tiles, waste
+  std::string kernel_name(const Problem& problem) const;
+  double plan_ms() const;       // host build + upload
+  int64_t nnz() const;          // kept (q, k) per head
+  int block_m() const;
+  int block_n() const;
+  int perm_d() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spattn

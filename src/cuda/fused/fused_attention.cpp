@@ -1,0 +1,70 @@
+// cuda/fused/fused_attention.cu — spattn::FusedAttention (include/spattn/fused.hpp) over FusedFwd.
+#include "spattn/fused.hpp"
+
+#include <chrono>
+#include <sstream>
+
+#include "cuda/fused/fused_fwd.hpp"
+
+namespace spattn {
+
+using cuda::fused::DevicePlan;
+using cuda::fused::FusedFwd;
+
+struct FusedAttention::Impl {
+  std::unique_ptr<DevicePlan> plan;
+  FusedOptions options;
+  double plan_ms = 0;
+};
+
+FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  impl_->options = options;
+  impl_->plan = std::make_unique<DevicePlan>(
+      plan::choose_block_plan(pattern, head_dim, options.block_m, options.block_n, options.perm_d));
+  impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+FusedAttention::~FusedAttention() = default;
+FusedAttention::FusedAttention(FusedAttention&&) noexcept = default;
+FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
+
+FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
+                                          const TensorView& v, const TensorView& o, const TensorView& lse) const {
+  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80}, *impl_->plan);
+  return {st.ok, st.reason};
+}
+
+void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& o, const TensorView& lse, void* stream) const {
+  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80};
+  const auto st = FusedFwd::can_implement(args, *impl_->plan);
+  if (!st.ok) throw Error(st.reason);
+  FusedFwd::run(FusedFwd::to_params(args, *impl_->plan), static_cast<cudaStream_t>(stream));
+}
+
+std::string FusedAttention::explain() const {
+  std::ostringstream s;
+  s << "fused block-sparse attention: " << impl_->plan->host().describe() << "; plan " << impl_->plan_ms << " ms";
+  return s.str();
+}
+std::string FusedAttention::kernel_name(const Problem& problem) const {
+  FusedFwd::Params p;
+  p.block_m = block_m();
+  p.block_n = block_n();
+  p.head_dim = int(problem.head_dim);
+  p.bf16 = problem.dtype == DType::bf16;
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  p.sm90 = !impl_->options.force_sm80 && major == 9 && minor == 0;
+  return FusedFwd::kernel_name(p);
+}
+double FusedAttention::plan_ms() const { return impl_->plan_ms; }
+int64_t FusedAttention::nnz() const { return impl_->plan->host().nnz; }
+int FusedAttention::block_m() const { return impl_->plan->host().block_m; }
+int FusedAttention::block_n() const { return impl_->plan->host().block_n; }
+int FusedAttention::perm_d() const { return impl_->plan->host().perm_d; }
+
+}  // namespace spattn

@@ -1,0 +1,192 @@
+// cuda/fused/fused_fwd.cu — host side of the fused kernel: plan upload, checks, parameters, dispatch.
+#include "cuda/fused/fused_fwd.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+
+
+namespace spattn::cuda::fused {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+namespace {
+template <class T>
+T* upload(const std::vector<T>& v, const char* what) {
+  if (v.empty()) return nullptr;
+  T* d = nullptr;
+  check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), what);
+  const cudaError_t e = cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(d);
+    check_cuda(e, what);
+  }
+  return d;
+}
+
+int device_cc(int dev) {
+  static int cache[64] = {};
+  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+  const int cc = major * 10 + minor;
+  if (dev >= 0 && dev < 64) cache[dev] = cc;
+  return cc;
+}
+}  // namespace
+
+DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
+  try {
+    row_offsets_ = upload(host_.row_offsets, "upload plan row offsets");
+    if (!host_.entries.empty()) {
+      check_cuda(cudaMalloc(&entries_, host_.entries.size() * sizeof(int4)), "upload plan entries");
+      check_cuda(cudaMemcpy(entries_, host_.entries.data(), host_.entries.size() * sizeof(int4), cudaMemcpyHostToDevice),
+                 "upload plan entries");
+    }
+    std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
+    masks_ = upload(m, "upload plan bitmasks");
+    order_ = upload(host_.order, "upload plan order");
+  } catch (...) {
+    cudaFree(row_offsets_);
+    cudaFree(entries_);
+    cudaFree(masks_);
+    cudaFree(order_);
+    throw;
+  }
+  upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+DevicePlan::~DevicePlan() {
+  cudaFree(row_offsets_);
+  cudaFree(entries_);
+  cudaFree(masks_);
+  cudaFree(order_);
+}
+
+Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
+  const Problem& pr = a.problem;
+  try {
+    pr.validate();
+  } catch (const Error& e) {
+    return Status::fail(e.what());
+  }
+  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
+    return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
+  if (pr.head_dim != 64 && pr.head_dim != 128)
+    return Status::fail("fused kernel: head dim must be 64 or 128, got " + std::to_string(pr.head_dim));
+  if (pr.dv() != pr.head_dim)
+    return Status::fail("fused kernel: value dim (" + std::to_string(pr.dv()) + ") must equal head dim (" +
+                        std::to_string(pr.head_dim) + ")");
+  const plan::BlockPlan& hp = plan.host();
+  if (hp.q_len != pr.q_len || hp.k_len != pr.kv_len)
+    return Status::fail("fused kernel: plan was built for lengths " + std::to_string(hp.q_len) + "x" +
+                        std::to_string(hp.k_len) + ", problem has " + std::to_string(pr.q_len) + "x" +
+                        std::to_string(pr.kv_len));
+  if (!((hp.block_m == 128 && hp.block_n == 128) || (hp.block_m == 64 && hp.block_n == 64)))
+    return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n));
+  if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)
+    return Status::fail("fused kernel: lengths must stay below 2^31");
+  if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
+    return Status::fail("fused kernel: too many query tiles x heads for one grid");
+  try {
+    Problem::check_view(a.q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
+    Problem::check_view(a.k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
+    Problem::check_view(a.v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+    Problem::check_view(a.o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+    if (a.lse.data) Problem::check_view(a.lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
+  } catch (const Error& e) {
+    return Status::fail(std::string("fused kernel: ") + e.what());
+  }
+  const TensorView* views[4] = {&a.q, &a.k, &a.v, &a.o};
+  const char* names[4] = {"q", "k", "v", "o"};
+  for (int i = 0; i < 4; ++i) {
+    const TensorView& t = *views[i];
+    if (t.dtype != pr.dtype)
+      return Status::fail(std::string("fused kernel: ") + names[i] + " has dtype " + std::string(dtype_name(t.dtype)) +
+                          ", problem has " + std::string(dtype_name(pr.dtype)));
+    if (t.stride[3] != 1) return Status::fail(std::string("fused kernel: ") + names[i] + " must have a contiguous head dim");
+    const int64_t align = i < 3 ? 8 : 2;  // elements: 16-byte cp.async rows, 4-byte output stores
+    if (reinterpret_cast<uintptr_t>(t.data) % (2 * align) != 0 || t.stride[0] % align || t.stride[1] % align ||
+        t.stride[2] % align)
+      return Status::fail(std::string("fused kernel: ") + names[i] + " must be " + std::to_string(2 * align) +
+                          "-byte aligned, pointer and strides");
+  }
+  if (a.lse.data) {
+    if (a.lse.dtype != DType::f32) return Status::fail("fused kernel: lse must be fp32");
+    if (a.lse.stride[2] != 1) return Status::fail("fused kernel: lse must be contiguous along the query axis");
+  }
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return Status::fail("fused kernel: no CUDA device");
+  if (dev != plan.device())
+    return Status::fail("fused kernel: plan lives on device " + std::to_string(plan.device()) + ", current device is " +
+                        std::to_string(dev));
+  int cc = 0;
+  try {
+    cc = device_cc(dev);
+  } catch (const Error& e) {
+    return Status::fail(e.what());
+  }
+  if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
+  return {};
+}
+
+FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan) {
+  const Problem& pr = a.problem;
+  const plan::BlockPlan& hp = plan.host();
+  Params out;
+  FusedParams& k = out.kernel;
+  k.q = a.q.data;
+  k.k = a.k.data;
+  k.v = a.v.data;
+  k.o = a.o.data;
+  k.lse = static_cast<float*>(a.lse.data);
+  k.q_sb = a.q.stride[0], k.q_sl = a.q.stride[1], k.q_sh = a.q.stride[2];
+  k.k_sb = a.k.stride[0], k.k_sl = a.k.stride[1], k.k_sh = a.k.stride[2];
+  k.v_sb = a.v.stride[0], k.v_sl = a.v.stride[1], k.v_sh = a.v.stride[2];
+  k.o_sb = a.o.stride[0], k.o_sl = a.o.stride[1], k.o_sh = a.o.stride[2];
+  k.lse_sb = a.lse.data ? a.lse.stride[0] : 0;
+  k.lse_sh = a.lse.data ? a.lse.stride[1] : 0;
+  k.batch = int(pr.batch);
+  k.q_heads = int(pr.q_heads);
+  k.group = int(pr.q_heads / pr.kv_heads);
+  k.q_len = int(pr.q_len);
+  k.k_len = int(pr.kv_len);
+  k.perm_d = hp.perm_d;
+  k.q_group = int(hp.q_group);
+  k.k_group = int(hp.k_group);
+  const double scale = pr.softmax_scale();
+  k.scale = float(scale);
+  k.scale_log2 = float(scale * 1.4426950408889634);
+  k.row_offsets = plan.row_offsets();
+  k.entries = plan.entries();
+  k.masks = plan.masks();
+  k.order = plan.order();
+  k.q_tiles = int(hp.q_tiles);
+  out.block_m = hp.block_m;
+  out.block_n = hp.block_n;
+  out.head_dim = int(pr.head_dim);
+  out.bf16 = pr.dtype == DType::bf16;
+  out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
+  out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
+  return out;
+}
+
+void FusedFwd::run(const Params& p, cudaStream_t stream) {
+  if (p.grid == 0) return;
+  const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
+  if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
+  check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
+}
+
+std::string FusedFwd::kernel_name(const Params& p) {
+  return std::string("fused_") + (p.sm90 ? "sm90" : "sm80") + "_" + std::to_string(p.block_m) + "x" +
+         std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16");
+}
+
+}  // namespace spattn::cuda::fused

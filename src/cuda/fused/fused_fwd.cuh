@@ -1,0 +1,437 @@
+// cuda/fused/fused_fwd.cuh — the fused block-sparse flash-attention forward kernel.
+//
+// One CTA computes one query tile (BM rows) of one (batch, head). It walks the tile's key-tile list from the
+// plan (plan/block_plan.hpp): full tiles unmasked, band tiles with an in-kernel predicate, other partial
+// tiles with a BM x BN bitmask read from global memory; online softmax in base 2; P stays in registers.
+//
+// Data path: K/V tiles are gathered row by row with cp.async (16 B per thread per copy) into a
+// kStages-deep ring in shared memory, in the 128-byte-swizzled layout that both wgmma (descriptors) and
+// ldmatrix read; rows come through the plan's row map (identity, or residue groups for dilated patterns),
+// so no tensor is permuted in memory. Each warp owns 16 query rows (a warpgroup owns 64).
+//   Sm90 (sm_90a): S = Q K^T by wgmma with both operands in shared memory, O += P V by wgmma with P from
+//                  registers and V read N-major (transposed) through its descriptor.
+//   Sm80:          mma.sync m16n8k16 with ldmatrix(.trans) from the same shared-memory layout.
+// Both share the accumulator layout (thread holds rows lane/4 and lane/4 + 8 of its warp's 16, columns
+// 8j + 2(lane%4) + {0,1}), so masking, softmax and the epilogue are one code.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SPATTN_WGMMA 1
+#endif
+#include "cuda/fused/fused_params.hpp"
+#include "cuda/fused/wgmma_ops.cuh"
+
+namespace spattn::cuda::fused {
+
+template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_>
+struct Traits {
+  static constexpr int BM = BM_, BN = BN_, D = D_;
+  static constexpr bool kBf16 = kBf16_, kSm90 = kSm90_;
+  static_assert(BM == 64 || BM == 128, "query tile is 64 or 128 rows");
+  static_assert(BN == 64 || BN == 128, "key tile is 64 or 128 keys");
+  static_assert(D == 64 || D == 128, "head dim is 64 or 128");
+  static constexpr int kWarps = BM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  // 3 stages where they fit twice per SM or once at <= 112 KB; D=128 with 128-key tiles: 64 KB a stage.
+  static constexpr int kStages = (D == 128 && BN == 128) ? 2 : 3;
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kTileBytes = BN * D * 2;
+  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + 1024;  // + alignment slack
+  static constexpr int kMinBlocks = BM == 64 ? 2 : 1;
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef SPATTN_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a ROWS x D tile stored as D/64 column
+// blocks of ROWS x 128 B, 128-byte swizzle (chunk ^= row % 8): the canonical SW128 K-major layout of wgmma
+// for Q and K, and its N-major layout for V.
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw_off(int row, int chunk) {
+  return uint32_t((chunk >> 3) * ROWS * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Token of plan-space position p (see BlockPlan::token).
+__device__ __forceinline__ int plan_token(int p, int perm_d, int group) {
+  if (perm_d == 1) return p;
+  const int g = p / group;
+  return g + (p - g * group) * perm_d;
+}
+
+// Gathers ROWS rows (plan positions p0...) of a [.., L, .., D] tensor into a swizzled tile; rows whose token
+// is out of range are zero-filled (never read from memory).
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int p0, int len,
+                                          int perm_d, int group, int tid) {
+  constexpr int CH = D / 8;
+  static_assert((ROWS * CH) % NT == 0, "tile copy splits evenly");
+#pragma unroll
+  for (int i = tid; i < ROWS * CH; i += NT) {
+    const int row = i / CH, ch = i % CH;
+    const int tok = plan_token(p0 + row, perm_d, group);
+    const bool ok = tok < len;
+    const char* src = gbase + (ok ? int64_t(tok) * row_stride_bytes + ch * 16 : 0);
+    cp_async16(sdst + sw_off<ROWS>(row, ch), src, ok ? 16 : 0);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// ---- wgmma helpers (sm_90a) ----
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t addr) {
+  // start >> 4 | LBO 16 B (unused for swizzled K-major) | SBO 1024 B (8 rows x 128 B) | 128-byte swizzle
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(64) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ uint64_t desc_nmajor(uint32_t addr, uint32_t lbo_bytes) {
+  // N-major SW128: LBO = distance between 64-wide column blocks, SBO = 8 key rows (1024 B)
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(64) << 32) |
+         (uint64_t(1) << 62);
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef SPATTN_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef SPATTN_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait0() {
+#ifdef SPATTN_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// ---- mma.sync helpers (sm_80) ----
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+}  // namespace detail
+
+#ifdef SPATTN_WGMMA
+inline constexpr bool kWgmmaAvailable = true;
+#else
+inline constexpr bool kWgmmaAvailable = false;
+#endif
+
+template <class Tr>
+__device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
+  using namespace detail;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads, S = Tr::kStages;
+  constexpr bool kSm90 = Tr::kSm90, kBf16 = Tr::kBf16;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_q = smem_u32(smem);
+  const uint32_t s_kv0 = s_q + Tr::kQBytes;  // stage s: K at s_kv0 + 2s*tile, V right after
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int bh_count = p.batch * p.q_heads;
+  const int qt = p.order[blockIdx.x / bh_count];
+  const int bh = blockIdx.x % bh_count;
+  const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group;
+  const int q0 = qt * BM;
+  const int64_t e_begin = p.row_offsets[qt];
+  const int n = int(p.row_offsets[qt + 1] - e_begin);
+
+  const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
+
+  auto load_kv = [&](int i, int stage) {
+    const int kt = __ldg(&p.entries[e_begin + i].x);
+    const uint32_t sk = s_kv0 + uint32_t(stage) * 2 * Tr::kTileBytes;
+    load_tile<BN, D, NT>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    cp_async_commit();
+    load_tile<BN, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    cp_async_commit();
+  };
+
+  // Prologue: Q, then the first S-1 key tiles (empty groups keep the wait counts uniform).
+  if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < n) {
+      load_kv(s, s);
+    } else {
+      cp_async_commit();
+      cp_async_commit();
+    }
+  }
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const float sl2 = p.scale_log2;
+  const int r0 = warp * 16 + (lane >> 2);  // this thread's first row in the tile (second: r0 + 8)
+  const int cb = 2 * (lane & 3);           // this thread's first column in each 8-wide block
+  uint32_t qf[kSm90 ? 1 : D / 16][4];      // Sm80: Q fragments, loaded once
+
+  for (int i = 0; i < n; ++i) {
+    const int stage = i % S;
+    const uint32_t s_k = s_kv0 + uint32_t(stage) * 2 * Tr::kTileBytes;
+    const uint32_t s_v = s_k + Tr::kTileBytes;
+    const int4 e = __ldg(&p.entries[e_begin + i]);
+    // Bitmask words of this thread's two rows, fetched before the wait so their latency hides behind it.
+    constexpr int MW = BN / 64;
+    unsigned long long mw[2][MW];
+    if (e.y >= 0) {
+      const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int w = 0; w < MW; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * MW + w);
+    }
+
+    cp_async_wait<2 * S - 3>();  // Q and K_i landed (this thread's copies)
+    fence_proxy_async();
+    __syncthreads();  // everyone's copies visible; everyone done with tile i-1 (its stage is free)
+    if (i + S - 1 < n) {
+      load_kv(i + S - 1, (i + S - 1) % S);
+    } else {
+      cp_async_commit();
+      cp_async_commit();
+    }
+
+    // ---- S = Q K^T ----
+    float s[BN / 2];
+    if constexpr (kSm90) {
+      const int wg = warp >> 2;
+      fence_regs(s);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t qa = s_q + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
+        const uint32_t ka = s_k + (kk / 4) * BN * 128 + (kk % 4) * 32;
+        wgmma::Op<BN, kBf16>::ss(s, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      fence_regs(s);
+    } else {
+      if (i == 0) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int mat = lane >> 3;
+          ldsm_x4(qf[kk], s_q + sw_off<BM>(warp * 16 + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 2; ++j) s[j] = 0.f;
+#pragma unroll
+      for (int j2 = 0; j2 < BN / 16; ++j2)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int mat = lane >> 3;
+          uint32_t bf[4];
+          ldsm_x4(bf, s_k + sw_off<BN>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
+          mma16816<kBf16>(&s[(2 * j2) * 4], qf[kk], bf[0], bf[1]);
+          mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf[kk], bf[2], bf[3]);
+        }
+    }
+
+    // ---- mask partial tiles ----
+    if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
+      const int k0 = e.x * BN;
+      int kvalid;
+      if (p.perm_d == 1) {
+        kvalid = p.k_len - k0;
+      } else {
+        const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
+        const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+        kvalid = ng - j0;
+      }
+      const int base = k0 - q0 + cb - r0;  // kp - qp at (r0, cb)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int ee = 0; ee < 2; ++ee) {
+            const int diff = base + 8 * j + ee - 8 * hh;
+            const int c = 8 * j + cb + ee;
+            if (diff < e.z || diff > e.w || c >= kvalid) s[4 * j + 2 * hh + ee] = -INFINITY;
+          }
+    } else if (e.y >= 0) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int ee = 0; ee < 2; ++ee) {
+            const int c = 8 * j + cb + ee;
+            if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
+          }
+    }
+
+    // ---- online softmax (base 2; a row with no key yet keeps max -inf and contributes nothing) ----
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[hh], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = fast_exp2((row_max[hh] - m_use) * sl2);
+      row_max[hh] = m_new;
+      const float ms = m_use * sl2;
+      float rs = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int ee = 0; ee < 2; ++ee) {
+          const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
+          s[4 * j + 2 * hh + ee] = pv;
+          rs += pv;
+        }
+      row_sum[hh] = row_sum[hh] * alpha + rs;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j + 2 * hh] *= alpha;
+        o[4 * j + 2 * hh + 1] *= alpha;
+      }
+    }
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    cp_async_wait<2 * S - 2>();  // V_i landed
+    fence_proxy_async();
+    __syncthreads();
+
+    // ---- O += P V ----
+    if constexpr (kSm90) {
+      fence_regs(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BN * 128), 1);
+      wgmma_commit();
+      wgmma_wait0();
+      fence_regs(o);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int n2 = 0; n2 < D / 16; ++n2) {
+          const int mat = lane >> 3;
+          uint32_t bf[4];
+          ldsm_x4_t(bf, s_v + sw_off<BN>(kk * 16 + (mat & 1) * 8 + (lane & 7), 2 * n2 + (mat >> 1)));
+          mma16816<kBf16>(&o[(2 * n2) * 4], pa[kk], bf[0], bf[1]);
+          mma16816<kBf16>(&o[(2 * n2 + 1) * 4], pa[kk], bf[2], bf[3]);
+        }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----
+  using Elem = typename Tr::Elem;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int tok = plan_token(q0 + r0 + 8 * hh, p.perm_d, p.q_group);
+    if (tok < p.q_len) {
+      Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j + cb) = v;
+      }
+      if (p.lse != nullptr && (lane & 3) == 0)
+        p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
+            l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
+    }
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) fused_fwd_kernel(const __grid_constant__ FusedParams p) {
+#ifdef __CUDA_ARCH__
+  // The Sm90 kernel has a body only in the sm_90a image; the Sm80 one everywhere (it also runs on Hopper).
+  if constexpr (Tr::kSm90 && !kWgmmaAvailable) {
+    __trap();
+  } else {
+    fused_fwd_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::fused

@@ -1,0 +1,73 @@
+// cuda/fused/fused_fwd.hpp — host handle of the fused block-sparse attention forward kernel.
+//
+//   Arguments      what the caller gives (problem + tensor views)
+//   can_implement  a Status with the reason, never aborts
+//   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
+//   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync)
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/fused/fused_params.hpp"
+#include "plan/block_plan.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn::cuda::fused {
+
+struct Status {
+  bool ok = true;
+  std::string reason;
+  explicit operator bool() const { return ok; }
+  static Status fail(std::string r) { return {false, std::move(r)}; }
+};
+
+// A BlockPlan uploaded to the current CUDA device (owned device arrays).
+class DevicePlan {
+ public:
+  explicit DevicePlan(plan::BlockPlan host);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+
+  const plan::BlockPlan& host() const { return host_; }
+  int device() const { return device_; }
+  const int64_t* row_offsets() const { return row_offsets_; }
+  const int4* entries() const { return entries_; }
+  const unsigned long long* masks() const { return masks_; }
+  const int32_t* order() const { return order_; }
+  double upload_ms() const { return upload_ms_; }
+
+ private:
+  plan::BlockPlan host_;
+  int device_ = 0;
+  int64_t* row_offsets_ = nullptr;
+  int4* entries_ = nullptr;
+  unsigned long long* masks_ = nullptr;
+  int32_t* order_ = nullptr;
+  double upload_ms_ = 0;
+};
+
+class FusedFwd {
+ public:
+  struct Arguments {
+    Problem problem;
+    TensorView q, k, v, o, lse;  // lse.data may be null
+    bool force_sm80 = false;     // run the mma.sync kernel even on Hopper (tests)
+  };
+  using Params = LaunchParams;
+
+  static Status can_implement(const Arguments& args, const DevicePlan& plan);
+  static size_t workspace_size(const Arguments&) { return 0; }
+  // Requires can_implement(args, plan).
+  static Params to_params(const Arguments& args, const DevicePlan& plan);
+  // Launches on `stream`; throws spattn::Error on a launch error.
+  static void run(const Params& params, cudaStream_t stream);
+  // The kernel's name for a configuration (for explain and bench rows).
+  static std::string kernel_name(const Params& params);
+};
+
+// Throws spattn::Error naming the call if `e` is an error.
+void check_cuda(cudaError_t e, const char* what);
+
+}  // namespace spattn::cuda::fused

@@ -1,0 +1,45 @@
+// cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
+#pragma once
+#include <mutex>
+
+#include "cuda/fused/fused_fwd.cuh"
+#include "cuda/fused/fused_params.hpp"
+
+namespace spattn::cuda::fused {
+
+template <class Tr>
+cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
+  // Raise the dynamic shared-memory limit once per process and device (kernel attributes are per device).
+  static std::once_flag once[64];
+  static cudaError_t attr_err[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::call_once(once[dev & 63], [&] {
+    attr_err[dev & 63] = cudaFuncSetAttribute(fused_fwd_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              Tr::kSmemBytes);
+  });
+  if (attr_err[dev & 63] != cudaSuccess) return attr_err[dev & 63];
+  fused_fwd_kernel<Tr><<<p.grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p.kernel);
+  return cudaGetLastError();
+}
+
+// The configurations (one table: dispatch, the planner's shapes and the test sweep all follow it):
+//   tiles 128x128 (two warpgroups) and 64x64 (one), head dim 64 and 128, bf16 and fp16.
+template <bool kSm90>
+int launch_table(const LaunchParams& p, void* stream_) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+#define SPATTN_FUSED_CASE(BM, BN, D)                                            \
+  if (p.block_m == BM && p.block_n == BN && p.head_dim == D) {                  \
+    if (p.bf16) return int(launch_one<Traits<BM, BN, D, true, kSm90>>(p, stream));   \
+    return int(launch_one<Traits<BM, BN, D, false, kSm90>>(p, stream));              \
+  }
+  SPATTN_FUSED_CASE(128, 128, 64)
+  SPATTN_FUSED_CASE(64, 64, 64)
+  SPATTN_FUSED_CASE(128, 128, 128)
+  SPATTN_FUSED_CASE(64, 64, 128)
+#undef SPATTN_FUSED_CASE
+  return int(cudaErrorInvalidConfiguration);
+}
+
+}  // namespace spattn::cuda::fused
