@@ -9,22 +9,9 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels.hpp"
-#include "spattn/error.hpp"
+#include "common_host.hpp"
 
 namespace spattn::multigrain::detail {
-
-inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
-                "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-#define SPATTN_CUDA_CHECK(expr) ::spattn::multigrain::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
-#define SPATTN_LAUNCH_CHECK(name) ::spattn::multigrain::detail::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
-
-inline void require(const Status& s, const char* kernel) {
-  if (!s.ok) throw Error(std::string("multigrain ") + kernel + ": " + s.reason);
-}
 
 // ---- dtypes ----------------------------------------------------------------------------------------
 template <class T> struct Num;
@@ -110,41 +97,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// ---- host-side checks shared by the handles ---------------------------------------------------------
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-inline Status check_dense(const Dense& t, int64_t inner, DType dt, const char* name) {
-  if (!t.data) return Status::failure(std::string(name) + ": null data pointer");
-  if (!aligned16(t.data)) return Status::failure(std::string(name) + ": data pointer is not 16-byte aligned");
-  const int64_t vec = 16 / dtype_size(dt);
-  for (int64_t s : {t.sb, t.sl, t.sh})
-    if (s % vec != 0)
-      return Status::failure(std::string(name) + ": stride " + std::to_string(s) + " is not a multiple of " +
-                             std::to_string(vec) + " elements (16-byte rows needed)");
-  if (inner % vec != 0)
-    return Status::failure(std::string(name) + ": head dim " + std::to_string(inner) + " is not a multiple of " +
-                           std::to_string(vec));
-  return Status::success();
-}
-
-inline Status check_shape(const Shape& s) {
-  if (s.B < 1 || s.Hq < 1 || s.Hkv < 1 || s.Lq < 1 || s.Lk < 1 || s.D < 1 || s.Dv < 1)
-    return Status::failure("problem sizes must be positive (B " + std::to_string(s.B) + ", Hq " +
-                           std::to_string(s.Hq) + ", Hkv " + std::to_string(s.Hkv) + ", Lq " +
-                           std::to_string(s.Lq) + ", Lk " + std::to_string(s.Lk) + ", D " + std::to_string(s.D) +
-                           ", Dv " + std::to_string(s.Dv) + ")");
-  if (s.Hq % s.Hkv != 0)
-    return Status::failure("q_heads " + std::to_string(s.Hq) + " is not a multiple of kv_heads " +
-                           std::to_string(s.Hkv));
-  if (s.bh() > 65535 * 32) return Status::failure("batch * q_heads " + std::to_string(s.bh()) + " is too large");
-  return Status::success();
-}
-
-inline unsigned grid_dim(int64_t n, const char* what) {
-  if (n > 0x7fffffff) throw Error(std::string("multigrain: grid of ") + what + " too large: " + std::to_string(n));
-  return unsigned(n);
 }
 
 }  // namespace spattn::multigrain::detail

@@ -74,7 +74,7 @@ Split split_pattern(const BoundPattern& pattern, const Options& options, DType d
   std::vector<int64_t> count(size_t(C.block_cols), 0);
   std::vector<int64_t> slot(size_t(C.block_cols), -1);  // coarse block index of a block column, or -1
   std::vector<int32_t> touched;
-  std::vector<RowRuns> rows(size_t(bs));
+  std::vector<RowRuns> rows(static_cast<size_t>(bs));
   std::vector<int32_t> keys;
 
   for (int64_t br = 0; br < C.block_rows; ++br) {

@@ -1,0 +1,347 @@
+// The Multigrain plan: the split uploaded to the device, the kernels' work lists, and the orchestration of
+// SDDMM / softmax / SpMM / attention over the caller's stream plus one side stream (fork/join by events,
+// so a run can be captured in a CUDA graph).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "common_host.hpp"
+#include "kernels.hpp"
+
+namespace spattn::multigrain {
+
+using namespace detail;
+
+namespace {
+// SDDMM coarse: a CTA takes at most this many blocks of a block row (local(256) in 64-blocks has 9-10
+// blocks a row: 2 CTAs of 5; a global or causal row of 64 blocks: 8 CTAs).
+constexpr int kCoarseSlice = 8;
+
+int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+struct Plan::Impl {
+  Problem problem;
+  Options options;
+  Split split;
+  Shape shape;
+  float scale = 1;
+  CoarseMeta coarse;
+  FineMeta fine;
+  const int32_t* sddmm_items = nullptr;
+  int64_t n_sddmm_items = 0;
+  const int32_t* row_order = nullptr;
+  const FineItem* fine_items = nullptr;
+  int64_t n_fine_items = 0;
+  const int32_t* fine_rows = nullptr;  // has_coarse: rows with fine entries; else every row
+  int64_t n_fine_rows = 0;
+  const int32_t* fine_row_index = nullptr;  // [Lq], has_coarse && has_fine only
+  void* device_block = nullptr;
+  int64_t device_bytes = 0;
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  int device = 0;
+
+  bool has_coarse() const { return coarse.nblocks > 0; }
+  bool has_fine() const { return fine.nnz > 0; }
+  bool mixed() const { return has_coarse() && has_fine(); }
+
+  ~Impl() {
+    // Destructors must not throw: errors here are ignored (the context may already be gone at exit).
+    if (join) cudaEventDestroy(join);
+    if (fork) cudaEventDestroy(fork);
+    if (side) cudaStreamDestroy(side);
+    if (device_block) cudaFree(device_block);
+  }
+
+  // Runs `side_work` on the side stream and `main_work` on `stream`, concurrently, joined back on `stream`.
+  template <class A, class B>
+  void both(cudaStream_t stream, A&& main_work, B&& side_work) const {
+    SPATTN_CUDA_CHECK(cudaEventRecord(fork, stream));
+    SPATTN_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    side_work(side);
+    main_work(stream);
+    SPATTN_CUDA_CHECK(cudaEventRecord(join, side));
+    SPATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+  }
+};
+
+Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
+  problem.validate();
+  if (problem.dtype == DType::f64) throw Error("multigrain: dtype f64 is not supported on the GPU (use bf16, f16 or f32)");
+  if (pattern.q_len() != problem.q_len || pattern.k_len() != problem.kv_len)
+    throw Error("multigrain: pattern is bound to " + std::to_string(pattern.q_len()) + " x " +
+                std::to_string(pattern.k_len()) + " but the problem is " + std::to_string(problem.q_len) + " x " +
+                std::to_string(problem.kv_len));
+  auto impl = std::make_shared<Impl>();
+  Impl& P = *impl;
+  P.problem = problem;
+  P.options = options;
+  P.shape = {problem.dtype, problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len,
+             problem.head_dim, problem.dv()};
+  P.scale = float(problem.softmax_scale());
+  if (Status s = check_shape(P.shape); !s) throw Error("multigrain: " + s.reason);
+  const int64_t vec = 16 / dtype_size(problem.dtype);
+  const int64_t dmax = problem.dtype == DType::f32 ? 128 : 256;
+  for (auto [d, name] : {std::pair{P.shape.D, "head dim"}, std::pair{P.shape.Dv, "value dim"}})
+    if (d % vec != 0 || d > dmax)
+      throw Error(std::string("multigrain: ") + name + " " + std::to_string(d) + " must be a multiple of " +
+                  std::to_string(vec) + " up to " + std::to_string(dmax) + " for dtype " +
+                  std::string(dtype_name(problem.dtype)));
+  if (P.shape.bh() > 65535) throw Error("multigrain: batch * q_heads " + std::to_string(P.shape.bh()) + " exceeds 65535");
+
+  P.split = split_pattern(pattern, options, problem.dtype);
+  const Split& S = P.split;
+  const Bsr& C = S.coarse;
+  const Csr& F = S.fine;
+  const int64_t Lq = problem.q_len;
+  if (C.nblocks() > 0 && P.shape.D % 16 != 0)
+    throw Error("multigrain: head dim " + std::to_string(P.shape.D) + " must be a multiple of 16 for the coarse part");
+  if (C.nblocks() >= (int64_t(1) << 31) || F.nnz() >= (int64_t(1) << 40))
+    throw Error("multigrain: pattern too large (" + std::to_string(C.nblocks()) + " blocks, " + std::to_string(F.nnz()) + " fine entries)");
+
+  // ---- host work lists ----------------------------------------------------------------------------
+  std::vector<int32_t> c_off(C.row_offsets.begin(), C.row_offsets.end());
+  std::vector<int32_t> c_cols(C.col_indices.begin(), C.col_indices.end());
+  std::vector<int32_t> c_mask(C.mask_index.size());
+  for (size_t i = 0; i < c_mask.size(); ++i) c_mask[i] = int32_t(C.mask_index[i]);
+  std::vector<int32_t> items;
+  std::vector<int32_t> order;
+  if (C.nblocks() > 0) {
+    for (int64_t br = 0; br < C.block_rows; ++br) {
+      const int64_t a = C.row_offsets[size_t(br)], b = C.row_offsets[size_t(br) + 1], n = b - a;
+      if (n == 0) continue;
+      const int64_t pieces = (n + kCoarseSlice - 1) / kCoarseSlice;
+      for (int64_t p = 0; p < pieces; ++p)
+        items.insert(items.end(), {int32_t(br), int32_t(a + n * p / pieces), int32_t(a + n * (p + 1) / pieces)});
+    }
+    order.resize(size_t(C.block_rows));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+      return C.row_offsets[size_t(x) + 1] - C.row_offsets[size_t(x)] > C.row_offsets[size_t(y) + 1] - C.row_offsets[size_t(y)];
+    });
+  }
+  std::vector<FineItem> fitems;
+  std::vector<int32_t> frows, frow_index;
+  for (int64_t q = 0; q < Lq; ++q) {
+    const int64_t a = F.row_offsets[size_t(q)], b = F.row_offsets[size_t(q) + 1];
+    for (int64_t s = a; s < b; s += options.fine_slice)
+      fitems.push_back({s, int32_t(q), int32_t(std::min<int64_t>(options.fine_slice, b - s))});
+  }
+  const bool has_coarse = C.nblocks() > 0, has_fine = F.nnz() > 0;
+  if (has_coarse) {
+    if (has_fine) {
+      frow_index.assign(size_t(Lq), -1);
+      for (int64_t q = 0; q < Lq; ++q)
+        if (F.row_offsets[size_t(q) + 1] > F.row_offsets[size_t(q)]) {
+          frow_index[size_t(q)] = int32_t(frows.size());
+          frows.push_back(int32_t(q));
+        }
+    }
+  } else {
+    frows.resize(size_t(Lq));
+    std::iota(frows.begin(), frows.end(), 0);
+  }
+
+  // ---- one device allocation for all of it --------------------------------------------------------
+  struct Piece {
+    const void* src;
+    int64_t bytes;
+    int64_t offset;
+  };
+  std::vector<Piece> pieces;
+  int64_t total = 0;
+  auto add = [&](const void* src, int64_t bytes) {
+    pieces.push_back({src, bytes, total});
+    total += align256(std::max<int64_t>(bytes, 1));
+    return pieces.size() - 1;
+  };
+  const size_t i_coff = add(c_off.data(), int64_t(c_off.size() * 4));
+  const size_t i_ccol = add(c_cols.data(), int64_t(c_cols.size() * 4));
+  const size_t i_cmask = add(c_mask.data(), int64_t(c_mask.size() * 4));
+  const size_t i_masks = add(C.masks.data(), int64_t(C.masks.size() * 8));
+  const size_t i_items = add(items.data(), int64_t(items.size() * 4));
+  const size_t i_order = add(order.data(), int64_t(order.size() * 4));
+  const size_t i_foff = add(F.row_offsets.data(), int64_t(F.row_offsets.size() * 8));
+  const size_t i_fcol = add(F.col_indices.data(), int64_t(F.col_indices.size() * 4));
+  const size_t i_fitems = add(fitems.data(), int64_t(fitems.size() * sizeof(FineItem)));
+  const size_t i_frows = add(frows.data(), int64_t(frows.size() * 4));
+  const size_t i_fidx = add(frow_index.data(), int64_t(frow_index.size() * 4));
+
+  SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
+  SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
+  P.device_bytes = total;
+  char* base = static_cast<char*>(P.device_block);
+  for (const Piece& p : pieces)
+    if (p.bytes > 0) SPATTN_CUDA_CHECK(cudaMemcpy(base + p.offset, p.src, size_t(p.bytes), cudaMemcpyHostToDevice));
+  auto at = [&](size_t i) -> void* { return pieces[i].bytes > 0 ? base + pieces[i].offset : nullptr; };
+
+  P.coarse = {S.block, C.block_rows, C.nblocks(), static_cast<int32_t*>(at(i_coff)), static_cast<int32_t*>(at(i_ccol)),
+              static_cast<int32_t*>(at(i_cmask)), static_cast<uint64_t*>(at(i_masks))};
+  P.fine = {F.nnz(), static_cast<int64_t*>(at(i_foff)), static_cast<int32_t*>(at(i_fcol))};
+  P.sddmm_items = static_cast<int32_t*>(at(i_items));
+  P.n_sddmm_items = int64_t(items.size() / 3);
+  P.row_order = static_cast<int32_t*>(at(i_order));
+  P.fine_items = static_cast<FineItem*>(at(i_fitems));
+  P.n_fine_items = int64_t(fitems.size());
+  P.fine_rows = static_cast<int32_t*>(at(i_frows));
+  P.n_fine_rows = int64_t(frows.size());
+  P.fine_row_index = static_cast<int32_t*>(at(i_fidx));
+
+  SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&P.side, cudaStreamNonBlocking));
+  SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming));
+  SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.join, cudaEventDisableTiming));
+  Plan plan;
+  plan.impl_ = std::move(impl);
+  return plan;
+}
+
+const Problem& Plan::problem() const { return impl_->problem; }
+const Split& Plan::split() const { return impl_->split; }
+bool Plan::has_coarse() const { return impl_->has_coarse(); }
+bool Plan::has_fine() const { return impl_->has_fine(); }
+int64_t Plan::coarse_elems_per_head() const { return impl_->coarse.nblocks * impl_->split.block * impl_->split.block; }
+int64_t Plan::fine_elems_per_head() const { return impl_->fine.nnz; }
+int64_t Plan::score_bytes() const { return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * 4; }
+int64_t Plan::prob_bytes() const {
+  return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * dtype_size(impl_->shape.dtype);
+}
+int64_t Plan::spmm_workspace_size() const {
+  const Impl& P = *impl_;
+  return P.mixed() ? 2 * align256(P.shape.bh() * P.n_fine_rows * P.shape.Dv * 4) : 0;
+}
+int64_t Plan::attention_workspace_size(bool p_given) const {
+  const Impl& P = *impl_;
+  const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
+  int64_t n = align256(bh * coarse_elems_per_head() * 4) + align256(bh * fine_elems_per_head() * 4);
+  if (!p_given) n += align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
+  return n + spmm_workspace_size();
+}
+
+std::string Plan::explain() const {
+  const Impl& P = *impl_;
+  std::ostringstream os;
+  os << "multigrain plan: " << dtype_name(P.shape.dtype) << ", B " << P.shape.B << ", Hq " << P.shape.Hq << ", Hkv "
+     << P.shape.Hkv << ", D " << P.shape.D << ", Dv " << P.shape.Dv << ", scale " << P.scale << "\n";
+  os << P.split.describe();
+  os << "  kernels: ";
+  if (P.has_coarse())
+    os << "sddmm_coarse<" << P.split.block << "> (" << P.n_sddmm_items << " row slices), spmm_coarse<" << P.split.block
+       << ">; ";
+  if (P.has_fine()) os << "sddmm_fine (" << P.n_fine_items << " row slices), spmm_fine (" << P.n_fine_rows << " rows); ";
+  os << "softmax (compound)";
+  if (P.mixed()) os << "; merge of " << P.n_fine_rows << " rows with both parts; coarse and fine on two streams";
+  os << "\n  device metadata: " << P.device_bytes << " bytes\n";
+  return os.str();
+}
+
+namespace {
+Dense dense_of(const TensorView& t, const char* name) {
+  if (t.stride[3] != 1)
+    throw Error(std::string("multigrain: ") + name + " has innermost stride " + std::to_string(t.stride[3]) +
+                " (must be 1)");
+  return {t.data, t.stride[0], t.stride[1], t.stride[2]};
+}
+void check_dtype(const TensorView& t, DType want, const char* name) {
+  if (t.dtype != want)
+    throw Error(std::string("multigrain: ") + name + " has dtype " + std::string(dtype_name(t.dtype)) +
+                ", the plan was built for " + std::string(dtype_name(want)));
+}
+}  // namespace
+
+void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const {
+  const Impl& P = *impl_;
+  const Shape& sh = P.shape;
+  Problem::check_view(q, "q", {sh.B, sh.Lq, sh.Hq, sh.D});
+  Problem::check_view(k, "k", {sh.B, sh.Lk, sh.Hkv, sh.D});
+  check_dtype(q, sh.dtype, "q");
+  check_dtype(k, sh.dtype, "k");
+  if (P.has_coarse() && !s.coarse) throw Error("multigrain: sddmm: S coarse is null but the plan has coarse blocks");
+  if (P.has_fine() && !s.fine) throw Error("multigrain: sddmm: S fine is null but the plan has fine entries");
+  SddmmCoarse::Arguments ca{sh, dense_of(q, "q"), dense_of(k, "k"), P.coarse, P.sddmm_items, P.n_sddmm_items,
+                            static_cast<float*>(s.coarse)};
+  SddmmFine::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), P.fine, P.fine_items, P.n_fine_items,
+                          static_cast<float*>(s.fine)};
+  if (P.has_coarse()) require(SddmmCoarse::can_implement(ca), "SddmmCoarse");
+  if (P.has_fine()) require(SddmmFine::can_implement(fa), "SddmmFine");
+  if (P.mixed())
+    P.both(stream, [&](cudaStream_t st) { SddmmCoarse::run(ca, st); }, [&](cudaStream_t st) { SddmmFine::run(fa, st); });
+  else if (P.has_coarse())
+    SddmmCoarse::run(ca, stream);
+  else if (P.has_fine())
+    SddmmFine::run(fa, stream);
+}
+
+void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) const {
+  const Impl& P = *impl_;
+  CompoundSoftmax::Arguments a;
+  a.shape = P.shape;
+  a.scale = P.scale;
+  a.coarse = P.coarse;
+  a.fine = P.fine;
+  a.s_coarse = static_cast<const float*>(s.coarse);
+  a.s_fine = static_cast<const float*>(s.fine);
+  a.p_coarse = p.coarse;
+  a.p_fine = p.fine;
+  a.lse = lse;
+  CompoundSoftmax::run(a, stream);
+}
+
+void Plan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* workspace, Stream stream) const {
+  const Impl& P = *impl_;
+  const Shape& sh = P.shape;
+  Problem::check_view(v, "v", {sh.B, sh.Lk, sh.Hkv, sh.Dv});
+  Problem::check_view(o, "o", {sh.B, sh.Lq, sh.Hq, sh.Dv});
+  check_dtype(v, sh.dtype, "v");
+  check_dtype(o, sh.dtype, "o");
+  if (P.has_coarse() && !p.coarse) throw Error("multigrain: spmm: P coarse is null but the plan has coarse blocks");
+  if (P.has_fine() && !p.fine) throw Error("multigrain: spmm: P fine is null but the plan has fine entries");
+  if (P.mixed() && !workspace)
+    throw Error("multigrain: spmm needs a workspace of " + std::to_string(spmm_workspace_size()) + " bytes");
+  float* part_c = static_cast<float*>(workspace);
+  float* part_f = P.mixed() ? reinterpret_cast<float*>(static_cast<char*>(workspace) + spmm_workspace_size() / 2) : nullptr;
+
+  SpmmCoarse::Arguments ca{sh, p.coarse, dense_of(v, "v"), dense_of(o, "o"), P.coarse, P.row_order,
+                           P.mixed() ? P.fine_row_index : nullptr, P.n_fine_rows, part_c};
+  SpmmFine::Arguments fa{sh, p.fine, dense_of(v, "v"), dense_of(o, "o"), P.fine, P.fine_rows, P.n_fine_rows,
+                         P.mixed() ? part_f : nullptr};
+  if (P.mixed()) {
+    require(SpmmCoarse::can_implement(ca), "SpmmCoarse");
+    require(SpmmFine::can_implement(fa), "SpmmFine");
+    P.both(stream, [&](cudaStream_t st) { SpmmCoarse::run(ca, st); }, [&](cudaStream_t st) { SpmmFine::run(fa, st); });
+    MergeRows::Arguments m{sh, dense_of(o, "o"), P.fine_rows, P.n_fine_rows, part_c, part_f};
+    MergeRows::run(m, stream);
+  } else if (P.has_coarse()) {
+    SpmmCoarse::run(ca, stream);
+  } else {
+    SpmmFine::run(fa, stream);  // every row, so rows without entries get O = 0
+  }
+}
+
+void Plan::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, float* lse,
+                     SparseValues p, void* workspace, Stream stream) const {
+  const Impl& P = *impl_;
+  const bool p_given = p.coarse || p.fine;
+  if (p_given && ((P.has_coarse() && !p.coarse) || (P.has_fine() && !p.fine)))
+    throw Error("multigrain: attention: P was given for only one of the plan's parts");
+  const int64_t need = attention_workspace_size(p_given);
+  if (need > 0 && !workspace) throw Error("multigrain: attention needs a workspace of " + std::to_string(need) + " bytes");
+  const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
+  char* w = static_cast<char*>(workspace);
+  auto take = [&](int64_t bytes) -> void* {
+    void* r = bytes > 0 ? w : nullptr;
+    w += align256(bytes);
+    return r;
+  };
+  SparseValues s{take(bh * coarse_elems_per_head() * 4), take(bh * fine_elems_per_head() * 4)};
+  if (!p_given) p = {take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
+  void* spmm_ws = spmm_workspace_size() > 0 ? w : nullptr;
+  sddmm(q, k, s, stream);
+  softmax(s, p, lse, stream);
+  spmm(p, v, o, spmm_ws, stream);
+}
+
+}  // namespace spattn::multigrain

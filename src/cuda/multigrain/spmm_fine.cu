@@ -1,0 +1,166 @@
+// Fine SpMM: O = P V on CSR entries, CUDA cores, one warp per row; and the merge of the rows that have both
+// a coarse and a fine part.
+//
+// The warp splits into 4 groups of 8 lanes; a group takes one entry (k, p) at a time and each lane one or
+// more 16-byte chunks of V[k] (up to 4: Dv <= 256 halves / 128 floats), accumulating p * V[k] in fp32.
+// 32 entries' (col, p) pairs are loaded with one coalesced load and passed around by shuffles; at the end
+// the 4 groups are summed (2 shuffles per value) and group 0 writes the row.
+#include "common.cuh"
+
+namespace spattn::multigrain::detail {
+namespace {
+
+constexpr int kMaxChunks = 4;
+
+template <class T>
+__global__ void __launch_bounds__(256) spmm_fine_kernel(const SpmmFine::Arguments a) {
+  constexpr int VEC = Vec<T>::N;
+  const int64_t wid = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (wid >= a.nrows) return;
+  const int64_t bh = blockIdx.y;
+  const int lane = threadIdx.x % 32, g = lane / 8, l8 = lane % 8;
+  const int64_t q = a.rows[wid];
+  const int64_t b = bh / a.shape.Hq, h = bh % a.shape.Hq, hk = h / (a.shape.Hq / a.shape.Hkv);
+  const int nchunks = int(a.shape.Dv) / VEC;
+  const T* Vg = static_cast<const T*>(a.v.data) + b * a.v.sb + hk * a.v.sh;
+  const int64_t first = a.meta.row_offsets[q], last = a.meta.row_offsets[q + 1];
+  const int32_t* cols = a.meta.cols;
+  const T* P = static_cast<const T*>(a.p) + bh * a.meta.nnz;
+
+  float acc[kMaxChunks][8];
+#pragma unroll
+  for (int j = 0; j < kMaxChunks; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+
+  for (int64_t base = first; base < last; base += 32) {
+    const int n = last - base < 32 ? int(last - base) : 32;
+    const int mycol = lane < n ? cols[base + lane] : 0;
+    const float myp = lane < n ? Num<T>::to(P[base + lane]) : 0.f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int key = s * 4 + g;
+      const int col = __shfl_sync(0xffffffffu, mycol, key);
+      const float p = __shfl_sync(0xffffffffu, myp, key);
+      if (s * 4 >= n) break;  // uniform
+      if (key < n) {
+        const T* vrow = Vg + int64_t(col) * a.v.sl;
+#pragma unroll
+        for (int j = 0; j < kMaxChunks; ++j) {
+          const int c = j * 8 + l8;
+          if (c < nchunks) {
+            float vf[8];
+            unpack<T>(*reinterpret_cast<const uint4*>(vrow + c * VEC), vf);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[j][e] = fmaf(p, vf[e], acc[j][e]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxChunks; ++j)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      acc[j][e] += __shfl_xor_sync(0xffffffffu, acc[j][e], 8);
+      acc[j][e] += __shfl_xor_sync(0xffffffffu, acc[j][e], 16);
+    }
+  if (g != 0) return;
+  T* orow = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh;
+  float* prow = a.partial ? a.partial + (bh * a.nrows + wid) * a.shape.Dv : nullptr;
+#pragma unroll
+  for (int j = 0; j < kMaxChunks; ++j) {
+    const int c = j * 8 + l8;
+    if (c >= nchunks) continue;
+    if (prow) {
+      float* dst = prow + c * VEC;
+#pragma unroll
+      for (int e = 0; e < VEC; e += 4)
+        *reinterpret_cast<float4*>(dst + e) = make_float4(acc[j][e], acc[j][e + 1], acc[j][e + 2], acc[j][e + 3]);
+    } else {
+      *reinterpret_cast<uint4*>(orow + c * VEC) = pack<T>(acc[j]);
+    }
+  }
+}
+
+template <class T>
+__global__ void merge_kernel(const MergeRows::Arguments a) {
+  // One thread per 4 values of one (row, b, h).
+  const int64_t per_row = a.shape.Dv / 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t bh = blockIdx.y;
+  if (i >= a.nrows * per_row) return;
+  const int64_t ri = i / per_row, c = (i % per_row) * 4;
+  const int64_t q = a.rows[ri];
+  const int64_t b = bh / a.shape.Hq, h = bh % a.shape.Hq;
+  const int64_t off = (bh * a.nrows + ri) * a.shape.Dv + c;
+  const float4 x = *reinterpret_cast<const float4*>(a.a + off);
+  const float4 y = *reinterpret_cast<const float4*>(a.b + off);
+  T* o = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh + c;
+  o[0] = Num<T>::from(x.x + y.x);
+  o[1] = Num<T>::from(x.y + y.y);
+  o[2] = Num<T>::from(x.z + y.z);
+  o[3] = Num<T>::from(x.w + y.w);
+}
+
+template <class T>
+void launch(const SpmmFine::Arguments& a, cudaStream_t stream) {
+  dim3 grid(grid_dim((a.nrows + 7) / 8, "spmm fine rows"), unsigned(a.shape.bh()));
+  spmm_fine_kernel<T><<<grid, 256, 0, stream>>>(a);
+  SPATTN_LAUNCH_CHECK("spmm_fine_kernel");
+}
+
+template <class T>
+void launch_merge(const MergeRows::Arguments& a, cudaStream_t stream) {
+  const int64_t n = a.nrows * (a.shape.Dv / 4);
+  dim3 grid(grid_dim((n + 255) / 256, "merge rows"), unsigned(a.shape.bh()));
+  merge_kernel<T><<<grid, 256, 0, stream>>>(a);
+  SPATTN_LAUNCH_CHECK("merge_kernel");
+}
+
+}  // namespace
+
+Status SpmmFine::can_implement(const Arguments& a) {
+  if (Status s = check_shape(a.shape); !s) return s;
+  if (a.shape.dtype == DType::f64) return Status::failure("dtype f64 is not supported on the GPU");
+  const int vec = 16 / dtype_size(a.shape.dtype);
+  if (a.shape.Dv > int64_t(vec) * 8 * kMaxChunks)
+    return Status::failure("value dim " + std::to_string(a.shape.Dv) + " exceeds " +
+                           std::to_string(vec * 8 * kMaxChunks) + " for dtype " + std::string(dtype_name(a.shape.dtype)));
+  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (Status s = check_dense(a.v, a.shape.Dv, a.shape.dtype, "v"); !s) return s;
+  if (!a.partial)
+    if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
+  if (a.nrows > 0 && (!a.rows || !a.meta.row_offsets)) return Status::failure("null metadata pointer");
+  if (a.meta.nnz > 0 && (!a.p || !a.meta.cols)) return Status::failure("p fine is null");
+  return Status::success();
+}
+
+void SpmmFine::run(const Arguments& a, Stream stream) {
+  require(can_implement(a), "SpmmFine");
+  if (a.nrows == 0) return;
+  switch (a.shape.dtype) {
+    case DType::bf16: launch<__nv_bfloat16>(a, stream); break;
+    case DType::f16: launch<__half>(a, stream); break;
+    default: launch<float>(a, stream); break;
+  }
+}
+
+Status MergeRows::can_implement(const Arguments& a) {
+  if (Status s = check_shape(a.shape); !s) return s;
+  if (a.shape.Dv % 4 != 0) return Status::failure("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 4");
+  if (a.nrows > 0 && (!a.rows || !a.a || !a.b || !a.o.data)) return Status::failure("null pointer");
+  return Status::success();
+}
+
+void MergeRows::run(const Arguments& a, Stream stream) {
+  require(can_implement(a), "MergeRows");
+  if (a.nrows == 0) return;
+  switch (a.shape.dtype) {
+    case DType::bf16: launch_merge<__nv_bfloat16>(a, stream); break;
+    case DType::f16: launch_merge<__half>(a, stream); break;
+    default: launch_merge<float>(a, stream); break;
+  }
+}
+
+}  // namespace spattn::multigrain::detail
