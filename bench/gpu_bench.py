@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""GPU benchmark of spattn's fused block-sparse attention against FlexAttention and SDPA, in one process.
+
+For each suite case of BENCH.md (bf16, B=2, H=16, D=64; dense and causal also D=128) and each length it times
+  spattn            our fused kernel (libspattn.so through ctypes, on torch tensors' device pointers)
+  flex_attention    torch.compile(flex_attention) with create_block_mask of the same pattern
+  sdpa_flash        dense SDPA, flash backend   (the dense anchors, timed once per (L, D))
+  sdpa_cudnn        dense SDPA, cuDNN backend
+with CUDA events around each call, after a warm-up, median of --reps (>= 20). Our output (poisoned before the
+timed runs) and Flex's are checked against an fp32 torch reference on sampled query rows of two heads, with the
+mask taken from the library's own row enumeration (spattn_pattern_mask), so a wrong mask_mod shows up too.
+
+Writes {"machine": ..., "rows": [...]} (fields of BENCH.md) and a PNG plot beside it if matplotlib is there,
+and prints one table: our eff TFLOP/s, Flex's, ratio, dense cuDNN's.
+
+  python3 bench/gpu_bench.py --lib build/libspattn.so --out bench/results/h100-2026-11-22.json
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------------- the library
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        L = self.lib
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        L.spattn_last_error.restype = ctypes.c_char_p
+        L.spattn_fused_create.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_int, ctypes.POINTER(vp)]
+        L.spattn_fused_destroy.argtypes = [vp]
+        L.spattn_fused_info.argtypes = [vp, ctypes.POINTER(i64)]
+        L.spattn_fused_explain.argtypes = [vp]
+        L.spattn_fused_explain.restype = ctypes.c_char_p
+        p64 = ctypes.POINTER(i64)
+        L.spattn_fused_forward.argtypes = [vp, ctypes.c_int, i64, i64, i64, i64, i64, i64, vp, p64, vp, p64, vp, p64,
+                                           vp, p64, vp, ctypes.c_double, vp]
+        L.spattn_pattern_mask.argtypes = [ctypes.c_char_p, i64, i64, i64, i64, vp]
+        L.spattn_pattern_nnz.argtypes = [ctypes.c_char_p, i64, i64, p64]
+
+    def check(self, rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what}: {self.lib.spattn_last_error().decode()}")
+
+    def mask_rows(self, spec, L, rows):
+        """Dense uint8 mask of the given query rows (a sorted list of (begin, end) ranges) -> bool tensor."""
+        parts = []
+        for a, b in rows:
+            buf = torch.empty((b - a, L), dtype=torch.uint8)
+            self.check(self.lib.spattn_pattern_mask(spec.encode(), L, L, a, b, ctypes.c_void_p(buf.data_ptr())),
+                       "spattn_pattern_mask")
+            parts.append(buf)
+        return torch.cat(parts).bool()
+
+
+class Fused:
+    """One plan (pattern bound to L) and forward calls on [B, H, L, D]-contiguous tensors."""
+
+    def __init__(self, lib, spec, L, D, block=0, force_sm80=False):
+        self.lib = lib
+        h = ctypes.c_void_p()
+        t0 = time.perf_counter()
+        lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block, -1, int(force_sm80),
+                                              ctypes.byref(h)), f"plan {spec}")
+        self.plan_ms = (time.perf_counter() - t0) * 1e3
+        self.h = h
+        info = (ctypes.c_int64 * 6)()
+        lib.check(lib.lib.spattn_fused_info(h, info), "info")
+        self.nnz, self.block_m, self.block_n, self.perm_d = info[0], info[1], info[2], info[3]
+        self.explain = lib.lib.spattn_fused_explain(h).decode()
+
+    def __del__(self):
+        if getattr(self, "h", None):
+            self.lib.lib.spattn_fused_destroy(self.h)
+
+    def forward(self, q, k, v, o, lse=None):
+        B, H, L, D = q.shape
+        Hkv = k.shape[1]
+
+        def strides(t):  # (batch, seq, head) strides of a [B, H, L, D] tensor viewed as [B, L, H, D]
+            s = t.stride()
+            return (ctypes.c_int64 * 3)(s[0], s[2], s[1])
+
+        dtype = 0 if q.dtype == torch.bfloat16 else 1
+        stream = torch.cuda.current_stream().cuda_stream
+        rc = self.lib.lib.spattn_fused_forward(
+            self.h, dtype, B, H, Hkv, L, k.shape[2], D, q.data_ptr(), strides(q), k.data_ptr(), strides(k),
+            v.data_ptr(), strides(v), o.data_ptr(), strides(o), lse.data_ptr() if lse is not None else None, 0.0,
+            ctypes.c_void_p(stream))
+        self.lib.check(rc, "spattn_fused_forward")
+
+
+# ---------------------------------------------------------------------------------------------------- the suite
+
+
+def suite(L):
+    """(name, spec, mask_mod or None (None: precomputed boolean tensor from the library), head dims)."""
+    w = 256
+    n = int(math.isqrt(L))
+    K = 13
+
+    def local(b, h, q, k):
+        return (q - k).abs() <= w
+
+    def longformer(b, h, q, k):
+        return ((q - k).abs() <= w) | (q < 32) | (k < 32)
+
+    def dilated(b, h, q, k):
+        d = q - k
+        return (d.abs() <= w * 2) & (d % 2 == 0)
+
+    def fixed(b, h, q, k):
+        return ((q // 128) == (k // 128)) | (k % 128 >= 127)
+
+    def causal(b, h, q, k):
+        return q >= k
+
+    def dense(b, h, q, k):
+        return q >= 0
+
+    def na2d(b, h, q, k):
+        qi, qj, ki, kj = q // n, q % n, k // n, k % n
+        si = (qi - K // 2).clamp(0, n - K)
+        sj = (qj - K // 2).clamp(0, n - K)
+        return (ki >= si) & (ki < si + K) & (kj >= sj) & (kj < sj + K)
+
+    r = 205 if L <= 4096 else 820
+    return [
+        ("local", "local(256)", local, (64,)),
+        ("longformer", "longformer(256, 32)", longformer, (64,)),
+        ("bigbird", "bigbird(64, 1, 2, 3, seed=0)", None, (64,)),
+        ("dilated", "dilated(256, 2)", dilated, (64,)),
+        ("causal", "causal", causal, (64, 128)),
+        ("dense", "dense", dense, (128, 64)),
+        ("fixed", "sparse_fixed(128)", fixed, (64,)),
+        ("random", f"random({r}, seed=0)", None, (64,)),
+        ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", na2d, (64,)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+
+
+def time_ms(fn, reps, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def sample_rows(L):
+    m = min(256, L // 4)
+    mid = L // 2
+    return [(0, m), (mid - m // 2, mid + m // 2), (L - m, L)]
+
+
+def reference(q, k, v, mask_rows, rows, heads=(0, 1)):
+    """fp32 masked attention of batch 0, the given heads, on the sampled query rows -> [len(heads), R, D]."""
+    idx = torch.cat([torch.arange(a, b) for a, b in rows]).to(q.device)
+    out = []
+    m = mask_rows.to(q.device)
+    for h in heads:
+        qs = q[0, h, idx].float()
+        s = (qs @ k[0, h].float().T) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~m, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out.append(p @ v[0, h].float())
+    return torch.stack(out), idx
+
+
+def rel_err(o, ref, idx, heads=(0, 1)):
+    got = torch.stack([o[0, h, idx].float() for h in heads])
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default=os.path.join(os.environ.get("SPATTN_BUILD", "build"), "libspattn.so"))
+    ap.add_argument("--out", default=None, help="JSON file (default bench/results/<gpu>-<date>.json)")
+    ap.add_argument("--lengths", default="4096,16384")
+    ap.add_argument("--patterns", default="", help="comma list of suite names (default: all)")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--sm80", action="store_true", help="also time the mma.sync kernel on Hopper")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    args = ap.parse_args()
+    t_start = time.time()
+    assert args.reps >= 20, "BENCH.md: median of at least 20"
+
+    lib = Lib(args.lib)
+    dev = torch.cuda.get_device_name()
+    props = torch.cuda.get_device_properties(0)
+    machine = {"gpu": dev, "sms": props.multi_processor_count, "torch": torch.__version__,
+               "cuda": torch.version.cuda, "host": platform.node(), "date": datetime.datetime.now().isoformat()}
+    print(f"# {dev}, torch {torch.__version__}", flush=True)
+
+    flex = None
+    if not args.no_flex:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            flex = torch.compile(flex_attention, dynamic=False)
+        except Exception as e:  # noqa: BLE001
+            print(f"# FlexAttention unavailable: {e}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H = args.batch, args.heads
+    rows_out, table = [], []
+    dense_cache = {}
+    wanted = set(filter(None, args.patterns.split(",")))
+
+    def row(impl, name, spec, L, D, density, ms, nnz, plan_ms=0.0, err=None):
+        eff = 4.0 * nnz * D * B * H / (ms * 1e-3) / 1e12 if ms else None
+        r = {"impl": impl, "pattern": name, "spec": spec, "device": dev, "B": B, "L": L, "Hq": H, "Hkv": H, "D": D,
+             "dtype": "bf16", "density": density, "ms": ms, "eff_tflops": eff, "plan_ms": plan_ms, "rel_err": err}
+        rows_out.append(r)
+        return eff
+
+    for L in [int(x) for x in args.lengths.split(",")]:
+        for name, spec, mask_mod, dims in suite(L):
+            if wanted and name not in wanted:
+                continue
+            for D in dims:
+                if time.time() - t_start > args.budget_s:
+                    print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
+                    continue
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                # dense anchors, once per (L, D)
+                if (L, D) not in dense_cache:
+                    res = {}
+                    for impl, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        try:
+                            with sdpa_kernel(be):
+                                res[impl] = time_ms(lambda: F.scaled_dot_product_attention(q, k, v), args.reps)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"# {impl} failed: {str(e)[:120]}")
+                            res[impl] = None
+                    dense_cache[(L, D)] = res
+                    for impl, ms in res.items():
+                        if ms:
+                            row(impl, "dense", "dense", L, D, 1.0, ms, L * L)
+                dense = dense_cache[(L, D)]
+
+                # ours
+                fused = Fused(lib, spec, L, D)
+                nnz = fused.nnz
+                density = nnz / (L * L)
+                o = torch.empty_like(q)
+                lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                ms_ours = time_ms(lambda: fused.forward(q, k, v, o, lse), args.reps)
+                o.fill_(float("nan"))
+                fused.forward(q, k, v, o, lse)
+                torch.cuda.synchronize()
+                rows = sample_rows(L)
+                mrows = lib.mask_rows(spec, L, rows)
+                ref, idx = reference(q, k, v, mrows, rows)
+                err = rel_err(o, ref, idx)
+                eff_ours = row("spattn", name, spec, L, D, density, ms_ours, nnz, fused.plan_ms, err)
+                ms80 = None
+                if args.sm80:
+                    f80 = Fused(lib, spec, L, D, force_sm80=True)
+                    ms80 = time_ms(lambda: f80.forward(q, k, v, o, lse), args.reps)
+                    f80.forward(q, k, v, o, lse)
+                    row("spattn:sm80", name, spec, L, D, density, ms80, nnz, f80.plan_ms, rel_err(o, ref, idx))
+
+                # FlexAttention with the same pattern
+                eff_flex, err_flex = None, None
+                if flex is not None:
+                    try:
+                        if mask_mod is None:
+                            full = lib.mask_rows(spec, L, [(0, L)]).cuda()
+                            mm = lambda b, h, qi, ki: full[qi, ki]  # noqa: E731
+                        else:
+                            mm = mask_mod
+                        t0 = time.perf_counter()
+                        bm = create_block_mask(mm, B=None, H=None, Q_LEN=L, KV_LEN=L, device="cuda")
+                        flex_plan_ms = (time.perf_counter() - t0) * 1e3
+                        of = flex(q, k, v, block_mask=bm)
+                        ms_flex = time_ms(lambda: flex(q, k, v, block_mask=bm), args.reps)
+                        of = flex(q, k, v, block_mask=bm)
+                        err_flex = rel_err(of, ref, idx)
+                        eff_flex = row("flex_attention", name, spec, L, D, density, ms_flex, nnz, flex_plan_ms, err_flex)
+                        del bm, of
+                        if mask_mod is None:
+                            del full
+                    except Exception as e:  # noqa: BLE001
+                        print(f"# flex failed on {name} L={L}: {str(e)[:200]}", flush=True)
+                cud = dense.get("sdpa_cudnn")
+                eff_cudnn = 4.0 * L * L * D * B * H / (cud * 1e-3) / 1e12 if cud else None
+                table.append((name, L, D, density, ms_ours, eff_ours, eff_flex, eff_cudnn, err, err_flex,
+                              fused.block_m, fused.perm_d, ms80))
+                print(f"{name:10s} L={L:5d} D={D:3d} ours {eff_ours:7.1f} TF/s ({ms_ours:.3f} ms, "
+                      f"{fused.block_m}x{fused.block_n} d{fused.perm_d}, err {err:.2e})  flex "
+                      f"{(eff_flex or 0):7.1f}  cudnn-dense {(eff_cudnn or 0):7.1f}  [{fused.explain}]", flush=True)
+                del q, k, v, o, lse, fused
+                torch.cuda.empty_cache()
+
+    out = args.out
+    if out is None:
+        gpu = dev.lower().replace("nvidia ", "").split()[0]
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                           f"{gpu}-{datetime.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"machine": machine, "command": " ".join(sys.argv), "rows": rows_out}, f, indent=1)
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        labels = [f"{t[0]}\nL={t[1]}\nD={t[2]}" for t in table]
+        x = range(len(table))
+        fig, ax = plt.subplots(figsize=(max(8, len(table) * 0.9), 4.5))
+        ax.bar([i - 0.2 for i in x], [t[5] or 0 for t in table], 0.4, label="spattn fused")
+        ax.bar([i + 0.2 for i in x], [t[6] or 0 for t in table], 0.4, label="FlexAttention")
+        ax.plot(list(x), [t[7] or 0 for t in table], "k_", markersize=20, label="dense cuDNN SDPA")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("effective TFLOP/s (nnz-counted)")
+        ax.set_title(f"{dev}, bf16, B={B}, H={H}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.splitext(out)[0] + ".png", dpi=120)
+    except Exception as e:  # noqa: BLE001
+        print(f"# no plot: {e}")
+
+    print(f"\n# {dev}; effective TFLOP/s = 4*nnz*D*B*H/time (B={B}, H={H}, bf16); results: {out}")
+    print(f"{'pattern':10s} {'L':>6s} {'D':>4s} {'dens':>6s} {'ours':>7s} {'flex':>7s} {'ratio':>6s} "
+          f"{'cudnn':>7s} {'o/cud':>6s} {'err':>8s} {'tile':>5s} {'sm80':>6s}")
+    for (name, L, D, dens, ms, eo, ef, ec, err, errf, bm, pd, ms80) in table:
+        ratio = eo / ef if ef else float("nan")
+        oc = eo / ec if ec else float("nan")
+        s80 = f"{4.0 * dens * L * L * D * B * H / (ms80 * 1e-3) / 1e12:6.1f}" if ms80 else "     -"
+        print(f"{name:10s} {L:6d} {D:4d} {dens:6.3f} {eo:7.1f} {(ef or 0):7.1f} {ratio:6.2f} {(ec or 0):7.1f} "
+              f"{oc:6.2f} {err:8.1e} {bm:5d} {s80}")
+
+
+if __name__ == "__main__":
+    main()
