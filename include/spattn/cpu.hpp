@@ -1,0 +1,81 @@
+// spattn/cpu.hpp — the fast CPU attention: fused, multi-threaded, cost proportional to the pattern's nonzeros.
+//
+//   std::vector<spattn::BoundPattern> pats{spattn::parse("longformer(256, 32)").bind(L)};
+//   spattn::cpu::attention(pats, problem, q, k, v, o, lse);            // plans, then runs
+//
+//   spattn::cpu::FusedPlan plan(pats, problem);                        // or plan once ...
+//   plan.run(q, k, v, o, lse);                                         // ... and run many times
+//
+// Semantics are PATTERNS.md's, exactly those of spattn::cpu::reference_attention (the oracle it is tested
+// against): q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] in fp32, fp16 or bf16 (one dtype for
+// all three), any element strides; o [B, Lq, Hq, Dv] fp32; lse [B, Hq, Lq, 1] fp32 or a view with a null data
+// pointer (not written). Grouped-query attention (Hq % Hkv == 0), Dv != D and a custom scale
+// (Problem::scale) are supported. A fully masked row gives O = 0 and lse = -inf. fp32 accumulation.
+// Bad shapes, dtypes or lengths throw spattn::Error naming the value.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn::cpu {
+
+// Which compiled kernel set runs. automatic: the widest the CPU supports (AVX-512, then AVX2+FMA, then the
+// portable 4-wide kernels). Forcing a set the CPU lacks throws Error.
+enum class Isa { automatic, avx512, avx2, generic };
+const char* isa_name(Isa isa);
+// The set `automatic` picks on this machine.
+Isa best_isa();
+
+struct Options {
+  int threads = 0;  // worker threads; 0: all hardware threads
+  Isa isa = Isa::automatic;
+};
+
+// What a plan holds, for explain/bench output.
+struct PlanStats {
+  int64_t tiles = 0;          // query tiles per head (per pattern)
+  int tile_rows = 0;          // query rows per tile
+  int permutation = 1;        // residue grouping d (dilated/strided patterns run in d groups), 1: none
+  int64_t nnz = 0;            // kept (q, k) per head, summed over distinct patterns
+  int64_t dense_scores = 0;   // scores computed in dense key blocks (tile rows x block keys)
+  int64_t masked_scores = 0;  // of which in blocks that carry a row mask
+  int64_t residue_nnz = 0;    // scores computed one row at a time (scattered parts)
+  double build_ms = 0;
+  std::string isa;
+};
+
+// The pattern analysed for one problem shape: per query tile, the key blocks every row of the tile visits
+// (full or with a row mask) and the per-row residue runs. Built in O(tiles + runs) (plus the keys of runs
+// that are neither intervals nor on the permutation's lattice). Immutable; run() is thread-safe.
+class FusedPlan {
+ public:
+  // `patterns`: one for all heads or one per query head, each bound to (problem.q_len, problem.kv_len).
+  // Options::threads is used to build the plan; Options::isa fixes the kernel set (and the tile height).
+  FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options = {});
+  ~FusedPlan();
+  FusedPlan(FusedPlan&&) noexcept;
+  FusedPlan& operator=(FusedPlan&&) noexcept;
+
+  // Runs the attention. The views must match the plan's problem (shapes; dtype of q/k/v may be any of
+  // fp32/fp16/bf16 and need not equal problem.dtype).
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+           const Options& options = {}) const;
+
+  const Problem& problem() const;
+  const PlanStats& stats() const;
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Plans and runs in one call.
+void attention(const std::vector<BoundPattern>& patterns, const Problem& problem, const TensorView& q,
+               const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+               const Options& options = {});
+
+}  // namespace spattn::cpu

@@ -1,0 +1,590 @@
+// cpu/fused.cpp — the fused CPU sparse attention: planning, input preparation, threads, ISA dispatch.
+//
+// Plan (once per pattern and shape). Query rows are cut into tiles of M rows (M = 32 with AVX-512). For a
+// tile, the rows' key runs (BoundPattern::row, O(runs)) become coverage events; a sweep gives key segments
+// with the number c of tile rows that keep them. Segments kept by at least kDenseShare of the rows are
+// "dense": all rows of the tile visit them through small GEMMs (QK^T, PV) in blocks of NB keys — full blocks
+// with no mask, the rest with one uint32 row mask per key. The others are "residue": each row visits its own
+// keys there, W at a time (gathered dot products), continuing the same online softmax. A band (local,
+// longformer, causal, bigbird, fixed) is almost all dense; random is all residue; neighborhood is a mix.
+//
+// Dilated / strided rows (every run strided by a common d) are planned in d residue groups: token t sits in
+// group t % d at position t / d, so dilated(w, d) is local(w) inside each group and its tiles are dense. The
+// kernels read rows through index lists, so nothing is permuted in memory.
+//
+// Run. Work items are (batch, head, tile), ordered by predicted cost (a global row is ~16x a local one),
+// taken dynamically by the threads. Inputs that are fp32 with unit inner stride and rows of a whole number
+// of vectors are read in place; the rest are converted / padded once per call.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "cpu/fused_kernel.hpp"
+#include "spattn/cpu.hpp"
+
+namespace spattn::cpu {
+
+namespace fused {
+namespace {
+
+// A segment goes dense when at least this share of the tile's rows keep it. Per useful score, a row-mask
+// dense block costs M / c units and a residue key about kResidueCost units (gather + transpose-add), so
+// dense wins when c / M > 1 / kResidueCost.
+constexpr double kResidueCost = 2.5;
+constexpr double kDenseShare = 1.0 / kResidueCost;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+const KernelSet* kernel_set(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return &avx512::kernels();
+    case Isa::avx2: return &avx2::kernels();
+    case Isa::generic: return &generic::kernels();
+    case Isa::automatic: break;
+  }
+  return nullptr;
+}
+
+bool cpu_has(Isa isa) {
+  if (isa == Isa::generic) return true;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (isa == Isa::avx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  if (isa == Isa::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return false;
+}
+
+// Runs fn(item, thread) for item in [0, n) on `threads` threads, items taken in order.
+template <class Fn>
+void parallel_for(int64_t n, int threads, Fn&& fn) {
+  if (n <= 0) return;
+  threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  if (threads == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto worker = [&](int t) {
+    try {
+      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+        if (failed.load(std::memory_order_relaxed)) break;
+        fn(i, t);
+      }
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(threads - 1));
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+  worker(0);
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+int resolve_threads(int threads) {
+  if (threads > 0) return threads;
+  if (threads < 0) throw Error("threads must be >= 0 (0: all hardware threads), got " + std::to_string(threads));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// ---- the plan of one pattern ------------------------------------------------------------------------------
+struct TileInfo {
+  int64_t q_off;  // into qidx
+  int32_t rows;
+  int64_t blk_begin, blk_end;
+  int64_t res;  // into res_off (rows + 1 entries), -1: no residue
+  double cost;
+};
+
+struct PatternPlan {
+  std::vector<int32_t> qidx;
+  std::vector<TileInfo> tiles;
+  std::vector<KeyBlock> blocks;
+  std::vector<int32_t> keys;
+  std::vector<uint32_t> masks;
+  std::vector<int64_t> res_off;
+  std::vector<ResRun> res_runs;
+  int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0;
+};
+
+// Plan space: with d > 1, group g = t % d holds tokens g, g + d, ...; key plan position g * gk + t / d.
+struct Space {
+  int64_t d, lq, lk, gk;
+  int64_t key_token(int64_t p) const { return d == 1 ? p : (p / gk) + (p % gk) * d; }
+  int64_t key_pos(int64_t t) const { return d == 1 ? t : (t % d) * gk + t / d; }
+};
+
+// The residue grouping that makes the rows dense: d > 1 when every multi-key run of a few sampled rows is
+// strided with a common stride multiple of d (dilated(w, d), stride(s)); 1 otherwise.
+int choose_permutation(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len();
+  int64_t g = 0;
+  RowRuns runs;
+  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3, lq - 1, int64_t(0)}) {
+    if (q < 0 || q >= lq) continue;
+    pat.row(q, runs);
+    for (const Run& r : runs) {
+      if (r.count <= 1) continue;
+      if (r.stride == 1) return 1;
+      g = std::gcd(g, r.stride);
+    }
+  }
+  if (g < 2 || g > 4096) return 1;
+  return int(g);
+}
+
+struct Interval {
+  int64_t a, b;
+};
+
+// Builds tiles [t0, t1) of the tile list `rows_of` into `out` (local offsets).
+class TileBuilder {
+ public:
+  TileBuilder(const BoundPattern& pat, const Space& sp, int M, int NB) : pat_(pat), sp_(sp), M_(M), NB_(NB) {}
+
+  void build(const int32_t* q, int rows, int64_t q_off, PatternPlan& out) {
+    // Row intervals in plan space.
+    row_iv_.assign(size_t(rows), {});
+    events_.clear();
+    for (int r = 0; r < rows; ++r) {
+      pat_.row(q[r], runs_);
+      auto& iv = row_iv_[size_t(r)];
+      iv.clear();
+      for (const Run& run : runs_) add_run(run, iv);
+      std::sort(iv.begin(), iv.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
+      for (const Interval& x : iv) {
+        events_.push_back({x.a, +1});
+        events_.push_back({x.b, -1});
+      }
+    }
+    std::sort(events_.begin(), events_.end(), [](const Ev& x, const Ev& y) { return x.pos < y.pos; });
+    // Sweep: segments with their coverage.
+    full_.clear();
+    partial_.clear();
+    residue_.clear();
+    const int dense_min = std::max(1, int(std::ceil(kDenseShare * rows)));
+    int cov = 0;
+    for (size_t i = 0; i < events_.size();) {
+      const int64_t pos = events_[i].pos;
+      for (; i < events_.size() && events_[i].pos == pos; ++i) cov += events_[i].delta;
+      if (cov <= 0 || i == events_.size()) continue;
+      const int64_t next = events_[i].pos;
+      if (cov >= dense_min) {
+        auto& dst = cov == rows ? full_ : partial_;
+        for (int64_t p = pos; p < next; ++p) dst.push_back(p);
+      } else if (!residue_.empty() && residue_.back().b == pos) {
+        residue_.back().b = next;
+      } else {
+        residue_.push_back({pos, next});
+      }
+    }
+    TileInfo tile{q_off, rows, int64_t(out.blocks.size()), 0, -1, 0.0};
+    // Dense blocks: full keys first (no mask), then partial keys (row masks).
+    emit_blocks(full_, nullptr, out);
+    if (!partial_.empty()) {
+      pmask_.assign(partial_.size(), 0u);
+      for (int r = 0; r < rows; ++r)
+        for (const Interval& x : row_iv_[size_t(r)]) {
+          auto lo = std::lower_bound(partial_.begin(), partial_.end(), x.a);
+          auto hi = std::lower_bound(lo, partial_.end(), x.b);
+          for (auto it = lo; it != hi; ++it) pmask_[size_t(it - partial_.begin())] |= 1u << r;
+        }
+      emit_blocks(partial_, pmask_.data(), out);
+      out.masked_scores += int64_t(partial_.size()) * M_;
+    }
+    tile.blk_end = int64_t(out.blocks.size());
+    const int64_t dense_keys = int64_t(full_.size() + partial_.size());
+    out.dense_scores += dense_keys * M_;
+    // Residue runs per row.
+    int64_t res_nnz = 0;
+    if (!residue_.empty()) {
+      tile.res = int64_t(out.res_off.size());
+      for (int r = 0; r < rows; ++r) {
+        out.res_off.push_back(int64_t(out.res_runs.size()));
+        for (const Interval& x : row_iv_[size_t(r)]) {
+          auto it = std::upper_bound(residue_.begin(), residue_.end(), x.a,
+                                     [](int64_t v, const Interval& s) { return v < s.b; });
+          for (; it != residue_.end() && it->a < x.b; ++it) {
+            const int64_t a = std::max(x.a, it->a), b = std::min(x.b, it->b);
+            if (a >= b) continue;
+            res_nnz += b - a;
+            out.res_runs.push_back(ResRun{int32_t(sp_.key_token(a)), int32_t(sp_.d), int32_t(b - a)});
+          }
+        }
+      }
+      out.res_off.push_back(int64_t(out.res_runs.size()));
+    }
+    out.residue_nnz += res_nnz;
+    tile.cost = double(dense_keys) * M_ + kResidueCost * double(res_nnz) + 64.0 * rows;
+    out.tiles.push_back(tile);
+  }
+
+ private:
+  struct Ev {
+    int64_t pos;
+    int delta;
+  };
+
+  void add_run(const Run& run, std::vector<Interval>& iv) const {
+    const int64_t d = sp_.d;
+    if (d == 1 && run.stride == 1) {
+      iv.push_back({run.start, run.start + run.count});
+    } else if (d > 1 && run.stride % d == 0) {
+      const int64_t base = sp_.key_pos(run.start), s = run.stride / d;
+      if (s == 1) {
+        iv.push_back({base, base + run.count});
+      } else {
+        for (int64_t i = 0; i < run.count; ++i) iv.push_back({base + i * s, base + i * s + 1});
+      }
+    } else {
+      for (int64_t i = 0; i < run.count; ++i) {
+        const int64_t p = sp_.key_pos(run.start + i * run.stride);
+        if (!iv.empty() && iv.back().b == p) iv.back().b = p + 1;
+        else iv.push_back({p, p + 1});
+      }
+    }
+  }
+
+  // Cuts `pos` into blocks of at most NB keys (sizes as even as possible).
+  void emit_blocks(const std::vector<int64_t>& pos, const uint32_t* mask, PatternPlan& out) const {
+    const int64_t n = int64_t(pos.size());
+    if (n == 0) return;
+    const int64_t nblk = ceil_div(n, NB_);
+    const int64_t per = ceil_div(n, nblk);
+    for (int64_t i = 0; i < n; i += per) {
+      const int64_t cnt = std::min(per, n - i);
+      KeyBlock b{int32_t(cnt), -1, int64_t(out.keys.size())};
+      for (int64_t j = 0; j < cnt; ++j) out.keys.push_back(int32_t(sp_.key_token(pos[size_t(i + j)])));
+      if (mask) {
+        b.mask = int32_t(out.masks.size());
+        out.masks.insert(out.masks.end(), mask + i, mask + i + cnt);
+      }
+      out.blocks.push_back(b);
+    }
+  }
+
+  const BoundPattern& pat_;
+  Space sp_;
+  int M_, NB_;
+  RowRuns runs_;
+  std::vector<std::vector<Interval>> row_iv_;
+  std::vector<Ev> events_;
+  std::vector<int64_t> full_, partial_;
+  std::vector<Interval> residue_;
+  std::vector<uint32_t> pmask_;
+};
+
+PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int threads, int& perm_out) {
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  const int M = ks.tile_rows;
+  const int d = lk > 0 && lq > 0 ? choose_permutation(pat) : 1;
+  perm_out = d;
+  const Space sp{d, lq, lk, ceil_div(lk, d)};
+  // Query order: group by residue, tiles of M rows inside a group.
+  std::vector<int32_t> qidx;
+  std::vector<std::pair<int64_t, int32_t>> tile_rows;  // (q_off, rows)
+  qidx.reserve(size_t(lq));
+  for (int64_t g = 0; g < d; ++g) {
+    const int64_t start = int64_t(qidx.size());
+    for (int64_t t = g; t < lq; t += d) qidx.push_back(int32_t(t));
+    const int64_t n = int64_t(qidx.size()) - start;
+    for (int64_t i = 0; i < n; i += M) tile_rows.push_back({start + i, int32_t(std::min<int64_t>(M, n - i))});
+  }
+  const int64_t ntiles = int64_t(tile_rows.size());
+  // Build in contiguous chunks of tiles, one partial plan per chunk, then concatenate.
+  const int64_t nchunks = std::min<int64_t>(ntiles, int64_t(threads) * 4);
+  std::vector<PatternPlan> parts(size_t(std::max<int64_t>(nchunks, 1)));
+  parallel_for(nchunks, threads, [&](int64_t c, int) {
+    TileBuilder tb(pat, sp, M, ks.block_keys);
+    const int64_t t0 = c * ntiles / nchunks, t1 = (c + 1) * ntiles / nchunks;
+    for (int64_t t = t0; t < t1; ++t)
+      tb.build(qidx.data() + tile_rows[size_t(t)].first, tile_rows[size_t(t)].second, tile_rows[size_t(t)].first,
+               parts[size_t(c)]);
+  });
+  PatternPlan plan;
+  plan.qidx = std::move(qidx);
+  for (PatternPlan& p : parts) {
+    const int64_t blk0 = int64_t(plan.blocks.size()), key0 = int64_t(plan.keys.size()),
+                  mask0 = int64_t(plan.masks.size()), roff0 = int64_t(plan.res_off.size()),
+                  run0 = int64_t(plan.res_runs.size());
+    for (TileInfo t : p.tiles) {
+      t.blk_begin += blk0;
+      t.blk_end += blk0;
+      if (t.res >= 0) t.res += roff0;
+      plan.tiles.push_back(t);
+    }
+    for (KeyBlock b : p.blocks) {
+      b.keys += key0;
+      if (b.mask >= 0) b.mask += int32_t(mask0);
+      plan.blocks.push_back(b);
+    }
+    plan.keys.insert(plan.keys.end(), p.keys.begin(), p.keys.end());
+    plan.masks.insert(plan.masks.end(), p.masks.begin(), p.masks.end());
+    for (int64_t o : p.res_off) plan.res_off.push_back(o + run0);
+    plan.res_runs.insert(plan.res_runs.end(), p.res_runs.begin(), p.res_runs.end());
+    plan.dense_scores += p.dense_scores;
+    plan.masked_scores += p.masked_scores;
+    plan.residue_nnz += p.residue_nnz;
+  }
+  if (plan.masks.size() > size_t(std::numeric_limits<int32_t>::max()))
+    throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
+  return plan;
+}
+
+// fp32 copy of a [B, L, H, D] view as [B][H][L][ld] (ld >= D, zero padded), or of q as [B][L][H][D].
+void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int threads) {
+  const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2], D = t.shape[3];
+  parallel_for(B * H, threads, [&](int64_t bh, int) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t l = 0; l < L; ++l) {
+      float* out = head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld;
+      const int64_t off = t.offset(b, l, h, 0);
+      const int64_t inc = t.stride[3];
+      switch (t.dtype) {
+        case DType::f32: {
+          const float* s = static_cast<const float*>(t.data) + off;
+          for (int64_t d = 0; d < D; ++d) out[d] = s[d * inc];
+          break;
+        }
+        case DType::f64: {
+          const double* s = static_cast<const double*>(t.data) + off;
+          for (int64_t d = 0; d < D; ++d) out[d] = float(s[d * inc]);
+          break;
+        }
+        case DType::f16: {
+          const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
+          for (int64_t d = 0; d < D; ++d) out[d] = half_to_float(s[d * inc]);
+          break;
+        }
+        case DType::bf16: {
+          const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
+          for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_float(s[d * inc]);
+          break;
+        }
+      }
+      for (int64_t d = D; d < ld; ++d) out[d] = 0.f;
+    }
+  });
+}
+
+struct AlignedFloats {
+  std::vector<float> store;
+  float* ptr = nullptr;
+  void resize(int64_t n) {
+    store.assign(size_t(n + 16), 0.f);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(store.data());
+    ptr = store.data() + ((64 - p % 64) % 64) / sizeof(float);
+  }
+};
+
+}  // namespace
+}  // namespace fused
+
+// ---- public API ---------------------------------------------------------------------------------------------
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::automatic: return "auto";
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::generic: return "generic";
+  }
+  return "?";
+}
+
+Isa best_isa() {
+  if (fused::cpu_has(Isa::avx512) && fused::avx512::kernels().run_tile) return Isa::avx512;
+  if (fused::cpu_has(Isa::avx2) && fused::avx2::kernels().run_tile) return Isa::avx2;
+  return Isa::generic;
+}
+
+struct FusedPlan::Impl {
+  Problem problem;
+  const fused::KernelSet* ks = nullptr;
+  std::vector<fused::PatternPlan> plans;
+  std::vector<int> plan_of_head;  // [Hq]
+  struct Item {
+    int32_t plan, tile;
+    double cost;
+  };
+  std::vector<Item> items;  // per (plan, tile), most expensive first; expanded over (b, h) at run time
+  PlanStats stats;
+};
+
+FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options)
+    : impl_(std::make_unique<Impl>()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  problem.validate();
+  const int64_t H = problem.q_heads;
+  if (patterns.size() != 1 && int64_t(patterns.size()) != H)
+    throw Error("expected 1 pattern or one per query head (" + std::to_string(H) + "), got " +
+                std::to_string(patterns.size()));
+  for (const BoundPattern& bp : patterns)
+    if (bp.q_len() != problem.q_len || bp.k_len() != problem.kv_len)
+      throw Error("pattern '" + bp.spec() + "' is bound to " + std::to_string(bp.q_len()) + " x " +
+                  std::to_string(bp.k_len()) + " but the problem is " + std::to_string(problem.q_len) + " x " +
+                  std::to_string(problem.kv_len));
+  if (problem.q_len > std::numeric_limits<int32_t>::max() || problem.kv_len > std::numeric_limits<int32_t>::max())
+    throw Error("the fused CPU attention supports lengths below 2^31, got " + std::to_string(problem.q_len) +
+                " x " + std::to_string(problem.kv_len));
+  Impl& im = *impl_;
+  im.problem = problem;
+  const Isa isa = options.isa == Isa::automatic ? best_isa() : options.isa;
+  if (!fused::cpu_has(isa) || !fused::kernel_set(isa)->run_tile)
+    throw Error(std::string("this CPU (or build) has no ") + isa_name(isa) + " support for the fused CPU attention");
+  im.ks = fused::kernel_set(isa);
+  const int threads = fused::resolve_threads(options.threads);
+  // One plan per distinct spec.
+  std::vector<std::string> specs;
+  im.plan_of_head.assign(size_t(H), 0);
+  for (int64_t h = 0; h < H; ++h) {
+    const BoundPattern& bp = patterns.size() == 1 ? patterns[0] : patterns[size_t(h)];
+    auto it = std::find(specs.begin(), specs.end(), bp.spec());
+    if (it == specs.end()) {
+      specs.push_back(bp.spec());
+      int perm = 1;
+      im.plans.push_back(fused::build_pattern_plan(bp, *im.ks, threads, perm));
+      im.stats.permutation = std::max(im.stats.permutation, perm);
+      im.stats.nnz += bp.nnz();
+      it = specs.end() - 1;
+    }
+    im.plan_of_head[size_t(h)] = int(it - specs.begin());
+  }
+  for (size_t p = 0; p < im.plans.size(); ++p) {
+    const auto& pl = im.plans[p];
+    for (size_t t = 0; t < pl.tiles.size(); ++t) im.items.push_back({int32_t(p), int32_t(t), pl.tiles[t].cost});
+    im.stats.tiles += int64_t(pl.tiles.size());
+    im.stats.dense_scores += pl.dense_scores;
+    im.stats.masked_scores += pl.masked_scores;
+    im.stats.residue_nnz += pl.residue_nnz;
+  }
+  std::stable_sort(im.items.begin(), im.items.end(), [](const Impl::Item& a, const Impl::Item& b) { return a.cost > b.cost; });
+  im.stats.tile_rows = im.ks->tile_rows;
+  im.stats.isa = im.ks->name;
+  im.stats.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+FusedPlan::~FusedPlan() = default;
+FusedPlan::FusedPlan(FusedPlan&&) noexcept = default;
+FusedPlan& FusedPlan::operator=(FusedPlan&&) noexcept = default;
+
+const Problem& FusedPlan::problem() const { return impl_->problem; }
+const PlanStats& FusedPlan::stats() const { return impl_->stats; }
+
+std::string FusedPlan::describe() const {
+  const PlanStats& s = impl_->stats;
+  std::ostringstream os;
+  const double nnz = double(std::max<int64_t>(s.nnz, 1));
+  os << "fused cpu plan: isa " << s.isa << ", " << s.tiles << " tiles of " << s.tile_rows << " rows";
+  if (s.permutation > 1) os << ", residue groups d=" << s.permutation;
+  os << "; dense scores " << s.dense_scores << " (" << s.masked_scores << " masked), residue " << s.residue_nnz
+     << "; computed/nnz " << double(s.dense_scores + s.residue_nnz) / nnz << "; built in " << s.build_ms << " ms";
+  return os.str();
+}
+
+void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                    const TensorView& lse, const Options& options) const {
+  const Impl& im = *impl_;
+  const Problem& p = im.problem;
+  const int64_t B = p.batch, Lq = p.q_len, Lk = p.kv_len, H = p.q_heads, HK = p.kv_heads, D = p.head_dim, Dv = p.dv();
+  Problem::check_view(q, "q", {B, Lq, H, D});
+  Problem::check_view(k, "k", {B, Lk, HK, D});
+  Problem::check_view(v, "v", {B, Lk, HK, Dv});
+  Problem::check_view(o, "o", {B, Lq, H, Dv});
+  if (o.dtype != DType::f32) throw Error(std::string("fused CPU attention writes fp32 output; o is ") + std::string(dtype_name(o.dtype)));
+  if (lse.data) {
+    Problem::check_view(lse, "lse", {B, H, Lq, 1});
+    if (lse.dtype != DType::f32) throw Error(std::string("fused CPU attention writes fp32 lse; lse is ") + std::string(dtype_name(lse.dtype)));
+  }
+  if (q.dtype != k.dtype || q.dtype != v.dtype)
+    throw Error(std::string("q, k and v must have one dtype; got ") + std::string(dtype_name(q.dtype)) + ", " +
+                std::string(dtype_name(k.dtype)) + ", " + std::string(dtype_name(v.dtype)));
+  for (const TensorView* t : {&q, &k, &v, &o})
+    if (!t->data && t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3] > 0) throw Error("a tensor view has a null data pointer");
+  if (B == 0 || Lq == 0 || H == 0) return;
+  const int threads = fused::resolve_threads(options.threads);
+  const fused::KernelSet& ks = *im.ks;
+  const int64_t W = ks.width;
+  const int64_t DP = (D + W - 1) / W * W, DVP = (Dv + W - 1) / W * W;
+
+  // Inputs as fp32: in place where possible, else one converted copy.
+  auto direct = [&](const TensorView& t, int64_t dim) { return t.dtype == DType::f32 && t.stride[3] == 1 && dim % W == 0; };
+  fused::AlignedFloats qbuf, kbuf, vbuf;
+  const float* qp = static_cast<const float*>(q.data);
+  int64_t q_sb = q.stride[0], q_ld = q.stride[1], q_sh = q.stride[2], q_inc = q.stride[3];
+  if (q.dtype != DType::f32) {
+    qbuf.resize(B * Lq * H * D);
+    fused::pack_f32(q, qbuf.ptr, false, D, threads);
+    qp = qbuf.ptr;
+    q_sb = Lq * H * D, q_ld = H * D, q_sh = D, q_inc = 1;
+  }
+  const float* kp = static_cast<const float*>(k.data);
+  int64_t k_sb = k.stride[0], k_ld = k.stride[1], k_sh = k.stride[2];
+  if (!direct(k, D) && Lk > 0) {
+    kbuf.resize(B * HK * Lk * DP);
+    fused::pack_f32(k, kbuf.ptr, true, DP, threads);
+    kp = kbuf.ptr;
+    k_sb = HK * Lk * DP, k_sh = Lk * DP, k_ld = DP;
+  }
+  const float* vp = static_cast<const float*>(v.data);
+  int64_t v_sb = v.stride[0], v_ld = v.stride[1], v_sh = v.stride[2];
+  if (!direct(v, Dv) && Lk > 0) {
+    vbuf.resize(B * HK * Lk * DVP);
+    fused::pack_f32(v, vbuf.ptr, true, DVP, threads);
+    vp = vbuf.ptr;
+    v_sb = HK * Lk * DVP, v_sh = Lk * DVP, v_ld = DVP;
+  }
+
+  const int64_t group = H / HK;
+  const float qscale = float(p.softmax_scale() * 1.4426950408889634);
+  const int64_t BH = B * H;
+  const int64_t nitems = int64_t(im.items.size()) * BH;
+  const int nthreads = int(std::min<int64_t>(threads, std::max<int64_t>(nitems, 1)));
+  std::vector<fused::AlignedFloats> scratch(static_cast<size_t>(nthreads));
+  const int64_t sfloats = ks.scratch_floats(D, Dv);
+  float* op = static_cast<float*>(o.data);
+  float* lp = static_cast<float*>(lse.data);
+  fused::parallel_for(nitems, nthreads, [&](int64_t i, int t) {
+    fused::AlignedFloats& scr = scratch[size_t(t)];
+    if (!scr.ptr) scr.resize(sfloats);
+    const Impl::Item& it = im.items[size_t(i / BH)];
+    const int64_t bh = i % BH, b = bh / H, h = bh % H, hk = h / group;
+    // Items for heads with another pattern are skipped (their own plan's items cover them).
+    if (im.plan_of_head[size_t(h)] != it.plan) return;
+    const fused::PatternPlan& pl = im.plans[size_t(it.plan)];
+    const fused::TileInfo& tile = pl.tiles[size_t(it.tile)];
+    fused::TileArgs a{};
+    a.D = D, a.Dv = Dv, a.DP = DP, a.DVP = DVP, a.qscale = qscale;
+    a.q = qp + b * q_sb + h * q_sh, a.q_ld = q_ld, a.q_inc = q_inc;
+    a.k = Lk > 0 ? kp + b * k_sb + hk * k_sh : nullptr, a.k_ld = k_ld;
+    a.v = Lk > 0 ? vp + b * v_sb + hk * v_sh : nullptr, a.v_ld = v_ld;
+    a.o = op + b * o.stride[0] + h * o.stride[2], a.o_ld = o.stride[1], a.o_inc = o.stride[3];
+    a.lse = lp ? lp + b * lse.stride[0] + h * lse.stride[1] : nullptr, a.lse_inc = lse.stride[2];
+    a.qidx = pl.qidx.data() + tile.q_off, a.rows = tile.rows;
+    a.blocks = pl.blocks.data() + tile.blk_begin, a.nblocks = tile.blk_end - tile.blk_begin;
+    a.keys = pl.keys.data(), a.masks = pl.masks.data();
+    a.res_off = tile.res >= 0 ? pl.res_off.data() + tile.res : nullptr, a.res_runs = pl.res_runs.data();
+    a.scratch = scr.ptr;
+    ks.run_tile(a);
+  });
+}
+
+void attention(const std::vector<BoundPattern>& patterns, const Problem& problem, const TensorView& q,
+               const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+               const Options& options) {
+  FusedPlan(patterns, problem, options).run(q, k, v, o, lse, options);
+}
+
+}  // namespace spattn::cpu

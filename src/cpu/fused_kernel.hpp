@@ -1,0 +1,74 @@
+// cpu/fused_kernel.hpp — the contract between the fused CPU attention driver (fused.cpp) and its
+// per-ISA tile kernels (fused_avx512.cpp, fused_avx2.cpp, fused_generic.cpp, all from fused_kernels.inc).
+//
+// Plain data only: the ISA translation units are compiled with wider target options and must not share
+// inline or template code with the rest of the program (a COMDAT copy built for AVX-512 that the linker
+// picks for everyone would fault on a machine without it).
+#pragma once
+#include <cstdint>
+
+namespace spattn::cpu::fused {
+
+// One block of keys that every row of a query tile visits: n keys (token indices at keys[0..n)), either
+// full (every row keeps every key: mask == nullptr) or partial (mask[j] bit r: tile row r keeps key j).
+struct KeyBlock {
+  int32_t n;
+  int32_t mask;  // -1: full; else offset into TileArgs::masks (n words)
+  int64_t keys;  // offset into TileArgs::keys
+};
+
+// A per-row run of keys outside the dense blocks (token space): start, start + stride, ...
+struct ResRun {
+  int32_t start, stride, count;
+};
+
+// Everything one (batch, head, query tile) needs. All tensors are fp32 by the time they get here.
+struct TileArgs {
+  int64_t D, Dv;        // head dim, value dim
+  int64_t DP, DVP;      // D and Dv rounded up to the vector width (scratch layouts)
+  float qscale;         // softmax scale * log2(e): scores are kept in base 2
+  // Q of this (b, h): element (t, d) at q[t * q_ld + d * q_inc].
+  const float* q;
+  int64_t q_ld, q_inc;
+  // K / V of this (b, hk): row t at k + t * k_ld (D floats, or DP when D is not a multiple of the width:
+  // then the row is zero padded), v + t * v_ld (Dv floats, zero padded to DVP likewise).
+  const float* k;
+  int64_t k_ld;
+  const float* v;
+  int64_t v_ld;
+  // O of this (b, h): element (t, c) at o[t * o_ld + c * o_inc]; lse (may be null) at lse[t * lse_inc].
+  float* o;
+  int64_t o_ld, o_inc;
+  float* lse;
+  int64_t lse_inc;
+  // The tile (plan data).
+  const int32_t* qidx;  // [rows] query tokens
+  int32_t rows;         // <= tile height
+  const KeyBlock* blocks;
+  int64_t nblocks;
+  const int32_t* keys;
+  const uint32_t* masks;
+  const int64_t* res_off;  // [rows + 1] into res_runs, or null (no residue)
+  const ResRun* res_runs;
+  float* scratch;  // scratch_floats() floats, 64-byte aligned, private to the calling thread
+};
+
+using TileFn = void (*)(const TileArgs&);
+
+// One ISA's kernel set. tile_rows: query rows per tile (a multiple of the vector width, <= 32 so a row
+// mask fits a uint32). block_keys: keys per dense block the planner should emit.
+struct KernelSet {
+  const char* name;
+  int width;       // floats per vector
+  int tile_rows;   // M
+  int block_keys;  // NB
+  TileFn run_tile;
+  // Scratch floats one thread needs for given D, Dv.
+  int64_t (*scratch_floats)(int64_t D, int64_t Dv);
+};
+
+namespace avx512 { const KernelSet& kernels(); }
+namespace avx2 { const KernelSet& kernels(); }
+namespace generic { const KernelSet& kernels(); }
+
+}  // namespace spattn::cpu::fused
