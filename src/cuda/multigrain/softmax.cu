@@ -38,14 +38,21 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   const float* Sc = a.s_coarse + bh * a.coarse.nblocks * bb + r * bs;
   const float* Sf = a.s_fine + bh * a.fine.nnz;
 
-  // Whether element c of block blk (this row) is kept: in range and (full block or mask bit set).
-  auto kept = [&](int64_t blk, int c) -> bool {
-    if (!valid) return false;
-    if (int64_t(a.coarse.cols[blk]) * bs + c >= a.shape.Lk) return false;
+  // Row bits of block blk for element c (this row): in range and (full block or mask bit set). The block's
+  // column and mask index are read once per block, not per element.
+  struct BlockRow {
+    int64_t kc;
+    const uint64_t* mask;  // null: full block
+  };
+  auto block_row = [&](int64_t blk) -> BlockRow {
     const int64_t mi = a.coarse.mask_index[blk];
-    if (mi < 0) return true;
+    return {int64_t(a.coarse.cols[blk]) * bs, mi < 0 ? nullptr : a.coarse.masks + mi * wpm};
+  };
+  auto kept = [&](const BlockRow& br, int c) -> bool {
+    if (!valid || br.kc + c >= a.shape.Lk) return false;
+    if (!br.mask) return true;
     const int64_t bit = r * bs + c;
-    return (a.coarse.masks[mi * wpm + bit / 64] >> (bit % 64)) & 1;
+    return (br.mask[bit / 64] >> (bit % 64)) & 1;
   };
 
   float m = -CUDART_INF_F, l = 0.f;
@@ -59,9 +66,11 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
     }
   };
   if (valid) {
-    for (int64_t blk = cfirst; blk < clast; ++blk)
+    for (int64_t blk = cfirst; blk < clast; ++blk) {
+      const BlockRow br = block_row(blk);
       for (int c = lane; c < bs; c += 32)
-        if (kept(blk, c)) add(Sc[blk * bb + c]);
+        if (kept(br, c)) add(Sc[blk * bb + c]);
+    }
     for (int64_t i = ffirst + lane; i < flast; i += 32) add(Sf[i]);
   }
   float M = m;
@@ -73,9 +82,11 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   const float lse2 = L > 0.f ? M + log2f(L) : -CUDART_INF_F;  // log2 of the row's sum of 2^(x * scale * log2 e)
 
   T* Pc = static_cast<T*>(a.p_coarse) + bh * a.coarse.nblocks * bb + r * bs;
-  for (int64_t blk = cfirst; blk < clast; ++blk)
+  for (int64_t blk = cfirst; blk < clast; ++blk) {
+    const BlockRow br = block_row(blk);
     for (int c = lane; c < bs; c += 32)
-      Pc[blk * bb + c] = Num<T>::from(kept(blk, c) ? exp2f(Sc[blk * bb + c] * sl2 - lse2) : 0.f);
+      Pc[blk * bb + c] = Num<T>::from(kept(br, c) ? exp2f(Sc[blk * bb + c] * sl2 - lse2) : 0.f);
+  }
   T* Pf = static_cast<T*>(a.p_fine) + bh * a.fine.nnz;
   for (int64_t i = ffirst + lane; i < flast; i += 32) Pf[i] = Num<T>::from(exp2f(Sf[i] * sl2 - lse2));
   if (valid && lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
