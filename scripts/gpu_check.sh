@@ -10,6 +10,7 @@
 #
 #   bash scripts/gpu_check.sh /tmp/results
 #   BENCH_ARGS="--len 16384" bash scripts/gpu_check.sh     # extra arguments for step 4
+#   GPU_CHECK_TESTS=multigrain GPU_CHECK_SKIP_D=1 ...        # only tests matching a regex; no fragments
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTD=${1:-${OUT:-$ROOT/out}}
@@ -74,7 +75,7 @@ echo "build: ${status[build]} ($(elapsed))"
 # ---- 2. GPU tests -------------------------------------------------------------------------------------
 echo "== ctest -L gpu ($(elapsed))"
 if [ -f "$BUILD/CTestTestfile.cmake" ]; then
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 900) >"$OUTD/ctest_gpu.log" 2>&1
+  (cd "$BUILD" && ctest -L gpu ${GPU_CHECK_TESTS:+-R "$GPU_CHECK_TESTS"} --output-on-failure --timeout 900) >"$OUTD/ctest_gpu.log" 2>&1
   step ctest_gpu $?
   grep -E "tests passed|tests failed|\*\*\*|Failed|SKIPPED" "$OUTD/ctest_gpu.log" | tail -25
 else
@@ -116,7 +117,7 @@ fi
 
 # ---- 5. fragments from other parts of the project ------------------------------------------------------
 for f in "$ROOT"/scripts/gpu_check.d/*.sh; do
-  [ -x "$f" ] || continue
+  [ -x "$f" ] && [ -z "${GPU_CHECK_SKIP_D:-}" ] || continue
   name=$(basename "$f" .sh)
   echo "== gpu_check.d/$name ($(elapsed))"
   SPATTN_BUILD=$BUILD SPATTN_OUT=$OUTD "$f"
