@@ -68,11 +68,12 @@ class Lib:
 class Fused:
     """One plan (pattern bound to L) and forward calls on [B, H, L, D]-contiguous tensors."""
 
-    def __init__(self, lib, spec, L, D, block=0, force_sm80=False):
+    def __init__(self, lib, spec, L, D, block=0, force_sm80=False, block_n=None):
         self.lib = lib
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
-        lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block, -1, int(force_sm80),
+        lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block if block_n is None else block_n, -1,
+                                              int(force_sm80),
                                               ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
@@ -208,6 +209,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync kernel on Hopper")
+    ap.add_argument("--shapes", default="", help="also time forced tile shapes, e.g. 64x128,128x128,64x64")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     args = ap.parse_args()
     t_start = time.time()
@@ -223,6 +225,10 @@ def main():
     flex = None
     if not args.no_flex:
         try:
+            import torch._dynamo
+            # one compiled kernel per (mask_mod, shape): the suite needs more than the default 8
+            torch._dynamo.config.recompile_limit = 1000
+            torch._dynamo.config.cache_size_limit = 1000
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
         except Exception as e:  # noqa: BLE001
@@ -288,6 +294,17 @@ def main():
                     ms80 = time_ms(lambda: f80.forward(q, k, v, o, lse), args.reps)
                     f80.forward(q, k, v, o, lse)
                     row("spattn:sm80", name, spec, L, D, density, ms80, nnz, f80.plan_ms, rel_err(o, ref, idx))
+
+                for shape in filter(None, args.shapes.split(",")):
+                    bm_, bn_ = (int(x) for x in shape.split("x"))
+                    if D == 128 and (bm_, bn_) == (64, 128):
+                        continue
+                    fs = Fused(lib, spec, L, D, block=bm_, block_n=bn_)
+                    ms_s = time_ms(lambda: fs.forward(q, k, v, o, lse), args.reps)
+                    fs.forward(q, k, v, o, lse)
+                    eff_s = row(f"spattn:{shape}", name, spec, L, D, density, ms_s, nnz, fs.plan_ms, rel_err(o, ref, idx))
+                    print(f"    forced {shape}: {eff_s:7.1f} TF/s ({ms_s:.3f} ms)", flush=True)
+                    del fs
 
                 # FlexAttention with the same pattern
                 eff_flex, err_flex = None, None

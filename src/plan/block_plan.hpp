@@ -63,6 +63,7 @@ struct BlockPlan {
 };
 
 // Builds the plan for given tile sizes (each 64 or 128) and permutation (1: none).
+// The kernel has 128x128, 64x128 (head dim 64) and 64x64 tiles (src/cuda/fused/launch.cuh).
 BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1);
 
 // The residue grouping that makes the pattern's rows dense: d > 1 when every run of a few sampled rows is

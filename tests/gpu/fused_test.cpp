@@ -45,6 +45,7 @@ struct Case {
   int block = 0;  // 0: planner's choice; 64 or 128: forced square tiles
   bool sm80 = false;
   int perm_d = -1;
+  int block_n = 0;  // 0: same as block
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -89,7 +90,8 @@ void check_case(const Case& c) {
   ASSERT_EQ(cudaMemset(dlse.p, 0xFF, size_t(c.B * c.Hq * c.Lq) * 4), cudaSuccess);
 
   spattn::FusedOptions opt;
-  opt.block_m = opt.block_n = c.block;
+  opt.block_m = c.block;
+  opt.block_n = c.block_n ? c.block_n : c.block;
   opt.force_sm80 = c.sm80;
   opt.perm_d = c.perm_d;
   spattn::FusedAttention attn(bound, c.D, opt);
@@ -171,6 +173,10 @@ const Case kCases[] = {
     {"forced 64x64 tiles", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 64},
     {"forced 128x128 tiles on 64-blocks", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, bf, 128},
     {"forced 64x64 d128", "causal", 1, 2, 2, 799, 799, 128, bf, 64},
+    {"forced 64x128 tiles", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 64, false, -1, 128},
+    {"forced 64x128 tiles fp16 GQA", "causal", 1, 4, 1, 799, 799, 64, fp, 64, false, -1, 128},
+    {"forced 64x128 dilated", "dilated(256, 2)", 1, 2, 2, 1023, 1023, 64, bf, 64, false, -1, 128},
+    {"sm80 64x128", "local(100)", 1, 2, 2, 799, 799, 64, bf, 64, true, -1, 128},
     {"dilated without permutation (bitmask path)", "dilated(256, 2)", 1, 2, 2, 1023, 1023, 64, bf, 0, false, 1},
     {"sm80 local", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 0, true},
     {"sm80 bigbird 64x64", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, fp, 64, true},

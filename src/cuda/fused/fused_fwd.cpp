@@ -88,7 +88,8 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
     return Status::fail("fused kernel: plan was built for lengths " + std::to_string(hp.q_len) + "x" +
                         std::to_string(hp.k_len) + ", problem has " + std::to_string(pr.q_len) + "x" +
                         std::to_string(pr.kv_len));
-  if (!((hp.block_m == 128 && hp.block_n == 128) || (hp.block_m == 64 && hp.block_n == 64)))
+  if (!((hp.block_m == 128 && hp.block_n == 128) || (hp.block_m == 64 && hp.block_n == 64) ||
+        (hp.block_m == 64 && hp.block_n == 128 && pr.head_dim == 64)))
     return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n));
   if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)
     return Status::fail("fused kernel: lengths must stay below 2^31");

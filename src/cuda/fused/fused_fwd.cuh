@@ -37,12 +37,14 @@ struct Traits {
   static_assert(D == 64 || D == 128, "head dim is 64 or 128");
   static constexpr int kWarps = BM / 16;
   static constexpr int kThreads = kWarps * 32;
-  // 3 stages where they fit twice per SM or once at <= 112 KB; D=128 with 128-key tiles: 64 KB a stage.
-  static constexpr int kStages = (D == 128 && BN == 128) ? 2 : 3;
+  // One-warpgroup CTAs (BM = 64) are meant to run 2-3 per SM, so that one CTA's softmax overlaps another's
+  // wgmma: 2 stages where a stage is 32 KB or more (D=64 64x128: 72 KB a CTA, 3 per SM). The two-warpgroup
+  // 128x128 CTA runs alone on its SM (219-226 registers a thread): 3 stages at D=64, 2 at D=128 (64 KB a stage).
+  static constexpr int kStages = (BN == 128 && (BM == 64 || D == 128)) ? 2 : 3;
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + 1024;  // + alignment slack
-  static constexpr int kMinBlocks = BM == 64 ? 2 : 1;
+  static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? 3 : 2);
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
