@@ -253,7 +253,9 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         for (int w = 0; w < MW; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * MW + w);
     }
 
-    cp_async_wait<2 * S - 3>();  // Q and K_i landed (this thread's copies)
+    // One barrier per key tile: wait for K_i and V_i together, so that after it the warpgroups of a CTA run
+    // unsynchronised through S = QK^T, softmax and PV (one warpgroup's softmax overlaps the other's wgmma).
+    cp_async_wait<2 * S - 4>();  // Q, K_i and V_i landed (this thread's copies)
     fence_proxy_async();
     __syncthreads();  // everyone's copies visible; everyone done with tile i-1 (its stage is free)
     if (i + S - 1 < n) {
@@ -372,9 +374,6 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
     }
 
-    cp_async_wait<2 * S - 2>();  // V_i landed
-    fence_proxy_async();
-    __syncthreads();
 
     // ---- O += P V ----
     if constexpr (kSm90) {
