@@ -225,10 +225,10 @@ def main():
     flex = None
     if not args.no_flex:
         try:
-            import torch._dynamo
+            import torch._dynamo as dynamo
             # one compiled kernel per (mask_mod, shape): the suite needs more than the default 8
-            torch._dynamo.config.recompile_limit = 1000
-            torch._dynamo.config.cache_size_limit = 1000
+            dynamo.config.recompile_limit = 1000
+            dynamo.config.cache_size_limit = 1000
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
             flex = torch.compile(flex_attention, dynamic=False)
         except Exception as e:  # noqa: BLE001
