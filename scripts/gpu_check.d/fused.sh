@@ -4,7 +4,7 @@
 #   case, and the benchmark against FlexAttention / SDPA (bench/gpu_bench.py).
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (build dir) and SPATTN_OUT (output dir). Standalone: with
 # SPATTN_BUILD unset it configures and builds into build-fused/ itself (GoogleTest from .gtest/ if the
-# machine has none). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096").
+# machine has none; FUSED_SOLO=1 builds the fused kernel with the foundation alone). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096").
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTD=${SPATTN_OUT:-$ROOT/out}
@@ -19,7 +19,7 @@ if [ -z "$BUILD" ]; then
       -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "fused.sh: gtest build failed"
   fi
   [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
-  if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON "${extra[@]}" \
+  if [ -n "${FUSED_SOLO:-}" ] || ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON "${extra[@]}" \
            >"$OUTD/fused_build.log" 2>&1 &&
          ninja -C "$BUILD" -j"$(nproc)" spattn fused_test >>"$OUTD/fused_build.log" 2>&1; }; then
     # Others' work in progress may not build yet: build the fused kernel with the foundation alone.
