@@ -37,23 +37,27 @@ __global__ void __launch_bounds__(256) spmm_fine_kernel(const SpmmFine::Argument
     const int n = last - base < 32 ? int(last - base) : 32;
     const int mycol = lane < n ? cols[base + lane] : 0;
     const float myp = lane < n ? Num<T>::to(P[base + lane]) : 0.f;
+    // All 8 V rows of this lane's keys are loaded before the first multiply (the loads are independent).
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int key = s * 4 + g;
-      const int col = __shfl_sync(0xffffffffu, mycol, key);
-      const float p = __shfl_sync(0xffffffffu, myp, key);
-      if (s * 4 >= n) break;  // uniform
-      if (key < n) {
-        const T* vrow = Vg + int64_t(col) * a.v.sl;
+    for (int j = 0; j < kMaxChunks; ++j) {
+      const int c = j * 8 + l8;
+      if (j * 8 < nchunks) {  // uniform across the warp
+        uint4 vv[8];
+        float pv[8];
 #pragma unroll
-        for (int j = 0; j < kMaxChunks; ++j) {
-          const int c = j * 8 + l8;
-          if (c < nchunks) {
-            float vf[8];
-            unpack<T>(*reinterpret_cast<const uint4*>(vrow + c * VEC), vf);
+        for (int s = 0; s < 8; ++s) {
+          const int key = s * 4 + g;
+          const int col = __shfl_sync(0xffffffffu, mycol, key);
+          pv[s] = __shfl_sync(0xffffffffu, myp, key);
+          vv[s] = (key < n && c < nchunks) ? *reinterpret_cast<const uint4*>(Vg + int64_t(col) * a.v.sl + c * VEC)
+                                           : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[j][e] = fmaf(p, vf[e], acc[j][e]);
-          }
+        for (int s = 0; s < 8; ++s) {
+          float vf[8];
+          unpack<T>(vv[s], vf);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[j][e] = fmaf(pv[s], vf[e], acc[j][e]);
         }
       }
     }
