@@ -210,12 +210,23 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync kernel on Hopper")
     ap.add_argument("--shapes", default="", help="also time forced tile shapes, e.g. 64x128,128x128,64x64")
+    ap.add_argument("--probe", default="", help="only run ours a few times (for ncu): SPEC;L;D;BMxBN")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     args = ap.parse_args()
     t_start = time.time()
     assert args.reps >= 20, "BENCH.md: median of at least 20"
 
     lib = Lib(args.lib)
+    if args.probe:
+        spec, L, D, shape = args.probe.split(";")
+        L, D = int(L), int(D)
+        bm_, bn_ = (int(x) for x in shape.split("x"))
+        fp = Fused(lib, spec, L, D, block=bm_, block_n=bn_)
+        q, k, v = (torch.randn(args.batch, args.heads, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o = torch.empty_like(q)
+        ms = time_ms(lambda: fp.forward(q, k, v, o), 20)
+        print(f"probe {spec} L={L} D={D} {shape}: {ms:.3f} ms, {4.0 * fp.nnz * D * args.batch * args.heads / ms / 1e9:.1f} TF/s")
+        return
     dev = torch.cuda.get_device_name()
     props = torch.cuda.get_device_properties(0)
     machine = {"gpu": dev, "sms": props.multi_processor_count, "torch": torch.__version__,
