@@ -58,15 +58,6 @@ struct Split {
 // Splits a bound pattern (walks each row's runs once; cost follows rows x blocks touched, not Lq x Lk).
 Split split_pattern(const BoundPattern& pattern, const Options& options, DType dtype);
 
-// A status with a reason, never an abort.
-struct Status {
-  bool ok = true;
-  std::string reason;
-  static Status success() { return {}; }
-  static Status failure(std::string why) { return {false, std::move(why)}; }
-  explicit operator bool() const { return ok; }
-};
-
 // Values of a sparse matrix in the plan's split layout (see above). Either part may be null when the plan
 // has no entries in it.
 struct SparseValues {

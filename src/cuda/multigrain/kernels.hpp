@@ -2,9 +2,28 @@
 // can_implement() (a Status with a reason, never an abort), workspace_size() and run(args, stream), which
 // can be relaunched and captured in a graph. Plain C++: included by the plan (g++) and the kernels (nvcc).
 #pragma once
+// Kept C++17-clean (no spattn/pattern.hpp): the .cu files build with whichever dialect nvcc is given.
 #include <cstdint>
+#include <string>
 
-#include "spattn/multigrain.hpp"
+#include "spattn/tensor.hpp"
+
+struct CUstream_st;
+
+namespace spattn::multigrain {
+
+using Stream = CUstream_st*;  // cudaStream_t
+
+// A status with a reason, never an abort.
+struct Status {
+  bool ok = true;
+  std::string reason;
+  static Status success() { return {}; }
+  static Status failure(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
+}  // namespace spattn::multigrain
 
 namespace spattn::multigrain::detail {
 

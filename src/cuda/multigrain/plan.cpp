@@ -10,6 +10,7 @@
 
 #include "common_host.hpp"
 #include "kernels.hpp"
+#include "spattn/multigrain.hpp"
 
 namespace spattn::multigrain {
 
