@@ -10,7 +10,8 @@
 // Sparse values (scores S, probabilities P) live in two arrays per (batch, query head), bh = b * Hq + h:
 //   coarse: [B * Hq][coarse_blocks][block][block] row-major inside a block, block order of coarse_bsr();
 //   fine:   [B * Hq][fine_nnz] in the order of fine_csr().
-// S is always fp32 and unscaled (S = Q K^T, as cuSPARSE's SDDMM with alpha = 1); P has the input dtype.
+// S and P have the input dtype (fp32 accumulation, rounded once); S is unscaled (S = Q K^T, as cuSPARSE's
+// SDDMM with alpha = 1).
 // LSE is fp32 [B, Hq, Lq], natural log, of the scaled scores; a fully masked row gives P = 0, O = 0 and
 // LSE = -inf.
 //
@@ -82,7 +83,7 @@ class Plan {
   // Element counts of one sparse value array, per (b, h) and in all.
   int64_t coarse_elems_per_head() const;  // coarse_blocks * block * block
   int64_t fine_elems_per_head() const;    // fine nnz
-  int64_t score_bytes() const;            // S for all heads (fp32)
+  int64_t score_bytes() const;            // S for all heads (input dtype)
   int64_t prob_bytes() const;             // P for all heads (input dtype)
 
   // Workspace of each op in bytes (the caller owns it; 256-byte aligned; none is allocated here).
@@ -91,7 +92,7 @@ class Plan {
   int64_t spmm_workspace_size() const;       // fp32 partial rows where a row has both parts
   int64_t attention_workspace_size(bool p_given) const;  // S + (P unless given) + SpMM's
 
-  // S = Q K^T on the pattern (unscaled, fp32).
+  // S = Q K^T on the pattern (unscaled, input dtype).
   void sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const;
   // P = softmax(scale * S) per row over both parts; lse may be null.
   void softmax(SparseValues s, SparseValues p, float* lse, Stream stream) const;

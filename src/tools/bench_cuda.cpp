@@ -269,7 +269,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   const TensorView Q = TensorView::contiguous(q.p, dt, {B, L, H, D}), K = TensorView::contiguous(k.p, dt, {B, L, H, D}),
                    V = TensorView::contiguous(v.p, dt, {B, L, H, D}), O = TensorView::contiguous(o.p, dt, {B, L, H, D});
   const int64_t ce = plan.coarse_elems_per_head(), fe = plan.fine_elems_per_head();
-  DevBuf sc(size_t(nb * ce) * 4), sf(size_t(nb * fe) * 4), pc(size_t(nb * ce) * es), pf(size_t(nb * fe) * es),
+  DevBuf sc(size_t(nb * ce) * es), sf(size_t(nb * fe) * es), pc(size_t(nb * ce) * es), pf(size_t(nb * fe) * es),
       lse(size_t(nb * L) * 4), ws(size_t(plan.spmm_workspace_size())), aws(size_t(plan.attention_workspace_size(false)));
   const mg::SparseValues S{sc.p, sf.p}, P{pc.p, pf.p};
   cudaStream_t st;
@@ -304,8 +304,8 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
     Err e;
     const int64_t bs = sp.block, bb = int64_t(bs) * bs, wpm = bb / 64;
     for (int64_t bh : heads) {
-      const auto hsc = to_host(static_cast<char*>(sc.p) + bh * ce * 4, size_t(ce) * 4);
-      const auto hsf = to_host(static_cast<char*>(sf.p) + bh * fe * 4, size_t(fe) * 4);
+      const auto hsc = to_host(static_cast<char*>(sc.p) + bh * ce * es, size_t(ce) * es);
+      const auto hsf = to_host(static_cast<char*>(sf.p) + bh * fe * es, size_t(fe) * es);
       const int64_t b = bh / H, h = bh % H;
       auto ref = [&](int64_t qi, int64_t ki) {
         double s = 0;
@@ -319,15 +319,11 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
           for (int64_t cc = 0; cc < bs && kc * bs + cc < L; ++cc) {
             const int64_t bit = r * bs + cc;
             const bool kept = mi < 0 || ((sp.coarse.masks[size_t(mi * wpm + bit / 64)] >> (bit % 64)) & 1);
-            float got;
-            std::memcpy(&got, &hsc[size_t((blk * bb + bit) * 4)], 4);
-            e.add(got, kept ? ref(qi, kc * bs + cc) : 0.0);
+            e.add(load_elem(hsc, dt, blk * bb + bit), kept ? ref(qi, kc * bs + cc) : 0.0);
           }
         }
         for (int64_t i = sp.fine.row_offsets[size_t(qi)]; i < sp.fine.row_offsets[size_t(qi) + 1]; ++i) {
-          float got;
-          std::memcpy(&got, &hsf[size_t(i * 4)], 4);
-          e.add(got, ref(qi, sp.fine.col_indices[size_t(i)]));
+          e.add(load_elem(hsf, dt, i), ref(qi, sp.fine.col_indices[size_t(i)]));
         }
       }
     }

@@ -183,7 +183,7 @@ Result run_and_check(const Config& c) {
   const TensorView V = TensorView::contiguous(v.p, c.dtype, {c.B, L, c.Hkv, D});
   const TensorView O = TensorView::contiguous(o.p, c.dtype, {c.B, L, c.Hq, D});
   const int64_t ce = plan.coarse_elems_per_head(), fe = plan.fine_elems_per_head();
-  Dev sc(size_t(nb * ce) * 4), sf(size_t(nb * fe) * 4), pc(size_t(nb * ce) * es), pf(size_t(nb * fe) * es),
+  Dev sc(size_t(nb * ce) * es), sf(size_t(nb * fe) * es), pc(size_t(nb * ce) * es), pf(size_t(nb * fe) * es),
       ws(size_t(plan.attention_workspace_size(true)));
   const int64_t group = c.Hq / c.Hkv;
   auto qat = [&](int64_t b, int64_t i, int64_t h, int64_t d) { return elem(hq, c.dtype, ((b * L + i) * c.Hq + h) * D + d); };
@@ -219,10 +219,10 @@ Result run_and_check(const Config& c) {
     for (int64_t bh = 0; bh < nb; ++bh) {
       const int64_t b = bh / c.Hq, h = bh % c.Hq;
       if (plan.has_coarse())  // the padding rows of the last block row too
-        for (int64_t i = 0; i < ce; ++i) res.unwritten += std::isnan(elem(hsc, DType::f32, bh * ce + i));
+        for (int64_t i = 0; i < ce; ++i) res.unwritten += std::isnan(elem(hsc, c.dtype, bh * ce + i));
       for (int64_t qi = 0; qi < L; ++qi)
         for_row(qi, [&](bool kept, int64_t key, int64_t ci, int64_t fi) {
-          const double got = ci >= 0 ? elem(hsc, DType::f32, bh * ce + ci) : elem(hsf, DType::f32, bh * fe + fi);
+          const double got = ci >= 0 ? elem(hsc, c.dtype, bh * ce + ci) : elem(hsf, c.dtype, bh * fe + fi);
           if (std::isnan(got)) ++res.unwritten;
           double ref = 0;
           if (kept)
@@ -333,11 +333,11 @@ void expect_ok(const Config& c) {
   const double tol = c.dtype == DType::f32 ? 1e-4 : 1e-2;
   EXPECT_EQ(r.unwritten, 0) << "outputs left poisoned";
   EXPECT_EQ(r.masked_bad, 0) << "masked entries not 0 / empty rows without LSE = -inf";
-  EXPECT_LE(r.s_err, 1e-4) << "SDDMM (fp32 accumulation of exact products)";
+  EXPECT_LE(r.s_err, c.dtype == DType::f32 ? 1e-5 : 5e-3) << "SDDMM (fp32 accumulation, rounded once to the input dtype)";
   EXPECT_LE(r.psum_err, c.dtype == DType::f32 ? 1e-4 : 2e-2) << "rows of P must sum to 1";
   EXPECT_LE(r.spmm_err, tol) << "SpMM";
   EXPECT_LE(r.o_err, tol) << "attention O";
-  EXPECT_LE(r.lse_err, 1e-3) << "attention LSE";
+  EXPECT_LE(r.lse_err, c.dtype == DType::f32 ? 1e-5 : 1e-2) << "attention LSE (S rounded to the input dtype)";
 }
 
 // Small enough for compute-sanitizer (memcheck, racecheck): both parts and the merge, block 32 tiles

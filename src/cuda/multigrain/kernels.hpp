@@ -70,7 +70,7 @@ struct SddmmCoarse {
     CoarseMeta meta;
     const int32_t* items = nullptr;  // [nitems][3]
     int64_t nitems = 0;
-    float* s = nullptr;  // [bh][nblocks][block][block]
+    void* s = nullptr;  // [bh][nblocks][block][block], input dtype
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
@@ -85,7 +85,7 @@ struct SddmmFine {
     FineMeta meta;
     const FineItem* items = nullptr;
     int64_t nitems = 0;
-    float* s = nullptr;  // [bh][nnz]
+    void* s = nullptr;  // [bh][nnz], input dtype
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
@@ -99,8 +99,8 @@ struct CompoundSoftmax {
     float scale = 1;
     CoarseMeta coarse;  // nblocks == 0: no coarse part
     FineMeta fine;      // nnz == 0: no fine part
-    const float* s_coarse = nullptr;
-    const float* s_fine = nullptr;
+    const void* s_coarse = nullptr;  // S in the dtype of P
+    const void* s_fine = nullptr;
     void* p_coarse = nullptr;
     void* p_fine = nullptr;
     float* lse = nullptr;  // [B, Hq, Lq] or null

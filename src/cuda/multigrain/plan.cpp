@@ -206,7 +206,7 @@ bool Plan::has_coarse() const { return impl_->has_coarse(); }
 bool Plan::has_fine() const { return impl_->has_fine(); }
 int64_t Plan::coarse_elems_per_head() const { return impl_->coarse.nblocks * impl_->split.block * impl_->split.block; }
 int64_t Plan::fine_elems_per_head() const { return impl_->fine.nnz; }
-int64_t Plan::score_bytes() const { return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * 4; }
+int64_t Plan::score_bytes() const { return prob_bytes(); }
 int64_t Plan::prob_bytes() const {
   return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * dtype_size(impl_->shape.dtype);
 }
@@ -217,7 +217,7 @@ int64_t Plan::spmm_workspace_size() const {
 int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
-  int64_t n = align256(bh * coarse_elems_per_head() * 4) + align256(bh * fine_elems_per_head() * 4);
+  int64_t n = align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   if (!p_given) n += align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   return n + spmm_workspace_size();
 }
@@ -263,9 +263,9 @@ void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Strea
   if (P.has_coarse() && !s.coarse) throw Error("multigrain: sddmm: S coarse is null but the plan has coarse blocks");
   if (P.has_fine() && !s.fine) throw Error("multigrain: sddmm: S fine is null but the plan has fine entries");
   SddmmCoarse::Arguments ca{sh, dense_of(q, "q"), dense_of(k, "k"), P.coarse, P.sddmm_items, P.n_sddmm_items,
-                            static_cast<float*>(s.coarse)};
+                            s.coarse};
   SddmmFine::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), P.fine, P.fine_items, P.n_fine_items,
-                          static_cast<float*>(s.fine)};
+                          s.fine};
   if (P.has_coarse()) require(SddmmCoarse::can_implement(ca), "SddmmCoarse");
   if (P.has_fine()) require(SddmmFine::can_implement(fa), "SddmmFine");
   if (P.mixed())
@@ -283,8 +283,8 @@ void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) co
   a.scale = P.scale;
   a.coarse = P.coarse;
   a.fine = P.fine;
-  a.s_coarse = static_cast<const float*>(s.coarse);
-  a.s_fine = static_cast<const float*>(s.fine);
+  a.s_coarse = s.coarse;
+  a.s_fine = s.fine;
   a.p_coarse = p.coarse;
   a.p_fine = p.fine;
   a.lse = lse;
@@ -337,7 +337,7 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
     w += align256(bytes);
     return r;
   };
-  SparseValues s{take(bh * coarse_elems_per_head() * 4), take(bh * fine_elems_per_head() * 4)};
+  SparseValues s{take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
   if (!p_given) p = {take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
   void* spmm_ws = spmm_workspace_size() > 0 ? w : nullptr;
   sddmm(q, k, s, stream);

@@ -5,7 +5,8 @@
 // two shared-memory buffers (cp.async). Tile: BS x BS scores, k = D in steps of 16.
 //   BS = 64: warps stacked in M (4 x 16 rows), each 16 x 64 (8 n-tiles, 32 fp32 accumulators).
 //   BS = 32: 2 x 2 warps, each 16 x 16.
-// Masked entries of a partial block are stored as 0; rows/cols past Lq/Lk come out 0 from zero-filled tiles.
+// S is stored in the input dtype (fp32 accumulation, rounded once: half the bytes of fp32, and the
+// epilogue is what this kernel spends its time on). Masked entries of a partial block are stored as 0; rows/cols past Lq/Lk come out 0 from zero-filled tiles.
 #include "common.cuh"
 
 namespace spattn::multigrain::detail {
@@ -84,14 +85,14 @@ __global__ void __launch_bounds__(128) sddmm_coarse_kernel(const SddmmCoarse::Ar
       m0 = M[rb0 / 64] >> (rb0 % 64);
       m1 = M[rb1 / 64] >> (rb1 % 64);
     }
-    float* out = a.s + (bh * a.meta.nblocks + blk) * (BS * BS);
+    T* out = static_cast<T*>(a.s) + (bh * a.meta.nblocks + blk) * (BS * BS);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int c = wn * NT * 8 + nt * 8 + 2 * (lane % 4);
-      float2 v0 = make_float2((m0 >> c) & 1 ? acc[nt][0] : 0.f, (m0 >> (c + 1)) & 1 ? acc[nt][1] : 0.f);
-      float2 v1 = make_float2((m1 >> c) & 1 ? acc[nt][2] : 0.f, (m1 >> (c + 1)) & 1 ? acc[nt][3] : 0.f);
-      *reinterpret_cast<float2*>(out + r0 * BS + c) = v0;
-      *reinterpret_cast<float2*>(out + (r0 + 8) * BS + c) = v1;
+      T v0[2] = {Num<T>::from((m0 >> c) & 1 ? acc[nt][0] : 0.f), Num<T>::from((m0 >> (c + 1)) & 1 ? acc[nt][1] : 0.f)};
+      T v1[2] = {Num<T>::from((m1 >> c) & 1 ? acc[nt][2] : 0.f), Num<T>::from((m1 >> (c + 1)) & 1 ? acc[nt][3] : 0.f)};
+      *reinterpret_cast<uint32_t*>(out + r0 * BS + c) = *reinterpret_cast<uint32_t*>(v0);
+      *reinterpret_cast<uint32_t*>(out + (r0 + 8) * BS + c) = *reinterpret_cast<uint32_t*>(v1);
     }
     __syncthreads();  // the buffer just read is the next prefetch's target
   }

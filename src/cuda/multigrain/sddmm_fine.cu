@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(256) sddmm_fine_kernel(const SddmmFine::Argume
     qraw[j] = c < nchunks ? *reinterpret_cast<const uint4*>(Qrow + c * VEC) : make_uint4(0, 0, 0, 0);
   }
   const int32_t* cols = a.meta.cols + it.begin;
-  float* out = a.s + bh * a.meta.nnz + it.begin;
+  T* out = static_cast<T*>(a.s) + bh * a.meta.nnz + it.begin;
 
   for (int base = 0; base < it.len; base += 32) {
     const int n = min(32, it.len - base);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(256) sddmm_fine_kernel(const SddmmFine::Argume
       acc[0] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
     }
     const int key = l8 * 4 + g;
-    if (key < n) out[base + key] = acc[0];
+    if (key < n) out[base + key] = Num<T>::from(acc[0]);
   }
 }
 

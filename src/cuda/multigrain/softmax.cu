@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
     ffirst = a.fine.row_offsets[q];
     flast = a.fine.row_offsets[q + 1];
   }
-  const float* Sc = a.s_coarse + bh * a.coarse.nblocks * bb + r * BS + c0;
-  const float* Sf = a.s_fine + bh * a.fine.nnz;
+  const T* Sc = static_cast<const T*>(a.s_coarse) + bh * a.coarse.nblocks * bb + r * BS + c0;
+  const T* Sf = static_cast<const T*>(a.s_fine) + bh * a.fine.nnz;
 
   // The kept bits of this lane's EPL columns in block blk (this row): mask bit and in range.
   auto lane_bits = [&](int64_t blk) -> unsigned {
@@ -56,13 +56,8 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
     return bits;
   };
   auto load = [&](int64_t blk, float (&v)[EPL]) {
-    if constexpr (EPL == 2) {
-      const float2 x = *reinterpret_cast<const float2*>(Sc + blk * bb);
-      v[0] = x.x;
-      v[1] = x.y;
-    } else {
-      v[0] = Sc[blk * bb];
-    }
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) v[e] = Num<T>::to(Sc[blk * bb + e]);  // adjacent: one 4- or 8-byte load
   };
 
   float m = -CUDART_INF_F, l = 0.f;
@@ -107,7 +102,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
 #pragma unroll
       for (int j = 0; j < CH; ++j) {
         const int64_t i = i0 + j * 32 + lane;
-        v[j] = i < flast ? Sf[i] * sl2 : -CUDART_INF_F;
+        v[j] = i < flast ? Num<T>::to(Sf[i]) * sl2 : -CUDART_INF_F;
         mx = fmaxf(mx, v[j]);
       }
       absorb(mx, [&](float mm) {
@@ -150,7 +145,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
     }
   }
   T* Pf = static_cast<T*>(a.p_fine) + bh * a.fine.nnz;
-  for (int64_t i = ffirst + lane; i < flast; i += 32) Pf[i] = Num<T>::from(exp2f(Sf[i] * sl2 - lse2));
+  for (int64_t i = ffirst + lane; i < flast; i += 32) Pf[i] = Num<T>::from(exp2f(Num<T>::to(Sf[i]) * sl2 - lse2));
   if (valid && lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
 }
 
