@@ -40,10 +40,18 @@ struct Traits {
   // One-warpgroup CTAs (BM = 64) are meant to run 2-3 per SM, so that one CTA's softmax overlaps another's
   // wgmma: 2 stages where a stage is 32 KB or more (D=64 64x128: 72 KB a CTA, 3 per SM). The two-warpgroup
   // 128x128 CTA runs alone on its SM (219-226 registers a thread): 3 stages at D=64, 2 at D=128 (64 KB a stage).
-  static constexpr int kStages = (BN == 128 && (BM == 64 || D == 128)) ? 2 : 3;
+  //
+  // Decoupled (sm_90a, 128 rows): the two warpgroups do not meet at a CTA barrier per key tile. Warpgroup 0
+  // gathers the K/V tiles; each stage has a `full` mbarrier (cp.async arrivals) and an `empty` one (both
+  // warpgroups arrive after their PV wgmma), and a named-barrier turn orders the S = QK^T issue between the
+  // warpgroups, so one warpgroup's softmax runs while the other's wgmma does (FA3's ping-pong). Tiles are
+  // issued S-2 ahead: 4 stages at D=64 (144 KB), 3 at D=128 (224 KB).
+  static constexpr bool kDecoupled = kSm90 && BM == 128;
+  static constexpr int kStages = kDecoupled ? (D == 64 ? 4 : 3) : (BN == 128 && (BM == 64 || D == 128)) ? 2 : 3;
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes + 1024;  // + alignment slack
+  static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;               // mbarriers after the tiles
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
   static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? 3 : 2);
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
@@ -66,6 +74,35 @@ __device__ __forceinline__ void fence_proxy_async() {
 #ifdef SPATTN_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+// mbarriers and named barriers (the decoupled sm_90a path).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// This thread's earlier cp.asyncs count as one arrival on `bar` once they have landed.
+__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+#ifdef SPATTN_WGMMA
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -227,16 +264,49 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     cp_async_commit();
   };
 
-  // Prologue: Q, then the first S-1 key tiles (empty groups keep the wait counts uniform).
-  if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
-  cp_async_commit();
+  constexpr bool kDecoupled = Tr::kDecoupled;
+  const int wg = warp >> 2;
+  const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;  // + 8 * stage
+  // Decoupled path: warpgroup 0 gathers tile j into stage j % S once both warpgroups released tile j - S.
+  auto issue = [&](int j) {
+    const int st = j % S;
+    if (j >= S) mbar_wait(bar_empty + 8 * st, ((j / S) - 1) & 1);
+    const int kt = __ldg(&p.entries[e_begin + j].x);
+    const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
+    load_tile<BN, D, 128>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    load_tile<BN, D, 128>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    mbar_arrive_copies(bar_full + 8 * st);
+  };
+
+  if constexpr (kDecoupled) {
+    if (tid == 0) {
+      for (int s = 0; s < S; ++s) {
+        mbar_init(bar_full + 8 * s, 128);  // warpgroup 0's copies
+        mbar_init(bar_empty + 8 * s, NT);  // both warpgroups done with the stage
+      }
+    }
+    __syncthreads();
+    if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    cp_async_commit();
+    if (wg == 0)
+      for (int j = 0; j < S - 2 && j < n; ++j) issue(j);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q landed (tile copies may still fly)
+    fence_proxy_async();
+    __syncthreads();
+    if (wg == 1) named_arrive(1, NT);  // warpgroup 0 takes the first S = QK^T turn
+  } else {
+    // Prologue: Q, then the first S-1 key tiles (empty groups keep the wait counts uniform).
+    if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    cp_async_commit();
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < n) {
-      load_kv(s, s);
-    } else {
-      cp_async_commit();
-      cp_async_commit();
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < n) {
+        load_kv(s, s);
+      } else {
+        cp_async_commit();
+        cp_async_commit();
+      }
     }
   }
 
@@ -267,21 +337,27 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
 
     // One barrier per key tile: wait for K_i and V_i together, so that after it the warpgroups of a CTA run
     // unsynchronised through S = QK^T, softmax and PV (one warpgroup's softmax overlaps the other's wgmma).
-    cp_async_wait<2 * S - 4>();  // Q, K_i and V_i landed (this thread's copies)
-    fence_proxy_async();
-    __syncthreads();  // everyone's copies visible; everyone done with tile i-1 (its stage is free)
-    if (i + S - 1 < n) {
-      load_kv(i + S - 1, (i + S - 1) % S);
+    if constexpr (kDecoupled) {
+      if (wg == 0 && i + S - 2 < n) issue(i + S - 2);
+      mbar_wait(bar_full + 8 * stage, (i / S) & 1);
+      fence_proxy_async();
     } else {
-      cp_async_commit();
-      cp_async_commit();
+      cp_async_wait<2 * S - 4>();  // Q, K_i and V_i landed (this thread's copies)
+      fence_proxy_async();
+      __syncthreads();  // everyone's copies visible; everyone done with tile i-1 (its stage is free)
+      if (i + S - 1 < n) {
+        load_kv(i + S - 1, (i + S - 1) % S);
+      } else {
+        cp_async_commit();
+        cp_async_commit();
+      }
     }
 
     // ---- S = Q K^T ----
     float s[BN / 2];
     if constexpr (kSm90) {
-      const int wg = warp >> 2;
       fence_regs(s);
+      if constexpr (kDecoupled) named_sync(1 + wg, NT);  // my turn to issue
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -290,6 +366,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         wgmma::Op<BN, kBf16>::ss(s, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
+      if constexpr (kDecoupled) named_arrive(2 - wg, NT);  // the other warpgroup's turn
       wgmma_wait0();
       fence_regs(s);
     } else {
@@ -397,6 +474,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       wgmma_commit();
       wgmma_wait0();
       fence_regs(o);
+      if constexpr (kDecoupled) mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage
     } else {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
@@ -411,6 +489,9 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     }
   }
   cp_async_wait<0>();
+  if constexpr (kDecoupled) {
+    if (wg == 0) named_sync(1, NT);  // absorb warpgroup 1's last turn hand-over
+  }
 
   // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----
   using Elem = typename Tr::Elem;
