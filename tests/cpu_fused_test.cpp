@@ -284,6 +284,18 @@ TEST(CpuFused, SuiteShapesAtModerateLength) {
   }
 }
 
+// Residue-heavy plans (scattered keys) run groups of tiles in key passes once Lk exceeds a pass (about
+// 1500 keys at D = 64): rows continue their online softmax across passes, lists split mid-run.
+TEST(CpuFused, ResidueKeyPasses) {
+  for (Isa isa : isas())
+    for (const char* spec : {"random(40, seed=2)", "random(300, seed=1) | global_rows(0:3)", "random(9, seed=4) & causal"}) {
+      Case c;
+      c.specs = {spec};
+      c.Lq = 301, c.Lk = 3333, c.H = 2, c.HK = 1, c.D = 32, c.isa = isa;
+      expect_close(c);
+    }
+}
+
 // The work split over threads does not change the result: every tile is computed by one thread in a fixed
 // order, so 1 and N threads agree (to rounding; in practice bit for bit).
 TEST(CpuFused, OneThreadAndManyAgree) {

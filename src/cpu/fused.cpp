@@ -105,7 +105,7 @@ struct TileInfo {
   int64_t q_off;  // into qidx
   int32_t rows;
   int64_t blk_begin, blk_end;
-  int64_t res;  // into res_off (rows + 1 entries), -1: no residue
+  int64_t res;  // into res_off / res_cnt (rows entries), -1: no residue
   double cost;
 };
 
@@ -115,9 +115,16 @@ struct PatternPlan {
   std::vector<KeyBlock> blocks;
   std::vector<int32_t> keys;
   std::vector<uint32_t> masks;
-  std::vector<int64_t> res_off;
-  std::vector<ResRun> res_runs;
-  int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0;
+  std::vector<int64_t> res_off;   // per tile row with residue: offset into res_keys
+  std::vector<int32_t> res_cnt;   // its key count
+  std::vector<int32_t> res_keys;  // each row's list padded to a multiple of the vector width
+  int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0, residue_runs = 0;
+  // Work items: groups of consecutive tiles [group[i], group[i + 1]). Residue-heavy plans (random) group
+  // kMaxGroup tiles so the kernel can run their residue in key passes that stay in L2.
+  std::vector<int32_t> group;
+  std::vector<TileRef> refs;  // [tiles], pointing into the vectors above
+  bool residue_heavy = false;
+  int perm = 1;
 };
 
 // Plan space: with d > 1, group g = t % d holds tokens g, g + d, ...; key plan position g * gk + t / d.
@@ -153,7 +160,7 @@ struct Interval {
 // Builds tiles [t0, t1) of the tile list `rows_of` into `out` (local offsets).
 class TileBuilder {
  public:
-  TileBuilder(const BoundPattern& pat, const Space& sp, int M, int NB) : pat_(pat), sp_(sp), M_(M), NB_(NB) {}
+  TileBuilder(const BoundPattern& pat, const Space& sp, int M, int NB, int W) : pat_(pat), sp_(sp), M_(M), NB_(NB), W_(W) {}
 
   void build(const int32_t* q, int rows, int64_t q_off, PatternPlan& out) {
     // Row intervals in plan space.
@@ -176,13 +183,33 @@ class TileBuilder {
     partial_.clear();
     residue_.clear();
     const int dense_min = std::max(1, int(std::ceil(kDenseShare * rows)));
+    // Two candidates: every covered key dense (masked where partial), or the low-coverage keys as residue.
+    // Residue pays per row (whole vectors of keys, the row's setup), so a few edge keys per row (the ends of a
+    // band) are cheaper dense; many (neighborhood, random) are cheaper as residue.
+    int64_t covered = 0, low_keys = 0;
+    double low_nnz = 0;
+    {
+      int c = 0;
+      for (size_t i = 0; i < events_.size();) {
+        const int64_t pos = events_[i].pos;
+        for (; i < events_.size() && events_[i].pos == pos; ++i) c += events_[i].delta;
+        if (c <= 0 || i == events_.size()) continue;
+        const int64_t w = events_[i].pos - pos;
+        covered += w;
+        if (c < dense_min) low_keys += w, low_nnz += double(w) * c;
+      }
+    }
+    const double all_dense = double(covered) * M_;
+    const double split = double(covered - low_keys) * M_ +
+                         (low_keys ? kResidueCost * (low_nnz + rows * 0.5 * W_) + rows * 2.0 * W_ : 0.0);
+    const int threshold = split < all_dense ? dense_min : 1;
     int cov = 0;
     for (size_t i = 0; i < events_.size();) {
       const int64_t pos = events_[i].pos;
       for (; i < events_.size() && events_[i].pos == pos; ++i) cov += events_[i].delta;
       if (cov <= 0 || i == events_.size()) continue;
       const int64_t next = events_[i].pos;
-      if (cov >= dense_min) {
+      if (cov >= threshold) {
         auto& dst = cov == rows ? full_ : partial_;
         for (int64_t p = pos; p < next; ++p) dst.push_back(p);
       } else if (!residue_.empty() && residue_.back().b == pos) {
@@ -208,24 +235,30 @@ class TileBuilder {
     tile.blk_end = int64_t(out.blocks.size());
     const int64_t dense_keys = int64_t(full_.size() + partial_.size());
     out.dense_scores += dense_keys * M_;
-    // Residue runs per row.
+    // Residue keys per row (explicit: scattered keys are what this part is for).
     int64_t res_nnz = 0;
     if (!residue_.empty()) {
       tile.res = int64_t(out.res_off.size());
       for (int r = 0; r < rows; ++r) {
-        out.res_off.push_back(int64_t(out.res_runs.size()));
+        const int64_t start = int64_t(out.res_keys.size());
+        out.res_off.push_back(start);
         for (const Interval& x : row_iv_[size_t(r)]) {
           auto it = std::upper_bound(residue_.begin(), residue_.end(), x.a,
                                      [](int64_t v, const Interval& s) { return v < s.b; });
           for (; it != residue_.end() && it->a < x.b; ++it) {
             const int64_t a = std::max(x.a, it->a), b = std::min(x.b, it->b);
             if (a >= b) continue;
-            res_nnz += b - a;
-            out.res_runs.push_back(ResRun{int32_t(sp_.key_token(a)), int32_t(sp_.d), int32_t(b - a)});
+            ++out.residue_runs;
+            for (int64_t p = a; p < b; ++p) out.res_keys.push_back(int32_t(sp_.key_token(p)));
           }
         }
+        const int64_t n = int64_t(out.res_keys.size()) - start;
+        out.res_cnt.push_back(int32_t(n));
+        res_nnz += n;
+        // Pad to whole vectors plus one (the kernel reads a chunk, and prefetches one, past a pass's end).
+        while (n > 0 && int64_t(out.res_keys.size() - start) % W_ != 0) out.res_keys.push_back(out.res_keys.back());
+        for (int i = 0; n > 0 && i < W_; ++i) out.res_keys.push_back(out.res_keys.back());
       }
-      out.res_off.push_back(int64_t(out.res_runs.size()));
     }
     out.residue_nnz += res_nnz;
     tile.cost = double(dense_keys) * M_ + kResidueCost * double(res_nnz) + 64.0 * rows;
@@ -278,7 +311,7 @@ class TileBuilder {
 
   const BoundPattern& pat_;
   Space sp_;
-  int M_, NB_;
+  int M_, NB_, W_;
   RowRuns runs_;
   std::vector<std::vector<Interval>> row_iv_;
   std::vector<Ev> events_;
@@ -308,7 +341,7 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   const int64_t nchunks = std::min<int64_t>(ntiles, int64_t(threads) * 4);
   std::vector<PatternPlan> parts(size_t(std::max<int64_t>(nchunks, 1)));
   parallel_for(nchunks, threads, [&](int64_t c, int) {
-    TileBuilder tb(pat, sp, M, ks.block_keys);
+    TileBuilder tb(pat, sp, M, ks.block_keys, ks.width);
     const int64_t t0 = c * ntiles / nchunks, t1 = (c + 1) * ntiles / nchunks;
     for (int64_t t = t0; t < t1; ++t)
       tb.build(qidx.data() + tile_rows[size_t(t)].first, tile_rows[size_t(t)].second, tile_rows[size_t(t)].first,
@@ -319,7 +352,7 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   for (PatternPlan& p : parts) {
     const int64_t blk0 = int64_t(plan.blocks.size()), key0 = int64_t(plan.keys.size()),
                   mask0 = int64_t(plan.masks.size()), roff0 = int64_t(plan.res_off.size()),
-                  run0 = int64_t(plan.res_runs.size());
+                  rkey0 = int64_t(plan.res_keys.size());
     for (TileInfo t : p.tiles) {
       t.blk_begin += blk0;
       t.blk_end += blk0;
@@ -333,30 +366,44 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
     }
     plan.keys.insert(plan.keys.end(), p.keys.begin(), p.keys.end());
     plan.masks.insert(plan.masks.end(), p.masks.begin(), p.masks.end());
-    for (int64_t o : p.res_off) plan.res_off.push_back(o + run0);
-    plan.res_runs.insert(plan.res_runs.end(), p.res_runs.begin(), p.res_runs.end());
+    for (int64_t o : p.res_off) plan.res_off.push_back(o + rkey0);
+    plan.res_cnt.insert(plan.res_cnt.end(), p.res_cnt.begin(), p.res_cnt.end());
+    plan.res_keys.insert(plan.res_keys.end(), p.res_keys.begin(), p.res_keys.end());
+    plan.residue_runs += p.residue_runs;
     plan.dense_scores += p.dense_scores;
     plan.masked_scores += p.masked_scores;
     plan.residue_nnz += p.residue_nnz;
   }
   if (plan.masks.size() > size_t(std::numeric_limits<int32_t>::max()))
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
+  plan.perm = d;
+  plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
+  const int g = plan.residue_heavy && d == 1 ? kMaxGroup : 1;
+  for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
+  plan.group.push_back(int32_t(ntiles));
+  for (const TileInfo& t : plan.tiles)
+    plan.refs.push_back(TileRef{plan.qidx.data() + t.q_off, t.rows, plan.blocks.data() + t.blk_begin, t.blk_end - t.blk_begin,
+                                t.res >= 0 ? plan.res_off.data() + t.res : nullptr,
+                                t.res >= 0 ? plan.res_cnt.data() + t.res : nullptr});
   return plan;
 }
 
-// fp32 copy of a [B, L, H, D] view as [B][H][L][ld] (ld >= D, zero padded), or of q as [B][L][H][D].
-void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int threads) {
+// fp32 copy of a [B, L, H, D] view: rows of `ld` floats (zero padded past D) at
+// dst + ((b * H + h) * L + l) * ld (head_major) or dst + ((b * L + l) * H + h) * ld.
+// The values go to columns [col0, col0 + D) of each row, zeros to [col0 + D, col0 + width).
+void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int64_t col0, int threads) {
   const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2], D = t.shape[3];
   parallel_for(B * H, threads, [&](int64_t bh, int) {
     const int64_t b = bh / H, h = bh % H;
     for (int64_t l = 0; l < L; ++l) {
-      float* out = head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld;
+      float* out = (head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld) + col0;
       const int64_t off = t.offset(b, l, h, 0);
       const int64_t inc = t.stride[3];
       switch (t.dtype) {
         case DType::f32: {
           const float* s = static_cast<const float*>(t.data) + off;
-          for (int64_t d = 0; d < D; ++d) out[d] = s[d * inc];
+          if (inc == 1) std::memcpy(out, s, size_t(D) * sizeof(float));
+          else for (int64_t d = 0; d < D; ++d) out[d] = s[d * inc];
           break;
         }
         case DType::f64: {
@@ -375,7 +422,7 @@ void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int 
           break;
         }
       }
-      for (int64_t d = D; d < ld; ++d) out[d] = 0.f;
+      for (int64_t d = D; d < width; ++d) out[d] = 0.f;
     }
   });
 }
@@ -416,10 +463,12 @@ struct FusedPlan::Impl {
   std::vector<fused::PatternPlan> plans;
   std::vector<int> plan_of_head;  // [Hq]
   struct Item {
-    int32_t plan, tile;
-    double cost;
+    int32_t bh, plan, group;
   };
-  std::vector<Item> items;  // per (plan, tile), most expensive first; expanded over (b, h) at run time
+  // Work items (batch x head, tile): most expensive first (longest-processing-time order), and among tiles of
+  // about the same cost (within a factor sqrt 2) head by head, tile by tile, so the threads share one head's
+  // K/V in cache and neighbouring tiles share keys.
+  std::vector<Item> items;
   PlanStats stats;
 };
 
@@ -464,13 +513,30 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
   }
   for (size_t p = 0; p < im.plans.size(); ++p) {
     const auto& pl = im.plans[p];
-    for (size_t t = 0; t < pl.tiles.size(); ++t) im.items.push_back({int32_t(p), int32_t(t), pl.tiles[t].cost});
     im.stats.tiles += int64_t(pl.tiles.size());
     im.stats.dense_scores += pl.dense_scores;
     im.stats.masked_scores += pl.masked_scores;
     im.stats.residue_nnz += pl.residue_nnz;
   }
-  std::stable_sort(im.items.begin(), im.items.end(), [](const Impl::Item& a, const Impl::Item& b) { return a.cost > b.cost; });
+  {
+    struct Keyed {
+      int bucket;
+      Impl::Item item;
+    };
+    std::vector<Keyed> all;
+    for (int64_t bh = 0; bh < problem.batch * H; ++bh) {
+      const int p = im.plan_of_head[size_t(bh % H)];
+      const auto& pl = im.plans[size_t(p)];
+      for (size_t g = 0; g + 1 < pl.group.size(); ++g) {
+        double cost = 0;
+        for (int32_t t = pl.group[g]; t < pl.group[g + 1]; ++t) cost += pl.tiles[size_t(t)].cost;
+        all.push_back({int(std::floor(2.0 * std::log2(std::max(1.0, cost)))), {int32_t(bh), int32_t(p), int32_t(g)}});
+      }
+    }
+    std::stable_sort(all.begin(), all.end(), [](const Keyed& a, const Keyed& b) { return a.bucket > b.bucket; });
+    im.items.reserve(all.size());
+    for (const Keyed& k : all) im.items.push_back(k.item);
+  }
   im.stats.tile_rows = im.ks->tile_rows;
   im.stats.isa = im.ks->name;
   im.stats.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -526,31 +592,46 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   int64_t q_sb = q.stride[0], q_ld = q.stride[1], q_sh = q.stride[2], q_inc = q.stride[3];
   if (q.dtype != DType::f32) {
     qbuf.resize(B * Lq * H * D);
-    fused::pack_f32(q, qbuf.ptr, false, D, threads);
+    fused::pack_f32(q, qbuf.ptr, false, D, D, 0, threads);
     qp = qbuf.ptr;
     q_sb = Lq * H * D, q_ld = H * D, q_sh = D, q_inc = 1;
   }
   const float* kp = static_cast<const float*>(k.data);
   int64_t k_sb = k.stride[0], k_ld = k.stride[1], k_sh = k.stride[2];
-  if (!direct(k, D) && Lk > 0) {
-    kbuf.resize(B * HK * Lk * DP);
-    fused::pack_f32(k, kbuf.ptr, true, DP, threads);
-    kp = kbuf.ptr;
-    k_sb = HK * Lk * DP, k_sh = Lk * DP, k_ld = DP;
-  }
   const float* vp = static_cast<const float*>(v.data);
   int64_t v_sb = v.stride[0], v_ld = v.stride[1], v_sh = v.stride[2];
-  if (!direct(v, Dv) && Lk > 0) {
-    vbuf.resize(B * HK * Lk * DVP);
-    fused::pack_f32(v, vbuf.ptr, true, DVP, threads);
-    vp = vbuf.ptr;
-    v_sb = HK * Lk * DVP, v_sh = Lk * DVP, v_ld = DVP;
+  bool residue_heavy = false;
+  for (const auto& pl : im.plans) residue_heavy |= pl.residue_heavy;
+  if (residue_heavy && Lk > 0) {
+    // Scattered keys: one contiguous [Lk][DP + DVP] buffer per KV head (a key's K and V rows adjacent). In
+    // the [B, L, H, D] layout a head's rows sit H * D floats apart, which maps them onto a fraction of the
+    // cache sets; packed, a key pass of K/V fits L2.
+    const int64_t ld = DP + DVP;
+    kbuf.resize(B * HK * Lk * ld);
+    fused::pack_f32(k, kbuf.ptr, true, ld, DP, 0, threads);
+    fused::pack_f32(v, kbuf.ptr, true, ld, DVP, DP, threads);
+    kp = kbuf.ptr, vp = kbuf.ptr + DP;
+    k_sb = v_sb = HK * Lk * ld, k_sh = v_sh = Lk * ld, k_ld = v_ld = ld;
+  } else {
+    if (!direct(k, D) && Lk > 0) {
+      kbuf.resize(B * HK * Lk * DP);
+      fused::pack_f32(k, kbuf.ptr, true, DP, DP, 0, threads);
+      kp = kbuf.ptr;
+      k_sb = HK * Lk * DP, k_sh = Lk * DP, k_ld = DP;
+    }
+    if (!direct(v, Dv) && Lk > 0) {
+      vbuf.resize(B * HK * Lk * DVP);
+      fused::pack_f32(v, vbuf.ptr, true, DVP, DVP, 0, threads);
+      vp = vbuf.ptr;
+      v_sb = HK * Lk * DVP, v_sh = Lk * DVP, v_ld = DVP;
+    }
   }
-
+  // Key passes for grouped residue: K + V rows of one pass about 512 KiB (half of a 1 MiB L2).
+  const int64_t pass_keys = std::max<int64_t>(256, (int64_t(512) << 10) / ((DP + DVP) * 4));
+  const int32_t key_pass = Lk > pass_keys * 3 / 2 ? int32_t(pass_keys) : 0;
   const int64_t group = H / HK;
   const float qscale = float(p.softmax_scale() * 1.4426950408889634);
-  const int64_t BH = B * H;
-  const int64_t nitems = int64_t(im.items.size()) * BH;
+  const int64_t nitems = int64_t(im.items.size());
   const int nthreads = int(std::min<int64_t>(threads, std::max<int64_t>(nitems, 1)));
   std::vector<fused::AlignedFloats> scratch(static_cast<size_t>(nthreads));
   const int64_t sfloats = ks.scratch_floats(D, Dv);
@@ -559,12 +640,10 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   fused::parallel_for(nitems, nthreads, [&](int64_t i, int t) {
     fused::AlignedFloats& scr = scratch[size_t(t)];
     if (!scr.ptr) scr.resize(sfloats);
-    const Impl::Item& it = im.items[size_t(i / BH)];
-    const int64_t bh = i % BH, b = bh / H, h = bh % H, hk = h / group;
-    // Items for heads with another pattern are skipped (their own plan's items cover them).
-    if (im.plan_of_head[size_t(h)] != it.plan) return;
+    const Impl::Item& it = im.items[size_t(i)];
+    const int64_t b = it.bh / H, h = it.bh % H, hk = h / group;
     const fused::PatternPlan& pl = im.plans[size_t(it.plan)];
-    const fused::TileInfo& tile = pl.tiles[size_t(it.tile)];
+    const int32_t t0 = pl.group[size_t(it.group)], t1 = pl.group[size_t(it.group) + 1];
     fused::TileArgs a{};
     a.D = D, a.Dv = Dv, a.DP = DP, a.DVP = DVP, a.qscale = qscale;
     a.q = qp + b * q_sb + h * q_sh, a.q_ld = q_ld, a.q_inc = q_inc;
@@ -572,10 +651,10 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     a.v = Lk > 0 ? vp + b * v_sb + hk * v_sh : nullptr, a.v_ld = v_ld;
     a.o = op + b * o.stride[0] + h * o.stride[2], a.o_ld = o.stride[1], a.o_inc = o.stride[3];
     a.lse = lp ? lp + b * lse.stride[0] + h * lse.stride[1] : nullptr, a.lse_inc = lse.stride[2];
-    a.qidx = pl.qidx.data() + tile.q_off, a.rows = tile.rows;
-    a.blocks = pl.blocks.data() + tile.blk_begin, a.nblocks = tile.blk_end - tile.blk_begin;
-    a.keys = pl.keys.data(), a.masks = pl.masks.data();
-    a.res_off = tile.res >= 0 ? pl.res_off.data() + tile.res : nullptr, a.res_runs = pl.res_runs.data();
+    a.tiles = pl.refs.data() + t0, a.ntiles = t1 - t0;
+    a.key_pass = t1 - t0 > 1 ? key_pass : 0;
+    a.keys = pl.keys.data(), a.masks = pl.masks.data(), a.res_keys = pl.res_keys.data();
+    a.res_prefetch = pl.residue_runs * 4 > pl.residue_nnz;  // runs shorter than 4 keys on average: scattered
     a.scratch = scr.ptr;
     ks.run_tile(a);
   });

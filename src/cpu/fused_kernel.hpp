@@ -17,11 +17,6 @@ struct KeyBlock {
   int64_t keys;  // offset into TileArgs::keys
 };
 
-// A per-row run of keys outside the dense blocks (token space): start, start + stride, ...
-struct ResRun {
-  int32_t start, stride, count;
-};
-
 // Everything one (batch, head, query tile) needs. All tensors are fp32 by the time they get here.
 struct TileArgs {
   int64_t D, Dv;        // head dim, value dim
@@ -41,17 +36,34 @@ struct TileArgs {
   int64_t o_ld, o_inc;
   float* lse;
   int64_t lse_inc;
-  // The tile (plan data).
+  // The tiles of this work item (plan data): one, or a group of residue-heavy tiles run together so their
+  // residue keys can be visited in key passes (below).
+  const struct TileRef* tiles;
+  int32_t ntiles;  // <= kMaxGroup
+  // Residue key passes: 0, or visit every row's residue keys below key_pass, then below 2 * key_pass, ...
+  // (each row's residue list is ascending), so one pass's K/V rows stay in L2 for all rows of the group.
+  int32_t key_pass;
+  const int32_t* keys;
+  const uint32_t* masks;
+  const int32_t* res_keys;
+  bool res_prefetch;  // the residue keys are scattered: prefetch their K/V rows a chunk ahead
+  float* scratch;  // scratch_floats() floats, 64-byte aligned, private to the calling thread
+};
+
+// One query tile of the plan.
+struct TileRef {
   const int32_t* qidx;  // [rows] query tokens
   int32_t rows;         // <= tile height
   const KeyBlock* blocks;
   int64_t nblocks;
-  const int32_t* keys;
-  const uint32_t* masks;
-  const int64_t* res_off;  // [rows + 1] into res_runs, or null (no residue)
-  const ResRun* res_runs;
-  float* scratch;  // scratch_floats() floats, 64-byte aligned, private to the calling thread
+  // Residue (scattered parts): row r's own keys (tokens, ascending when the plan has no permutation) at
+  // res_keys[res_off[r] .. + res_cnt[r]); each list is followed by at least one vector width of readable
+  // padding (its last key repeated). res_off null: no residue.
+  const int64_t* res_off;  // [rows]
+  const int32_t* res_cnt;  // [rows]
 };
+
+inline constexpr int kMaxGroup = 8;  // tiles per work item at most
 
 using TileFn = void (*)(const TileArgs&);
 
@@ -63,7 +75,7 @@ struct KernelSet {
   int tile_rows;   // M
   int block_keys;  // NB
   TileFn run_tile;
-  // Scratch floats one thread needs for given D, Dv.
+  // Scratch floats one thread needs for given D, Dv (groups of up to kMaxGroup tiles).
   int64_t (*scratch_floats)(int64_t D, int64_t Dv);
 };
 

@@ -1,7 +1,466 @@
-// `spattn bench --device cpu`: placeholder until the fast CPU kernels land.
+// `spattn bench --device cpu`: the fused CPU attention beside its anchors, timed in one process on the same
+// inputs (BENCH.md): dense masked attention through BLAS sgemm (what a user writes without a sparse library)
+// and the plain sgemm rate of this machine (the roofline probe). Every row is checked against the fp64
+// reference.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spattn/config.hpp"
+#include "spattn/cpu.hpp"
 #include "spattn/error.hpp"
+#include "spattn/pattern.hpp"
+#include "spattn/reference.hpp"
+#include "tools/args.hpp"
 #include "tools/commands.hpp"
 
+#if SPATTN_HAVE_BLAS
+// The Fortran BLAS entry point: present in every BLAS (OpenBLAS, reference, MKL, BLIS).
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+                       const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc);
+// OpenBLAS extras, when the BLAS is OpenBLAS (weak: null otherwise).
+extern "C" char* openblas_get_config(void) __attribute__((weak));
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+#endif
+
 namespace spattn::tools {
-int bench_cpu_main(int, char**) { throw Error("spattn bench --device cpu is not built yet"); }
+namespace {
+
+const char* kBenchUsage =
+    "usage: spattn bench --device cpu [--suite standard | --pattern SPEC] [--len L] [--batch B] [--heads H]\n"
+    "                    [--kv-heads HK] [--dim D] [--dtype fp32|fp16|bf16] [--threads N] [--json FILE]\n"
+    "                    [--reps N] [--dense-reps N] [--ref all|heads|none] [--isa auto|avx512|avx2|generic]\n"
+    "                    [--no-dense]\n"
+    "Defaults: --suite standard --len 4096 --batch 1 --heads 4 --dim 64 --dtype fp32, all hardware threads.\n"
+    "Rows: spattn (fused CPU attention), dense_masked (sgemm QK^T, mask, softmax, sgemm PV), sgemm_probe\n"
+    "(plain sgemm on L x L x D, D x L x L and 2048^3; the best rate is the anchor).\n"
+    "--ref all: the fp64 reference on every head (default when B*H*L^2 <= 2^27), heads: on the first KV group's\n"
+    "query heads only, none: skip.\n";
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times fn: `warmup` untimed calls, then `reps` timed; returns the median in ms.
+double time_ms(const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_ms();
+    fn();
+    t.push_back(now_ms() - t0);
+  }
+  return median(t);
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  return "unknown";
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (c == '\n') o += "\\n";
+    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
+    else o += c;
+  }
+  return o + "\"";
+}
+
+std::string json_num(double x) {
+  if (!std::isfinite(x)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", x);
+  return b;
+}
+
+struct Row {
+  std::string impl, pattern, spec, dtype;
+  int64_t B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
+  double density = 0, ms = 0, eff_tflops = 0, plan_ms = 0, rel_err = std::numeric_limits<double>::quiet_NaN();
+  std::string extra;  // more "key": value pairs, each preceded by ", "
+};
+
+std::string row_json(const Row& r) {
+  std::ostringstream o;
+  o << "{\"impl\": " << json_str(r.impl) << ", \"pattern\": " << json_str(r.pattern) << ", \"spec\": " << json_str(r.spec)
+    << ", \"device\": \"cpu\", \"B\": " << r.B << ", \"L\": " << r.L << ", \"Hq\": " << r.Hq << ", \"Hkv\": " << r.Hkv
+    << ", \"D\": " << r.D << ", \"dtype\": " << json_str(r.dtype) << ", \"density\": " << json_num(r.density)
+    << ", \"ms\": " << json_num(r.ms) << ", \"eff_tflops\": " << json_num(r.eff_tflops)
+    << ", \"plan_ms\": " << json_num(r.plan_ms) << ", \"rel_err\": " << json_num(r.rel_err) << r.extra << "}";
+  return o.str();
+}
+
+// Host tensor [B, L, H, D] of random normal values in a dtype, plus an fp32 copy (for the dense baseline).
+struct Input {
+  std::vector<uint8_t> bytes;
+  std::vector<float> f32;
+  TensorView view;
+};
+
+Input random_input(DType dt, std::array<int64_t, 4> shape, std::mt19937_64& rng) {
+  Input in;
+  const int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
+  in.bytes.resize(size_t(n * dtype_size(dt)));
+  in.f32.resize(size_t(n));
+  in.view = TensorView::contiguous(in.bytes.data(), dt, shape);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = nd(rng);
+    switch (dt) {
+      case DType::f32: reinterpret_cast<float*>(in.bytes.data())[i] = x; in.f32[size_t(i)] = x; break;
+      case DType::f16: {
+        const uint16_t h = float_to_half(x);
+        reinterpret_cast<uint16_t*>(in.bytes.data())[i] = h;
+        in.f32[size_t(i)] = half_to_float(h);
+        break;
+      }
+      case DType::bf16: {
+        const uint16_t h = float_to_bf16(x);
+        reinterpret_cast<uint16_t*>(in.bytes.data())[i] = h;
+        in.f32[size_t(i)] = bf16_to_float(h);
+        break;
+      }
+      case DType::f64: throw Error("spattn bench --device cpu: use fp32, fp16 or bf16");
+    }
+  }
+  return in;
+}
+
+template <class Fn>
+void run_threads(int64_t n, int threads, Fn&& fn) {
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int t = 0; t < threads && int64_t(t) * chunk < n; ++t)
+    pool.emplace_back([&, t] { fn(int64_t(t) * chunk, std::min(n, int64_t(t + 1) * chunk)); });
+  for (auto& th : pool) th.join();
+}
+
+#if SPATTN_HAVE_BLAS
+// Row-major C[m x n] = A[m x k] * B^T (B is n x k), through column-major sgemm: C^T = B A^T.
+void sgemm_abt(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+  const float one = 1.f, zero = 0.f;
+  sgemm_("T", "N", &n, &m, &k, &one, B, &ldb, A, &lda, &zero, C, &ldc);
+}
+// Row-major C[m x n] = A[m x k] * B[k x n]: C^T = B^T A^T.
+void sgemm_ab(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+  const float one = 1.f, zero = 0.f;
+  sgemm_("N", "N", &n, &m, &k, &one, B, &ldb, A, &lda, &zero, C, &ldc);
+}
+
+// Dense masked attention, the way a user writes it with a BLAS: per (b, h), S = Q K^T (sgemm, L x L),
+// S = where(mask, S * scale, -inf), row softmax (std::exp), O = P V (sgemm). The boolean mask [Lq x Lk] is
+// built once beforehand (a user keeps a mask tensor), so mask construction is not timed.
+struct DenseMasked {
+  int64_t B, Lq, Lk, H, HK, D, Dv;
+  float scale;
+  int threads;
+  std::vector<uint8_t> mask;  // [Lq * Lk]
+  std::vector<float> S;       // [Lq * Lk]
+
+  void run(const float* q, const float* k, const float* v, float* o) {
+    const int64_t group = H / HK;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t hk = h / group;
+        const float* qh = q + (b * Lq * H + h) * D;
+        const float* kh = k + (b * Lk * HK + hk) * D;
+        const float* vh = v + (b * Lk * HK + hk) * Dv;
+        float* oh = o + (b * Lq * H + h) * Dv;
+        sgemm_abt(int(Lq), int(Lk), int(D), qh, int(H * D), kh, int(HK * D), S.data(), int(Lk));
+        run_threads(Lq, threads, [&](int64_t r0, int64_t r1) {
+          for (int64_t i = r0; i < r1; ++i) {
+            float* s = S.data() + i * Lk;
+            const uint8_t* mk = mask.data() + i * Lk;
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < Lk; ++j) {
+              s[j] = mk[j] ? s[j] * scale : -std::numeric_limits<float>::infinity();
+              mx = std::max(mx, s[j]);
+            }
+            if (mx == -std::numeric_limits<float>::infinity()) {
+              std::fill(s, s + Lk, 0.f);  // fully masked row: O = 0
+              continue;
+            }
+            float sum = 0;
+            for (int64_t j = 0; j < Lk; ++j) sum += (s[j] = std::exp(s[j] - mx));
+            const float inv = 1.f / sum;
+            for (int64_t j = 0; j < Lk; ++j) s[j] *= inv;
+          }
+        });
+        sgemm_ab(int(Lq), int(Dv), int(Lk), S.data(), int(Lk), vh, int(HK * Dv), oh, int(H * Dv));
+      }
+  }
+};
+#endif
+
+// ||x - ref|| / ||ref|| over the query heads [h0, h1) of O [B, Lq, H, Dv].
+double rel_err(const std::vector<float>& x, const std::vector<double>& ref, int64_t B, int64_t Lq, int64_t H, int64_t Dv,
+               int64_t h0, int64_t h1) {
+  double num = 0, den = 0;
+  const int64_t hs = h1 - h0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t l = 0; l < Lq; ++l)
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t d = 0; d < Dv; ++d) {
+          const double a = x[size_t(((b * Lq + l) * H + h) * Dv + d)];
+          const double r = ref[size_t(((b * Lq + l) * hs + (h - h0)) * Dv + d)];
+          if (std::isnan(a)) return std::numeric_limits<double>::infinity();
+          num += (a - r) * (a - r);
+          den += r * r;
+        }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct BenchCase {
+  std::string name, spec;
+};
+
+std::vector<BenchCase> standard_suite(int64_t L) {
+  std::vector<BenchCase> s = {{"local", "local(256)"},
+                              {"longformer", "longformer(256, 32)"},
+                              {"bigbird", "bigbird(64, 1, 2, 3, seed=0)"},
+                              {"dilated", "dilated(256, 2)"},
+                              {"fixed", "sparse_fixed(128)"},
+                              {"random", "random(" + std::to_string(std::max<int64_t>(1, (L * 205 + 2048) / 4096)) + ", seed=0)"}};
+  const int64_t side = int64_t(std::llround(std::sqrt(double(L))));
+  if (side * side == L) s.push_back({"na2d", "neighborhood(dims=(" + std::to_string(side) + "," + std::to_string(side) + "),kernel=13)"});
+  else std::fprintf(stderr, "spattn bench: L=%lld is not a square; skipping na2d\n", (long long)L);
+  s.push_back({"causal", "causal"});
+  return s;
+}
+
+}  // namespace
+
+int bench_cpu_main(int argc, char** argv) {
+  Args a(argc, argv, 2,
+         {"device", "suite", "pattern", "len", "batch", "heads", "kv-heads", "dim", "dtype", "threads", "json", "reps",
+          "dense-reps", "ref", "isa"},
+         {"no-dense", "help"});
+  if (a.has("help")) {
+    std::fputs(kBenchUsage, stdout);
+    return 0;
+  }
+  if (a.str("device", "cpu") != "cpu") throw Error("spattn bench: unknown --device '" + a.str("device") + "' (use cpu or cuda)");
+  if (a.has("suite") && a.has("pattern")) throw Error("give either --suite or --pattern, not both");
+  if (a.has("suite") && a.str("suite") != "standard") throw Error("unknown --suite '" + a.str("suite") + "' (use standard)");
+  const int64_t L = a.integer("len", 4096), B = a.integer("batch", 1), H = a.integer("heads", 4);
+  const int64_t HK = a.integer("kv-heads", H), D = a.integer("dim", 64);
+  const DType dt = parse_dtype(a.str("dtype", "fp32"));
+  if (dt == DType::f64) throw Error("spattn bench --device cpu: --dtype must be fp32, fp16 or bf16");
+  const int threads = int(a.integer("threads", 0)) > 0 ? int(a.integer("threads", 0)) : int(std::max(1u, std::thread::hardware_concurrency()));
+  if (a.integer("threads", 0) < 0) throw Error("--threads must be >= 1 (or 0: all hardware threads)");
+  const int reps = int(a.integer("reps", 20)), dense_reps = int(a.integer("dense-reps", 20));
+  if (reps < 1 || dense_reps < 1) throw Error("--reps and --dense-reps must be >= 1");
+  std::string ref_mode = a.str("ref", (B * H * L * L <= (int64_t(1) << 27)) ? "all" : "heads");
+  if (ref_mode != "all" && ref_mode != "heads" && ref_mode != "none") throw Error("unknown --ref '" + ref_mode + "' (use all, heads or none)");
+  cpu::Options opt;
+  opt.threads = threads;
+  const std::string isa_s = a.str("isa", "auto");
+  if (isa_s == "auto") opt.isa = cpu::Isa::automatic;
+  else if (isa_s == "avx512") opt.isa = cpu::Isa::avx512;
+  else if (isa_s == "avx2") opt.isa = cpu::Isa::avx2;
+  else if (isa_s == "generic") opt.isa = cpu::Isa::generic;
+  else throw Error("unknown --isa '" + isa_s + "' (use auto, avx512, avx2 or generic)");
+  const bool want_dense = !a.has("no-dense");
+
+  Problem prob;
+  prob.batch = B, prob.q_heads = H, prob.kv_heads = HK, prob.q_len = L, prob.kv_len = L, prob.head_dim = D, prob.dtype = dt;
+  prob.validate();
+  std::vector<BenchCase> cases = a.has("pattern") ? std::vector<BenchCase>{{"custom", a.str("pattern")}} : standard_suite(L);
+  const std::string dts(dtype_name(dt));
+
+#if SPATTN_HAVE_BLAS
+  if (openblas_set_num_threads) openblas_set_num_threads(threads);
+  const std::string blas = openblas_get_config ? std::string("OpenBLAS ") + openblas_get_config() : "BLAS (sgemm_)";
+#else
+  const std::string blas = "none (built without BLAS: no dense_masked or sgemm_probe rows)";
+#endif
+  const std::string isa_used = cpu::isa_name(opt.isa == cpu::Isa::automatic ? cpu::best_isa() : opt.isa);
+  std::printf("spattn bench --device cpu: %s; %d threads; kernels %s; BLAS %s\n", cpu_model().c_str(), threads,
+              isa_used.c_str(), blas.c_str());
+  std::printf("problem: B=%lld L=%lld Hq=%lld Hkv=%lld D=%lld %s; reps %d (dense %d); reference: %s\n", (long long)B,
+              (long long)L, (long long)H, (long long)HK, (long long)D, dts.c_str(), reps, dense_reps, ref_mode.c_str());
+  std::fflush(stdout);
+
+  std::vector<Row> rows;
+  // ---- sgemm probe ----
+  double anchor = 0;
+  std::string anchor_what = "none";
+#if SPATTN_HAVE_BLAS
+  {
+    struct Shape {
+      int m, n, k;
+      const char* what;
+    };
+    const int l = int(L), d = int(D);
+    std::vector<Shape> shapes = {{l, l, d, "QK^T shape: L x L x D"}, {d, l, l, "PV shape: D x L x L"}, {2048, 2048, 2048, "square 2048^3"}};
+    for (const Shape& s : shapes) {
+      std::vector<float> A(size_t(int64_t(s.m) * s.k)), Bm(size_t(int64_t(s.k) * s.n)), C(size_t(int64_t(s.m) * s.n));
+      std::mt19937 rng(1);
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (float& x : A) x = u(rng);
+      for (float& x : Bm) x = u(rng);
+      const double ms = time_ms([&] { sgemm_ab(s.m, s.n, s.k, A.data(), s.k, Bm.data(), s.n, C.data(), s.n); }, 2, 20);
+      const double tf = 2.0 * s.m * s.n * double(s.k) / (ms * 1e-3) / 1e12;
+      Row r;
+      r.impl = "sgemm_probe", r.pattern = "sgemm", r.dtype = "fp32";
+      r.spec = "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+      r.B = 1, r.L = s.n, r.Hq = 1, r.Hkv = 1, r.D = s.k, r.density = 1, r.ms = ms, r.eff_tflops = tf;
+      r.extra = ", \"what\": " + json_str(s.what);
+      rows.push_back(r);
+      std::printf("sgemm_probe %-24s %9.3f ms  %7.1f GFLOP/s\n", r.spec.c_str(), ms, tf * 1e3);
+      if (tf > anchor) anchor = tf, anchor_what = r.spec;
+    }
+    std::printf("anchor: best sgemm rate %.1f GFLOP/s (%s)\n", anchor * 1e3, anchor_what.c_str());
+    std::fflush(stdout);
+  }
+#endif
+
+  std::mt19937_64 rng(2024);
+  Input q = random_input(dt, {B, L, H, D}, rng), k = random_input(dt, {B, L, HK, D}, rng), v = random_input(dt, {B, L, HK, D}, rng);
+  std::vector<float> out(size_t(B * L * H * D)), lse(size_t(B * H * L));
+  const TensorView ov = TensorView::contiguous(out.data(), DType::f32, {B, L, H, D});
+  const TensorView lv = TensorView::contiguous(lse.data(), DType::f32, {B, H, L, 1});
+  // Reference scope: all heads, or the query heads of KV head 0 (heads [0, H / HK)).
+  const int64_t rh = ref_mode == "heads" ? H / HK : H;
+  struct Summary {
+    std::string name;
+    double density, ms, tf, dense_ms, err, dense_err;
+  };
+  std::vector<Summary> summary;
+
+  for (const BenchCase& c : cases) {
+    const BoundPattern pat = Pattern::parse(c.spec).bind(L, L);
+    const double t_nnz = now_ms();
+    const int64_t nnz = pat.nnz();
+    const double nnz_ms = now_ms() - t_nnz;
+    const double density = double(nnz) / (double(L) * double(L));
+    const double flops = 2.0 * double(nnz) * double(D + D) * double(B * H);
+    // Plan (timed separately), then the timed runs on poisoned outputs.
+    const double tp = now_ms();
+    cpu::FusedPlan plan({pat}, prob, opt);
+    const double plan_ms = now_ms() - tp;
+    std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
+    const double ms = time_ms([&] { plan.run(q.view, k.view, v.view, ov, lv, opt); }, 2, reps);
+    const double tf = flops / (ms * 1e-3) / 1e12;
+
+    // Reference on the chosen heads.
+    double err = std::numeric_limits<double>::quiet_NaN(), dense_err = err;
+    std::vector<double> ref;
+    if (ref_mode != "none") {
+      Problem rp = prob;
+      rp.q_heads = rh, rp.kv_heads = rh * HK / H;
+      TensorView rq = q.view, rk = k.view, rv = v.view;
+      rq.shape[2] = rh, rk.shape[2] = rp.kv_heads, rv.shape[2] = rp.kv_heads;
+      ref.resize(size_t(B * L * rh * D));
+      const TensorView rov = TensorView::contiguous(ref.data(), DType::f64, {B, L, rh, D});
+      cpu::reference_attention({pat}, rp, rq, rk, rv, rov, TensorView{});
+      err = rel_err(out, ref, B, L, H, D, 0, rh);
+    }
+
+    double dense_ms = std::numeric_limits<double>::quiet_NaN();
+#if SPATTN_HAVE_BLAS
+    if (want_dense) {
+      DenseMasked dm{B, L, L, H, HK, D, D, float(prob.softmax_scale()), threads, {}, {}};
+      dm.mask.assign(size_t(L * L), 0);
+      {
+        RowRuns runs;
+        for (int64_t i = 0; i < L; ++i) {
+          pat.row(i, runs);
+          for (const Run& r : runs)
+            for (int64_t j = 0; j < r.count; ++j) dm.mask[size_t(i * L + r.start + j * r.stride)] = 1;
+        }
+      }
+      dm.S.resize(size_t(L * L));
+      std::vector<float> dout(out.size(), std::numeric_limits<float>::quiet_NaN());
+      dense_ms = time_ms([&] { dm.run(q.f32.data(), k.f32.data(), v.f32.data(), dout.data()); }, 1, dense_reps);
+      if (!ref.empty()) dense_err = rel_err(dout, ref, B, L, H, D, 0, rh);
+      Row r;
+      r.impl = "dense_masked", r.pattern = c.name, r.spec = c.spec, r.dtype = dts;
+      r.B = B, r.L = L, r.Hq = H, r.Hkv = HK, r.D = D, r.density = density, r.ms = dense_ms;
+      r.eff_tflops = flops / (dense_ms * 1e-3) / 1e12, r.rel_err = dense_err;
+      r.extra = ", \"threads\": " + std::to_string(threads) + ", \"note\": \"fp32 sgemm QK^T + boolean mask + std::exp softmax + sgemm PV; mask built untimed\"";
+      rows.push_back(r);
+    }
+#endif
+    Row r;
+    r.impl = "spattn", r.pattern = c.name, r.spec = c.spec, r.dtype = dts;
+    r.B = B, r.L = L, r.Hq = H, r.Hkv = HK, r.D = D, r.density = density, r.ms = ms, r.eff_tflops = tf;
+    r.plan_ms = plan_ms, r.rel_err = err;
+    std::ostringstream ex;
+    ex << ", \"threads\": " << threads << ", \"isa\": " << json_str(plan.stats().isa)
+       << ", \"rel_err_scope\": " << json_str(ref_mode == "all" ? "all heads" : ref_mode == "heads" ? "query heads 0.." + std::to_string(rh - 1) : "not checked")
+       << ", \"ratio_to_sgemm\": " << json_num(anchor > 0 ? tf / anchor : NAN)
+       << ", \"speedup_vs_dense_masked\": " << json_num(dense_ms / ms) << ", \"needed_speedup\": " << json_num(0.5 / density)
+       << ", \"plan\": " << json_str(plan.describe());
+    r.extra = ex.str();
+    rows.push_back(r);
+    summary.push_back({c.name, density, ms, tf, dense_ms, err, dense_err});
+    std::printf("%-10s density %6.3f%%  spattn %9.3f ms %7.1f GFLOP/s (%5.1f%% of sgemm)  dense_masked %9.3f ms (x%.1f)  "
+                "rel_err %.2e  plan %.1f ms (nnz %.1f ms)\n",
+                c.name.c_str(), 100 * density, ms, tf * 1e3, anchor > 0 ? 100 * tf / anchor : 0.0, dense_ms, dense_ms / ms, err,
+                plan_ms, nnz_ms);
+    std::printf("           %s\n", plan.describe().c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- table ----
+  std::printf("\n| case | density | spattn ms | eff GFLOP/s | %% of sgemm (%.1f GFLOP/s) | dense_masked ms | speedup | 0.5/density | rel err |\n",
+              anchor * 1e3);
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Summary& s : summary)
+    std::printf("| %s | %.2f%% | %.3f | %.1f | %.1f%% | %.2f | %.1fx | %.1fx | %.1e |\n", s.name.c_str(), 100 * s.density, s.ms,
+                s.tf * 1e3, anchor > 0 ? 100 * s.tf / anchor : 0.0, s.dense_ms, s.dense_ms / s.ms, 0.5 / s.density, s.err);
+
+  if (a.has("json")) {
+    std::ostringstream js;
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    std::string cmd;
+    for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(i == 0 ? "spattn" : argv[i]);
+    js << "{\"machine\": {\"device\": \"cpu\", \"cpu\": " << json_str(cpu_model()) << ", \"hardware_threads\": "
+       << std::thread::hardware_concurrency() << ", \"threads\": " << threads << ", \"kernels\": " << json_str(isa_used)
+       << ", \"blas\": " << json_str(blas) << ", \"sgemm_anchor_gflops\": " << json_num(anchor * 1e3)
+       << ", \"sgemm_anchor\": " << json_str("best sgemm_probe row: " + anchor_what) << ", \"spattn_version\": "
+       << json_str(SPATTN_VERSION) << ", \"date\": " << json_str(date) << ", \"command\": " << json_str(cmd)
+       << ", \"reference\": " << json_str(ref_mode == "all" ? "fp64 reference on every head and row" : ref_mode == "heads" ? "fp64 reference on query heads 0.." + std::to_string(rh - 1) + " (all rows)" : "none") << "},\n \"rows\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) js << "  " << row_json(rows[i]) << (i + 1 < rows.size() ? ",\n" : "\n");
+    js << " ]}\n";
+    std::ofstream f(a.str("json"));
+    if (!f) throw Error("cannot write --json file '" + a.str("json") + "'");
+    f << js.str();
+    std::printf("\nwrote %s\n", a.str("json").c_str());
+  }
+  return 0;
+}
+
 }  // namespace spattn::tools
