@@ -2,7 +2,7 @@
 // cuSPARSE's SDDMM and SpMM (CSR, same inputs, same run), rows as BENCH.md defines them.
 //
 //   spattn bench --device cuda [--suite standard | --pattern SPEC] [--len 4096] [--batch 2] [--heads 16]
-//                [--dim 64] [--dtype bf16] [--reps 30] [--block 64] [--json FILE] [--no-cusparse]
+//                [--dim 64] [--dtype bf16] [--reps 30] [--block 32] [--json FILE] [--no-cusparse]
 //
 // Timing: 3 warm-up calls, then `reps` (>= 20) calls each between two CUDA events; the median is reported.
 // Outputs are poisoned (NaN bytes) before the timed calls; rel_err is measured after them, against fp64 on
@@ -71,7 +71,7 @@ struct DevBuf {
 struct Args {
   std::string suite, pattern, json, dtype = "bf16";
   int64_t len = 4096, batch = 2, heads = 16, dim = 64;
-  int reps = 30, block = 64;
+  int reps = 30, block = 32;
   bool cusparse = true;
 };
 
