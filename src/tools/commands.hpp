@@ -3,10 +3,11 @@
 #include <cstdint>
 #include <string>
 
+#include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
 // The --impl choices for --device cpu, for help texts.
-#define SPATTN_CPU_IMPLS "auto|reference"
+#define SPATTN_CPU_IMPLS "auto|fused|reference"
 
 namespace spattn::tools {
 
@@ -21,6 +22,9 @@ struct RunOptions {
 };
 
 int run_attention(const RunOptions& o);
+// Runs the GPU path of `spattn run` (inputs and outputs on the host); returns the kernel's seconds.
+double run_cuda(const BoundPattern& pattern, const Problem& problem, const TensorView& q, const TensorView& k,
+                const TensorView& v, float* o, float* lse, const std::string& impl);
 int bench_cpu_main(int argc, char** argv);
 
 }  // namespace spattn::tools
