@@ -302,12 +302,16 @@ int choose_permutation(const BoundPattern& pat) {
 }
 
 double tile_cost(TileShape s, int64_t head_dim) {
-  // Per-score cost relative to a 128x128 tile. A 64x64 tile runs in a one-warpgroup CTA that reads K/V
-  // for 64 rows only (half the reuse) — first guess 1.5x, to be replaced by the measured ratio.
-  (void)head_dim;
-  if (s.block_m == 64 && s.block_n == 128) return 1.0;
-  if (s.block_m == 128 && s.block_n == 128) return 1.1;
-  return 1.2;
+  // Per-score cost relative to the best shape, from dense L=16384 on an H100 (src/cuda/fused/NOTES.md):
+  //   D=64:  64x128 350 TFLOP/s, 128x128 309, 64x64 296 (one-warpgroup CTAs run 3 per SM)
+  //   D=128: 128x128 454 (decoupled warpgroups), 64x64 ~280 (2 CTAs per SM; estimate)
+  if (head_dim <= 64) {
+    if (s.block_m == 64 && s.block_n == 128) return 1.0;
+    if (s.block_m == 128 && s.block_n == 128) return 1.13;
+    return 1.18;
+  }
+  if (s.block_m == 128 && s.block_n == 128) return 1.0;
+  return 1.6;
 }
 
 namespace {
