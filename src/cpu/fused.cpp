@@ -123,6 +123,9 @@ struct PatternPlan {
   // kMaxGroup tiles so the kernel can run their residue in key passes that stay in L2.
   std::vector<int32_t> group;
   std::vector<TileRef> refs;  // [tiles], pointing into the vectors above
+  int32_t key_pass = 0, npass = 0;  // residue key passes (grouped plans over long key ranges)
+  std::vector<int32_t> res_pass;    // [residue rows][npass] ends, see TileRef::res_pass
+  std::vector<int64_t> res_pass_off;  // per tile: offset into res_pass, -1: none
   bool residue_heavy = false;
   int perm = 1;
 };
@@ -320,7 +323,14 @@ class TileBuilder {
   std::vector<uint32_t> pmask_;
 };
 
-PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int threads, int& perm_out) {
+// Keys per residue pass: the K + V rows of one pass about 512 KiB (half of a 1 MiB L2); 0: one pass.
+int32_t choose_key_pass(int64_t lk, int64_t row_floats) {
+  const int64_t pass = std::max<int64_t>(256, (int64_t(512) << 10) / (row_floats * 4));
+  return lk > pass * 3 / 2 ? int32_t(pass) : 0;
+}
+
+PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int64_t row_floats, int threads,
+                               int& perm_out) {
   const int64_t lq = pat.q_len(), lk = pat.k_len();
   const int M = ks.tile_rows;
   const int d = lk > 0 && lq > 0 ? choose_permutation(pat) : 1;
@@ -381,10 +391,35 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   const int g = plan.residue_heavy && d == 1 ? kMaxGroup : 1;
   for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
   plan.group.push_back(int32_t(ntiles));
-  for (const TileInfo& t : plan.tiles)
+  if (g > 1) plan.key_pass = choose_key_pass(lk, row_floats);
+  if (plan.key_pass > 0) {
+    plan.npass = int32_t(ceil_div(lk, plan.key_pass));
+    for (const TileInfo& t : plan.tiles) {
+      if (t.res < 0) {
+        plan.res_pass_off.push_back(-1);
+        continue;
+      }
+      plan.res_pass_off.push_back(int64_t(plan.res_pass.size()));
+      for (int r = 0; r < t.rows; ++r) {
+        const int32_t* keys = plan.res_keys.data() + plan.res_off[size_t(t.res + r)];
+        const int32_t n = plan.res_cnt[size_t(t.res + r)];
+        int32_t e = 0;
+        for (int32_t p = 0; p < plan.npass; ++p) {
+          const int64_t bound = int64_t(p + 1) * plan.key_pass;
+          while (e < n && keys[e] < bound) ++e;
+          plan.res_pass.push_back(p + 1 == plan.npass ? n : e);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < plan.tiles.size(); ++i) {
+    const TileInfo& t = plan.tiles[i];
+    const bool passes = plan.key_pass > 0 && plan.res_pass_off[i] >= 0;
     plan.refs.push_back(TileRef{plan.qidx.data() + t.q_off, t.rows, plan.blocks.data() + t.blk_begin, t.blk_end - t.blk_begin,
                                 t.res >= 0 ? plan.res_off.data() + t.res : nullptr,
-                                t.res >= 0 ? plan.res_cnt.data() + t.res : nullptr});
+                                t.res >= 0 ? plan.res_cnt.data() + t.res : nullptr,
+                                passes ? plan.res_pass.data() + plan.res_pass_off[i] : nullptr});
+  }
   return plan;
 }
 
@@ -504,7 +539,9 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
     if (it == specs.end()) {
       specs.push_back(bp.spec());
       int perm = 1;
-      im.plans.push_back(fused::build_pattern_plan(bp, *im.ks, threads, perm));
+      const int64_t W = im.ks->width;
+      const int64_t row_floats = (problem.head_dim + W - 1) / W * W + (problem.dv() + W - 1) / W * W;
+      im.plans.push_back(fused::build_pattern_plan(bp, *im.ks, row_floats, threads, perm));
       im.stats.permutation = std::max(im.stats.permutation, perm);
       im.stats.nnz += bp.nnz();
       it = specs.end() - 1;
@@ -600,9 +637,12 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   int64_t k_sb = k.stride[0], k_ld = k.stride[1], k_sh = k.stride[2];
   const float* vp = static_cast<const float*>(v.data);
   int64_t v_sb = v.stride[0], v_ld = v.stride[1], v_sh = v.stride[2];
-  bool residue_heavy = false;
-  for (const auto& pl : im.plans) residue_heavy |= pl.residue_heavy;
-  if (residue_heavy && Lk > 0) {
+  // Pack when the residue (per-row gathers) is a real share of the work: measured at L = 4096, H = 4,
+  // D = 64 on one core, random 53 -> 38 ms and na2d 28.6 -> 23.9 ms packed; pure dense plans (local,
+  // causal, fixed) lose the copy (fixed 12.8 -> 14.6 ms), their key blocks are read in order.
+  bool pack_kv = false;
+  for (const auto& pl : im.plans) pack_kv |= fused::kResidueCost * double(pl.residue_nnz) * 4 > double(pl.dense_scores);
+  if (pack_kv && Lk > 0) {
     // Scattered keys: one contiguous [Lk][DP + DVP] buffer per KV head (a key's K and V rows adjacent). In
     // the [B, L, H, D] layout a head's rows sit H * D floats apart, which maps them onto a fraction of the
     // cache sets; packed, a key pass of K/V fits L2.
@@ -626,9 +666,6 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
       v_sb = HK * Lk * DVP, v_sh = Lk * DVP, v_ld = DVP;
     }
   }
-  // Key passes for grouped residue: K + V rows of one pass about 512 KiB (half of a 1 MiB L2).
-  const int64_t pass_keys = std::max<int64_t>(256, (int64_t(512) << 10) / ((DP + DVP) * 4));
-  const int32_t key_pass = Lk > pass_keys * 3 / 2 ? int32_t(pass_keys) : 0;
   const int64_t group = H / HK;
   const float qscale = float(p.softmax_scale() * 1.4426950408889634);
   const int64_t nitems = int64_t(im.items.size());
@@ -652,7 +689,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     a.o = op + b * o.stride[0] + h * o.stride[2], a.o_ld = o.stride[1], a.o_inc = o.stride[3];
     a.lse = lp ? lp + b * lse.stride[0] + h * lse.stride[1] : nullptr, a.lse_inc = lse.stride[2];
     a.tiles = pl.refs.data() + t0, a.ntiles = t1 - t0;
-    a.key_pass = t1 - t0 > 1 ? key_pass : 0;
+    a.key_pass = pl.key_pass, a.npass = pl.npass;
     a.keys = pl.keys.data(), a.masks = pl.masks.data(), a.res_keys = pl.res_keys.data();
     a.res_prefetch = pl.residue_runs * 4 > pl.residue_nnz;  // runs shorter than 4 keys on average: scattered
     a.scratch = scr.ptr;

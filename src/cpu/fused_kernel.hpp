@@ -43,6 +43,7 @@ struct TileArgs {
   // Residue key passes: 0, or visit every row's residue keys below key_pass, then below 2 * key_pass, ...
   // (each row's residue list is ascending), so one pass's K/V rows stay in L2 for all rows of the group.
   int32_t key_pass;
+  int32_t npass;
   const int32_t* keys;
   const uint32_t* masks;
   const int32_t* res_keys;
@@ -61,6 +62,9 @@ struct TileRef {
   // padding (its last key repeated). res_off null: no residue.
   const int64_t* res_off;  // [rows]
   const int32_t* res_cnt;  // [rows]
+  // With key passes: res_pass[r * npass + p] = end (exclusive, relative to res_off[r]) of row r's keys
+  // below (p + 1) * key_pass. Null otherwise.
+  const int32_t* res_pass;
 };
 
 inline constexpr int kMaxGroup = 8;  // tiles per work item at most
