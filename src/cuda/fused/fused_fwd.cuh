@@ -133,12 +133,16 @@ __device__ __forceinline__ void load_tile(uint32_t sdst, const char* gbase, int6
   constexpr int CH = D / 8;
   static_assert((ROWS * CH) % NT == 0, "tile copy splits evenly");
   static_assert((NT / CH) % 8 == 0, "each thread keeps its swizzle phase from copy to copy");
-  if (perm_d == 1 && p0 + ROWS <= len) {
-    // Fast path (identity map, tile in range): one address computed, then fixed strides; each thread copies
-    // rows row0 + j * NT/CH, chunk ch, and its swizzled offset advances by a constant.
+  // A tile never straddles two residue groups (the plan pads groups to whole tiles), so its tokens are affine
+  // in the row: t0 + row * perm_d.
+  const int t0 = plan_token(p0, perm_d, group);
+  if (t0 + (ROWS - 1) * perm_d < len) {
+    // Fast path (every row in range): one address computed, then fixed strides; each thread copies rows
+    // row0 + j * NT/CH, chunk ch, and its swizzled offset advances by a constant.
     const int row0 = tid / CH, ch = tid % CH;
-    const char* src = gbase + int64_t(p0 + row0) * row_stride_bytes + ch * 16;
-    const int64_t step = int64_t(NT / CH) * row_stride_bytes;
+    const int64_t rs = int64_t(perm_d) * row_stride_bytes;
+    const char* src = gbase + int64_t(t0) * row_stride_bytes + row0 * rs + ch * 16;
+    const int64_t step = int64_t(NT / CH) * rs;
     const uint32_t dst = sdst + sw_off<ROWS>(row0, ch);
 #pragma unroll
     for (int j = 0; j < ROWS * CH / NT; ++j) cp_async16(dst + j * (NT / CH) * 128, src + j * step, 16);
