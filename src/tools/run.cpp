@@ -80,9 +80,6 @@ int run_attention(const RunOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
   if (o.device == "cpu" && o.impl != "auto" && o.impl != "fused" && o.impl != "reference")
     throw Error("unknown --impl '" + o.impl + "' (use " SPATTN_CPU_IMPLS ")");
-  if (o.device == "cuda" && p.dtype != DType::bf16 && p.dtype != DType::f16)
-    std::fprintf(stderr, "spattn run: note: --device cuda computes in bf16; %s inputs are rounded to bf16\n",
-                 std::string(dtype_name(p.dtype)).c_str());
   const BoundPattern pat = Pattern::parse(o.spec).bind(p.q_len, p.kv_len);
   if (!from_files) {
     std::mt19937_64 rng(o.seed);

@@ -12,6 +12,7 @@ double run_cuda(const BoundPattern&, const Problem&, const TensorView&, const Te
 #else
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <vector>
 
 #include "spattn/device.hpp"
@@ -33,7 +34,7 @@ struct DeviceBuffer {
 // Copies a host view into a contiguous device buffer of dtype t (converting on the host when needed).
 TensorView upload(const TensorView& h, DType t, std::vector<std::unique_ptr<DeviceBuffer>>& keep) {
   const int64_t n = h.shape[0] * h.shape[1] * h.shape[2] * h.shape[3];
-  std::vector<uint16_t> host(size_t(n));
+  std::vector<uint16_t> host(static_cast<size_t>(n));
   const TensorView dst = TensorView::contiguous(host.data(), t, h.shape);
   for (int64_t a = 0; a < h.shape[0]; ++a)
     for (int64_t b = 0; b < h.shape[1]; ++b)
@@ -52,6 +53,9 @@ double run_cuda(const BoundPattern& pat, const Problem& p, const TensorView& q, 
   std::string why;
   if (list_gpus(&why).empty()) throw Error("--device cuda: " + why);
   const DType t = p.dtype == DType::f16 ? DType::f16 : DType::bf16;
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16)
+    std::fprintf(stderr, "spattn run: note: the GPU kernel takes bf16 or fp16; %s inputs are rounded to bf16\n",
+                 std::string(dtype_name(p.dtype)).c_str());
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
   const TensorView dq = upload(q, t, keep), dk = upload(k, t, keep), dv = upload(v, t, keep);
   const int64_t on = p.batch * p.q_len * p.q_heads * p.dv(), ln = p.batch * p.q_heads * p.q_len;
