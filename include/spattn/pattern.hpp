@@ -87,6 +87,9 @@ class BoundPattern {
 int64_t count_keys(const RowRuns& runs);
 // Expands runs to sorted keys.
 void expand_runs(const RowRuns& runs, std::vector<int64_t>& keys);
+// Compresses sorted unique keys into maximal affine runs (greedy; a lone pair with a gap is split so that a
+// longer run can start at its second key).
+void compress_keys(const std::vector<int64_t>& sorted_keys, RowRuns& runs);
 
 // The hash behind random(r, seed=x), exactly as PATTERNS.md defines it.
 uint64_t random_mix(uint64_t x);

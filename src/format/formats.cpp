@@ -241,26 +241,12 @@ Acsr to_acsr(const Csr& c) {
   a.rows = c.rows;
   a.cols = c.cols;
   a.row_offsets.push_back(0);
-  // Greedy maximal runs of a common difference (a lone pair with a gap is split so a longer run can start).
+  std::vector<int64_t> keys;
+  RowRuns runs;
   for (int64_t q = 0; q < c.rows; ++q) {
-    const int64_t b0 = c.row_offsets[size_t(q)], e = c.row_offsets[size_t(q) + 1];
-    int64_t i = b0;
-    while (i < e) {
-      if (i + 1 == e) {
-        a.runs.push_back({c.col_indices[size_t(i)], 1, 1});
-        break;
-      }
-      const int32_t d = c.col_indices[size_t(i) + 1] - c.col_indices[size_t(i)];
-      int64_t j = i + 1;
-      while (j + 1 < e && c.col_indices[size_t(j) + 1] - c.col_indices[size_t(j)] == d) ++j;
-      if (j == i + 1 && d != 1 && j + 1 < e) {
-        a.runs.push_back({c.col_indices[size_t(i)], 1, 1});
-        ++i;
-        continue;
-      }
-      a.runs.push_back({c.col_indices[size_t(i)], d, int32_t(j - i + 1)});
-      i = j + 1;
-    }
+    keys.assign(c.col_indices.begin() + c.row_offsets[size_t(q)], c.col_indices.begin() + c.row_offsets[size_t(q) + 1]);
+    compress_keys(keys, runs);
+    for (const Run& r : runs) a.runs.push_back({int32_t(r.start), int32_t(r.stride), int32_t(r.count)});
     a.row_offsets.push_back(int64_t(a.runs.size()));
   }
   return a;

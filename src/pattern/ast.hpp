@@ -53,7 +53,6 @@ std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& no
 // Run algebra (runs.cpp).
 void normalize(RowRuns& runs);                                       // any runs -> normalised RowRuns
 void intersect(const RowRuns& a, const RowRuns& b, RowRuns& out);    // normalised inputs -> normalised
-void compress_keys(const std::vector<int64_t>& sorted_keys, RowRuns& out);  // sorted unique keys -> runs
 bool run_has(const Run& r, int64_t k);
 
 }  // namespace spattn::detail

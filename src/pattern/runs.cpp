@@ -24,12 +24,6 @@ void expand_runs(const RowRuns& runs, std::vector<int64_t>& keys) {
   if (!sorted) std::sort(keys.begin(), keys.end());
 }
 
-namespace detail {
-
-bool run_has(const Run& r, int64_t k) {
-  return k >= r.start && k <= r.last() && (k - r.start) % r.stride == 0;
-}
-
 void compress_keys(const std::vector<int64_t>& keys, RowRuns& out) {
   // Greedy: a maximal stretch of keys with one common difference becomes one run.
   out.clear();
@@ -52,6 +46,12 @@ void compress_keys(const std::vector<int64_t>& keys, RowRuns& out) {
     out.push_back({keys[i], d, int64_t(j - i + 1)});
     i = j + 1;
   }
+}
+
+namespace detail {
+
+bool run_has(const Run& r, int64_t k) {
+  return k >= r.start && k <= r.last() && (k - r.start) % r.stride == 0;
 }
 
 namespace {
