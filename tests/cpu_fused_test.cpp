@@ -284,14 +284,14 @@ TEST(CpuFused, SuiteShapesAtModerateLength) {
   }
 }
 
-// Residue-heavy plans (scattered keys) run groups of tiles in key passes once Lk exceeds a pass (about
-// 1500 keys at D = 64): rows continue their online softmax across passes, lists split mid-run.
+// Residue-heavy plans (scattered keys) run groups of tiles in key passes once Lk exceeds 1.5 passes (a pass
+// is 1536 keys at D = Dv = 64): rows continue their online softmax across passes, lists split mid-run.
 TEST(CpuFused, ResidueKeyPasses) {
   for (Isa isa : isas())
     for (const char* spec : {"random(40, seed=2)", "random(300, seed=1) | global_rows(0:3)", "random(9, seed=4) & causal"}) {
       Case c;
       c.specs = {spec};
-      c.Lq = 301, c.Lk = 3333, c.H = 2, c.HK = 1, c.D = 32, c.isa = isa;
+      c.Lq = 301, c.Lk = 3333, c.H = 2, c.HK = 1, c.D = 64, c.isa = isa;
       expect_close(c);
     }
 }
