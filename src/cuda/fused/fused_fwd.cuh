@@ -47,6 +47,9 @@ struct Traits {
   // warpgroups, so one warpgroup's softmax runs while the other's wgmma does (FA3's ping-pong). Tiles are
   // issued S-2 ahead: 4 stages at D=64 (144 KB), 3 at D=128 (224 KB).
   static constexpr bool kDecoupled = kSm90 && BM == 128;
+  // Decoupled and software-pipelined inside each warpgroup (FA3): S_i = QK_i^T is issued together with
+  // O += P_{i-1} V_{i-1}, so softmax_i runs while PV_{i-1} is on the tensor cores.
+  static constexpr bool kPipelined = kDecoupled;
   static constexpr int kStages = kDecoupled ? (D == 64 ? 4 : 3) : (BN == 128 && (BM == 64 || D == 128)) ? 2 : 3;
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
@@ -194,6 +197,19 @@ __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef SPATTN_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+template <int A, int B>
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[A][B]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
 __device__ __forceinline__ void wgmma_wait0() {
 #ifdef SPATTN_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -322,14 +338,177 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const int r0 = warp * 16 + (lane >> 2);  // this thread's first row in the tile (second: r0 + 8)
   const int cb = 2 * (lane & 3);           // this thread's first column in each 8-wide block
   uint32_t qf[kSm90 ? 1 : D / 16][4];      // Sm80: Q fragments, loaded once
+  constexpr int MW = BN / 64;
 
+  if constexpr (Tr::kPipelined) {
+    // ---- pieces of one key tile (sm_90a, decoupled warpgroups) ----
+    auto load_mask_words = [&](const int4& e, unsigned long long (&mw)[2][MW]) {
+      if (e.y >= 0) {
+        const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int w = 0; w < MW; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * MW + w);
+      }
+    };
+    auto issue_s = [&](float (&sacc)[BN / 2], uint32_t s_k) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t qa = s_q + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
+        const uint32_t ka = s_k + (kk / 4) * BN * 128 + (kk % 4) * 32;
+        wgmma::Op<BN, kBf16>::ss(sacc, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
+      }
+    };
+    auto issue_pv = [&](uint32_t (&pa)[BN / 16][4], uint32_t s_v) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BN * 128), 1);
+    };
+    auto mask = [&](float (&sacc)[BN / 2], const int4& e, const unsigned long long (&mw)[2][MW]) {
+      if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
+        const int k0 = e.x * BN;
+        int kvalid;
+        if (p.perm_d == 1) {
+          kvalid = p.k_len - k0;
+        } else {
+          const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
+          const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+          kvalid = ng - j0;
+        }
+        const int base = k0 - q0 + cb - r0;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int ee = 0; ee < 2; ++ee) {
+              const int diff = base + 8 * j + ee - 8 * hh;
+              const int c = 8 * j + cb + ee;
+              if (diff < e.z || diff > e.w || c >= kvalid) sacc[4 * j + 2 * hh + ee] = -INFINITY;
+            }
+      } else if (e.y >= 0) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int ee = 0; ee < 2; ++ee) {
+              const int c = 8 * j + cb + ee;
+              if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) sacc[4 * j + 2 * hh + ee] = -INFINITY;
+            }
+      }
+    };
+    // softmax of one tile: exponentials in place, running max/sum updated, O's rescale factor returned.
+    auto softmax = [&](float (&sacc)[BN / 2], float (&alpha)[2]) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * hh], sacc[4 * j + 2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[hh], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
+        row_max[hh] = m_new;
+        const float ms = m_use * sl2;
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int ee = 0; ee < 2; ++ee) {
+            const float pv = fast_exp2(fmaf(sacc[4 * j + 2 * hh + ee], sl2, -ms));
+            sacc[4 * j + 2 * hh + ee] = pv;
+            rs += pv;
+          }
+        row_sum[hh] = row_sum[hh] * alpha[hh] + rs;
+      }
+    };
+    auto to_p = [&](const float (&sacc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2<kBf16>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        pa[kk][1] = pack2<kBf16>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        pa[kk][2] = pack2<kBf16>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        pa[kk][3] = pack2<kBf16>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+      }
+    };
+    auto stage_k = [&](int i) { return s_kv0 + uint32_t(i % S) * 2 * Tr::kTileBytes; };
+
+    if (n > 0) {
+      float sacc[BN / 2];
+      uint32_t pa[BN / 16][4];
+      float alpha[2];
+      unsigned long long mw[2][MW];
+      // tile 0: S only
+      {
+        if (wg == 0 && S - 2 < n) issue(S - 2);
+        const int4 e = __ldg(&p.entries[e_begin]);
+        load_mask_words(e, mw);
+        mbar_wait(bar_full, 0);
+        fence_proxy_async();
+        fence_regs(sacc);
+        named_sync(1 + wg, NT);
+        wgmma_fence();
+        issue_s(sacc, stage_k(0));
+        wgmma_commit();
+        named_arrive(2 - wg, NT);
+        wgmma_wait<0>();
+        fence_regs(sacc);
+        mask(sacc, e, mw);
+        softmax(sacc, alpha);
+        to_p(sacc, pa);
+      }
+      for (int i = 1; i < n; ++i) {
+        if (wg == 0 && i + S - 2 < n) issue(i + S - 2);
+        const int4 e = __ldg(&p.entries[e_begin + i]);
+        load_mask_words(e, mw);
+        mbar_wait(bar_full + 8 * (i % S), (i / S) & 1);
+        fence_proxy_async();
+        fence_regs(sacc);
+        fence_regs(o);
+        fence_regs_u32(pa);
+        named_sync(1 + wg, NT);
+        wgmma_fence();
+        issue_s(sacc, stage_k(i));
+        wgmma_commit();
+        issue_pv(pa, stage_k(i - 1) + Tr::kTileBytes);
+        wgmma_commit();
+        named_arrive(2 - wg, NT);
+        wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
+        fence_regs(sacc);
+        mask(sacc, e, mw);
+        softmax(sacc, alpha);
+        wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
+        fence_regs(o);
+        fence_regs_u32(pa);
+        mbar_arrive(bar_empty + 8 * ((i - 1) % S));
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[4 * j + 2 * hh] *= alpha[hh];
+            o[4 * j + 2 * hh + 1] *= alpha[hh];
+          }
+        to_p(sacc, pa);
+      }
+      // last PV
+      fence_regs(o);
+      fence_regs_u32(pa);
+      wgmma_fence();
+      issue_pv(pa, stage_k(n - 1) + Tr::kTileBytes);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive(bar_empty + 8 * ((n - 1) % S));
+    }
+  } else
   for (int i = 0; i < n; ++i) {
     const int stage = i % S;
     const uint32_t s_k = s_kv0 + uint32_t(stage) * 2 * Tr::kTileBytes;
     const uint32_t s_v = s_k + Tr::kTileBytes;
     const int4 e = __ldg(&p.entries[e_begin + i]);
     // Bitmask words of this thread's two rows, fetched before the wait so their latency hides behind it.
-    constexpr int MW = BN / 64;
     unsigned long long mw[2][MW];
     if (e.y >= 0) {
       const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
