@@ -22,6 +22,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -390,7 +391,10 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
   plan.perm = d;
   plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
-  const int g = plan.residue_heavy && d == 1 ? kMaxGroup : 1;
+  // Tiles per work item: residue-heavy plans group kMaxGroup for the key passes; others 4, so the kernel
+  // prefetches the next tile's Q rows during this tile's blocks (Q is read once: without it, loading Q
+  // was 13% of sparse_fixed(128) at L = 4096, H = 4).
+  const int g = plan.residue_heavy && d == 1 ? kMaxGroup : 4;
   for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
   plan.group.push_back(int32_t(ntiles));
   if (g > 1) plan.key_pass = choose_key_pass(lk, row_floats);
@@ -464,15 +468,27 @@ void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int6
   });
 }
 
+// A float buffer, 64-byte aligned, not initialised; reuse() keeps its storage across calls (growing only), so
+// per-call copies do not pay page faults and zero fill again.
 struct AlignedFloats {
-  std::vector<float> store;
+  std::unique_ptr<float[]> store;
+  int64_t cap = 0;
   float* ptr = nullptr;
   void resize(int64_t n) {
-    store.assign(size_t(n + 16), 0.f);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(store.data());
-    ptr = store.data() + ((64 - p % 64) % 64) / sizeof(float);
+    if (n + 16 > cap) {
+      store.reset(new float[size_t(n + 16)]);
+      cap = n + 16;
+    }
+    const uintptr_t p = reinterpret_cast<uintptr_t>(store.get());
+    ptr = store.get() + ((64 - p % 64) % 64) / sizeof(float);
   }
 };
+
+// Per calling thread, the packed K/V of the last call's size (reused by the next call).
+AlignedFloats& kv_pack_buffer() {
+  thread_local AlignedFloats buf;
+  return buf;
+}
 
 }  // namespace
 }  // namespace fused
@@ -641,7 +657,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   int64_t v_sb = v.stride[0], v_ld = v.stride[1], v_sh = v.stride[2];
   // Pack when the residue (per-row gathers) is a real share of the work: measured at L = 4096, H = 4,
   // D = 64 on one core, random 53 -> 38 ms and na2d 28.6 -> 23.9 ms packed; pure dense plans (local,
-  // causal, fixed) lose the copy (fixed 12.8 -> 14.6 ms), their key blocks are read in order.
+  // causal, fixed) only pay the copy (fixed 12.8 -> 14.3 ms): their key blocks are read in order.
   bool pack_kv = false;
   for (const auto& pl : im.plans) pack_kv |= fused::kResidueCost * double(pl.residue_nnz) * 4 > double(pl.dense_scores);
   if (pack_kv && Lk > 0) {
@@ -649,10 +665,11 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     // the [B, L, H, D] layout a head's rows sit H * D floats apart, which maps them onto a fraction of the
     // cache sets; packed, a key pass of K/V fits L2.
     const int64_t ld = DP + DVP;
-    kbuf.resize(B * HK * Lk * ld);
-    fused::pack_f32(k, kbuf.ptr, true, ld, DP, 0, threads);
-    fused::pack_f32(v, kbuf.ptr, true, ld, DVP, DP, threads);
-    kp = kbuf.ptr, vp = kbuf.ptr + DP;
+    fused::AlignedFloats& kv = fused::kv_pack_buffer();
+    kv.resize(B * HK * Lk * ld);
+    fused::pack_f32(k, kv.ptr, true, ld, DP, 0, threads);
+    fused::pack_f32(v, kv.ptr, true, ld, DVP, DP, threads);
+    kp = kv.ptr, vp = kv.ptr + DP;
     k_sb = v_sb = HK * Lk * ld, k_sh = v_sh = Lk * ld, k_ld = v_ld = ld;
   } else {
     if (!direct(k, D) && Lk > 0) {
