@@ -3,9 +3,13 @@
 // A pattern is split once, on the host, into two parts that never overlap:
 //   coarse: BSR blocks (32 or 64 square) whose density reaches `coarse_min_density`; computed on tensor
 //           cores as whole tiles; a partial block carries a bitmask (masked entries are stored as 0);
-//   fine:   every other kept (q, k), as CSR; computed on CUDA cores, one warp per row or row slice.
-// Both parts run concurrently on two streams (the caller's stream and a side stream the plan owns, joined
-// back with events, so a run can be captured in a CUDA graph). The softmax is one kernel over both parts.
+//   fine:   every other kept (q, k), as CSR; computed on CUDA cores, one warp per row or row slice, or,
+//           where it fills enough of its occupied 64x64 tiles (Options::fine_tc_min_fill), on tensor cores:
+//           the whole tile is computed from shared-memory Q/K (or P/V) tiles, only kept entries stored.
+// In a plan with both parts, SDDMM runs them concurrently on two streams (the caller's stream and a side
+// stream the plan owns, joined back with events, so a run can be captured in a CUDA graph); SpMM adds the
+// fine entries of a block row in the coarse kernel's epilogue (no partial buffers, no merge).
+// The softmax is one kernel over both parts.
 //
 // Sparse values (scores S, probabilities P) live in two arrays per (batch, query head), bh = b * Hq + h:
 //   coarse: [B * Hq][coarse_blocks][block][block] row-major inside a block, block order of coarse_bsr();
@@ -41,6 +45,10 @@ struct Options {
   // Forcing, for tests and benchmarks: every nonempty block coarse, or everything fine.
   enum class Split : uint8_t { automatic, all_coarse, all_fine } split = Split::automatic;
   int fine_slice = 256;               // SDDMM fine: longest row slice one warp takes (load balance)
+  // bf16/f16 with D % 16 == 0: the fine part runs on tensor cores over its occupied 64x64 (query, key) tiles
+  // when its kept entries fill at least this share of them (random(L/20): 0.05; sparse_fixed's residue
+  // 0.008). Above ~0.02 the whole tile on tensor cores costs less than a 128-byte L2 fetch per entry.
+  double fine_tc_min_fill = 0.03;
 };
 
 // The split of one pattern, on the host (no CUDA needed): what the plan uploads.
@@ -89,8 +97,8 @@ class Plan {
   // Workspace of each op in bytes (the caller owns it; 256-byte aligned; none is allocated here).
   int64_t sddmm_workspace_size() const { return 0; }
   int64_t softmax_workspace_size() const { return 0; }
-  int64_t spmm_workspace_size() const;       // fp32 partial rows where a row has both parts
-  int64_t attention_workspace_size(bool p_given) const;  // S + (P unless given) + SpMM's
+  int64_t spmm_workspace_size() const;       // 0 (kept for callers sizing workspaces)
+  int64_t attention_workspace_size(bool p_given) const;  // S + (P unless given)
 
   // S = Q K^T on the pattern (unscaled, input dtype).
   void sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const;

@@ -56,6 +56,18 @@ struct FineMeta {
   const int32_t* cols = nullptr;         // [nnz]
 };
 
+// The fine part regrouped for the tensor-core path: 64-row tiles x 64-key chunks ("pairs"), only the
+// occupied ones; entries sorted by (tile, chunk, row, key), each with its CSR index and place in the tile.
+constexpr int kFineTileRows = 64, kFineChunkKeys = 64;
+struct FineTiles {
+  int64_t ntiles = 0, npairs = 0;
+  const int32_t* tile_pairs = nullptr;  // [ntiles + 1] pair range of each tile
+  const int32_t* pair_chunk = nullptr;  // [npairs] key chunk of each pair
+  const int32_t* groups = nullptr;      // [npairs * 4 + 1] entry range of (pair, warp): rows 16w..16w+15
+  const int32_t* pos = nullptr;         // [nnz] CSR index of each entry
+  const uint16_t* rc = nullptr;         // [nnz] row in tile * 64 + key in chunk
+};
+
 struct FineItem {  // a slice of one row of the fine part
   int64_t begin;
   int32_t row;
@@ -92,6 +104,37 @@ struct SddmmFine {
   static void run(const Arguments& a, Stream stream);
 };
 
+// S_fine = Q K^T on the fine entries through tensor cores: per occupied (tile, chunk) pair the 64 x 64
+// scores are computed (mma.sync) and only the kept ones stored. items: {tile, first pair, last pair}.
+struct SddmmFineTc {
+  struct Arguments {
+    Shape shape;
+    Dense q, k;
+    FineTiles tiles;
+    int64_t nnz = 0;
+    const int32_t* items = nullptr;
+    int64_t nitems = 0;
+    void* s = nullptr;  // [bh][nnz], input dtype
+  };
+  static Status can_implement(const Arguments& a);
+  static void run(const Arguments& a, Stream stream);
+};
+
+// O = P_fine V through tensor cores (a plan with no coarse part): per pair the kept P are scattered into
+// a zeroed 64 x 64 tile in shared memory and multiplied by the V chunk. Every query row of O is written.
+struct SpmmFineTc {
+  struct Arguments {
+    Shape shape;
+    const void* p = nullptr;  // [bh][nnz]
+    Dense v;
+    Dense o;
+    FineTiles tiles;
+    int64_t nnz = 0;
+  };
+  static Status can_implement(const Arguments& a);
+  static void run(const Arguments& a, Stream stream);
+};
+
 // P = softmax(scale * S) over a row made of coarse block rows and fine entries; LSE; masking fused.
 struct CompoundSoftmax {
   struct Arguments {
@@ -110,8 +153,8 @@ struct CompoundSoftmax {
   static void run(const Arguments& a, Stream stream);
 };
 
-// O = P_coarse V (tensor cores). Rows with a fine part too (fine_row_index >= 0) go to the fp32 partial
-// buffer `partial[bh][fine_row_index][Dv]`; the others straight to O.
+// O = P_coarse V (tensor cores). With a fine part (fine.nnz > 0) the CTA adds the fine entries of its
+// rows (CUDA cores, V rows from L2) to its fp32 tile before writing O: no partial buffers, no merge.
 struct SpmmCoarse {
   struct Arguments {
     Shape shape;
@@ -119,10 +162,9 @@ struct SpmmCoarse {
     Dense v;
     Dense o;  // data is written
     CoarseMeta meta;
-    const int32_t* row_order = nullptr;       // [block_rows] heaviest first
-    const int32_t* fine_row_index = nullptr;  // [Lq] or null (no fine part)
-    int64_t fine_rows = 0;
-    float* partial = nullptr;
+    const int32_t* row_order = nullptr;  // [block_rows] heaviest first
+    FineMeta fine;                       // nnz == 0: no fine part
+    const void* p_fine = nullptr;        // [bh][fine nnz]
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
@@ -141,21 +183,6 @@ struct SpmmFine {
     const int32_t* rows = nullptr;
     int64_t nrows = 0;
     float* partial = nullptr;
-  };
-  static Status can_implement(const Arguments& a);
-  static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
-};
-
-// O[rows[i]] = partial_coarse[i] + partial_fine[i] for the rows that have both parts.
-struct MergeRows {
-  struct Arguments {
-    Shape shape;
-    Dense o;
-    const int32_t* rows = nullptr;
-    int64_t nrows = 0;
-    const float* a = nullptr;
-    const float* b = nullptr;
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }

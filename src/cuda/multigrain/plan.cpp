@@ -20,6 +20,8 @@ namespace {
 // SDDMM coarse: a CTA takes at most this many blocks of a block row (local(256) in 64-blocks has 9-10
 // blocks a row: 2 CTAs of 5; a global or causal row of 64 blocks: 8 CTAs).
 constexpr int kCoarseSlice = 8;
+// SDDMM fine on tensor cores: a CTA takes at most this many (tile, chunk) pairs of a tile.
+constexpr int kFineTcSlice = 16;
 
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
@@ -37,9 +39,13 @@ struct Plan::Impl {
   const int32_t* row_order = nullptr;
   const FineItem* fine_items = nullptr;
   int64_t n_fine_items = 0;
-  const int32_t* fine_rows = nullptr;  // has_coarse: rows with fine entries; else every row
+  const int32_t* fine_rows = nullptr;  // every row (SpMM fine on CUDA cores, no coarse part)
   int64_t n_fine_rows = 0;
-  const int32_t* fine_row_index = nullptr;  // [Lq], has_coarse && has_fine only
+  bool fine_tc = false;                // the fine part runs on tensor cores (tiles below)
+  FineTiles tiles;
+  const int32_t* tc_items = nullptr;   // SDDMM fine tc: {tile, first pair, last pair}
+  int64_t n_tc_items = 0;
+  double tile_fill = 0;                // fine nnz / (occupied pairs * 64 * 64)
   void* device_block = nullptr;
   int64_t device_bytes = 0;
   cudaStream_t side = nullptr;
@@ -126,25 +132,81 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
     });
   }
   std::vector<FineItem> fitems;
-  std::vector<int32_t> frows, frow_index;
+  std::vector<int32_t> frows;
   for (int64_t q = 0; q < Lq; ++q) {
     const int64_t a = F.row_offsets[size_t(q)], b = F.row_offsets[size_t(q) + 1];
     for (int64_t s = a; s < b; s += options.fine_slice)
       fitems.push_back({s, int32_t(q), int32_t(std::min<int64_t>(options.fine_slice, b - s))});
   }
   const bool has_coarse = C.nblocks() > 0, has_fine = F.nnz() > 0;
-  if (has_coarse) {
-    if (has_fine) {
-      frow_index.assign(size_t(Lq), -1);
-      for (int64_t q = 0; q < Lq; ++q)
-        if (F.row_offsets[size_t(q) + 1] > F.row_offsets[size_t(q)]) {
-          frow_index[size_t(q)] = int32_t(frows.size());
-          frows.push_back(int32_t(q));
-        }
-    }
-  } else {
+  if (!has_coarse) {
     frows.resize(size_t(Lq));
     std::iota(frows.begin(), frows.end(), 0);
+  }
+  // The fine part in 64-row tiles x 64-key chunks: occupied pairs and their entries (see kernels.hpp).
+  std::vector<int32_t> t_pairs, t_chunk, t_groups, t_pos, tc_items;
+  std::vector<uint16_t> t_rc;
+  const bool tc_ok = has_fine && (problem.dtype == DType::bf16 || problem.dtype == DType::f16) &&
+                     P.shape.D % 16 == 0 && F.nnz() < (int64_t(1) << 31) && options.fine_tc_min_fill <= 1.0;
+  if (tc_ok) {
+    const int64_t ntiles = (Lq + kFineTileRows - 1) / kFineTileRows;
+    const int64_t nchunks = (problem.kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
+    std::vector<int32_t> cnt(size_t(nchunks) * 4, 0), touched;
+    t_pairs.push_back(0);
+    t_groups.push_back(0);
+    t_pos.reserve(size_t(F.nnz()));
+    t_rc.reserve(size_t(F.nnz()));
+    std::vector<int64_t> place;
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t q0 = t * kFineTileRows, q1 = std::min(Lq, q0 + kFineTileRows);
+      touched.clear();
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
+          const int64_t c = F.col_indices[size_t(i)] / kFineChunkKeys;
+          int32_t* g = &cnt[size_t(c) * 4];
+          if (g[0] + g[1] + g[2] + g[3] == 0) touched.push_back(int32_t(c));
+          ++g[(q - q0) / 16];
+        }
+      std::sort(touched.begin(), touched.end());
+      // Group starts, in (chunk, warp) order; then place every entry (rows ascending, keys ascending).
+      const int64_t base = int64_t(t_pos.size());
+      int64_t at = base;
+      place.assign(size_t(touched.size()) * 4, 0);
+      for (size_t k = 0; k < touched.size(); ++k) {
+        for (int w = 0; w < 4; ++w) {
+          place[k * 4 + size_t(w)] = at;
+          at += cnt[size_t(touched[k]) * 4 + size_t(w)];
+          t_groups.push_back(int32_t(at));
+        }
+        t_chunk.push_back(touched[k]);
+      }
+      t_pos.resize(size_t(at));
+      t_rc.resize(size_t(at));
+      for (size_t k = 0; k < touched.size(); ++k) cnt[size_t(touched[k]) * 4] = -int32_t(k) - 1;  // chunk -> slot
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
+          const int64_t key = F.col_indices[size_t(i)], c = key / kFineChunkKeys;
+          const size_t k = size_t(-cnt[size_t(c) * 4] - 1);
+          const int64_t j = place[k * 4 + size_t((q - q0) / 16)]++;
+          t_pos[size_t(j)] = int32_t(i);
+          t_rc[size_t(j)] = uint16_t((q - q0) * 64 + (key - c * kFineChunkKeys));
+        }
+      for (int32_t c : touched)
+        for (int w = 0; w < 4; ++w) cnt[size_t(c) * 4 + size_t(w)] = 0;
+      const int64_t p0 = t_pairs.back(), n = int64_t(touched.size());
+      const int64_t pieces = (n + kFineTcSlice - 1) / kFineTcSlice;
+      for (int64_t k = 0; k < pieces; ++k)
+        tc_items.insert(tc_items.end(), {int32_t(t), int32_t(p0 + n * k / pieces), int32_t(p0 + n * (k + 1) / pieces)});
+      t_pairs.push_back(int32_t(p0 + n));
+    }
+    P.tile_fill = t_chunk.empty() ? 0.0 : double(F.nnz()) / (double(t_chunk.size()) * kFineTileRows * kFineChunkKeys);
+    P.fine_tc = P.tile_fill >= options.fine_tc_min_fill;
+    if (!P.fine_tc) {
+      t_pairs.clear(); t_chunk.clear(); t_groups.clear(); t_pos.clear(); t_rc.clear(); tc_items.clear();
+    } else {
+      P.tiles.ntiles = ntiles;
+      P.tiles.npairs = int64_t(t_chunk.size());
+    }
   }
 
   // ---- one device allocation for all of it --------------------------------------------------------
@@ -170,7 +232,12 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_fcol = add(F.col_indices.data(), int64_t(F.col_indices.size() * 4));
   const size_t i_fitems = add(fitems.data(), int64_t(fitems.size() * sizeof(FineItem)));
   const size_t i_frows = add(frows.data(), int64_t(frows.size() * 4));
-  const size_t i_fidx = add(frow_index.data(), int64_t(frow_index.size() * 4));
+  const size_t i_tpairs = add(t_pairs.data(), int64_t(t_pairs.size() * 4));
+  const size_t i_tchunk = add(t_chunk.data(), int64_t(t_chunk.size() * 4));
+  const size_t i_tgroups = add(t_groups.data(), int64_t(t_groups.size() * 4));
+  const size_t i_tpos = add(t_pos.data(), int64_t(t_pos.size() * 4));
+  const size_t i_trc = add(t_rc.data(), int64_t(t_rc.size() * 2));
+  const size_t i_titems = add(tc_items.data(), int64_t(tc_items.size() * 4));
 
   SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
   SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
@@ -190,7 +257,13 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   P.n_fine_items = int64_t(fitems.size());
   P.fine_rows = static_cast<int32_t*>(at(i_frows));
   P.n_fine_rows = int64_t(frows.size());
-  P.fine_row_index = static_cast<int32_t*>(at(i_fidx));
+  P.tiles.tile_pairs = static_cast<int32_t*>(at(i_tpairs));
+  P.tiles.pair_chunk = static_cast<int32_t*>(at(i_tchunk));
+  P.tiles.groups = static_cast<int32_t*>(at(i_tgroups));
+  P.tiles.pos = static_cast<int32_t*>(at(i_tpos));
+  P.tiles.rc = static_cast<uint16_t*>(at(i_trc));
+  P.tc_items = static_cast<int32_t*>(at(i_titems));
+  P.n_tc_items = int64_t(tc_items.size() / 3);
 
   SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&P.side, cudaStreamNonBlocking));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming));
@@ -210,10 +283,7 @@ int64_t Plan::score_bytes() const { return prob_bytes(); }
 int64_t Plan::prob_bytes() const {
   return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * dtype_size(impl_->shape.dtype);
 }
-int64_t Plan::spmm_workspace_size() const {
-  const Impl& P = *impl_;
-  return P.mixed() ? 2 * align256(P.shape.bh() * P.n_fine_rows * P.shape.Dv * 4) : 0;
-}
+int64_t Plan::spmm_workspace_size() const { return 0; }
 int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
@@ -232,9 +302,15 @@ std::string Plan::explain() const {
   if (P.has_coarse())
     os << "sddmm_coarse<" << P.split.block << "> (" << P.n_sddmm_items << " row slices), spmm_coarse<" << P.split.block
        << ">; ";
-  if (P.has_fine()) os << "sddmm_fine (" << P.n_fine_items << " row slices), spmm_fine (" << P.n_fine_rows << " rows); ";
+  if (P.has_fine() && P.fine_tc)
+    os << "sddmm_fine_tc (" << P.tiles.npairs << " 64x64 tiles, fill " << P.tile_fill << ", " << P.n_tc_items
+       << " slices)" << (P.has_coarse() ? "; " : ", spmm_fine_tc; ");
+  else if (P.has_fine())
+    os << "sddmm_fine (" << P.n_fine_items << " row slices" << (P.tile_fill > 0 ? ", 64x64 tile fill " : "")
+       << (P.tile_fill > 0 ? std::to_string(P.tile_fill) : std::string()) << ")" << (P.has_coarse() ? "; " : ", spmm_fine; ");
+  if (P.mixed()) os << "spmm fine entries fused into spmm_coarse's epilogue; ";
   os << "softmax (compound)";
-  if (P.mixed()) os << "; merge of " << P.n_fine_rows << " rows with both parts; coarse and fine on two streams";
+  if (P.mixed()) os << "; SDDMM coarse and fine on two streams";
   os << "\n  device metadata: " << P.device_bytes << " bytes\n";
   return os.str();
 }
@@ -266,14 +342,17 @@ void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Strea
                             s.coarse};
   SddmmFine::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), P.fine, P.fine_items, P.n_fine_items,
                           s.fine};
+  SddmmFineTc::Arguments ta{sh, dense_of(q, "q"), dense_of(k, "k"), P.tiles, P.fine.nnz, P.tc_items, P.n_tc_items,
+                            s.fine};
   if (P.has_coarse()) require(SddmmCoarse::can_implement(ca), "SddmmCoarse");
-  if (P.has_fine()) require(SddmmFine::can_implement(fa), "SddmmFine");
+  if (P.has_fine()) P.fine_tc ? require(SddmmFineTc::can_implement(ta), "SddmmFineTc") : require(SddmmFine::can_implement(fa), "SddmmFine");
+  auto fine = [&](cudaStream_t st) { P.fine_tc ? SddmmFineTc::run(ta, st) : SddmmFine::run(fa, st); };
   if (P.mixed())
-    P.both(stream, [&](cudaStream_t st) { SddmmCoarse::run(ca, st); }, [&](cudaStream_t st) { SddmmFine::run(fa, st); });
+    P.both(stream, [&](cudaStream_t st) { SddmmCoarse::run(ca, st); }, fine);
   else if (P.has_coarse())
     SddmmCoarse::run(ca, stream);
   else if (P.has_fine())
-    SddmmFine::run(fa, stream);
+    fine(stream);
 }
 
 void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) const {
@@ -300,24 +379,16 @@ void Plan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* 
   check_dtype(o, sh.dtype, "o");
   if (P.has_coarse() && !p.coarse) throw Error("multigrain: spmm: P coarse is null but the plan has coarse blocks");
   if (P.has_fine() && !p.fine) throw Error("multigrain: spmm: P fine is null but the plan has fine entries");
-  if (P.mixed() && !workspace)
-    throw Error("multigrain: spmm needs a workspace of " + std::to_string(spmm_workspace_size()) + " bytes");
-  float* part_c = static_cast<float*>(workspace);
-  float* part_f = P.mixed() ? reinterpret_cast<float*>(static_cast<char*>(workspace) + spmm_workspace_size() / 2) : nullptr;
-
-  SpmmCoarse::Arguments ca{sh, p.coarse, dense_of(v, "v"), dense_of(o, "o"), P.coarse, P.row_order,
-                           P.mixed() ? P.fine_row_index : nullptr, P.n_fine_rows, part_c};
-  SpmmFine::Arguments fa{sh, p.fine, dense_of(v, "v"), dense_of(o, "o"), P.fine, P.fine_rows, P.n_fine_rows,
-                         P.mixed() ? part_f : nullptr};
-  if (P.mixed()) {
-    require(SpmmCoarse::can_implement(ca), "SpmmCoarse");
-    require(SpmmFine::can_implement(fa), "SpmmFine");
-    P.both(stream, [&](cudaStream_t st) { SpmmCoarse::run(ca, st); }, [&](cudaStream_t st) { SpmmFine::run(fa, st); });
-    MergeRows::Arguments m{sh, dense_of(o, "o"), P.fine_rows, P.n_fine_rows, part_c, part_f};
-    MergeRows::run(m, stream);
-  } else if (P.has_coarse()) {
+  (void)workspace;  // none needed: the fine entries of a mixed plan are added in spmm_coarse's epilogue
+  if (P.has_coarse()) {
+    SpmmCoarse::Arguments ca{sh, p.coarse, dense_of(v, "v"), dense_of(o, "o"), P.coarse, P.row_order,
+                             P.mixed() ? P.fine : FineMeta{}, P.mixed() ? p.fine : nullptr};
     SpmmCoarse::run(ca, stream);
+  } else if (P.fine_tc) {
+    SpmmFineTc::Arguments ta{sh, p.fine, dense_of(v, "v"), dense_of(o, "o"), P.tiles, P.fine.nnz};
+    SpmmFineTc::run(ta, stream);
   } else {
+    SpmmFine::Arguments fa{sh, p.fine, dense_of(v, "v"), dense_of(o, "o"), P.fine, P.fine_rows, P.n_fine_rows, nullptr};
     SpmmFine::run(fa, stream);  // every row, so rows without entries get O = 0
   }
 }

@@ -3,7 +3,8 @@
 // One CTA (4 warps) owns an output tile of one block row x 64 value columns for one (b, h) and steps
 // through the row's blocks: P block [BS][BS] and V tile [BS][64] stream through two shared-memory buffers
 // (cp.async); V feeds the B operand through ldmatrix.trans. Block rows are visited heaviest first
-// (row_order) so a causal or global row does not start last.
+// (row_order) so a causal or global row does not start last. In a plan with both parts the fine entries
+// of the CTA's rows are added in the epilogue (no partial buffers, no merge kernel, one launch).
 //   BS = 64: warps stacked in M (4 x 16 rows), each 16 x 64 (32 fp32 accumulators).
 //   BS = 32: 2 x 2 warps, each 16 x 32.
 #include "common.cuh"
@@ -18,8 +19,12 @@ __global__ void __launch_bounds__(128) spmm_coarse_kernel(const SpmmCoarse::Argu
   constexpr int WM = BS / 16, WN = 4 / WM, NT = kDvTile / WN / 8;
   static_assert(NT % 2 == 0, "n-tiles are loaded in pairs");
   constexpr int PP = BS + 8, VP = kDvTile + 8;  // +16 bytes per row: conflict-free ldmatrix
-  __shared__ __align__(16) T sP[2][BS * PP];
-  __shared__ __align__(16) T sV[2][BS * VP];
+  constexpr int OP = kDvTile + 4;                 // fp32 output tile pitch (fused fine epilogue)
+  constexpr int kTileBytes = int(sizeof(T)) * 2 * (BS * PP + BS * VP);
+  static_assert(BS * OP * 4 <= kTileBytes, "the fp32 output tile reuses the P/V buffers");
+  __shared__ __align__(16) unsigned char raw[kTileBytes];
+  T (*sP)[BS * PP] = reinterpret_cast<T (*)[BS * PP]>(raw);
+  T (*sV)[BS * VP] = reinterpret_cast<T (*)[BS * VP]>(raw + sizeof(T) * 2 * BS * PP);
 
   const int br = a.row_order[blockIdx.x];
   const int64_t bh = blockIdx.y;
@@ -75,25 +80,80 @@ __global__ void __launch_bounds__(128) spmm_coarse_kernel(const SpmmCoarse::Argu
     __syncthreads();
   }
 
-  // Epilogue: rows with a fine part too go to the fp32 partial buffer; the others to O.
+  if (a.fine.nnz == 0) {
+    // Epilogue straight from the accumulators.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t q = int64_t(br) * BS + wm * 16 + lane / 4 + half * 8;
-    if (q >= a.shape.Lq) continue;
-    const int fi = a.fine_row_index ? a.fine_row_index[q] : -1;
-    float* prow = fi >= 0 ? a.partial + (bh * a.fine_rows + fi) * Dv : nullptr;
-    T* orow = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t q = int64_t(br) * BS + wm * 16 + lane / 4 + half * 8;
+      if (q >= a.shape.Lq) continue;
+      T* orow = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int c = dv0 + wn * NT * 8 + nt * 8 + 2 * (lane % 4);
-      if (c >= Dv) continue;
-      const float x = acc[nt][half * 2], y = acc[nt][half * 2 + 1];
-      if (prow) {
-        *reinterpret_cast<float2*>(prow + c) = make_float2(x, y);
-      } else if constexpr (sizeof(T) == 2) {
-        T pair[2] = {Num<T>::from(x), Num<T>::from(y)};
+      for (int nt = 0; nt < NT; ++nt) {
+        const int c = dv0 + wn * NT * 8 + nt * 8 + 2 * (lane % 4);
+        if (c >= Dv) continue;
+        T pair[2] = {Num<T>::from(acc[nt][half * 2]), Num<T>::from(acc[nt][half * 2 + 1])};
         *reinterpret_cast<uint32_t*>(orow + c) = *reinterpret_cast<uint32_t*>(pair);
       }
+    }
+    return;
+  }
+
+  // Fused fine epilogue: the fp32 tile goes to shared memory (over the P/V buffers, free after the loop's
+  // last barrier), then one warp per row adds the row's fine entries P[i] * V[col[i]] (groups of 8 lanes,
+  // a 16-byte chunk of the 64 value columns per lane, 8 V rows in flight) and writes the row of O.
+  float* sO = reinterpret_cast<float*>(raw);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = wm * 16 + lane / 4 + half * 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int c = wn * NT * 8 + nt * 8 + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(sO + r * OP + c) = make_float2(acc[nt][half * 2], acc[nt][half * 2 + 1]);
+    }
+  }
+  __syncthreads();
+  const int g = lane / 8, l8 = lane % 8;
+  const int dc = dv0 + l8 * 8;  // this lane's 8 value columns
+  const bool dok = dc < Dv;
+  const T* Pf = static_cast<const T*>(a.p_fine) + bh * a.fine.nnz;
+  for (int r = warp; r < BS; r += 4) {
+    const int64_t q = int64_t(br) * BS + r;
+    if (q >= a.shape.Lq) break;
+    const int64_t f0 = a.fine.row_offsets[q], f1 = a.fine.row_offsets[q + 1];
+    float o8[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o8[e] = 0.f;
+    for (int64_t base = f0; base < f1; base += 32) {
+      const int n = f1 - base < 32 ? int(f1 - base) : 32;
+      const int mycol = lane < n ? a.fine.cols[base + lane] : 0;
+      const float myp = lane < n ? Num<T>::to(Pf[base + lane]) : 0.f;
+      uint4 vv[8];
+      float pv[8];
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int key = s * 4 + g;
+        const int col = __shfl_sync(0xffffffffu, mycol, key);
+        pv[s] = __shfl_sync(0xffffffffu, myp, key);
+        vv[s] = (key < n && dok) ? *reinterpret_cast<const uint4*>(Vg + int64_t(col) * a.v.sl + dc) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        float vf[8];
+        unpack<T>(vv[s], vf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o8[e] = fmaf(pv[s], vf[e], o8[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      o8[e] += __shfl_xor_sync(0xffffffffu, o8[e], 8);
+      o8[e] += __shfl_xor_sync(0xffffffffu, o8[e], 16);
+    }
+    if (g == 0 && dok) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o8[e] += sO[r * OP + l8 * 8 + e];
+      T* orow = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh;
+      *reinterpret_cast<uint4*>(orow + dc) = pack<T>(o8);
     }
   }
 }
@@ -122,7 +182,7 @@ Status SpmmCoarse::can_implement(const Arguments& a) {
   if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
   if (!a.p && a.meta.nblocks > 0) return Status::failure("p coarse is null");
   if (!aligned16(a.p)) return Status::failure("p coarse is not 16-byte aligned");
-  if (a.fine_row_index && !a.partial) return Status::failure("rows with both parts but no partial buffer");
+  if (a.fine.nnz > 0 && (!a.p_fine || !a.fine.row_offsets || !a.fine.cols)) return Status::failure("p fine is null");
   if (!a.row_order || !a.meta.row_offsets) return Status::failure("null metadata pointer");
   return Status::success();
 }

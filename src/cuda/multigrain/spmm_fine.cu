@@ -1,5 +1,5 @@
-// Fine SpMM: O = P V on CSR entries, CUDA cores, one warp per row; and the merge of the rows that have both
-// a coarse and a fine part.
+// Fine SpMM: O = P V on CSR entries, CUDA cores, one warp per row (a plan with no coarse part whose fine
+// part is too sparse for the tensor-core tiles of spmm_fine_tc.cu; f32).
 //
 // The warp splits into 4 groups of 8 lanes; a group takes one entry (k, p) at a time and each lane one or
 // more 16-byte chunks of V[k] (up to 4: Dv <= 256 halves / 128 floats), accumulating p * V[k] in fp32.
@@ -88,38 +88,10 @@ __global__ void __launch_bounds__(256) spmm_fine_kernel(const SpmmFine::Argument
 }
 
 template <class T>
-__global__ void merge_kernel(const MergeRows::Arguments a) {
-  // One thread per 4 values of one (row, b, h).
-  const int64_t per_row = a.shape.Dv / 4;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t bh = blockIdx.y;
-  if (i >= a.nrows * per_row) return;
-  const int64_t ri = i / per_row, c = (i % per_row) * 4;
-  const int64_t q = a.rows[ri];
-  const int64_t b = bh / a.shape.Hq, h = bh % a.shape.Hq;
-  const int64_t off = (bh * a.nrows + ri) * a.shape.Dv + c;
-  const float4 x = *reinterpret_cast<const float4*>(a.a + off);
-  const float4 y = *reinterpret_cast<const float4*>(a.b + off);
-  T* o = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh + c;
-  o[0] = Num<T>::from(x.x + y.x);
-  o[1] = Num<T>::from(x.y + y.y);
-  o[2] = Num<T>::from(x.z + y.z);
-  o[3] = Num<T>::from(x.w + y.w);
-}
-
-template <class T>
 void launch(const SpmmFine::Arguments& a, cudaStream_t stream) {
   dim3 grid(grid_dim((a.nrows + 7) / 8, "spmm fine rows"), unsigned(a.shape.bh()));
   spmm_fine_kernel<T><<<grid, 256, 0, stream>>>(a);
   SPATTN_LAUNCH_CHECK("spmm_fine_kernel");
-}
-
-template <class T>
-void launch_merge(const MergeRows::Arguments& a, cudaStream_t stream) {
-  const int64_t n = a.nrows * (a.shape.Dv / 4);
-  dim3 grid(grid_dim((n + 255) / 256, "merge rows"), unsigned(a.shape.bh()));
-  merge_kernel<T><<<grid, 256, 0, stream>>>(a);
-  SPATTN_LAUNCH_CHECK("merge_kernel");
 }
 
 }  // namespace
@@ -147,23 +119,6 @@ void SpmmFine::run(const Arguments& a, Stream stream) {
     case DType::bf16: launch<__nv_bfloat16>(a, stream); break;
     case DType::f16: launch<__half>(a, stream); break;
     default: launch<float>(a, stream); break;
-  }
-}
-
-Status MergeRows::can_implement(const Arguments& a) {
-  if (Status s = check_shape(a.shape); !s) return s;
-  if (a.shape.Dv % 4 != 0) return Status::failure("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 4");
-  if (a.nrows > 0 && (!a.rows || !a.a || !a.b || !a.o.data)) return Status::failure("null pointer");
-  return Status::success();
-}
-
-void MergeRows::run(const Arguments& a, Stream stream) {
-  require(can_implement(a), "MergeRows");
-  if (a.nrows == 0) return;
-  switch (a.shape.dtype) {
-    case DType::bf16: launch_merge<__nv_bfloat16>(a, stream); break;
-    case DType::f16: launch_merge<__half>(a, stream); break;
-    default: launch_merge<float>(a, stream); break;
   }
 }
 
