@@ -320,6 +320,32 @@ Result run_and_check(const Config& c) {
         res.lse_err = std::max(res.lse_err, std::abs(got - rl[i]) / std::max(1.0, std::abs(rl[i])));
       }
     }
+    // Again without P (on a fine-only tensor-core plan the softmax then writes only the LSE and the SpMM
+    // exponentiates S itself): O and LSE vs the same reference.
+    Dev ws2(size_t(plan.attention_workspace_size(false)));
+    ws2.poison();
+    o.poison();
+    lse.poison();
+    plan.attention(Q, K, V, O, static_cast<float*>(lse.p), {}, ws2.p, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto ho2 = o.host(), hl2 = lse.host();
+    num = den = 0;
+    for (size_t i = 0; i < ro.size(); ++i) {
+      const double got = elem(ho2, c.dtype, int64_t(i));
+      if (std::isnan(got)) ++res.unwritten;
+      num += (got - ro[i]) * (got - ro[i]);
+      den += ro[i] * ro[i];
+    }
+    res.o_err = std::max(res.o_err, std::sqrt(num / std::max(den, 1e-300)));
+    for (size_t i = 0; i < rl.size(); ++i) {
+      const double got = elem(hl2, DType::f32, int64_t(i));
+      if (std::isnan(got)) ++res.unwritten;
+      if (std::isinf(rl[i])) {
+        if (!(std::isinf(got) && got < 0)) ++res.masked_bad;
+      } else {
+        res.lse_err = std::max(res.lse_err, std::abs(got - rl[i]) / std::max(1.0, std::abs(rl[i])));
+      }
+    }
   }
   return res;
 }
@@ -340,7 +366,8 @@ void expect_ok(const Config& c) {
   EXPECT_LE(r.lse_err, c.dtype == DType::f32 ? 1e-5 : 1e-2) << "attention LSE (S rounded to the input dtype)";
 }
 
-// Small enough for compute-sanitizer (memcheck, racecheck): both parts and the merge, block 32 tiles
+// Small enough for compute-sanitizer (memcheck, racecheck): both parts (fine entries in the coarse SpMM's
+// epilogue), a fine-only tensor-core plan (random), block 32 tiles
 // with masks, and the fp32 fine path. Guards: out-of-bounds accesses at the edges, shared-memory races in the
 // cp.async double buffers.
 TEST(MultigrainGpu, SmallCaseForSanitizers) {
@@ -348,6 +375,7 @@ TEST(MultigrainGpu, SmallCaseForSanitizers) {
   expect_ok({"mixed", "sparse_fixed(32) | random(5, seed=1)", 150, 1, 2, 1, 64, DType::bf16, 64, mg::Options::Split::automatic});
   expect_ok({"masked32", "dilated(20, 3) | global(0:2)", 150, 1, 2, 2, 64, DType::f16, 32, mg::Options::Split::all_coarse});
   expect_ok({"fine32", "local(9) | global_cols(3)", 150, 1, 2, 2, 32, DType::f32, 64, mg::Options::Split::automatic});
+  expect_ok({"finetc", "random(12, seed=2) | local(3)", 150, 1, 2, 1, 64, DType::f16, 64, mg::Options::Split::all_fine});
 }
 
 // Guards: wrong tiles, masks, edges (799, 1023 are no multiple of 32/64), the split's two streams, the merge.
@@ -374,6 +402,8 @@ TEST(MultigrainGpu, BlockDtypeHeadDimVariants) {
   expect_ok({"dilated", "dilated(64, 3) | global(0:5)", 799, 2, 2, 1, 128, DType::f16, 64, mg::Options::Split::automatic});
   expect_ok({"bigbird", "bigbird(32, 1, 1, 2, seed=3)", 799, 1, 2, 2, 32, DType::f16, 32, mg::Options::Split::all_coarse});
   expect_ok({"random", "random(40, seed=5) | local(10)", 799, 1, 4, 1, 64, DType::f32, 64, mg::Options::Split::automatic});
+  expect_ok({"finetc128", "random(40, seed=6)", 799, 2, 2, 2, 128, DType::bf16, 32, mg::Options::Split::all_fine});
+  expect_ok({"finetc32", "random(30, seed=7) | local(5)", 333, 1, 3, 1, 32, DType::bf16, 64, mg::Options::Split::automatic});
 }
 
 // Guards: a strided view (packed QKV) read with the wrong strides.

@@ -130,6 +130,9 @@ struct SpmmFineTc {
     Dense o;
     FineTiles tiles;
     int64_t nnz = 0;
+    // Optional: p holds S, and P = exp2(S * sl2 - lse2[bh][row]) is formed as it is gathered.
+    const float* lse2 = nullptr;
+    float sl2 = 0;
   };
   static Status can_implement(const Arguments& a);
   static void run(const Arguments& a, Stream stream);
@@ -147,6 +150,9 @@ struct CompoundSoftmax {
     void* p_coarse = nullptr;
     void* p_fine = nullptr;
     float* lse = nullptr;  // [B, Hq, Lq] or null
+    // Optional: the row LSE in the log2 domain of scale * log2(e) * S, +inf for an empty row ([B*Hq][Lq]).
+    // With it, P may be null (both parts): then only the LSE is computed (SpMM forms P itself).
+    float* lse2 = nullptr;
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }

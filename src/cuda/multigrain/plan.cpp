@@ -55,6 +55,9 @@ struct Plan::Impl {
   bool has_coarse() const { return coarse.nblocks > 0; }
   bool has_fine() const { return fine.nnz > 0; }
   bool mixed() const { return has_coarse() && has_fine(); }
+  // attention() without P on a tensor-core fine-only plan: the softmax writes only the row LSE and the
+  // SpMM exponentiates S as it gathers it (no P written nor read back).
+  bool exp_in_spmm() const { return fine_tc && !has_coarse(); }
 
   ~Impl() {
     // Destructors must not throw: errors here are ignored (the context may already be gone at exit).
@@ -288,7 +291,10 @@ int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
   int64_t n = align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
-  if (!p_given) n += align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
+  if (!p_given && P.exp_in_spmm())
+    n += align256(bh * P.shape.Lq * 4);  // log2-domain row LSE for the SpMM
+  else if (!p_given)
+    n += align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   return n + spmm_workspace_size();
 }
 
@@ -409,6 +415,28 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
     return r;
   };
   SparseValues s{take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
+  if (!p_given && P.exp_in_spmm()) {
+    float* lse2 = static_cast<float*>(take(bh * P.shape.Lq * 4));
+    sddmm(q, k, s, stream);
+    CompoundSoftmax::Arguments a;
+    a.shape = P.shape;
+    a.scale = P.scale;
+    a.coarse = P.coarse;
+    a.fine = P.fine;
+    a.s_fine = s.fine;
+    a.lse = lse;
+    a.lse2 = lse2;  // P stays null: LSE only
+    CompoundSoftmax::run(a, stream);
+    Problem::check_view(v, "v", {P.shape.B, P.shape.Lk, P.shape.Hkv, P.shape.Dv});
+    Problem::check_view(o, "o", {P.shape.B, P.shape.Lq, P.shape.Hq, P.shape.Dv});
+    check_dtype(v, P.shape.dtype, "v");
+    check_dtype(o, P.shape.dtype, "o");
+    SpmmFineTc::Arguments ta{P.shape, s.fine, dense_of(v, "v"), dense_of(o, "o"), P.tiles, P.fine.nnz};
+    ta.lse2 = lse2;
+    ta.sl2 = P.scale * 1.4426950408889634f;
+    SpmmFineTc::run(ta, stream);
+    return;
+  }
   if (!p_given) p = {take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
   void* spmm_ws = spmm_workspace_size() > 0 ? w : nullptr;
   sddmm(q, k, s, stream);

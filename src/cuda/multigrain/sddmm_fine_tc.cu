@@ -9,7 +9,11 @@
 //   SDDMM: items {tile, first pair, last pair} (a tile's pairs sliced, 16 at most, for load balance).
 //   SpMM:  one CTA per (tile, b*h, 64 value columns) over all of the tile's pairs; each warp scatters its
 //          kept P into a zeroed 16 x 64 tile in shared memory, multiplies it by the V chunk (ldmatrix.trans),
-//          and writes its 16 rows of O (zeros for rows with no entries).
+//          and writes its 16 rows of O (zeros for rows with no entries). In attention() without P it
+//          reads S and forms P = exp2(S * scale * log2 e - lse2) itself (the softmax then writes only the
+//          LSE: P is neither written nor read back).
+#include <math_constants.h>
+
 #include "common.cuh"
 
 namespace spattn::multigrain::detail {
@@ -37,8 +41,8 @@ __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::A
     const bool ok = q < a.shape.Lq;
     cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok);
   }
-  auto load_k = [&](int p, int buf) {
-    const int64_t k0 = int64_t(a.tiles.pair_chunk[p]) * kFineChunkKeys;
+  auto load_k = [&](int chunk, int buf) {
+    const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
     T* dst = sK + buf * kFineChunkKeys * pitch;
     for (int i = threadIdx.x; i < kFineChunkKeys * chunks; i += 128) {
       const int r = i / chunks, c = i % chunks;
@@ -46,27 +50,52 @@ __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::A
       cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok);
     }
   };
-  load_k(p0, 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Metadata runs ahead of the data (every load here is a dependent L2 round trip, so none may sit on the
+  // critical path of a chunk): chunk and group bounds two pairs ahead, the first two entries per lane one
+  // pair ahead.
+  const int32_t* G = a.tiles.groups;
+  int gA0 = G[p0 * 4 + warp], gA1 = G[p0 * 4 + warp + 1];
+  int gB0 = 0, gB1 = 0, chunkB = 0;
+  if (p0 + 1 < p1) {
+    gB0 = G[(p0 + 1) * 4 + warp];
+    gB1 = G[(p0 + 1) * 4 + warp + 1];
+    chunkB = a.tiles.pair_chunk[p0 + 1];
+  }
+  int32_t posA0 = 0, posA1 = 0;
+  uint32_t rcA0 = 0, rcA1 = 0;
+  auto fetch = [&](int g0, int g1, int32_t& pos0, uint32_t& rc0, int32_t& pos1, uint32_t& rc1) {
+    if (g0 + lane < g1) {
+      pos0 = a.tiles.pos[g0 + lane];
+      rc0 = a.tiles.rc[g0 + lane];
+    }
+    if (g0 + 32 + lane < g1) {
+      pos1 = a.tiles.pos[g0 + 32 + lane];
+      rc1 = a.tiles.rc[g0 + 32 + lane];
+    }
+  };
+  fetch(gA0, gA1, posA0, rcA0, posA1, rcA1);
+  load_k(a.tiles.pair_chunk[p0], 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   T* ws = sS + warp * 16 * kSP;
   T* out = static_cast<T*>(a.s) + bh * a.nnz;
   for (int p = p0; p < p1; ++p) {
     const int buf = (p - p0) & 1;
-    if (p + 1 < p1) load_k(p + 1, buf ^ 1);
+    if (p + 1 < p1) load_k(chunkB, buf ^ 1);
     cp_async_commit();
-    const int g0 = a.tiles.groups[p * 4 + warp], g1 = a.tiles.groups[p * 4 + warp + 1];
-    int j = g0 + lane;
-    int32_t pos = 0;
-    uint32_t rc = 0;
-    if (j < g1) {
-      pos = a.tiles.pos[j];
-      rc = a.tiles.rc[j];
+    int gC0 = 0, gC1 = 0, chunkC = 0;
+    if (p + 2 < p1) {
+      gC0 = G[(p + 2) * 4 + warp];
+      gC1 = G[(p + 2) * 4 + warp + 1];
+      chunkC = a.tiles.pair_chunk[p + 2];
     }
+    int32_t posB0 = 0, posB1 = 0;
+    uint32_t rcB0 = 0, rcB1 = 0;
+    if (p + 1 < p1) fetch(gB0, gB1, posB0, rcB0, posB1, rcB1);
     cp_async_wait<1>();
     __syncthreads();
-    if (g0 < g1) {  // warp-uniform: a warp with no entries in this chunk skips it
+    if (gA0 < gA1) {  // warp-uniform: a warp with no entries in this chunk skips it
       float acc[8][4];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -92,18 +121,19 @@ __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::A
         *reinterpret_cast<uint32_t*>(ws + (r0 + 8) * kSP + c) = *reinterpret_cast<uint32_t*>(v1);
       }
       __syncwarp();
-      for (; j < g1; j += 32) {  // one entry ahead
-        const int32_t cur_pos = pos;
-        const uint32_t cur_rc = rc;
-        if (j + 32 < g1) {
-          pos = a.tiles.pos[j + 32];
-          rc = a.tiles.rc[j + 32];
-        }
-        out[cur_pos] = ws[((cur_rc >> 6) & 15) * kSP + (cur_rc & 63)];
+      if (gA0 + lane < gA1) out[posA0] = ws[((rcA0 >> 6) & 15) * kSP + (rcA0 & 63)];
+      if (gA0 + 32 + lane < gA1) out[posA1] = ws[((rcA1 >> 6) & 15) * kSP + (rcA1 & 63)];
+      for (int j = gA0 + 64 + lane; j < gA1; j += 32) {  // a crowded chunk: the rest straight from L2
+        const uint32_t rc = a.tiles.rc[j];
+        out[a.tiles.pos[j]] = ws[((rc >> 6) & 15) * kSP + (rc & 63)];
       }
       __syncwarp();
     }
     __syncthreads();  // the K buffer just read is the next prefetch's target
+    gA0 = gB0; gA1 = gB1;
+    gB0 = gC0; gB1 = gC1;
+    chunkB = chunkC;
+    posA0 = posB0; posA1 = posB1; rcA0 = rcB0; rcA1 = rcB1;
   }
 }
 
@@ -124,9 +154,23 @@ __global__ void __launch_bounds__(128) spmm_fine_tc_kernel(const SpmmFineTc::Arg
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   T* wp = sP[warp];
   for (int i = lane; i < 16 * kSP / 8; i += 32) reinterpret_cast<uint4*>(wp)[i] = make_uint4(0, 0, 0, 0);
-
-  auto load_v = [&](int p, int buf) {
-    const int64_t k0 = int64_t(a.tiles.pair_chunk[p]) * kFineChunkKeys;
+  // With lse2, Pg holds S: P = exp2(S * sl2 - lse2[row]) as it is gathered (rows of the tile staged here).
+  __shared__ float sL[kFineTileRows];
+  if (a.lse2) {
+    if (threadIdx.x < kFineTileRows) {
+      const int64_t q = int64_t(tile) * kFineTileRows + threadIdx.x;
+      sL[threadIdx.x] = q < a.shape.Lq ? a.lse2[bh * a.shape.Lq + q] : CUDART_INF_F;
+    }
+    __syncthreads();
+  }
+  const float sl2 = a.sl2;
+  auto pval = [&](int32_t pos, uint32_t rc) -> T {
+    if (!a.lse2) return Pg[pos];
+    return Num<T>::from(exp2f(Num<T>::to(Pg[pos]) * sl2 - sL[rc >> 6]));
+  };
+  __syncwarp();
+  auto load_v = [&](int chunk, int buf) {
+    const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
     for (int i = threadIdx.x; i < kFineChunkKeys * 8; i += 128) {
       const int r = i / 8, c = i % 8;
       const bool ok = k0 + r < a.shape.Lk && dv0 + c * 8 < Dv;
@@ -137,23 +181,58 @@ __global__ void __launch_bounds__(128) spmm_fine_tc_kernel(const SpmmFineTc::Arg
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-  if (p0 < p1) load_v(p0, 0);
+  // Metadata and P run ahead of the V chunks as in the SDDMM: bounds two pairs ahead, the first two
+  // entries per lane (place and P value) one pair ahead.
+  const int32_t* G = a.tiles.groups;
+  int gA0 = 0, gA1 = 0, gB0 = 0, gB1 = 0, chunkB = 0;
+  uint32_t rcA0 = 0, rcA1 = 0;
+  T pA0 = Num<T>::from(0.f), pA1 = Num<T>::from(0.f);
+  auto fetch = [&](int g0, int g1, uint32_t& rc0, T& v0, uint32_t& rc1, T& v1) {
+    if (g0 + lane < g1) {
+      rc0 = a.tiles.rc[g0 + lane];
+      v0 = pval(a.tiles.pos[g0 + lane], rc0);
+    }
+    if (g0 + 32 + lane < g1) {
+      rc1 = a.tiles.rc[g0 + 32 + lane];
+      v1 = pval(a.tiles.pos[g0 + 32 + lane], rc1);
+    }
+  };
+  if (p0 < p1) {
+    gA0 = G[p0 * 4 + warp];
+    gA1 = G[p0 * 4 + warp + 1];
+    if (p0 + 1 < p1) {
+      gB0 = G[(p0 + 1) * 4 + warp];
+      gB1 = G[(p0 + 1) * 4 + warp + 1];
+      chunkB = a.tiles.pair_chunk[p0 + 1];
+    }
+    fetch(gA0, gA1, rcA0, pA0, rcA1, pA1);
+    load_v(a.tiles.pair_chunk[p0], 0);
+  }
   cp_async_commit();
   for (int p = p0; p < p1; ++p) {
     const int buf = (p - p0) & 1;
-    if (p + 1 < p1) load_v(p + 1, buf ^ 1);
+    if (p + 1 < p1) load_v(chunkB, buf ^ 1);
     cp_async_commit();
-    const int g0 = a.tiles.groups[p * 4 + warp], g1 = a.tiles.groups[p * 4 + warp + 1];
-    if (g0 < g1) {
-      // Scatter the kept P (their loads overlap the wait for V).
-      for (int j = g0 + lane; j < g1; j += 32) {
+    if (gA0 < gA1) {  // scatter this pair's kept P into the warp's zeroed tile
+      if (gA0 + lane < gA1) wp[((rcA0 >> 6) & 15) * kSP + (rcA0 & 63)] = pA0;
+      if (gA0 + 32 + lane < gA1) wp[((rcA1 >> 6) & 15) * kSP + (rcA1 & 63)] = pA1;
+      for (int j = gA0 + 64 + lane; j < gA1; j += 32) {
         const uint32_t rc = a.tiles.rc[j];
-        wp[((rc >> 6) & 15) * kSP + (rc & 63)] = Pg[a.tiles.pos[j]];
+        wp[((rc >> 6) & 15) * kSP + (rc & 63)] = pval(a.tiles.pos[j], rc);
       }
     }
+    int gC0 = 0, gC1 = 0, chunkC = 0;
+    if (p + 2 < p1) {
+      gC0 = G[(p + 2) * 4 + warp];
+      gC1 = G[(p + 2) * 4 + warp + 1];
+      chunkC = a.tiles.pair_chunk[p + 2];
+    }
+    uint32_t rcB0 = 0, rcB1 = 0;
+    T pB0 = Num<T>::from(0.f), pB1 = Num<T>::from(0.f);
+    if (p + 1 < p1) fetch(gB0, gB1, rcB0, pB0, rcB1, pB1);
     cp_async_wait<1>();
     __syncthreads();
-    if (g0 < g1) {
+    if (gA0 < gA1) {
       __syncwarp();
 #pragma unroll
       for (int k0 = 0; k0 < kFineChunkKeys; k0 += 16) {
@@ -168,13 +247,20 @@ __global__ void __launch_bounds__(128) spmm_fine_tc_kernel(const SpmmFineTc::Arg
         }
       }
       __syncwarp();
-      for (int j = g0 + lane; j < g1; j += 32) {  // back to zeros for the next chunk
+      const T zero = Num<T>::from(0.f);  // back to zeros for the next chunk
+      if (gA0 + lane < gA1) wp[((rcA0 >> 6) & 15) * kSP + (rcA0 & 63)] = zero;
+      if (gA0 + 32 + lane < gA1) wp[((rcA1 >> 6) & 15) * kSP + (rcA1 & 63)] = zero;
+      for (int j = gA0 + 64 + lane; j < gA1; j += 32) {
         const uint32_t rc = a.tiles.rc[j];
-        wp[((rc >> 6) & 15) * kSP + (rc & 63)] = Num<T>::from(0.f);
+        wp[((rc >> 6) & 15) * kSP + (rc & 63)] = zero;
       }
       __syncwarp();
     }
     __syncthreads();
+    gA0 = gB0; gA1 = gB1;
+    gB0 = gC0; gB1 = gC1;
+    chunkB = chunkC;
+    rcA0 = rcB0; rcA1 = rcB1; pA0 = pB0; pA1 = pB1;
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -121,6 +121,9 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
   const float lse2 = L > 0.f ? M + log2f(L) : -CUDART_INF_F;  // log2 of the row's sum of 2^(x * scale * log2 e)
 
+  if (valid && lane == 0 && a.lse2) a.lse2[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? CUDART_INF_F : lse2;
+  if (valid && lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
+  if (!a.p_coarse && !a.p_fine) return;  // LSE only
   T* Pc = static_cast<T*>(a.p_coarse) + bh * a.coarse.nblocks * bb + r * BS + c0;
   for (int64_t blk0 = cfirst; blk0 < clast; blk0 += CH) {
     float v[CH][EPL];
@@ -146,7 +149,6 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   }
   T* Pf = static_cast<T*>(a.p_fine) + bh * a.fine.nnz;
   for (int64_t i = ffirst + lane; i < flast; i += 32) Pf[i] = Num<T>::from(exp2f(Num<T>::to(Sf[i]) * sl2 - lse2));
-  if (valid && lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
 }
 
 template <class T>
@@ -167,9 +169,10 @@ Status CompoundSoftmax::can_implement(const Arguments& a) {
   if (a.shape.dtype == DType::f64) return Status::failure("dtype f64 is not supported on the GPU");
   if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::failure("scale " + std::to_string(a.scale) + " is not a positive finite number");
-  if (a.coarse.nblocks > 0 && (!a.s_coarse || !a.p_coarse))
+  const bool lse_only = a.lse2 && !a.p_coarse && !a.p_fine;
+  if (a.coarse.nblocks > 0 && (!a.s_coarse || (!a.p_coarse && !lse_only)))
     return Status::failure("the plan has a coarse part but S or P coarse is null");
-  if (a.fine.nnz > 0 && (!a.s_fine || !a.p_fine))
+  if (a.fine.nnz > 0 && (!a.s_fine || (!a.p_fine && !lse_only)))
     return Status::failure("the plan has a fine part but S or P fine is null");
   if (a.coarse.nblocks > 0 && a.coarse.block != 32 && a.coarse.block != 64)
     return Status::failure("block " + std::to_string(a.coarse.block) + " is not 32 or 64");
