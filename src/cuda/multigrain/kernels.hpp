@@ -153,6 +153,9 @@ struct CompoundSoftmax {
     // Optional: the row LSE in the log2 domain of scale * log2(e) * S, +inf for an empty row ([B*Hq][Lq]).
     // With it, P may be null (both parts): then only the LSE is computed (SpMM forms P itself).
     float* lse2 = nullptr;
+    // Coarse blocks of a typical block row (the plan gives the 90th percentile of the nonempty ones): how
+    // many the block-row kernel holds in registers (block 32: 16 or 24).
+    int row_blocks_hint = 0;
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }

@@ -46,6 +46,7 @@ struct Plan::Impl {
   const int32_t* tc_items = nullptr;   // SDDMM fine tc: {tile, first pair, last pair}
   int64_t n_tc_items = 0;
   double tile_fill = 0;                // fine nnz / (occupied pairs * 64 * 64)
+  int row_blocks_p90 = 0;              // coarse blocks of a block row, 90th percentile of the nonempty ones
   void* device_block = nullptr;
   int64_t device_bytes = 0;
   cudaStream_t side = nullptr;
@@ -127,6 +128,16 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
       const int64_t pieces = (n + kCoarseSlice - 1) / kCoarseSlice;
       for (int64_t p = 0; p < pieces; ++p)
         items.insert(items.end(), {int32_t(br), int32_t(a + n * p / pieces), int32_t(a + n * (p + 1) / pieces)});
+    }
+    std::vector<int64_t> lens;
+    for (int64_t br = 0; br < C.block_rows; ++br) {
+      const int64_t n = C.row_offsets[size_t(br) + 1] - C.row_offsets[size_t(br)];
+      if (n > 0) lens.push_back(n);
+    }
+    if (!lens.empty()) {
+      const size_t k = lens.size() * 9 / 10;
+      std::nth_element(lens.begin(), lens.begin() + k, lens.end());
+      P.row_blocks_p90 = int(std::min<int64_t>(lens[k], 1 << 20));
     }
     order.resize(size_t(C.block_rows));
     std::iota(order.begin(), order.end(), 0);
@@ -373,6 +384,7 @@ void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) co
   a.p_coarse = p.coarse;
   a.p_fine = p.fine;
   a.lse = lse;
+  a.row_blocks_hint = P.row_blocks_p90;
   CompoundSoftmax::run(a, stream);
 }
 
