@@ -284,6 +284,30 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
   return plan;
 }
 
+int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
+  if (plan.block_n != 128) return 1;
+  const TileEntry& e = plan.entries[size_t(i)];
+  if (e.mask == kFull) return 3;
+  int bits = 0;
+  if (e.mask == kBand) {
+    const Space sp(plan.q_len, plan.k_len, plan.block_m, plan.block_n, plan.perm_d);
+    const int64_t q0 = qt * plan.block_m, k0 = int64_t(e.kt) * plan.block_n;
+    // kept keys: lo <= k0 + c - (q0 + r) <= hi for some row r, and c < kvalid
+    const int64_t c_lo = std::max<int64_t>(0, int64_t(e.lo) + q0 - k0);
+    const int64_t c_hi = std::min<int64_t>(sp.k_valid(e.kt) - 1, int64_t(e.hi) + q0 + plan.block_m - 1 - k0);
+    if (c_lo <= c_hi) {
+      if (c_lo < 64) bits |= 1;
+      if (c_hi >= 64) bits |= 2;
+    }
+  } else {
+    const int64_t words = plan.words_per_mask();
+    const uint64_t* m = &plan.masks[size_t(int64_t(e.mask) * words)];
+    for (int64_t w = 0; w < words; ++w)
+      if (m[w]) bits |= 1 << (w & 1);  // row-major, two words a row
+  }
+  return bits ? bits : 3;
+}
+
 int choose_permutation(const BoundPattern& pat) {
   const int64_t lq = pat.q_len();
   int64_t g = 0;

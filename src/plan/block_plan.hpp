@@ -62,6 +62,11 @@ struct BlockPlan {
   std::string describe() const;
 };
 
+// Which 64-key halves of entry `i` (of query tile `qt`) can hold kept keys: bit 0 keys 0-63, bit 1 keys
+// 64-127 (block_n == 128); 1 for block_n == 64. Full tiles: 3. Partial tiles whose kept keys all lie in one
+// half let the 64x128 kernel load and multiply that half only (bench: local/dilated band edges).
+int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i);
+
 // Builds the plan for given tile sizes (each 64 or 128) and permutation (1: none).
 // The kernel has 128x128, 64x128 (head dim 64) and 64x64 tiles (src/cuda/fused/launch.cuh).
 BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1);

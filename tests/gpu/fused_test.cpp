@@ -183,6 +183,12 @@ const Case kCases[] = {
     {"sm80 d128 causal", "causal", 1, 2, 2, 799, 799, 128, bf, 128, true},
     {"sm80 d128 64x64 longformer", "longformer(100, 16)", 1, 2, 1, 799, 799, 128, fp, 64, true},
     {"sm80 dilated", "dilated(256, 2)", 1, 2, 2, 1023, 1023, 64, bf, 0, true},
+    // half-width entries (one 64-key half of a 64x128 tile): bitmask tiles of 64-blocks, band edges of
+    // cross attention, both halves
+    {"forced 64x128 bigbird: half-width bitmask tiles", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, bf, 64,
+     false, -1, 128},
+    {"forced 64x128 cross attention: half-width bands", "local(left=300, right=40)", 1, 2, 2, 300, 1000, 64, fp, 64,
+     false, -1, 128},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
@@ -202,6 +208,33 @@ TEST(FusedPlan, BandAndPermutation) {
   const auto pb = spattn::plan::choose_block_plan(bb, 64);
   EXPECT_EQ(pb.block_m, 64);
   EXPECT_NEAR(pb.waste(), 1.0, 1e-9);
+}
+
+TEST(FusedPlan, HalfWidthEntries) {
+  // Host-only: with 64x128 tiles every interior query tile of local(256) has one edge tile whose kept keys
+  // lie in one 64-key half (the kernel then loads and multiplies that half only); full tiles use both.
+  const auto loc = spattn::parse("local(256)").bind(4096);
+  const auto p = spattn::plan::build_block_plan(loc, 64, 128, 1);
+  for (int64_t qt = 8; qt < p.q_tiles - 8; ++qt) {
+    int narrow = 0;
+    for (int64_t i = p.row_offsets[size_t(qt)]; i < p.row_offsets[size_t(qt) + 1]; ++i) {
+      const int bits = spattn::plan::entry_halves(p, qt, i);
+      EXPECT_TRUE(bits >= 1 && bits <= 3);
+      if (p.entries[size_t(i)].mask == spattn::plan::kFull) EXPECT_EQ(bits, 3);
+      narrow += bits != 3;
+    }
+    EXPECT_EQ(narrow, 1) << "query tile " << qt;
+  }
+  // A bitmask tile of one 64-block (bigbird's random blocks) is half-width on the side of that block.
+  const auto bb = spattn::parse("bigbird(64, 1, 2, 3, seed=0)").bind(4096);
+  const auto pb = spattn::plan::build_block_plan(bb, 64, 128, 1);
+  int64_t halves[4] = {};
+  for (int64_t qt = 0; qt < pb.q_tiles; ++qt)
+    for (int64_t i = pb.row_offsets[size_t(qt)]; i < pb.row_offsets[size_t(qt) + 1]; ++i)
+      ++halves[spattn::plan::entry_halves(pb, qt, i)];
+  EXPECT_EQ(halves[0], 0);
+  EXPECT_GT(halves[1], 0);
+  EXPECT_GT(halves[2], 0);
 }
 
 TEST(FusedApi, CanImplementSaysWhy) {

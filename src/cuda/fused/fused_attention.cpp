@@ -45,7 +45,9 @@ void FusedAttention::run(const Problem& problem, const TensorView& q, const Tens
 
 std::string FusedAttention::explain() const {
   std::ostringstream s;
-  s << "fused block-sparse attention: " << impl_->plan->host().describe() << "; plan " << impl_->plan_ms << " ms";
+  s << "fused block-sparse attention: " << impl_->plan->host().describe();
+  if (impl_->plan->narrow_entries() > 0) s << ", " << impl_->plan->narrow_entries() << " half-width";
+  s << "; plan " << impl_->plan_ms << " ms";
   return s.str();
 }
 std::string FusedAttention::kernel_name(const Problem& problem) const {

@@ -45,8 +45,20 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
   try {
     row_offsets_ = upload(host_.row_offsets, "upload plan row offsets");
     if (!host_.entries.empty()) {
-      check_cuda(cudaMalloc(&entries_, host_.entries.size() * sizeof(int4)), "upload plan entries");
-      check_cuda(cudaMemcpy(entries_, host_.entries.data(), host_.entries.size() * sizeof(int4), cudaMemcpyHostToDevice),
+      // 64x128 plans: mark partial tiles whose kept keys lie in one 64-key half (kHalfShift, fused_params.hpp).
+      std::vector<plan::TileEntry> up(host_.entries);
+      if (host_.block_m == 64 && host_.block_n == 128) {
+        for (int64_t qt = 0; qt < host_.q_tiles; ++qt)
+          for (int64_t i = host_.row_offsets[size_t(qt)]; i < host_.row_offsets[size_t(qt) + 1]; ++i) {
+            const int bits = plan::entry_halves(host_, qt, i);
+            if (bits == 1 || bits == 2) {
+              up[size_t(i)].kt |= int32_t(unsigned(bits) << kHalfShift);
+              ++narrow_;
+            }
+          }
+      }
+      check_cuda(cudaMalloc(&entries_, up.size() * sizeof(int4)), "upload plan entries");
+      check_cuda(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice),
                  "upload plan entries");
     }
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define SPATTN_WGMMA 1
@@ -276,8 +277,20 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
 
   auto load_kv = [&](int i, int stage) {
-    const int kt = __ldg(&p.entries[e_begin + i].x);
+    const int x = __ldg(&p.entries[e_begin + i].x);
+    const int kt = x & kKtMask;
     const uint32_t sk = s_kv0 + uint32_t(stage) * 2 * Tr::kTileBytes;
+    if constexpr (kSm90 && BM == 64 && BN == 128) {
+      const int half = int(unsigned(x) >> kHalfShift);
+      if (half) {  // narrow entry: only the 64-key half with kept keys, at the start of the stage
+        const int p0 = kt * BN + 64 * (half - 1);
+        load_tile<64, D, NT>(sk, kg, p.k_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
+        cp_async_commit();
+        load_tile<64, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
+        cp_async_commit();
+        return;
+      }
+    }
     load_tile<BN, D, NT>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
     cp_async_commit();
     load_tile<BN, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
@@ -291,7 +304,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   auto issue = [&](int j) {
     const int st = j % S;
     if (j >= S) mbar_wait(bar_empty + 8 * st, ((j / S) - 1) & 1);
-    const int kt = __ldg(&p.entries[e_begin + j].x);
+    const int kt = __ldg(&p.entries[e_begin + j].x) & kKtMask;
     const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
     load_tile<BN, D, 128>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
     load_tile<BN, D, 128>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
@@ -366,7 +379,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     };
     auto mask = [&](float (&sacc)[BN / 2], const int4& e, const unsigned long long (&mw)[2][MW]) {
       if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
-        const int k0 = e.x * BN;
+        const int k0 = (e.x & kKtMask) * BN;
         int kvalid;
         if (p.perm_d == 1) {
           kvalid = p.k_len - k0;
@@ -536,139 +549,164 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       }
     }
 
-    // ---- S = Q K^T ----
-    float s[BN / 2];
-    if constexpr (kSm90) {
-      fence_regs(s);
-      if constexpr (kDecoupled) named_sync(1 + wg, NT);  // my turn to issue
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t qa = s_q + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
-        const uint32_t ka = s_k + (kk / 4) * BN * 128 + (kk % 4) * 32;
-        wgmma::Op<BN, kBf16>::ss(s, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      if constexpr (kDecoupled) named_arrive(2 - wg, NT);  // the other warpgroup's turn
-      wgmma_wait0();
-      fence_regs(s);
-    } else {
-      if (i == 0) {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int mat = lane >> 3;
-          ldsm_x4(qf[kk], s_q + sw_off<BM>(warp * 16 + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
+    // One key tile, BNX keys wide: the whole tile (BNX == BN), or (sm_90a, 64x128 tiles) the one 64-key half
+    // that holds every kept key of a partial tile (`half` 1: keys 0-63, 2: keys 64-127; the plan marks such
+    // entries, DevicePlan); only that half was loaded (at the start of the stage) and is multiplied.
+    auto step = [&](auto bnx_c, const int half) {
+      constexpr int BNX = decltype(bnx_c)::value;
+      static_assert(BNX == BN || kSm90, "narrow tiles: wgmma path only");
+      const int col0 = half ? 64 * (half - 1) : 0;  // first key of this step within the BN-wide tile
+      auto mask_word = [&](int hh, int c) -> unsigned long long {
+        if constexpr (BNX == BN) {
+          return mw[hh][c >> 6];
+        } else {
+          return half == 2 ? mw[hh][MW - 1] : mw[hh][0];
         }
-      }
-#pragma unroll
-      for (int j = 0; j < BN / 2; ++j) s[j] = 0.f;
-#pragma unroll
-      for (int j2 = 0; j2 < BN / 16; ++j2)
-#pragma unroll
+      };
+      // ---- S = Q K^T ----
+      float s[BNX / 2];
+      if constexpr (kSm90) {
+        fence_regs(s);
+        if constexpr (kDecoupled) named_sync(1 + wg, NT);  // my turn to issue
+        wgmma_fence();
+  #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          const int mat = lane >> 3;
-          uint32_t bf[4];
-          ldsm_x4(bf, s_k + sw_off<BN>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
-          mma16816<kBf16>(&s[(2 * j2) * 4], qf[kk], bf[0], bf[1]);
-          mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf[kk], bf[2], bf[3]);
+          const uint32_t qa = s_q + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
+          const uint32_t ka = s_k + (kk / 4) * BNX * 128 + (kk % 4) * 32;
+          wgmma::Op<BNX, kBf16>::ss(s, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
         }
-    }
-
-    // ---- mask partial tiles ----
-    if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
-      const int k0 = e.x * BN;
-      int kvalid;
-      if (p.perm_d == 1) {
-        kvalid = p.k_len - k0;
+        wgmma_commit();
+        if constexpr (kDecoupled) named_arrive(2 - wg, NT);  // the other warpgroup's turn
+        wgmma_wait0();
+        fence_regs(s);
       } else {
-        const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
-        const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
-        kvalid = ng - j0;
-      }
-      const int base = k0 - q0 + cb - r0;  // kp - qp at (r0, cb)
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int ee = 0; ee < 2; ++ee) {
-            const int diff = base + 8 * j + ee - 8 * hh;
-            const int c = 8 * j + cb + ee;
-            if (diff < e.z || diff > e.w || c >= kvalid) s[4 * j + 2 * hh + ee] = -INFINITY;
+        if (i == 0) {
+  #pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const int mat = lane >> 3;
+            ldsm_x4(qf[kk], s_q + sw_off<BM>(warp * 16 + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
           }
-    } else if (e.y >= 0) {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int ee = 0; ee < 2; ++ee) {
-            const int c = 8 * j + cb + ee;
-            if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
-          }
-    }
-
-    // ---- online softmax (base 2; a row with no key yet keeps max -inf and contributes nothing) ----
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[hh], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2((row_max[hh] - m_use) * sl2);
-      row_max[hh] = m_new;
-      const float ms = m_use * sl2;
-      float rs = 0.f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int ee = 0; ee < 2; ++ee) {
-          const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
-          s[4 * j + 2 * hh + ee] = pv;
-          rs += pv;
         }
-      row_sum[hh] = row_sum[hh] * alpha + rs;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j + 2 * hh] *= alpha;
-        o[4 * j + 2 * hh + 1] *= alpha;
+  #pragma unroll
+        for (int j = 0; j < BNX / 2; ++j) s[j] = 0.f;
+  #pragma unroll
+        for (int j2 = 0; j2 < BN / 16; ++j2)
+  #pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const int mat = lane >> 3;
+            uint32_t bf[4];
+            ldsm_x4(bf, s_k + sw_off<BN>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
+            mma16816<kBf16>(&s[(2 * j2) * 4], qf[kk], bf[0], bf[1]);
+            mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf[kk], bf[2], bf[3]);
+          }
       }
-    }
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+
+      // ---- mask partial tiles ----
+      if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
+        const int k0 = (e.x & kKtMask) * BN + col0;
+        int kvalid;
+        if (p.perm_d == 1) {
+          kvalid = p.k_len - k0;
+        } else {
+          const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
+          const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+          kvalid = ng - j0;
+        }
+        const int base = k0 - q0 + cb - r0;  // kp - qp at (r0, cb)
+  #pragma unroll
+        for (int j = 0; j < BNX / 8; ++j)
+  #pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+  #pragma unroll
+            for (int ee = 0; ee < 2; ++ee) {
+              const int diff = base + 8 * j + ee - 8 * hh;
+              const int c = 8 * j + cb + ee;
+              if (diff < e.z || diff > e.w || c >= kvalid) s[4 * j + 2 * hh + ee] = -INFINITY;
+            }
+      } else if (e.y >= 0) {
+  #pragma unroll
+        for (int j = 0; j < BNX / 8; ++j)
+  #pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+  #pragma unroll
+            for (int ee = 0; ee < 2; ++ee) {
+              const int c = 8 * j + cb + ee;
+              if (!((mask_word(hh, c) >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
+            }
+      }
+
+      // ---- online softmax (base 2; a row with no key yet keeps max -inf and contributes nothing) ----
+  #pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = -INFINITY;
+  #pragma unroll
+        for (int j = 0; j < BNX / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[hh], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = fast_exp2((row_max[hh] - m_use) * sl2);
+        row_max[hh] = m_new;
+        const float ms = m_use * sl2;
+        float rs = 0.f;
+  #pragma unroll
+        for (int j = 0; j < BNX / 8; ++j)
+  #pragma unroll
+          for (int ee = 0; ee < 2; ++ee) {
+            const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
+            s[4 * j + 2 * hh + ee] = pv;
+            rs += pv;
+          }
+        row_sum[hh] = row_sum[hh] * alpha + rs;
+  #pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j + 2 * hh] *= alpha;
+          o[4 * j + 2 * hh + 1] *= alpha;
+        }
+      }
+      uint32_t pa[BNX / 16][4];
+  #pragma unroll
+      for (int kk = 0; kk < BNX / 16; ++kk) {
+        pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
 
 
-    // ---- O += P V ----
-    if constexpr (kSm90) {
-      fence_regs(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BN * 128), 1);
-      wgmma_commit();
-      wgmma_wait0();
-      fence_regs(o);
-      if constexpr (kDecoupled) mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage
+      // ---- O += P V ----
+      if constexpr (kSm90) {
+        fence_regs(o);
+        wgmma_fence();
+  #pragma unroll
+        for (int kk = 0; kk < BNX / 16; ++kk)
+          wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BNX * 128), 1);
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(o);
+        if constexpr (kDecoupled) mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage
+      } else {
+  #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+  #pragma unroll
+          for (int n2 = 0; n2 < D / 16; ++n2) {
+            const int mat = lane >> 3;
+            uint32_t bf[4];
+            ldsm_x4_t(bf, s_v + sw_off<BN>(kk * 16 + (mat & 1) * 8 + (lane & 7), 2 * n2 + (mat >> 1)));
+            mma16816<kBf16>(&o[(2 * n2) * 4], pa[kk], bf[0], bf[1]);
+            mma16816<kBf16>(&o[(2 * n2 + 1) * 4], pa[kk], bf[2], bf[3]);
+          }
+      }
+    };
+    if constexpr (kSm90 && BM == 64 && BN == 128) {
+      const int half = int(unsigned(e.x) >> kHalfShift);
+      if (half) {
+        step(std::integral_constant<int, 64>{}, half);
+      } else {
+        step(std::integral_constant<int, BN>{}, 0);
+      }
     } else {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int n2 = 0; n2 < D / 16; ++n2) {
-          const int mat = lane >> 3;
-          uint32_t bf[4];
-          ldsm_x4_t(bf, s_v + sw_off<BN>(kk * 16 + (mat & 1) * 8 + (lane & 7), 2 * n2 + (mat >> 1)));
-          mma16816<kBf16>(&o[(2 * n2) * 4], pa[kk], bf[0], bf[1]);
-          mma16816<kBf16>(&o[(2 * n2 + 1) * 4], pa[kk], bf[2], bf[3]);
-        }
+      step(std::integral_constant<int, BN>{}, 0);
     }
   }
   cp_async_wait<0>();

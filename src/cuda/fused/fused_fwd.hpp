@@ -37,6 +37,7 @@ class DevicePlan {
   const unsigned long long* masks() const { return masks_; }
   const int32_t* order() const { return order_; }
   double upload_ms() const { return upload_ms_; }
+  int64_t narrow_entries() const { return narrow_; }  // entries run as one 64-key half (64x128 plans)
 
  private:
   plan::BlockPlan host_;
@@ -46,6 +47,7 @@ class DevicePlan {
   unsigned long long* masks_ = nullptr;
   int32_t* order_ = nullptr;
   double upload_ms_ = 0;
+  int64_t narrow_ = 0;
 };
 
 class FusedFwd {

@@ -28,6 +28,12 @@ struct FusedParams {
   int q_tiles;
 };
 
+// TileEntry.kt as uploaded (DevicePlan): bits 0-27 the key tile, bits 28-29 `half` for 64x128 plans: 0 the
+// whole tile, 1 (2) every kept key of this partial tile lies in keys 0-63 (64-127), so the sm_90a kernel
+// loads and multiplies only that half. Other plans upload kt unchanged.
+inline constexpr int kKtMask = (1 << 28) - 1;
+inline constexpr int kHalfShift = 28;
+
 // One launch: the kernel parameters plus the configuration that selects the instantiation.
 struct LaunchParams {
   FusedParams kernel;
