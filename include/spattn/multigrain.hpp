@@ -10,6 +10,9 @@
 // stream the plan owns, joined back with events, so a run can be captured in a CUDA graph); SpMM adds the
 // fine entries of a block row in the coarse kernel's epilogue (no partial buffers, no merge).
 // The softmax is one kernel over both parts.
+// attention() without P on a fine-only tensor-core plan with D == Dv in {64, 128} runs one fused kernel
+// instead (flash-style over the occupied 128-row x 64-key tiles: no S or P in memory, no workspace);
+// with P requested it always runs SDDMM -> softmax -> SpMM.
 //
 // Sparse values (scores S, probabilities P) live in two arrays per (batch, query head), bh = b * Hq + h:
 //   coarse: [B * Hq][coarse_blocks][block][block] row-major inside a block, block order of coarse_bsr();

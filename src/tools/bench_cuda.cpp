@@ -399,8 +399,13 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   rows.push_back(ru);
   // The softmax alone (log only: where the rest of the unfused time goes).
   const double softmax_ms = time_ms([&] { plan.softmax(S, P, static_cast<float*>(lse.p), st); }, A.reps, st);
-  std::fprintf(stderr, "  %-10s sddmm %.3f ms (err %.2e)  softmax %.3f ms  spmm %.3f ms (err %.2e)  unfused %.3f ms (err %.2e)\n",
-               c.name.c_str(), rs.ms, rs.rel_err, softmax_ms, rm.ms, rm.rel_err, ru.ms, ru.rel_err);
+  // Attention with P requested (always SDDMM -> softmax -> SpMM; without P a fine-only tensor-core plan
+  // runs one fused kernel instead, see plan.explain()): log only.
+  DevBuf aws_p(size_t(plan.attention_workspace_size(true)));
+  const double with_p_ms =
+      time_ms([&] { plan.attention(Q, K, V, O, static_cast<float*>(lse.p), P, aws_p.p, st); }, A.reps, st);
+  std::fprintf(stderr, "  %-10s sddmm %.3f ms (err %.2e)  softmax %.3f ms  spmm %.3f ms (err %.2e)  unfused %.3f ms (err %.2e)  attention with P %.3f ms\n",
+               c.name.c_str(), rs.ms, rs.rel_err, softmax_ms, rm.ms, rm.rel_err, ru.ms, ru.rel_err, with_p_ms);
 
   // ---- cuSPARSE ----
   if (A.cusparse) {

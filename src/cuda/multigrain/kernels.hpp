@@ -138,6 +138,29 @@ struct SpmmFineTc {
   static void run(const Arguments& a, Stream stream);
 };
 
+// Attention without P on a fine-only plan, fused (flash-style over the occupied tiles): one CTA of 8 warps
+// per (128-row query tile, b*h) walks the tile's occupied 64-key chunks; per chunk S = Q K^T on tensor
+// cores, entries outside the pattern masked (a 128 x 64 bitmask per pair), online softmax in registers,
+// O += P V on tensor cores. Neither S nor P is written. D == Dv, 64 or 128, bf16/f16.
+constexpr int kAttTileRows = 128;
+struct AttTiles {
+  int64_t ntiles = 0, npairs = 0;
+  const int32_t* tile_pairs = nullptr;  // [ntiles + 1]
+  const int32_t* pair_chunk = nullptr;  // [npairs]
+  const uint64_t* masks = nullptr;      // [npairs][128]: bit c of word r: (row r of the tile, key c of the chunk)
+};
+struct AttentionFineTc {
+  struct Arguments {
+    Shape shape;
+    Dense q, k, v, o;
+    AttTiles tiles;
+    float scale = 1;
+    float* lse = nullptr;  // [B, Hq, Lq] natural log, or null
+  };
+  static Status can_implement(const Arguments& a);
+  static void run(const Arguments& a, Stream stream);
+};
+
 // P = softmax(scale * S) over a row made of coarse block rows and fine entries; LSE; masking fused.
 struct CompoundSoftmax {
   struct Arguments {

@@ -46,6 +46,8 @@ struct Plan::Impl {
   const int32_t* tc_items = nullptr;   // SDDMM fine tc: {tile, first pair, last pair}
   int64_t n_tc_items = 0;
   double tile_fill = 0;                // fine nnz / (occupied pairs * 64 * 64)
+  bool att_fused = false;              // attention without P runs AttentionFineTc over att_tiles
+  AttTiles att_tiles;
   int row_blocks_p90 = 0;              // coarse blocks of a block row, 90th percentile of the nonempty ones
   void* device_block = nullptr;
   int64_t device_bytes = 0;
@@ -59,6 +61,8 @@ struct Plan::Impl {
   // attention() without P on a tensor-core fine-only plan: the softmax writes only the row LSE and the
   // SpMM exponentiates S as it gathers it (no P written nor read back).
   bool exp_in_spmm() const { return fine_tc && !has_coarse(); }
+  // attention() without P on a fine-only tensor-core plan with D == Dv in {64, 128}: one fused kernel
+  // (AttentionFineTc) over 128-row tiles; no S, P or workspace.
 
   ~Impl() {
     // Destructors must not throw: errors here are ignored (the context may already be gone at exit).
@@ -223,6 +227,46 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
     }
   }
 
+  // Fused attention without P (fine-only tc plans, D == Dv in {64, 128}): occupied (128-row tile, 64-key
+  // chunk) pairs, each with a 128 x 64 bitmask of the kept entries.
+  std::vector<int32_t> a_pairs, a_chunk;
+  std::vector<uint64_t> a_masks;
+  if (P.fine_tc && !has_coarse && P.shape.D == P.shape.Dv && (P.shape.D == 64 || P.shape.D == 128)) {
+    const int64_t ntiles = (Lq + kAttTileRows - 1) / kAttTileRows;
+    const int64_t nchunks = (problem.kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
+    std::vector<int32_t> slot(size_t(nchunks), -1), touched;
+    a_pairs.push_back(0);
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int64_t q0 = t * kAttTileRows, q1 = std::min(Lq, q0 + kAttTileRows);
+      touched.clear();
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
+          const int64_t c = F.col_indices[size_t(i)] / kFineChunkKeys;
+          if (slot[size_t(c)] < 0) {
+            slot[size_t(c)] = 0;
+            touched.push_back(int32_t(c));
+          }
+        }
+      std::sort(touched.begin(), touched.end());
+      const size_t base = a_chunk.size();
+      for (size_t k = 0; k < touched.size(); ++k) {
+        slot[size_t(touched[k])] = int32_t(base + k);
+        a_chunk.push_back(touched[k]);
+      }
+      a_masks.resize(a_chunk.size() * kAttTileRows, 0);
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
+          const int64_t key = F.col_indices[size_t(i)], c = key / kFineChunkKeys;
+          a_masks[size_t(slot[size_t(c)]) * kAttTileRows + size_t(q - q0)] |= uint64_t(1) << (key - c * kFineChunkKeys);
+        }
+      for (int32_t c : touched) slot[size_t(c)] = -1;
+      a_pairs.push_back(int32_t(a_chunk.size()));
+    }
+    P.att_fused = true;
+    P.att_tiles.ntiles = ntiles;
+    P.att_tiles.npairs = int64_t(a_chunk.size());
+  }
+
   // ---- one device allocation for all of it --------------------------------------------------------
   struct Piece {
     const void* src;
@@ -252,6 +296,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_tpos = add(t_pos.data(), int64_t(t_pos.size() * 4));
   const size_t i_trc = add(t_rc.data(), int64_t(t_rc.size() * 2));
   const size_t i_titems = add(tc_items.data(), int64_t(tc_items.size() * 4));
+  const size_t i_apairs = add(a_pairs.data(), int64_t(a_pairs.size() * 4));
+  const size_t i_achunk = add(a_chunk.data(), int64_t(a_chunk.size() * 4));
+  const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
 
   SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
   SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
@@ -278,6 +325,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   P.tiles.rc = static_cast<uint16_t*>(at(i_trc));
   P.tc_items = static_cast<int32_t*>(at(i_titems));
   P.n_tc_items = int64_t(tc_items.size() / 3);
+  P.att_tiles.tile_pairs = static_cast<int32_t*>(at(i_apairs));
+  P.att_tiles.pair_chunk = static_cast<int32_t*>(at(i_achunk));
+  P.att_tiles.masks = static_cast<uint64_t*>(at(i_amasks));
 
   SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&P.side, cudaStreamNonBlocking));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming));
@@ -301,6 +351,7 @@ int64_t Plan::spmm_workspace_size() const { return 0; }
 int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
+  if (!p_given && P.att_fused) return 0;  // one fused kernel: nothing in memory between the steps
   int64_t n = align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   if (!p_given && P.exp_in_spmm())
     n += align256(bh * P.shape.Lq * 4);  // log2-domain row LSE for the SpMM
@@ -326,6 +377,8 @@ std::string Plan::explain() const {
     os << "sddmm_fine (" << P.n_fine_items << " row slices" << (P.tile_fill > 0 ? ", 64x64 tile fill " : "")
        << (P.tile_fill > 0 ? std::to_string(P.tile_fill) : std::string()) << ")" << (P.has_coarse() ? "; " : ", spmm_fine; ");
   if (P.mixed()) os << "spmm fine entries fused into spmm_coarse's epilogue; ";
+  if (P.att_fused)
+    os << "attention without P: attention_fine_tc (" << P.att_tiles.npairs << " 128x64 tiles, fused, no S/P); ";
   os << "softmax (compound)";
   if (P.mixed()) os << "; SDDMM coarse and fine on two streams";
   os << "\n  device metadata: " << P.device_bytes << " bytes\n";
@@ -426,6 +479,19 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
     w += align256(bytes);
     return r;
   };
+  if (!p_given && P.att_fused) {
+    const Shape& sh = P.shape;
+    Problem::check_view(q, "q", {sh.B, sh.Lq, sh.Hq, sh.D});
+    Problem::check_view(k, "k", {sh.B, sh.Lk, sh.Hkv, sh.D});
+    Problem::check_view(v, "v", {sh.B, sh.Lk, sh.Hkv, sh.Dv});
+    Problem::check_view(o, "o", {sh.B, sh.Lq, sh.Hq, sh.Dv});
+    for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&o, "o"}})
+      check_dtype(*t, sh.dtype, name);
+    AttentionFineTc::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), dense_of(v, "v"), dense_of(o, "o"),
+                                  P.att_tiles, P.scale, lse};
+    AttentionFineTc::run(fa, stream);
+    return;
+  }
   SparseValues s{take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};
   if (!p_given && P.exp_in_spmm()) {
     float* lse2 = static_cast<float*>(take(bh * P.shape.Lq * 4));

@@ -21,10 +21,12 @@ namespace {
 
 constexpr int kSP = kFineChunkKeys + 8;  // staging pitch (halves): conflict-free ldmatrix / 32-bit stores
 
-template <class T>
+// DK: the head dim at compile time (32, 64, 128: Q's fragments stay in registers for the whole item, so a
+// chunk's MMA reads only K from shared memory: 16 instead of 20 ldmatrix.x4 per warp at D = 64), or 0.
+template <class T, int DK>
 __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::Arguments a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int D = int(a.shape.D), pitch = D + 8;
+  const int D = DK > 0 ? DK : int(a.shape.D), pitch = D + 8;
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [64][pitch]
   T* sK = sQ + kFineTileRows * pitch;       // [2][64][pitch]
   T* sS = sK + 2 * kFineChunkKeys * pitch;  // [4][16][kSP]
@@ -80,6 +82,8 @@ __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::A
 
   T* ws = sS + warp * 16 * kSP;
   T* out = static_cast<T*>(a.s) + bh * a.nnz;
+  constexpr int NQ = DK > 0 ? DK / 16 : 1;
+  uint32_t qf[NQ][4];
   for (int p = p0; p < p1; ++p) {
     const int buf = (p - p0) & 1;
     if (p + 1 < p1) load_k(chunkB, buf ^ 1);
@@ -95,20 +99,35 @@ __global__ void __launch_bounds__(128) sddmm_fine_tc_kernel(const SddmmFineTc::A
     if (p + 1 < p1) fetch(gB0, gB1, posB0, rcB0, posB1, rcB1);
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (DK > 0) {  // first chunk: Q landed with it; its fragments into registers once
+      if (p == p0) {
+#pragma unroll
+        for (int kk = 0; kk < NQ; ++kk)
+          ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * pitch + kk * 16 + (lane / 16) * 8);
+      }
+    }
     if (gA0 < gA1) {  // warp-uniform: a warp with no entries in this chunk skips it
       float acc[8][4];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
       const T* kb = sK + buf * kFineChunkKeys * pitch;
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t af[4];
-        ldmatrix_x4(af, sQ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * pitch + k0 + (lane / 16) * 8);
+      auto step = [&](int k0, const uint32_t (&af)[4]) {
 #pragma unroll
         for (int nt = 0; nt < 8; nt += 2) {
           uint32_t bf[4];
           ldmatrix_x4(bf, kb + (nt * 8 + (lane % 8) + (lane / 16) * 8) * pitch + k0 + ((lane / 8) % 2) * 8);
           mma16816<T>(acc[nt], af, bf[0], bf[1]);
           mma16816<T>(acc[nt + 1], af, bf[2], bf[3]);
+        }
+      };
+      if constexpr (DK > 0) {
+#pragma unroll
+        for (int kk = 0; kk < NQ; ++kk) step(kk * 16, qf[kk]);
+      } else {
+        for (int k0 = 0; k0 < D; k0 += 16) {
+          uint32_t af[4];
+          ldmatrix_x4(af, sQ + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * pitch + k0 + (lane / 16) * 8);
+          step(k0, af);
         }
       }
       const int r0 = lane / 4;
@@ -309,8 +328,17 @@ void SddmmFineTc::run(const Arguments& a, Stream stream) {
       SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<grid, 128, smem, stream>>>(a);
   };
-  if (a.shape.dtype == DType::bf16) go(sddmm_fine_tc_kernel<__nv_bfloat16>);
-  else go(sddmm_fine_tc_kernel<__half>);
+  auto pick = [&](auto t) {
+    using T = decltype(t);
+    switch (a.shape.D) {
+      case 32: go(sddmm_fine_tc_kernel<T, 32>); break;
+      case 64: go(sddmm_fine_tc_kernel<T, 64>); break;
+      case 128: go(sddmm_fine_tc_kernel<T, 128>); break;
+      default: go(sddmm_fine_tc_kernel<T, 0>); break;
+    }
+  };
+  if (a.shape.dtype == DType::bf16) pick(__nv_bfloat16{});
+  else pick(__half{});
   SPATTN_LAUNCH_CHECK("sddmm_fine_tc_kernel");
 }
 
