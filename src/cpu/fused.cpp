@@ -391,10 +391,10 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
   plan.perm = d;
   plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
-  // Tiles per work item: residue-heavy plans group kMaxGroup for the key passes; others 4, so the kernel
+  // Tiles per work item: kMaxGroup. Residue-heavy plans need them for the key passes; for all, the kernel
   // prefetches the next tile's Q rows during this tile's blocks (Q is read once: without it, loading Q
-  // was 13% of sparse_fixed(128) at L = 4096, H = 4).
-  const int g = plan.residue_heavy && d == 1 ? kMaxGroup : 4;
+  // was 13% of sparse_fixed(128) at L = 4096, H = 4; groups of 8 against 4 fewer first tiles with a cold Q).
+  const int g = kMaxGroup;
   for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
   plan.group.push_back(int32_t(ntiles));
   if (g > 1) plan.key_pass = choose_key_pass(lk, row_floats);
@@ -693,7 +693,8 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   const int64_t sfloats = ks.scratch_floats(D, Dv);
   float* op = static_cast<float*>(o.data);
   float* lp = static_cast<float*>(lse.data);
-  fused::parallel_for(nitems, nthreads, [&](int64_t i, int t) {
+  std::atomic<int64_t> next_item{0};
+  auto run_item = [&](int64_t i, int64_t next, int t) {
     fused::AlignedFloats& scr = scratch[size_t(t)];
     if (!scr.ptr) scr.resize(sfloats);
     const Impl::Item& it = im.items[size_t(i)];
@@ -712,7 +713,25 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     a.keys = pl.keys.data(), a.masks = pl.masks.data(), a.res_keys = pl.res_keys.data();
     a.res_prefetch = pl.residue_runs * 4 > pl.residue_nnz;  // runs shorter than 4 keys on average: scattered
     a.scratch = scr.ptr;
+    a.next_tile = nullptr, a.next_q = nullptr;
+    if (next >= 0 && next < nitems) {
+      const Impl::Item& nx = im.items[size_t(next)];
+      const fused::PatternPlan& npl = im.plans[size_t(nx.plan)];
+      a.next_tile = npl.refs.data() + npl.group[size_t(nx.group)];
+      a.next_q = qp + (nx.bh / H) * q_sb + (nx.bh % H) * q_sh;
+    }
     ks.run_tile(a);
+  };
+  // Items are taken dynamically, each thread claiming its next one before running the current (so the
+  // kernel can prefetch that item's first Q rows).
+  fused::parallel_for(nthreads, nthreads, [&](int64_t, int t) {
+    static_assert(sizeof(int64_t) == 8);
+    int64_t i = next_item.fetch_add(1, std::memory_order_relaxed);
+    while (i < nitems) {
+      const int64_t j = next_item.fetch_add(1, std::memory_order_relaxed);
+      run_item(i, j, t);
+      i = j;
+    }
   });
 }
 

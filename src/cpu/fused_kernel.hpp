@@ -48,6 +48,10 @@ struct TileArgs {
   const uint32_t* masks;
   const int32_t* res_keys;
   bool res_prefetch;  // the residue keys are scattered: prefetch their K/V rows a chunk ahead
+  // The first tile of the work item the calling thread runs next (null: none) and that item's Q base (as q
+  // above): its Q rows are prefetched during this item's last tile.
+  const struct TileRef* next_tile;
+  const float* next_q;
   float* scratch;  // scratch_floats() floats, 64-byte aligned, private to the calling thread
 };
 
