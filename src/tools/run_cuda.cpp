@@ -59,8 +59,9 @@ double run_cuda(const BoundPattern& pat, const Problem& p, const TensorView& q, 
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
   const TensorView dq = upload(q, t, keep), dk = upload(k, t, keep), dv = upload(v, t, keep);
   const int64_t on = p.batch * p.q_len * p.q_heads * p.dv(), ln = p.batch * p.q_heads * p.q_len;
-  DeviceBuffer od(size_t(on) * 4), ld(size_t(ln) * 4);
-  const TensorView ov = TensorView::contiguous(od.p, DType::f32, {p.batch, p.q_len, p.q_heads, p.dv()});
+  // O comes back in the input dtype (the kernel's epilogue writes bf16/fp16); LSE in fp32.
+  DeviceBuffer od(size_t(on) * 2), ld(size_t(ln) * 4);
+  const TensorView ov = TensorView::contiguous(od.p, t, {p.batch, p.q_len, p.q_heads, p.dv()});
   const TensorView lv = TensorView::contiguous(ld.p, DType::f32, {p.batch, p.q_heads, p.q_len, 1});
   Problem dp = p;
   dp.dtype = t;
@@ -79,7 +80,9 @@ double run_cuda(const BoundPattern& pat, const Problem& p, const TensorView& q, 
   check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  check(cudaMemcpy(o, od.p, size_t(on) * 4, cudaMemcpyDeviceToHost), "download");
+  std::vector<uint16_t> o16(static_cast<size_t>(on));
+  check(cudaMemcpy(o16.data(), od.p, size_t(on) * 2, cudaMemcpyDeviceToHost), "download");
+  for (int64_t i = 0; i < on; ++i) o[i] = t == DType::f16 ? half_to_float(o16[size_t(i)]) : bf16_to_float(o16[size_t(i)]);
   check(cudaMemcpy(lse, ld.p, size_t(ln) * 4, cudaMemcpyDeviceToHost), "download");
   return ms / 1e3;
 }
