@@ -316,6 +316,42 @@ TEST(CpuFused, OneThreadAndManyAgree) {
   }
 }
 
+// 2-D neighborhoods run in 2-D query tiles (pixel boxes through the plan's row map): grids narrower than a
+// tile, image heights not a multiple of the box, windows touching every edge, causal and dilated axes.
+TEST(CpuFused, NeighborhoodTwoDimensionalTiles) {
+  struct Shape {
+    const char* spec;
+    int64_t L;
+    bool grid;  // the plan is expected to use 2-D tiles
+  };
+  for (Isa isa : isas())
+    for (const Shape& sh : {Shape{"neighborhood(dims=(7, 13), kernel=5)", 91, true},
+                            Shape{"neighborhood(dims=(13, 7), kernel=(3, 5))", 91, true},
+                            Shape{"neighborhood(dims=(7, 13), kernel=7)", 91, true},
+                            Shape{"neighborhood(dims=(33, 50), kernel=13)", 1650, true},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(1, 0))", 399, true},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(0, 1))", 399, false},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=1)", 399, false},
+                            Shape{"neighborhood(dims=(21, 19), kernel=(5, 3), dilation=(2, 1))", 399, true},
+                            Shape{"neighborhood(dims=(21, 19), kernel=3, dilation=(1, 2))", 399, false},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5) | global(0:2)", 399, false}}) {
+      Case c;
+      c.specs = {sh.spec};
+      c.Lq = c.Lk = sh.L;
+      c.H = c.HK = 2, c.D = 64, c.isa = isa;
+      expect_close(c);
+      Problem p;
+      p.q_heads = p.kv_heads = 2, p.q_len = p.kv_len = sh.L, p.head_dim = 64;
+      Options opt;
+      opt.isa = isa;
+      const spattn::cpu::FusedPlan plan({Pattern::parse(sh.spec).bind(sh.L)}, p, opt);
+      if (sh.grid) {
+        EXPECT_GT(plan.stats().grid_width, 0) << sh.spec << ": " << plan.describe();
+        EXPECT_EQ(plan.stats().tile_h * plan.stats().tile_w, plan.stats().tile_rows) << sh.spec;
+      }
+    }
+}
+
 // A plan is reusable across calls and inputs.
 TEST(CpuFused, PlanReuse) {
   std::vector<BoundPattern> pats{Pattern::parse("longformer(16, 2)").bind(100)};

@@ -39,6 +39,8 @@ struct PlanStats {
   int64_t tiles = 0;          // query tiles per head (per pattern)
   int tile_rows = 0;          // query rows per tile
   int permutation = 1;        // residue grouping d (dilated/strided patterns run in d groups), 1: none
+  int64_t grid_width = 0;     // 2-D query tiles (neighborhood): image rows of this many tokens, 0: none
+  int tile_h = 0, tile_w = 0;  // ... cut into tile_h x tile_w pixel boxes (tile_h * tile_w = tile_rows)
   int64_t nnz = 0;            // kept (q, k) per head, summed over distinct patterns
   int64_t dense_scores = 0;   // scores computed in dense key blocks (tile rows x block keys)
   int64_t masked_scores = 0;  // of which in blocks that carry a row mask

@@ -129,6 +129,8 @@ struct PatternPlan {
   std::vector<int64_t> res_pass_off;  // per tile: offset into res_pass, -1: none
   bool residue_heavy = false;
   int perm = 1;
+  int64_t grid_width = 0;
+  int tile_h = 0, tile_w = 0;
 };
 
 // Plan space: with d > 1, group g = t % d holds tokens g, g + d, ...; key plan position g * gk + t / d.
@@ -160,6 +162,42 @@ int choose_permutation(const BoundPattern& pat) {
 struct Interval {
   int64_t a, b;
 };
+
+// A 2-D neighborhood (na2d): rows whose keys are >= 3 intervals of one length kx >= 2, their starts a
+// constant P > kx apart (image rows of width P). Tiles then cover TY x TX pixel boxes instead of 1 x M runs
+// of one image row: for a 13 x 13 window and M = 32, the union of a tile's keys goes from 13 x 44 = 572 to
+// 16 x 20 = 320. width 0: not a grid.
+struct Grid {
+  int64_t width = 0, ky = 0, kx = 0;
+};
+
+Grid detect_grid(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len();
+  Grid g;
+  RowRuns runs;
+  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3}) {
+    if (q < 0 || q >= lq) return {};
+    pat.row(q, runs);
+    int64_t len = -1, prev = -1, gap = -1, n = 0;
+    for (const Run& r : runs) {
+      if (r.count > 1 && r.stride != 1) return {};
+      if (len < 0) len = r.count;
+      if (r.count != len) return {};
+      if (prev >= 0) {
+        if (gap < 0) gap = r.start - prev;
+        if (r.start - prev != gap) return {};
+      }
+      prev = r.start;
+      ++n;
+    }
+    if (n < 3 || len < 2 || gap <= len) return {};
+    if (g.width && g.width != gap) return {};
+    g.width = gap;
+    g.ky = std::max(g.ky, n);
+    g.kx = std::max(g.kx, len);
+  }
+  return g;
+}
 
 // Builds tiles [t0, t1) of the tile list `rows_of` into `out` (local offsets).
 class TileBuilder {
@@ -343,7 +381,33 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   std::vector<int32_t> qidx;
   std::vector<std::pair<int64_t, int32_t>> tile_rows;  // (q_off, rows)
   qidx.reserve(size_t(lq));
-  for (int64_t g = 0; g < d; ++g) {
+  const Grid grid = d == 1 && lq > 0 && lk > 0 ? detect_grid(pat) : Grid{};
+  int64_t grid_ty = 0;
+  if (grid.width > 0) {
+    // 2-D query tiles: TY x TX boxes (TY * TX = M) minimising the keys a box covers per query.
+    const int64_t P = grid.width, rows_img = ceil_div(lq, P);
+    int64_t ty = 1;
+    double best = 0;
+    for (int64_t y = 1; y <= M; y *= 2) {
+      const int64_t x = M / y;
+      if (x > P && y > 1) continue;
+      const double c = double(std::min(y, rows_img) + grid.ky - 1) * double(std::min(x, P) + grid.kx - 1) /
+                       double(std::min(y, rows_img) * std::min(x, P));
+      if (y == 1 || c < best) best = c, ty = y;
+    }
+    const int64_t tx = M / ty;
+    grid_ty = ty;
+    for (int64_t y0 = 0; y0 < rows_img; y0 += ty)
+      for (int64_t x0 = 0; x0 < P; x0 += tx) {
+        const int64_t start = int64_t(qidx.size());
+        for (int64_t y = y0; y < std::min(y0 + ty, rows_img); ++y)
+          for (int64_t x = x0; x < std::min(x0 + tx, P); ++x)
+            if (y * P + x < lq) qidx.push_back(int32_t(y * P + x));
+        const int64_t n = int64_t(qidx.size()) - start;
+        if (n > 0) tile_rows.push_back({start, int32_t(n)});
+      }
+  }
+  for (int64_t g = 0; g < d && grid.width == 0; ++g) {
     const int64_t start = int64_t(qidx.size());
     for (int64_t t = g; t < lq; t += d) qidx.push_back(int32_t(t));
     const int64_t n = int64_t(qidx.size()) - start;
@@ -390,6 +454,7 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   if (plan.masks.size() > size_t(std::numeric_limits<int32_t>::max()))
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
   plan.perm = d;
+  if (grid.width > 0) plan.grid_width = grid.width, plan.tile_h = int(grid_ty), plan.tile_w = int(M / grid_ty);
   plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
   // Tiles per work item: kMaxGroup. Residue-heavy plans need them for the key passes; for all, the kernel
   // prefetches the next tile's Q rows during this tile's blocks (Q is read once: without it, loading Q
@@ -572,6 +637,7 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
     im.stats.dense_scores += pl.dense_scores;
     im.stats.masked_scores += pl.masked_scores;
     im.stats.residue_nnz += pl.residue_nnz;
+    if (pl.grid_width > 0) im.stats.grid_width = pl.grid_width, im.stats.tile_h = pl.tile_h, im.stats.tile_w = pl.tile_w;
   }
   {
     struct Keyed {
@@ -610,6 +676,7 @@ std::string FusedPlan::describe() const {
   const double nnz = double(std::max<int64_t>(s.nnz, 1));
   os << "fused cpu plan: isa " << s.isa << ", " << s.tiles << " tiles of " << s.tile_rows << " rows";
   if (s.permutation > 1) os << ", residue groups d=" << s.permutation;
+  if (s.grid_width > 0) os << " (2-D: " << s.tile_h << " x " << s.tile_w << " boxes of a width-" << s.grid_width << " grid)";
   os << "; dense scores " << s.dense_scores << " (" << s.masked_scores << " masked), residue " << s.residue_nnz
      << "; computed/nnz " << double(s.dense_scores + s.residue_nnz) / nnz << "; built in " << s.build_ms << " ms";
   return os.str();
