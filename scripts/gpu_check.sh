@@ -12,6 +12,9 @@
 #   BENCH_ARGS="--len 16384" bash scripts/gpu_check.sh     # extra arguments for step 4
 #   GPU_CHECK_TESTS=multigrain GPU_CHECK_SKIP_D=1 ...        # only tests matching a regex; no fragments
 set -uo pipefail
+# Build with the system compiler: the GPU image's CXX=/opt/gcc/bin/g++ links libstdc++ statically, and such a
+# libspattn.so crashes once dlopen'ed into a process that holds the shared libstdc++ (PyTorch).
+unset CXX CC CUDAHOSTCXX
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTD=${1:-${OUT:-$ROOT/out}}
 mkdir -p "$OUTD"

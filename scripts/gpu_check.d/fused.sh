@@ -4,8 +4,12 @@
 #   case, and the benchmark against FlexAttention / SDPA (bench/gpu_bench.py).
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (build dir) and SPATTN_OUT (output dir). Standalone: with
 # SPATTN_BUILD unset it configures and builds into build-fused/ itself (GoogleTest from .gtest/ if the
-# machine has none; FUSED_SOLO=1 builds the fused kernel with the foundation alone). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096").
+# machine has none). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096").
 set -uo pipefail
+# The library is dlopen'ed into the PyTorch process by the bench: it must link libstdc++ dynamically. The GPU
+# machine's image sets CXX=/opt/gcc/bin/g++, which links libstdc++ statically; two libstdc++ copies in one
+# process crashed inside std::ostream (locale facets), so build with the system compiler.
+unset CXX CC CUDAHOSTCXX
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTD=${SPATTN_OUT:-$ROOT/out}
 mkdir -p "$OUTD"
@@ -19,34 +23,12 @@ if [ -z "$BUILD" ]; then
       -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "fused.sh: gtest build failed"
   fi
   [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
-  if [ -n "${FUSED_SOLO:-}" ] || ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON "${extra[@]}" \
+  if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON "${extra[@]}" \
            >"$OUTD/fused_build.log" 2>&1 &&
          ninja -C "$BUILD" -j"$(nproc)" spattn fused_test >>"$OUTD/fused_build.log" 2>&1; }; then
-    # Others' work in progress may not build yet: build the fused kernel with the foundation alone.
     grep -B2 -A6 "error" "$OUTD/fused_build.log" | head -30
-    echo "fused.sh: full build failed; building the fused kernel alone into $BUILD/solo"
-    BUILD=$BUILD/solo
-    mkdir -p "$BUILD/tests" "$BUILD/obj"
-    srcs=$(ls "$ROOT"/src/pattern/*.cpp "$ROOT"/src/format/*.cpp "$ROOT"/src/cpu/reference.cpp "$ROOT"/src/api/tensor.cpp \
-      "$ROOT"/src/plan/block_plan.cpp "$ROOT"/src/cuda/fused/*.cpp "$ROOT"/src/cuda/fused/*.cu)
-    gen="-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80"
-    mkdir -p "$BUILD/include/spattn" && printf '#pragma once\n#define SPATTN_VERSION "solo"\n#define SPATTN_HAVE_CUDA 1\n#define SPATTN_BUILD_TYPE "Release"\n#define SPATTN_CUDA_ARCHS "90a;80"\n' >"$BUILD/include/spattn/config.hpp"
-    objs=()
-    for s in $srcs; do
-      o=$BUILD/obj/$(echo "$s" | sed "s|$ROOT/||; s|/|_|g").o
-      objs+=("$o")
-      if [[ $s == *.cu ]]; then
-        nvcc -std=c++17 -O3 $gen --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC -I"$ROOT/include" -I"$ROOT/src" -I"$BUILD/include" -c "$s" -o "$o" &
-      else
-        g++ -std=c++20 -O3 -fPIC -I"$ROOT/include" -I"$ROOT/src" -I"$BUILD/include" -I/usr/local/cuda/include -c "$s" -o "$o" &
-      fi
-    done
-    wait
-    g++ -shared -o "$BUILD/libspattn.so" "${objs[@]}" -L/usr/local/cuda/lib64 -lcudart -lpthread || exit 1
-    gi=/tmp/gtest-install
-    g++ -std=c++20 -O2 -I"$ROOT/include" -I"$ROOT/src" -I"$BUILD/include" -I/usr/local/cuda/include -I$gi/include \
-      "$ROOT/tests/gpu/fused_test.cpp" -o "$BUILD/tests/fused_test" -L"$BUILD" -lspattn -L$gi/lib -L$gi/lib64 -lgtest_main -lgtest \
-      -L/usr/local/cuda/lib64 -lcudart -lpthread -Wl,-rpath,"$BUILD" || echo "fused.sh: test build failed"
+    echo "fused.sh: build failed"
+    exit 1
   fi
 fi
 LIB=$BUILD/libspattn.so
