@@ -221,11 +221,33 @@ struct RandomB : BoundNode {
     if (e.q != q) {
       e.q = q;
       e.keys.clear();
-      std::vector<std::pair<uint64_t, int64_t>> h(static_cast<size_t>(k_len));
-      for (int64_t k = 0; k < k_len; ++k) h[size_t(k)] = {random_hash(seed, uint64_t(q), uint64_t(k)), k};
-      std::nth_element(h.begin(), h.begin() + r, h.end());
-      for (int64_t i = 0; i < r; ++i) e.keys.push_back(h[size_t(i)].second);
-      std::sort(e.keys.begin(), e.keys.end());
+      // The r smallest (h, k): every key whose hash is below the r-th smallest hash t, then the keys with
+      // hash t in increasing k until r are taken. Selecting on bare hashes is ~3x faster than on pairs.
+      if (r == 0) return e.keys;
+      thread_local std::vector<uint64_t> h, sel;
+      h.resize(size_t(k_len));
+      for (int64_t k = 0; k < k_len; ++k) h[size_t(k)] = random_hash(seed, uint64_t(q), uint64_t(k));
+      // Hashes are uniform: the r-th smallest lies near r/Lk of the range, so selecting among the hashes
+      // below a bound of about twice that touches ~2r values; fall back to all when too few fall below it.
+      const long double frac = (2.0L * r + 64) / (long double)k_len;
+      const uint64_t bound = frac >= 1 ? ~0ull : uint64_t(frac * 18446744073709551616.0L);
+      sel.clear();
+      for (uint64_t x : h)
+        if (x <= bound) sel.push_back(x);
+      if (int64_t(sel.size()) < r) sel = h;
+      std::nth_element(sel.begin(), sel.begin() + (r - 1), sel.end());
+      const uint64_t t = sel[size_t(r - 1)];
+      int64_t below = 0;
+      for (int64_t k = 0; k < k_len; ++k) below += h[size_t(k)] < t;
+      int64_t ties = r - below;
+      for (int64_t k = 0; k < k_len; ++k) {
+        if (h[size_t(k)] < t) {
+          e.keys.push_back(k);
+        } else if (h[size_t(k)] == t && ties > 0) {
+          e.keys.push_back(k);
+          --ties;
+        }
+      }
     }
     return e.keys;
   }
