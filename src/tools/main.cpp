@@ -51,7 +51,7 @@ std::pair<int64_t, int64_t> lengths(const Args& a, int64_t def) {
     lk = a.integer("k-len", 0);
   }
   if (lq < 0 || lk < 0) throw Error("lengths must not be negative (got " + std::to_string(lq) + " x " + std::to_string(lk) + ")");
-  if (lq < 0 || lk > (int64_t(1) << 31) - 1) throw Error("length " + std::to_string(lk) + " is too large");
+  if (lk > (int64_t(1) << 31) - 1) throw Error("key length " + std::to_string(lk) + " is too large (at most 2^31 - 1)");
   return {lq, lk};
 }
 
