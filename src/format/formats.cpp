@@ -125,32 +125,38 @@ Csr make_csr(const BoundPattern& p) {
   return c;
 }
 
-Bsr make_bsr(const BoundPattern& p, int block) {
+// Walks the block rows of a rows x cols matrix; fill_row(r, q, builder) marks the keys of query q (local row r).
+template <class FillRow>
+Bsr build_bsr(int64_t rows, int64_t cols, int block, FillRow&& fill_row) {
   check_block(block);
   Bsr b;
-  b.rows = p.q_len();
-  b.cols = p.k_len();
+  b.rows = rows;
+  b.cols = cols;
   b.block = block;
-  b.block_rows = (b.rows + block - 1) / block;
-  b.block_cols = (b.cols + block - 1) / block;
+  b.block_rows = (rows + block - 1) / block;
+  b.block_cols = (cols + block - 1) / block;
   b.row_offsets.push_back(0);
   BlockRowBuilder br(block, b.block_cols);
-  RowRuns runs;
   for (int64_t bi = 0; bi < b.block_rows; ++bi) {
-    const int64_t rows_here = std::min<int64_t>(block, b.rows - bi * block);
-    for (int64_t r = 0; r < rows_here; ++r) {
-      p.row(bi * block + r, runs);
-      for (const Run& run : runs) {
-        if (run.stride == 1) {
-          br.set_interval(int(r), run.start, run.start + run.count);
-        } else {
-          for (int64_t t = 0; t < run.count; ++t) br.set_key(int(r), run.start + t * run.stride);
-        }
-      }
-    }
-    br.flush(b, rows_here, b.cols);
+    const int64_t rows_here = std::min<int64_t>(block, rows - bi * block);
+    for (int64_t r = 0; r < rows_here; ++r) fill_row(int(r), bi * block + r, br);
+    br.flush(b, rows_here, cols);
   }
   return b;
+}
+
+Bsr make_bsr(const BoundPattern& p, int block) {
+  RowRuns runs;
+  return build_bsr(p.q_len(), p.k_len(), block, [&](int r, int64_t q, BlockRowBuilder& br) {
+    p.row(q, runs);
+    for (const Run& run : runs) {
+      if (run.stride == 1) {
+        br.set_interval(r, run.start, run.start + run.count);
+      } else {
+        for (int64_t t = 0; t < run.count; ++t) br.set_key(r, run.start + t * run.stride);
+      }
+    }
+  });
 }
 
 Acsr make_acsr(const BoundPattern& p) {
@@ -215,24 +221,9 @@ Csr to_csr(const Acsr& a) {
 
 Bsr to_bsr(const Csr& c, int block) {
   validate(c);
-  check_block(block);
-  Bsr b;
-  b.rows = c.rows;
-  b.cols = c.cols;
-  b.block = block;
-  b.block_rows = (b.rows + block - 1) / block;
-  b.block_cols = (b.cols + block - 1) / block;
-  b.row_offsets.push_back(0);
-  BlockRowBuilder br(block, b.block_cols);
-  for (int64_t bi = 0; bi < b.block_rows; ++bi) {
-    const int64_t rows_here = std::min<int64_t>(block, b.rows - bi * block);
-    for (int64_t r = 0; r < rows_here; ++r) {
-      const int64_t q = bi * block + r;
-      for (int64_t i = c.row_offsets[size_t(q)]; i < c.row_offsets[size_t(q) + 1]; ++i) br.set_key(int(r), c.col_indices[size_t(i)]);
-    }
-    br.flush(b, rows_here, b.cols);
-  }
-  return b;
+  return build_bsr(c.rows, c.cols, block, [&](int r, int64_t q, BlockRowBuilder& br) {
+    for (int64_t i = c.row_offsets[size_t(q)]; i < c.row_offsets[size_t(q) + 1]; ++i) br.set_key(r, c.col_indices[size_t(i)]);
+  });
 }
 
 Acsr to_acsr(const Csr& c) {
