@@ -53,6 +53,17 @@ inline Status check_shape(const Shape& s) {
   return Status::success();
 }
 
+// The preconditions every coarse (BSR, tensor-core) kernel shares: bf16/f16, block 32 or 64, a grid.y of B*Hq.
+inline Status check_coarse(const Shape& s, int block, const char* op) {
+  if (Status st = check_shape(s); !st) return st;
+  if (s.dtype != DType::bf16 && s.dtype != DType::f16)
+    return Status::failure(std::string("coarse ") + op + " runs on tensor cores: dtype " + std::string(dtype_name(s.dtype)) +
+                           " is not bf16 or f16");
+  if (block != 32 && block != 64) return Status::failure("block " + std::to_string(block) + " is not 32 or 64");
+  if (s.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(s.bh()) + " > 65535");
+  return Status::success();
+}
+
 inline unsigned grid_dim(int64_t n, const char* what) {
   if (n > 0x7fffffff) throw Error(std::string("multigrain: grid of ") + what + " too large: " + std::to_string(n));
   return unsigned(n);

@@ -112,15 +112,9 @@ void launch(const SddmmCoarse::Arguments& a, cudaStream_t stream) {
 }  // namespace
 
 Status SddmmCoarse::can_implement(const Arguments& a) {
-  if (Status s = check_shape(a.shape); !s) return s;
-  if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
-    return Status::failure("coarse SDDMM runs on tensor cores: dtype " + std::string(dtype_name(a.shape.dtype)) +
-                           " is not bf16 or f16");
-  if (a.meta.block != 32 && a.meta.block != 64)
-    return Status::failure("block " + std::to_string(a.meta.block) + " is not 32 or 64");
+  if (Status s = check_coarse(a.shape, a.meta.block, "SDDMM"); !s) return s;
   if (a.shape.D % 16 != 0 || a.shape.D > 256)
     return Status::failure("head dim " + std::to_string(a.shape.D) + " is not a multiple of 16 up to 256");
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   if (Status s = check_dense(a.q, a.shape.D, a.shape.dtype, "q"); !s) return s;
   if (Status s = check_dense(a.k, a.shape.D, a.shape.dtype, "k"); !s) return s;
   if (a.nitems > 0 && (!a.items || !a.s || !a.meta.cols || !a.meta.mask_index))

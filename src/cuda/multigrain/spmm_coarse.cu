@@ -169,15 +169,9 @@ void launch(const SpmmCoarse::Arguments& a, cudaStream_t stream) {
 }  // namespace
 
 Status SpmmCoarse::can_implement(const Arguments& a) {
-  if (Status s = check_shape(a.shape); !s) return s;
-  if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
-    return Status::failure("coarse SpMM runs on tensor cores: dtype " + std::string(dtype_name(a.shape.dtype)) +
-                           " is not bf16 or f16");
-  if (a.meta.block != 32 && a.meta.block != 64)
-    return Status::failure("block " + std::to_string(a.meta.block) + " is not 32 or 64");
+  if (Status s = check_coarse(a.shape, a.meta.block, "SpMM"); !s) return s;
   if (a.shape.Dv % 8 != 0 || a.shape.Dv > 256)
     return Status::failure("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 8 up to 256");
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   if (Status s = check_dense(a.v, a.shape.Dv, a.shape.dtype, "v"); !s) return s;
   if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
   if (!a.p && a.meta.nblocks > 0) return Status::failure("p coarse is null");
