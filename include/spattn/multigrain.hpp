@@ -52,6 +52,9 @@ struct Options {
   // when its kept entries fill at least this share of them (random(L/20): 0.05; sparse_fixed's residue
   // 0.008). Above ~0.02 the whole tile on tensor cores costs less than a 128-byte L2 fetch per entry.
   double fine_tc_min_fill = 0.03;
+  // attention() without P on a fine-only tensor-core plan with D == Dv in {64, 128}: one fused flash-style
+  // kernel (attention_fine_tc) when true, else SDDMM -> SpMM as with P (for benchmarks and tests).
+  bool fused_fine_attention = true;
 };
 
 // The split of one pattern, on the host (no CUDA needed): what the plan uploads.

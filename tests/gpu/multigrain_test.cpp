@@ -242,22 +242,26 @@ Result run_and_check(const Config& c) {
   lse.poison();
   plan.softmax({sc.p, sf.p}, {pc.p, pf.p}, static_cast<float*>(lse.p), nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto hpc = pc.host(), hpf = pf.host();
-  for (int64_t bh = 0; bh < nb; ++bh) {
-    if (plan.has_coarse())
-      for (int64_t i = 0; i < ce; ++i) res.unwritten += std::isnan(elem(hpc, c.dtype, bh * ce + i));
-    for (int64_t qi = 0; qi < L; ++qi) {
-      double sum = 0;
-      int64_t n = 0;
-      for_row(qi, [&](bool kept, int64_t, int64_t ci, int64_t fi) {
-        const double p = ci >= 0 ? elem(hpc, c.dtype, bh * ce + ci) : elem(hpf, c.dtype, bh * fe + fi);
-        if (std::isnan(p)) ++res.unwritten;
-        if (!kept && p != 0) ++res.masked_bad;
-        if (kept) sum += p, ++n;
-      });
-      res.psum_err = std::max(res.psum_err, std::abs(sum - (n ? 1.0 : 0.0)));
+  // P on the host: every entry written, rows sum to 1 (0 for an empty row), masked P == 0.
+  auto check_p = [&](const std::vector<char>& hpc, const std::vector<char>& hpf) {
+    for (int64_t bh = 0; bh < nb; ++bh) {
+      if (plan.has_coarse())
+        for (int64_t i = 0; i < ce; ++i) res.unwritten += std::isnan(elem(hpc, c.dtype, bh * ce + i));
+      for (int64_t qi = 0; qi < L; ++qi) {
+        double sum = 0;
+        int64_t n = 0;
+        for_row(qi, [&](bool kept, int64_t, int64_t ci, int64_t fi) {
+          const double p = ci >= 0 ? elem(hpc, c.dtype, bh * ce + ci) : elem(hpf, c.dtype, bh * fe + fi);
+          if (std::isnan(p)) ++res.unwritten;
+          if (!kept && p != 0) ++res.masked_bad;
+          if (kept) sum += p, ++n;
+        });
+        res.psum_err = std::max(res.psum_err, std::abs(sum - (n ? 1.0 : 0.0)));
+      }
     }
-  }
+  };
+  const auto hpc = pc.host(), hpf = pf.host();
+  check_p(hpc, hpf);
 
   // SpMM alone on that P: O == P V in fp64 from the same P.
   o.poison();
@@ -302,49 +306,51 @@ Result run_and_check(const Config& c) {
     const TensorView hV{const_cast<char*>(hv.data()), c.dtype, {c.B, L, c.Hkv, D}, V.stride};
     spattn::cpu::reference_attention({bp}, pr, hQ, hK, hV, TensorView::contiguous(ro.data(), DType::f64, {c.B, L, c.Hq, D}),
                                      TensorView::contiguous(rl.data(), DType::f64, {c.B, c.Hq, L, 1}));
-    const auto ho = o.host(), hl = lse.host();
-    double num = 0, den = 0;
-    for (size_t i = 0; i < ro.size(); ++i) {
-      const double got = elem(ho, c.dtype, int64_t(i));
-      if (std::isnan(got)) ++res.unwritten;
-      num += (got - ro[i]) * (got - ro[i]);
-      den += ro[i] * ro[i];
-    }
-    res.o_err = std::sqrt(num / std::max(den, 1e-300));
-    for (size_t i = 0; i < rl.size(); ++i) {
-      const double got = elem(hl, DType::f32, int64_t(i));
-      if (std::isnan(got)) ++res.unwritten;
-      if (std::isinf(rl[i])) {
-        if (!(std::isinf(got) && got < 0)) ++res.masked_bad;
-      } else {
-        res.lse_err = std::max(res.lse_err, std::abs(got - rl[i]) / std::max(1.0, std::abs(rl[i])));
+    // O and LSE as they are now on the device vs the reference.
+    auto check_o_lse = [&] {
+      const auto ho = o.host(), hl = lse.host();
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ro.size(); ++i) {
+        const double got = elem(ho, c.dtype, int64_t(i));
+        if (std::isnan(got)) ++res.unwritten;
+        num += (got - ro[i]) * (got - ro[i]);
+        den += ro[i] * ro[i];
       }
-    }
-    // Again without P (on a fine-only tensor-core plan the softmax then writes only the LSE and the SpMM
-    // exponentiates S itself): O and LSE vs the same reference.
+      res.o_err = std::max(res.o_err, std::sqrt(num / std::max(den, 1e-300)));
+      for (size_t i = 0; i < rl.size(); ++i) {
+        const double got = elem(hl, DType::f32, int64_t(i));
+        if (std::isnan(got)) ++res.unwritten;
+        if (std::isinf(rl[i])) {
+          if (!(std::isinf(got) && got < 0)) ++res.masked_bad;
+        } else {
+          res.lse_err = std::max(res.lse_err, std::abs(got - rl[i]) / std::max(1.0, std::abs(rl[i])));
+        }
+      }
+    };
+    check_o_lse();
+    // The P that attention() wrote.
+    check_p(pc.host(), pf.host());
+    // Again without P (a fine-only tensor-core plan with D == Dv in {64, 128} runs the fused kernel then):
+    // O and LSE vs the same reference.
     Dev ws2(size_t(plan.attention_workspace_size(false)));
     ws2.poison();
     o.poison();
     lse.poison();
     plan.attention(Q, K, V, O, static_cast<float*>(lse.p), {}, ws2.p, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto ho2 = o.host(), hl2 = lse.host();
-    num = den = 0;
-    for (size_t i = 0; i < ro.size(); ++i) {
-      const double got = elem(ho2, c.dtype, int64_t(i));
-      if (std::isnan(got)) ++res.unwritten;
-      num += (got - ro[i]) * (got - ro[i]);
-      den += ro[i] * ro[i];
-    }
-    res.o_err = std::max(res.o_err, std::sqrt(num / std::max(den, 1e-300)));
-    for (size_t i = 0; i < rl.size(); ++i) {
-      const double got = elem(hl2, DType::f32, int64_t(i));
-      if (std::isnan(got)) ++res.unwritten;
-      if (std::isinf(rl[i])) {
-        if (!(std::isinf(got) && got < 0)) ++res.masked_bad;
-      } else {
-        res.lse_err = std::max(res.lse_err, std::abs(got - rl[i]) / std::max(1.0, std::abs(rl[i])));
-      }
+    check_o_lse();
+    // Where that was the fused kernel: the split SDDMM -> SpMM pipeline without P too.
+    if (plan.has_fine() && plan.attention_workspace_size(false) == 0) {
+      mg::Options o2 = opt;
+      o2.fused_fine_attention = false;
+      const mg::Plan plan2 = mg::Plan::build(bp, pr, o2);
+      Dev ws3(size_t(plan2.attention_workspace_size(false)));
+      ws3.poison();
+      o.poison();
+      lse.poison();
+      plan2.attention(Q, K, V, O, static_cast<float*>(lse.p), {}, ws3.p, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      check_o_lse();
     }
   }
   return res;

@@ -1,7 +1,8 @@
 // Attention without P on a fine-only tensor-core plan, in one kernel: flash-style over the occupied
 // (128-row query tile, 64-key chunk) pairs. The three-kernel path (SDDMM -> LSE -> SpMM forming P) moves S
 // through memory and reads every K and V chunk once per 64-row tile; here one CTA of 8 warps (16 query rows
-// each) keeps Q in registers, streams the K and V chunks of its pairs through two cp.async buffers and keeps
+// each) keeps Q in registers, streams the K and V chunks of its pairs through three cp.async buffers (two
+// pairs ahead, one barrier per pair) and keeps
 // the row max/sum and O in registers:
 //   random(205) at L = 4096, B*H = 32, D = 64: 32 tiles x 64 chunks x 32 heads = 65536 pairs, each 16 KB
 //   of K+V from L2 (1.07 GB, half the 64-row tiles' traffic), 1 KB of mask, 2 x 64x64x64 MMA per warp row
@@ -15,14 +16,22 @@
 namespace spattn::multigrain::detail {
 namespace {
 
+// 2^x in one MUFU op (flush-to-zero: the arguments here are <= 0, so a denormal result only rounds to 0,
+// well under bf16/f16's resolution of P; 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel(const AttentionFineTc::Arguments a) {
   constexpr int P = D + 8;  // smem pitch (halves): conflict-free ldmatrix
   constexpr int KC = kFineChunkKeys;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [128][P]
-  T* sK = sQ + kAttTileRows * P;            // [2][64][P]
-  T* sV = sK + 2 * KC * P;                  // [2][64][P]
+  T* sK = sQ + kAttTileRows * P;            // [3][64][P]
+  T* sV = sK + 3 * KC * P;                  // [3][64][P]
 
   const int tile = blockIdx.x;
   const int64_t bh = blockIdx.y;
@@ -55,16 +64,20 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
   // The mask words of this lane's two rows (r0, r0 + 8 of the warp's 16), one pair ahead.
   const int r0 = warp * 16 + lane / 4;
   const uint64_t* M = a.tiles.masks;
+  // K/V chunks go through three buffers, two pairs ahead: one barrier per pair (the buffer refilled at
+  // pair p was last read at pair p - 1, which every warp has left once past pair p's barrier).
   uint64_t mA0 = 0, mA1 = 0;
-  int chunkB = 0;
+  int chunkN = 0;  // the chunk of pair p + 2 at the top of pair p
   if (p0 < p1) {
     mA0 = M[int64_t(p0) * kAttTileRows + r0];
     mA1 = M[int64_t(p0) * kAttTileRows + r0 + 8];
-    if (p0 + 1 < p1) chunkB = a.tiles.pair_chunk[p0 + 1];
     load_kv(a.tiles.pair_chunk[p0], 0);
   }
   cp_async_commit();
-  cp_async_wait<0>();
+  if (p0 + 1 < p1) load_kv(a.tiles.pair_chunk[p0 + 1], 1);
+  cp_async_commit();
+  if (p0 + 2 < p1) chunkN = a.tiles.pair_chunk[p0 + 2];
+  cp_async_wait<1>();
   __syncthreads();
   uint32_t qf[D / 16][4];
 #pragma unroll
@@ -77,19 +90,17 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-  for (int p = p0; p < p1; ++p) {
-    const int buf = (p - p0) & 1;
+  for (int p = p0, buf = 0; p < p1; ++p, buf = buf == 2 ? 0 : buf + 1) {
+    cp_async_wait<1>();  // pair p's chunks have landed (p + 1's may still be in flight)
+    __syncthreads();
+    if (p + 2 < p1) load_kv(chunkN, buf == 0 ? 2 : buf - 1);
+    cp_async_commit();
     uint64_t mB0 = 0, mB1 = 0;
-    int chunkC = 0;
     if (p + 1 < p1) {
-      load_kv(chunkB, buf ^ 1);
       mB0 = M[int64_t(p + 1) * kAttTileRows + r0];
       mB1 = M[int64_t(p + 1) * kAttTileRows + r0 + 8];
-      if (p + 2 < p1) chunkC = a.tiles.pair_chunk[p + 2];
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    if (p + 3 < p1) chunkN = a.tiles.pair_chunk[p + 3];
     const T* kb = sK + buf * KC * P;
     const T* vb = sV + buf * KC * P;
     // ---- S = Q K^T (16 x 64 per warp) ----
@@ -108,13 +119,15 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
     }
     // ---- mask, scale, online softmax ----
     float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+    // This lane's columns are 8 nt + 2 (lane % 4) + {0, 1}: shifted once, the bits sit at constant places.
+    const uint64_t w0 = mA0 >> (2 * (lane % 4)), w1 = mA1 >> (2 * (lane % 4));
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      const int c = nt * 8 + 2 * (lane % 4);
-      s[nt][0] = (mA0 >> c) & 1 ? s[nt][0] * sl2 : -CUDART_INF_F;
-      s[nt][1] = (mA0 >> (c + 1)) & 1 ? s[nt][1] * sl2 : -CUDART_INF_F;
-      s[nt][2] = (mA1 >> c) & 1 ? s[nt][2] * sl2 : -CUDART_INF_F;
-      s[nt][3] = (mA1 >> (c + 1)) & 1 ? s[nt][3] * sl2 : -CUDART_INF_F;
+      const int c = nt * 8;
+      s[nt][0] = (w0 >> c) & 1 ? s[nt][0] * sl2 : -CUDART_INF_F;
+      s[nt][1] = (w0 >> (c + 1)) & 1 ? s[nt][1] * sl2 : -CUDART_INF_F;
+      s[nt][2] = (w1 >> c) & 1 ? s[nt][2] * sl2 : -CUDART_INF_F;
+      s[nt][3] = (w1 >> (c + 1)) & 1 ? s[nt][3] * sl2 : -CUDART_INF_F;
       mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
       mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
     }
@@ -133,8 +146,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
     uint32_t pf[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      const float e0 = exp2f(s[nt][0] - u0), e1 = exp2f(s[nt][1] - u0);
-      const float e2 = exp2f(s[nt][2] - u1), e3 = exp2f(s[nt][3] - u1);
+      const float e0 = ex2(s[nt][0] - u0), e1 = ex2(s[nt][1] - u0);
+      const float e2 = ex2(s[nt][2] - u1), e3 = ex2(s[nt][3] - u1);
       t0 += e0 + e1;
       t1 += e2 + e3;
       T lo[2] = {Num<T>::from(e0), Num<T>::from(e1)};
@@ -162,10 +175,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
         mma16816<T>(o[nt + 1], pf[j], bf[2], bf[3]);
       }
     }
-    __syncthreads();  // the buffers just read are the next prefetch's target
     mA0 = mB0;
     mA1 = mB1;
-    chunkB = chunkC;
   }
   // ---- O / l and the LSE ----
 #pragma unroll
@@ -193,7 +204,7 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
 
 template <class T, int D>
 void launch(const AttentionFineTc::Arguments& a, cudaStream_t stream) {
-  const size_t smem = size_t(kAttTileRows + 4 * kFineChunkKeys) * (D + 8) * sizeof(T);
+  const size_t smem = size_t(kAttTileRows + 6 * kFineChunkKeys) * (D + 8) * sizeof(T);
   auto kernel = attention_fine_tc_kernel<T, D>;
   if (smem > 48 * 1024)
     SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

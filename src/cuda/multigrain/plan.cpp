@@ -231,7 +231,8 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   // chunk) pairs, each with a 128 x 64 bitmask of the kept entries.
   std::vector<int32_t> a_pairs, a_chunk;
   std::vector<uint64_t> a_masks;
-  if (P.fine_tc && !has_coarse && P.shape.D == P.shape.Dv && (P.shape.D == 64 || P.shape.D == 128)) {
+  if (P.fine_tc && !has_coarse && options.fused_fine_attention && P.shape.D == P.shape.Dv &&
+      (P.shape.D == 64 || P.shape.D == 128)) {
     const int64_t ntiles = (Lq + kAttTileRows - 1) / kAttTileRows;
     const int64_t nchunks = (problem.kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
     std::vector<int32_t> slot(size_t(nchunks), -1), touched;
