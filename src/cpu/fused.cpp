@@ -19,15 +19,21 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
 #include <stdlib.h>
+#include <unistd.h>
+#ifdef SPATTN_FUSED_PROF
+#include <sched.h>
+#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -70,6 +76,87 @@ bool cpu_has(Isa isa) {
   return false;
 }
 
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Worker threads kept for the process: parallel_for wakes them instead of creating threads. Created per
+// region, a thread was at times started on its creator's CPU (Linux places a new thread by recent load, and
+// the previous region's thread had just run on the other CPU) and joined the work late; measured on the
+// 2-core machine (random(205), L = 4096, H = 4, 2 threads), such calls ran at one-thread speed (37-48 ms
+// against 21-25). A woken thread goes to an idle CPU. Workers spin for a short while after a region (the
+// next is often right behind), then sleep on a futex. Never destroyed (threads blocked in a futex wait end
+// with the process; no join at static destruction).
+class WorkerPool {
+ public:
+  static WorkerPool& get() {
+    static WorkerPool& pool = *new WorkerPool;
+    return pool;
+  }
+  // Runs body(t) for t in [0, n), t = 0 on the caller; body must not throw. false (nothing run) when the pool
+  // is in use (a concurrent caller, a nested region) or the process forked since it was made.
+  template <class Body>
+  bool run(int n, Body& body) {
+    std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+    if (!lock.owns_lock() || getpid() != pid_) return false;
+    const uint64_t prev = state_.load(std::memory_order_relaxed);
+    try {
+      while (int(workers_.size()) < n - 1) {
+        const int t = int(workers_.size()) + 1;
+        workers_.emplace_back([this, t, prev] { loop(t, prev); });
+      }
+    } catch (...) {
+      return false;  // no thread: the caller runs alone (parallel_for's fallback)
+    }
+    ctx_ = &body;
+    call_ = [](void* c, int t) { (*static_cast<Body*>(c))(t); };
+    pending_.store(n - 1, std::memory_order_relaxed);
+    // The region's number and thread count in one word: a worker left out of a region reads nothing else.
+    state_.store(((prev >> 32) + 1) << 32 | uint64_t(n), std::memory_order_release);
+    state_.notify_all();
+    body(0);
+    for (int v; (v = pending_.load(std::memory_order_acquire)) != 0;) {
+      if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) pending_.wait(v, std::memory_order_acquire);
+    }
+    return true;
+  }
+
+ private:
+  WorkerPool() : pid_(getpid()) {}
+  // Spins up to ~50 us for cond(); true if it came.
+  template <class Cond>
+  static bool spin_until(Cond&& cond) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (cond()) return true;
+        cpu_pause();
+      }
+      if (std::chrono::steady_clock::now() > until) return cond();
+    }
+  }
+  void loop(int t, uint64_t seen) {
+    for (;;) {
+      if (!spin_until([&] { return state_.load(std::memory_order_acquire) != seen; })) state_.wait(seen, std::memory_order_acquire);
+      const uint64_t s = state_.load(std::memory_order_acquire);
+      if (s == seen) continue;
+      seen = s;
+      if (t >= int(s & 0xffffffffu)) continue;
+      call_(ctx_, t);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    }
+  }
+  std::mutex busy_;
+  const pid_t pid_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> state_{0};  // region number << 32 | its thread count
+  std::atomic<int> pending_{0};     // workers of the current region not done
+  void* ctx_ = nullptr;
+  void (*call_)(void*, int) = nullptr;
+};
+
 // Runs fn(item, thread) for item in [0, n) on `threads` threads, items taken in order.
 template <class Fn>
 void parallel_for(int64_t n, int threads, Fn&& fn) {
@@ -92,11 +179,13 @@ void parallel_for(int64_t n, int threads, Fn&& fn) {
       if (!failed.exchange(true)) error = std::current_exception();
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(threads - 1));
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
-  worker(0);
-  for (auto& th : pool) th.join();
+  if (!WorkerPool::get().run(threads, worker)) {
+    std::vector<std::thread> pool;
+    pool.reserve(size_t(threads - 1));
+    for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+    worker(0);
+    for (auto& th : pool) th.join();
+  }
   if (error) std::rethrow_exception(error);
 }
 
@@ -469,6 +558,7 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   plan.group.push_back(int32_t(ntiles));
   if (g > 1) plan.key_pass = choose_key_pass(lk, row_floats);
   if (plan.key_pass > 0) {
+    const int32_t W = ks.width;
     plan.npass = int32_t(ceil_div(lk, plan.key_pass));
     for (const TileInfo& t : plan.tiles) {
       if (t.res < 0) {
@@ -479,11 +569,16 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
       for (int r = 0; r < t.rows; ++r) {
         const int32_t* keys = plan.res_keys.data() + plan.res_off[size_t(t.res + r)];
         const int32_t n = plan.res_cnt[size_t(t.res + r)];
-        int32_t e = 0;
+        // A pass ends at the multiple of the vector width nearest to its bound, so every pass but the row's
+        // last visits whole chunks (a partial chunk pays the whole chunk's dot products); a few keys per row
+        // and pass are visited one pass early or late.
+        int32_t e = 0, prev = 0;
         for (int32_t p = 0; p < plan.npass; ++p) {
           const int64_t bound = int64_t(p + 1) * plan.key_pass;
           while (e < n && keys[e] < bound) ++e;
-          plan.res_pass.push_back(p + 1 == plan.npass ? n : e);
+          const int32_t end = p + 1 == plan.npass ? n : std::clamp((e + W / 2) / W * W, prev, n);
+          plan.res_pass.push_back(end);
+          prev = end;
         }
       }
     }
@@ -499,43 +594,61 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int
   return plan;
 }
 
+// Row (b, l, h) of a [B, L, H, D] view as fp32: D values to out[0, D), zeros to out[D, width).
+void convert_row(const TensorView& t, int64_t b, int64_t l, int64_t h, float* out, int64_t width) {
+  const int64_t D = t.shape[3];
+  const int64_t off = t.offset(b, l, h, 0);
+  const int64_t inc = t.stride[3];
+  switch (t.dtype) {
+    case DType::f32: {
+      const float* s = static_cast<const float*>(t.data) + off;
+      if (inc == 1) std::memcpy(out, s, size_t(D) * sizeof(float));
+      else for (int64_t d = 0; d < D; ++d) out[d] = s[d * inc];
+      break;
+    }
+    case DType::f64: {
+      const double* s = static_cast<const double*>(t.data) + off;
+      for (int64_t d = 0; d < D; ++d) out[d] = float(s[d * inc]);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
+      for (int64_t d = 0; d < D; ++d) out[d] = half_to_float(s[d * inc]);
+      break;
+    }
+    case DType::bf16: {
+      const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
+      for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_float(s[d * inc]);
+      break;
+    }
+  }
+  for (int64_t d = D; d < width; ++d) out[d] = 0.f;
+}
+
 // fp32 copy of a [B, L, H, D] view: rows of `ld` floats (zero padded past D) at
 // dst + ((b * H + h) * L + l) * ld (head_major) or dst + ((b * L + l) * H + h) * ld.
 // The values go to columns [col0, col0 + D) of each row, zeros to [col0 + D, col0 + width).
 void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int64_t col0, int threads) {
-  const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2], D = t.shape[3];
+  const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2];
   parallel_for(B * H, threads, [&](int64_t bh, int) {
     const int64_t b = bh / H, h = bh % H;
-    for (int64_t l = 0; l < L; ++l) {
-      float* out = (head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld) + col0;
-      const int64_t off = t.offset(b, l, h, 0);
-      const int64_t inc = t.stride[3];
-      switch (t.dtype) {
-        case DType::f32: {
-          const float* s = static_cast<const float*>(t.data) + off;
-          if (inc == 1) std::memcpy(out, s, size_t(D) * sizeof(float));
-          else for (int64_t d = 0; d < D; ++d) out[d] = s[d * inc];
-          break;
-        }
-        case DType::f64: {
-          const double* s = static_cast<const double*>(t.data) + off;
-          for (int64_t d = 0; d < D; ++d) out[d] = float(s[d * inc]);
-          break;
-        }
-        case DType::f16: {
-          const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
-          for (int64_t d = 0; d < D; ++d) out[d] = half_to_float(s[d * inc]);
-          break;
-        }
-        case DType::bf16: {
-          const uint16_t* s = static_cast<const uint16_t*>(t.data) + off;
-          for (int64_t d = 0; d < D; ++d) out[d] = bf16_to_float(s[d * inc]);
-          break;
-        }
-      }
-      for (int64_t d = D; d < width; ++d) out[d] = 0.f;
-    }
+    for (int64_t l = 0; l < L; ++l)
+      convert_row(t, b, l, h, (head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld) + col0,
+                  width);
   });
+}
+
+// K and V rows [l0, l1) of batch b into the packed [B][HK][Lk][DP + DVP] buffer (a key's K row, then its V
+// row). Token-major: each input is read front to back, every head of a token from one stretch of memory.
+void pack_kv_rows(const TensorView& k, const TensorView& v, float* dst, int64_t DP, int64_t DVP, int64_t b,
+                  int64_t l0, int64_t l1) {
+  const int64_t HK = k.shape[2], Lk = k.shape[1], ld = DP + DVP;
+  for (int64_t l = l0; l < l1; ++l)
+    for (int64_t h = 0; h < HK; ++h) {
+      float* row = dst + ((b * HK + h) * Lk + l) * ld;
+      convert_row(k, b, l, h, row, DP);
+      convert_row(v, b, l, h, row + DP, DVP);
+    }
 }
 
 // A float buffer, 64-byte aligned, not initialised; reuse() keeps its storage across calls (growing only), so
@@ -578,6 +691,12 @@ struct AlignedFloats {
 // Per calling thread, the packed K/V of the last call's size (reused by the next call).
 AlignedFloats& kv_pack_buffer() {
   thread_local AlignedFloats buf{{}, 0, nullptr, true};
+  return buf;
+}
+
+// Per thread (the caller and the kept workers), the kernels' scratch, kept across calls.
+AlignedFloats& scratch_buffer() {
+  thread_local AlignedFloats buf;
   return buf;
 }
 
@@ -728,6 +847,12 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   for (const TensorView* t : {&q, &k, &v, &o})
     if (!t->data && t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3] > 0) throw Error("a tensor view has a null data pointer");
   if (B == 0 || Lq == 0 || H == 0) return;
+#ifdef SPATTN_FUSED_PROF
+  const auto prof_t0 = std::chrono::steady_clock::now();
+  auto prof_ms = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - prof_t0).count(); };
+  double prof_beg[8] = {}, prof_end[8] = {};
+  int prof_items[8] = {}, prof_cpu[8] = {};
+#endif
   const int threads = fused::resolve_threads(options.threads);
   const fused::KernelSet& ks = *im.ks;
   const int64_t W = ks.width;
@@ -752,16 +877,17 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   // D = 64 on one core, random 53 -> 38 ms and na2d 28.6 -> 23.9 ms packed; pure dense plans (local,
   // causal, fixed) only pay the copy (fixed 12.8 -> 14.3 ms): their key blocks are read in order.
   bool pack_kv = false;
+  fused::AlignedFloats& kv = fused::kv_pack_buffer();
   for (const auto& pl : im.plans) pack_kv |= fused::kResidueCost * double(pl.residue_nnz) * 4 > double(pl.dense_scores);
+  int64_t pack_tasks = 0;  // > 0: K/V are packed at the start of the parallel region below
+  constexpr int64_t kPackRows = 128;
   if (pack_kv && Lk > 0) {
     // Scattered keys: one contiguous [Lk][DP + DVP] buffer per KV head (a key's K and V rows adjacent). In
     // the [B, L, H, D] layout a head's rows sit H * D floats apart, which maps them onto a fraction of the
     // cache sets; packed, a key pass of K/V fits L2.
     const int64_t ld = DP + DVP;
-    fused::AlignedFloats& kv = fused::kv_pack_buffer();
     kv.resize(B * HK * Lk * ld);
-    fused::pack_f32(k, kv.ptr, true, ld, DP, 0, threads);
-    fused::pack_f32(v, kv.ptr, true, ld, DVP, DP, threads);
+    pack_tasks = B * ((Lk + kPackRows - 1) / kPackRows);
     kp = kv.ptr, vp = kv.ptr + DP;
     k_sb = v_sb = HK * Lk * ld, k_sh = v_sh = Lk * ld, k_ld = v_ld = ld;
   } else {
@@ -781,15 +907,14 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   const int64_t group = H / HK;
   const float qscale = float(p.softmax_scale() * 1.4426950408889634);
   const int64_t nitems = int64_t(im.items.size());
-  const int nthreads = int(std::min<int64_t>(threads, std::max<int64_t>(nitems, 1)));
-  std::vector<fused::AlignedFloats> scratch(static_cast<size_t>(nthreads));
+  const int nthreads = int(std::min<int64_t>(threads, std::max<int64_t>(std::max(nitems, pack_tasks), 1)));
   const int64_t sfloats = ks.scratch_floats(D, Dv);
   float* op = static_cast<float*>(o.data);
   float* lp = static_cast<float*>(lse.data);
   std::atomic<int64_t> next_item{0};
-  auto run_item = [&](int64_t i, int64_t next, int t) {
-    fused::AlignedFloats& scr = scratch[size_t(t)];
-    if (!scr.ptr) scr.resize(sfloats);
+  auto run_item = [&](int64_t i, int64_t next) {
+    fused::AlignedFloats& scr = fused::scratch_buffer();
+    if (scr.cap < sfloats + 16) scr.resize(sfloats);
     const Impl::Item& it = im.items[size_t(i)];
     const int64_t b = it.bh / H, h = it.bh % H, hk = h / group;
     const fused::PatternPlan& pl = im.plans[size_t(it.plan)];
@@ -815,17 +940,46 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     }
     ks.run_tile(a);
   };
-  // Items are taken dynamically, each thread claiming its next one before running the current (so the
-  // kernel can prefetch that item's first Q rows).
-  fused::parallel_for(nthreads, nthreads, [&](int64_t, int t) {
-    static_assert(sizeof(int64_t) == 8);
+  // One parallel region: the K/V pack (token ranges taken dynamically), a barrier, then the work items,
+  // taken dynamically, each thread claiming its next one before running the current (so the kernel can
+  // prefetch that item's first Q rows). (Packing in its own regions, K then V, head by head, took 1.1-2.4 ms
+  // of a 21-26 ms call.)
+  std::atomic<int64_t> next_pack{0};
+  std::atomic<int> packed{0};
+  fused::parallel_for(nthreads, nthreads, [&](int64_t, [[maybe_unused]] int t) {
+    if (pack_tasks > 0) {
+      const int64_t per_b = (Lk + kPackRows - 1) / kPackRows;
+      for (int64_t i; (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < pack_tasks;) {
+        const int64_t l0 = (i % per_b) * kPackRows;
+        fused::pack_kv_rows(k, v, kv.ptr, DP, DVP, i / per_b, l0, std::min(Lk, l0 + kPackRows));
+      }
+      packed.fetch_add(1, std::memory_order_acq_rel);
+      for (int spin = 0; packed.load(std::memory_order_acquire) < nthreads; ++spin) {
+        if (spin < 4096) fused::cpu_pause();
+        else std::this_thread::yield();
+      }
+    }
+#ifdef SPATTN_FUSED_PROF
+    if (t < 8) prof_beg[t] = prof_ms(), prof_cpu[t] = sched_getcpu();
+#endif
     int64_t i = next_item.fetch_add(1, std::memory_order_relaxed);
     while (i < nitems) {
       const int64_t j = next_item.fetch_add(1, std::memory_order_relaxed);
-      run_item(i, j, t);
+      run_item(i, j);
+#ifdef SPATTN_FUSED_PROF
+      if (t < 8) ++prof_items[t];
+#endif
       i = j;
     }
+#ifdef SPATTN_FUSED_PROF
+    if (t < 8) prof_end[t] = prof_ms();
+#endif
   });
+#ifdef SPATTN_FUSED_PROF  // per call: each thread's CPU, item span (ms from the call's start) and item count
+  std::fprintf(stderr, "fused run:");
+  for (int t = 0; t < std::min(nthreads, 8); ++t) std::fprintf(stderr, " | t%d cpu%d %.2f..%.2f (%d items)", t, prof_cpu[t], prof_beg[t], prof_end[t], prof_items[t]);
+  std::fprintf(stderr, " | total %.2f\n", prof_ms());
+#endif
 }
 
 void attention(const std::vector<BoundPattern>& patterns, const Problem& problem, const TensorView& q,

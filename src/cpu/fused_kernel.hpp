@@ -47,7 +47,7 @@ struct TileArgs {
   const int32_t* keys;
   const uint32_t* masks;
   const int32_t* res_keys;
-  bool res_prefetch;  // the residue keys are scattered: prefetch their K/V rows a chunk ahead
+  bool res_prefetch;  // the residue keys are scattered: prefetch the first line of their K/V rows ahead
   // The first tile of the work item the calling thread runs next (null: none) and that item's Q base (as q
   // above): its Q rows are prefetched during this item's last tile.
   const struct TileRef* next_tile;
