@@ -68,12 +68,12 @@ class Lib:
 class Fused:
     """One plan (pattern bound to L) and forward calls on [B, H, L, D]-contiguous tensors."""
 
-    def __init__(self, lib, spec, L, D, block=0, force_sm80=False, block_n=None):
+    def __init__(self, lib, spec, L, D, block=0, force_sm80=False, block_n=None, variant=""):
         self.lib = lib
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block if block_n is None else block_n, -1,
-                                              int(force_sm80),
+                                              int(force_sm80) | {"": 0, "cp": 2, "p": 4, "np": 8}[variant],
                                               ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
@@ -209,7 +209,10 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync kernel on Hopper")
-    ap.add_argument("--shapes", default="", help="also time forced tile shapes, e.g. 64x128,128x128,64x64")
+    ap.add_argument("--shapes", default="",
+                    help="also time forced tile shapes, e.g. 64x128,128x128,192x128,64x64; suffix :cp keeps the "
+                         "cp.async kernels where the warp-specialized TMA kernel would run (128x128:cp); :p / :np run the "
+                         "TMA kernel with persistent CTAs / one work item a CTA")
     ap.add_argument("--probe", default="", help="only run ours a few times (for ncu): SPEC;L;D;BMxBN")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     args = ap.parse_args()
@@ -220,8 +223,9 @@ def main():
     if args.probe:
         spec, L, D, shape = args.probe.split(";")
         L, D = int(L), int(D)
-        bm_, bn_ = (int(x) for x in shape.split("x"))
-        fp = Fused(lib, spec, L, D, block=bm_, block_n=bn_)
+        tiles, _, variant = shape.partition(":")
+        bm_, bn_ = (int(x) for x in tiles.split("x"))
+        fp = Fused(lib, spec, L, D, block=bm_, block_n=bn_, variant=variant)
         q, k, v = (torch.randn(args.batch, args.heads, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         o = torch.empty_like(q)
         ms = time_ms(lambda: fp.forward(q, k, v, o), 20)
@@ -307,10 +311,11 @@ def main():
                     row("spattn:sm80", name, spec, L, D, density, ms80, nnz, f80.plan_ms, rel_err(o, ref, idx))
 
                 for shape in filter(None, args.shapes.split(",")):
-                    bm_, bn_ = (int(x) for x in shape.split("x"))
-                    if D == 128 and (bm_, bn_) == (64, 128):
+                    tiles, _, variant = shape.partition(":")
+                    bm_, bn_ = (int(x) for x in tiles.split("x"))
+                    if D == 128 and (bm_, bn_) in ((64, 128), (192, 128)):
                         continue
-                    fs = Fused(lib, spec, L, D, block=bm_, block_n=bn_)
+                    fs = Fused(lib, spec, L, D, block=bm_, block_n=bn_, variant=variant)
                     ms_s = time_ms(lambda: fs.forward(q, k, v, o, lse), args.reps)
                     fs.forward(q, k, v, o, lse)
                     eff_s = row(f"spattn:{shape}", name, spec, L, D, density, ms_s, nnz, fs.plan_ms, rel_err(o, ref, idx))

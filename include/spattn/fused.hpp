@@ -5,6 +5,9 @@
 //   if (auto st = attn.can_implement(problem, q, k, v, o, lse); !st.ok) ... st.reason ...
 //   attn.run(problem, q, k, v, o, lse, stream);                // relaunchable, graph-capturable
 //
+// One FusedAttention may run any number of times on one stream (or in one graph); runs on two streams at once
+// need two objects (the sm_90a kernel keeps a work counter with the plan, reset by each run).
+//
 // Tensors are device pointers in TensorViews ([B, L, H, D], head dim contiguous); bf16 or fp16; head dim
 // 64 or 128; GQA (Hq % Hkv == 0); lse [B, Hq, Lq] (shape {B, Hq, Lq, 1}) fp32 natural log, optional.
 #pragma once
@@ -18,9 +21,12 @@
 namespace spattn {
 
 struct FusedOptions {
-  int block_m = 0, block_n = 0;  // 0: chosen by the planner (64x64 or 128x128)
+  int block_m = 0, block_n = 0;  // 0: chosen by the planner (64x64, 64x128, 128x128, 192x128)
   int perm_d = -1;               // -1: chosen (residue grouping for dilated/strided rows); 1: none
   bool force_sm80 = false;       // run the mma.sync kernel on Hopper too (tests)
+  bool tma = true;               // sm_90a: the warp-specialized TMA kernel where it applies (128/192-row
+                                 // tiles, no permutation, strides a tensor map accepts); false: cp.async kernels
+  int persistent = -1;           // TMA kernel: 1 one CTA per SM drawing work items, 0 one item a CTA, -1 chosen
 };
 
 struct FusedStatus {

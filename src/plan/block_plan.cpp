@@ -185,8 +185,9 @@ std::string BlockPlan::describe() const {
 
 BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
   const auto t0 = std::chrono::steady_clock::now();
-  if ((bm != 64 && bm != 128) || (bn != 64 && bn != 128))
-    throw Error("block plan: tile sizes must be 64 or 128, got " + std::to_string(bm) + "x" + std::to_string(bn));
+  if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))
+    throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
+                std::to_string(bn));
   if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
   if (pat.q_len() <= 0 || pat.k_len() <= 0) throw Error("block plan: empty lengths");
   const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
@@ -326,21 +327,31 @@ int choose_permutation(const BoundPattern& pat) {
 }
 
 double tile_cost(TileShape s, int64_t head_dim) {
-  // Per-score cost relative to the best shape, from dense L=16384 on an H100 (src/cuda/fused/NOTES.md):
-  //   D=64:  64x128 350 TFLOP/s, 128x128 309, 64x64 296 (one-warpgroup CTAs run 3 per SM)
-  //   D=128: 128x128 454 (decoupled warpgroups), 64x64 ~280 (2 CTAs per SM; estimate)
+  // Per-score cost of a full tile relative to 64x128 (D=64) or 128x128 TMA (D=128), from dense L=16384 on an
+  // H100 (src/cuda/fused/NOTES.md, v8-v9, same-run figures): D=64: 64x128 305 TFLOP/s, 128x128 TMA 373,
+  // 192x128 TMA 437, 128x128 cp.async ~330, 64x64 ~260; D=128: 128x128 TMA 520, cp.async ~430, 64x64 ~260.
   if (head_dim <= 64) {
-    if (s.block_m == 64 && s.block_n == 128) return 1.0;
-    if (s.block_m == 128 && s.block_n == 128) return 1.13;
+    if (s.block_m == 192) return 0.70;
+    if (s.block_m == 128) return s.tma ? 0.82 : 0.95;
+    if (s.block_n == 128) return 1.0;
     return 1.18;
   }
-  if (s.block_m == 128 && s.block_n == 128) return 1.0;
-  return 1.6;
+  if (s.block_m == 128) return s.tma ? 1.0 : 1.2;
+  return 2.0;
+}
+
+double partial_tile_cost(TileShape s) {
+  // A partial (band or bitmask) tile over a full one of the same shape. For the TMA kernel this also carries
+  // its per-work-item cost (pipeline fill and drain, epilogue), which the plans with partial tiles (short
+  // rows) pay: fitted to local(256) / longformer at L=16384 (128x128: 1.61, 192x128: 1.53 a partial tile).
+  return s.tma ? 1.6 : 1.1;
 }
 
 namespace {
 // Predicted cost of a shape/permutation from a sample of query tiles (no bitmasks built).
-double estimate_cost(const BoundPattern& pat, int bm, int bn, int d, int64_t head_dim) {
+double estimate_cost(const BoundPattern& pat, TileShape shape, int d, int64_t head_dim) {
+  const int bm = shape.block_m, bn = shape.block_n;
+  const double partial = partial_tile_cost(shape);
   const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
   const int64_t samples = std::min<int64_t>(sp.q_tiles, 48);
   TileScratch scr(sp.k_tiles);
@@ -359,15 +370,16 @@ double estimate_cost(const BoundPattern& pat, int bm, int bn, int d, int64_t hea
       });
     for (int64_t kt : scr.touched) {
       const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
-      cost += double(bm) * bn * (full ? 1.0 : 1.15);  // partial tiles: mask work
+      cost += double(bm) * bn * (full ? 1.0 : partial);
       scr.count[size_t(kt)] = 0;
     }
   }
-  return cost * tile_cost({bm, bn}, head_dim) * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
+  return cost * tile_cost(shape, head_dim) * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
 }
 }  // namespace
 
-BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block_m, int block_n, int perm_d) {
+BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block_m, int block_n, int perm_d,
+                            bool tma) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> perms;
   if (perm_d >= 1) {
@@ -379,7 +391,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
   }
   std::vector<TileShape> shapes;
   if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
-  else if (head_dim == 64) shapes = {{64, 128}, {128, 128}, {64, 64}};
+  else if (head_dim == 64) shapes = {{64, 128}, {128, 128}, {64, 64}, {192, 128}};
   else shapes = {{128, 128}, {64, 64}};
   double best = 0;
   int bm = shapes[0].block_m, bn = shapes[0].block_n, bd = perms[0];
@@ -387,7 +399,10 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
     bool first = true;
     for (int d : perms)
       for (TileShape s : shapes) {
-        const double c = estimate_cost(pat, s.block_m, s.block_n, d, head_dim);
+        // The TMA kernel runs 128- and 192-row tiles of unpermuted plans; 192 rows exist only there.
+        s.tma = tma && d == 1 && s.block_m >= 128 && s.block_n == 128;
+        if (s.block_m == 192 && !s.tma) continue;
+        const double c = estimate_cost(pat, s, d, head_dim);
         if (first || c < best) best = c, bm = s.block_m, bn = s.block_n, bd = d, first = false;
       }
   }

@@ -67,8 +67,9 @@ struct BlockPlan {
 // half let the 64x128 kernel load and multiply that half only (bench: local/dilated band edges).
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i);
 
-// Builds the plan for given tile sizes (each 64 or 128) and permutation (1: none).
-// The kernel has 128x128, 64x128 (head dim 64) and 64x64 tiles (src/cuda/fused/launch.cuh).
+// Builds the plan for given tile sizes (64, 128 or 192 query rows; 64 or 128 keys) and permutation (1: none).
+// The kernels have 128x128, 64x128 (head dim 64), 64x64 and 192x128 (TMA, head dim 64) tiles
+// (src/cuda/fused/launch.cuh).
 BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1);
 
 // The residue grouping that makes the pattern's rows dense: d > 1 when every run of a few sampled rows is
@@ -77,14 +78,18 @@ int choose_permutation(const BoundPattern& pattern);
 
 struct TileShape {
   int block_m, block_n;
+  bool tma = false;  // run by the warp-specialized TMA kernel (sm_90a; 128/192-row tiles, perm_d 1)
 };
-// Relative cost of one visited tile of each shape, per score, for the Hopper kernel (measured; see
-// src/cuda/fused/NOTES.md). Used to pick the shape with the least predicted time.
+// Relative cost of one visited full tile of each shape, per score, for the Hopper kernels (measured; see
+// src/cuda/fused/NOTES.md), and of a partial tile over a full one. Used to pick the shape with the least
+// predicted time.
 double tile_cost(TileShape s, int64_t head_dim);
+double partial_tile_cost(TileShape s);
 
 // Chooses the tile shape (among the kernel's shapes) and permutation with the least predicted cost, and
-// returns the plan built with them. block_m / block_n > 0 force a shape.
+// returns the plan built with them. block_m / block_n > 0 force a shape. tma: the warp-specialized TMA
+// kernel is available (sm_90a device, FusedOptions::tma), which adds 192x128 tiles and prices 128x128 lower.
 BlockPlan choose_block_plan(const BoundPattern& pattern, int64_t head_dim, int block_m = 0, int block_n = 0,
-                            int perm_d = -1);
+                            int perm_d = -1, bool tma = false);
 
 }  // namespace spattn::plan

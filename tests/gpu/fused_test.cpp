@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <string>
@@ -46,11 +47,15 @@ struct Case {
   bool sm80 = false;
   int perm_d = -1;
   int block_n = 0;  // 0: same as block
+  bool no_tma = false;  // sm_90a: keep the cp.async kernels where the warp-specialized TMA kernel applies
+  bool packed = false;  // q, k, v as strided views of one [B, L, 3, H, D] buffer (needs Lq == Lk, Hq == Hkv)
+  int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << c.what << " [" << c.spec << " B" << c.B << " H" << c.Hq << "/" << c.Hkv << " L" << c.Lq << "x" << c.Lk
-            << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << (c.sm80 ? " sm80" : "")
+            << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << "x" << c.block_n
+            << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << "]";
 }
 
@@ -81,23 +86,40 @@ void check_case(const Case& c) {
     return v;
   };
   const size_t nq = size_t(c.B * c.Lq * c.Hq * c.D), nk = size_t(c.B * c.Lk * c.Hkv * c.D);
-  auto hq = fill(nq), hk = fill(nk), hv = fill(nk);
-  DeviceBuf dq(nq * 2), dk(nk * 2), dv(nk * 2), dout(nq * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
-  ASSERT_EQ(cudaMemcpy(dq.p, hq.data(), nq * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dk.p, hk.data(), nk * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dv.p, hv.data(), nk * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  // Inputs: three contiguous tensors, or (packed) one [B, L, 3, H, D] buffer holding q, k and v.
+  if (c.packed) ASSERT_TRUE(c.Lq == c.Lk && c.Hq == c.Hkv) << "packed cases need Lq == Lk and Hq == Hkv";
+  const size_t nin = c.packed ? 3 * nq : nq + 2 * nk;
+  auto hin = fill(nin);
+  DeviceBuf din(nin * 2), dout(nq * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
+  ASSERT_EQ(cudaMemcpy(din.p, hin.data(), nin * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(dout.p, 0xFF, nq * 2), cudaSuccess);  // NaN poison: an unwritten element fails
   ASSERT_EQ(cudaMemset(dlse.p, 0xFF, size_t(c.B * c.Hq * c.Lq) * 4), cudaSuccess);
+  // The q, k, v views over a base pointer (device or host copy of the inputs).
+  auto views = [&](void* base, DType t) {
+    auto* b8 = static_cast<uint8_t*>(base);
+    const int64_t es = 2;
+    if (c.packed) {
+      const int64_t H = c.Hq, L = c.Lq, D = c.D;
+      auto at = [&](int64_t which) {
+        return TensorView{b8 + which * H * D * es, t, {c.B, L, H, D}, {L * 3 * H * D, 3 * H * D, D, 1}};
+      };
+      return std::array<TensorView, 3>{at(0), at(1), at(2)};
+    }
+    return std::array<TensorView, 3>{TensorView::contiguous(b8, t, {c.B, c.Lq, c.Hq, c.D}),
+                                     TensorView::contiguous(b8 + nq * es, t, {c.B, c.Lk, c.Hkv, c.D}),
+                                     TensorView::contiguous(b8 + (nq + nk) * es, t, {c.B, c.Lk, c.Hkv, c.D})};
+  };
 
   spattn::FusedOptions opt;
   opt.block_m = c.block;
   opt.block_n = c.block_n ? c.block_n : c.block;
   opt.force_sm80 = c.sm80;
   opt.perm_d = c.perm_d;
+  opt.tma = !c.no_tma;
+  opt.persistent = c.persistent;
   spattn::FusedAttention attn(bound, c.D, opt);
-  auto tv = [&](void* p, int64_t L, int64_t H) { return TensorView::contiguous(p, c.dtype, {c.B, L, H, c.D}); };
-  const TensorView q = tv(dq.p, c.Lq, c.Hq), k = tv(dk.p, c.Lk, c.Hkv), v = tv(dv.p, c.Lk, c.Hkv),
-                   o = tv(dout.p, c.Lq, c.Hq);
+  const auto [q, k, v] = views(din.p, c.dtype);
+  const TensorView o = TensorView::contiguous(dout.p, c.dtype, {c.B, c.Lq, c.Hq, c.D});
   const TensorView lse = TensorView::contiguous(dlse.p, DType::f32, {c.B, c.Hq, c.Lq, 1});
   const auto st = attn.can_implement(pr, q, k, v, o, lse);
   ASSERT_TRUE(st.ok) << st.reason;
@@ -110,10 +132,8 @@ void check_case(const Case& c) {
 
   // Reference on the same (rounded) inputs.
   std::vector<double> ro(nq), rlse(hlse.size());
-  auto hv_ = [&](std::vector<uint16_t>& x, int64_t L, int64_t H) {
-    return TensorView::contiguous(x.data(), c.dtype, {c.B, L, H, c.D});
-  };
-  spattn::cpu::reference_attention({bound}, pr, hv_(hq, c.Lq, c.Hq), hv_(hk, c.Lk, c.Hkv), hv_(hv, c.Lk, c.Hkv),
+  const auto [rq, rk, rv] = views(hin.data(), c.dtype);
+  spattn::cpu::reference_attention({bound}, pr, rq, rk, rv,
                                    TensorView::contiguous(ro.data(), DType::f64, {c.B, c.Lq, c.Hq, c.D}),
                                    TensorView::contiguous(rlse.data(), DType::f64, {c.B, c.Hq, c.Lq, 1}));
   double num = 0, den = 0;
@@ -134,7 +154,7 @@ void check_case(const Case& c) {
     else lse_bad += !(std::abs(x - r) <= 2e-2 * std::max(1.0, std::abs(r)));
   }
   EXPECT_EQ(lse_bad, 0) << "LSE mismatches (fully masked rows must give -inf)";
-  std::cout << "  " << c.what << ": rel err " << rel << "; " << attn.explain() << "\n";
+  std::cout << "  " << c.what << ": rel err " << rel << "; " << attn.kernel_name(pr) << "; " << attn.explain() << "\n";
 }
 
 class FusedSuite : public ::testing::TestWithParam<Case> {};
@@ -189,6 +209,29 @@ const Case kCases[] = {
      false, -1, 128},
     {"forced 64x128 cross attention: half-width bands", "local(left=300, right=40)", 1, 2, 2, 300, 1000, 64, fp, 64,
      false, -1, 128},
+    // The warp-specialized TMA kernel (sm_90a): 192x128 (three consumer warpgroups) and 128x128 tiles; the
+    // cp.async 128-row kernel it replaces stays reachable (no_tma). Tails, bands, bitmasks, empty rows, GQA,
+    // cross attention, packed (strided) inputs.
+    {"192x128 local, tails", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128},
+    {"192x128 causal 4099", "causal", 1, 1, 1, 4099, 4099, 64, bf, 192, false, -1, 128},
+    {"192x128 bigbird bitmask tiles fp16", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, fp, 192, false, -1,
+     128},
+    {"192x128 random", "random(51, seed=0)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128},
+    {"192x128 fully masked rows", "local(20) & global_rows(100:300)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128},
+    {"192x128 GQA cross attention", "local(left=300, right=40)", 2, 4, 2, 300, 1000, 64, fp, 192, false, -1, 128},
+    {"192x128 packed qkv", "longformer(256, 32)", 2, 2, 2, 777, 777, 64, bf, 192, false, -1, 128, false, true},
+    {"128x128 TMA dense d64", "dense", 1, 2, 2, 1023, 1023, 64, bf, 128},
+    {"128x128 TMA packed d128", "causal", 1, 2, 2, 799, 799, 128, fp, 128, false, -1, 0, false, true},
+    // Persistent TMA CTAs (one per SM) walking several work items each, empty items among them.
+    {"192x128 persistent: items per CTA > 1, GQA", "local(300) | global_rows(0:64)", 2, 8, 4, 2000, 2000, 64, bf, 192,
+     false, -1, 128},
+    {"192x128 persistent: mostly empty items", "global_rows(0:10) & local(5)", 2, 8, 8, 3000, 3000, 64, fp, 192, false,
+     -1, 128},
+    {"128x128 persistent d128", "causal", 2, 8, 8, 2100, 2100, 128, bf, 128, false, -1, 0, false, false, 1},
+    {"192x128 one item a CTA, empty items", "global_rows(0:10) & local(5)", 2, 8, 8, 3000, 3000, 64, bf, 192, false,
+     -1, 128, false, false, 0},
+    {"128x128 cp.async d64", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 128, false, -1, 0, true},
+    {"128x128 cp.async d128", "causal", 1, 4, 2, 799, 799, 128, bf, 128, false, -1, 0, true},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
@@ -249,6 +292,36 @@ TEST(FusedApi, CanImplementSaysWhy) {
   const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
   EXPECT_FALSE(st.ok);
   EXPECT_NE(st.reason.find("dtype"), std::string::npos) << st.reason;
+}
+
+TEST(FusedApi, TmaTileShapesSayWhy) {
+  REQUIRE_GPU();
+  const auto bound = spattn::parse("local(16)").bind(256);
+  spattn::Problem pr;
+  pr.q_len = pr.kv_len = 256;
+  pr.dtype = DType::bf16;
+  auto views = [&](int64_t d) {
+    pr.head_dim = d;
+    return TensorView::contiguous(reinterpret_cast<void*>(256), DType::bf16, {1, 256, 1, d});
+  };
+  spattn::FusedOptions opt;
+  opt.block_m = 192;
+  opt.block_n = 128;
+  {  // 192-row tiles exist only in the TMA kernel at head dim 64
+    spattn::FusedAttention attn(bound, 128, opt);
+    const TensorView t = views(128);
+    const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
+    EXPECT_FALSE(st.ok);
+    EXPECT_NE(st.reason.find("192x128 at head dim 128"), std::string::npos) << st.reason;
+  }
+  opt.tma = false;
+  {
+    spattn::FusedAttention attn(bound, 64, opt);
+    const TensorView t = views(64);
+    const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
+    EXPECT_FALSE(st.ok);
+    EXPECT_NE(st.reason.find("192x128"), std::string::npos) << st.reason;
+  }
 }
 
 }  // namespace

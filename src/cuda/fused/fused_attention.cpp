@@ -21,8 +21,14 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   impl_->options = options;
-  impl_->plan = std::make_unique<DevicePlan>(
-      plan::choose_block_plan(pattern, head_dim, options.block_m, options.block_n, options.perm_d));
+  // The warp-specialized TMA kernel (and its 192-row tiles) exists on compute capability 9.0 (sm_90a).
+  int dev = 0, major = 0, minor = 0;
+  const bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    major == 9 && minor == 0;
+  impl_->plan = std::make_unique<DevicePlan>(plan::choose_block_plan(
+      pattern, head_dim, options.block_m, options.block_n, options.perm_d, sm90 && options.tma && !options.force_sm80));
   impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 FusedAttention::~FusedAttention() = default;
@@ -31,13 +37,13 @@ FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
 
 FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& o, const TensorView& lse) const {
-  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80}, *impl_->plan);
+  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent}, *impl_->plan);
   return {st.ok, st.reason};
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const TensorView& lse, void* stream) const {
-  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80};
+  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent};
   const auto st = FusedFwd::can_implement(args, *impl_->plan);
   if (!st.ok) throw Error(st.reason);
   FusedFwd::run(FusedFwd::to_params(args, *impl_->plan), static_cast<cudaStream_t>(stream));
@@ -61,6 +67,8 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   p.sm90 = !impl_->options.force_sm80 && major == 9 && minor == 0;
+  const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
+  p.ws = p.sm90 && impl_->options.tma && hp.perm_d == 1 && hp.block_n == 128 && hp.block_m >= 128;
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

@@ -1,9 +1,14 @@
 // cuda/fused/fused_fwd.cu — host side of the fused kernel: plan upload, checks, parameters, dispatch.
 #include "cuda/fused/fused_fwd.hpp"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 
 namespace spattn::cuda::fused {
@@ -36,6 +41,55 @@ int device_cc(int dev) {
   if (dev >= 0 && dev < 64) cache[dev] = cc;
   return cc;
 }
+int device_sms(int dev) {
+  static int cache[64] = {};
+  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  if (dev >= 0 && dev < 64) cache[dev] = n;
+  return n;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of a [B, L, H, D] view ({D, L, H, B}; boxes of 64 elements x `rows`, 128-byte swizzle, rows
+// past L zero-filled). False where the driver refuses it (strides, alignment).
+bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
+  const auto fn = encode_fn();
+  if (!fn) return false;
+  static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes), "CUtensorMap is 128 bytes");
+  CUtensorMap m;
+  const cuuint64_t dims[4] = {cuuint64_t(t.shape[3]), cuuint64_t(t.shape[1]), cuuint64_t(t.shape[2]),
+                              cuuint64_t(t.shape[0])};
+  const cuuint64_t strides[3] = {cuuint64_t(t.stride[1]) * 2, cuuint64_t(t.stride[2]) * 2, cuuint64_t(t.stride[0]) * 2};
+  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  const CUresult r = fn(&m, t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                        t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  std::memcpy(out.bytes, &m, sizeof m);
+  return true;
+}
+
+// Whether the warp-specialized TMA kernel runs this plan (sm_90a), with its tensor maps filled in `k`.
+bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, FusedParams& k) {
+  if (!sm90 || a.no_tma || hp.perm_d != 1 || hp.block_n != 128) return false;
+  if (!(hp.block_m == 128 || (hp.block_m == 192 && a.problem.head_dim == 64))) return false;
+  return encode_tmap(k.tmap_q, a.q, hp.block_m) && encode_tmap(k.tmap_k, a.k, hp.block_n) &&
+         encode_tmap(k.tmap_v, a.v, hp.block_n);
+}
 }  // namespace
 
 DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
@@ -64,17 +118,20 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
+    check_cuda(cudaMalloc(&work_counter_, sizeof(int)), "allocate the work counter");
   } catch (...) {
     cudaFree(row_offsets_);
     cudaFree(entries_);
     cudaFree(masks_);
     cudaFree(order_);
+    cudaFree(work_counter_);
     throw;
   }
   upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 DevicePlan::~DevicePlan() {
+  cudaFree(work_counter_);
   cudaFree(row_offsets_);
   cudaFree(entries_);
   cudaFree(masks_);
@@ -101,8 +158,10 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
                         std::to_string(hp.k_len) + ", problem has " + std::to_string(pr.q_len) + "x" +
                         std::to_string(pr.kv_len));
   if (!((hp.block_m == 128 && hp.block_n == 128) || (hp.block_m == 64 && hp.block_n == 64) ||
-        (hp.block_m == 64 && hp.block_n == 128 && pr.head_dim == 64)))
-    return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n));
+        (hp.block_m == 64 && hp.block_n == 128 && pr.head_dim == 64) ||
+        (hp.block_m == 192 && hp.block_n == 128 && pr.head_dim == 64)))
+    return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n) +
+                        " at head dim " + std::to_string(pr.head_dim));
   if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)
     return Status::fail("fused kernel: lengths must stay below 2^31");
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
@@ -146,6 +205,14 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
     return Status::fail(e.what());
   }
   if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
+  if (hp.block_m == 192) {  // only the warp-specialized TMA kernel has 192-row tiles
+    FusedParams scratch{};
+    if (cc != 90 || a.force_sm80 || a.no_tma)
+      return Status::fail("fused kernel: 192x128 tiles need the sm_90a TMA kernel (compute capability 9.0, TMA allowed)");
+    if (hp.perm_d != 1) return Status::fail("fused kernel: 192x128 tiles need a plan without permutation (perm_d 1)");
+    if (!use_ws(a, hp, true, scratch))
+      return Status::fail("fused kernel: 192x128 tiles: the driver refused a tensor map of q, k or v (strides)");
+  }
   return {};
 }
 
@@ -180,18 +247,26 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.entries = plan.entries();
   k.masks = plan.masks();
   k.order = plan.order();
+  k.work_counter = plan.work_counter();
   k.q_tiles = int(hp.q_tiles);
   out.block_m = hp.block_m;
   out.block_n = hp.block_n;
   out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
   out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
+  out.ws = use_ws(a, hp, out.sm90, k);
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
+  // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
+  // at D=64 and 128 (NOTES.md, v9).
+  k.persistent = a.persistent >= 0 ? a.persistent : 1;
+  if (out.ws && k.persistent) out.grid = std::min(out.grid, unsigned(device_sms(plan.device())));
   return out;
 }
 
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
+  if (p.ws && p.kernel.persistent)
+    check_cuda(cudaMemsetAsync(p.kernel.work_counter, 0, sizeof(int), stream), "zero the work counter");
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
@@ -199,7 +274,8 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string("fused_") + (p.sm90 ? "sm90" : "sm80") + "_" + std::to_string(p.block_m) + "x" +
-         std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16");
+         std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16") +
+         (p.ws ? "_ws" : "");
 }
 
 }  // namespace spattn::cuda::fused

@@ -247,6 +247,167 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t (&a)[4], uint3
 
 }  // namespace detail
 
+namespace detail {
+// ---- one key tile of a 64-row warpgroup (sm_90a paths): S issue, mask, online softmax, P, PV issue ----
+// Accumulator layout (see the file comment): the thread holds rows r0, r0 + 8 of its warpgroup's tile and
+// columns 8j + cb + {0, 1}. r0 counts rows from the CTA tile's first row q0.
+
+// The bitmask words of this thread's two rows (a bitmask entry: e.y >= 0).
+template <int BM, int BN>
+__device__ __forceinline__ void tile_mask_words(const FusedParams& p, const int4& e, int r0,
+                                                unsigned long long (&mw)[2][BN / 64]) {
+  if (e.y >= 0) {
+    const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int w = 0; w < BN / 64; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * (BN / 64) + w);
+  }
+}
+// S = Q K^T for this warpgroup's 64 rows; s_q_wg: its Q rows, s_k: the key tile (both SW128 K-major).
+template <int BM, int BN, int D, bool kBf16>
+__device__ __forceinline__ void tile_issue_s(float (&s)[BN / 2], uint32_t s_q_wg, uint32_t s_k) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t qa = s_q_wg + (kk / 4) * BM * 128 + (kk % 4) * 32;
+    const uint32_t ka = s_k + (kk / 4) * BN * 128 + (kk % 4) * 32;
+    wgmma::Op<BN, kBf16>::ss(s, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
+  }
+}
+// O += P V with P from registers, V N-major through its descriptor.
+template <int BN, int D, bool kBf16>
+__device__ __forceinline__ void tile_issue_pv(float (&o)[D / 2], uint32_t (&pa)[BN / 16][4], uint32_t s_v) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BN * 128), 1);
+}
+// Valid keys of the BN-wide key tile starting at plan position k0 (the rest is padding or past Lk).
+__device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
+  if (p.perm_d == 1) return p.k_len - k0;
+  const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
+  const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+  return ng - j0;
+}
+// Band mask of a BN-wide S tile: kept iff lo <= kp - qp <= hi and column < kvalid. d0 = k0 - q0 - r0w is
+// kp - qp at (the warp's first row r0w, column 0). Each of the thread's two rows keeps one column interval;
+// with its bounds taken relative to the thread's first column, a score's test is one subtraction from a
+// compile-time constant, one unsigned compare and a select (no per-score arithmetic on the positions).
+template <int BN>
+__device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int lane) {
+  const int rr = lane >> 2, cb = 2 * (lane & 3);
+  unsigned first[2], width[2];  // kept iff (8j + ee) - first <= width (unsigned), per row hh
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t row = rr + 8 * hh;  // 64-bit: lo / hi may be +-2^30 (bounds that never bind)
+    const int a = int(max(min(int64_t(lo) - d0 + row, int64_t(BN)), int64_t(0))) - cb;            // first kept column - cb
+    const int z = int(min(max(int64_t(hi) - d0 + row, int64_t(-1)), int64_t(kvalid) - 1)) - cb;   // last kept column - cb
+    first[hh] = unsigned(a);
+    width[hh] = z >= a ? unsigned(z - a) : 0u;
+    if (z < a) first[hh] = 0x40000000u;                       // empty row: nothing kept
+  }
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee)
+        if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
+}
+// Band entries (e.y == -2: kept iff e.z <= kp - qp <= e.w, keys < kvalid) and bitmask entries (e.y >= 0).
+template <int BN>
+__device__ __forceinline__ void tile_mask(const FusedParams& p, float (&s)[BN / 2], const int4& e,
+                                          const unsigned long long (&mw)[2][BN / 64], int q0, int r0, int cb) {
+  if (e.y == -2) {
+    const int k0 = (e.x & kKtMask) * BN;
+    tile_mask_band<BN>(s, k0 - q0 - (r0 & ~15), e.z, e.w, tile_kvalid(p, k0), (threadIdx.x & 31));
+  } else if (e.y >= 0) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int ee = 0; ee < 2; ++ee) {
+          const int c = 8 * j + cb + ee;
+          if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
+        }
+  }
+}
+// Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
+// returned in alpha. A row with no key yet keeps max -inf and contributes nothing.
+template <int BN>
+__device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2], float sl2,
+                                             float (&alpha)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(row_max[hh], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
+    row_max[hh] = m_new;
+    const float ms = m_use * sl2;
+    float rs = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee) {
+        const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
+        s[4 * j + 2 * hh + ee] = pv;
+        rs += pv;
+      }
+    row_sum[hh] = row_sum[hh] * alpha[hh] + rs;
+  }
+}
+// P as wgmma A fragments (registers).
+template <int BN, bool kBf16>
+__device__ __forceinline__ void tile_to_p(const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+// O *= alpha per row.
+template <int D>
+__device__ __forceinline__ void tile_rescale(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j + 2 * hh] *= alpha[hh];
+      o[4 * j + 2 * hh + 1] *= alpha[hh];
+    }
+}
+// Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped.
+template <int D, class Elem, bool kBf16>
+__device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o)[D / 2], const float (&row_max)[2],
+                                           const float (&row_sum)[2], int b, int h, int q0, int r0, int cb, int lane) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int tok = plan_token(q0 + r0 + 8 * hh, p.perm_d, p.q_group);
+    if (tok < p.q_len) {
+      Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + 8 * j + cb) = v;
+      }
+      if (p.lse != nullptr && (lane & 3) == 0)
+        p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
+            l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
+    }
+  }
+}
+}  // namespace detail
+
 #ifdef SPATTN_WGMMA
 inline constexpr bool kWgmmaAvailable = true;
 #else
@@ -354,98 +515,15 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   constexpr int MW = BN / 64;
 
   if constexpr (Tr::kPipelined) {
-    // ---- pieces of one key tile (sm_90a, decoupled warpgroups) ----
-    auto load_mask_words = [&](const int4& e, unsigned long long (&mw)[2][MW]) {
-      if (e.y >= 0) {
-        const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int w = 0; w < MW; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * MW + w);
-      }
-    };
-    auto issue_s = [&](float (&sacc)[BN / 2], uint32_t s_k) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t qa = s_q + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32;
-        const uint32_t ka = s_k + (kk / 4) * BN * 128 + (kk % 4) * 32;
-        wgmma::Op<BN, kBf16>::ss(sacc, desc_kmajor(qa), desc_kmajor(ka), kk > 0 ? 1 : 0);
-      }
-    };
-    auto issue_pv = [&](uint32_t (&pa)[BN / 16][4], uint32_t s_v) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v + kk * 16 * 128, BN * 128), 1);
-    };
+    // ---- pieces of one key tile (sm_90a, decoupled warpgroups): see tile_* in detail ----
+    auto load_mask_words = [&](const int4& e, unsigned long long (&mw)[2][MW]) { tile_mask_words<BM, BN>(p, e, r0, mw); };
+    auto issue_s = [&](float (&sacc)[BN / 2], uint32_t s_k) { tile_issue_s<BM, BN, D, kBf16>(sacc, s_q + wg * 64 * 128, s_k); };
+    auto issue_pv = [&](uint32_t (&pa)[BN / 16][4], uint32_t s_v) { tile_issue_pv<BN, D, kBf16>(o, pa, s_v); };
     auto mask = [&](float (&sacc)[BN / 2], const int4& e, const unsigned long long (&mw)[2][MW]) {
-      if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
-        const int k0 = (e.x & kKtMask) * BN;
-        int kvalid;
-        if (p.perm_d == 1) {
-          kvalid = p.k_len - k0;
-        } else {
-          const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
-          const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
-          kvalid = ng - j0;
-        }
-        const int base = k0 - q0 + cb - r0;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int ee = 0; ee < 2; ++ee) {
-              const int diff = base + 8 * j + ee - 8 * hh;
-              const int c = 8 * j + cb + ee;
-              if (diff < e.z || diff > e.w || c >= kvalid) sacc[4 * j + 2 * hh + ee] = -INFINITY;
-            }
-      } else if (e.y >= 0) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int ee = 0; ee < 2; ++ee) {
-              const int c = 8 * j + cb + ee;
-              if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) sacc[4 * j + 2 * hh + ee] = -INFINITY;
-            }
-      }
+      tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
     };
-    // softmax of one tile: exponentials in place, running max/sum updated, O's rescale factor returned.
-    auto softmax = [&](float (&sacc)[BN / 2], float (&alpha)[2]) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * hh], sacc[4 * j + 2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[hh], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
-        row_max[hh] = m_new;
-        const float ms = m_use * sl2;
-        float rs = 0.f;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int ee = 0; ee < 2; ++ee) {
-            const float pv = fast_exp2(fmaf(sacc[4 * j + 2 * hh + ee], sl2, -ms));
-            sacc[4 * j + 2 * hh + ee] = pv;
-            rs += pv;
-          }
-        row_sum[hh] = row_sum[hh] * alpha[hh] + rs;
-      }
-    };
-    auto to_p = [&](const float (&sacc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = pack2<kBf16>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-        pa[kk][1] = pack2<kBf16>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-        pa[kk][2] = pack2<kBf16>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-        pa[kk][3] = pack2<kBf16>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
-      }
-    };
+    auto softmax = [&](float (&sacc)[BN / 2], float (&alpha)[2]) { tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha); };
+    auto to_p = [&](const float (&sacc)[BN / 2], uint32_t (&pa)[BN / 16][4]) { tile_to_p<BN, kBf16>(sacc, pa); };
     auto stage_k = [&](int i) { return s_kv0 + uint32_t(i % S) * 2 * Tr::kTileBytes; };
 
     if (n > 0) {
@@ -496,13 +574,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         fence_regs(o);
         fence_regs_u32(pa);
         mbar_arrive(bar_empty + 8 * ((i - 1) % S));
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
-            o[4 * j + 2 * hh] *= alpha[hh];
-            o[4 * j + 2 * hh + 1] *= alpha[hh];
-          }
+        tile_rescale<D>(o, alpha);
         to_p(sacc, pa);
       }
       // last PV
@@ -604,25 +676,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       // ---- mask partial tiles ----
       if (e.y == -2) {  // band: lo <= kp - qp <= hi, keys < kvalid
         const int k0 = (e.x & kKtMask) * BN + col0;
-        int kvalid;
-        if (p.perm_d == 1) {
-          kvalid = p.k_len - k0;
-        } else {
-          const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
-          const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
-          kvalid = ng - j0;
-        }
-        const int base = k0 - q0 + cb - r0;  // kp - qp at (r0, cb)
-  #pragma unroll
-        for (int j = 0; j < BNX / 8; ++j)
-  #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-  #pragma unroll
-            for (int ee = 0; ee < 2; ++ee) {
-              const int diff = base + 8 * j + ee - 8 * hh;
-              const int c = 8 * j + cb + ee;
-              if (diff < e.z || diff > e.w || c >= kvalid) s[4 * j + 2 * hh + ee] = -INFINITY;
-            }
+        tile_mask_band<BNX>(s, k0 - q0 - warp * 16, e.z, e.w, tile_kvalid(p, k0), lane);
       } else if (e.y >= 0) {
   #pragma unroll
         for (int j = 0; j < BNX / 8; ++j)
@@ -636,43 +690,11 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       }
 
       // ---- online softmax (base 2; a row with no key yet keeps max -inf and contributes nothing) ----
-  #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = -INFINITY;
-  #pragma unroll
-        for (int j = 0; j < BNX / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[hh], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = fast_exp2((row_max[hh] - m_use) * sl2);
-        row_max[hh] = m_new;
-        const float ms = m_use * sl2;
-        float rs = 0.f;
-  #pragma unroll
-        for (int j = 0; j < BNX / 8; ++j)
-  #pragma unroll
-          for (int ee = 0; ee < 2; ++ee) {
-            const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
-            s[4 * j + 2 * hh + ee] = pv;
-            rs += pv;
-          }
-        row_sum[hh] = row_sum[hh] * alpha + rs;
-  #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[4 * j + 2 * hh] *= alpha;
-          o[4 * j + 2 * hh + 1] *= alpha;
-        }
-      }
+      float alpha[2];
+      tile_softmax<BNX>(s, row_max, row_sum, sl2, alpha);
+      tile_rescale<D>(o, alpha);
       uint32_t pa[BNX / 16][4];
-  #pragma unroll
-      for (int kk = 0; kk < BNX / 16; ++kk) {
-        pa[kk][0] = pack2<kBf16>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<kBf16>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<kBf16>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<kBf16>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-
+      tile_to_p<BNX, kBf16>(s, pa);
 
       // ---- O += P V ----
       if constexpr (kSm90) {
@@ -715,26 +737,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   }
 
   // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----
-  using Elem = typename Tr::Elem;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = row_sum[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int tok = plan_token(q0 + r0 + 8 * hh, p.perm_d, p.q_group);
-    if (tok < p.q_len) {
-      Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const uint32_t v = pack2<kBf16>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + 8 * j + cb) = v;
-      }
-      if (p.lse != nullptr && (lane & 3) == 0)
-        p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
-            l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
-    }
-  }
+  tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
 }
 
 template <class Tr>

@@ -3,7 +3,8 @@
 //   Arguments      what the caller gives (problem + tensor views)
 //   can_implement  a Status with the reason, never aborts
 //   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
-//   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync)
+//   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync;
+//                  the TMA kernel's work counter is zeroed by a memset on the stream)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -38,6 +39,9 @@ class DevicePlan {
   const int32_t* order() const { return order_; }
   double upload_ms() const { return upload_ms_; }
   int64_t narrow_entries() const { return narrow_; }  // entries run as one 64-key half (64x128 plans)
+  // The TMA kernel's work-item counter: zeroed on the stream before each launch, so runs of one plan on one
+  // stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
+  int* work_counter() const { return work_counter_; }
 
  private:
   plan::BlockPlan host_;
@@ -46,6 +50,7 @@ class DevicePlan {
   int4* entries_ = nullptr;
   unsigned long long* masks_ = nullptr;
   int32_t* order_ = nullptr;
+  int* work_counter_ = nullptr;
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
 };
@@ -56,6 +61,8 @@ class FusedFwd {
     Problem problem;
     TensorView q, k, v, o, lse;  // lse.data may be null
     bool force_sm80 = false;     // run the mma.sync kernel even on Hopper (tests)
+    bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
+    int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
   };
   using Params = LaunchParams;
 

@@ -5,6 +5,11 @@
 
 namespace spattn::cuda::fused {
 
+// The bytes of a CUtensorMap (128, 64-byte aligned), so that this header needs no CUDA header.
+struct alignas(64) TensorMapBytes {
+  unsigned char bytes[128];
+};
+
 struct FusedParams {
   const void* q;  // [B, Lq, Hq, D]   (head dim contiguous; other strides free)
   const void* k;  // [B, Lk, Hkv, D]
@@ -26,6 +31,11 @@ struct FusedParams {
   const unsigned long long* masks;
   const int32_t* order;          // [q_tiles]
   int q_tiles;
+  // Tensor maps of q, k, v ({D, L, H, B}, 64-element x rows boxes, 128-byte swizzle) for the warp-specialized
+  // TMA kernel (LaunchParams::ws); unset otherwise.
+  TensorMapBytes tmap_q, tmap_k, tmap_v;
+  int* work_counter;  // the TMA kernel's work-item counter (DevicePlan-owned; zeroed before each launch)
+  int persistent;     // TMA kernel: 1 = one CTA per SM drawing items from work_counter, 0 = one item a CTA
 };
 
 // TileEntry.kt as uploaded (DevicePlan): bits 0-27 the key tile, bits 28-29 `half` for 64x128 plans: 0 the
@@ -39,6 +49,7 @@ struct LaunchParams {
   FusedParams kernel;
   int block_m = 0, block_n = 0, head_dim = 0;
   bool bf16 = true, sm90 = false;
+  bool ws = false;  // sm_90a warp-specialized TMA kernel (fused_fwd_ws.cuh): 128/192-row tiles, perm_d == 1
   unsigned grid = 0;
 };
 

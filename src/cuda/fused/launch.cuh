@@ -3,12 +3,19 @@
 #include <mutex>
 
 #include "cuda/fused/fused_fwd.cuh"
+#include "cuda/fused/fused_fwd_ws.cuh"
 #include "cuda/fused/fused_params.hpp"
 
 namespace spattn::cuda::fused {
 
-template <class Tr>
+template <class Tr, bool kWs = false>
 cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
+  void (*kernel)(FusedParams) = nullptr;
+  if constexpr (kWs) {
+    kernel = fused_fwd_ws_kernel<Tr>;
+  } else {
+    kernel = fused_fwd_kernel<Tr>;
+  }
   // Raise the dynamic shared-memory limit once per process and device (kernel attributes are per device).
   static std::once_flag once[64];
   static cudaError_t attr_err[64] = {};
@@ -16,11 +23,11 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   std::call_once(once[dev & 63], [&] {
-    attr_err[dev & 63] = cudaFuncSetAttribute(fused_fwd_kernel<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    attr_err[dev & 63] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               Tr::kSmemBytes);
   });
   if (attr_err[dev & 63] != cudaSuccess) return attr_err[dev & 63];
-  fused_fwd_kernel<Tr><<<p.grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p.kernel);
+  kernel<<<p.grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p.kernel);
   return cudaGetLastError();
 }
 
@@ -30,6 +37,19 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
 template <bool kSm90>
 int launch_table(const LaunchParams& p, void* stream_) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if constexpr (kSm90) {
+    // Warp-specialized TMA kernels: 128x128 and 192x128 at head dim 64, 128x128 at 128.
+#define SPATTN_FUSED_WS_CASE(BM, BN, D)                                                 \
+    if (p.ws && p.block_m == BM && p.block_n == BN && p.head_dim == D) {                \
+      if (p.bf16) return int(launch_one<WsTraits<BM, BN, D, true>, true>(p, stream));   \
+      return int(launch_one<WsTraits<BM, BN, D, false>, true>(p, stream));              \
+    }
+    SPATTN_FUSED_WS_CASE(128, 128, 64)
+    SPATTN_FUSED_WS_CASE(192, 128, 64)
+    SPATTN_FUSED_WS_CASE(128, 128, 128)
+#undef SPATTN_FUSED_WS_CASE
+    if (p.ws) return int(cudaErrorInvalidConfiguration);
+  }
 #define SPATTN_FUSED_CASE(BM, BN, D)                                            \
   if (p.block_m == BM && p.block_n == BN && p.head_dim == D) {                  \
     if (p.bf16) return int(launch_one<Traits<BM, BN, D, true, kSm90>>(p, stream));   \

@@ -1,0 +1,273 @@
+// cuda/fused/fused_fwd_ws.cuh — the warp-specialized TMA forward kernel (sm_90a), FlashAttention-3's shape:
+//
+//   persistent CTAs, one per SM, draw work items (query tile, batch, head) from a global counter
+//   warpgroup 0      producer: one thread issues bulk tensor copies (TMA) of each item's Q tile and of each
+//                    K/V tile of its list into a kStages ring; `full` mbarriers complete on the copies'
+//                    byte count, `empty` mbarriers on the consumers' release; it runs ahead into the next
+//                    item. setmaxnreg gives its registers to the consumers.
+//   warpgroups 1..C  consumers, 64 query rows each (BM = 64 C): S_i = Q K_i^T issued together with
+//                    O += P_{i-1} V_{i-1} (intra-warpgroup pipelining), the S issues of the C warpgroups
+//                    taking turns on named barriers (one warpgroup's softmax runs under another's wgmma).
+//
+// The copy engine computes the addresses and zero-fills rows past the sequence end, so no consumer thread
+// spends an issue slot on loads; K/V are shared by C warpgroups (half or a third of the L2 traffic of the
+// one-warpgroup 64-row CTA). Applies to plans without permutation (perm_d == 1: rows are contiguous tokens)
+// and tensors whose strides suit a tensor map (FusedFwd::to_params checks; else the cp.async kernels run).
+#pragma once
+#include "cuda/fused/fused_fwd.cuh"
+
+namespace spattn::cuda::fused {
+
+template <int BM_, int BN_, int D_, bool kBf16_>
+struct WsTraits {
+  static constexpr int BM = BM_, BN = BN_, D = D_;
+  static constexpr bool kBf16 = kBf16_;
+  static_assert(BM == 128 || BM == 192, "warp-specialized query tile: 2 or 3 consumer warpgroups");
+  static_assert(BN == 128, "warp-specialized key tile: 128");
+  static_assert(D == 64 || (D == 128 && BM == 128), "head dim 64 (128 with two consumer warpgroups)");
+  static constexpr int kConsumers = BM / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  // D=64: 4 K/V stages and two query-tile buffers (the next item's Q loads during this item's last tiles);
+  // D=128: 3 stages and one buffer (224 KB).
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kQBufs = D == 64 ? 2 : 1;
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kTileBytes = BN * D * 2;
+  static constexpr int kBarOffset = kQBufs * kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;  // work-item ids, one per Q buffer
+  static constexpr int kSmemBytes = kSlotOffset + kQBufs * 4 + 1024;                // + alignment slack
+  // Registers a thread after setmaxnreg (FA3's split): the sum over the CTA stays within 64 K.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+};
+
+namespace detail {
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() {
+#ifdef SPATTN_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// A box of the 4-D tensor map (d, token, head, batch) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+#ifdef SPATTN_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef SPATTN_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef SPATTN_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+}  // namespace detail
+
+template <class Tr>
+__device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
+  using namespace detail;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
+  constexpr bool kBf16 = Tr::kBf16;
+  constexpr int MW = BN / 64;
+  constexpr int kPair = 256;  // threads meeting at a turn barrier: the waiting and the handing-over warpgroup
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_q = smem_u32(smem);                // NQ query tiles
+  const uint32_t s_kv0 = s_q + NQ * Tr::kQBytes;      // stage s: K at s_kv0 + 2s*tile, V right after
+  const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
+
+  volatile int* slot_item = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int bh_count = p.batch * p.q_heads;
+  const int items = p.q_tiles * bh_count;  // work items (query tile, batch, head), most work first
+  // Persistent CTAs with a dynamic scheduler: the producer takes the next work item from a global counter
+  // (FusedParams::work_counter, zeroed before each launch) and hands its id to the consumers with its query
+  // tile (slot + `qfull` mbarrier; -1 ends the walk). The K/V ring and the query-tile buffers run on across
+  // items, so the producer loads the next item's tiles while the consumers finish (and store) the current one,
+  // and an SM that drew short items draws more (longformer's global rows are 20x the local ones).
+  struct Item {
+    int b, h, hk, q0, n;
+    int64_t e_begin;
+  };
+  auto item = [&](int w) {
+    Item it;
+    const int qt = p.order[w / bh_count], bh = w % bh_count;
+    it.b = bh / p.q_heads, it.h = bh % p.q_heads, it.hk = it.h / p.group;
+    it.q0 = qt * BM;
+    it.e_begin = p.row_offsets[qt];
+    it.n = int(p.row_offsets[qt + 1] - it.e_begin);
+    return it;
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);         // the producer's expect_tx; completes on the bytes
+      mbar_init(bar_empty + 8 * s, 128 * C);  // every consumer thread done with the stage
+    }
+    for (int s = 0; s < NQ; ++s) {
+      mbar_init(bar_qfull + 8 * s, 1);        // item id written (and its Q tile landed)
+      mbar_init(bar_qempty + 8 * s, 128 * C); // every consumer thread done with the item's Q (and its id)
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      unsigned g = 0;  // key tiles loaded so far
+      for (int nq = 0;; ++nq) {
+        const int qb = nq % NQ;
+        if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
+        // Persistent: the next item from the counter. Otherwise one item a CTA (grid = items).
+        const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
+        if (w >= items) {
+          slot_item[qb] = -1;
+          mbar_arrive(bar_qfull + 8 * qb);
+          break;
+        }
+        slot_item[qb] = w;
+        const Item it = item(w);
+        if (it.n == 0) {
+          mbar_arrive(bar_qfull + 8 * qb);
+          continue;
+        }
+        mbar_expect_tx(bar_qfull + 8 * qb, Tr::kQBytes);
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_4d(s_q + qb * Tr::kQBytes + c * BM * 128, &p.tmap_q, bar_qfull + 8 * qb, 64 * c, it.q0, it.h, it.b);
+        for (int j = 0; j < it.n; ++j, ++g) {
+          const int st = int(g % S);
+          if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
+          const int k0 = (__ldg(&p.entries[it.e_begin + j].x) & kKtMask) * BN;
+          const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
+          const uint32_t full = bar_full + 8 * st;
+          mbar_expect_tx(full, 2 * Tr::kTileBytes);
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c) {
+            tma_load_4d(sk + c * BN * 128, &p.tmap_k, full, 64 * c, k0, it.hk, it.b);
+            tma_load_4d(sk + Tr::kTileBytes + c * BN * 128, &p.tmap_v, full, 64 * c, k0, it.hk, it.b);
+          }
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int c = wg - 1;                                 // consumer index: query rows 64c ... 64c + 63
+    const int r0 = (warp - 4) * 16 + (lane >> 2);         // this thread's first row in the tile (second: +8)
+    const int cb = 2 * (lane & 3);                        // first column in each 8-wide block
+    const int turn = 1 + c, next_turn = 1 + (c + 1) % C;  // named barriers ordering the S issues
+    const float sl2 = p.scale_log2;
+    if (c == C - 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    unsigned g = 0;  // key tiles consumed before the current item
+    for (int nq = 0;; ++nq) {
+      const int qb = nq % NQ;
+      mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
+      const int w = slot_item[qb];
+      if (w < 0) break;
+      const Item it = item(w);
+      const int n = it.n, q0 = it.q0;
+      float o[D / 2];
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+      if (n == 0) {
+        mbar_arrive(bar_qempty + 8 * qb);
+      } else {
+        auto stage_k = [&](int i) { return s_kv0 + uint32_t((g + unsigned(i)) % S) * 2 * Tr::kTileBytes; };
+        auto full_bar = [&](int i) { return bar_full + 8 * ((g + unsigned(i)) % S); };
+        auto full_parity = [&](int i) { return int(((g + unsigned(i)) / S) & 1); };
+        auto empty_bar = [&](int i) { return bar_empty + 8 * ((g + unsigned(i)) % S); };
+        const uint32_t s_qc = s_q + qb * Tr::kQBytes + c * 64 * 128;
+        float sacc[BN / 2];
+        uint32_t pa[BN / 16][4];
+        float alpha[2];
+        unsigned long long mw[2][MW];
+        {  // tile 0: S only
+          const int4 e = __ldg(&p.entries[it.e_begin]);
+          tile_mask_words<BM, BN>(p, e, r0, mw);
+          mbar_wait(full_bar(0), full_parity(0));
+          fence_regs(sacc);
+          named_sync(turn, kPair);
+          wgmma_fence();
+          tile_issue_s<BM, BN, D, kBf16>(sacc, s_qc, stage_k(0));
+          wgmma_commit();
+          named_arrive(next_turn, kPair);
+          wgmma_wait<0>();
+          fence_regs(sacc);
+          tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
+          tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+          tile_to_p<BN, kBf16>(sacc, pa);
+        }
+        for (int i = 1; i < n; ++i) {
+          const int4 e = __ldg(&p.entries[it.e_begin + i]);
+          tile_mask_words<BM, BN>(p, e, r0, mw);
+          mbar_wait(full_bar(i), full_parity(i));
+          fence_regs(sacc);
+          fence_regs(o);
+          fence_regs_u32(pa);
+          named_sync(turn, kPair);
+          wgmma_fence();
+          tile_issue_s<BM, BN, D, kBf16>(sacc, s_qc, stage_k(i));
+          wgmma_commit();
+          tile_issue_pv<BN, D, kBf16>(o, pa, stage_k(i - 1) + Tr::kTileBytes);
+          wgmma_commit();
+          named_arrive(next_turn, kPair);
+          wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
+          fence_regs(sacc);
+          tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
+          tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+          wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
+          fence_regs(o);
+          fence_regs_u32(pa);
+          mbar_arrive(empty_bar(i - 1));
+          tile_rescale<D>(o, alpha);
+          tile_to_p<BN, kBf16>(sacc, pa);
+        }
+        mbar_arrive(bar_qempty + 8 * qb);  // every S of this item is done: the producer may reuse the Q buffer
+        fence_regs(o);
+        fence_regs_u32(pa);
+        wgmma_fence();
+        tile_issue_pv<BN, D, kBf16>(o, pa, stage_k(n - 1) + Tr::kTileBytes);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(empty_bar(n - 1));
+        g += unsigned(n);
+      }
+      tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, it.b, it.h, q0, r0, cb, lane);
+    }
+    if (c == 0) named_sync(1, kPair);  // absorb the last hand-over of the turn
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) fused_fwd_ws_kernel(const __grid_constant__ FusedParams p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!kWgmmaAvailable) {
+    __trap();
+  } else {
+    fused_fwd_ws_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::fused
