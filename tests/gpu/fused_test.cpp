@@ -230,6 +230,11 @@ const Case kCases[] = {
     {"128x128 persistent d128", "causal", 2, 8, 8, 2100, 2100, 128, bf, 128, false, -1, 0, false, false, 1},
     {"192x128 one item a CTA, empty items", "global_rows(0:10) & local(5)", 2, 8, 8, 3000, 3000, 64, bf, 192, false,
      -1, 128, false, false, 0},
+    // Packed variable-length batches: B = 1, sequences of 700, 1500 and 1899 tokens as document segments.
+    {"varlen: document(...) & causal", "document(700, 1500, 1899) & causal", 1, 4, 2, 4099, 4099, 64, bf},
+    {"varlen: document(...) & local, d128", "document(700, 1500, 1899) & local(200)", 1, 2, 2, 4099, 4099, 128, fp},
+    {"varlen: document(...) 192x128", "document(700, 1500, 1899) & causal", 1, 2, 2, 4099, 4099, 64, fp, 192, false,
+     -1, 128},
     {"128x128 cp.async d64", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 128, false, -1, 0, true},
     {"128x128 cp.async d128", "causal", 1, 4, 2, 799, 799, 128, bf, 128, false, -1, 0, true},
 };
