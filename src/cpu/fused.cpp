@@ -82,6 +82,20 @@ inline void cpu_pause() {
 #endif
 }
 
+// Spins up to ~50 us for cond(); true if it came (then the caller sleeps on a futex: a spinning thread can
+// hold the CPU that the thread it waits for needs).
+template <class Cond>
+bool spin_until(Cond&& cond) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (cond()) return true;
+      cpu_pause();
+    }
+    if (std::chrono::steady_clock::now() > until) return cond();
+  }
+}
+
 // Worker threads kept for the process: parallel_for wakes them instead of creating threads. Created per
 // region, a thread was at times started on its creator's CPU (Linux places a new thread by recent load, and
 // the previous region's thread had just run on the other CPU) and joined the work late; measured on the
@@ -125,18 +139,6 @@ class WorkerPool {
 
  private:
   WorkerPool() : pid_(getpid()) {}
-  // Spins up to ~50 us for cond(); true if it came.
-  template <class Cond>
-  static bool spin_until(Cond&& cond) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    for (;;) {
-      for (int i = 0; i < 64; ++i) {
-        if (cond()) return true;
-        cpu_pause();
-      }
-      if (std::chrono::steady_clock::now() > until) return cond();
-    }
-  }
   void loop(int t, uint64_t seen) {
     for (;;) {
       if (!spin_until([&] { return state_.load(std::memory_order_acquire) != seen; })) state_.wait(seen, std::memory_order_acquire);
@@ -953,11 +955,10 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
         const int64_t l0 = (i % per_b) * kPackRows;
         fused::pack_kv_rows(k, v, kv.ptr, DP, DVP, i / per_b, l0, std::min(Lk, l0 + kPackRows));
       }
-      packed.fetch_add(1, std::memory_order_acq_rel);
-      for (int spin = 0; packed.load(std::memory_order_acquire) < nthreads; ++spin) {
-        if (spin < 4096) fused::cpu_pause();
-        else std::this_thread::yield();
-      }
+      if (packed.fetch_add(1, std::memory_order_acq_rel) + 1 == nthreads) packed.notify_all();
+      for (int v; (v = packed.load(std::memory_order_acquire)) < nthreads;)
+        if (!fused::spin_until([&] { return packed.load(std::memory_order_acquire) == nthreads; }))
+          packed.wait(v, std::memory_order_acquire);
     }
 #ifdef SPATTN_FUSED_PROF
     if (t < 8) prof_beg[t] = prof_ms(), prof_cpu[t] = sched_getcpu();
