@@ -34,8 +34,10 @@ struct WsTraits {
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBufs * kQBytes + kStages * 2 * kTileBytes;
-  static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;  // work-item ids, one per Q buffer
-  static constexpr int kSmemBytes = kSlotOffset + kQBufs * 4 + 1024;                // + alignment slack
+  // Work-item descriptors, one per Q buffer (16 ints: id, b, h, hk, q0, n, e_begin lo/hi, first entry).
+  static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
+  static constexpr int kSlotInts = 16;
+  static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
   // Registers a thread after setmaxnreg (FA3's split): the sum over the CTA stays within 64 K.
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
@@ -91,7 +93,10 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
   const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
 
-  volatile int* slot_item = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
+  // The producer decodes each work item (its id, then order[] and row_offsets[] and the first entry: dependent
+  // global loads) and leaves the result here for the consumers, who would otherwise wait on that chain at the
+  // start of every item.
+  volatile int* slots = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
@@ -138,13 +143,19 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
         // Persistent: the next item from the counter. Otherwise one item a CTA (grid = items).
         const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
+        volatile int* sl = slots + qb * Tr::kSlotInts;
         if (w >= items) {
-          slot_item[qb] = -1;
+          sl[0] = -1;
           mbar_arrive(bar_qfull + 8 * qb);
           break;
         }
-        slot_item[qb] = w;
         const Item it = item(w);
+        sl[0] = w, sl[1] = it.b, sl[2] = it.h, sl[3] = it.hk, sl[4] = it.q0, sl[5] = it.n;
+        sl[6] = int(it.e_begin & 0xffffffff), sl[7] = int(it.e_begin >> 32);
+        if (it.n > 0) {
+          const int4 e0 = __ldg(&p.entries[it.e_begin]);
+          sl[8] = e0.x, sl[9] = e0.y, sl[10] = e0.z, sl[11] = e0.w;
+        }
         if (it.n == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
           continue;
@@ -181,9 +192,12 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
-      const int w = slot_item[qb];
-      if (w < 0) break;
-      const Item it = item(w);
+      volatile int* sl = slots + qb * Tr::kSlotInts;
+      if (sl[0] < 0) break;
+      Item it;
+      it.b = sl[1], it.h = sl[2], it.hk = sl[3], it.q0 = sl[4], it.n = sl[5];
+      it.e_begin = int64_t(unsigned(sl[6])) | (int64_t(sl[7]) << 32);
+      const int4 e_first = make_int4(sl[8], sl[9], sl[10], sl[11]);
       const int n = it.n, q0 = it.q0;
       float o[D / 2];
 #pragma unroll
@@ -202,7 +216,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         float alpha[2];
         unsigned long long mw[2][MW];
         {  // tile 0: S only
-          const int4 e = __ldg(&p.entries[it.e_begin]);
+          const int4 e = e_first;
           tile_mask_words<BM, BN>(p, e, r0, mw);
           mbar_wait(full_bar(0), full_parity(0));
           fence_regs(sacc);
