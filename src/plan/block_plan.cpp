@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <thread>
 #include <climits>
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 
@@ -101,6 +104,45 @@ struct TileScratch {
 };
 
 // Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
+// Worker threads for plan building: about 2^15 row x key units a thread at least (a scattered pattern's row
+// costs O(Lk)), at most the hardware's threads and 32; SPATTN_PLAN_THREADS caps it (1: serial).
+int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
+  int64_t cap = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  if (const char* env = std::getenv("SPATTN_PLAN_THREADS")) {
+    const long v = std::strtol(env, nullptr, 10);
+    if (v >= 1) cap = std::min<int64_t>(cap, v);
+  }
+  const int64_t by_size = std::max<int64_t>(1, q_tiles * std::max<int64_t>(k_len, 64) / (int64_t(1) << 15));
+  return std::max<int64_t>(1, std::min({cap, int64_t(32), q_tiles, by_size}));
+}
+// Runs f(0 .. n-1), f(0) on this thread; rethrows the first exception.
+template <class F>
+void run_parallel(int n, F&& f) {
+  if (n <= 1) {
+    f(0);
+    return;
+  }
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(n));
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(n - 1));
+  for (int t = 1; t < n; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        f(t);
+      } catch (...) {
+        errs[size_t(t)] = std::current_exception();
+      }
+    });
+  try {
+    f(0);
+  } catch (...) {
+    errs[0] = std::current_exception();
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, std::vector<Run>& tmp,
                   std::vector<int64_t>& row_begin, std::vector<Run>& runs, int64_t& nnz) {
   row_begin.assign(size_t(sp.bm) + 1, 0);
@@ -206,72 +248,103 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
   plan.row_offsets.assign(size_t(sp.q_tiles) + 1, 0);
 
   const int words = bm * bn / 64, row_words = bn / 64;
-  TileScratch scr(sp.k_tiles);
-  std::vector<Run> tmp, runs;
-  std::vector<int64_t> row_begin;
-  std::vector<uint64_t> pmask;  // partial masks of the current query tile
-  std::vector<int64_t> partial_kt;
-
-  for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
-    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
-    const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, plan.nnz);
-    scr.touched.clear();
-    for (const Run& r : runs)
-      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
-        if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
-        scr.count[size_t(kt)] += b - a;
-      });
-    std::sort(scr.touched.begin(), scr.touched.end());
-    partial_kt.clear();
-    for (int64_t kt : scr.touched) {
-      const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
-      if (!full) {
-        scr.slot[size_t(kt)] = int32_t(partial_kt.size());
-        partial_kt.push_back(kt);
-      }
-    }
-    pmask.assign(partial_kt.size() * size_t(words), 0);
-    if (!partial_kt.empty()) {
-      for (int r = 0; r < bm; ++r) {
-        for (int64_t i = row_begin[size_t(r)]; i < row_begin[size_t(r) + 1]; ++i)
-          for_each_tile_span(runs[size_t(i)], bn, [&](int64_t kt, int64_t a, int64_t b) {
-            const int32_t s = scr.slot[size_t(kt)];
-            if (s < 0) return;
-            uint64_t* m = &pmask[size_t(s) * words + size_t(r) * row_words];
-            for (int64_t c = a; c < b;) {  // set bits [a, b) word by word
-              const int64_t w = c / 64, e = std::min(b, (w + 1) * 64);
-              const int64_t n = e - c;
-              const uint64_t bits = n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << (c % 64);
-              m[w] |= bits;
-              c = e;
-            }
-          });
-      }
-    }
-    for (int64_t kt : scr.touched) {
-      TileEntry e{int32_t(kt), kFull, 0, 0};
-      const int32_t s = scr.slot[size_t(kt)];
-      if (s >= 0) {
-        const uint64_t* m = &pmask[size_t(s) * words];
-        int64_t lo, hi;
-        if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi)) {
-          e.mask = kBand;
-          e.lo = int32_t(lo);
-          e.hi = int32_t(hi);
-          ++plan.n_band;
-        } else {
-          e.mask = int32_t(plan.masks.size() / size_t(words));
-          plan.masks.insert(plan.masks.end(), m, m + words);
-          ++plan.n_bitmask;
+  // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
+  // row costs O(Lk) hashes: 16384 rows took seconds on one thread), then concatenated in order, so the plan
+  // is the same for any thread count.
+  struct Part {
+    std::vector<int64_t> offsets;  // entries before each query tile, within this part
+    std::vector<TileEntry> entries;
+    std::vector<uint64_t> masks;
+    int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
+  };
+  auto build_range = [&](int64_t qt_begin, int64_t qt_end, Part& out) {
+    TileScratch scr(sp.k_tiles);
+    std::vector<Run> tmp, runs;
+    std::vector<int64_t> row_begin;
+    std::vector<uint64_t> pmask;  // partial masks of the current query tile
+    std::vector<int64_t> partial_kt;
+    for (int64_t qt = qt_begin; qt < qt_end; ++qt) {
+      out.offsets.push_back(int64_t(out.entries.size()));
+      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, out.nnz);
+      scr.touched.clear();
+      for (const Run& r : runs)
+        for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
+          if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
+          scr.count[size_t(kt)] += b - a;
+        });
+      std::sort(scr.touched.begin(), scr.touched.end());
+      partial_kt.clear();
+      for (int64_t kt : scr.touched) {
+        const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
+        if (!full) {
+          scr.slot[size_t(kt)] = int32_t(partial_kt.size());
+          partial_kt.push_back(kt);
         }
-      } else {
-        ++plan.n_full;
       }
-      plan.entries.push_back(e);
-      scr.count[size_t(kt)] = 0;
-      scr.slot[size_t(kt)] = -1;
+      pmask.assign(partial_kt.size() * size_t(words), 0);
+      if (!partial_kt.empty()) {
+        for (int r = 0; r < bm; ++r) {
+          for (int64_t i = row_begin[size_t(r)]; i < row_begin[size_t(r) + 1]; ++i)
+            for_each_tile_span(runs[size_t(i)], bn, [&](int64_t kt, int64_t a, int64_t b) {
+              const int32_t s = scr.slot[size_t(kt)];
+              if (s < 0) return;
+              uint64_t* m = &pmask[size_t(s) * words + size_t(r) * row_words];
+              for (int64_t c = a; c < b;) {  // set bits [a, b) word by word
+                const int64_t w = c / 64, e = std::min(b, (w + 1) * 64);
+                const int64_t n = e - c;
+                const uint64_t bits = n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << (c % 64);
+                m[w] |= bits;
+                c = e;
+              }
+            });
+        }
+      }
+      for (int64_t kt : scr.touched) {
+        TileEntry e{int32_t(kt), kFull, 0, 0};
+        const int32_t s = scr.slot[size_t(kt)];
+        if (s >= 0) {
+          const uint64_t* m = &pmask[size_t(s) * words];
+          int64_t lo, hi;
+          if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi)) {
+            e.mask = kBand;
+            e.lo = int32_t(lo);
+            e.hi = int32_t(hi);
+            ++out.n_band;
+          } else {
+            e.mask = int32_t(out.masks.size() / size_t(words));  // within this part; rebased when merged
+            out.masks.insert(out.masks.end(), m, m + words);
+            ++out.n_bitmask;
+          }
+        } else {
+          ++out.n_full;
+        }
+        out.entries.push_back(e);
+        scr.count[size_t(kt)] = 0;
+        scr.slot[size_t(kt)] = -1;
+      }
     }
-    if (plan.masks.size() / size_t(words) >= size_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+  };
+  const int64_t nthreads = plan_threads(sp.q_tiles, pat.k_len());
+  std::vector<Part> parts(static_cast<size_t>(nthreads));
+  run_parallel(int(nthreads), [&](int t) {
+    build_range(sp.q_tiles * t / nthreads, sp.q_tiles * (t + 1) / nthreads, parts[size_t(t)]);
+  });
+  int64_t qt = 0;
+  for (Part& part : parts) {
+    const int64_t base = int64_t(plan.entries.size()), mask_base = int64_t(plan.masks.size()) / words;
+    for (int64_t off : part.offsets) plan.row_offsets[size_t(qt++)] = base + off;
+    for (TileEntry& e : part.entries)
+      if (e.mask >= 0) {
+        if (mask_base + e.mask >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+        e.mask = int32_t(mask_base + e.mask);
+      }
+    plan.entries.insert(plan.entries.end(), part.entries.begin(), part.entries.end());
+    plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
+    plan.nnz += part.nnz;
+    plan.n_full += part.n_full;
+    plan.n_band += part.n_band;
+    plan.n_bitmask += part.n_bitmask;
+    part = Part{};
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 
@@ -398,15 +471,28 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
   double best = 0;
   int bm = shapes[0].block_m, bn = shapes[0].block_n, bd = perms[0];
   if (shapes.size() * perms.size() > 1) {
-    bool first = true;
+    struct Candidate {
+      TileShape shape;
+      int d;
+      double cost = 0;
+    };
+    std::vector<Candidate> cands;
     for (int d : perms)
       for (TileShape s : shapes) {
         // The TMA kernel runs 128- and 192-row tiles of unpermuted plans; 192 rows exist only there.
         s.tma = tma && d == 1 && s.block_m >= 128 && s.block_n == 128;
         if (s.block_m == 192 && !s.tma) continue;
-        const double c = estimate_cost(pat, s, d, head_dim);
-        if (first || c < best) best = c, bm = s.block_m, bn = s.block_n, bd = d, first = false;
+        cands.push_back({s, d});
       }
+    // The estimates sample rows of the pattern (O(Lk) each for random): one thread a candidate.
+    run_parallel(int(cands.size()), [&](int i) {
+      Candidate& c = cands[size_t(i)];
+      c.cost = estimate_cost(pat, c.shape, c.d, head_dim);
+    });
+    bool first = true;
+    for (const Candidate& c : cands)  // in order: ties keep the earlier candidate, as before
+      if (first || c.cost < best)
+        best = c.cost, bm = c.shape.block_m, bn = c.shape.block_n, bd = c.d, first = false;
   }
   BlockPlan p = build_block_plan(pat, bm, bn, bd);
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
