@@ -3,12 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
-#include <thread>
 #include <climits>
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
+#include <thread>
+
+#include "cpu/parallel.hpp"
 
 namespace spattn::plan {
 namespace {
@@ -115,34 +116,6 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
   const int64_t by_size = std::max<int64_t>(1, q_tiles * std::max<int64_t>(k_len, 64) / (int64_t(1) << 15));
   return std::max<int64_t>(1, std::min({cap, int64_t(32), q_tiles, by_size}));
 }
-// Runs f(0 .. n-1), f(0) on this thread; rethrows the first exception.
-template <class F>
-void run_parallel(int n, F&& f) {
-  if (n <= 1) {
-    f(0);
-    return;
-  }
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(n));
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(n - 1));
-  for (int t = 1; t < n; ++t)
-    pool.emplace_back([&, t] {
-      try {
-        f(t);
-      } catch (...) {
-        errs[size_t(t)] = std::current_exception();
-      }
-    });
-  try {
-    f(0);
-  } catch (...) {
-    errs[0] = std::current_exception();
-  }
-  for (auto& th : pool) th.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-}
-
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, std::vector<Run>& tmp,
                   std::vector<int64_t>& row_begin, std::vector<Run>& runs, int64_t& nnz) {
   row_begin.assign(size_t(sp.bm) + 1, 0);
@@ -326,7 +299,7 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
   };
   const int64_t nthreads = plan_threads(sp.q_tiles, pat.k_len());
   std::vector<Part> parts(static_cast<size_t>(nthreads));
-  run_parallel(int(nthreads), [&](int t) {
+  cpu::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
     build_range(sp.q_tiles * t / nthreads, sp.q_tiles * (t + 1) / nthreads, parts[size_t(t)]);
   });
   int64_t qt = 0;
@@ -479,13 +452,12 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
     std::vector<Candidate> cands;
     for (int d : perms)
       for (TileShape s : shapes) {
-        // The TMA kernel runs 128- and 192-row tiles of unpermuted plans; 192 rows exist only there.
-        s.tma = tma && d == 1 && s.block_m >= 128 && s.block_n == 128;
+        s.tma = tma && tma_kernel_shape(s.block_m, s.block_n, d, head_dim);  // 192 rows exist only there
         if (s.block_m == 192 && !s.tma) continue;
         cands.push_back({s, d});
       }
     // The estimates sample rows of the pattern (O(Lk) each for random): one thread a candidate.
-    run_parallel(int(cands.size()), [&](int i) {
+    cpu::parallel_for(int64_t(cands.size()), int(cands.size()), [&](int64_t i, int) {
       Candidate& c = cands[size_t(i)];
       c.cost = estimate_cost(pat, c.shape, c.d, head_dim);
     });

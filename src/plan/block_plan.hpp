@@ -76,6 +76,12 @@ BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n
 // strided with a common stride multiple of d (dilated(w, d), stride(s)); 1 otherwise.
 int choose_permutation(const BoundPattern& pattern);
 
+// Whether the sm_90a warp-specialized TMA kernel (src/cuda/fused/fused_fwd_ws.cuh) runs plans of this shape:
+// no permutation, 128x128 tiles (head dim 64 or 128) or 192x128 tiles (head dim 64).
+inline bool tma_kernel_shape(int block_m, int block_n, int perm_d, int64_t head_dim) {
+  return perm_d == 1 && block_n == 128 && (block_m == 128 || (block_m == 192 && head_dim == 64));
+}
+
 struct TileShape {
   int block_m, block_n;
   bool tma = false;  // run by the warp-specialized TMA kernel (sm_90a; 128/192-row tiles, perm_d 1)

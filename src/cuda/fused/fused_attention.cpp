@@ -22,11 +22,9 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
   const auto t0 = std::chrono::steady_clock::now();
   impl_->options = options;
   // The warp-specialized TMA kernel (and its 192-row tiles) exists on compute capability 9.0 (sm_90a).
-  int dev = 0, major = 0, minor = 0;
-  const bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                    major == 9 && minor == 0;
+  int dev = 0;
+  cuda::fused::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  const bool sm90 = cuda::fused::device_cc(dev) == 90;
   impl_->plan = std::make_unique<DevicePlan>(plan::choose_block_plan(
       pattern, head_dim, options.block_m, options.block_n, options.perm_d, sm90 && options.tma && !options.force_sm80));
   impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -62,13 +60,9 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   p.block_n = block_n();
   p.head_dim = int(problem.head_dim);
   p.bf16 = problem.dtype == DType::bf16;
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  p.sm90 = !impl_->options.force_sm80 && major == 9 && minor == 0;
+  p.sm90 = !impl_->options.force_sm80 && cuda::fused::device_cc(impl_->plan->device()) == 90;
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
-  p.ws = p.sm90 && impl_->options.tma && hp.perm_d == 1 && hp.block_n == 128 && hp.block_m >= 128;
+  p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

@@ -18,6 +18,33 @@ void check_cuda(cudaError_t e, const char* what) {
 }
 
 namespace {
+// A device attribute, read once per device (they do not change while the process runs).
+template <class F>
+int cached_per_device(int dev, int (&cache)[64], F&& read) {
+  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
+  const int v = read();
+  if (dev >= 0 && dev < 64) cache[dev] = v;
+  return v;
+}
+int attribute(int dev, cudaDeviceAttr attr) {
+  int v = 0;
+  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), "cudaDeviceGetAttribute");
+  return v;
+}
+int device_sms(int dev) {
+  static int cache[64] = {};
+  return cached_per_device(dev, cache, [&] { return attribute(dev, cudaDevAttrMultiProcessorCount); });
+}
+}  // namespace
+
+int device_cc(int dev) {
+  static int cache[64] = {};
+  return cached_per_device(dev, cache, [&] {
+    return attribute(dev, cudaDevAttrComputeCapabilityMajor) * 10 + attribute(dev, cudaDevAttrComputeCapabilityMinor);
+  });
+}
+
+namespace {
 template <class T>
 T* upload(const std::vector<T>& v, const char* what) {
   if (v.empty()) return nullptr;
@@ -29,25 +56,6 @@ T* upload(const std::vector<T>& v, const char* what) {
     check_cuda(e, what);
   }
   return d;
-}
-
-int device_cc(int dev) {
-  static int cache[64] = {};
-  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
-  int major = 0, minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
-  const int cc = major * 10 + minor;
-  if (dev >= 0 && dev < 64) cache[dev] = cc;
-  return cc;
-}
-int device_sms(int dev) {
-  static int cache[64] = {};
-  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
-  int n = 0;
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  if (dev >= 0 && dev < 64) cache[dev] = n;
-  return n;
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
@@ -85,8 +93,8 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
 
 // Whether the warp-specialized TMA kernel runs this plan (sm_90a), with its tensor maps filled in `k`.
 bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, FusedParams& k) {
-  if (!sm90 || a.no_tma || hp.perm_d != 1 || hp.block_n != 128) return false;
-  if (!(hp.block_m == 128 || (hp.block_m == 192 && a.problem.head_dim == 64))) return false;
+  if (!sm90 || a.no_tma || !plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, a.problem.head_dim))
+    return false;
   return encode_tmap(k.tmap_q, a.q, hp.block_m) && encode_tmap(k.tmap_k, a.k, hp.block_n) &&
          encode_tmap(k.tmap_v, a.v, hp.block_n);
 }
