@@ -102,9 +102,21 @@ struct TileScratch {
   std::vector<int32_t> slot;    // [k_tiles] partial slot or -1
   std::vector<int64_t> touched;
   explicit TileScratch(int64_t k_tiles) : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1) {}
+  // Counts the kept scores of each key tile that the query tile's runs touch (touched: those tiles).
+  void count_runs(const std::vector<Run>& runs, int64_t bn) {
+    touched.clear();
+    for (const Run& r : runs)
+      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
+        if (count[size_t(kt)] == 0) touched.push_back(kt);
+        count[size_t(kt)] += b - a;
+      });
+  }
+  // Every valid (q, k) of key tile kt is kept.
+  bool full(int64_t kt, int64_t valid_rows, const Space& sp) const {
+    return count[size_t(kt)] == valid_rows * sp.bn && sp.k_valid(kt) == sp.bn;
+  }
 };
 
-// Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
 // Worker threads for plan building: about 2^15 row x key units a thread at least (a scattered pattern's row
 // costs O(Lk)), at most the hardware's threads and 32; SPATTN_PLAN_THREADS caps it (1: serial).
 int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
@@ -116,6 +128,8 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
   const int64_t by_size = std::max<int64_t>(1, q_tiles * std::max<int64_t>(k_len, 64) / (int64_t(1) << 15));
   return std::max<int64_t>(1, std::min({cap, int64_t(32), q_tiles, by_size}));
 }
+
+// Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, std::vector<Run>& tmp,
                   std::vector<int64_t>& row_begin, std::vector<Run>& runs, int64_t& nnz) {
   row_begin.assign(size_t(sp.bm) + 1, 0);
@@ -239,17 +253,11 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
     for (int64_t qt = qt_begin; qt < qt_end; ++qt) {
       out.offsets.push_back(int64_t(out.entries.size()));
       const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, out.nnz);
-      scr.touched.clear();
-      for (const Run& r : runs)
-        for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
-          if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
-          scr.count[size_t(kt)] += b - a;
-        });
+      scr.count_runs(runs, bn);
       std::sort(scr.touched.begin(), scr.touched.end());
       partial_kt.clear();
       for (int64_t kt : scr.touched) {
-        const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
-        if (!full) {
+        if (!scr.full(kt, valid_rows, sp)) {
           scr.slot[size_t(kt)] = int32_t(partial_kt.size());
           partial_kt.push_back(kt);
         }
@@ -410,15 +418,9 @@ double estimate_cost(const BoundPattern& pat, TileShape shape, int d, int64_t he
     const int64_t qt = samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
     int64_t nnz = 0;
     const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, nnz);
-    scr.touched.clear();
-    for (const Run& r : runs)
-      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
-        if (scr.count[size_t(kt)] == 0) scr.touched.push_back(kt);
-        scr.count[size_t(kt)] += b - a;
-      });
+    scr.count_runs(runs, bn);
     for (int64_t kt : scr.touched) {
-      const bool full = scr.count[size_t(kt)] == valid_rows * bn && sp.k_valid(kt) == bn;
-      cost += double(bm) * bn * (full ? 1.0 : partial);
+      cost += double(bm) * bn * (scr.full(kt, valid_rows, sp) ? 1.0 : partial);
       scr.count[size_t(kt)] = 0;
     }
   }
