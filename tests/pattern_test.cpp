@@ -123,6 +123,25 @@ TEST(PatternAtoms, MatchBruteForceOnAwkwardSizes) {
   }
 }
 
+TEST(PatternAtoms, RandomRowsAtSuiteSizes) {
+  // At suite sizes the row's keys are selected among hashes below a bound (not among all Lk): same keys as the
+  // brute force, for short and long rows, and for r near Lk (where the bound covers everything).
+  struct C {
+    int64_t r, L;
+    uint64_t seed;
+  };
+  for (const C& c : {C{205, 4096, 0}, C{820, 16384, 0}, C{1, 5000, 9}, C{4000, 4099, 2}, C{3, 70000, 1}}) {
+    const auto b = spattn::parse("random(" + std::to_string(c.r) + ", seed=" + std::to_string(c.seed) + ")").bind(c.L);
+    for (int64_t q : {int64_t(0), int64_t(1), c.L / 3, c.L - 1}) {
+      const auto want = brute_random(c.r, c.seed, q, c.L);
+      std::set<int64_t> got;
+      for (const auto& run : b.row(q))
+        for (int64_t i = 0; i < run.count; ++i) got.insert(run.start + i * run.stride);
+      EXPECT_EQ(got, want) << "random(" << c.r << ") L=" << c.L << " row " << q;
+    }
+  }
+}
+
 TEST(PatternAtoms, BlockedRandomUsesTheBlockGrid) {
   for (int64_t L : {7, 113, 200}) {
     const int64_t nb = (L + 7) / 8;

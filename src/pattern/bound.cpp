@@ -221,33 +221,29 @@ struct RandomB : BoundNode {
     if (e.q != q) {
       e.q = q;
       e.keys.clear();
-      // The r smallest (h, k): every key whose hash is below the r-th smallest hash t, then the keys with
-      // hash t in increasing k until r are taken. Selecting on bare hashes is ~3x faster than on pairs.
-      if (r == 0) return e.keys;
-      thread_local std::vector<uint64_t> h, sel;
-      h.resize(size_t(k_len));
-      for (int64_t k = 0; k < k_len; ++k) h[size_t(k)] = random_hash(seed, uint64_t(q), uint64_t(k));
-      // Hashes are uniform: the r-th smallest lies near r/Lk of the range, so selecting among the hashes
-      // below a bound of about twice that touches ~2r values; fall back to all when too few fall below it.
+      // The r smallest (h, k). h(seed, q, k) = mix(a + k) with a = mix(mix(seed) + q) fixed for the row, so a key
+      // costs one mix. Hashes are uniform: the r-th smallest lies near r/Lk of the range, so one pass keeps the
+      // (h, k) below a bound of about twice that (~2r pairs) and selects among them; when fewer than r fall
+      // below it (rare), every pair is kept. Either way the r smallest pairs are among those kept.
+      const int64_t rr = std::min(r, k_len);
+      if (rr <= 0) return e.keys;
+      const uint64_t a = random_mix(random_mix(seed) + uint64_t(q));
       const long double frac = (2.0L * r + 64) / (long double)k_len;
       const uint64_t bound = frac >= 1 ? ~0ull : uint64_t(frac * 18446744073709551616.0L);
-      sel.clear();
-      for (uint64_t x : h)
-        if (x <= bound) sel.push_back(x);
-      if (int64_t(sel.size()) < r) sel = h;
-      std::nth_element(sel.begin(), sel.begin() + (r - 1), sel.end());
-      const uint64_t t = sel[size_t(r - 1)];
-      int64_t below = 0;
-      for (int64_t k = 0; k < k_len; ++k) below += h[size_t(k)] < t;
-      int64_t ties = r - below;
-      for (int64_t k = 0; k < k_len; ++k) {
-        if (h[size_t(k)] < t) {
-          e.keys.push_back(k);
-        } else if (h[size_t(k)] == t && ties > 0) {
-          e.keys.push_back(k);
-          --ties;
+      thread_local std::vector<std::pair<uint64_t, int64_t>> sel;
+      auto collect = [&](uint64_t b) {
+        sel.clear();
+        for (int64_t k = 0; k < k_len; ++k) {
+          const uint64_t x = random_mix(a + uint64_t(k));
+          if (x <= b) sel.push_back({x, k});
         }
-      }
+      };
+      collect(bound);
+      if (int64_t(sel.size()) < rr) collect(~0ull);
+      std::nth_element(sel.begin(), sel.begin() + (rr - 1), sel.end());
+      e.keys.resize(size_t(rr));
+      for (int64_t i = 0; i < rr; ++i) e.keys[size_t(i)] = sel[size_t(i)].second;
+      std::sort(e.keys.begin(), e.keys.end());
     }
     return e.keys;
   }
