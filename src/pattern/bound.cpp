@@ -4,6 +4,11 @@
 #include <limits>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
+#include <vector>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "pattern/ast.hpp"
 
@@ -21,6 +26,52 @@ uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k) { return random_mix(
 
 namespace detail {
 namespace {
+
+// The (h, k) of keys k < k_len with h = mix(a + k) <= bound, in increasing k (random's row: see RandomB).
+void random_collect_scalar(uint64_t a, int64_t k0, int64_t k_len, uint64_t bound,
+                           std::vector<std::pair<uint64_t, int64_t>>& out) {
+  for (int64_t k = k0; k < k_len; ++k) {
+    const uint64_t x = random_mix(a + uint64_t(k));
+    if (x <= bound) out.push_back({x, k});
+  }
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+// Eight keys at a time (64-bit multiplies need AVX-512DQ); the row's plan-time cost is these hashes, Lq * Lk.
+__attribute__((target("avx512f,avx512dq"))) void random_collect_avx512(
+    uint64_t a, int64_t k_len, uint64_t bound, std::vector<std::pair<uint64_t, int64_t>>& out) {
+  const __m512i m1 = _mm512_set1_epi64(int64_t(0xBF58476D1CE4E5B9ull));
+  const __m512i m2 = _mm512_set1_epi64(int64_t(0x94D049BB133111EBull));
+  const __m512i vb = _mm512_set1_epi64(int64_t(bound)), step = _mm512_set1_epi64(8);
+  __m512i kv = _mm512_add_epi64(_mm512_set1_epi64(int64_t(a)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  int64_t k = 0;
+  for (; k + 8 <= k_len; k += 8) {
+    __m512i x = kv;
+    kv = _mm512_add_epi64(kv, step);
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
+    x = _mm512_mullo_epi64(x, m1);
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
+    x = _mm512_mullo_epi64(x, m2);
+    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+    unsigned m = _mm512_cmple_epu64_mask(x, vb);
+    if (m) {
+      alignas(64) uint64_t xs[8];
+      _mm512_store_si512(reinterpret_cast<__m512i*>(xs), x);
+      for (; m; m &= m - 1) {
+        const int i = __builtin_ctz(m);
+        out.push_back({xs[i], k + i});
+      }
+    }
+  }
+  random_collect_scalar(a, k, k_len, bound, out);
+}
+#endif
+void random_collect(uint64_t a, int64_t k_len, uint64_t bound, std::vector<std::pair<uint64_t, int64_t>>& out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  if (avx512) return random_collect_avx512(a, k_len, bound, out);
+#endif
+  random_collect_scalar(a, 0, k_len, bound, out);
+}
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 int64_t sat_add(int64_t a, int64_t b) { return (b > 0 && a > kMax - b) ? kMax : a + b; }
@@ -233,17 +284,22 @@ struct RandomB : BoundNode {
       thread_local std::vector<std::pair<uint64_t, int64_t>> sel;
       auto collect = [&](uint64_t b) {
         sel.clear();
-        for (int64_t k = 0; k < k_len; ++k) {
-          const uint64_t x = random_mix(a + uint64_t(k));
-          if (x <= b) sel.push_back({x, k});
-        }
+        random_collect(a, k_len, b, sel);
       };
       collect(bound);
       if (int64_t(sel.size()) < rr) collect(~0ull);
-      std::nth_element(sel.begin(), sel.begin() + (rr - 1), sel.end());
-      e.keys.resize(size_t(rr));
-      for (int64_t i = 0; i < rr; ++i) e.keys[size_t(i)] = sel[size_t(i)].second;
-      std::sort(e.keys.begin(), e.keys.end());
+      // The rr-th smallest hash t; keys with hash below t, then those with hash t in increasing k, until rr:
+      // sel is in increasing k, so the keys come out sorted.
+      thread_local std::vector<uint64_t> hs;
+      hs.resize(sel.size());
+      for (size_t i = 0; i < sel.size(); ++i) hs[i] = sel[i].first;
+      std::nth_element(hs.begin(), hs.begin() + (rr - 1), hs.end());
+      const uint64_t t = hs[size_t(rr - 1)];
+      int64_t ties = rr;
+      for (const auto& x : sel) ties -= x.first < t;
+      e.keys.reserve(size_t(rr));
+      for (const auto& x : sel)
+        if (x.first < t || (x.first == t && ties-- > 0)) e.keys.push_back(x.second);
     }
     return e.keys;
   }
