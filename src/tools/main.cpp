@@ -16,6 +16,7 @@
 #include "spattn/format.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
+#include "plan/block_plan.hpp"
 #include "tools/args.hpp"
 #include "tools/bench_cuda.hpp"
 #include "tools/commands.hpp"
@@ -30,7 +31,8 @@ const char* kUsage =
     "  run      attention on random or .npy inputs      (spattn run --help)\n"
     "  mask     print each query row's keys              --pattern SPEC --len L | --q-len A --k-len B\n"
     "  show     picture of the mask                      --pattern SPEC --len L [-o mask.png | --ascii] [--size N]\n"
-    "  explain  nnz, density, blocks, runs, strips      --pattern SPEC --len L\n"
+    "  explain  nnz, density, blocks, runs, strips, and the fused GPU kernel's tile plan\n"
+    "                                                   --pattern SPEC --len L [--dim 64|128]\n"
     "  bench    benchmark suite                          --device cpu|cuda [--suite standard | --pattern SPEC] ...\n"
     "  info     version, build options, CPU, GPUs\n";
 
@@ -148,10 +150,12 @@ int cmd_show(int argc, char** argv) {
 
 // ---- explain ----
 int cmd_explain(int argc, char** argv) {
-  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
+  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "dim"}, {});
   const auto [lq, lk] = lengths(a, -1);
   if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  const int64_t dim = a.integer("dim", 64);
+  if (dim != 64 && dim != 128) throw Error("--dim must be 64 or 128 (the fused kernel's head dims), got " + std::to_string(dim));
   std::printf("pattern   %s\nshape     %lld queries x %lld keys\n", p.spec().c_str(), (long long)lq, (long long)lk);
   int64_t nnz = 0, mn = std::numeric_limits<int64_t>::max(), mx = 0, nruns = 0, strided = 0, maxruns = 0, empty = 0, full_rows = 0;
   std::vector<int64_t> col_count(size_t(lk), 0);
@@ -208,6 +212,11 @@ int cmd_explain(int argc, char** argv) {
                 (long long)b.npartial(), b.nblocks() ? 100.0 * double(nnz) / (double(b.nblocks()) * bs * bs) : 0.0,
                 (long long)hist[0], (long long)hist[1], (long long)hist[2], (long long)hist[3]);
   }
+  // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
+  const auto t0 = std::chrono::steady_clock::now();
+  const plan::BlockPlan fp = plan::choose_block_plan(p, dim, 0, 0, -1, true);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("fused     D=%lld, sm_90a: %s; chosen among the tile shapes in %.1f ms\n", (long long)dim, fp.describe().c_str(), ms);
   return 0;
 }
 

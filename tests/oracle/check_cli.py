@@ -550,6 +550,12 @@ def mask_error_cli_cases(ck: Checker):
     ck.expect_error(["frobnicate"], "cli: unknown subcommand")
     ck.expect_error(["mask", "--pattern", "causal", "--len", "abc"], "cli: non-numeric --len")
     ck.expect_error(["mask", "--pattern", "causal", "--len", "-5"], "cli: negative --len")
+    ck.expect_error(["explain", "--pattern", "causal", "--len", "8", "--dim", "96"], "cli: explain with a head dim the fused kernel lacks")
+    rc, out, err = ck.call(["explain", "--pattern", "local(3)", "--len", "300", "--dim", "128"])
+    if rc == 0 and re.search(r"^fused +D=128, sm_90a: block \d+x\d+, .*waste [0-9.]+", out, re.M):
+        ck.ok("cli: explain prints the fused tile plan")
+    else:
+        ck.fail(f"cli: explain prints the fused tile plan: rc={rc} stdout={short(out)!r} stderr={short(err)!r}")
 
 
 def self_attn_run_cases(rng: random.Random, quick: bool):
