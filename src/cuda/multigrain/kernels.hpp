@@ -66,7 +66,15 @@ struct FineTiles {
   const int32_t* groups = nullptr;      // [npairs * 4 + 1] entry range of (pair, warp): rows 16w..16w+15
   const int32_t* pos = nullptr;         // [nnz] CSR index of each entry
   const uint16_t* rc = nullptr;         // [nnz] row in tile * 64 + key in chunk
+  // The SDDMM and SpMM kernels take 128-row super-tiles (tiles 2T and 2T + 1: every K/V chunk read from L2
+  // once for 128 rows) over the union of the two tiles' chunks ("super-pairs"); 8 warps, 4 a tile.
+  int64_t nsuper = 0, nspairs = 0;
+  const int32_t* super_pairs = nullptr;  // [nsuper + 1] super-pair range of each super-tile
+  const int32_t* sp_chunk = nullptr;     // [nspairs] key chunk of each super-pair
+  const int32_t* sp_bounds = nullptr;    // [nspairs][8][2] entry range of (super-pair, warp w): the group of
+                                         // rows 16 (w % 4).. of tile 2T + w / 4 in that chunk (empty: 0, 0)
 };
+constexpr int kSuperRows = 2 * kFineTileRows;
 
 struct FineItem {  // a slice of one row of the fine part
   int64_t begin;
@@ -104,8 +112,9 @@ struct SddmmFine {
   static void run(const Arguments& a, Stream stream);
 };
 
-// S_fine = Q K^T on the fine entries through tensor cores: per occupied (tile, chunk) pair the 64 x 64
-// scores are computed (mma.sync) and only the kept ones stored. items: {tile, first pair, last pair}.
+// S_fine = Q K^T on the fine entries through tensor cores: per occupied (super-tile, chunk) pair the
+// 128 x 64 scores are computed (mma.sync) and only the kept ones stored. items: {super-tile, first
+// super-pair, last super-pair}.
 struct SddmmFineTc {
   struct Arguments {
     Shape shape;
@@ -115,13 +124,17 @@ struct SddmmFineTc {
     const int32_t* items = nullptr;
     int64_t nitems = 0;
     void* s = nullptr;  // [bh][nnz], input dtype
+    // false: S at the CSR places (tiles.pos); true: in the tiles' entry order (entry j at s[bh][j]), the
+    // order TileSoftmax and SpmmFineTc with tile_order read (coalesced stores, no pos).
+    bool tile_order = false;
   };
   static Status can_implement(const Arguments& a);
   static void run(const Arguments& a, Stream stream);
 };
 
-// O = P_fine V through tensor cores (a plan with no coarse part): per pair the kept P are scattered into
-// a zeroed 64 x 64 tile in shared memory and multiplied by the V chunk. Every query row of O is written.
+// O = P_fine V through tensor cores (a plan with no coarse part): per (128-row super-tile, chunk) pair the
+// kept P are scattered into a zeroed 128 x 64 tile in shared memory and multiplied by the V chunk. Every
+// query row of O is written.
 struct SpmmFineTc {
   struct Arguments {
     Shape shape;
@@ -133,7 +146,28 @@ struct SpmmFineTc {
     // Optional: p holds S, and P = exp2(S * sl2 - lse2[bh][row]) is formed as it is gathered.
     const float* lse2 = nullptr;
     float sl2 = 0;
+    bool tile_order = false;  // p in the tiles' entry order (see SddmmFineTc), else at the CSR places
   };
+  static Status can_implement(const Arguments& a);
+  static void run(const Arguments& a, Stream stream);
+};
+
+// The softmax of a fine-only tensor-core plan over S in the tiles' entry order: one CTA per (64-row tile,
+// b*h) gathers the tile's S (one contiguous range in both orders) into CSR order in shared memory, reduces
+// each row there, writes P at the CSR places (when p_csr is given, coalesced) and the LSE, and writes P back
+// over S in the tiles' order for SpmmFineTc (tile_order). bf16/f16; a tile holds <= max_tile_entries.
+struct TileSoftmax {
+  struct Arguments {
+    Shape shape;
+    float scale = 1;
+    FineMeta fine;
+    FineTiles tiles;
+    int64_t max_tile_entries = 0;
+    void* s = nullptr;      // [bh][nnz] S in tile order, overwritten by P in tile order
+    void* p_csr = nullptr;  // [bh][nnz] P at the CSR places, or null
+    float* lse = nullptr;   // [B, Hq, Lq] natural log, or null
+  };
+  static constexpr int64_t kMaxTileEntries = 96 * 1024;  // 192 KB of shared memory at 2 bytes
   static Status can_implement(const Arguments& a);
   static void run(const Arguments& a, Stream stream);
 };

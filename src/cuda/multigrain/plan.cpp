@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <sstream>
 
@@ -20,7 +22,7 @@ namespace {
 // SDDMM coarse: a CTA takes at most this many blocks of a block row (local(256) in 64-blocks has 9-10
 // blocks a row: 2 CTAs of 5; a global or causal row of 64 blocks: 8 CTAs).
 constexpr int kCoarseSlice = 8;
-// SDDMM fine on tensor cores: a CTA takes at most this many (tile, chunk) pairs of a tile.
+// SDDMM fine on tensor cores: a CTA takes at most this many (128-row super-tile, chunk) pairs of a super-tile.
 constexpr int kFineTcSlice = 16;
 
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
@@ -43,10 +45,13 @@ struct Plan::Impl {
   int64_t n_fine_rows = 0;
   bool fine_tc = false;                // the fine part runs on tensor cores (tiles below)
   FineTiles tiles;
-  const int32_t* tc_items = nullptr;   // SDDMM fine tc: {tile, first pair, last pair}
+  const int32_t* tc_items = nullptr;   // SDDMM fine tc: {super-tile, first super-pair, last super-pair}
   int64_t n_tc_items = 0;
   double tile_fill = 0;                // fine nnz / (occupied pairs * 64 * 64)
   bool att_fused = false;              // attention without P runs AttentionFineTc over att_tiles
+  int64_t max_tile_entries = 0;        // fine entries of the fullest 64-row tile
+  bool tile_path = false;              // attention (with P, or without where att_fused is off) on a fine-only
+                                       // tc plan: SDDMM and SpMM in the tiles' entry order, TileSoftmax between
   AttTiles att_tiles;
   int row_blocks_p90 = 0;              // coarse blocks of a block row, 90th percentile of the nonempty ones
   void* device_block = nullptr;
@@ -162,7 +167,7 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
     std::iota(frows.begin(), frows.end(), 0);
   }
   // The fine part in 64-row tiles x 64-key chunks: occupied pairs and their entries (see kernels.hpp).
-  std::vector<int32_t> t_pairs, t_chunk, t_groups, t_pos, tc_items;
+  std::vector<int32_t> t_pairs, t_chunk, t_groups, t_pos, tc_items, s_pairs, s_chunk, s_bounds;
   std::vector<uint16_t> t_rc;
   const bool tc_ok = has_fine && (problem.dtype == DType::bf16 || problem.dtype == DType::f16) &&
                      P.shape.D % 16 == 0 && F.nnz() < (int64_t(1) << 31) && options.fine_tc_min_fill <= 1.0;
@@ -211,19 +216,49 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
         }
       for (int32_t c : touched)
         for (int w = 0; w < 4; ++w) cnt[size_t(c) * 4 + size_t(w)] = 0;
+      P.max_tile_entries = std::max<int64_t>(P.max_tile_entries, at - base);
       const int64_t p0 = t_pairs.back(), n = int64_t(touched.size());
-      const int64_t pieces = (n + kFineTcSlice - 1) / kFineTcSlice;
-      for (int64_t k = 0; k < pieces; ++k)
-        tc_items.insert(tc_items.end(), {int32_t(t), int32_t(p0 + n * k / pieces), int32_t(p0 + n * (k + 1) / pieces)});
       t_pairs.push_back(int32_t(p0 + n));
     }
     P.tile_fill = t_chunk.empty() ? 0.0 : double(F.nnz()) / (double(t_chunk.size()) * kFineTileRows * kFineChunkKeys);
     P.fine_tc = P.tile_fill >= options.fine_tc_min_fill;
+    P.tile_path = P.fine_tc && !has_coarse && P.max_tile_entries <= TileSoftmax::kMaxTileEntries;
     if (!P.fine_tc) {
-      t_pairs.clear(); t_chunk.clear(); t_groups.clear(); t_pos.clear(); t_rc.clear(); tc_items.clear();
+      t_pairs.clear(); t_chunk.clear(); t_groups.clear(); t_pos.clear(); t_rc.clear();
     } else {
       P.tiles.ntiles = ntiles;
       P.tiles.npairs = int64_t(t_chunk.size());
+      // 128-row super-tiles: the chunks of tiles 2T and 2T + 1 merged (both lists ascending), each with the
+      // entry ranges of the two tiles' 16-row groups; SDDMM items slice a super-tile's super-pairs.
+      const int64_t nsuper = (ntiles + 1) / 2;
+      s_pairs.push_back(0);
+      for (int64_t T = 0; T < nsuper; ++T) {
+        int32_t ia = t_pairs[size_t(2 * T)], ea = t_pairs[size_t(2 * T) + 1];
+        int32_t ib = 2 * T + 1 < ntiles ? t_pairs[size_t(2 * T) + 1] : 0, eb = 2 * T + 1 < ntiles ? t_pairs[size_t(2 * T) + 2] : 0;
+        const int64_t s0 = int64_t(s_chunk.size());
+        while (ia < ea || ib < eb) {
+          const int32_t ca = ia < ea ? t_chunk[size_t(ia)] : INT32_MAX, cb = ib < eb ? t_chunk[size_t(ib)] : INT32_MAX;
+          const int32_t c = std::min(ca, cb);
+          s_chunk.push_back(c);
+          for (int half = 0; half < 2; ++half) {
+            const bool has = half == 0 ? ca == c : cb == c;
+            const int32_t pp = half == 0 ? ia : ib;
+            for (int w = 0; w < 4; ++w) {
+              s_bounds.push_back(has ? t_groups[size_t(pp) * 4 + size_t(w)] : 0);
+              s_bounds.push_back(has ? t_groups[size_t(pp) * 4 + size_t(w) + 1] : 0);
+            }
+          }
+          if (ca == c) ++ia;
+          if (cb == c) ++ib;
+        }
+        const int64_t n = int64_t(s_chunk.size()) - s0;
+        const int64_t pieces = (n + kFineTcSlice - 1) / kFineTcSlice;
+        for (int64_t k = 0; k < pieces; ++k)
+          tc_items.insert(tc_items.end(), {int32_t(T), int32_t(s0 + n * k / pieces), int32_t(s0 + n * (k + 1) / pieces)});
+        s_pairs.push_back(int32_t(s_chunk.size()));
+      }
+      P.tiles.nsuper = nsuper;
+      P.tiles.nspairs = int64_t(s_chunk.size());
     }
   }
 
@@ -297,6 +332,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_tpos = add(t_pos.data(), int64_t(t_pos.size() * 4));
   const size_t i_trc = add(t_rc.data(), int64_t(t_rc.size() * 2));
   const size_t i_titems = add(tc_items.data(), int64_t(tc_items.size() * 4));
+  const size_t i_spairs = add(s_pairs.data(), int64_t(s_pairs.size() * 4));
+  const size_t i_schunk = add(s_chunk.data(), int64_t(s_chunk.size() * 4));
+  const size_t i_sbounds = add(s_bounds.data(), int64_t(s_bounds.size() * 4));
   const size_t i_apairs = add(a_pairs.data(), int64_t(a_pairs.size() * 4));
   const size_t i_achunk = add(a_chunk.data(), int64_t(a_chunk.size() * 4));
   const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
@@ -325,6 +363,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   P.tiles.pos = static_cast<int32_t*>(at(i_tpos));
   P.tiles.rc = static_cast<uint16_t*>(at(i_trc));
   P.tc_items = static_cast<int32_t*>(at(i_titems));
+  P.tiles.super_pairs = static_cast<int32_t*>(at(i_spairs));
+  P.tiles.sp_chunk = static_cast<int32_t*>(at(i_schunk));
+  P.tiles.sp_bounds = static_cast<int32_t*>(at(i_sbounds));
   P.n_tc_items = int64_t(tc_items.size() / 3);
   P.att_tiles.tile_pairs = static_cast<int32_t*>(at(i_apairs));
   P.att_tiles.pair_chunk = static_cast<int32_t*>(at(i_achunk));
@@ -353,6 +394,7 @@ int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
   if (!p_given && P.att_fused) return 0;  // one fused kernel: nothing in memory between the steps
+  if (P.tile_path) return align256(bh * fine_elems_per_head() * ds);  // S, overwritten by P (tile order)
   int64_t n = align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   if (!p_given && P.exp_in_spmm())
     n += align256(bh * P.shape.Lq * 4);  // log2-domain row LSE for the SpMM
@@ -373,11 +415,14 @@ std::string Plan::explain() const {
        << ">; ";
   if (P.has_fine() && P.fine_tc)
     os << "sddmm_fine_tc (" << P.tiles.npairs << " 64x64 tiles, fill " << P.tile_fill << ", " << P.n_tc_items
-       << " slices)" << (P.has_coarse() ? "; " : ", spmm_fine_tc; ");
+       << " slices of " << P.tiles.nspairs << " 128x64 tiles)" << (P.has_coarse() ? "; " : ", spmm_fine_tc; ");
   else if (P.has_fine())
     os << "sddmm_fine (" << P.n_fine_items << " row slices" << (P.tile_fill > 0 ? ", 64x64 tile fill " : "")
        << (P.tile_fill > 0 ? std::to_string(P.tile_fill) : std::string()) << ")" << (P.has_coarse() ? "; " : ", spmm_fine; ");
   if (P.mixed()) os << "spmm fine entries fused into spmm_coarse's epilogue; ";
+  if (P.tile_path)
+    os << "attention with P: sddmm_fine_tc -> tile_softmax -> spmm_fine_tc in tile order (fullest tile "
+       << P.max_tile_entries << " entries); ";
   if (P.att_fused)
     os << "attention without P: attention_fine_tc (" << P.att_tiles.npairs << " 128x64 tiles, fused, no S/P); ";
   os << "softmax (compound)";
@@ -480,17 +525,45 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
     w += align256(bytes);
     return r;
   };
-  if (!p_given && P.att_fused) {
-    const Shape& sh = P.shape;
+  const Shape& sh = P.shape;
+  auto check_qkvo = [&] {  // the views the single-route paths below read without sddmm() / spmm()
     Problem::check_view(q, "q", {sh.B, sh.Lq, sh.Hq, sh.D});
     Problem::check_view(k, "k", {sh.B, sh.Lk, sh.Hkv, sh.D});
     Problem::check_view(v, "v", {sh.B, sh.Lk, sh.Hkv, sh.Dv});
     Problem::check_view(o, "o", {sh.B, sh.Lq, sh.Hq, sh.Dv});
     for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&o, "o"}})
       check_dtype(*t, sh.dtype, name);
+  };
+  if (!p_given && P.att_fused) {
+    check_qkvo();
     AttentionFineTc::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), dense_of(v, "v"), dense_of(o, "o"),
                                   P.att_tiles, P.scale, lse};
     AttentionFineTc::run(fa, stream);
+    return;
+  }
+  if (P.tile_path) {  // fine-only tensor-core plan: S and P between the kernels in the tiles' entry order
+    check_qkvo();
+    void* st = take(bh * fine_elems_per_head() * ds);
+    SddmmFineTc::Arguments da{sh, dense_of(q, "q"), dense_of(k, "k"), P.tiles, P.fine.nnz, P.tc_items, P.n_tc_items, st};
+    da.tile_order = true;
+    TileSoftmax::Arguments sa;
+    sa.shape = sh;
+    sa.scale = P.scale;
+    sa.fine = P.fine;
+    sa.tiles = P.tiles;
+    sa.max_tile_entries = P.max_tile_entries;
+    sa.s = st;
+    sa.p_csr = p_given ? p.fine : nullptr;
+    sa.lse = lse;
+    SpmmFineTc::Arguments ma{sh, st, dense_of(v, "v"), dense_of(o, "o"), P.tiles, P.fine.nnz};
+    ma.tile_order = true;
+
+    require(SddmmFineTc::can_implement(da), "SddmmFineTc");
+    require(TileSoftmax::can_implement(sa), "TileSoftmax");
+    require(SpmmFineTc::can_implement(ma), "SpmmFineTc");
+    SddmmFineTc::run(da, stream);
+    TileSoftmax::run(sa, stream);
+    SpmmFineTc::run(ma, stream);
     return;
   }
   SparseValues s{take(bh * coarse_elems_per_head() * ds), take(bh * fine_elems_per_head() * ds)};

@@ -15,6 +15,7 @@
 // Rows past Lq inside the last block row get P = 0, so the coarse P array is fully written.
 #include <math_constants.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -322,6 +323,72 @@ __global__ void __launch_bounds__(BS * BS / 8, BS == 64 ? 1 : (NREG <= 16 ? 4 : 
   for (int64_t i = ffirst + v; i < flast; i += G) Pf[i] = Num<T>::from(exp2f(Num<T>::to(Sf[i]) * sl2 - lse2));
 }
 
+// TileSoftmax: one CTA (8 warps) per (64-row tile, b*h). The tile's entries are one contiguous range in the
+// tiles' order (S from SddmmFineTc with tile_order) and in CSR order (rows q0..q0+63): S is gathered into
+// CSR order in shared memory (coalesced reads of S and of the CSR places), each warp reduces its rows there
+// (a row's entries adjacent: conflict-free), writes P at the CSR places (coalesced) and into shared memory,
+// and P goes back over S in the tiles' order for the SpMM. Same arithmetic as softmax_kernel above.
+template <class T>
+__global__ void __launch_bounds__(256, 4) tile_softmax_kernel(const TileSoftmax::Arguments a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sm = reinterpret_cast<T*>(smem_raw);
+  constexpr int U = 8;  // loads in flight per thread
+  const int tile = blockIdx.x;
+  const int64_t bh = blockIdx.y;
+  const int64_t q0 = int64_t(tile) * kFineTileRows, q1 = q0 + kFineTileRows < a.shape.Lq ? q0 + kFineTileRows : a.shape.Lq;
+  const int pa = a.tiles.tile_pairs[tile], pb = a.tiles.tile_pairs[tile + 1];
+  const int j0 = pa < pb ? a.tiles.groups[pa * 4] : 0, j1 = pa < pb ? a.tiles.groups[pb * 4] : 0;
+  const int64_t base = a.fine.row_offsets[q0];
+  T* S = static_cast<T*>(a.s) + bh * a.fine.nnz;
+  const int32_t* POS = a.tiles.pos;
+  for (int j = j0 + int(threadIdx.x); j < j1; j += 256 * U) {
+    T v[U];
+    int32_t at[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int jj = j + u * 256;
+      if (jj < j1) {
+        v[u] = S[jj];
+        at[u] = int32_t(POS[jj] - base);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (j + u * 256 < j1) sm[at[u]] = v[u];
+  }
+  __syncthreads();
+  const float sl2 = a.scale * 1.4426950408889634f;  // scale * log2(e)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* Pc = a.p_csr ? static_cast<T*>(a.p_csr) + bh * a.fine.nnz + base : nullptr;
+  for (int64_t q = q0 + warp; q < q1; q += 8) {
+    const int r0 = int(a.fine.row_offsets[q] - base), r1 = int(a.fine.row_offsets[q + 1] - base);
+    float m = -CUDART_INF_F;
+    for (int i = r0 + lane; i < r1; i += 32) m = fmaxf(m, Num<T>::to(sm[i]) * sl2);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int i = r0 + lane; i < r1; i += 32) l += exp2f(Num<T>::to(sm[i]) * sl2 - m);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
+    const float lse2 = l > 0.f ? m + log2f(l) : -CUDART_INF_F;
+    if (lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
+    for (int i = r0 + lane; i < r1; i += 32) {
+      const T p = Num<T>::from(exp2f(Num<T>::to(sm[i]) * sl2 - lse2));
+      sm[i] = p;
+      if (Pc) Pc[i] = p;
+    }
+  }
+  __syncthreads();
+  for (int j = j0 + int(threadIdx.x); j < j1; j += 256 * U) {
+    int32_t at[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) at[u] = j + u * 256 < j1 ? int32_t(POS[j + u * 256] - base) : 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (j + u * 256 < j1) S[j + u * 256] = sm[at[u]];
+  }
+}
+
 template <class T>
 void launch(const CompoundSoftmax::Arguments& a, cudaStream_t stream) {
   if constexpr (sizeof(T) == 2) {
@@ -362,6 +429,36 @@ Status CompoundSoftmax::can_implement(const Arguments& a) {
   if (a.coarse.nblocks > 0 && a.coarse.block != 32 && a.coarse.block != 64)
     return Status::failure("block " + std::to_string(a.coarse.block) + " is not 32 or 64");
   return Status::success();
+}
+
+Status TileSoftmax::can_implement(const Arguments& a) {
+  if (Status s = check_shape(a.shape); !s) return s;
+  if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
+    return Status::failure("tile softmax: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
+  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::failure("scale " + std::to_string(a.scale) + " is not a positive finite number");
+  if (a.max_tile_entries < 0 || a.max_tile_entries > kMaxTileEntries)
+    return Status::failure("tile softmax: a tile holds " + std::to_string(a.max_tile_entries) + " entries (at most " +
+                           std::to_string(kMaxTileEntries) + ")");
+  if (a.tiles.ntiles != (a.shape.Lq + kFineTileRows - 1) / kFineTileRows) return Status::failure("tile softmax: tiles do not cover the rows");
+  if (a.fine.nnz > 0 && (!a.s || !a.fine.row_offsets || !a.tiles.tile_pairs || !a.tiles.groups || !a.tiles.pos))
+    return Status::failure("tile softmax: null S or fine metadata");
+  return Status::success();
+}
+
+void TileSoftmax::run(const Arguments& a, Stream stream) {
+  require(can_implement(a), "TileSoftmax");
+  if (a.tiles.ntiles == 0) return;
+  const size_t smem = size_t(std::max<int64_t>(a.max_tile_entries, 8)) * 2;
+  dim3 grid(grid_dim(a.tiles.ntiles, "tile softmax tiles"), unsigned(a.shape.bh()));
+  auto go = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<grid, 256, smem, stream>>>(a);
+  };
+  if (a.shape.dtype == DType::bf16) go(tile_softmax_kernel<__nv_bfloat16>);
+  else go(tile_softmax_kernel<__half>);
+  SPATTN_LAUNCH_CHECK("tile_softmax_kernel");
 }
 
 void CompoundSoftmax::run(const Arguments& a, Stream stream) {
