@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -295,6 +296,20 @@ TEST(CpuFused, ResidueKeyPasses) {
       c.Lq = 301, c.Lk = 3333, c.H = 2, c.HK = 1, c.D = 64, c.isa = isa;
       expect_close(c);
     }
+}
+
+// Residue rows address K / V through 32-bit row offsets where token * row stride fits an int32; the 64-bit
+// addressing (long sequences) is forced here, on the shapes of the key-pass test and a D = 32 case.
+TEST(CpuFused, ResidueWideOffsets) {
+  setenv("SPATTN_CPU_WIDE_OFFSETS", "1", 1);
+  for (Isa isa : isas())
+    for (int64_t D : {64, 32}) {
+      Case c;
+      c.specs = {"random(40, seed=2) | global_rows(0:3)"};
+      c.Lq = 301, c.Lk = 3333, c.H = 2, c.HK = 1, c.D = D, c.isa = isa;
+      expect_close(c);
+    }
+  unsetenv("SPATTN_CPU_WIDE_OFFSETS");
 }
 
 // The work split over threads does not change the result: every tile is computed by one thread in a fixed

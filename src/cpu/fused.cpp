@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -799,6 +800,11 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   const int64_t sfloats = ks.scratch_floats(D, Dv);
   float* op = static_cast<float*>(o.data);
   float* lp = static_cast<float*>(lse.data);
+  // Residue rows address K / V through 32-bit row offsets where they fit (SPATTN_CPU_WIDE_OFFSETS=1 forces the
+  // 64-bit addressing, for tests).
+  const char* wide = std::getenv("SPATTN_CPU_WIDE_OFFSETS");
+  const bool res_off32 = k_ld > 0 && v_ld > 0 && Lk * std::max(k_ld, v_ld) <= std::numeric_limits<int32_t>::max() &&
+                         !(wide && *wide == '1');
   std::atomic<int64_t> next_item{0};
   auto run_item = [&](int64_t i, int64_t next) {
     fused::AlignedFloats& scr = fused::scratch_buffer();
@@ -818,6 +824,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     a.key_pass = pl.key_pass, a.npass = pl.npass;
     a.keys = pl.keys.data(), a.masks = pl.masks.data(), a.res_keys = pl.res_keys.data();
     a.res_prefetch = pl.residue_runs * 4 > pl.residue_nnz;  // runs shorter than 4 keys on average: scattered
+    a.res_off32 = res_off32;
     a.scratch = scr.ptr;
     a.next_tile = nullptr, a.next_q = nullptr;
     if (next >= 0 && next < nitems) {

@@ -48,6 +48,7 @@ struct TileArgs {
   const uint32_t* masks;
   const int32_t* res_keys;
   bool res_prefetch;  // the residue keys are scattered: prefetch the first line of their K/V rows ahead
+  bool res_off32;     // every K / V row offset (token * k_ld, token * v_ld) fits an int32: 32-bit addressing
   // The first tile of the work item the calling thread runs next (null: none) and that item's Q base (as q
   // above): its Q rows are prefetched during this item's last tile.
   const struct TileRef* next_tile;
