@@ -66,6 +66,8 @@ struct FineTiles {
   const int32_t* groups = nullptr;      // [npairs * 4 + 1] entry range of (pair, warp): rows 16w..16w+15
   const int32_t* pos = nullptr;         // [nnz] CSR index of each entry
   const uint16_t* rc = nullptr;         // [nnz] row in tile * 64 + key in chunk
+  const uint16_t* pos16 = nullptr;      // [nnz] pos minus the CSR index of the tile's first row, or null
+                                        // (only where every tile holds <= 65536 entries)
   // The SDDMM and SpMM kernels take 128-row super-tiles (tiles 2T and 2T + 1: every K/V chunk read from L2
   // once for 128 rows) over the union of the two tiles' chunks ("super-pairs"); 8 warps, 4 a tile.
   int64_t nsuper = 0, nspairs = 0;
@@ -120,7 +122,7 @@ struct SddmmFineTc {
     Shape shape;
     Dense q, k;
     FineTiles tiles;
-    int64_t nnz = 0;
+    int64_t nnz = 0;  // elements from one head's S to the next (the entries per head, or more with tile_order)
     const int32_t* items = nullptr;
     int64_t nitems = 0;
     void* s = nullptr;  // [bh][nnz], input dtype
@@ -142,11 +144,13 @@ struct SpmmFineTc {
     Dense v;
     Dense o;
     FineTiles tiles;
-    int64_t nnz = 0;
+    int64_t nnz = 0;  // elements from one head's P to the next (as SddmmFineTc)
     // Optional: p holds S, and P = exp2(S * sl2 - lse2[bh][row]) is formed as it is gathered.
     const float* lse2 = nullptr;
     float sl2 = 0;
     bool tile_order = false;  // p in the tiles' entry order (see SddmmFineTc), else at the CSR places
+    bool pdl = false;         // launched as a programmatic dependent of the kernel before it (sm_90+): the
+                              // prologue (V chunks, entry places) overlaps that kernel's tail
   };
   static Status can_implement(const Arguments& a);
   static void run(const Arguments& a, Stream stream);
@@ -163,9 +167,11 @@ struct TileSoftmax {
     FineMeta fine;
     FineTiles tiles;
     int64_t max_tile_entries = 0;
-    void* s = nullptr;      // [bh][nnz] S in tile order, overwritten by P in tile order
-    void* p_csr = nullptr;  // [bh][nnz] P at the CSR places, or null
-    float* lse = nullptr;   // [B, Hq, Lq] natural log, or null
+    void* s = nullptr;       // [bh][s_stride] S in tile order, overwritten by P in tile order; 16-byte aligned
+    int64_t s_stride = 0;    // elements from one head's S to the next: >= nnz, a multiple of 8
+    void* p_csr = nullptr;   // [bh][nnz] P at the CSR places, or null
+    float* lse = nullptr;    // [B, Hq, Lq] natural log, or null
+    bool pdl = false;        // launched as a programmatic dependent (sm_90+): see SpmmFineTc
   };
   static constexpr int64_t kMaxTileEntries = 96 * 1024;  // 192 KB of shared memory at 2 bytes
   static Status can_implement(const Arguments& a);

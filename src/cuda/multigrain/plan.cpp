@@ -26,6 +26,8 @@ constexpr int kCoarseSlice = 8;
 constexpr int kFineTcSlice = 16;
 
 int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
+// Elements between two heads' S / P in the tiles' order: a multiple of 8 (16-byte groups in TileSoftmax).
+int64_t tile_stride(int64_t nnz) { return (nnz + 7) / 8 * 8; }
 }  // namespace
 
 struct Plan::Impl {
@@ -54,6 +56,8 @@ struct Plan::Impl {
                                        // tc plan: SDDMM and SpMM in the tiles' entry order, TileSoftmax between
   AttTiles att_tiles;
   int row_blocks_p90 = 0;              // coarse blocks of a block row, 90th percentile of the nonempty ones
+  bool pdl = false;                    // sm_90+: the tile path's softmax and SpMM start during the tail of
+                                       // the kernel before them (programmatic dependent launch)
   void* device_block = nullptr;
   int64_t device_bytes = 0;
   cudaStream_t side = nullptr;
@@ -168,7 +172,7 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   }
   // The fine part in 64-row tiles x 64-key chunks: occupied pairs and their entries (see kernels.hpp).
   std::vector<int32_t> t_pairs, t_chunk, t_groups, t_pos, tc_items, s_pairs, s_chunk, s_bounds;
-  std::vector<uint16_t> t_rc;
+  std::vector<uint16_t> t_rc, t_pos16;
   const bool tc_ok = has_fine && (problem.dtype == DType::bf16 || problem.dtype == DType::f16) &&
                      P.shape.D % 16 == 0 && F.nnz() < (int64_t(1) << 31) && options.fine_tc_min_fill <= 1.0;
   if (tc_ok) {
@@ -216,6 +220,8 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
         }
       for (int32_t c : touched)
         for (int w = 0; w < 4; ++w) cnt[size_t(c) * 4 + size_t(w)] = 0;
+      t_pos16.resize(size_t(at));  // the places local to the tile (kept where every tile has <= 65536)
+      for (int64_t j = base; j < at; ++j) t_pos16[size_t(j)] = uint16_t(t_pos[size_t(j)] - F.row_offsets[size_t(q0)]);
       P.max_tile_entries = std::max<int64_t>(P.max_tile_entries, at - base);
       const int64_t p0 = t_pairs.back(), n = int64_t(touched.size());
       t_pairs.push_back(int32_t(p0 + n));
@@ -223,6 +229,7 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
     P.tile_fill = t_chunk.empty() ? 0.0 : double(F.nnz()) / (double(t_chunk.size()) * kFineTileRows * kFineChunkKeys);
     P.fine_tc = P.tile_fill >= options.fine_tc_min_fill;
     P.tile_path = P.fine_tc && !has_coarse && P.max_tile_entries <= TileSoftmax::kMaxTileEntries;
+    if (!P.tile_path || P.max_tile_entries > 65536) t_pos16.clear();
     if (!P.fine_tc) {
       t_pairs.clear(); t_chunk.clear(); t_groups.clear(); t_pos.clear(); t_rc.clear();
     } else {
@@ -331,6 +338,7 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_tgroups = add(t_groups.data(), int64_t(t_groups.size() * 4));
   const size_t i_tpos = add(t_pos.data(), int64_t(t_pos.size() * 4));
   const size_t i_trc = add(t_rc.data(), int64_t(t_rc.size() * 2));
+  const size_t i_tpos16 = add(t_pos16.data(), int64_t(t_pos16.size() * 2));
   const size_t i_titems = add(tc_items.data(), int64_t(tc_items.size() * 4));
   const size_t i_spairs = add(s_pairs.data(), int64_t(s_pairs.size() * 4));
   const size_t i_schunk = add(s_chunk.data(), int64_t(s_chunk.size() * 4));
@@ -340,6 +348,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
 
   SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
+  int cc_major = 0;
+  SPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, P.device));
+  P.pdl = cc_major >= 9;
   SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
   P.device_bytes = total;
   char* base = static_cast<char*>(P.device_block);
@@ -362,6 +373,7 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   P.tiles.groups = static_cast<int32_t*>(at(i_tgroups));
   P.tiles.pos = static_cast<int32_t*>(at(i_tpos));
   P.tiles.rc = static_cast<uint16_t*>(at(i_trc));
+  P.tiles.pos16 = static_cast<uint16_t*>(at(i_tpos16));
   P.tc_items = static_cast<int32_t*>(at(i_titems));
   P.tiles.super_pairs = static_cast<int32_t*>(at(i_spairs));
   P.tiles.sp_chunk = static_cast<int32_t*>(at(i_schunk));
@@ -394,7 +406,8 @@ int64_t Plan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
   if (!p_given && P.att_fused) return 0;  // one fused kernel: nothing in memory between the steps
-  if (P.tile_path) return align256(bh * fine_elems_per_head() * ds);  // S, overwritten by P (tile order)
+  if (P.tile_path)  // S (tile order, heads 8 entries apart), overwritten by P; 256 to align the base
+    return align256(bh * tile_stride(P.fine.nnz) * ds) + 256;
   int64_t n = align256(bh * coarse_elems_per_head() * ds) + align256(bh * fine_elems_per_head() * ds);
   if (!p_given && P.exp_in_spmm())
     n += align256(bh * P.shape.Lq * 4);  // log2-domain row LSE for the SpMM
@@ -543,8 +556,11 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
   }
   if (P.tile_path) {  // fine-only tensor-core plan: S and P between the kernels in the tiles' entry order
     check_qkvo();
-    void* st = take(bh * fine_elems_per_head() * ds);
-    SddmmFineTc::Arguments da{sh, dense_of(q, "q"), dense_of(k, "k"), P.tiles, P.fine.nnz, P.tc_items, P.n_tc_items, st};
+    w = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(w) + 255) / 256 * 256);  // 16-byte groups
+    const int64_t stride = tile_stride(P.fine.nnz);
+    void* st = take(bh * stride * ds);
+    // The tile-order kernels take the head stride as their nnz (they index entries within a head only).
+    SddmmFineTc::Arguments da{sh, dense_of(q, "q"), dense_of(k, "k"), P.tiles, stride, P.tc_items, P.n_tc_items, st};
     da.tile_order = true;
     TileSoftmax::Arguments sa;
     sa.shape = sh;
@@ -553,10 +569,13 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
     sa.tiles = P.tiles;
     sa.max_tile_entries = P.max_tile_entries;
     sa.s = st;
+    sa.s_stride = stride;
     sa.p_csr = p_given ? p.fine : nullptr;
     sa.lse = lse;
-    SpmmFineTc::Arguments ma{sh, st, dense_of(v, "v"), dense_of(o, "o"), P.tiles, P.fine.nnz};
+    sa.pdl = P.pdl;
+    SpmmFineTc::Arguments ma{sh, st, dense_of(v, "v"), dense_of(o, "o"), P.tiles, stride};
     ma.tile_order = true;
+    ma.pdl = P.pdl;
 
     require(SddmmFineTc::can_implement(da), "SddmmFineTc");
     require(TileSoftmax::can_implement(sa), "TileSoftmax");

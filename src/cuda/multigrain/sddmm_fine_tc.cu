@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
   T* sK = sQ + kSuperRows * pitch;          // [3][64][pitch]
   T* sS = sK + 3 * kFineChunkKeys * pitch;  // [2][128][kSP]
 
+  pdl_launch_dependents();  // the tile softmax may start (and wait) as soon as every CTA of this grid runs
   const int tile = a.items[3 * blockIdx.x], p0 = a.items[3 * blockIdx.x + 1], p1 = a.items[3 * blockIdx.x + 2];
   if (p0 >= p1) return;  // uniform over the CTA
   const int64_t bh = blockIdx.y;
@@ -216,12 +217,6 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
   const int32_t* POS = a.tiles.pos;
   const int32_t* CH = a.tiles.sp_chunk;
   for (int i = threadIdx.x; i < 2 * PT / 8; i += 256) reinterpret_cast<uint4*>(sP)[i] = make_uint4(0, 0, 0, 0);
-  if constexpr (EXP) {
-    if (threadIdx.x < kSuperRows) {
-      const int64_t q = int64_t(tile) * kSuperRows + threadIdx.x;
-      sL[threadIdx.x] = q < a.shape.Lq ? a.lse2[bh * a.shape.Lq + q] : CUDART_INF_F;
-    }
-  }
   const float sl2 = a.sl2;
   auto load_v = [&](int chunk, int buf) {
     const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
@@ -309,6 +304,16 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
     load_pos(gA0, gA1, posA);
     load_pos(gB0, gB1, posB);
     load_pos(gC0, gC1, posC);
+  }
+  // Up to here only the plan and V (PDL: overlapping the softmax's tail); P / S and lse2 are the softmax's.
+  pdl_wait();
+  if constexpr (EXP) {
+    if (threadIdx.x < kSuperRows) {
+      const int64_t q = int64_t(tile) * kSuperRows + threadIdx.x;
+      sL[threadIdx.x] = q < a.shape.Lq ? a.lse2[bh * a.shape.Lq + q] : CUDART_INF_F;
+    }
+  }
+  if (p0 < p1) {
     load_entries(gA0, gA1, posA, rcA, vA);
     load_entries(gB0, gB1, posB, rcB, vB);
   }
@@ -458,7 +463,7 @@ void SpmmFineTc::run(const Arguments& a, Stream stream) {
   const size_t smem = size_t(3 * kFineChunkKeys + 2 * kSuperRows) * kSP * 2;
   auto go = [&](auto kernel) {
     SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<grid, 256, smem, stream>>>(a);
+    launch_pdl(a.pdl, kernel, grid, dim3(256), smem, stream, a);
   };
   auto pick = [&](auto t) {
     using T = decltype(t);
