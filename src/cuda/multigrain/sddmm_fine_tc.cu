@@ -57,13 +57,33 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
     const bool ok = q < a.shape.Lq;
     cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok);
   }
+  // A K chunk: with D known, NL copies of 16 bytes a thread at rows kr0 + l RS, addresses set up once
+  // here (the generic loop cost ~80 instructions a thread per pair: 64-bit row math, a remainder loop).
+  constexpr int VECS = DK > 0 ? DK / 8 : 1, NL = DK > 0 ? kFineChunkKeys * VECS / 256 : 1, RS = 256 / VECS;
+  const int kr0 = int(threadIdx.x) / VECS, kc0 = int(threadIdx.x) % VECS;
+  const T* ksrc = Kg + kr0 * a.k.sl + kc0 * 8;
+  const uint32_t kdst = smem_addr(sK + kr0 * pitch + kc0 * 8);
+  const int64_t kchunk = kFineChunkKeys * a.k.sl, kstep = RS * a.k.sl;
+  // Chunks below nfull are whole; the last one holds lastrows keys.
+  const int nfull = int(a.shape.Lk / kFineChunkKeys), lastrows = int(a.shape.Lk % kFineChunkKeys);
   auto load_k = [&](int chunk, int buf) {
-    const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
-    T* dst = sK + buf * kFineChunkKeys * pitch;
-    for (int i = threadIdx.x; i < kFineChunkKeys * vecs; i += 256) {
-      const int r = i / vecs, c = i % vecs;
-      const bool ok = k0 + r < a.shape.Lk;
-      cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok);
+    if constexpr (DK > 0) {
+      const int nr = chunk < nfull ? kFineChunkKeys : lastrows;
+      const T* src = ksrc + chunk * kchunk;
+      const uint32_t dst = kdst + buf * (kFineChunkKeys * pitch * 2);
+#pragma unroll
+      for (int l = 0; l < NL; ++l) {
+        const bool ok = kr0 + l * RS < nr;
+        cp_async16_s(dst + l * RS * pitch * 2, ok ? src + l * kstep : Kg, ok);
+      }
+    } else {
+      const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
+      T* dst = sK + buf * kFineChunkKeys * pitch;
+      for (int i = threadIdx.x; i < kFineChunkKeys * vecs; i += 256) {
+        const int r = i / vecs, c = i % vecs;
+        const bool ok = k0 + r < a.shape.Lk;
+        cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok);
+      }
     }
   };
   // Warp w: the 64 rows of tile half w / 4 x keys 16 (w % 4).. of each chunk; stores group w of the pair.
@@ -218,12 +238,23 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
   const int32_t* CH = a.tiles.sp_chunk;
   for (int i = threadIdx.x; i < 2 * PT / 8; i += 256) reinterpret_cast<uint4*>(sP)[i] = make_uint4(0, 0, 0, 0);
   const float sl2 = a.sl2;
+  // A V chunk (64 keys x 64 value columns): two 16-byte copies a thread, rows vr0 and vr0 + 32, addresses
+  // set up once here (the generic loop cost ~80 instructions a thread per pair).
+  const int vr0 = int(threadIdx.x) / 8, vc0 = int(threadIdx.x) % 8;
+  const bool vcol = dv0 + vc0 * 8 < Dv;
+  const T* vsrc = Vg + vr0 * a.v.sl + dv0 + vc0 * 8;
+  const uint32_t vdst = smem_addr(sV + vr0 * kSP + vc0 * 8);
+  const int64_t vchunk = kFineChunkKeys * a.v.sl, vstep = 32 * a.v.sl;
+  static_assert(kFineChunkKeys * 8 == 2 * 256, "two copies a thread per V chunk");
+  const int nfull = int(a.shape.Lk / kFineChunkKeys), lastrows = int(a.shape.Lk % kFineChunkKeys);
   auto load_v = [&](int chunk, int buf) {
-    const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
-    for (int i = threadIdx.x; i < kFineChunkKeys * 8; i += 256) {
-      const int r = i / 8, c = i % 8;
-      const bool ok = k0 + r < a.shape.Lk && dv0 + c * 8 < Dv;
-      cp_async16(sV + buf * VT + r * kSP + c * 8, Vg + (ok ? (k0 + r) * a.v.sl + dv0 + c * 8 : 0), ok);
+    const int nr = chunk < nfull ? kFineChunkKeys : lastrows;
+    const T* src = vsrc + chunk * vchunk;
+    const uint32_t dst = vdst + buf * (VT * 2);
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {
+      const bool ok = vcol && vr0 + 32 * l < nr;
+      cp_async16_s(dst + l * 32 * kSP * 2, ok ? src + l * vstep : Vg, ok);
     }
   };
   auto bounds = [&](int p, int& g0, int& g1) {
@@ -233,12 +264,21 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
       g1 = SB[(p * 8 + warp) * 2 + 1];
     }
   };
+  // Entries are held as byte offsets in a P tile (this half's rows, pitch kSP), computed once as they are
+  // loaded and used by the clear and the scatter; slots past a group's end hold kPadOff, the padding column
+  // of the half's first row (ldmatrix reads columns 0..63 only), so neither needs a predicate: their
+  // 16-bit shared stores go out unconditionally, at 32-bit shared addresses.
+  const uint32_t hoff = half * kFineTileRows * kSP * 2, kPadOff = hoff + kFineChunkKeys * 2;
+  const uint32_t sP32 = smem_addr(sP);
+  auto place = [&](uint32_t rc) -> uint32_t { return hoff + ((rc >> 6) * kSP + (rc & 63)) * 2; };
+  auto st16 = [](uint32_t addr, T v) {
+    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&v)));
+  };
   // Entry values as stored (P, or S with EXP) and as they go into the tile.
-  auto to_p = [&](T v, uint32_t rc) -> T {
-    if constexpr (EXP) return Num<T>::from(exp2f(Num<T>::to(v) * sl2 - sL[half * kFineTileRows + (rc >> 6)]));
+  auto to_p = [&](T v, uint32_t off) -> T {
+    if constexpr (EXP) return Num<T>::from(exp2f(Num<T>::to(v) * sl2 - sL[off / (2 * kSP)]));
     else return v;
   };
-  auto put = [&](T* pt, uint32_t rc, T v) { pt[(half * kFineTileRows + (rc >> 6)) * kSP + (rc & 63)] = v; };
   auto load_pos = [&](int g0, int g1, int32_t (&pos)[NP]) {
 #pragma unroll
     for (int e = 0; e < NP; ++e) {
@@ -246,32 +286,30 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
       pos[e] = !TILE && j < g1 ? POS[j] : 0;
     }
   };
-  auto load_entries = [&](int g0, int g1, const int32_t (&pos)[NP], uint32_t (&rc)[kE], T (&v)[kE]) {
+  auto load_entries = [&](int g0, int g1, const int32_t (&pos)[NP], uint32_t (&off)[kE], T (&v)[kE]) {
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
       const int j = g0 + 32 * e + lane;
-      rc[e] = 0;
+      off[e] = kPadOff;
       v[e] = Num<T>::from(0.f);
       if (j < g1) {
-        rc[e] = RC[j];
+        off[e] = place(RC[j]);
         v[e] = Pg[TILE ? j : pos[TILE ? 0 : e]];
       }
     }
   };
-  auto clear = [&](int g0, int g1, const uint32_t (&rc)[kE], T* pt) {
+  auto clear = [&](int g0, int g1, const uint32_t (&off)[kE], uint32_t pt) {
     const T zero = Num<T>::from(0.f);
 #pragma unroll
-    for (int e = 0; e < kE; ++e)
-      if (g0 + 32 * e + lane < g1) put(pt, rc[e], zero);
-    for (int j = g0 + 32 * kE + lane; j < g1; j += 32) put(pt, RC[j], zero);
+    for (int e = 0; e < kE; ++e) st16(pt + off[e], zero);
+    for (int j = g0 + 32 * kE + lane; j < g1; j += 32) st16(pt + place(RC[j]), zero);
   };
-  auto scatter = [&](int g0, int g1, const uint32_t (&rc)[kE], const T (&v)[kE], T* pt) {
+  auto scatter = [&](int g0, int g1, const uint32_t (&off)[kE], const T (&v)[kE], uint32_t pt) {
 #pragma unroll
-    for (int e = 0; e < kE; ++e)
-      if (g0 + 32 * e + lane < g1) put(pt, rc[e], to_p(v[e], rc[e]));
+    for (int e = 0; e < kE; ++e) st16(pt + off[e], to_p(v[e], off[e]));
     for (int j = g0 + 32 * kE + lane; j < g1; j += 32) {  // a crowded group: the rest straight from L2
-      const uint32_t r = RC[j];
-      put(pt, r, to_p(Pg[TILE ? j : POS[j]], r));
+      const uint32_t o = place(RC[j]);
+      st16(pt + o, to_p(Pg[TILE ? j : POS[j]], o));
     }
   };
 
@@ -289,7 +327,7 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
   T vA[kE], vB[kE];
   int32_t posA[NP], posB[NP], posC[NP];
 #pragma unroll
-  for (int e = 0; e < kE; ++e) rcZ[e] = 0;
+  for (int e = 0; e < kE; ++e) rcZ[e] = kPadOff;
   int chunkN = 0;
   if (p0 < p1) {
     load_v(CH[p0], 0);
@@ -318,7 +356,7 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
     load_entries(gB0, gB1, posB, rcB, vB);
   }
   __syncthreads();  // the zeroed tiles and sL
-  if (p0 < p1) scatter(gA0, gA1, rcA, vA, sP);
+  if (p0 < p1) scatter(gA0, gA1, rcA, vA, sP32);
 
   for (int p = p0, i = 0; p < p1; ++p, ++i) {
     cp_async_wait<1>();  // pair p's chunk has landed (p + 1's may still be in flight)
@@ -335,7 +373,7 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
     int gE0, gE1;
     bounds(p + 4, gE0, gE1);
     if (p + 1 < p1) {  // the other tile: clear pair p - 1's entries, put pair p + 1's
-      T* pt = sP + ((i + 1) & 1) * PT;
+      const uint32_t pt = sP32 + ((i + 1) & 1) * (PT * 2);
       clear(gZ0, gZ1, rcZ, pt);
       __syncwarp();
       scatter(gB0, gB1, rcB, vB, pt);
