@@ -12,7 +12,8 @@
 // The softmax is one kernel over both parts.
 // attention() without P on a fine-only tensor-core plan with D == Dv in {64, 128} runs one fused kernel
 // instead (flash-style over the occupied 128-row x 64-key tiles: no S or P in memory, no workspace);
-// with P requested it always runs SDDMM -> softmax -> SpMM.
+// with P requested it always runs SDDMM -> softmax -> SpMM (on a fine-only tensor-core plan with S and P kept in
+// the tiles' order in the workspace between the steps, and P also written to the caller's CSR-ordered array).
 //
 // Sparse values (scores S, probabilities P) live in two arrays per (batch, query head), bh = b * Hq + h:
 //   coarse: [B * Hq][coarse_blocks][block][block] row-major inside a block, block order of coarse_bsr();
@@ -104,7 +105,9 @@ class Plan {
   int64_t sddmm_workspace_size() const { return 0; }
   int64_t softmax_workspace_size() const { return 0; }
   int64_t spmm_workspace_size() const;       // 0 (kept for callers sizing workspaces)
-  int64_t attention_workspace_size(bool p_given) const;  // S + (P unless given)
+  // Bytes attention() needs: S, and P unless given (on a fine-only tensor-core plan, one buffer holding S and
+  // then P in the tiles' order); 0 where attention without P is one fused kernel.
+  int64_t attention_workspace_size(bool p_given) const;
 
   // S = Q K^T on the pattern (unscaled, input dtype).
   void sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const;
