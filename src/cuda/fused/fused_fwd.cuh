@@ -406,6 +406,81 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
     }
   }
 }
+
+// The key-tile loop of one 64-row warpgroup on sm_90a, software-pipelined inside the warpgroup (FA3): S_i is
+// issued together with O += P_{i-1} V_{i-1}, so softmax_i runs while PV_{i-1} is on the tensor cores; the S
+// issues of the CTA's warpgroups take turns. Shared by the decoupled cp.async kernel and the TMA kernel, which
+// differ only in the hooks:
+//   entry(i)      tile i's plan entry (the caller may first issue loads ahead); entry0() the same for tile 0
+//                 (the TMA kernel has it in the item's slot: a separate hook keeps it dead after tile 0)
+//   wait_full(i)  until tile i's K and V are in shared memory
+//   stage(i)      shared address of tile i's K tile (its V tile follows at + TileBytes)
+//   release(i)    this thread is done with tile i's stage
+//   turn_wait(), turn_pass()   the turn barriers around the S issue
+//   after_last_s()             once every S of the tile list is done (before the last PV)
+template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
+          class Release, class TurnWait, class TurnPass, class AfterLastS>
+__device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
+                                                float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
+                                                TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s) {
+  constexpr int MW = BN / 64;
+  float sacc[BN / 2];
+  uint32_t pa[BN / 16][4];
+  float alpha[2];
+  unsigned long long mw[2][MW];
+  {  // tile 0: S only
+    const int4 e = entry0();
+    tile_mask_words<BM, BN>(p, e, r0, mw);
+    wait_full(0);
+    fence_regs(sacc);
+    turn_wait();
+    wgmma_fence();
+    tile_issue_s<BM, BN, D, kBf16>(sacc, s_q_wg, stage(0));
+    wgmma_commit();
+    turn_pass();
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
+    tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+    tile_to_p<BN, kBf16>(sacc, pa);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int4 e = entry(i);
+    tile_mask_words<BM, BN>(p, e, r0, mw);
+    wait_full(i);
+    fence_regs(sacc);
+    fence_regs(o);
+    fence_regs_u32(pa);
+    turn_wait();
+    wgmma_fence();
+    tile_issue_s<BM, BN, D, kBf16>(sacc, s_q_wg, stage(i));
+    wgmma_commit();
+    tile_issue_pv<BN, D, kBf16>(o, pa, stage(i - 1) + TileBytes);
+    wgmma_commit();
+    turn_pass();
+    wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
+    fence_regs(sacc);
+    tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
+    tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+    wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
+    fence_regs(o);
+    fence_regs_u32(pa);
+    release(i - 1);
+    tile_rescale<D>(o, alpha);
+    tile_to_p<BN, kBf16>(sacc, pa);
+  }
+  after_last_s();
+  // last PV
+  fence_regs(o);
+  fence_regs_u32(pa);
+  wgmma_fence();
+  tile_issue_pv<BN, D, kBf16>(o, pa, stage(n - 1) + TileBytes);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(o);
+  release(n - 1);
+}
 }  // namespace detail
 
 #ifdef SPATTN_WGMMA
@@ -515,78 +590,25 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   constexpr int MW = BN / 64;
 
   if constexpr (Tr::kPipelined) {
-    // ---- pieces of one key tile (sm_90a, decoupled warpgroups): see tile_* in detail ----
-    auto load_mask_words = [&](const int4& e, unsigned long long (&mw)[2][MW]) { tile_mask_words<BM, BN>(p, e, r0, mw); };
-    auto issue_s = [&](float (&sacc)[BN / 2], uint32_t s_k) { tile_issue_s<BM, BN, D, kBf16>(sacc, s_q + wg * 64 * 128, s_k); };
-    auto issue_pv = [&](uint32_t (&pa)[BN / 16][4], uint32_t s_v) { tile_issue_pv<BN, D, kBf16>(o, pa, s_v); };
-    auto mask = [&](float (&sacc)[BN / 2], const int4& e, const unsigned long long (&mw)[2][MW]) {
-      tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
-    };
-    auto softmax = [&](float (&sacc)[BN / 2], float (&alpha)[2]) { tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha); };
-    auto to_p = [&](const float (&sacc)[BN / 2], uint32_t (&pa)[BN / 16][4]) { tile_to_p<BN, kBf16>(sacc, pa); };
-    auto stage_k = [&](int i) { return s_kv0 + uint32_t(i % S) * 2 * Tr::kTileBytes; };
-
-    if (n > 0) {
-      float sacc[BN / 2];
-      uint32_t pa[BN / 16][4];
-      float alpha[2];
-      unsigned long long mw[2][MW];
-      // tile 0: S only
-      {
-        if (wg == 0 && S - 2 < n) issue(S - 2);
-        const int4 e = __ldg(&p.entries[e_begin]);
-        load_mask_words(e, mw);
-        mbar_wait(bar_full, 0);
-        fence_proxy_async();
-        fence_regs(sacc);
-        named_sync(1 + wg, NT);
-        wgmma_fence();
-        issue_s(sacc, stage_k(0));
-        wgmma_commit();
-        named_arrive(2 - wg, NT);
-        wgmma_wait<0>();
-        fence_regs(sacc);
-        mask(sacc, e, mw);
-        softmax(sacc, alpha);
-        to_p(sacc, pa);
-      }
-      for (int i = 1; i < n; ++i) {
-        if (wg == 0 && i + S - 2 < n) issue(i + S - 2);
-        const int4 e = __ldg(&p.entries[e_begin + i]);
-        load_mask_words(e, mw);
-        mbar_wait(bar_full + 8 * (i % S), (i / S) & 1);
-        fence_proxy_async();
-        fence_regs(sacc);
-        fence_regs(o);
-        fence_regs_u32(pa);
-        named_sync(1 + wg, NT);
-        wgmma_fence();
-        issue_s(sacc, stage_k(i));
-        wgmma_commit();
-        issue_pv(pa, stage_k(i - 1) + Tr::kTileBytes);
-        wgmma_commit();
-        named_arrive(2 - wg, NT);
-        wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
-        fence_regs(sacc);
-        mask(sacc, e, mw);
-        softmax(sacc, alpha);
-        wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
-        fence_regs(o);
-        fence_regs_u32(pa);
-        mbar_arrive(bar_empty + 8 * ((i - 1) % S));
-        tile_rescale<D>(o, alpha);
-        to_p(sacc, pa);
-      }
-      // last PV
-      fence_regs(o);
-      fence_regs_u32(pa);
-      wgmma_fence();
-      issue_pv(pa, stage_k(n - 1) + Tr::kTileBytes);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-      mbar_arrive(bar_empty + 8 * ((n - 1) % S));
-    }
+    // Warpgroup 0 also issues the copies S - 2 tiles ahead; stages complete on `full` mbarriers.
+    if (n > 0)
+      pipelined_tiles<BM, BN, D, kBf16, Tr::kTileBytes>(
+          p, n, s_q + wg * 64 * 128, q0, r0, cb, sl2, o, row_max, row_sum,
+          [&] {
+            if (wg == 0 && S - 2 < n) issue(S - 2);
+            return __ldg(&p.entries[e_begin]);
+          },
+          [&](int i) {
+            if (wg == 0 && i + S - 2 < n) issue(i + S - 2);
+            return __ldg(&p.entries[e_begin + i]);
+          },
+          [&](int i) {
+            mbar_wait(bar_full + 8 * (i % S), (i / S) & 1);
+            fence_proxy_async();  // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
+          },
+          [&](int i) { return s_kv0 + uint32_t(i % S) * 2 * Tr::kTileBytes; },
+          [&](int i) { mbar_arrive(bar_empty + 8 * (i % S)); }, [&] { named_sync(1 + wg, NT); },
+          [&] { named_arrive(2 - wg, NT); }, [] {});
   } else
   for (int i = 0; i < n; ++i) {
     const int stage = i % S;

@@ -207,64 +207,14 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         mbar_arrive(bar_qempty + 8 * qb);
       } else {
         auto stage_k = [&](int i) { return s_kv0 + uint32_t((g + unsigned(i)) % S) * 2 * Tr::kTileBytes; };
-        auto full_bar = [&](int i) { return bar_full + 8 * ((g + unsigned(i)) % S); };
-        auto full_parity = [&](int i) { return int(((g + unsigned(i)) / S) & 1); };
-        auto empty_bar = [&](int i) { return bar_empty + 8 * ((g + unsigned(i)) % S); };
-        const uint32_t s_qc = s_q + qb * Tr::kQBytes + c * 64 * 128;
-        float sacc[BN / 2];
-        uint32_t pa[BN / 16][4];
-        float alpha[2];
-        unsigned long long mw[2][MW];
-        {  // tile 0: S only
-          const int4 e = e_first;
-          tile_mask_words<BM, BN>(p, e, r0, mw);
-          mbar_wait(full_bar(0), full_parity(0));
-          fence_regs(sacc);
-          named_sync(turn, kPair);
-          wgmma_fence();
-          tile_issue_s<BM, BN, D, kBf16>(sacc, s_qc, stage_k(0));
-          wgmma_commit();
-          named_arrive(next_turn, kPair);
-          wgmma_wait<0>();
-          fence_regs(sacc);
-          tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
-          tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
-          tile_to_p<BN, kBf16>(sacc, pa);
-        }
-        for (int i = 1; i < n; ++i) {
-          const int4 e = __ldg(&p.entries[it.e_begin + i]);
-          tile_mask_words<BM, BN>(p, e, r0, mw);
-          mbar_wait(full_bar(i), full_parity(i));
-          fence_regs(sacc);
-          fence_regs(o);
-          fence_regs_u32(pa);
-          named_sync(turn, kPair);
-          wgmma_fence();
-          tile_issue_s<BM, BN, D, kBf16>(sacc, s_qc, stage_k(i));
-          wgmma_commit();
-          tile_issue_pv<BN, D, kBf16>(o, pa, stage_k(i - 1) + Tr::kTileBytes);
-          wgmma_commit();
-          named_arrive(next_turn, kPair);
-          wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
-          fence_regs(sacc);
-          tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
-          tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
-          wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
-          fence_regs(o);
-          fence_regs_u32(pa);
-          mbar_arrive(empty_bar(i - 1));
-          tile_rescale<D>(o, alpha);
-          tile_to_p<BN, kBf16>(sacc, pa);
-        }
-        mbar_arrive(bar_qempty + 8 * qb);  // every S of this item is done: the producer may reuse the Q buffer
-        fence_regs(o);
-        fence_regs_u32(pa);
-        wgmma_fence();
-        tile_issue_pv<BN, D, kBf16>(o, pa, stage_k(n - 1) + Tr::kTileBytes);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-        mbar_arrive(empty_bar(n - 1));
+        pipelined_tiles<BM, BN, D, kBf16, Tr::kTileBytes>(
+            p, n, s_q + qb * Tr::kQBytes + c * 64 * 128, q0, r0, cb, sl2, o, row_max, row_sum,
+            [&] { return e_first; }, [&](int i) { return __ldg(&p.entries[it.e_begin + i]); },
+            [&](int i) { mbar_wait(bar_full + 8 * ((g + unsigned(i)) % S), int(((g + unsigned(i)) / S) & 1)); },
+            stage_k, [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
+            [&] { named_sync(turn, kPair); }, [&] { named_arrive(next_turn, kPair); },
+            // every S of this item is done: the producer may reuse the Q buffer
+            [&] { mbar_arrive(bar_qempty + 8 * qb); });
         g += unsigned(n);
       }
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, it.b, it.h, q0, r0, cb, lane);
