@@ -19,21 +19,20 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
 #include <stdlib.h>
-#include <unistd.h>
 #ifdef SPATTN_FUSED_PROF
 #include <sched.h>
+
+#include <cstdio>
 #endif
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -514,16 +513,14 @@ void convert_row(const TensorView& t, int64_t b, int64_t l, int64_t h, float* ou
   for (int64_t d = D; d < width; ++d) out[d] = 0.f;
 }
 
-// fp32 copy of a [B, L, H, D] view: rows of `ld` floats (zero padded past D) at
-// dst + ((b * H + h) * L + l) * ld (head_major) or dst + ((b * L + l) * H + h) * ld.
-// The values go to columns [col0, col0 + D) of each row, zeros to [col0 + D, col0 + width).
-void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int64_t col0, int threads) {
+// fp32 copy of a [B, L, H, D] view: rows of `ld` floats at dst + ((b * H + h) * L + l) * ld (head_major) or
+// dst + ((b * L + l) * H + h) * ld, the D values then zeros up to `width`.
+void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int threads) {
   const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2];
   parallel_for(B * H, threads, [&](int64_t bh, int) {
     const int64_t b = bh / H, h = bh % H;
     for (int64_t l = 0; l < L; ++l)
-      convert_row(t, b, l, h, (head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld) + col0,
-                  width);
+      convert_row(t, b, l, h, head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld, width);
   });
 }
 
@@ -754,7 +751,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   int64_t q_sb = q.stride[0], q_ld = q.stride[1], q_sh = q.stride[2], q_inc = q.stride[3];
   if (q.dtype != DType::f32) {
     qbuf.resize(B * Lq * H * D);
-    fused::pack_f32(q, qbuf.ptr, false, D, D, 0, threads);
+    fused::pack_f32(q, qbuf.ptr, false, D, D, threads);
     qp = qbuf.ptr;
     q_sb = Lq * H * D, q_ld = H * D, q_sh = D, q_inc = 1;
   }
@@ -782,13 +779,13 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   } else {
     if (!direct(k, D) && Lk > 0) {
       kbuf.resize(B * HK * Lk * DP);
-      fused::pack_f32(k, kbuf.ptr, true, DP, DP, 0, threads);
+      fused::pack_f32(k, kbuf.ptr, true, DP, DP, threads);
       kp = kbuf.ptr;
       k_sb = HK * Lk * DP, k_sh = Lk * DP, k_ld = DP;
     }
     if (!direct(v, Dv) && Lk > 0) {
       vbuf.resize(B * HK * Lk * DVP);
-      fused::pack_f32(v, vbuf.ptr, true, DVP, DVP, 0, threads);
+      fused::pack_f32(v, vbuf.ptr, true, DVP, DVP, threads);
       vp = vbuf.ptr;
       v_sb = HK * Lk * DVP, v_sh = Lk * DVP, v_ld = DVP;
     }

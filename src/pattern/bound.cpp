@@ -14,11 +14,16 @@
 
 namespace spattn {
 
+namespace {
+// PATTERNS.md's mix (splitmix64's finalizer): x ^= x >> 30; x *= kMix1; x ^= x >> 27; x *= kMix2; x ^= x >> 31.
+constexpr uint64_t kMix1 = 0xBF58476D1CE4E5B9ull, kMix2 = 0x94D049BB133111EBull;
+}  // namespace
+
 uint64_t random_mix(uint64_t x) {
   x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
+  x *= kMix1;
   x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
+  x *= kMix2;
   x ^= x >> 31;
   return x;
 }
@@ -36,22 +41,24 @@ void random_collect_scalar(uint64_t a, int64_t k0, int64_t k_len, uint64_t bound
   }
 }
 #if defined(__x86_64__) && defined(__GNUC__)
+// x ^ (x >> n), eight lanes; the zero-masked shift (all lanes kept) because GCC 12 warns on the plain one's
+// undefined source operand.
+__attribute__((target("avx512f"))) inline __m512i xorshift(__m512i x, unsigned n) {
+  return _mm512_xor_si512(x, _mm512_maskz_srli_epi64(0xFF, x, n));
+}
 // Eight keys at a time (64-bit multiplies need AVX-512DQ); the row's plan-time cost is these hashes, Lq * Lk.
 __attribute__((target("avx512f,avx512dq"))) void random_collect_avx512(
     uint64_t a, int64_t k_len, uint64_t bound, std::vector<std::pair<uint64_t, int64_t>>& out) {
-  const __m512i m1 = _mm512_set1_epi64(int64_t(0xBF58476D1CE4E5B9ull));
-  const __m512i m2 = _mm512_set1_epi64(int64_t(0x94D049BB133111EBull));
+  const __m512i m1 = _mm512_set1_epi64(int64_t(kMix1)), m2 = _mm512_set1_epi64(int64_t(kMix2));
   const __m512i vb = _mm512_set1_epi64(int64_t(bound)), step = _mm512_set1_epi64(8);
   __m512i kv = _mm512_add_epi64(_mm512_set1_epi64(int64_t(a)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
   int64_t k = 0;
   for (; k + 8 <= k_len; k += 8) {
     __m512i x = kv;
     kv = _mm512_add_epi64(kv, step);
-    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 30));
-    x = _mm512_mullo_epi64(x, m1);
-    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 27));
-    x = _mm512_mullo_epi64(x, m2);
-    x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+    x = _mm512_mullo_epi64(xorshift(x, 30), m1);
+    x = _mm512_mullo_epi64(xorshift(x, 27), m2);
+    x = xorshift(x, 31);
     unsigned m = _mm512_cmple_epu64_mask(x, vb);
     if (m) {
       alignas(64) uint64_t xs[8];

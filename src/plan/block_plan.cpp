@@ -117,16 +117,21 @@ struct TileScratch {
   }
 };
 
-// Worker threads for plan building: about 2^15 row x key units a thread at least (a scattered pattern's row
-// costs O(Lk)), at most the hardware's threads and 32; SPATTN_PLAN_THREADS caps it (1: serial).
-int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
-  int64_t cap = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+// The most threads the planner uses: the hardware's and 32; SPATTN_PLAN_THREADS caps it (1: serial).
+int64_t plan_thread_cap() {
+  int64_t cap = std::min<int64_t>(32, std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency())));
   if (const char* env = std::getenv("SPATTN_PLAN_THREADS")) {
     const long v = std::strtol(env, nullptr, 10);
     if (v >= 1) cap = std::min<int64_t>(cap, v);
   }
+  return cap;
+}
+
+// Worker threads for building a plan: about 2^15 row x key units a thread at least (a scattered pattern's row
+// costs O(Lk)).
+int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
   const int64_t by_size = std::max<int64_t>(1, q_tiles * std::max<int64_t>(k_len, 64) / (int64_t(1) << 15));
-  return std::max<int64_t>(1, std::min({cap, int64_t(32), q_tiles, by_size}));
+  return std::max<int64_t>(1, std::min({plan_thread_cap(), q_tiles, by_size}));
 }
 
 // Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
@@ -458,8 +463,8 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
         if (s.block_m == 192 && !s.tma) continue;
         cands.push_back({s, d});
       }
-    // The estimates sample rows of the pattern (O(Lk) each for random): one thread a candidate.
-    cpu::parallel_for(int64_t(cands.size()), int(cands.size()), [&](int64_t i, int) {
+    // The estimates sample rows of the pattern (O(Lk) each for random): a thread a candidate, within the cap.
+    cpu::parallel_for(int64_t(cands.size()), int(std::min<int64_t>(int64_t(cands.size()), plan_thread_cap())), [&](int64_t i, int) {
       Candidate& c = cands[size_t(i)];
       c.cost = estimate_cost(pat, c.shape, c.d, head_dim);
     });
