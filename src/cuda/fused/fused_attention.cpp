@@ -42,9 +42,10 @@ FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorVi
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const TensorView& lse, void* stream) const {
   const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent};
-  const auto st = FusedFwd::can_implement(args, *impl_->plan);
+  FusedFwd::Params params;
+  const auto st = FusedFwd::can_implement(args, *impl_->plan, &params);
   if (!st.ok) throw Error(st.reason);
-  FusedFwd::run(FusedFwd::to_params(args, *impl_->plan), static_cast<cudaStream_t>(stream));
+  FusedFwd::run(params, static_cast<cudaStream_t>(stream));
 }
 
 std::string FusedAttention::explain() const {

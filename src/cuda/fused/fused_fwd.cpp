@@ -146,7 +146,7 @@ DevicePlan::~DevicePlan() {
   cudaFree(order_);
 }
 
-Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
+Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Params* params) {
   const Problem& pr = a.problem;
   try {
     pr.validate();
@@ -214,12 +214,21 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan) {
   }
   if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
   if (hp.block_m == 192) {  // only the warp-specialized TMA kernel has 192-row tiles
-    FusedParams scratch{};
     if (cc != 90 || a.force_sm80 || a.no_tma)
       return Status::fail("fused kernel: 192x128 tiles need the sm_90a TMA kernel (compute capability 9.0, TMA allowed)");
     if (hp.perm_d != 1) return Status::fail("fused kernel: 192x128 tiles need a plan without permutation (perm_d 1)");
-    if (!use_ws(a, hp, true, scratch))
+  }
+  if (hp.block_m == 192 || params) {
+    // The launch parameters (tensor maps encoded once, here, when the caller asks for them).
+    Params p;
+    try {
+      p = to_params(a, plan);
+    } catch (const Error& e) {
+      return Status::fail(e.what());
+    }
+    if (hp.block_m == 192 && !p.ws)
       return Status::fail("fused kernel: 192x128 tiles: the driver refused a tensor map of q, k or v (strides)");
+    if (params) *params = p;
   }
   return {};
 }

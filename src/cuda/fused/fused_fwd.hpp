@@ -66,7 +66,9 @@ class FusedFwd {
   };
   using Params = LaunchParams;
 
-  static Status can_implement(const Arguments& args, const DevicePlan& plan);
+  // With `params`, also fills the launch parameters when the check passes (to_params: no second tensor-map
+  // encoding for the caller that runs right after).
+  static Status can_implement(const Arguments& args, const DevicePlan& plan, Params* params = nullptr);
   static size_t workspace_size(const Arguments&) { return 0; }
   // Requires can_implement(args, plan).
   static Params to_params(const Arguments& args, const DevicePlan& plan);
