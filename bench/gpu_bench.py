@@ -73,7 +73,7 @@ class Fused:
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block if block_n is None else block_n, -1,
-                                              int(force_sm80) | {"": 0, "cp": 2, "p": 4, "np": 8}[variant],
+                                              int(force_sm80) | {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32}[variant],
                                               ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
@@ -212,7 +212,8 @@ def main():
     ap.add_argument("--shapes", default="",
                     help="also time forced tile shapes, e.g. 64x128,128x128,192x128,64x64; suffix :cp keeps the "
                          "cp.async kernels where the warp-specialized TMA kernel would run (128x128:cp); :p / :np run the "
-                         "TMA kernel with persistent CTAs / one work item a CTA")
+                         "TMA kernel with persistent CTAs / one work item a CTA; :b / :nb with / without the band kernel "
+                         "(band-row patterns)")
     ap.add_argument("--probe", default="", help="only run ours a few times (for ncu): SPEC;L;D;BMxBN")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
     args = ap.parse_args()

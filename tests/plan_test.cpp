@@ -69,4 +69,47 @@ TEST(BlockPlan, ChoosesOnlyKernelShapes) {
   }
 }
 
+TEST(BlockPlan, BandRows) {
+  // Which patterns the band kernel may run: every row one interval [q + lo, q + hi] clipped to [0, Lk).
+  struct C {
+    std::string spec;
+    int64_t lq, lk;
+    bool band;
+    int32_t lo, hi;
+  };
+  const std::vector<C> cases = {
+      {"local(256)", 4099, 4099, true, -256, 256},
+      {"causal", 1023, 1023, true, -1022, 0},                      // the least k - q kept: never binds
+      {"dense", 700, 700, true, -699, 699},
+      {"local(left=300, right=40)", 300, 1000, true, -299, 40},    // cross attention (left never binds)
+      {"local(left=40, right=300)", 1000, 300, true, -40, 299},    // rows past Lk + 40 keep nothing; hi as binds
+      {"local(left=64, right=0) | local(3)", 999, 999, true, -64, 3},  // a union that is still one band
+      {"longformer(256, 32)", 1023, 1023, false, 0, 0},
+      {"local(20) & global_rows(100:300)", 1023, 1023, false, 0, 0},  // empty rows the band does not predict
+      {"document(700, 1500, 1899) & causal", 4099, 4099, false, 0, 0},
+      {"dilated(256, 2)", 1023, 1023, false, 0, 0},
+      {"random(51, seed=0)", 1023, 1023, false, 0, 0},
+      {"global_rows(0:10) & local(5)", 600, 600, false, 0, 0},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto r = spattn::plan::band_rows(b);
+    EXPECT_EQ(r.ok, c.band);
+    if (!c.band || !r.ok) continue;
+    EXPECT_EQ(r.lo, c.lo);
+    EXPECT_EQ(r.hi, c.hi);
+    // The band's predicate is the pattern's, everywhere.
+    int64_t mismatches = 0;
+    for (int64_t q = 0; q < c.lq; q += 7)
+      for (int64_t k = 0; k < c.lk; ++k)
+        mismatches += b.contains(q, k) != (k - q >= r.lo && k - q <= r.hi);
+    EXPECT_EQ(mismatches, 0);
+    const auto p = spattn::plan::build_block_plan(b, 192, 128, 1);
+    EXPECT_TRUE(p.band && p.band_lo == r.lo && p.band_hi == r.hi) << p.describe();
+  }
+  EXPECT_FALSE(spattn::plan::build_block_plan(spattn::parse("local(256)").bind(1023), 128, 128, 2).band)
+      << "permuted plans are not band plans";
+}
+
 }  // namespace

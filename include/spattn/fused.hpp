@@ -27,6 +27,8 @@ struct FusedOptions {
   bool tma = true;               // sm_90a: the warp-specialized TMA kernel where it applies (128/192-row
                                  // tiles, no permutation, strides a tensor map accepts); false: cp.async kernels
   int persistent = -1;           // TMA kernel: 1 one CTA per SM drawing work items, 0 one item a CTA, -1 chosen
+  int band = -1;                 // band-row patterns (local, sliding windows, causal) at head dim 64 on sm_90a:
+                                 // -1 chosen, 1 the band kernel (64-row slabs over 64-key chunks), 0 never
 };
 
 struct FusedStatus {

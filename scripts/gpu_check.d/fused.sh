@@ -46,10 +46,13 @@ if [ -x "$TEST" ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel err|Failure|Expected|Which is|actual|error" "$OUTD/fused_test.log" | head -90
   echo "== fused: compute-sanitizer (memcheck, racecheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" --gtest_filter='Fused/FusedSuite.MatchesReference/1' \
+    # cases 1 (longformer, TMA), 51 (band kernel, tails) and 59 (band kernel, empty rows, Lq > Lk)
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59' \
       >"$OUTD/fused_memcheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_memcheck.log"
-    compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" --gtest_filter='Fused/FusedSuite.MatchesReference/12' \
+    compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51' \
       >"$OUTD/fused_racecheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_racecheck.log"
   fi

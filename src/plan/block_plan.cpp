@@ -209,11 +209,37 @@ bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, 
 
 }  // namespace
 
+BandRows band_rows(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  RowRuns runs;
+  for (int64_t q = 0; q < lq; ++q) {
+    pat.row(q, runs);
+    if (runs.empty()) continue;
+    if (runs.size() != 1 || (runs[0].stride != 1 && runs[0].count != 1)) return {};
+    first[size_t(q)] = runs[0].start;
+    last[size_t(q)] = runs[0].last();
+    lo = std::min(lo, runs[0].start - q);
+    hi = std::max(hi, runs[0].last() - q);
+  }
+  if (lo > hi) return {};  // no key kept anywhere: nothing for a band kernel to gain
+  lo = std::max(lo, -lq);
+  hi = std::min(hi, lk);
+  for (int64_t q = 0; q < lq; ++q) {
+    const int64_t a = std::max<int64_t>(0, q + lo), b = std::min(lk - 1, q + hi);
+    if (a > b ? first[size_t(q)] >= 0 : (first[size_t(q)] != a || last[size_t(q)] != b)) return {};
+  }
+  return {true, int32_t(lo), int32_t(hi)};
+}
+
 std::string BlockPlan::describe() const {
   std::ostringstream s;
   s << "block " << block_m << "x" << block_n << ", perm_d " << perm_d << ", " << q_tiles << "x" << k_tiles
     << " tiles, " << nentries() << " visited (" << n_full << " full, " << n_band << " band, " << n_bitmask
-    << " bitmask), nnz " << nnz << ", waste " << waste() << ", built in " << build_ms << " ms";
+    << " bitmask), nnz " << nnz << ", waste " << waste();
+  if (band) s << ", band rows [" << band_lo << ", " << band_hi << "]";
+  s << ", built in " << build_ms << " ms";
   return s.str();
 }
 
@@ -340,6 +366,12 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
     return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
            plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
+  if (d == 1) {
+    const BandRows br = band_rows(pat);
+    plan.band = br.ok;
+    plan.band_lo = br.lo;
+    plan.band_hi = br.hi;
+  }
   plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
 }
@@ -445,7 +477,13 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
     if (d > 1) perms.push_back(d);
   }
   std::vector<TileShape> shapes;
-  if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
+  // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
+  // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
+  // warpgroups (src/cuda/fused/NOTES.md, v14).
+  if (block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && band_rows(pat).ok) {
+    shapes = {{192, 128}};
+    perms = {1};
+  } else if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
   else if (head_dim == 64) shapes = {{64, 128}, {128, 128}, {64, 64}, {192, 128}};
   else shapes = {{128, 128}, {64, 64}};
   double best = 0;

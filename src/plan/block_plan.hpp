@@ -44,6 +44,10 @@ struct BlockPlan {
   std::vector<uint64_t> masks;       // [nbitmask * words_per_mask()]
   std::vector<int32_t> order;        // query tiles, most work first (longest-processing-time order)
   int64_t nnz = 0;                   // kept (q, k) pairs (per head)
+  // Band rows (perm_d 1 only; see band_rows()): every row q keeps exactly the keys k with
+  // band_lo <= k - q <= band_hi and 0 <= k < Lk. The sm_90a band kernel runs such plans by 64-row slabs.
+  bool band = false;
+  int32_t band_lo = 0, band_hi = 0;
   int64_t n_full = 0, n_band = 0, n_bitmask = 0;
   double build_ms = 0;
 
@@ -61,6 +65,16 @@ struct BlockPlan {
   }
   std::string describe() const;
 };
+
+// Whether every row q of the pattern keeps exactly the keys k with lo <= k - q <= hi, 0 <= k < Lk, for one
+// pair (lo, hi) (local, sliding windows, causal, dense; rows past the band's reach keep nothing). lo and hi
+// are clamped to [-Lq, Lk], where they stop binding, so that q + lo and q + hi fit in 32 bits. O(Lq) calls
+// of row(), stopping at the first row that is not one interval.
+struct BandRows {
+  bool ok = false;
+  int32_t lo = 0, hi = 0;
+};
+BandRows band_rows(const BoundPattern& pattern);
 
 // Which 64-key halves of entry `i` (of query tile `qt`) can hold kept keys: bit 0 keys 0-63, bit 1 keys
 // 64-127 (block_n == 128); 1 for block_n == 64. Full tiles: 3. Partial tiles whose kept keys all lie in one
@@ -80,6 +94,12 @@ int choose_permutation(const BoundPattern& pattern);
 // no permutation, 128x128 tiles (head dim 64 or 128) or 192x128 tiles (head dim 64).
 inline bool tma_kernel_shape(int block_m, int block_n, int perm_d, int64_t head_dim) {
   return perm_d == 1 && block_n == 128 && (block_m == 128 || (block_m == 192 && head_dim == 64));
+}
+
+// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
+// permutation, 128x128 or 192x128 tiles (its work items), head dim 64.
+inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
+  return plan.band && head_dim == 64 && tma_kernel_shape(plan.block_m, plan.block_n, plan.perm_d, head_dim);
 }
 
 struct TileShape {

@@ -50,13 +50,14 @@ struct Case {
   bool no_tma = false;  // sm_90a: keep the cp.async kernels where the warp-specialized TMA kernel applies
   bool packed = false;  // q, k, v as strided views of one [B, L, 3, H, D] buffer (needs Lq == Lk, Hq == Hkv)
   int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
+  int band = -1;        // band-row plans: 1 the band kernel (checked to run on sm_90a), 0 never, -1 chosen
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << c.what << " [" << c.spec << " B" << c.B << " H" << c.Hq << "/" << c.Hkv << " L" << c.Lq << "x" << c.Lk
             << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << "x" << c.block_n
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
-            << "]";
+            << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -117,7 +118,16 @@ void check_case(const Case& c) {
   opt.perm_d = c.perm_d;
   opt.tma = !c.no_tma;
   opt.persistent = c.persistent;
+  opt.band = c.band;
   spattn::FusedAttention attn(bound, c.D, opt);
+  if (c.band == 1 && !c.sm80 && !c.no_tma) {
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major == 9 && minor == 0)
+      EXPECT_NE(attn.kernel_name(pr).find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
+  }
   const auto [q, k, v] = views(din.p, c.dtype);
   const TensorView o = TensorView::contiguous(dout.p, c.dtype, {c.B, c.Lq, c.Hq, c.D});
   const TensorView lse = TensorView::contiguous(dlse.p, DType::f32, {c.B, c.Hq, c.Lq, 1});
@@ -235,6 +245,22 @@ const Case kCases[] = {
     {"varlen: document(...) & local, d128", "document(700, 1500, 1899) & local(200)", 1, 2, 2, 4099, 4099, 128, fp},
     {"varlen: document(...) 192x128", "document(700, 1500, 1899) & causal", 1, 2, 2, 4099, 4099, 64, fp, 192, false,
      -1, 128},
+    // The band kernel (sm_90a, band-row plans): 64-row slabs over 64-key chunks, odd and even chunk counts,
+    // sequence ends, empty rows and slabs, cross attention both ways, GQA, fp16, one item a CTA; and the same
+    // patterns without it.
+    {"band 192 local, tails", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 128 local, tails fp16", "local(256)", 1, 2, 2, 1023, 1023, 64, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 192 narrow window (one chunk a slab)", "local(5)", 1, 2, 2, 1000, 1000, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 192 sliding window", "local(left=200, right=0)", 2, 4, 2, 2047, 2047, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 192 causal 4099", "causal", 1, 1, 1, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 128 causal GQA", "causal", 2, 4, 1, 1500, 1500, 64, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 192 dense", "dense", 1, 2, 2, 777, 777, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 192 cross attention Lq < Lk", "local(left=300, right=40)", 2, 4, 2, 300, 1000, 64, fp, 192, false, -1, 128, false, false, -1, 1},
+    {"band 192 cross attention Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, bf, 192, false, -1, 128, false, false, -1, 1},
+    {"band 192 one item a CTA", "local(256)", 2, 4, 4, 2000, 2000, 64, bf, 192, false, -1, 128, false, false, 0, 1},
+    {"band 192 packed qkv", "local(100)", 2, 2, 2, 777, 777, 64, bf, 192, false, -1, 128, false, true, -1, 1},
+    {"no band kernel: 192x128 local", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 0},
+    {"no band kernel: 192x128 causal", "causal", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 0},
     {"128x128 cp.async d64", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 128, false, -1, 0, true},
     {"128x128 cp.async d128", "causal", 1, 4, 2, 799, 799, 128, bf, 128, false, -1, 0, true},
 };

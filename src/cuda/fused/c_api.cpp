@@ -41,7 +41,8 @@ const char* spattn_last_error(void) { return g_last_error.c_str(); }
 // Builds the plan of `spec` bound to (q_len, k_len) and uploads it to the current device.
 // block_m/block_n: 0 = chosen; perm_d: -1 = chosen, 1 = none; force_sm80: bit 0 runs the mma.sync kernel,
 // bit 1 keeps the sm_90a cp.async kernels where the warp-specialized TMA kernel would apply, bit 2 (4) runs the
-// TMA kernel with persistent CTAs, bit 3 (8) with one work item a CTA (neither: chosen).
+// TMA kernel with persistent CTAs, bit 3 (8) with one work item a CTA (neither: chosen), bit 4 (16) the band
+// kernel for band-row plans, bit 5 (32) never the band kernel (neither: chosen).
 int spattn_fused_create(const char* spec, int64_t q_len, int64_t k_len, int64_t head_dim, int block_m, int block_n,
                         int perm_d, int force_sm80, void** out) {
   if (!spec || !out) return fail("spattn_fused_create: null argument");
@@ -55,6 +56,7 @@ int spattn_fused_create(const char* spec, int64_t q_len, int64_t k_len, int64_t 
     opt.force_sm80 = (force_sm80 & 1) != 0;
     opt.tma = (force_sm80 & 2) == 0;
     opt.persistent = (force_sm80 & 4) ? 1 : (force_sm80 & 8) ? 0 : -1;
+    opt.band = (force_sm80 & 16) ? 1 : (force_sm80 & 32) ? 0 : -1;
     auto* h = new Handle{spattn::FusedAttention(bound, head_dim, opt), {}};
     h->explain = h->attn.explain();
     *out = h;

@@ -35,13 +35,13 @@ FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
 
 FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& o, const TensorView& lse) const {
-  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent}, *impl_->plan);
+  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent, impl_->options.band}, *impl_->plan);
   return {st.ok, st.reason};
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const TensorView& lse, void* stream) const {
-  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent};
+  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent, impl_->options.band};
   FusedFwd::Params params;
   const auto st = FusedFwd::can_implement(args, *impl_->plan, &params);
   if (!st.ok) throw Error(st.reason);
@@ -64,6 +64,7 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   p.sm90 = !impl_->options.force_sm80 && cuda::fused::device_cc(impl_->plan->device()) == 90;
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
   p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
+  p.band = p.ws && impl_->options.band != 0 && plan::band_kernel_applies(hp, problem.head_dim);
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

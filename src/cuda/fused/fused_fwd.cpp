@@ -91,12 +91,13 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
   return true;
 }
 
-// Whether the warp-specialized TMA kernel runs this plan (sm_90a), with its tensor maps filled in `k`.
-bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, FusedParams& k) {
+// Whether the warp-specialized TMA kernel runs this plan (sm_90a), with its tensor maps filled in `k` (K/V
+// boxes of `kv_rows` rows: the key tile, or the band kernel's 64-key chunk).
+bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, int kv_rows, FusedParams& k) {
   if (!sm90 || a.no_tma || !plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, a.problem.head_dim))
     return false;
-  return encode_tmap(k.tmap_q, a.q, hp.block_m) && encode_tmap(k.tmap_k, a.k, hp.block_n) &&
-         encode_tmap(k.tmap_v, a.v, hp.block_n);
+  return encode_tmap(k.tmap_q, a.q, hp.block_m) && encode_tmap(k.tmap_k, a.k, kv_rows) &&
+         encode_tmap(k.tmap_v, a.v, kv_rows);
 }
 }  // namespace
 
@@ -271,7 +272,12 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
   out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
-  out.ws = use_ws(a, hp, out.sm90, k);
+  // The band kernel (band-row plans at head dim 64, 128/192-row tiles; FusedOptions::band).
+  const bool band = a.band != 0 && plan::band_kernel_applies(hp, pr.head_dim);
+  out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
+  out.band = out.ws && band;
+  k.band_lo = hp.band_lo;
+  k.band_hi = hp.band_hi;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (NOTES.md, v9).
@@ -292,7 +298,7 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string("fused_") + (p.sm90 ? "sm90" : "sm80") + "_" + std::to_string(p.block_m) + "x" +
          std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16") +
-         (p.ws ? "_ws" : "");
+         (p.band ? "_band" : p.ws ? "_ws" : "");
 }
 
 }  // namespace spattn::cuda::fused

@@ -63,6 +63,7 @@ class FusedFwd {
     bool force_sm80 = false;     // run the mma.sync kernel even on Hopper (tests)
     bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
     int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
+    int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
   };
   using Params = LaunchParams;
 

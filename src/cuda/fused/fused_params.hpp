@@ -36,6 +36,7 @@ struct FusedParams {
   TensorMapBytes tmap_q, tmap_k, tmap_v;
   int* work_counter;  // the TMA kernel's work-item counter (DevicePlan-owned; zeroed before each launch)
   int persistent;     // TMA kernel: 1 = one CTA per SM drawing items from work_counter, 0 = one item a CTA
+  int band_lo, band_hi;  // band kernel (LaunchParams::band): row q keeps band_lo <= k - q <= band_hi, k < Lk
 };
 
 // TileEntry.kt as uploaded (DevicePlan): bits 0-27 the key tile, bits 28-29 `half` for 64x128 plans: 0 the
@@ -50,6 +51,7 @@ struct LaunchParams {
   int block_m = 0, block_n = 0, head_dim = 0;
   bool bf16 = true, sm90 = false;
   bool ws = false;  // sm_90a warp-specialized TMA kernel (fused_fwd_ws.cuh): 128/192-row tiles, perm_d == 1
+  bool band = false;  // with ws: the band kernel (fused_fwd_band.cuh) for band-row plans, head dim 64
   unsigned grid = 0;
 };
 

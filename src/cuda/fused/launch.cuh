@@ -3,16 +3,21 @@
 #include <mutex>
 
 #include "cuda/fused/fused_fwd.cuh"
+#include "cuda/fused/fused_fwd_band.cuh"
 #include "cuda/fused/fused_fwd_ws.cuh"
 #include "cuda/fused/fused_params.hpp"
 
 namespace spattn::cuda::fused {
 
-template <class Tr, bool kWs = false>
+enum class Kind { kCpAsync, kWs, kBand };
+
+template <class Tr, Kind kKind = Kind::kCpAsync>
 cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   void (*kernel)(FusedParams) = nullptr;
-  if constexpr (kWs) {
+  if constexpr (kKind == Kind::kWs) {
     kernel = fused_fwd_ws_kernel<Tr>;
+  } else if constexpr (kKind == Kind::kBand) {
+    kernel = fused_fwd_band_kernel<Tr>;
   } else {
     kernel = fused_fwd_kernel<Tr>;
   }
@@ -38,11 +43,21 @@ template <bool kSm90>
 int launch_table(const LaunchParams& p, void* stream_) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if constexpr (kSm90) {
+    // Band kernels (band-row plans): 128 and 192 query rows at head dim 64.
+#define SPATTN_FUSED_BAND_CASE(BM)                                                            \
+    if (p.ws && p.band && p.block_m == BM && p.head_dim == 64) {                              \
+      if (p.bf16) return int(launch_one<BandTraits<BM, true>, Kind::kBand>(p, stream));       \
+      return int(launch_one<BandTraits<BM, false>, Kind::kBand>(p, stream));                  \
+    }
+    SPATTN_FUSED_BAND_CASE(128)
+    SPATTN_FUSED_BAND_CASE(192)
+#undef SPATTN_FUSED_BAND_CASE
+    if (p.band) return int(cudaErrorInvalidConfiguration);
     // Warp-specialized TMA kernels: 128x128 and 192x128 at head dim 64, 128x128 at 128.
-#define SPATTN_FUSED_WS_CASE(BM, BN, D)                                                 \
-    if (p.ws && p.block_m == BM && p.block_n == BN && p.head_dim == D) {                \
-      if (p.bf16) return int(launch_one<WsTraits<BM, BN, D, true>, true>(p, stream));   \
-      return int(launch_one<WsTraits<BM, BN, D, false>, true>(p, stream));              \
+#define SPATTN_FUSED_WS_CASE(BM, BN, D)                                                        \
+    if (p.ws && p.block_m == BM && p.block_n == BN && p.head_dim == D) {                       \
+      if (p.bf16) return int(launch_one<WsTraits<BM, BN, D, true>, Kind::kWs>(p, stream));     \
+      return int(launch_one<WsTraits<BM, BN, D, false>, Kind::kWs>(p, stream));                \
     }
     SPATTN_FUSED_WS_CASE(128, 128, 64)
     SPATTN_FUSED_WS_CASE(192, 128, 64)

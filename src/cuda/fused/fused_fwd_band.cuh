@@ -1,0 +1,333 @@
+// cuda/fused/fused_fwd_band.cuh — the sm_90a band kernel: plans whose rows are one band each
+// (BlockPlan::band: row q keeps lo <= k - q <= hi, 0 <= k < Lk: local, sliding windows, causal), run by 64-row
+// slabs over 64-key chunks.
+//
+// Why: a rectangular BM x 128 tile of a band visits every key that any of its BM rows keeps. local(256)'s
+// rows keep 513 keys; a 128-row tile visits 640 of them a row (area / nnz 1.25), a 192-row tile 704-768.
+// Here each consumer warpgroup (64 rows) multiplies only its own slab's chunks: 576 keys a row (1.12) at
+// any BM, so BM = 192 (three consumers sharing every chunk load, FA3's D=64 shape) costs no extra area.
+//
+//   persistent CTAs, one per SM, draw work items (BM-row query tile, batch, head) from a global counter
+//   warpgroup 0      producer: one thread computes the item's chunk range (the union of its slabs' ranges)
+//                    and each slab's range, leaves them in the item's slot, and issues bulk tensor copies of
+//                    the Q tile and of each 64-key K/V chunk into a kStages ring. A chunk's `empty` mbarrier
+//                    expects every consumer thread; the producer arrives for the warpgroups whose slab does
+//                    not use the chunk, so each consumer waits for and releases only its own chunks.
+//   warpgroups 1..C  consumers, one 64-row slab each: its chunks two at a time (one 128-key step: S as two
+//                    m64n64 wgmmas, one softmax, PV over both chunks), an odd last chunk as a 64-key step;
+//                    S_i issued with PV_{i-1} (FA3's intra-warpgroup pipelining); no turns between the
+//                    consumers (their slabs have different chunk counts at the sequence ends).
+// Steps whose keys every row of the slab keeps run unmasked; the others apply the band predicate.
+#pragma once
+#include "cuda/fused/fused_fwd_ws.cuh"
+
+namespace spattn::cuda::fused {
+
+template <int BM_, bool kBf16_>
+struct BandTraits {
+  static constexpr int BM = BM_, D = 64, kChunk = 64;
+  static constexpr bool kBf16 = kBf16_;
+  static_assert(BM == 128 || BM == 192, "band kernel: 2 or 3 consumer warpgroups");
+  static constexpr int kConsumers = BM / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kQBufs = 2;  // the next item's Q tile loads during this item's last chunks
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kChunkBytes = kChunk * D * 2;  // K of one chunk; its V follows
+  static constexpr int kStageBytes = 2 * kChunkBytes;
+  static constexpr int kStages = BM == 128 ? 12 : 11;  // 224 KB of tiles either way
+  static constexpr int kBarOffset = kQBufs * kQBytes + kStages * kStageBytes;
+  // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk.
+  static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
+  static constexpr int kSlotInts = 16;
+  static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+};
+
+namespace detail {
+// `count` arrivals on `bar` from one thread.
+__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+template <int N>
+__device__ __forceinline__ float (&lower_half(float (&s)[2 * N]))[N] {
+  return *reinterpret_cast<float(*)[N]>(&s[0]);
+}
+template <int N>
+__device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
+  return *reinterpret_cast<float(*)[N]>(&s[N]);
+}
+}  // namespace detail
+
+template <class Tr>
+__device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
+  using namespace detail;
+  constexpr int BM = Tr::BM, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
+  constexpr int CB = Tr::kChunkBytes;
+  constexpr bool kBf16 = Tr::kBf16;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_q = smem_u32(smem);            // NQ query tiles
+  const uint32_t s_kv0 = s_q + NQ * Tr::kQBytes;  // stage s: K chunk at s_kv0 + s * kStageBytes, V after it
+  const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
+  volatile int* slots = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int bh_count = p.batch * p.q_heads;
+  const int items = p.q_tiles * bh_count;
+  const int lo = p.band_lo, hi = p.band_hi;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);         // the producer's expect_tx; completes on the bytes
+      mbar_init(bar_empty + 8 * s, 128 * C);  // every consumer thread (the producer stands in for non-users)
+    }
+    for (int s = 0; s < NQ; ++s) {
+      mbar_init(bar_qfull + 8 * s, 1);
+      mbar_init(bar_qempty + 8 * s, 128 * C);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      unsigned g = 0;  // chunks loaded so far
+      for (int nq = 0;; ++nq) {
+        const int qb = nq % NQ;
+        if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
+        const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
+        volatile int* sl = slots + qb * Tr::kSlotInts;
+        if (w >= items) {
+          sl[0] = -1;
+          mbar_arrive(bar_qfull + 8 * qb);
+          break;
+        }
+        const int qt = p.order[w / bh_count], bh = w % bh_count;
+        const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
+        // Each slab's chunks: keys max(0, first row + lo) ... min(Lk - 1, last row + hi); empty: first > last.
+        int cf = 0x7fffffff, cl = -1;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
+          const int a = max(0, qs + lo), z = min(p.k_len - 1, qe + hi);
+          int f = 1, l = 0;
+          if (qs < p.q_len && a <= z) {
+            f = a >> 6, l = z >> 6;
+            cf = min(cf, f), cl = max(cl, l);
+          }
+          sl[7 + 2 * c] = f, sl[8 + 2 * c] = l;
+        }
+        const int nch = cl >= 0 ? cl - cf + 1 : 0;
+        sl[0] = w, sl[1] = b, sl[2] = h, sl[3] = hk, sl[4] = q0, sl[5] = cf, sl[6] = nch;
+        if (nch == 0) {
+          mbar_arrive(bar_qfull + 8 * qb);
+          continue;
+        }
+        mbar_expect_tx(bar_qfull + 8 * qb, Tr::kQBytes);
+        tma_load_4d(s_q + qb * Tr::kQBytes, &p.tmap_q, bar_qfull + 8 * qb, 0, q0, h, b);
+        for (int j = 0; j < nch; ++j, ++g) {
+          const int st = int(g % S);
+          if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
+          const int x = cf + j;
+          const uint32_t sk = s_kv0 + uint32_t(st) * Tr::kStageBytes, full = bar_full + 8 * st;
+          mbar_expect_tx(full, Tr::kStageBytes);
+          tma_load_4d(sk, &p.tmap_k, full, 0, x * 64, hk, b);
+          tma_load_4d(sk + CB, &p.tmap_v, full, 0, x * 64, hk, b);
+          int users = 0;
+#pragma unroll
+          for (int c = 0; c < C; ++c) users += (sl[7 + 2 * c] <= x && x <= sl[8 + 2 * c]) ? 1 : 0;
+          // This phase of `empty` began when the wait above returned: the arrivals count for chunk g.
+          if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int c = wg - 1;                          // slab: rows 64c ... 64c + 63 of the item
+    const int r0 = (warp - 4) * 16 + (lane >> 2);  // this thread's first row in the item (second: +8)
+    const int cb = 2 * (lane & 3);
+    const float sl2 = p.scale_log2;
+    unsigned g = 0;  // chunks of the items before this one
+    for (int nq = 0;; ++nq) {
+      const int qb = nq % NQ;
+      mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
+      volatile int* sl = slots + qb * Tr::kSlotInts;
+      if (sl[0] < 0) break;
+      const int b = sl[1], h = sl[2], q0 = sl[4], cf = sl[5], nch = sl[6];
+      const int sf = sl[7 + 2 * c], sle = sl[8 + 2 * c];
+      const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
+      const unsigned j0 = g + unsigned(sf - cf);   // ring index of its first chunk
+      g += unsigned(nch);
+      float o[D / 2];
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+      if (m == 0) {
+        mbar_arrive(bar_qempty + 8 * qb);
+      } else {
+        const uint32_t s_qw = s_q + qb * Tr::kQBytes + c * 64 * 128;
+        const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
+        const int kp0 = sf * 64;  // key of the slab's first chunk
+        auto stage = [&](int j) { return s_kv0 + ((j0 + unsigned(j)) % S) * Tr::kStageBytes; };
+        auto wait_full = [&](int j) { mbar_wait(bar_full + 8 * ((j0 + unsigned(j)) % S), int(((j0 + unsigned(j)) / S) & 1)); };
+        auto release = [&](int j) { mbar_arrive(bar_empty + 8 * ((j0 + unsigned(j)) % S)); };
+        // S of chunk j into a 32-column accumulator (m64n64, Q and K from shared memory).
+        auto issue_s = [&](float(&s)[32], int j) {
+          const uint32_t sk = stage(j);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk)
+            wgmma::Op<64, kBf16>::ss(s, desc_kmajor(s_qw + kk * 32), desc_kmajor(sk + kk * 32), kk > 0 ? 1 : 0);
+        };
+        // O += P V over chunk j; pa: the chunk's four 16-key fragments of P.
+        auto issue_pv = [&](const uint32_t(*pa)[4], int j) {
+          const uint32_t sv = stage(j) + CB;
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(sv + kk * 16 * 128, 64 * 128), 1);
+        };
+        // The band predicate on a W-key step starting at key kp, unless every row of the slab keeps it all.
+        auto mask = [&](auto& s, auto w_c, int kp) {
+          constexpr int W = decltype(w_c)::value;
+          if (!(kp >= qe + lo && kp + W - 1 <= qs + hi && kp + W <= p.k_len))
+            tile_mask_band<W>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+        };
+        using W64 = std::integral_constant<int, 64>;
+        using W128 = std::integral_constant<int, 128>;
+        float sacc[64];
+        uint32_t pa[8][4];
+        float alpha[2];
+        float(&s_lo)[32] = lower_half<32>(sacc);
+        float(&s_hi)[32] = upper_half<32>(sacc);
+        const int np = m >> 1;
+        if (np == 0) {  // one chunk
+          wait_full(0);
+          fence_regs(s_lo);
+          wgmma_fence();
+          issue_s(s_lo, 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(s_lo);
+          mbar_arrive(bar_qempty + 8 * qb);
+          mask(s_lo, W64{}, kp0);
+          tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
+          tile_to_p<64, kBf16>(s_lo, *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]));
+          fence_regs(o);
+          fence_regs_u32(pa);
+          wgmma_fence();
+          issue_pv(pa, 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          release(0);
+        } else {
+          // chunks 0 and 1: S only
+          wait_full(0);
+          wait_full(1);
+          fence_regs(sacc);
+          wgmma_fence();
+          issue_s(s_lo, 0);
+          issue_s(s_hi, 1);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(sacc);
+          mask(sacc, W128{}, kp0);
+          tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
+          tile_to_p<128, kBf16>(sacc, pa);
+          for (int t = 1; t < np; ++t) {
+            const int j = 2 * t;
+            wait_full(j);
+            wait_full(j + 1);
+            fence_regs(sacc);
+            fence_regs(o);
+            fence_regs_u32(pa);
+            wgmma_fence();
+            issue_s(s_lo, j);
+            issue_s(s_hi, j + 1);
+            wgmma_commit();
+            issue_pv(pa, j - 2);
+            issue_pv(pa + 4, j - 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // S done; the previous PV may still run
+            fence_regs(sacc);
+            mask(sacc, W128{}, kp0 + 64 * j);
+            tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs_u32(pa);
+            release(j - 2);
+            release(j - 1);
+            tile_rescale<D>(o, alpha);
+            tile_to_p<128, kBf16>(sacc, pa);
+          }
+          const int j = 2 * np;  // one past the last pair
+          if (m & 1) {           // odd last chunk: a 64-key step, its S issued with the last pair's PV
+            wait_full(j);
+            fence_regs(s_lo);
+            fence_regs(o);
+            fence_regs_u32(pa);
+            wgmma_fence();
+            issue_s(s_lo, j);
+            wgmma_commit();
+            issue_pv(pa, j - 2);
+            issue_pv(pa + 4, j - 1);
+            wgmma_commit();
+            wgmma_wait<1>();
+            fence_regs(s_lo);
+            mbar_arrive(bar_qempty + 8 * qb);
+            mask(s_lo, W64{}, kp0 + 64 * j);
+            tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs_u32(pa);
+            release(j - 2);
+            release(j - 1);
+            tile_rescale<D>(o, alpha);
+            tile_to_p<64, kBf16>(s_lo, *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]));
+            fence_regs(o);
+            fence_regs_u32(pa);
+            wgmma_fence();
+            issue_pv(pa, j);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(j);
+          } else {
+            mbar_arrive(bar_qempty + 8 * qb);
+            fence_regs(o);
+            fence_regs_u32(pa);
+            wgmma_fence();
+            issue_pv(pa, j - 2);
+            issue_pv(pa + 4, j - 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(j - 2);
+            release(j - 1);
+          }
+        }
+      }
+      tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+    }
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) fused_fwd_band_kernel(const __grid_constant__ FusedParams p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!kWgmmaAvailable) {
+    __trap();
+  } else {
+    fused_fwd_band_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::fused
