@@ -154,15 +154,37 @@ def suite(L):
 # ---------------------------------------------------------------------------------------------------- timing
 
 
+USE_GRAPHS = True   # --no-graph: time the calls themselves (host launch cost included when the GPU starves)
+LAST_TIMING = ["eager"]  # how the last time_ms call timed ("graph": CUDA-graph replays, "eager": the calls)
+
+
 def time_ms(fn, reps, warmup=5):
+    """Median GPU time of fn over reps calls. Each call is captured once in a CUDA graph and the replays are
+    timed, so that every implementation is timed on the GPU alone: a caller whose host cost per call exceeds
+    the kernel's time (torch.compile guards, Python) would otherwise starve the GPU and be timed at its host
+    speed (FlexAttention's local(256) at L=4096 measured 75-185 TFLOP/s from run to run that way). Falls back
+    to timing the calls where capture fails."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    call, how = fn, "eager"
+    if USE_GRAPHS:
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            g.replay()
+            torch.cuda.synchronize()
+            call, how = g.replay, "graph"
+        except Exception as e:  # noqa: BLE001
+            print(f"# graph capture failed ({str(e)[:100]}), timing the calls", flush=True)
+            torch.cuda.synchronize()
+    LAST_TIMING[0] = how
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         starts[i].record()
-        fn()
+        call()
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
@@ -216,7 +238,11 @@ def main():
                          "(band-row patterns)")
     ap.add_argument("--probe", default="", help="only run ours a few times (for ncu): SPEC;L;D;BMxBN")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    ap.add_argument("--no-graph", action="store_true",
+                    help="time the calls themselves instead of CUDA-graph replays of them (host cost included)")
     args = ap.parse_args()
+    global USE_GRAPHS
+    USE_GRAPHS = not args.no_graph
     t_start = time.time()
     assert args.reps >= 20, "BENCH.md: median of at least 20"
 
@@ -259,7 +285,8 @@ def main():
     def row(impl, name, spec, L, D, density, ms, nnz, plan_ms=0.0, err=None):
         eff = 4.0 * nnz * D * B * H / (ms * 1e-3) / 1e12 if ms else None
         r = {"impl": impl, "pattern": name, "spec": spec, "device": dev, "B": B, "L": L, "Hq": H, "Hkv": H, "D": D,
-             "dtype": "bf16", "density": density, "ms": ms, "eff_tflops": eff, "plan_ms": plan_ms, "rel_err": err}
+             "dtype": "bf16", "density": density, "ms": ms, "eff_tflops": eff, "plan_ms": plan_ms, "rel_err": err,
+             "timing": LAST_TIMING[0]}
         rows_out.append(r)
         return eff
 

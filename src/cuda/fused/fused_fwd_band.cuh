@@ -32,10 +32,13 @@ struct BandTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kQBufs = 2;  // the next item's Q tile loads during this item's last chunks
   static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kChunkBytes = kChunk * D * 2;  // K of one chunk; its V follows
-  static constexpr int kStageBytes = 2 * kChunkBytes;
-  static constexpr int kStages = BM == 128 ? 12 : 11;  // 224 KB of tiles either way
-  static constexpr int kBarOffset = kQBufs * kQBytes + kStages * kStageBytes;
+  static constexpr int kChunkBytes = kChunk * D * 2;  // K (or V) of one chunk
+  // A ring of 8 chunks (stage = chunk index & 7); K and V each have a ninth slot that mirrors slot 0, so that
+  // the chunks of stages 7 and 0 also lie side by side: every pair of consecutive chunks is one 128-key tile
+  // (one m64n128 S wgmma, PV descriptors from one base).
+  static constexpr int kStages = 8;
+  static constexpr int kRingBytes = (kStages + 1) * kChunkBytes;
+  static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kRingBytes;
   // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk.
   static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
   static constexpr int kSlotInts = 16;
@@ -67,11 +70,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
   constexpr int CB = Tr::kChunkBytes;
+  static_assert((S & (S - 1)) == 0, "ring index arithmetic by masks");
   constexpr bool kBf16 = Tr::kBf16;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t s_q = smem_u32(smem);            // NQ query tiles
-  const uint32_t s_kv0 = s_q + NQ * Tr::kQBytes;  // stage s: K chunk at s_kv0 + s * kStageBytes, V after it
+  const uint32_t s_q = smem_u32(smem);               // NQ query tiles
+  const uint32_t s_k0 = s_q + NQ * Tr::kQBytes;      // K ring: stage s at s_k0 + s * kChunkBytes (+ mirror)
+  const uint32_t s_v0 = s_k0 + Tr::kRingBytes;       // V ring, the same
   const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
   const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
   volatile int* slots = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
@@ -136,10 +141,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           const int st = int(g % S);
           if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
           const int x = cf + j;
-          const uint32_t sk = s_kv0 + uint32_t(st) * Tr::kStageBytes, full = bar_full + 8 * st;
-          mbar_expect_tx(full, Tr::kStageBytes);
-          tma_load_4d(sk, &p.tmap_k, full, 0, x * 64, hk, b);
-          tma_load_4d(sk + CB, &p.tmap_v, full, 0, x * 64, hk, b);
+          const uint32_t off = uint32_t(st) * CB, full = bar_full + 8 * st;
+          mbar_expect_tx(full, st == 0 ? 4 * CB : 2 * CB);
+          tma_load_4d(s_k0 + off, &p.tmap_k, full, 0, x * 64, hk, b);
+          tma_load_4d(s_v0 + off, &p.tmap_v, full, 0, x * 64, hk, b);
+          if (st == 0) {  // the mirrors after stage S - 1
+            tma_load_4d(s_k0 + S * CB, &p.tmap_k, full, 0, x * 64, hk, b);
+            tma_load_4d(s_v0 + S * CB, &p.tmap_v, full, 0, x * 64, hk, b);
+          }
           int users = 0;
 #pragma unroll
           for (int c = 0; c < C; ++c) users += (sl[7 + 2 * c] <= x && x <= sl[8 + 2 * c]) ? 1 : 0;
@@ -151,7 +160,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   } else {
     // ---- consumers ----
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    const int c = wg - 1;                          // slab: rows 64c ... 64c + 63 of the item
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // slab: rows 64c ... 64c + 63 of the item (warp-uniform)
     const int r0 = (warp - 4) * 16 + (lane >> 2);  // this thread's first row in the item (second: +8)
     const int cb = 2 * (lane & 3);
     const float sl2 = p.scale_log2;
@@ -164,7 +173,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const int b = sl[1], h = sl[2], q0 = sl[4], cf = sl[5], nch = sl[6];
       const int sf = sl[7 + 2 * c], sle = sl[8 + 2 * c];
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
-      const unsigned j0 = g + unsigned(sf - cf);   // ring index of its first chunk
+      // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
+      // the chunk descriptors are then computed in uniform registers (no per-descriptor R2UR).
+      const unsigned j0 = __shfl_sync(0xffffffffu, g + unsigned(sf - cf), 0);
       g += unsigned(nch);
       float o[D / 2];
 #pragma unroll
@@ -173,72 +184,55 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       if (m == 0) {
         mbar_arrive(bar_qempty + 8 * qb);
       } else {
-        const uint32_t s_qw = s_q + qb * Tr::kQBytes + c * 64 * 128;
+        float sacc[64];
+        uint32_t pa[8][4];
+        const uint32_t s_qw = s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128;
         const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
         const int kp0 = sf * 64;  // key of the slab's first chunk
-        auto stage = [&](int j) { return s_kv0 + ((j0 + unsigned(j)) % S) * Tr::kStageBytes; };
-        auto wait_full = [&](int j) { mbar_wait(bar_full + 8 * ((j0 + unsigned(j)) % S), int(((j0 + unsigned(j)) / S) & 1)); };
-        auto release = [&](int j) { mbar_arrive(bar_empty + 8 * ((j0 + unsigned(j)) % S)); };
-        // S of chunk j into a 32-column accumulator (m64n64, Q and K from shared memory).
-        auto issue_s = [&](float(&s)[32], int j) {
-          const uint32_t sk = stage(j);
+        auto ring = [&](int j) { return (j0 + unsigned(j)) & unsigned(S - 1); };
+        auto wait_full = [&](int j) { mbar_wait(bar_full + 8 * ring(j), int(((j0 + unsigned(j)) / S) & 1)); };
+        auto release = [&](int j) { mbar_arrive(bar_empty + 8 * ring(j)); };
+        // S of chunks j, j + 1 (W = 128; their K chunks lie side by side, see kRingBytes) or of chunk j (W = 64).
+        auto issue_s = [&](auto& s, int j) {
+          constexpr int W = sizeof(s) / sizeof(float) * 2;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
-            wgmma::Op<64, kBf16>::ss(s, desc_kmajor(s_qw + kk * 32), desc_kmajor(sk + kk * 32), kk > 0 ? 1 : 0);
+            wgmma::Op<W, kBf16>::ss(s, desc_kmajor(s_qw + kk * 32), desc_kmajor(s_k0 + ring(j) * CB + kk * 32), kk > 0 ? 1 : 0);
         };
-        // O += P V over chunk j; pa: the chunk's four 16-key fragments of P.
-        auto issue_pv = [&](const uint32_t(*pa)[4], int j) {
-          const uint32_t sv = stage(j) + CB;
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(sv + kk * 16 * 128, 64 * 128), 1);
-        };
-        // The band predicate on a W-key step starting at key kp, unless every row of the slab keeps it all.
-        auto mask = [&](auto& s, auto w_c, int kp) {
+        // O += P V over W keys from chunk j on; pa: W / 16 fragments of P.
+        auto issue_pv = [&](auto w_c, int j) {
           constexpr int W = decltype(w_c)::value;
-          if (!(kp >= qe + lo && kp + W - 1 <= qs + hi && kp + W <= p.k_len))
-            tile_mask_band<W>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+#pragma unroll
+          for (int kk = 0; kk < W / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v0 + ring(j) * CB + kk * 2048, 64 * 128), 1);
+        };
+        // The band predicate on the 64-key chunk at key kp (32 accumulator columns), unless every row of the
+        // slab keeps all of it.
+        auto mask_chunk = [&](float(&s)[32], int kp) {
+          if (!(kp >= qe + lo && kp + 63 <= qs + hi && kp + 64 <= p.k_len))
+            tile_mask_band<64>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
         };
         using W64 = std::integral_constant<int, 64>;
         using W128 = std::integral_constant<int, 128>;
-        float sacc[64];
-        uint32_t pa[8][4];
         float alpha[2];
         float(&s_lo)[32] = lower_half<32>(sacc);
         float(&s_hi)[32] = upper_half<32>(sacc);
+        auto mask_pair = [&](int kp) {
+          mask_chunk(s_lo, kp);
+          mask_chunk(s_hi, kp + 64);
+        };
+        auto p64 = [&]() -> uint32_t(&)[4][4] { return *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]); };
         const int np = m >> 1;
-        if (np == 0) {  // one chunk
-          wait_full(0);
-          fence_regs(s_lo);
-          wgmma_fence();
-          issue_s(s_lo, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(s_lo);
-          mbar_arrive(bar_qempty + 8 * qb);
-          mask(s_lo, W64{}, kp0);
-          tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
-          tile_to_p<64, kBf16>(s_lo, *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]));
-          fence_regs(o);
-          fence_regs_u32(pa);
-          wgmma_fence();
-          issue_pv(pa, 0);
-          wgmma_commit();
-          wgmma_wait<0>();
-          fence_regs(o);
-          release(0);
-        } else {
+        if (np > 0) {
           // chunks 0 and 1: S only
           wait_full(0);
           wait_full(1);
           fence_regs(sacc);
           wgmma_fence();
-          issue_s(s_lo, 0);
-          issue_s(s_hi, 1);
+          issue_s(sacc, 0);
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(sacc);
-          mask(sacc, W128{}, kp0);
+          mask_pair(kp0);
           tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
           tile_to_p<128, kBf16>(sacc, pa);
           for (int t = 1; t < np; ++t) {
@@ -249,15 +243,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             fence_regs(o);
             fence_regs_u32(pa);
             wgmma_fence();
-            issue_s(s_lo, j);
-            issue_s(s_hi, j + 1);
+            issue_s(sacc, j);
             wgmma_commit();
-            issue_pv(pa, j - 2);
-            issue_pv(pa + 4, j - 1);
+            issue_pv(W128{}, j - 2);
             wgmma_commit();
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
-            mask(sacc, W128{}, kp0 + 64 * j);
+            mask_pair(kp0 + 64 * j);
             tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
             wgmma_wait<0>();
             fence_regs(o);
@@ -267,51 +259,39 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             tile_rescale<D>(o, alpha);
             tile_to_p<128, kBf16>(sacc, pa);
           }
-          const int j = 2 * np;  // one past the last pair
-          if (m & 1) {           // odd last chunk: a 64-key step, its S issued with the last pair's PV
-            wait_full(j);
-            fence_regs(s_lo);
-            fence_regs(o);
-            fence_regs_u32(pa);
-            wgmma_fence();
-            issue_s(s_lo, j);
-            wgmma_commit();
-            issue_pv(pa, j - 2);
-            issue_pv(pa + 4, j - 1);
-            wgmma_commit();
-            wgmma_wait<1>();
-            fence_regs(s_lo);
-            mbar_arrive(bar_qempty + 8 * qb);
-            mask(s_lo, W64{}, kp0 + 64 * j);
-            tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
-            wgmma_wait<0>();
-            fence_regs(o);
-            fence_regs_u32(pa);
-            release(j - 2);
-            release(j - 1);
-            tile_rescale<D>(o, alpha);
-            tile_to_p<64, kBf16>(s_lo, *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]));
-            fence_regs(o);
-            fence_regs_u32(pa);
-            wgmma_fence();
-            issue_pv(pa, j);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(o);
-            release(j);
-          } else {
-            mbar_arrive(bar_qempty + 8 * qb);
-            fence_regs(o);
-            fence_regs_u32(pa);
-            wgmma_fence();
-            issue_pv(pa, j - 2);
-            issue_pv(pa + 4, j - 1);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(o);
-            release(j - 2);
-            release(j - 1);
-          }
+          if (!(m & 1)) mbar_arrive(bar_qempty + 8 * qb);  // every S of the item done: the Q buffer is free
+          fence_regs(o);
+          fence_regs_u32(pa);
+          wgmma_fence();
+          issue_pv(W128{}, 2 * np - 2);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          release(2 * np - 2);
+          release(2 * np - 1);
+        }
+        if (m & 1) {  // an odd last chunk: a 64-key step on its own
+          const int j = 2 * np;
+          wait_full(j);
+          fence_regs(s_lo);
+          wgmma_fence();
+          issue_s(s_lo, j);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(s_lo);
+          mbar_arrive(bar_qempty + 8 * qb);
+          mask_chunk(s_lo, kp0 + 64 * j);
+          tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
+          tile_rescale<D>(o, alpha);
+          tile_to_p<64, kBf16>(s_lo, p64());
+          fence_regs(o);
+          fence_regs_u32(pa);
+          wgmma_fence();
+          issue_pv(W64{}, j);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(o);
+          release(j);
         }
       }
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
