@@ -97,9 +97,9 @@ inline bool tma_kernel_shape(int block_m, int block_n, int perm_d, int64_t head_
 }
 
 // Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
-// permutation, 128x128 or 192x128 tiles (its work items), head dim 64.
+// permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && head_dim == 64 && tma_kernel_shape(plan.block_m, plan.block_n, plan.perm_d, head_dim);
+  return plan.band && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1;
 }
 
 struct TileShape {

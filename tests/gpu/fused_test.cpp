@@ -249,11 +249,11 @@ const Case kCases[] = {
     // sequence ends, empty rows and slabs, cross attention both ways, GQA, fp16, one item a CTA; and the same
     // patterns without it.
     {"band 192 local, tails", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 1},
-    {"band 128 local, tails fp16", "local(256)", 1, 2, 2, 1023, 1023, 64, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 192 local, tails fp16", "local(256)", 1, 2, 2, 1023, 1023, 64, fp, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 narrow window (one chunk a slab)", "local(5)", 1, 2, 2, 1000, 1000, 64, bf, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 sliding window", "local(left=200, right=0)", 2, 4, 2, 2047, 2047, 64, bf, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 causal 4099", "causal", 1, 1, 1, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1},
-    {"band 128 causal GQA", "causal", 2, 4, 1, 1500, 1500, 64, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 192 causal GQA", "causal", 2, 4, 1, 1500, 1500, 64, fp, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 dense", "dense", 1, 2, 2, 777, 777, 64, bf, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 cross attention Lq < Lk", "local(left=300, right=40)", 2, 4, 2, 300, 1000, 64, fp, 192, false, -1, 128, false, false, -1, 1},
     {"band 192 cross attention Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, bf, 192, false, -1, 128, false, false, -1, 1},

@@ -27,7 +27,8 @@ template <int BM_, bool kBf16_>
 struct BandTraits {
   static constexpr int BM = BM_, D = 64, kChunk = 64;
   static constexpr bool kBf16 = kBf16_;
-  static_assert(BM == 128 || BM == 192, "band kernel: 2 or 3 consumer warpgroups");
+  // 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (NOTES.md, v14).
+  static_assert(BM == 192, "band kernel: three consumer warpgroups");
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kQBufs = 2;  // the next item's Q tile loads during this item's last chunks
@@ -44,8 +45,8 @@ struct BandTraits {
   static constexpr int kSlotInts = 16;
   static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 160;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };

@@ -43,16 +43,12 @@ template <bool kSm90>
 int launch_table(const LaunchParams& p, void* stream_) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if constexpr (kSm90) {
-    // Band kernels (band-row plans): 128 and 192 query rows at head dim 64.
-#define SPATTN_FUSED_BAND_CASE(BM)                                                            \
-    if (p.ws && p.band && p.block_m == BM && p.head_dim == 64) {                              \
-      if (p.bf16) return int(launch_one<BandTraits<BM, true>, Kind::kBand>(p, stream));       \
-      return int(launch_one<BandTraits<BM, false>, Kind::kBand>(p, stream));                  \
+    // The band kernel (band-row plans): 192 query rows, head dim 64.
+    if (p.band) {
+      if (!p.ws || p.block_m != 192 || p.head_dim != 64) return int(cudaErrorInvalidConfiguration);
+      if (p.bf16) return int(launch_one<BandTraits<192, true>, Kind::kBand>(p, stream));
+      return int(launch_one<BandTraits<192, false>, Kind::kBand>(p, stream));
     }
-    SPATTN_FUSED_BAND_CASE(128)
-    SPATTN_FUSED_BAND_CASE(192)
-#undef SPATTN_FUSED_BAND_CASE
-    if (p.band) return int(cudaErrorInvalidConfiguration);
     // Warp-specialized TMA kernels: 128x128 and 192x128 at head dim 64, 128x128 at 128.
 #define SPATTN_FUSED_WS_CASE(BM, BN, D)                                                        \
     if (p.ws && p.block_m == BM && p.block_n == BN && p.head_dim == D) {                       \
