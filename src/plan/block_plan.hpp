@@ -97,9 +97,10 @@ inline bool tma_kernel_shape(int block_m, int block_n, int perm_d, int64_t head_
 }
 
 // Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
-// permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64.
+// permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1;
+  return plan.band && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
+         plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }
 
 struct TileShape {

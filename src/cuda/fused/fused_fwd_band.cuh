@@ -56,6 +56,37 @@ namespace detail {
 __device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// The work-item slots: plain shared-memory accesses (a volatile generic pointer compiles to strong system-scope
+// generic loads); ordered by the slot's mbarrier (arrive releases, wait acquires).
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
+  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+// tile_mask_band for one 64-key chunk (32 accumulator columns) in 32-bit arithmetic: the band kernel's bounds
+// are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies).
+__device__ __forceinline__ void chunk_mask_band(float (&s)[32], int d0, int lo, int hi, int kvalid, int lane) {
+  const int rr = lane >> 2, cb = 2 * (lane & 3);
+  unsigned first[2], width[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = rr + 8 * hh;
+    const int a = max(min(lo - d0 + row, 64), 0) - cb;
+    const int z = min(max(hi - d0 + row, -1), kvalid - 1) - cb;
+    first[hh] = z >= a ? unsigned(a) : 0x40000000u;
+    width[hh] = z >= a ? unsigned(z - a) : 0u;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee)
+        if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
+}
 template <int N>
 __device__ __forceinline__ float (&lower_half(float (&s)[2 * N]))[N] {
   return *reinterpret_cast<float(*)[N]>(&s[0]);
@@ -80,7 +111,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   const uint32_t s_v0 = s_k0 + Tr::kRingBytes;       // V ring, the same
   const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
   const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
-  volatile int* slots = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
+  const uint32_t slots = s_q + Tr::kSlotOffset;  // work-item slots (ints)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
@@ -109,9 +140,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         const int qb = nq % NQ;
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
         const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
-        volatile int* sl = slots + qb * Tr::kSlotInts;
+        const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
+        auto put = [&](int i, int v) { st_shared_s32(sl + 4 * i, v); };
         if (w >= items) {
-          sl[0] = -1;
+          put(0, -1);
           mbar_arrive(bar_qfull + 8 * qb);
           break;
         }
@@ -128,10 +160,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             f = a >> 6, l = z >> 6;
             cf = min(cf, f), cl = max(cl, l);
           }
-          sl[7 + 2 * c] = f, sl[8 + 2 * c] = l;
+          put(7 + 2 * c, f);
+          put(8 + 2 * c, l);
         }
         const int nch = cl >= 0 ? cl - cf + 1 : 0;
-        sl[0] = w, sl[1] = b, sl[2] = h, sl[3] = hk, sl[4] = q0, sl[5] = cf, sl[6] = nch;
+        put(0, w), put(1, b), put(2, h), put(3, hk), put(4, q0), put(5, cf), put(6, nch);
         if (nch == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
           continue;
@@ -152,7 +185,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           }
           int users = 0;
 #pragma unroll
-          for (int c = 0; c < C; ++c) users += (sl[7 + 2 * c] <= x && x <= sl[8 + 2 * c]) ? 1 : 0;
+          for (int c = 0; c < C; ++c)
+            users += (ld_shared_s32(sl + 4 * (7 + 2 * c)) <= x && x <= ld_shared_s32(sl + 4 * (8 + 2 * c))) ? 1 : 0;
           // This phase of `empty` began when the wait above returned: the arrivals count for chunk g.
           if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
         }
@@ -169,10 +203,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
-      volatile int* sl = slots + qb * Tr::kSlotInts;
-      if (sl[0] < 0) break;
-      const int b = sl[1], h = sl[2], q0 = sl[4], cf = sl[5], nch = sl[6];
-      const int sf = sl[7 + 2 * c], sle = sl[8 + 2 * c];
+      const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
+      auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
+      if (get(0) < 0) break;
+      const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6);
+      const int sf = get(7 + 2 * c), sle = get(8 + 2 * c);
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
       // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
       // the chunk descriptors are then computed in uniform registers (no per-descriptor R2UR).
@@ -210,7 +245,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         // slab keeps all of it.
         auto mask_chunk = [&](float(&s)[32], int kp) {
           if (!(kp >= qe + lo && kp + 63 <= qs + hi && kp + 64 <= p.k_len))
-            tile_mask_band<64>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+            chunk_mask_band(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
         };
         using W64 = std::integral_constant<int, 64>;
         using W128 = std::integral_constant<int, 128>;
