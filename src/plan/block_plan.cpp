@@ -243,7 +243,15 @@ std::string BlockPlan::describe() const {
   return s.str();
 }
 
-BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
+namespace {
+BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandRows* known_band);
+}  // namespace
+
+BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) { return build_plan(pat, bm, bn, d, nullptr); }
+
+namespace {
+// known_band: band_rows(pat) where the caller has it already (choose_block_plan), else computed here.
+BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandRows* known_band) {
   const auto t0 = std::chrono::steady_clock::now();
   if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
@@ -367,7 +375,7 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
            plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
   if (d == 1) {
-    const BandRows br = band_rows(pat);
+    const BandRows br = known_band ? *known_band : band_rows(pat);
     plan.band = br.ok;
     plan.band_lo = br.lo;
     plan.band_hi = br.hi;
@@ -375,6 +383,7 @@ BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) {
   plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
 }
+}  // namespace
 
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   if (plan.block_n != 128) return 1;
@@ -480,7 +489,10 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
   // warpgroups (src/cuda/fused/NOTES.md, v14).
-  if (block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && band_rows(pat).ok) {
+  BandRows band;  // only looked for where it decides the shape (and then handed to the builder)
+  const bool band_known = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1;
+  if (band_known) band = band_rows(pat);
+  if (band_known && band.ok) {
     shapes = {{192, 128}};
     perms = {1};
   } else if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
@@ -511,7 +523,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block
       if (first || c.cost < best)
         best = c.cost, bm = c.shape.block_m, bn = c.shape.block_n, bd = c.d, first = false;
   }
-  BlockPlan p = build_block_plan(pat, bm, bn, bd);
+  BlockPlan p = build_plan(pat, bm, bn, bd, band_known ? &band : nullptr);
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

@@ -64,9 +64,7 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   p.sm90 = !impl_->options.force_sm80 && cuda::fused::device_cc(impl_->plan->device()) == 90;
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
   p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
-  const bool dense_rows = hp.band_lo <= -(hp.q_len - 1) && hp.band_hi >= hp.k_len - 1;  // as FusedFwd::to_params
-  p.band = p.ws && plan::band_kernel_applies(hp, problem.head_dim) &&
-           (impl_->options.band == 1 || (impl_->options.band == -1 && !dense_rows));
+  p.band = p.ws && plan::band_kernel_runs(hp, problem.head_dim, impl_->options.band);
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

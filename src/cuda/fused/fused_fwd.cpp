@@ -272,11 +272,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
   out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
-  // The band kernel (band-row plans at head dim 64, 128/192-row tiles; FusedOptions::band).
-  // Chosen (-1): every band plan but dense, where no row is trimmed and the turn-taking TMA kernel measured
-  // 2-3% faster (NOTES.md, v14).
-  const bool dense_rows = hp.band_lo <= -(hp.q_len - 1) && hp.band_hi >= hp.k_len - 1;
-  const bool band = plan::band_kernel_applies(hp, pr.head_dim) && (a.band == 1 || (a.band == -1 && !dense_rows));
+  const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band);  // FusedOptions::band
   out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
   out.band = out.ws && band;
   k.band_lo = hp.band_lo;
