@@ -86,6 +86,21 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// `count` arrivals on `bar` from one thread.
+__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Work-item slots handed from the producer to the consumers (TMA kernels): plain shared-memory accesses (a
+// volatile generic pointer compiles to strong system-scope generic loads), ordered by the slot's mbarrier
+// (arrive releases, wait acquires).
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
+  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 // This thread's earlier cp.asyncs count as one arrival on `bar` once they have landed.
 __device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -291,18 +306,19 @@ __device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
 // kp - qp at (the warp's first row r0w, column 0). Each of the thread's two rows keeps one column interval;
 // with its bounds taken relative to the thread's first column, a score's test is one subtraction from a
 // compile-time constant, one unsigned compare and a select (no per-score arithmetic on the positions).
-template <int BN>
+// I: the integer type of the bound arithmetic: int64_t where lo / hi may be +-2^30 (plan entries' bounds that
+// never bind), int where the caller keeps |lo|, |hi|, |d0| well inside 32 bits (the band kernel).
+template <int BN, class I = int64_t>
 __device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int lane) {
   const int rr = lane >> 2, cb = 2 * (lane & 3);
   unsigned first[2], width[2];  // kept iff (8j + ee) - first <= width (unsigned), per row hh
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int64_t row = rr + 8 * hh;  // 64-bit: lo / hi may be +-2^30 (bounds that never bind)
-    const int a = int(max(min(int64_t(lo) - d0 + row, int64_t(BN)), int64_t(0))) - cb;            // first kept column - cb
-    const int z = int(min(max(int64_t(hi) - d0 + row, int64_t(-1)), int64_t(kvalid) - 1)) - cb;   // last kept column - cb
-    first[hh] = unsigned(a);
+    const I row = rr + 8 * hh;
+    const int a = int(max(min(I(lo) - d0 + row, I(BN)), I(0))) - cb;             // first kept column - cb
+    const int z = int(min(max(I(hi) - d0 + row, I(-1)), I(kvalid) - 1)) - cb;    // last kept column - cb
+    first[hh] = z >= a ? unsigned(a) : 0x40000000u;  // empty row: nothing kept
     width[hh] = z >= a ? unsigned(z - a) : 0u;
-    if (z < a) first[hh] = 0x40000000u;                       // empty row: nothing kept
   }
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j)

@@ -52,41 +52,6 @@ struct BandTraits {
 };
 
 namespace detail {
-// `count` arrivals on `bar` from one thread.
-__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// The work-item slots: plain shared-memory accesses (a volatile generic pointer compiles to strong system-scope
-// generic loads); ordered by the slot's mbarrier (arrive releases, wait acquires).
-__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
-  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
-  int v;
-  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-// tile_mask_band for one 64-key chunk (32 accumulator columns) in 32-bit arithmetic: the band kernel's bounds
-// are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies).
-__device__ __forceinline__ void chunk_mask_band(float (&s)[32], int d0, int lo, int hi, int kvalid, int lane) {
-  const int rr = lane >> 2, cb = 2 * (lane & 3);
-  unsigned first[2], width[2];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int row = rr + 8 * hh;
-    const int a = max(min(lo - d0 + row, 64), 0) - cb;
-    const int z = min(max(hi - d0 + row, -1), kvalid - 1) - cb;
-    first[hh] = z >= a ? unsigned(a) : 0x40000000u;
-    width[hh] = z >= a ? unsigned(z - a) : 0u;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int ee = 0; ee < 2; ++ee)
-        if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
-}
 template <int N>
 __device__ __forceinline__ float (&lower_half(float (&s)[2 * N]))[N] {
   return *reinterpret_cast<float(*)[N]>(&s[0]);
@@ -245,7 +210,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         // slab keeps all of it.
         auto mask_chunk = [&](float(&s)[32], int kp) {
           if (!(kp >= qe + lo && kp + 63 <= qs + hi && kp + 64 <= p.k_len))
-            chunk_mask_band(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+            // 32-bit bounds: lo / hi are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies)
+            tile_mask_band<64, int>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
         };
         using W64 = std::integral_constant<int, 64>;
         using W128 = std::integral_constant<int, 128>;

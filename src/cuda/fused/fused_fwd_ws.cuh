@@ -84,7 +84,6 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
   constexpr bool kBf16 = Tr::kBf16;
-  constexpr int MW = BN / 64;
   constexpr int kPair = 256;  // threads meeting at a turn barrier: the waiting and the handing-over warpgroup
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -96,7 +95,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   // The producer decodes each work item (its id, then order[] and row_offsets[] and the first entry: dependent
   // global loads) and leaves the result here for the consumers, who would otherwise wait on that chain at the
   // start of every item.
-  volatile int* slots = reinterpret_cast<volatile int*>(smem + Tr::kSlotOffset);
+  const uint32_t slots = s_q + Tr::kSlotOffset;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
@@ -143,18 +142,19 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
         // Persistent: the next item from the counter. Otherwise one item a CTA (grid = items).
         const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
-        volatile int* sl = slots + qb * Tr::kSlotInts;
+        const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
+        auto put = [&](int i, int v) { st_shared_s32(sl + 4 * i, v); };
         if (w >= items) {
-          sl[0] = -1;
+          put(0, -1);
           mbar_arrive(bar_qfull + 8 * qb);
           break;
         }
         const Item it = item(w);
-        sl[0] = w, sl[1] = it.b, sl[2] = it.h, sl[3] = it.hk, sl[4] = it.q0, sl[5] = it.n;
-        sl[6] = int(it.e_begin & 0xffffffff), sl[7] = int(it.e_begin >> 32);
+        put(0, w), put(1, it.b), put(2, it.h), put(3, it.hk), put(4, it.q0), put(5, it.n);
+        put(6, int(it.e_begin & 0xffffffff)), put(7, int(it.e_begin >> 32));
         if (it.n > 0) {
           const int4 e0 = __ldg(&p.entries[it.e_begin]);
-          sl[8] = e0.x, sl[9] = e0.y, sl[10] = e0.z, sl[11] = e0.w;
+          put(8, e0.x), put(9, e0.y), put(10, e0.z), put(11, e0.w);
         }
         if (it.n == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
@@ -192,12 +192,13 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
-      volatile int* sl = slots + qb * Tr::kSlotInts;
-      if (sl[0] < 0) break;
+      const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
+      auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
+      if (get(0) < 0) break;
       Item it;
-      it.b = sl[1], it.h = sl[2], it.hk = sl[3], it.q0 = sl[4], it.n = sl[5];
-      it.e_begin = int64_t(unsigned(sl[6])) | (int64_t(sl[7]) << 32);
-      const int4 e_first = make_int4(sl[8], sl[9], sl[10], sl[11]);
+      it.b = get(1), it.h = get(2), it.hk = get(3), it.q0 = get(4), it.n = get(5);
+      it.e_begin = int64_t(unsigned(get(6))) | (int64_t(get(7)) << 32);
+      const int4 e_first = make_int4(get(8), get(9), get(10), get(11));
       const int n = it.n, q0 = it.q0;
       float o[D / 2];
 #pragma unroll
