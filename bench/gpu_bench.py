@@ -6,7 +6,8 @@ For each suite case of BENCH.md (bf16, B=2, H=16, D=64; dense and causal also D=
   flex_attention    torch.compile(flex_attention) with create_block_mask of the same pattern
   sdpa_flash        dense SDPA, flash backend   (the dense anchors, timed once per (L, D))
   sdpa_cudnn        dense SDPA, cuDNN backend
-with CUDA events around each call, after a warm-up, median of --reps (>= 20). Our output (poisoned before the
+with CUDA events around each call (a CUDA-graph replay of it), after a warm-up, median of --reps (>= 20); ours
+and Flex's calls alternate (time_paired), so that both run in the same GPU state. Our output (poisoned before the
 timed runs) and Flex's are checked against an fp32 torch reference on sampled query rows of two heads, with the
 mask taken from the library's own row enumeration (spattn_pattern_mask), so a wrong mask_mod shows up too.
 
@@ -65,6 +66,11 @@ class Lib:
         return torch.cat(parts).bool()
 
 
+# bench shape variants (SHAPE:VARIANT) -> spattn_fused_create's force bits: cp cp.async kernels, p / np persistent
+# or one item a CTA, b / nb band kernel or not, ns / s3 never split the band kernel's last items or 3 parts each
+VARIANTS = {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32, "ns": 16 | 64, "s3": 16 | 128}
+
+
 class Fused:
     """One plan (pattern bound to L) and forward calls on [B, H, L, D]-contiguous tensors."""
 
@@ -73,7 +79,7 @@ class Fused:
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block if block_n is None else block_n, -1,
-                                              int(force_sm80) | {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32}[variant],
+                                              int(force_sm80) | VARIANTS[variant],
                                               ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
@@ -158,6 +164,22 @@ USE_GRAPHS = True   # --no-graph: time the calls themselves (host launch cost in
 LAST_TIMING = ["eager"]  # how the last time_ms call timed ("graph": CUDA-graph replays, "eager": the calls)
 
 
+def _graph_or_call(fn):
+    """fn captured once in a CUDA graph (its replay), or fn itself where capture fails; and how it is timed."""
+    if USE_GRAPHS:
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            g.replay()
+            torch.cuda.synchronize()
+            return g.replay, "graph"
+        except Exception as e:  # noqa: BLE001
+            print(f"# graph capture failed ({str(e)[:100]}), timing the calls", flush=True)
+            torch.cuda.synchronize()
+    return fn, "eager"
+
+
 def time_ms(fn, reps, warmup=5):
     """Median GPU time of fn over reps calls. Each call is captured once in a CUDA graph and the replays are
     timed, so that every implementation is timed on the GPU alone: a caller whose host cost per call exceeds
@@ -167,18 +189,7 @@ def time_ms(fn, reps, warmup=5):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    call, how = fn, "eager"
-    if USE_GRAPHS:
-        try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            g.replay()
-            torch.cuda.synchronize()
-            call, how = g.replay, "graph"
-        except Exception as e:  # noqa: BLE001
-            print(f"# graph capture failed ({str(e)[:100]}), timing the calls", flush=True)
-            torch.cuda.synchronize()
+    call, how = _graph_or_call(fn)
     LAST_TIMING[0] = how
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -188,6 +199,30 @@ def time_ms(fn, reps, warmup=5):
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def time_paired(fns, reps, warmup=5):
+    """Median GPU times of several implementations of one case, timed in alternation (a call of each, in turn,
+    reps times), so that all of them run in the same GPU state: timed one after the other, the first one
+    inherits the clocks and temperature left by whatever ran before it (the dense anchors at L=16384 cost the
+    next case ~8%), and the second ones do not. Graph replays as in time_ms. -> ([ms...], [timing...])"""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    calls = [_graph_or_call(fn) for fn in fns]
+    for _ in range(warmup):
+        for call, _how in calls:
+            call()
+    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+          for _ in fns]
+    for i in range(reps):
+        for j, (call, _how) in enumerate(calls):
+            ev[j][i][0].record()
+            call()
+            ev[j][i][1].record()
+    torch.cuda.synchronize()
+    return ([statistics.median(a.elapsed_time(b) for a, b in e) for e in ev], [how for _call, how in calls])
 
 
 def sample_rows(L):
@@ -316,13 +351,37 @@ def main():
                             row(impl, "dense", "dense", L, D, 1.0, ms, L * L)
                 dense = dense_cache[(L, D)]
 
-                # ours
+                # ours and FlexAttention with the same pattern, timed in alternation (time_paired)
                 fused = Fused(lib, spec, L, D)
                 nnz = fused.nnz
                 density = nnz / (L * L)
                 o = torch.empty_like(q)
                 lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-                ms_ours = time_ms(lambda: fused.forward(q, k, v, o, lse), args.reps)
+                fns = [lambda: fused.forward(q, k, v, o, lse)]
+                bm, full, flex_plan_ms = None, None, 0.0
+                if flex is not None:
+                    try:
+                        if mask_mod is None:
+                            full = lib.mask_rows(spec, L, [(0, L)]).cuda()
+                            mm = lambda b, h, qi, ki: full[qi, ki]  # noqa: E731
+                        else:
+                            mm = mask_mod
+                        t0 = time.perf_counter()
+                        bm = create_block_mask(mm, B=None, H=None, Q_LEN=L, KV_LEN=L, device="cuda")
+                        flex_plan_ms = (time.perf_counter() - t0) * 1e3
+                        flex(q, k, v, block_mask=bm)  # compile
+                        fns.append(lambda: flex(q, k, v, block_mask=bm))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"# flex failed on {name} L={L}: {str(e)[:200]}", flush=True)
+                try:
+                    times, hows = time_paired(fns, args.reps)
+                except Exception as e:  # noqa: BLE001
+                    if len(fns) == 1:
+                        raise
+                    print(f"# flex failed on {name} L={L} while timed: {str(e)[:200]}", flush=True)
+                    fns = fns[:1]
+                    times, hows = time_paired(fns, args.reps)
+                ms_ours = times[0]
                 o.fill_(float("nan"))
                 fused.forward(q, k, v, o, lse)
                 torch.cuda.synchronize()
@@ -330,7 +389,16 @@ def main():
                 mrows = lib.mask_rows(spec, L, rows)
                 ref, idx = reference(q, k, v, mrows, rows)
                 err = rel_err(o, ref, idx)
+                LAST_TIMING[0] = hows[0] + "-paired" * (len(fns) > 1)
                 eff_ours = row("spattn", name, spec, L, D, density, ms_ours, nnz, fused.plan_ms, err)
+                eff_flex, err_flex = None, None
+                if len(fns) > 1:
+                    of = flex(q, k, v, block_mask=bm)
+                    err_flex = rel_err(of, ref, idx)
+                    LAST_TIMING[0] = hows[1] + "-paired"
+                    eff_flex = row("flex_attention", name, spec, L, D, density, times[1], nnz, flex_plan_ms, err_flex)
+                    del of
+                del bm, full
                 ms80 = None
                 if args.sm80:
                     f80 = Fused(lib, spec, L, D, force_sm80=True)
@@ -350,28 +418,6 @@ def main():
                     print(f"    forced {shape}: {eff_s:7.1f} TF/s ({ms_s:.3f} ms)", flush=True)
                     del fs
 
-                # FlexAttention with the same pattern
-                eff_flex, err_flex = None, None
-                if flex is not None:
-                    try:
-                        if mask_mod is None:
-                            full = lib.mask_rows(spec, L, [(0, L)]).cuda()
-                            mm = lambda b, h, qi, ki: full[qi, ki]  # noqa: E731
-                        else:
-                            mm = mask_mod
-                        t0 = time.perf_counter()
-                        bm = create_block_mask(mm, B=None, H=None, Q_LEN=L, KV_LEN=L, device="cuda")
-                        flex_plan_ms = (time.perf_counter() - t0) * 1e3
-                        of = flex(q, k, v, block_mask=bm)
-                        ms_flex = time_ms(lambda: flex(q, k, v, block_mask=bm), args.reps)
-                        of = flex(q, k, v, block_mask=bm)
-                        err_flex = rel_err(of, ref, idx)
-                        eff_flex = row("flex_attention", name, spec, L, D, density, ms_flex, nnz, flex_plan_ms, err_flex)
-                        del bm, of
-                        if mask_mod is None:
-                            del full
-                    except Exception as e:  # noqa: BLE001
-                        print(f"# flex failed on {name} L={L}: {str(e)[:200]}", flush=True)
                 cud = dense.get("sdpa_cudnn")
                 eff_cudnn = 4.0 * L * L * D * B * H / (cud * 1e-3) / 1e12 if cud else None
                 table.append((name, L, D, density, ms_ours, eff_ours, eff_flex, eff_cudnn, err, err_flex,

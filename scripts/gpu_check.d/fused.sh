@@ -46,9 +46,10 @@ if [ -x "$TEST" ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel err|Failure|Expected|Which is|actual|error" "$OUTD/fused_test.log" | head -90
   echo "== fused: compute-sanitizer (memcheck, racecheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
-    # cases 1 (longformer, TMA), 51 (band kernel, tails) and 59 (band kernel, empty rows, Lq > Lk)
+    # cases 1 (longformer, TMA), 51 (band kernel, tails, split tail), 59 (band kernel, empty rows, Lq > Lk) and
+    # 69 (band kernel, causal split in 3: parts without chunks)
     compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" \
-      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59' \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69' \
       >"$OUTD/fused_memcheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_memcheck.log"
     compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" \

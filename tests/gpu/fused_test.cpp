@@ -51,13 +51,15 @@ struct Case {
   bool packed = false;  // q, k, v as strided views of one [B, L, 3, H, D] buffer (needs Lq == Lk, Hq == Hkv)
   int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
   int band = -1;        // band-row plans: 1 the band kernel (checked to run on sm_90a), 0 never, -1 chosen
+  int split = -1;       // band kernel: -1 chosen split tail, 0 never, 2-4 the last items in that many parts
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << c.what << " [" << c.spec << " B" << c.B << " H" << c.Hq << "/" << c.Hkv << " L" << c.Lq << "x" << c.Lk
             << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << "x" << c.block_n
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
-            << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << "]";
+            << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
+            << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -119,6 +121,7 @@ void check_case(const Case& c) {
   opt.tma = !c.no_tma;
   opt.persistent = c.persistent;
   opt.band = c.band;
+  opt.split = c.split;
   spattn::FusedAttention attn(bound, c.D, opt);
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
     int dev = 0, major = 0, minor = 0;
@@ -263,6 +266,17 @@ const Case kCases[] = {
     {"no band kernel: 192x128 causal", "causal", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 0},
     {"128x128 cp.async d64", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 128, false, -1, 0, true},
     {"128x128 cp.async d128", "causal", 1, 4, 2, 799, 799, 128, bf, 128, false, -1, 0, true},
+    // The band kernel's split tail: parts over an item's chunks, written to the workspace and merged by the last
+    // part to arrive. The small cases above run split by default (a few items on a whole GPU); here the
+    // unsplit path, forced splits of the last items of a long list, parts with no chunks (causal's first
+    // tiles, narrow windows) and empty rows.
+    {"band 192 local, no split", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 1, 0},
+    {"band 192 causal, no split", "causal", 1, 2, 2, 1500, 1500, 64, fp, 192, false, -1, 128, false, false, -1, 1, 0},
+    {"band 192 split 2, last items of many", "local(256)", 2, 8, 8, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, 2},
+    {"band 192 split 3, causal (empty parts)", "causal", 1, 4, 2, 2000, 2000, 64, bf, 192, false, -1, 128, false, false, -1, 1, 3},
+    {"band 192 split 4, narrow window", "local(5)", 1, 2, 2, 1000, 1000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 4},
+    {"band 192 split 4, Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, bf, 192, false, -1, 128, false, false, -1, 1, 4},
+    {"band 192 split 3, one item a CTA (no split)", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, 0, 1, 3},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
@@ -355,12 +369,15 @@ TEST(FusedApi, TmaTileShapesSayWhy) {
   }
 }
 
-// run() in a CUDA graph: the TMA kernel's work counter is reset by a memset node, so a graph replayed twice
-// (and a direct run beside it) gives the same bits.
-TEST(FusedApi, GraphReplayMatchesDirectRun) {
+// run() in a CUDA graph: the TMA kernel's work counters are reset by a memset node, so a graph replayed twice
+// (and a direct run beside it) gives the same bits: the TMA kernel (longformer-like plan) and the band kernel
+// with a split tail (local(200): 64 items on the H100's 132 SMs, split in two; the merge order is fixed).
+class FusedGraph : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Fused, FusedGraph, ::testing::Values("local(200) | global_rows(0:64)", "local(200)"));
+TEST_P(FusedGraph, ReplayMatchesDirectRun) {
   REQUIRE_GPU();
   const int64_t B = 2, H = 4, L = 1500, D = 64;
-  const auto bound = spattn::parse("local(200) | global_rows(0:64)").bind(L);
+  const auto bound = spattn::parse(GetParam()).bind(L);
   spattn::Problem pr;
   pr.batch = B, pr.q_heads = pr.kv_heads = H, pr.q_len = pr.kv_len = L, pr.head_dim = D;
   pr.dtype = DType::bf16;

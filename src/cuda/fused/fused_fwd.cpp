@@ -127,12 +127,19 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
-    check_cuda(cudaMalloc(&work_counter_, sizeof(int)), "allocate the work counter");
+    // Band plans of 192-row items may run the band kernel with a split tail: workspace for one part per SM.
+    if (host_.band && host_.block_m == 192) {
+      split_cap_ = device_sms(device_);
+      check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
+                 "allocate the split-tail workspace");
+    }
+    check_cuda(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)), "allocate the work counters");
   } catch (...) {
     cudaFree(row_offsets_);
     cudaFree(entries_);
     cudaFree(masks_);
     cudaFree(order_);
+    cudaFree(split_ws_);
     cudaFree(work_counter_);
     throw;
   }
@@ -141,6 +148,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
 
 DevicePlan::~DevicePlan() {
   cudaFree(work_counter_);
+  cudaFree(split_ws_);
   cudaFree(row_offsets_);
   cudaFree(entries_);
   cudaFree(masks_);
@@ -281,14 +289,54 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (NOTES.md, v9).
   k.persistent = a.persistent >= 0 ? a.persistent : 1;
-  if (out.ws && k.persistent) out.grid = std::min(out.grid, unsigned(device_sms(plan.device())));
+  k.split_first = int(out.grid);
+  k.split_k = 1;
+  k.split_cap = plan.split_cap();
+  k.split_ws = plan.split_ws();
+  k.split_count = plan.work_counter() + 1;
+  if (out.ws && k.persistent) {
+    const unsigned sms = unsigned(device_sms(plan.device()));
+    if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, k);
+    const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
+    out.grid = unsigned(std::min<int64_t>(work, sms));
+  }
   return out;
+}
+
+void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, FusedParams& k) {
+  const int64_t n = hp.q_tiles * bh;  // work items, drawn in order: query tile order[w / bh], head w % bh
+  const int cap = k.split_cap;
+  if (split == 0 || cap == 0 || n == 0) return;
+  int parts = 0;
+  int64_t first = n;
+  if (split >= 2) {  // forced: the last items, as many as the workspace holds, in `split` parts each
+    parts = std::min(split, 4);
+    first = std::max<int64_t>(0, n - cap / parts);
+  } else {
+    // Chosen: only where the items are fewer than the SMs (one partial wave: small batches, few heads, long
+    // rows), each split into sms / n parts (at most 4). Splitting the last wave of a longer list does not pay:
+    // local(256) at L=4096, B=2, H=16 (704 items on 132 SMs) lost 6% with its last 44 items in 3 parts (H100,
+    // bench/results/README.md): a part pays an item's fill, drain and epilogue plus the workspace round trip.
+    if (n >= sms) return;
+    parts = int(std::min<int64_t>(4, sms / n));
+    if (parts < 2) return;
+    first = 0;
+  }
+  while ((n - first) * parts > cap) ++first;
+  if (first >= n) return;
+  k.split_first = int(first);
+  k.split_k = parts;
 }
 
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
-  if (p.ws && p.kernel.persistent)
-    check_cuda(cudaMemsetAsync(p.kernel.work_counter, 0, sizeof(int), stream), "zero the work counter");
+  if (p.ws && p.kernel.persistent) {
+    // The item counter and, with a split tail, one arrival counter per split item and consumer warp.
+    const FusedParams& k = p.kernel;
+    const int64_t split_items = k.split_k > 1 ? int64_t(k.q_tiles) * k.batch * k.q_heads - k.split_first : 0;
+    check_cuda(cudaMemsetAsync(k.work_counter, 0, sizeof(int) * size_t(1 + split_items * kSplitWarps), stream),
+               "zero the work counters");
+  }
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());

@@ -4,7 +4,7 @@
 //   can_implement  a Status with the reason, never aborts
 //   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
 //   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync;
-//                  the TMA kernel's work counter is zeroed by a memset on the stream)
+//                  the TMA kernel's work counters are zeroed by a memset on the stream)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,6 +42,12 @@ class DevicePlan {
   // The TMA kernel's work-item counter: zeroed on the stream before each launch, so runs of one plan on one
   // stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
   int* work_counter() const { return work_counter_; }
+  // Ints at work_counter(), all zeroed before each launch: the item counter, then the band kernel's split-tail
+  // counters (kSplitWarps per part of the workspace).
+  size_t counter_ints() const { return 1 + size_t(split_cap_) * kSplitWarps; }
+  // The band kernel's split-tail workspace (band plans of 192-row items; else null): split_cap() parts.
+  float* split_ws() const { return split_ws_; }
+  int split_cap() const { return split_cap_; }
 
  private:
   plan::BlockPlan host_;
@@ -51,6 +57,8 @@ class DevicePlan {
   unsigned long long* masks_ = nullptr;
   int32_t* order_ = nullptr;
   int* work_counter_ = nullptr;
+  float* split_ws_ = nullptr;
+  int split_cap_ = 0;
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
 };
@@ -64,6 +72,8 @@ class FusedFwd {
     bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
     int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
     int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
+    int split = -1;              // band kernel: -1 split the last wave's items when it pays, 0 never, 2-4 split
+                                 // the last items (as many as the workspace holds) into that many parts
   };
   using Params = LaunchParams;
 
@@ -77,6 +87,10 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows).
   static std::string kernel_name(const Params& params);
+
+ private:
+  // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split).
+  static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, FusedParams& k);
 };
 
 // Throws spattn::Error naming the call if `e` is an error.

@@ -40,7 +40,8 @@ struct BandTraits {
   static constexpr int kStages = 8;
   static constexpr int kRingBytes = (kStages + 1) * kChunkBytes;
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kRingBytes;
-  // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk.
+  // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk
+  // (7-12), then the split part's id (-1: the whole item), part and parts (13-15).
   static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
   static constexpr int kSlotInts = 16;
   static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
@@ -62,6 +63,58 @@ __device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
 }
 }  // namespace detail
 
+// A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
+// workspace of part `us`; the warp then counts itself in at its (item, warp) counter. The last of the item's
+// `parts` parts to arrive reads every part's values back in part order (its own too), merges them
+// into o / row_max / row_sum and returns true: it stores the rows. Others return false. The merge order is
+// fixed, so the result does not depend on which part finishes last.
+__device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32], float (&row_max)[2],
+                                            float (&row_sum)[2], int us, int part, int parts, int wi, int lane) {
+  using namespace detail;
+  constexpr int V = kSplitFloats / 4;  // float4s a thread
+  auto at = [&](int u) { return reinterpret_cast<float4*>(p.split_ws) + (size_t(u) * kSplitWarps + wi) * V * 32 + lane; };
+  float4* mine = at(us);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) __stcg(mine + 32 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  __stcg(mine + 32 * 8, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
+  __threadfence();
+  __syncwarp();
+  int* counter = p.split_count + (us / parts) * kSplitWarps + wi;
+  int arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != parts - 1) return false;
+  __threadfence();  // the other parts' values, written before their arrivals
+  const float sl2 = p.scale_log2;
+  float mm[2] = {-INFINITY, -INFINITY}, ms[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  for (int q = 0; q < parts; ++q) {  // every part from the workspace (its own too: the same order for all)
+    const float4* src = at(us - part + q);
+    const float4 t = __ldcg(src + 32 * 8);
+    const float xm[2] = {t.x, t.y}, xs[2] = {t.z, t.w};
+    float a[2], bx[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {  // max -inf: no key yet (that side contributes nothing)
+      const float m_new = fmaxf(mm[hh], xm[hh]);
+      a[hh] = mm[hh] == -INFINITY ? 0.f : fast_exp2((mm[hh] - m_new) * sl2);
+      bx[hh] = xm[hh] == -INFINITY ? 0.f : fast_exp2((xm[hh] - m_new) * sl2);
+      mm[hh] = m_new;
+      ms[hh] = ms[hh] * a[hh] + xs[hh] * bx[hh];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // float4 i: columns of rows hh = 0, 0, 1, 1
+      const float4 x = __ldcg(src + 32 * i);
+      o[4 * i] = o[4 * i] * a[0] + x.x * bx[0];
+      o[4 * i + 1] = o[4 * i + 1] * a[0] + x.y * bx[0];
+      o[4 * i + 2] = o[4 * i + 2] * a[1] + x.z * bx[1];
+      o[4 * i + 3] = o[4 * i + 3] * a[1] + x.w * bx[1];
+    }
+  }
+  row_max[0] = mm[0], row_max[1] = mm[1], row_sum[0] = ms[0], row_sum[1] = ms[1];
+  return true;
+}
+
 template <class Tr>
 __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   using namespace detail;
@@ -81,6 +134,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
   const int items = p.q_tiles * bh_count;
+  const int work = p.split_first + (items - p.split_first) * p.split_k;  // work ids (split parts counted)
   const int lo = p.band_lo, hi = p.band_hi;
 
   if (tid == 0) {
@@ -104,14 +158,20 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       for (int nq = 0;; ++nq) {
         const int qb = nq % NQ;
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
-        const int w = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
+        const int u = p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : work);
         const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
         auto put = [&](int i, int v) { st_shared_s32(sl + 4 * i, v); };
-        if (w >= items) {
+        auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
+        if (u >= work) {
           put(0, -1);
           mbar_arrive(bar_qfull + 8 * qb);
           break;
         }
+        // Work id u: item u, or past split_first part (u - split_first) % split_k of item split_first + (u -
+        // split_first) / split_k (a contiguous range of the item's chunks).
+        const int us = u - p.split_first;
+        const int w = us < 0 ? u : p.split_first + us / p.split_k;
+        const int part = us < 0 ? 0 : us % p.split_k, nparts = us < 0 ? 1 : p.split_k;
         const int qt = p.order[w / bh_count], bh = w % bh_count;
         const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
         // Each slab's chunks: keys max(0, first row + lo) ... min(Lk - 1, last row + hi); empty: first > last.
@@ -128,8 +188,20 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           put(7 + 2 * c, f);
           put(8 + 2 * c, l);
         }
-        const int nch = cl >= 0 ? cl - cf + 1 : 0;
+        if (nparts > 1 && cl >= 0) {  // this part's share of the item's chunks (possibly none), and each slab's
+          const int n = cl - cf + 1;
+          const int pf = cf + (n * part) / nparts;
+          cl = cf + (n * (part + 1)) / nparts - 1;
+          cf = pf;
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            put(7 + 2 * c, max(cf, get(7 + 2 * c)));
+            put(8 + 2 * c, min(cl, get(8 + 2 * c)));
+          }
+        }
+        const int nch = cl >= cf ? cl - cf + 1 : 0;
         put(0, w), put(1, b), put(2, h), put(3, hk), put(4, q0), put(5, cf), put(6, nch);
+        put(13, nparts > 1 ? us : -1), put(14, part), put(15, nparts);
         if (nch == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
           continue;
@@ -151,7 +223,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           int users = 0;
 #pragma unroll
           for (int c = 0; c < C; ++c)
-            users += (ld_shared_s32(sl + 4 * (7 + 2 * c)) <= x && x <= ld_shared_s32(sl + 4 * (8 + 2 * c))) ? 1 : 0;
+            users += (get(7 + 2 * c) <= x && x <= get(8 + 2 * c)) ? 1 : 0;
           // This phase of `empty` began when the wait above returned: the arrivals count for chunk g.
           if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
         }
@@ -296,6 +368,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           release(j);
         }
       }
+      const int us = get(13);
+      if (us >= 0 && !split_merge(p, o, row_max, row_sum, us, get(14), get(15), warp - 4, lane)) continue;
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
     }
   }

@@ -37,7 +37,19 @@ struct FusedParams {
   int* work_counter;  // the TMA kernel's work-item counter (DevicePlan-owned; zeroed before each launch)
   int persistent;     // TMA kernel: 1 = one CTA per SM drawing items from work_counter, 0 = one item a CTA
   int band_lo, band_hi;  // band kernel (LaunchParams::band): row q keeps band_lo <= k - q <= band_hi, k < Lk
+  // Band kernel, split tail (FusedFwd::to_params): work items from split_first on are each run as split_k parts
+  // (contiguous ranges of the item's key chunks); part u = w - split_first writes its unnormalized O, row max and
+  // row sum to split_ws (kSplitFloats a thread), and the last part of an item to arrive (split_count, per item and
+  // warp, zeroed with work_counter) merges them and stores. split_k 1: no split. split_ws holds split_cap parts.
+  int split_first, split_k, split_cap;
+  float* split_ws;
+  int* split_count;
 };
+
+// Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and
+// 2 row sums; 12 consumer warps an item.
+inline constexpr int kSplitFloats = 36;
+inline constexpr int kSplitWarps = 12;
 
 // TileEntry.kt as uploaded (DevicePlan): bits 0-27 the key tile, bits 28-29 `half` for 64x128 plans: 0 the
 // whole tile, 1 (2) every kept key of this partial tile lies in keys 0-63 (64-127), so the sm_90a kernel
