@@ -41,7 +41,7 @@ struct BandTraits {
   static constexpr int kRingBytes = (kStages + 1) * kChunkBytes;
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kRingBytes;
   // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk
-  // (7-12), then the split part's id (-1: the whole item), part and parts (13-15).
+  // (7-12), then the split part (13): -1 the whole item, else part id << 4 | part << 2 | (parts - 1).
   static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
   static constexpr int kSlotInts = 16;
   static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
@@ -201,7 +201,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         }
         const int nch = cl >= cf ? cl - cf + 1 : 0;
         put(0, w), put(1, b), put(2, h), put(3, hk), put(4, q0), put(5, cf), put(6, nch);
-        put(13, nparts > 1 ? us : -1), put(14, part), put(15, nparts);
+        put(13, nparts > 1 ? (us << 4) | (part << 2) | (nparts - 1) : -1);
         if (nch == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
           continue;
@@ -243,7 +243,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
       auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
       if (get(0) < 0) break;
-      const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6);
+      // Read before the Q buffer is released: the producer then refills this slot with the item after next.
+      const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6), split = get(13);
       const int sf = get(7 + 2 * c), sle = get(8 + 2 * c);
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
       // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
@@ -368,8 +369,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           release(j);
         }
       }
-      const int us = get(13);
-      if (us >= 0 && !split_merge(p, o, row_max, row_sum, us, get(14), get(15), warp - 4, lane)) continue;
+      if (split >= 0 && !split_merge(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
+        continue;
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
     }
   }
