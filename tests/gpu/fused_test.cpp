@@ -369,8 +369,8 @@ TEST(FusedApi, TmaTileShapesSayWhy) {
   }
 }
 
-// run() in a CUDA graph: the TMA kernel's work counters are reset by a memset node, so a graph replayed twice
-// (and a direct run beside it) gives the same bits: the TMA kernel (longformer-like plan) and the band kernel
+// run() in a CUDA graph: the TMA kernels reset their work counters at the end of each launch, so a graph
+// replayed twice (and a direct run beside it) gives the same bits: the TMA kernel (longformer-like plan) and the band kernel
 // with a split tail (local(200): 64 items on the H100's 132 SMs, split in two; the merge order is fixed).
 class FusedGraph : public ::testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Fused, FusedGraph, ::testing::Values("local(200) | global_rows(0:64)", "local(200)"));
@@ -392,7 +392,7 @@ TEST_P(FusedGraph, ReplayMatchesDirectRun) {
   auto* base = static_cast<uint8_t*>(din.p);
   const TensorView q = tv(base), k = tv(base + 2 * n), v = tv(base + 4 * n);
   spattn::FusedOptions opt;
-  opt.block_m = 192;  // the persistent TMA kernel (a memset + a kernel per run)
+  opt.block_m = 192;  // the persistent TMA kernels (counters left zero by each launch)
   opt.block_n = 128;
   spattn::FusedAttention attn(bound, D, opt);
   const auto st = attn.can_implement(pr, q, k, v, tv(d1.p), TensorView{});

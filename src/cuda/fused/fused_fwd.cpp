@@ -134,6 +134,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
                  "allocate the split-tail workspace");
     }
     check_cuda(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)), "allocate the work counters");
+    check_cuda(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)), "zero the work counters");
   } catch (...) {
     cudaFree(row_offsets_);
     cudaFree(entries_);
@@ -293,7 +294,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.split_k = 1;
   k.split_cap = plan.split_cap();
   k.split_ws = plan.split_ws();
-  k.split_count = plan.work_counter() + 1;
+  k.split_count = plan.work_counter() + 2;
   if (out.ws && k.persistent) {
     const unsigned sms = unsigned(device_sms(plan.device()));
     if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, k);
@@ -330,13 +331,6 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
 
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
-  if (p.ws && p.kernel.persistent) {
-    // The item counter and, with a split tail, one arrival counter per split item and consumer warp.
-    const FusedParams& k = p.kernel;
-    const int64_t split_items = k.split_k > 1 ? int64_t(k.q_tiles) * k.batch * k.q_heads - k.split_first : 0;
-    check_cuda(cudaMemsetAsync(k.work_counter, 0, sizeof(int) * size_t(1 + split_items * kSplitWarps), stream),
-               "zero the work counters");
-  }
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());

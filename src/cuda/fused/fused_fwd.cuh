@@ -90,6 +90,16 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// The persistent TMA kernels' work-item counter (FusedParams::work_counter) resets itself: every CTA's producer
+// calls this once, after the draw that ended its walk; the last one zeroes the counter and this count (ints 0
+// and 1), so that the next launch on the stream starts from zero without a memset before it. Every draw of this
+// launch has returned by then (a producer counts itself out only after its last draw's result).
+__device__ __forceinline__ void work_counter_done(int* counter) {
+  if (atomicAdd(counter + 1, 1) == int(gridDim.x) - 1) {
+    atomicExch(counter, 0);
+    atomicExch(counter + 1, 0);
+  }
+}
 // Work-item slots handed from the producer to the consumers (TMA kernels): plain shared-memory accesses (a
 // volatile generic pointer compiles to strong system-scope generic loads), ordered by the slot's mbarrier
 // (arrive releases, wait acquires).

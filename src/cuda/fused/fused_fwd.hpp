@@ -4,7 +4,7 @@
 //   can_implement  a Status with the reason, never aborts
 //   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
 //   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync;
-//                  the TMA kernel's work counters are zeroed by a memset on the stream)
+//                  the TMA kernels reset their work counters themselves at the end of each launch)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,9 +42,10 @@ class DevicePlan {
   // The TMA kernel's work-item counter: zeroed on the stream before each launch, so runs of one plan on one
   // stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
   int* work_counter() const { return work_counter_; }
-  // Ints at work_counter(), all zeroed before each launch: the item counter, then the band kernel's split-tail
-  // counters (kSplitWarps per part of the workspace).
-  size_t counter_ints() const { return 1 + size_t(split_cap_) * kSplitWarps; }
+  // Ints at work_counter(), zeroed at upload and left zero by every launch (the kernels reset them): the item
+  // counter, the count of CTAs done drawing, then the band kernel's split-tail counters (kSplitWarps per part of
+  // the workspace).
+  size_t counter_ints() const { return 2 + size_t(split_cap_) * kSplitWarps; }
   // The band kernel's split-tail workspace (band plans of 192-row items; else null): split_cap() parts.
   float* split_ws() const { return split_ws_; }
   int split_cap() const { return split_cap_; }

@@ -65,7 +65,8 @@ __device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
 
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
 // workspace of part `us`; the warp then counts itself in at its (item, warp) counter. The last of the item's
-// `parts` parts to arrive reads every part's values back in part order (its own too), merges them
+// `parts` parts to arrive zeroes the counter (for the next launch), reads every part's values back in part
+// order (its own too), merges them
 // into o / row_max / row_sum and returns true: it stores the rows. Others return false. The merge order is
 // fixed, so the result does not depend on which part finishes last.
 __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32], float (&row_max)[2],
@@ -84,6 +85,7 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
   if (lane == 0) arrived = atomicAdd(counter, 1);
   arrived = __shfl_sync(0xffffffffu, arrived, 0);
   if (arrived != parts - 1) return false;
+  if (lane == 0) atomicExch(counter, 0);  // every part has arrived: zero for the next launch
   __threadfence();  // the other parts' values, written before their arrivals
   const float sl2 = p.scale_log2;
   float mm[2] = {-INFINITY, -INFINITY}, ms[2] = {0.f, 0.f};
@@ -165,6 +167,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         if (u >= work) {
           put(0, -1);
           mbar_arrive(bar_qfull + 8 * qb);
+          if (p.persistent) work_counter_done(p.work_counter);
           break;
         }
         // Work id u: item u, or past split_first part (u - split_first) % split_k of item split_first + (u -

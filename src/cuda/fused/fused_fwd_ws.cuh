@@ -101,7 +101,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   const int bh_count = p.batch * p.q_heads;
   const int items = p.q_tiles * bh_count;  // work items (query tile, batch, head), most work first
   // Persistent CTAs with a dynamic scheduler: the producer takes the next work item from a global counter
-  // (FusedParams::work_counter, zeroed before each launch) and hands its id to the consumers with its query
+  // (FusedParams::work_counter, zero at launch: work_counter_done) and hands its id to the consumers with its query
   // tile (slot + `qfull` mbarrier; -1 ends the walk). The K/V ring and the query-tile buffers run on across
   // items, so the producer loads the next item's tiles while the consumers finish (and store) the current one,
   // and an SM that drew short items draws more (longformer's global rows are 20x the local ones).
@@ -147,6 +147,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         if (w >= items) {
           put(0, -1);
           mbar_arrive(bar_qfull + 8 * qb);
+          if (p.persistent) work_counter_done(p.work_counter);
           break;
         }
         const Item it = item(w);
