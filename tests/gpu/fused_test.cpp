@@ -337,6 +337,14 @@ TEST(FusedApi, CanImplementSaysWhy) {
   const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
   EXPECT_FALSE(st.ok);
   EXPECT_NE(st.reason.find("dtype"), std::string::npos) << st.reason;
+  spattn::FusedOptions opt;
+  opt.split = 7;
+  spattn::FusedAttention bad_split(bound, 64, opt);
+  pr.dtype = DType::bf16;
+  const TensorView b = TensorView::contiguous(reinterpret_cast<void*>(256), DType::bf16, {1, 256, 1, 64});
+  const auto st2 = bad_split.can_implement(pr, b, b, b, b, TensorView{});
+  EXPECT_FALSE(st2.ok);
+  EXPECT_NE(st2.reason.find("split must be -1 (chosen), 0 (never) or 2-4 parts, got 7"), std::string::npos) << st2.reason;
 }
 
 TEST(FusedApi, TmaTileShapesSayWhy) {

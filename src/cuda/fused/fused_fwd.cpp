@@ -165,6 +165,8 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   }
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
     return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
+  if (a.split < -1 || a.split == 1 || a.split > 4)
+    return Status::fail("fused kernel: split must be -1 (chosen), 0 (never) or 2-4 parts, got " + std::to_string(a.split));
   if (pr.head_dim != 64 && pr.head_dim != 128)
     return Status::fail("fused kernel: head dim must be 64 or 128, got " + std::to_string(pr.head_dim));
   if (pr.dv() != pr.head_dim)

@@ -46,7 +46,8 @@ class DevicePlan {
   // counter, the count of CTAs done drawing, then the band kernel's split-tail counters (kSplitWarps per part of
   // the workspace).
   size_t counter_ints() const { return 2 + size_t(split_cap_) * kSplitWarps; }
-  // The band kernel's split-tail workspace (band plans of 192-row items; else null): split_cap() parts.
+  // The band kernel's split workspace (band plans of 192-row items; else null): split_cap() parts, one per SM
+  // (kSplitWarps * 32 * kSplitFloats floats each: 7.3 MB on a 132-SM H100).
   float* split_ws() const { return split_ws_; }
   int split_cap() const { return split_cap_; }
 
