@@ -29,9 +29,9 @@ struct FusedOptions {
   int persistent = -1;           // TMA kernel: 1 one CTA per SM drawing work items, 0 one item a CTA, -1 chosen
   int band = -1;                 // band-row patterns (local, sliding windows, causal) at head dim 64 on sm_90a:
                                  // -1 chosen, 1 the band kernel (64-row slabs over 64-key chunks), 0 never
-  int split = -1;                // band kernel: -1 split the last wave's work items into parts over their keys
-                                 // (merged by the last part) when the wave would leave SMs idle, 0 never,
-                                 // 2-4 split the last items (up to one part per SM) into that many parts
+  int split = -1;                // band kernel: -1 split every work item into parts over its keys (merged by
+                                 // the last part) where the items are fewer than the SMs, 0 never, 2-4 split
+                                 // the last items (up to one part per SM) into that many parts
 };
 
 struct FusedStatus {

@@ -46,7 +46,7 @@ if [ -x "$TEST" ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel err|Failure|Expected|Which is|actual|error" "$OUTD/fused_test.log" | head -90
   echo "== fused: compute-sanitizer (memcheck, racecheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
-    # cases 1 (longformer, TMA), 51 (band kernel, tails, split tail), 59 (band kernel, empty rows, Lq > Lk) and
+    # cases 1 (longformer, TMA), 51 (band kernel, tails, split items), 59 (band kernel, empty rows, Lq > Lk) and
     # 69 (band kernel, causal split in 3: parts without chunks)
     compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" \
       --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69' \

@@ -51,7 +51,7 @@ struct Case {
   bool packed = false;  // q, k, v as strided views of one [B, L, 3, H, D] buffer (needs Lq == Lk, Hq == Hkv)
   int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
   int band = -1;        // band-row plans: 1 the band kernel (checked to run on sm_90a), 0 never, -1 chosen
-  int split = -1;       // band kernel: -1 chosen split tail, 0 never, 2-4 the last items in that many parts
+  int split = -1;       // band kernel: -1 chosen split, 0 never, 2-4 the last items in that many parts
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -266,7 +266,7 @@ const Case kCases[] = {
     {"no band kernel: 192x128 causal", "causal", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 0},
     {"128x128 cp.async d64", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 128, false, -1, 0, true},
     {"128x128 cp.async d128", "causal", 1, 4, 2, 799, 799, 128, bf, 128, false, -1, 0, true},
-    // The band kernel's split tail: parts over an item's chunks, written to the workspace and merged by the last
+    // The band kernel's split work items: parts over an item's chunks, written to the workspace and merged by the last
     // part to arrive. The small cases above run split by default (a few items on a whole GPU); here the
     // unsplit path, forced splits of the last items of a long list, parts with no chunks (causal's first
     // tiles, narrow windows) and empty rows.
@@ -379,7 +379,7 @@ TEST(FusedApi, TmaTileShapesSayWhy) {
 
 // run() in a CUDA graph: the TMA kernels reset their work counters at the end of each launch, so a graph
 // replayed twice (and a direct run beside it) gives the same bits: the TMA kernel (longformer-like plan) and the band kernel
-// with a split tail (local(200): 64 items on the H100's 132 SMs, split in two; the merge order is fixed).
+// with split items (local(200): 64 items on the H100's 132 SMs, split in two; the merge order is fixed).
 class FusedGraph : public ::testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Fused, FusedGraph, ::testing::Values("local(200) | global_rows(0:64)", "local(200)"));
 TEST_P(FusedGraph, ReplayMatchesDirectRun) {

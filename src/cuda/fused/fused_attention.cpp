@@ -15,6 +15,11 @@ struct FusedAttention::Impl {
   std::unique_ptr<DevicePlan> plan;
   FusedOptions options;
   double plan_ms = 0;
+
+  FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+                           const TensorView& o, const TensorView& lse) const {
+    return {problem, q, k, v, o, lse, options.force_sm80, !options.tma, options.persistent, options.band, options.split};
+  }
 };
 
 FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options)
@@ -35,15 +40,14 @@ FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
 
 FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
                                           const TensorView& v, const TensorView& o, const TensorView& lse) const {
-  const auto st = FusedFwd::can_implement({problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent, impl_->options.band, impl_->options.split}, *impl_->plan);
+  const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan);
   return {st.ok, st.reason};
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const TensorView& lse, void* stream) const {
-  const FusedFwd::Arguments args{problem, q, k, v, o, lse, impl_->options.force_sm80, !impl_->options.tma, impl_->options.persistent, impl_->options.band, impl_->options.split};
   FusedFwd::Params params;
-  const auto st = FusedFwd::can_implement(args, *impl_->plan, &params);
+  const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan, &params);
   if (!st.ok) throw Error(st.reason);
   FusedFwd::run(params, static_cast<cudaStream_t>(stream));
 }

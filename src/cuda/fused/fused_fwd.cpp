@@ -127,11 +127,11 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
-    // Band plans of 192-row items may run the band kernel with a split tail: workspace for one part per SM.
+    // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
     if (host_.band && host_.block_m == 192) {
       split_cap_ = device_sms(device_);
       check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
-                 "allocate the split-tail workspace");
+                 "allocate the split workspace");
     }
     check_cuda(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)), "allocate the work counters");
     check_cuda(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)), "zero the work counters");
@@ -166,7 +166,8 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
     return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
   if (a.split < -1 || a.split == 1 || a.split > 4)
-    return Status::fail("fused kernel: split must be -1 (chosen), 0 (never) or 2-4 parts, got " + std::to_string(a.split));
+    return Status::fail("fused kernel: split must be -1 (chosen), 0 (never) or 2-4 parts, got " +
+                        std::to_string(a.split));
   if (pr.head_dim != 64 && pr.head_dim != 128)
     return Status::fail("fused kernel: head dim must be 64 or 128, got " + std::to_string(pr.head_dim));
   if (pr.dv() != pr.head_dim)
@@ -294,21 +295,19 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.persistent = a.persistent >= 0 ? a.persistent : 1;
   k.split_first = int(out.grid);
   k.split_k = 1;
-  k.split_cap = plan.split_cap();
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
   if (out.ws && k.persistent) {
     const unsigned sms = unsigned(device_sms(plan.device()));
-    if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, k);
+    if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
   }
   return out;
 }
 
-void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, FusedParams& k) {
+void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k) {
   const int64_t n = hp.q_tiles * bh;  // work items, drawn in order: query tile order[w / bh], head w % bh
-  const int cap = k.split_cap;
   if (split == 0 || cap == 0 || n == 0) return;
   int parts = 0;
   int64_t first = n;
@@ -325,7 +324,7 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
     if (parts < 2) return;
     first = 0;
   }
-  while ((n - first) * parts > cap) ++first;
+  first = std::max(first, n - cap / parts);  // at most `cap` parts (the workspace)
   if (first >= n) return;
   k.split_first = int(first);
   k.split_k = parts;

@@ -39,12 +39,12 @@ class DevicePlan {
   const int32_t* order() const { return order_; }
   double upload_ms() const { return upload_ms_; }
   int64_t narrow_entries() const { return narrow_; }  // entries run as one 64-key half (64x128 plans)
-  // The TMA kernel's work-item counter: zeroed on the stream before each launch, so runs of one plan on one
-  // stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
+  // The TMA kernels' work-item counter: left zero by every launch (the kernels reset it), so runs of one plan on
+  // one stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
   int* work_counter() const { return work_counter_; }
   // Ints at work_counter(), zeroed at upload and left zero by every launch (the kernels reset them): the item
-  // counter, the count of CTAs done drawing, then the band kernel's split-tail counters (kSplitWarps per part of
-  // the workspace).
+  // counter, the count of CTAs done drawing, then the band kernel's split counters (kSplitWarps per part of the
+  // workspace).
   size_t counter_ints() const { return 2 + size_t(split_cap_) * kSplitWarps; }
   // The band kernel's split workspace (band plans of 192-row items; else null): split_cap() parts, one per SM
   // (kSplitWarps * 32 * kSplitFloats floats each: 7.3 MB on a 132-SM H100).
@@ -74,8 +74,8 @@ class FusedFwd {
     bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
     int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
     int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
-    int split = -1;              // band kernel: -1 split the last wave's items when it pays, 0 never, 2-4 split
-                                 // the last items (as many as the workspace holds) into that many parts
+    int split = -1;              // band kernel: -1 split every item where the items are fewer than the SMs, 0
+                                 // never, 2-4 split the last items (as many as the workspace holds) in that many parts
   };
   using Params = LaunchParams;
 
@@ -91,8 +91,9 @@ class FusedFwd {
   static std::string kernel_name(const Params& params);
 
  private:
-  // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split).
-  static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, FusedParams& k);
+  // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at
+  // most `cap` parts (DevicePlan::split_cap).
+  static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k);
 };
 
 // Throws spattn::Error naming the call if `e` is an error.

@@ -66,14 +66,15 @@ __device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
 // workspace of part `us`; the warp then counts itself in at its (item, warp) counter. The last of the item's
 // `parts` parts to arrive zeroes the counter (for the next launch), reads every part's values back in part
-// order (its own too), merges them
-// into o / row_max / row_sum and returns true: it stores the rows. Others return false. The merge order is
-// fixed, so the result does not depend on which part finishes last.
+// order (its own too), merges them into o / row_max / row_sum and returns true: it stores the rows. Others return
+// false. The merge order is fixed, so the result does not depend on which part finishes last.
 __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32], float (&row_max)[2],
                                             float (&row_sum)[2], int us, int part, int parts, int wi, int lane) {
   using namespace detail;
   constexpr int V = kSplitFloats / 4;  // float4s a thread
-  auto at = [&](int u) { return reinterpret_cast<float4*>(p.split_ws) + (size_t(u) * kSplitWarps + wi) * V * 32 + lane; };
+  auto at = [&](int u) {  // this thread's float4s of part u: 32 lanes apart
+    return reinterpret_cast<float4*>(p.split_ws) + (size_t(u) * kSplitWarps + wi) * V * 32 + lane;
+  };
   float4* mine = at(us);
 #pragma unroll
   for (int i = 0; i < 8; ++i) __stcg(mine + 32 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));

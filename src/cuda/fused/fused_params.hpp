@@ -38,11 +38,11 @@ struct FusedParams {
                       // once; each persistent launch leaves them zero: work_counter_done in fused_fwd.cuh)
   int persistent;     // TMA kernel: 1 = one CTA per SM drawing items from work_counter, 0 = one item a CTA
   int band_lo, band_hi;  // band kernel (LaunchParams::band): row q keeps band_lo <= k - q <= band_hi, k < Lk
-  // Band kernel, split tail (FusedFwd::to_params): work items from split_first on are each run as split_k parts
+  // Band kernel, split work items (FusedFwd::to_params): items from split_first on are each run as split_k parts
   // (contiguous ranges of the item's key chunks); part u = w - split_first writes its unnormalized O, row max and
   // row sum to split_ws (kSplitFloats a thread), and the last part of an item to arrive (split_count, per item and
-  // warp, zero at launch; the merger zeroes it again) merges them and stores. split_k 1: no split. split_ws holds split_cap parts.
-  int split_first, split_k, split_cap;
+  // warp, zero at launch; the merger zeroes it again) merges them and stores. split_k 1: no split.
+  int split_first, split_k;
   float* split_ws;
   int* split_count;
 };
