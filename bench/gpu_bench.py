@@ -67,8 +67,9 @@ class Lib:
 
 
 # bench shape variants (SHAPE:VARIANT) -> spattn_fused_create's force bits: cp cp.async kernels, p / np persistent
-# or one item a CTA, b / nb band kernel or not, ns / s3 never split the band kernel's last items or 3 parts each
-VARIANTS = {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32, "ns": 16 | 64, "s3": 16 | 128}
+# or one item a CTA, b / nb band kernel or not, ns / s3 / ss never split the band kernel's last items, 3 parts
+# each over the keys, or as single slabs
+VARIANTS = {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32, "ns": 16 | 64, "s3": 16 | 128, "ss": 16 | 256}
 
 
 class Fused:

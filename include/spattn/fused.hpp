@@ -29,9 +29,11 @@ struct FusedOptions {
   int persistent = -1;           // TMA kernel: 1 one CTA per SM drawing work items, 0 one item a CTA, -1 chosen
   int band = -1;                 // band-row patterns (local, sliding windows, causal) at head dim 64 on sm_90a:
                                  // -1 chosen, 1 the band kernel (64-row slabs over 64-key chunks), 0 never
-  int split = -1;                // band kernel: -1 split every work item into parts over its keys (merged by
-                                 // the last part) where the items are fewer than the SMs, 0 never, 2-4 split
-                                 // the last items (up to one part per SM) into that many parts
+  int split = -1;                // band kernel: -1 chosen: where the items are fewer than the SMs, every item
+                                 // in parts over its keys (merged by the last part); where the last partial
+                                 // wave's items fit in one wave as single 64-row slabs (and are not the list's
+                                 // cheap items), those items as slabs; 0 never, 1 the last items (up to one per
+                                 // SM) as slabs, 2-4 the last items (up to one part per SM) in that many parts
 };
 
 struct FusedStatus {

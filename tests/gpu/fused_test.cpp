@@ -51,7 +51,7 @@ struct Case {
   bool packed = false;  // q, k, v as strided views of one [B, L, 3, H, D] buffer (needs Lq == Lk, Hq == Hkv)
   int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
   int band = -1;        // band-row plans: 1 the band kernel (checked to run on sm_90a), 0 never, -1 chosen
-  int split = -1;       // band kernel: -1 chosen split, 0 never, 2-4 the last items in that many parts
+  int split = -1;       // band kernel: -1 chosen split, 0 never, 1 the last items as slabs, 2-4 the last items in that many parts
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -277,6 +277,10 @@ const Case kCases[] = {
     {"band 192 split 4, narrow window", "local(5)", 1, 2, 2, 1000, 1000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 4},
     {"band 192 split 4, Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, bf, 192, false, -1, 128, false, false, -1, 1, 4},
     {"band 192 split 3, one item a CTA (no split)", "local(256)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, 0, 1, 3},
+    // Slab parts: an item's 64-row slabs as work items of their own (one warpgroup runs, the others skip).
+    {"band 192 slabs, last items of many", "local(256)", 2, 8, 4, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, 1},
+    {"band 192 slabs, causal", "causal", 1, 4, 2, 2000, 2000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 1},
+    {"band 192 chosen, last wave as slabs (132 SMs)", "local(256)", 2, 16, 16, 4096, 4096, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
@@ -344,7 +348,7 @@ TEST(FusedApi, CanImplementSaysWhy) {
   const TensorView b = TensorView::contiguous(reinterpret_cast<void*>(256), DType::bf16, {1, 256, 1, 64});
   const auto st2 = bad_split.can_implement(pr, b, b, b, b, TensorView{});
   EXPECT_FALSE(st2.ok);
-  EXPECT_NE(st2.reason.find("split must be -1 (chosen), 0 (never) or 2-4 parts, got 7"), std::string::npos) << st2.reason;
+  EXPECT_NE(st2.reason.find("split must be -1 (chosen), 0 (never), 1 (slabs) or 2-4 parts, got 7"), std::string::npos) << st2.reason;
 }
 
 TEST(FusedApi, TmaTileShapesSayWhy) {

@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 
 namespace spattn::cuda::fused {
@@ -165,8 +168,8 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   }
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
     return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
-  if (a.split < -1 || a.split == 1 || a.split > 4)
-    return Status::fail("fused kernel: split must be -1 (chosen), 0 (never) or 2-4 parts, got " +
+  if (a.split < -1 || a.split > 4)
+    return Status::fail("fused kernel: split must be -1 (chosen), 0 (never), 1 (slabs) or 2-4 parts, got " +
                         std::to_string(a.split));
   if (pr.head_dim != 64 && pr.head_dim != 128)
     return Status::fail("fused kernel: head dim must be 64 or 128, got " + std::to_string(pr.head_dim));
@@ -287,6 +290,10 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band);  // FusedOptions::band
   out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
   out.band = out.ws && band;
+  if (out.band && !encode_tmap(k.tmap_o, a.o, 64)) {  // the band kernel stores through o's tensor map
+    out.band = false;
+    out.ws = use_ws(a, hp, out.sm90, hp.block_n, k);
+  }
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
@@ -295,6 +302,8 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.persistent = a.persistent >= 0 ? a.persistent : 1;
   k.split_first = int(out.grid);
   k.split_k = 1;
+  k.split_slabs = 0;
+  k.trace = nullptr;
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
   if (out.ws && k.persistent) {
@@ -306,9 +315,55 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   return out;
 }
 
+// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
+static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
+  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
+  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
+  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
+}
+
 void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k) {
   const int64_t n = hp.q_tiles * bh;  // work items, drawn in order: query tile order[w / bh], head w % bh
-  if (split == 0 || cap == 0 || n == 0) return;
+  if (split == 0 || n == 0) return;
+  auto slab_split = [&](int64_t first) {  // items first... as their slabs (no workspace)
+    k.split_first = int(first);
+    k.split_k = 3;
+    k.split_slabs = 1;
+  };
+  if (split == 1) return slab_split(std::max<int64_t>(0, n - sms));  // forced: the last items (up to an SM each)
+  if (split == -1 && n > sms) {
+    // Chosen: the last partial wave of r items as single slabs where those fit in one wave and are not the
+    // cheap items of the list (drawn longest first): local(256) at L=4096, B=2, H=16 is 704 items on 132 SMs,
+    // 5.33 waves, the last 44 (12 three-slab items, 32 one-slab tail tiles) 68 slabs. A lone slab runs at a
+    // warpgroup's rate without the others' overlap, but the wave ends ~2/3 of an item earlier.
+    const int64_t r = n % sms;
+    if (r == 0) return;
+    int64_t slabs = 0;
+    int last_cost = 0, max_cost = 0, multi = 0;
+    auto cost = [&](int64_t qt, int* nslabs) {  // an item's time ~ its longest slab's chunks
+      int c_max = 0, ns = 0;
+      for (int c = 0; c < 3; ++c) {
+        const int ch = slab_chunks(hp, qt, c);
+        c_max = std::max(c_max, ch);
+        ns += ch > 0;
+      }
+      *nslabs = ns;
+      return c_max;
+    };
+    for (int64_t qt = 0; qt < hp.q_tiles; ++qt) {
+      int ns = 0;
+      max_cost = std::max(max_cost, cost(qt, &ns));
+    }
+    for (int64_t w = n - r; w < n; ++w) {
+      int ns = 0;
+      const int c = cost(hp.order[size_t(w / bh)], &ns);
+      slabs += ns;
+      if (ns > 1) multi += 1, last_cost = std::max(last_cost, c);
+    }
+    if (multi > 0 && slabs <= sms && 2 * last_cost >= max_cost) slab_split(n - r);
+    return;
+  }
+  if (cap == 0) return;
   int parts = 0;
   int64_t first = n;
   if (split >= 2) {  // forced: the last items, as many as the workspace holds, in `split` parts each
@@ -316,9 +371,10 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
     first = std::max<int64_t>(0, n - cap / parts);
   } else {
     // Chosen: only where the items are fewer than the SMs (one partial wave: small batches, few heads, long
-    // rows), each split into sms / n parts (at most 4). Splitting the last wave of a longer list does not pay:
-    // local(256) at L=4096, B=2, H=16 (704 items on 132 SMs) lost 6% with its last 44 items in 3 parts (H100,
-    // bench/results/README.md): a part pays an item's fill, drain and epilogue plus the workspace round trip.
+    // rows), each split into sms / n parts (at most 4). Splitting the last wave of a longer list over the keys
+    // does not pay: local(256) at L=4096, B=2, H=16 (704 items on 132 SMs) lost 6% with its last 44 items in 3
+    // parts (H100, bench/results/README.md): a part pays an item's fill, drain and epilogue plus the workspace
+    // round trip.
     if (n >= sms) return;
     parts = int(std::min<int64_t>(4, sms / n));
     if (parts < 2) return;
@@ -330,8 +386,42 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
   k.split_k = parts;
 }
 
+#ifdef SPATTN_TRACE
+// SPATTN_TRACE builds: with SPATTN_TRACE_FILE set, a band-kernel launch outside graph capture records its events
+// (FusedParams::trace) and writes them to that file (overwritten: the last such launch), as the count (u64) then
+// 4 u64 an event.
+static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
+  static const char* file = std::getenv("SPATTN_TRACE_FILE");
+  if (file == nullptr || !p.band) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return false;
+  constexpr size_t kEvents = 1 << 20;
+  static unsigned long long* buf = nullptr;
+  if (buf == nullptr) check_cuda(cudaMalloc(&buf, (4 + 4 * kEvents) * 8), "allocate the trace");
+  check_cuda(cudaMemsetAsync(buf, 0, 32, stream), "clear the trace");
+  LaunchParams q = p;
+  q.kernel.trace = buf;
+  check_cuda(cudaError_t(launch_sm90(q, stream)), "traced launch");
+  check_cuda(cudaStreamSynchronize(stream), "traced run");
+  unsigned long long n = 0;
+  check_cuda(cudaMemcpy(&n, buf, 8, cudaMemcpyDeviceToHost), "trace count");
+  n = std::min<unsigned long long>(n & 0xffffffffu, kEvents);
+  std::vector<unsigned long long> ev(4 * n);
+  check_cuda(cudaMemcpy(ev.data(), buf + 4, ev.size() * 8, cudaMemcpyDeviceToHost), "trace events");
+  if (FILE* f = std::fopen(file, "wb")) {
+    std::fwrite(&n, 8, 1, f);
+    std::fwrite(ev.data(), 8, ev.size(), f);
+    std::fclose(f);
+  }
+  return true;
+}
+#endif
+
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
+#ifdef SPATTN_TRACE
+  if (traced_run(p, stream)) return;
+#endif
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());

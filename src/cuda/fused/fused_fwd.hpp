@@ -74,8 +74,8 @@ class FusedFwd {
     bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
     int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
     int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
-    int split = -1;              // band kernel: -1 split every item where the items are fewer than the SMs, 0
-                                 // never, 2-4 split the last items (as many as the workspace holds) in that many parts
+    int split = -1;              // band kernel: FusedOptions::split (-1 chosen, 0 never, 1 the last items as
+                                 // slabs, 2-4 the last items in that many parts over their keys)
   };
   using Params = LaunchParams;
 

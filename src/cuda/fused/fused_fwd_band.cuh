@@ -21,6 +21,10 @@
 #pragma once
 #include "cuda/fused/fused_fwd_ws.cuh"
 
+#ifndef SPATTN_DEBUG_FLAGS
+#define SPATTN_DEBUG_FLAGS 0  // experiments only: 1 skips the band kernel's output store (wrong results)
+#endif
+
 namespace spattn::cuda::fused {
 
 template <int BM_, bool kBf16_>
@@ -39,10 +43,19 @@ struct BandTraits {
   // (one m64n128 S wgmma, PV descriptors from one base).
   static constexpr int kStages = 8;
   static constexpr int kRingBytes = (kStages + 1) * kChunkBytes;
-  static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kRingBytes;
+  // One output slab (64 rows x 128 bytes, 128-byte swizzle) a consumer: its rows go out by one bulk tensor copy.
+  static constexpr int kOBytes = 64 * D * 2;
+  static constexpr int kOOffset = kQBufs * kQBytes + 2 * kRingBytes;
+  static constexpr int kBarOffset = kOOffset + kConsumers * kOBytes;
   // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk
-  // (7-12), then the split part (13): -1 the whole item, else part id << 4 | part << 2 | (parts - 1).
-  static constexpr int kSlotOffset = kBarOffset + (2 * kStages + 2 * kQBufs) * 8;
+  // (7-12), then the split part (13): -1 the whole item, -2 - c slab c alone (split_slabs), else part id << 4 |
+  // part << 2 | (parts - 1).
+  // mbarriers: full and empty per ring stage, per Q buffer, per output buffer (o_full: the slab is written;
+  // o_empty: its copy has read it).
+  static constexpr int kBars = 2 * kStages + 2 * kQBufs + 2 * kConsumers;
+  // Per consumer a store record (slab's first row, head, batch; batch -1: no more stores) for its storer warp.
+  static constexpr int kRecOffset = kBarOffset + kBars * 8;
+  static constexpr int kSlotOffset = kRecOffset + kConsumers * 16;
   static constexpr int kSlotInts = 16;
   static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
@@ -118,6 +131,77 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
   return true;
 }
 
+// The epilogue of slab c: O / l as 16-bit values into the warpgroup's output buffer s_o in the tensor map's
+// 128-byte swizzle (16-byte group j of row r at r * 128 + (j ^ (r & 7)) * 16), then the slab's coordinates into
+// its store record and an arrival on o_full: the storer warp of this consumer (in the producer warpgroup) issues
+// the bulk tensor copy (rows past Lq dropped by the copy) and arrives on o_empty once the copy has read the buffer.
+// Measured: the per-thread global stores of tile_store cost ~12% of local(256)'s time (a build without them ran
+// 317-321 vs 281-286 TFLOP/s at L=4096). The copy is not issued here: the tensor map's address (a generic
+// address of a kernel parameter) in the consumers tipped ptxas into serializing their wgmmas (C7511). LSE, if
+// asked for, by the threads directly. `stores`: this warpgroup's earlier slabs (o_empty's phase).
+template <class Tr>
+__device__ __forceinline__ void band_store(const FusedParams& p, const float (&o)[32], const float (&row_max)[2],
+                                           const float (&row_sum)[2], int b, int h, int qs, int c, uint32_t s_o,
+                                           uint32_t o_full, uint32_t o_empty, uint32_t rec, unsigned& stores,
+                                           int lane, int wtid) {
+  using namespace detail;
+  if (qs >= p.q_len) return;  // a slab wholly past the end (the last query tile's)
+  const int rr = ((wtid >> 5) << 4) + (lane >> 2);  // this thread's first row in the slab (second: + 8)
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[hh] = l > 0.f ? 1.f / l : 0.f;
+    const int tok = qs + rr + 8 * hh;
+    if (p.lse != nullptr && (lane & 3) == 0 && tok < p.q_len)
+      p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
+          l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
+  }
+  if (stores > 0) mbar_wait(o_empty, int((stores - 1) & 1));  // the previous slab's copy has read the buffer
+  ++stores;
+  // stmatrix x4 k: the 8x8 matrices (rows 0-7 | 8-15 of the warp's 16) x (16-byte groups 2k | 2k + 1); lane l
+  // addresses row l & 7 of matrix l >> 3. From a base holding (r & 7) in bits 4-6, group 2k + (l >> 4) of the
+  // row is an XOR away.
+  const int l7 = lane & 7, m = lane >> 3;
+  const uint32_t base = (s_o + uint32_t(((wtid >> 5) << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^
+                        uint32_t((m >> 1) << 4);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j0 = 2 * k, j1 = 2 * k + 1;
+    stmatrix_x4(base ^ uint32_t(k << 5), pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+                pack2<Tr::kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
+                pack2<Tr::kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
+                pack2<Tr::kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
+  }
+  fence_proxy_async();  // the generic-proxy writes, before the async proxy's copy reads them
+  named_sync(1 + c, 128);
+  if (wtid == 0) {
+    st_shared_s32(rec, qs);
+    st_shared_s32(rec + 4, h);
+    st_shared_s32(rec + 8, b);
+    mbar_arrive(o_full);
+  }
+}
+
+// A consumer's storer (lane 0 of warp 1 + c of the producer warpgroup): a bulk tensor copy of each slab the
+// consumer hands over (band_store), until a record with batch -1.
+__device__ __forceinline__ void band_storer(const FusedParams& p, uint32_t s_o, uint32_t o_full, uint32_t o_empty,
+                                            uint32_t rec) {
+  using namespace detail;
+  for (unsigned n = 0;; ++n) {
+    mbar_wait(o_full, int(n & 1));
+    const int qs = ld_shared_s32(rec), h = ld_shared_s32(rec + 4), b = ld_shared_s32(rec + 8);
+    if (b < 0) break;
+    tma_store_4d(&p.tmap_o, s_o, 0, qs, h, b);
+    bulk_commit();
+    bulk_wait_all<true>();
+    mbar_arrive(o_empty);
+  }
+  bulk_wait_all<false>();  // the copies have completed before the CTA exits
+}
+
 template <class Tr>
 __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   using namespace detail;
@@ -132,6 +216,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   const uint32_t s_v0 = s_k0 + Tr::kRingBytes;       // V ring, the same
   const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
   const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
+  const uint32_t bar_ofull = bar_qempty + 8 * NQ, bar_oempty = bar_ofull + 8 * C;
   const uint32_t slots = s_q + Tr::kSlotOffset;  // work-item slots (ints)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -148,6 +233,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     for (int s = 0; s < NQ; ++s) {
       mbar_init(bar_qfull + 8 * s, 1);
       mbar_init(bar_qempty + 8 * s, 128 * C);
+    }
+    for (int c = 0; c < C; ++c) {
+      mbar_init(bar_ofull + 8 * c, 1);
+      mbar_init(bar_oempty + 8 * c, 1);
     }
     fence_mbar_init();
   }
@@ -176,6 +265,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         const int us = u - p.split_first;
         const int w = us < 0 ? u : p.split_first + us / p.split_k;
         const int part = us < 0 ? 0 : us % p.split_k, nparts = us < 0 ? 1 : p.split_k;
+        const bool slab_part = us >= 0 && p.split_slabs;  // part `part` is slab `part` alone
         const int qt = p.order[w / bh_count], bh = w % bh_count;
         const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
         // Each slab's chunks: keys max(0, first row + lo) ... min(Lk - 1, last row + hi); empty: first > last.
@@ -185,14 +275,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
           const int a = max(0, qs + lo), z = min(p.k_len - 1, qe + hi);
           int f = 1, l = 0;
-          if (qs < p.q_len && a <= z) {
+          if (qs < p.q_len && a <= z && (!slab_part || c == part)) {
             f = a >> 6, l = z >> 6;
             cf = min(cf, f), cl = max(cl, l);
           }
           put(7 + 2 * c, f);
           put(8 + 2 * c, l);
         }
-        if (nparts > 1 && cl >= 0) {  // this part's share of the item's chunks (possibly none), and each slab's
+        if (nparts > 1 && cl >= 0 && !slab_part) {  // this part's share of the item's chunks (possibly none), and each slab's
           const int n = cl - cf + 1;
           const int pf = cf + (n * part) / nparts;
           cl = cf + (n * (part + 1)) / nparts - 1;
@@ -205,7 +295,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         }
         const int nch = cl >= cf ? cl - cf + 1 : 0;
         put(0, w), put(1, b), put(2, h), put(3, hk), put(4, q0), put(5, cf), put(6, nch);
-        put(13, nparts > 1 ? (us << 4) | (part << 2) | (nparts - 1) : -1);
+        put(13, nparts == 1 ? -1 : slab_part ? -2 - part : (us << 4) | (part << 2) | (nparts - 1));
         if (nch == 0) {
           mbar_arrive(bar_qfull + 8 * qb);
           continue;
@@ -232,21 +322,39 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
         }
       }
+    } else if (lane == 0 && warp <= C) {  // warps 1..C: the consumers' storers
+      const int c = warp - 1;
+      band_storer(p, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes, bar_ofull + 8 * c, bar_oempty + 8 * c,
+                  s_q + Tr::kRecOffset + 16 * c);
     }
   } else {
     // ---- consumers ----
     setmaxnreg_inc<Tr::kConsumerRegs>();
     const int c = __shfl_sync(0xffffffffu, wg - 1, 0);  // slab: rows 64c ... 64c + 63 of the item (warp-uniform)
     const int r0 = (warp - 4) * 16 + (lane >> 2);  // this thread's first row in the item (second: +8)
-    const int cb = 2 * (lane & 3);
     const float sl2 = p.scale_log2;
+    const uint32_t o_full = bar_ofull + 8 * c, o_empty = bar_oempty + 8 * c, rec = s_q + Tr::kRecOffset + 16 * c;
+    unsigned stores = 0;  // slabs handed to the storer
     unsigned g = 0;  // chunks of the items before this one
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
       const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
       auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
-      if (get(0) < 0) break;
+      if (get(0) < 0) {
+        if ((tid & 127) == 0) {  // no more slabs: the storer stops
+          if (stores > 0) mbar_wait(o_empty, int((stores - 1) & 1));
+          st_shared_s32(rec + 8, -1);
+          mbar_arrive(o_full);
+        }
+        break;
+      }
+#ifdef SPATTN_TRACE
+      const unsigned long long t_start = globaltimer_ns();
+      const int get_item = get(0);
+      // the event's index now (its latency hidden by the item), the event at the item's end
+      const unsigned trace_i = p.trace != nullptr && (tid & 127) == 0 ? atomicAdd(reinterpret_cast<unsigned*>(p.trace), 1u) : 0u;
+#endif
       // Read before the Q buffer is released: the producer then refills this slot with the item after next.
       const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6), split = get(13);
       const int sf = get(7 + 2 * c), sle = get(8 + 2 * c);
@@ -373,9 +481,30 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           release(j);
         }
       }
-      if (split >= 0 && !split_merge(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
+#ifdef SPATTN_TRACE
+      const unsigned long long t_pre = globaltimer_ns();
+#endif
+      if (split <= -2) {
+        if (c != -2 - split) continue;  // a slab part: only its own slab's warpgroup stores
+      } else if (split >= 0) {
+        // A part over the keys merges per warp (each warp's last part to arrive, possibly in different CTAs for
+        // the warps of one slab), so it stores per warp, directly.
+        if (split_merge(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
+          tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, 2 * (lane & 3), lane);
         continue;
-      tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+      }
+      if (!(SPATTN_DEBUG_FLAGS & 1))
+        band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
+                       o_full, o_empty, rec, stores, lane, tid & 127);
+#ifdef SPATTN_TRACE
+      const unsigned long long t_end = globaltimer_ns();
+      if (p.trace != nullptr && (tid & 127) == 0) {
+        unsigned long long* e = p.trace + 4 + 4 * size_t(trace_i);
+        e[0] = unsigned(get_item) | (unsigned long long)c << 32 | (unsigned long long)smid() << 40 |
+               (unsigned long long)(split & 0xffff) << 48;
+        e[1] = t_start, e[2] = t_pre, e[3] = t_end;
+      }
+#endif
     }
   }
 }

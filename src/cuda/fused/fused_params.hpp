@@ -34,6 +34,9 @@ struct FusedParams {
   // Tensor maps of q, k, v ({D, L, H, B}, 64-element x rows boxes, 128-byte swizzle) for the warp-specialized
   // TMA kernel (LaunchParams::ws); unset otherwise.
   TensorMapBytes tmap_q, tmap_k, tmap_v;
+  // The band kernel's output map (o's {D, L, H, B}, boxes of 64 x 64 rows, 128-byte swizzle): slabs are stored
+  // from shared memory by bulk tensor copies.
+  TensorMapBytes tmap_o;
   int* work_counter;  // the TMA kernels' work-item counter and count of finished CTAs (DevicePlan-owned, zeroed
                       // once; each persistent launch leaves them zero: work_counter_done in fused_fwd.cuh)
   int persistent;     // TMA kernel: 1 = one CTA per SM drawing items from work_counter, 0 = one item a CTA
@@ -42,9 +45,15 @@ struct FusedParams {
   // (contiguous ranges of the item's key chunks); part u = w - split_first writes its unnormalized O, row max and
   // row sum to split_ws (kSplitFloats a thread), and the last part of an item to arrive (split_count, per item and
   // warp, zero at launch; the merger zeroes it again) merges them and stores. split_k 1: no split.
-  int split_first, split_k;
+  // split_slabs 1: the parts are the item's 64-row slabs instead (split_k = 3, part c runs slab c alone and stores
+  // it; no workspace, no merge).
+  int split_first, split_k, split_slabs;
   float* split_ws;
   int* split_count;
+  // Builds with SPATTN_TRACE only (else null): the band kernel appends an event per (work item, consumer
+  // warpgroup): trace[0] counts them, event i is trace[4 + 4i ...]: {item | c << 32 | smid << 40 | split slot
+  // 13 & 0xffff << 48, start (after the item's Q tile), before the store, after the store} in globaltimer ns.
+  unsigned long long* trace;
 };
 
 // Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and
