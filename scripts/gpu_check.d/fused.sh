@@ -47,13 +47,13 @@ if [ -x "$TEST" ]; then
   echo "== fused: compute-sanitizer (memcheck, racecheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
     # cases 1 (longformer, TMA), 51 (band kernel, tails, split items), 59 (band kernel, empty rows, Lq > Lk) and
-    # 69 (band kernel, causal split in 3: parts without chunks)
+    # 69 (band kernel, causal split in 3: parts without chunks), 74 (band kernel, causal slab parts)
     compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" \
-      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69' \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69:Fused/FusedSuite.MatchesReference/74' \
       >"$OUTD/fused_memcheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_memcheck.log"
     compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" \
-      --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51' \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/74' \
       >"$OUTD/fused_racecheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_racecheck.log"
   fi

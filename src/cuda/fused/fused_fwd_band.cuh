@@ -12,11 +12,13 @@
 //                    and each slab's range, leaves them in the item's slot, and issues bulk tensor copies of
 //                    the Q tile and of each 64-key K/V chunk into a kStages ring. A chunk's `empty` mbarrier
 //                    expects every consumer thread; the producer arrives for the warpgroups whose slab does
-//                    not use the chunk, so each consumer waits for and releases only its own chunks.
+//                    not use the chunk, so each consumer waits for and releases only its own chunks. Lane 0 of
+//                    warps 1..C: each consumer's storer, a bulk tensor copy of every output slab it hands over.
 //   warpgroups 1..C  consumers, one 64-row slab each: its chunks two at a time (one 128-key step: S as two
 //                    m64n64 wgmmas, one softmax, PV over both chunks), an odd last chunk as a 64-key step;
 //                    S_i issued with PV_{i-1} (FA3's intra-warpgroup pipelining); no turns between the
-//                    consumers (their slabs have different chunk counts at the sequence ends).
+//                    consumers (their slabs have different chunk counts at the sequence ends). The epilogue writes
+//                    O / l into the consumer's swizzled shared buffer for its storer (band_store).
 // Steps whose keys every row of the slab keeps run unmasked; the others apply the band predicate.
 #pragma once
 #include "cuda/fused/fused_fwd_ws.cuh"
