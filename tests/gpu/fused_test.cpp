@@ -433,4 +433,45 @@ TEST_P(FusedGraph, ReplayMatchesDirectRun) {
   cudaStreamDestroy(s);
 }
 
+
+// The band kernel stores through o's tensor map; an output whose row stride a tensor map does not admit (not a
+// multiple of 16 bytes) runs the TMA kernel instead, with the same result.
+TEST(FusedApi, BandOutputWithoutTensorMap) {
+  REQUIRE_GPU();
+  const int64_t B = 1, H = 2, L = 1023, D = 64;
+  const auto bound = spattn::parse("local(256)").bind(L);
+  spattn::Problem pr;
+  pr.batch = B, pr.q_heads = pr.kv_heads = H, pr.q_len = pr.kv_len = L, pr.head_dim = D;
+  pr.dtype = DType::bf16;
+  const size_t n = size_t(B * L * H * D);
+  const int64_t row = H * D + 2;  // 260 bytes between tokens: 4-byte aligned, no tensor map
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> h(3 * n);
+  for (auto& x : h) x = spattn::float_to_bf16(nd(rng));
+  DeviceBuf din(3 * n * 2), d1(n * 2), d2(size_t(B * L * row) * 2);
+  ASSERT_EQ(cudaMemcpy(din.p, h.data(), 3 * n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto tv = [&](void* p) { return TensorView::contiguous(p, DType::bf16, {B, L, H, D}); };
+  auto* base = static_cast<uint8_t*>(din.p);
+  const TensorView q = tv(base), k = tv(base + 2 * n), v = tv(base + 4 * n);
+  const TensorView o_strided{d2.p, DType::bf16, {B, L, H, D}, {L * row, row, D, 1}};
+  spattn::FusedOptions opt;
+  opt.band = 1;
+  spattn::FusedAttention attn(bound, D, opt);
+  ASSERT_TRUE(attn.can_implement(pr, q, k, v, tv(d1.p), TensorView{}).ok);
+  const auto st = attn.can_implement(pr, q, k, v, o_strided, TensorView{});
+  ASSERT_TRUE(st.ok) << st.reason;
+  attn.run(pr, q, k, v, tv(d1.p), TensorView{}, nullptr);
+  attn.run(pr, q, k, v, o_strided, TensorView{}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> o1(n), o2(size_t(B * L * row));
+  ASSERT_EQ(cudaMemcpy(o1.data(), d1.p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(o2.data(), d2.p, o2.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  double worst = 0;
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t i = 0; i < H * D; ++i)
+      worst = std::max(worst, double(std::abs(spattn::bf16_to_float(o1[size_t(t * H * D + i)]) -
+                                              spattn::bf16_to_float(o2[size_t(t * row + i)]))));
+  EXPECT_LT(worst, 2e-2) << "band kernel vs its fallback for an output without a tensor map";
+}
 }  // namespace
