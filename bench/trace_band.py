@@ -7,6 +7,11 @@ kind (whole items, slab parts, chunk parts), how far apart the three consumers o
 consumer spends between items.
 
   python3 bench/trace_band.py TRACE [--json OUT]
+
+Caveat: the recording costs the consumers registers; at 6e36820 a trace build of the band kernel tips ptxas into
+C7511 (wgmma serialized; see `-Xptxas -v`), so its items run slower than in a normal build: compare traces of one
+build with each other, not with untraced timings. (Session 7's committed traces were taken before the bulk-copy
+epilogue, from a build without C7511.)
 """
 import argparse
 import json

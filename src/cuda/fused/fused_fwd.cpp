@@ -395,7 +395,7 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
   if (file == nullptr || !p.band) return false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return false;
-  constexpr size_t kEvents = 1 << 20;
+  constexpr size_t kEvents = kTraceEvents;
   static unsigned long long* buf = nullptr;
   if (buf == nullptr) check_cuda(cudaMalloc(&buf, (4 + 4 * kEvents) * 8), "allocate the trace");
   check_cuda(cudaMemsetAsync(buf, 0, 32, stream), "clear the trace");

@@ -500,7 +500,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
                        o_full, o_empty, rec, stores, lane, tid & 127);
 #ifdef SPATTN_TRACE
       const unsigned long long t_end = globaltimer_ns();
-      if (p.trace != nullptr && (tid & 127) == 0) {
+      if (p.trace != nullptr && (tid & 127) == 0 && trace_i < kTraceEvents) {
         unsigned long long* e = p.trace + 4 + 4 * size_t(trace_i);
         e[0] = unsigned(get_item) | (unsigned long long)c << 32 | (unsigned long long)smid() << 40 |
                (unsigned long long)(split & 0xffff) << 48;

@@ -60,6 +60,8 @@ struct FusedParams {
 // 2 row sums; 12 consumer warps an item.
 inline constexpr int kSplitFloats = 36;
 inline constexpr int kSplitWarps = 12;
+// Events a SPATTN_TRACE build records at most (FusedParams::trace); later ones are counted and dropped.
+inline constexpr unsigned kTraceEvents = 1u << 20;
 
 // TileEntry.kt as uploaded (DevicePlan): bits 0-27 the key tile, bits 28-29 `half` for 64x128 plans: 0 the
 // whole tile, 1 (2) every kept key of this partial tile lies in keys 0-63 (64-127), so the sm_90a kernel
