@@ -244,12 +244,6 @@ std::string BlockPlan::describe() const {
 }
 
 namespace {
-BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandRows* known_band);
-}  // namespace
-
-BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) { return build_plan(pat, bm, bn, d, nullptr); }
-
-namespace {
 // known_band: band_rows(pat) where the caller has it already (choose_block_plan), else computed here.
 BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandRows* known_band) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -384,6 +378,8 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandR
   return plan;
 }
 }  // namespace
+
+BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) { return build_plan(pat, bm, bn, d, nullptr); }
 
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   if (plan.block_n != 128) return 1;

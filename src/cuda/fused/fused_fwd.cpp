@@ -84,6 +84,10 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
   const cuuint64_t dims[4] = {cuuint64_t(t.shape[3]), cuuint64_t(t.shape[1]), cuuint64_t(t.shape[2]),
                               cuuint64_t(t.shape[0])};
   const cuuint64_t strides[3] = {cuuint64_t(t.stride[1]) * 2, cuuint64_t(t.stride[2]) * 2, cuuint64_t(t.stride[0]) * 2};
+  // The driver's rules for the base and the strides (16 bytes), checked here: a view that breaks them simply
+  // has no tensor map, without a failing driver call (which compute-sanitizer reports).
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || strides[0] % 16 || strides[1] % 16 || strides[2] % 16)
+    return false;
   const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUresult r = fn(&m, t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
@@ -287,13 +291,10 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
   out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
-  const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band);  // FusedOptions::band
+  // FusedOptions::band; the band kernel also stores through o's tensor map (else the TMA kernel runs the plan).
+  const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band) && out.sm90 && encode_tmap(k.tmap_o, a.o, 64);
   out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
   out.band = out.ws && band;
-  if (out.band && !encode_tmap(k.tmap_o, a.o, 64)) {  // the band kernel stores through o's tensor map
-    out.band = false;
-    out.ws = use_ws(a, hp, out.sm90, hp.block_n, k);
-  }
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);

@@ -420,17 +420,25 @@ __device__ __forceinline__ void tile_rescale(float (&o)[D / 2], const float (&al
       o[4 * j + 2 * hh + 1] *= alpha[hh];
     }
 }
+// Row hh's softmax denominator (the sum over the 4 threads holding the row) and its reciprocal (0 for a row that
+// kept no key); with p.lse, lane 0 of the quad writes the row's LSE at token tok. Shared by the epilogues.
+__device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum, float row_max, int b, int h, int tok,
+                                            bool write_lse) {
+  float l = row_sum;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (write_lse && p.lse != nullptr)
+    p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l > 0.f ? row_max * p.scale + __logf(l) : -INFINITY;
+  return l > 0.f ? 1.f / l : 0.f;
+}
 // Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped.
 template <int D, class Elem, bool kBf16>
 __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o)[D / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], int b, int h, int q0, int r0, int cb, int lane) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float l = row_sum[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
     const int tok = plan_token(q0 + r0 + 8 * hh, p.perm_d, p.q_group);
+    const float inv = row_finish(p, row_sum[hh], row_max[hh], b, h, tok, (lane & 3) == 0 && tok < p.q_len);
     if (tok < p.q_len) {
       Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
 #pragma unroll
@@ -438,9 +446,6 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
         const uint32_t v = pack2<kBf16>(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + 8 * j + cb) = v;
       }
-      if (p.lse != nullptr && (lane & 3) == 0)
-        p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
-            l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
     }
   }
 }

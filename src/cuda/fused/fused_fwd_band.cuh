@@ -152,14 +152,8 @@ __device__ __forceinline__ void band_store(const FusedParams& p, const float (&o
   float inv[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float l = row_sum[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[hh] = l > 0.f ? 1.f / l : 0.f;
     const int tok = qs + rr + 8 * hh;
-    if (p.lse != nullptr && (lane & 3) == 0 && tok < p.q_len)
-      p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] =
-          l > 0.f ? row_max[hh] * p.scale + __logf(l) : -INFINITY;
+    inv[hh] = row_finish(p, row_sum[hh], row_max[hh], b, h, tok, (lane & 3) == 0 && tok < p.q_len);
   }
   if (stores > 0) mbar_wait(o_empty, int((stores - 1) & 1));  // the previous slab's copy has read the buffer
   ++stores;
