@@ -220,6 +220,16 @@ __device__ __forceinline__ uint64_t desc_nmajor(uint32_t addr, uint32_t lbo_byte
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo_bytes >> 4) << 16) | (uint64_t(64) << 32) |
          (uint64_t(1) << 62);
 }
+// The same descriptors in two halves: the low word (start address field and LBO), to which a byte offset can be
+// added as offset >> 4 while the start stays below 2^18 (every shared address does; the field is 14 bits), and
+// the constant high word. A loop then advances a descriptor by one add instead of the mask, shift and or of
+// desc_kmajor (the band kernel's step loop computes 12 of them a step).
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo_bytes) {
+  return ((addr & 0x3FFFF) >> 4) | ((lbo_bytes >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc_of_lo(uint32_t lo) {
+  return uint64_t(lo) | (uint64_t(64) << 32) | (uint64_t(1) << 62);
+}
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll

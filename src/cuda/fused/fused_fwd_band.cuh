@@ -331,6 +331,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     const float sl2 = p.scale_log2;
     const uint32_t o_full = bar_ofull + 8 * c, o_empty = bar_oempty + 8 * c, rec = s_q + Tr::kRecOffset + 16 * c;
     unsigned stores = 0;  // slabs handed to the storer
+    // Low descriptor words of the K and V rings' slot 0 (see desc_lo): a chunk's descriptors are these plus offsets.
+    const uint32_t k_lo = desc_lo(s_k0, 16), v_lo = desc_lo(s_v0, 64 * 128);
     unsigned g = 0;  // chunks of the items before this one
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
@@ -368,7 +370,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       } else {
         float sacc[64];
         uint32_t pa[8][4];
-        const uint32_t s_qw = s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128;
+        const uint32_t q_lo = desc_lo(s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128, 16);
         const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
         const int kp0 = sf * 64;  // key of the slab's first chunk
         auto ring = [&](int j) { return (j0 + unsigned(j)) & unsigned(S - 1); };
@@ -379,13 +381,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           constexpr int W = sizeof(s) / sizeof(float) * 2;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
-            wgmma::Op<W, kBf16>::ss(s, desc_kmajor(s_qw + kk * 32), desc_kmajor(s_k0 + ring(j) * CB + kk * 32), kk > 0 ? 1 : 0);
+            wgmma::Op<W, kBf16>::ss(s, desc_of_lo(q_lo + 2 * kk), desc_of_lo(k_lo + ring(j) * (CB >> 4) + 2 * kk), kk > 0 ? 1 : 0);
         };
         // O += P V over W keys from chunk j on; pa: W / 16 fragments of P.
         auto issue_pv = [&](auto w_c, int j) {
           constexpr int W = decltype(w_c)::value;
 #pragma unroll
-          for (int kk = 0; kk < W / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_nmajor(s_v0 + ring(j) * CB + kk * 2048, 64 * 128), 1);
+          for (int kk = 0; kk < W / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + ring(j) * (CB >> 4) + 128 * kk), 1);
         };
         // The band predicate on the 64-key chunk at key kp (32 accumulator columns), unless every row of the
         // slab keeps all of it.
