@@ -318,7 +318,6 @@ __device__ __forceinline__ void tile_issue_s(float (&s)[BN / 2], uint32_t s_q_wg
 // O += P V with P from registers, V N-major through its descriptor.
 template <int BN, int D, bool kBf16>
 __device__ __forceinline__ void tile_issue_pv(float (&o)[D / 2], uint32_t (&pa)[BN / 16][4], uint32_t s_v) {
-#pragma unroll
   const uint32_t v_lo = desc_lo(s_v, BN * 128);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + kk * 128), 1);
@@ -712,13 +711,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         fence_regs(s);
         if constexpr (kDecoupled) named_sync(1 + wg, NT);  // my turn to issue
         wgmma_fence();
-        const uint32_t q_lo = desc_lo(s_q + wg * 64 * 128, 16), k_lo = desc_lo(s_k, 16);
-  #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {  // byte offsets (kk / 4) * rows * 128 + (kk % 4) * 32, >> 4
-          const uint32_t qa = q_lo + (kk / 4) * BM * 8 + (kk % 4) * 2;
-          const uint32_t ka = k_lo + (kk / 4) * BNX * 8 + (kk % 4) * 2;
-          wgmma::Op<BNX, kBf16>::ss(s, desc_of_lo(qa), desc_of_lo(ka), kk > 0 ? 1 : 0);
-        }
+        tile_issue_s<BM, BNX, D, kBf16>(s, s_q + wg * 64 * 128, s_k);
         wgmma_commit();
         if constexpr (kDecoupled) named_arrive(2 - wg, NT);  // the other warpgroup's turn
         wgmma_wait0();
@@ -772,9 +765,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       if constexpr (kSm90) {
         fence_regs(o);
         wgmma_fence();
-        const uint32_t v_lo = desc_lo(s_v, BNX * 128);
-  #pragma unroll
-        for (int kk = 0; kk < BNX / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + kk * 128), 1);
+        tile_issue_pv<BNX, D, kBf16>(o, pa, s_v);
         wgmma_commit();
         wgmma_wait0();
         fence_regs(o);
