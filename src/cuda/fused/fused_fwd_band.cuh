@@ -389,21 +389,28 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
 #pragma unroll
           for (int kk = 0; kk < W / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + ring(j) * (CB >> 4) + 128 * kk), 1);
         };
-        // The band predicate on the 64-key chunk at key kp (32 accumulator columns), unless every row of the
-        // slab keeps all of it.
-        auto mask_chunk = [&](float(&s)[32], int kp) {
-          if (!(kp >= qe + lo && kp + 63 <= qs + hi && kp + 64 <= p.k_len))
-            // 32-bit bounds: lo / hi are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies)
+        // The slab's chunks u0 ... u0 + un that every row of the slab keeps whole: from the first at or past key
+        // qe + lo to the last ending at or before qs + hi and Lk (floor divisions by shifts; none: u0 past any
+        // chunk). 32-bit bounds: lo / hi are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies).
+        int u0 = max(0, (qe + lo - kp0 + 63) >> 6);
+        const int u1 = (min(qs + hi - 63, p.k_len - 64) - kp0) >> 6;
+        const unsigned un = u1 >= u0 ? unsigned(u1 - u0) : 0u;
+        if (u1 < u0) u0 = 1 << 30;
+        // The band predicate on chunk jj of the slab (32 accumulator columns), unless every row keeps all of it.
+        auto mask_chunk = [&](float(&s)[32], int jj) {
+          if (unsigned(jj - u0) > un) {
+            const int kp = kp0 + 64 * jj;
             tile_mask_band<64, int>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+          }
         };
         using W64 = std::integral_constant<int, 64>;
         using W128 = std::integral_constant<int, 128>;
         float alpha[2];
         float(&s_lo)[32] = lower_half<32>(sacc);
         float(&s_hi)[32] = upper_half<32>(sacc);
-        auto mask_pair = [&](int kp) {
-          mask_chunk(s_lo, kp);
-          mask_chunk(s_hi, kp + 64);
+        auto mask_pair = [&](int jj) {
+          mask_chunk(s_lo, jj);
+          mask_chunk(s_hi, jj + 1);
         };
         auto p64 = [&]() -> uint32_t(&)[4][4] { return *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]); };
         const int np = m >> 1;
@@ -417,7 +424,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(sacc);
-          mask_pair(kp0);
+          mask_pair(0);
           tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
           tile_to_p<128, kBf16>(sacc, pa);
           for (int t = 1; t < np; ++t) {
@@ -434,7 +441,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_commit();
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
-            mask_pair(kp0 + 64 * j);
+            mask_pair(j);
             tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
             wgmma_wait<0>();
             fence_regs(o);
@@ -465,7 +472,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_wait<0>();
           fence_regs(s_lo);
           mbar_arrive(bar_qempty + 8 * qb);
-          mask_chunk(s_lo, kp0 + 64 * j);
+          mask_chunk(s_lo, j);
           tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
           tile_rescale<D>(o, alpha);
           tile_to_p<64, kBf16>(s_lo, p64());
