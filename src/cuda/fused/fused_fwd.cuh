@@ -329,12 +329,6 @@ __device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
   const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
   return ng - j0;
 }
-// Bits f ... f + n - 1 (clamped to the word: f >= 32 or n == 0 gives 0).
-__device__ __forceinline__ uint32_t bit_mask(int f, int n) {
-  uint32_t m;
-  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(m) : "r"(f), "r"(n));
-  return m;
-}
 // Band mask of a BN-wide S tile: kept iff lo <= kp - qp <= hi and column < kvalid. d0 = k0 - q0 - r0w is
 // kp - qp at (the warp's first row r0w, column 0). Each of the thread's two rows keeps one column interval;
 // with its bounds taken relative to the thread's first column, a score's test is one subtraction from a
@@ -344,28 +338,6 @@ __device__ __forceinline__ uint32_t bit_mask(int f, int n) {
 template <int BN, class I = int64_t>
 __device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int lane) {
   const int rr = lane >> 2, cb = 2 * (lane & 3);
-  if constexpr (BN == 64) {
-    // 64 columns: each row's kept columns as a 64-bit mask, shifted so that the thread's column 8j + ee is bit
-    // 8j + ee: a score's test is one bit test (a predicate from a constant) and a select.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const I row = rr + 8 * hh;
-      const int a = int(max(min(I(lo) - d0 + row, I(64)), I(0)));             // first kept column, 64: none
-      const int z = int(min(max(I(hi) - d0 + row, I(-1)), min(I(kvalid), I(64)) - 1));  // last, -1: none
-      uint32_t w[2];  // columns 32k ... 32k + 31, from the thread's first column on
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int f = max(a - 32 * k, 0), l = min(z - 32 * k, 31);  // first / last bit in the word
-        w[k] = bit_mask(f, max(l - f + 1, 0)) >> cb;
-      }
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int ee = 0; ee < 2; ++ee)
-          if (!((w[j >> 2] >> (8 * (j & 3) + ee)) & 1u)) s[4 * j + 2 * hh + ee] = -INFINITY;
-    }
-    return;
-  }
   unsigned first[2], width[2];  // kept iff (8j + ee) - first <= width (unsigned), per row hh
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {

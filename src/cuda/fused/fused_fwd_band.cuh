@@ -23,10 +23,6 @@
 #pragma once
 #include "cuda/fused/fused_fwd_ws.cuh"
 
-#ifndef SPATTN_DEBUG_FLAGS
-#define SPATTN_DEBUG_FLAGS 0  // experiments only: 1 skips the band kernel's output store (wrong results)
-#endif
-
 namespace spattn::cuda::fused {
 
 template <int BM_, bool kBf16_>
@@ -498,9 +494,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, 2 * (lane & 3), lane);
         continue;
       }
-      if (!(SPATTN_DEBUG_FLAGS & 1))
-        band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
-                       o_full, o_empty, rec, stores, lane, tid & 127);
+      band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
+                     o_full, o_empty, rec, stores, lane, tid & 127);
 #ifdef SPATTN_TRACE
       const unsigned long long t_end = globaltimer_ns();
       if (p.trace != nullptr && (tid & 127) == 0 && trace_i < kTraceEvents) {
