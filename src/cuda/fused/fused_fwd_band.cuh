@@ -16,9 +16,11 @@
 //                    warps 1..C: each consumer's storer, a bulk tensor copy of every output slab it hands over.
 //   warpgroups 1..C  consumers, one 64-row slab each: its chunks two at a time (one 128-key step: S as two
 //                    m64n64 wgmmas, one softmax, PV over both chunks), an odd last chunk as a 64-key step;
-//                    S_i issued with PV_{i-1} (FA3's intra-warpgroup pipelining); no turns between the
-//                    consumers (their slabs have different chunk counts at the sequence ends). The epilogue writes
-//                    O / l into the consumer's swizzled shared buffer for its storer (band_store).
+//                    S_i issued with PV_{i-1} (FA3's intra-warpgroup pipelining); the consumers take turns at
+//                    their wgmma issue (named barriers), each as many turns an item as its busiest slab has steps
+//                    (slabs differ by a chunk or so at the sequence ends and on causal rows: a slab with fewer
+//                    passes its last turns without work). The epilogue writes O / l into the consumer's swizzled
+//                    shared buffer for its storer (band_store).
 // Steps whose keys every row of the slab keeps run unmasked; the others apply the band predicate.
 #pragma once
 #include "cuda/fused/fused_fwd_ws.cuh"
@@ -330,6 +332,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     // Low descriptor words of the K and V rings' slot 0 (see desc_lo): a chunk's descriptors are these plus offsets.
     const uint32_t k_lo = desc_lo(s_k0, 16), v_lo = desc_lo(s_v0, 64 * 128);
     unsigned g = 0;  // chunks of the items before this one
+    // The consumers take turns at their S / PV issue, in the order 0, 1, ..., C - 1 (named barrier kTurn + c is
+    // consumer c's turn; 1 ... C are band_store's): one consumer's softmax runs under the others' wgmmas.
+    constexpr int kTurn = 4, kPair = 256;  // kPair: the waiting and the handing-over warpgroup
+    const int turn = kTurn + c, next_turn = kTurn + (c + 1) % C;
+    if (c == C - 1) named_arrive(kTurn, kPair);  // consumer 0 takes the first turn
+    auto turn_wait = [&] { named_sync(turn, kPair); };
+    auto turn_pass = [&] { named_arrive(next_turn, kPair); };
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
@@ -353,6 +362,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6), split = get(13);
       const int sf = get(7 + 2 * c), sle = get(8 + 2 * c);
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
+      // Every consumer takes as many turns an item as the item's busiest slab has S issues ((chunks + 1) / 2),
+      // the ones past its own without work, so that the turn order stays the same across items.
+      int turns = 0;
+#pragma unroll
+      for (int x = 0; x < C; ++x) {
+        const int fx = get(7 + 2 * x), lx = get(8 + 2 * x);
+        turns = max(turns, lx >= fx ? (lx - fx + 2) >> 1 : 0);
+      }
       // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
       // the chunk descriptors are then computed in uniform registers (no per-descriptor R2UR).
       const unsigned j0 = __shfl_sync(0xffffffffu, g + unsigned(sf - cf), 0);
@@ -415,9 +432,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wait_full(0);
           wait_full(1);
           fence_regs(sacc);
+          turn_wait();
           wgmma_fence();
           issue_s(sacc, 0);
           wgmma_commit();
+          turn_pass();
           wgmma_wait<0>();
           fence_regs(sacc);
           mask_pair(0);
@@ -430,11 +449,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             fence_regs(sacc);
             fence_regs(o);
             fence_regs_u32(pa);
+            turn_wait();
             wgmma_fence();
             issue_s(sacc, j);
             wgmma_commit();
             issue_pv(W128{}, j - 2);
             wgmma_commit();
+            turn_pass();
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
             mask_pair(j);
@@ -462,9 +483,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           const int j = 2 * np;
           wait_full(j);
           fence_regs(s_lo);
+          turn_wait();
           wgmma_fence();
           issue_s(s_lo, j);
           wgmma_commit();
+          turn_pass();
           wgmma_wait<0>();
           fence_regs(s_lo);
           mbar_arrive(bar_qempty + 8 * qb);
@@ -481,6 +504,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           fence_regs(o);
           release(j);
         }
+      }
+      for (int t = (m + 1) >> 1; t < turns; ++t) {  // the busiest slab's turns past this slab's own
+        turn_wait();
+        turn_pass();
       }
 #ifdef SPATTN_TRACE
       const unsigned long long t_pre = globaltimer_ns();
@@ -506,6 +533,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       }
 #endif
     }
+    if (c == 0) named_sync(kTurn, kPair);  // absorb the last hand-over of the turn
   }
 }
 
