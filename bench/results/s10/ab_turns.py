@@ -1,38 +1,10 @@
-"""Session 10: the band kernel with and without consumer turns, timed in alternation in one process (one plan,
-two CUDA graphs captured with SPATTN_BAND_TURNS=0 / 1, which the experiment build reads at each launch).
-Usage: python3 ab_turns.py LIB [rounds] -> one line per (case, round): ms and TFLOP/s of each."""
+"""Session 10: what turns2.sh ran — ab_env.py with VAR = SPATTN_BAND_TURNS (the experiment build's switch between
+the band kernel without and with consumer turns). turns2.txt was printed by this script's first version, which
+was ab_env.py with that name built in (its lines read 'turns0 ... turns1' where ab_env.py prints 'VAR=0 ... =1').
+Usage: python3 ab_turns.py LIB [rounds]"""
 import os
+import runpy
 import sys
 
-import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-import gpu_bench as gb  # noqa: E402
-
-lib = gb.Lib(sys.argv[1])
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-B, H, D = 2, 16, 64
-cases = [("local", "local(256)", 4096), ("causal", "causal", 4096), ("local", "local(256)", 16384),
-         ("causal", "causal", 16384), ("local", "local(256)", 8192), ("causal_b1h2", "causal", 4096)]
-for name, spec, L in cases:
-    b, h = (1, 2) if name == "causal_b1h2" else (B, H)
-    fp = gb.Fused(lib, spec, L, D)
-    q, k, v = (torch.randn(b, h, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    outs = {}
-
-    def make(t):
-        o = torch.empty_like(q)
-        outs[t] = o
-
-        def fn():
-            os.environ["SPATTN_BAND_TURNS"] = t
-            fp.forward(q, k, v, o)
-        return fn
-
-    fns = [make("0"), make("1")]
-    for r in range(rounds):
-        ms, how = gb.time_paired(fns, 30)
-        tf = [4.0 * fp.nnz * D * b * h / (m * 1e-3) / 1e12 for m in ms]
-        same = torch.equal(outs["0"], outs["1"])
-        print(f"{name:12s} L={L:5d} round {r}: turns0 {tf[0]:6.1f} turns1 {tf[1]:6.1f} TF/s  ratio {tf[1] / tf[0]:.4f}"
-              f"  ({how[0]}, outputs equal: {same})", flush=True)
+sys.argv = [sys.argv[0], sys.argv[1], "SPATTN_BAND_TURNS"] + sys.argv[2:]
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ab_env.py"), run_name="__main__")
