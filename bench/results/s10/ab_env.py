@@ -1,7 +1,8 @@
 """Session 10: the band kernel of an experiment build (VAR=1) against its default (VAR=0), timed in alternation
 in one process (one plan, two CUDA graphs captured with VAR=0 / 1, which an experiment build reads at each
 launch).
-Usage: python3 ab_env.py LIB VAR [rounds] -> one line per (case, round): ms and TFLOP/s of each."""
+Usage: python3 ab_env.py LIB VAR [rounds [A B]] (the two values, default 0 and 1) -> one line per (case, round):
+ms and TFLOP/s of each."""
 import os
 import sys
 
@@ -13,6 +14,7 @@ import gpu_bench as gb  # noqa: E402
 lib = gb.Lib(sys.argv[1])
 var = sys.argv[2]
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+va, vb = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else ("0", "1")
 B, H, D = 2, 16, 64
 cases = [("local", "local(256)", 4096), ("causal", "causal", 4096), ("local", "local(256)", 16384),
          ("causal", "causal", 16384), ("local", "local(256)", 8192), ("causal_b1h2", "causal", 4096)]
@@ -31,10 +33,10 @@ for name, spec, L in cases:
             fp.forward(q, k, v, o)
         return fn
 
-    fns = [make("0"), make("1")]
+    fns = [make(va), make(vb)]
     for r in range(rounds):
         ms, how = gb.time_paired(fns, 30)
         tf = [4.0 * fp.nnz * D * b * h / (m * 1e-3) / 1e12 for m in ms]
-        same = torch.equal(outs["0"], outs["1"])
-        print(f"{name:12s} L={L:5d} round {r}: {var}=0 {tf[0]:6.1f} =1 {tf[1]:6.1f} TF/s  ratio {tf[1] / tf[0]:.4f}"
+        same = torch.equal(outs[va], outs[vb])
+        print(f"{name:12s} L={L:5d} round {r}: {var}={va} {tf[0]:6.1f} ={vb} {tf[1]:6.1f} TF/s  ratio {tf[1] / tf[0]:.4f}"
               f"  ({how[0]}, outputs equal: {same})", flush=True)

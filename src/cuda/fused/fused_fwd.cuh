@@ -375,15 +375,23 @@ __device__ __forceinline__ void tile_mask(const FusedParams& p, float (&s)[BN / 
   }
 }
 // Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
-// returned in alpha. A row with no key yet keeps max -inf and contributes nothing.
-template <int BN>
+// returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
+// max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
+template <int BN, int kP = 1>
 __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2], float sl2,
                                              float (&alpha)[2]) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float mx = -INFINITY;
+    float mxp[kP];
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+    for (int i = 0; i < kP; ++i) mxp[i] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mxp[j % kP] = fmaxf(mxp[j % kP], fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+#pragma unroll
+    for (int w = kP / 2; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) mxp[i] = fmaxf(mxp[i], mxp[i + w]);
+    float mx = mxp[0];
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(row_max[hh], mx);
@@ -391,16 +399,22 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
     alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
     row_max[hh] = m_new;
     const float ms = m_use * sl2;
-    float rs = 0.f;
+    float rsp[kP];
+#pragma unroll
+    for (int i = 0; i < kP; ++i) rsp[i] = 0.f;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int ee = 0; ee < 2; ++ee) {
         const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
         s[4 * j + 2 * hh + ee] = pv;
-        rs += pv;
+        rsp[j % kP] += pv;
       }
-    row_sum[hh] = row_sum[hh] * alpha[hh] + rs;
+#pragma unroll
+    for (int w = kP / 2; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) rsp[i] += rsp[i + w];
+    row_sum[hh] = row_sum[hh] * alpha[hh] + rsp[0];
   }
 }
 // P as wgmma A fragments (registers).

@@ -31,6 +31,9 @@ template <int BM_, bool kBf16_>
 struct BandTraits {
   static constexpr int BM = BM_, D = 64, kChunk = 64;
   static constexpr bool kBf16 = kBf16_;
+  // The 128-key steps' row max and row sum over 2 partial chains each (tile_softmax's kP): causal +1.1-1.6%,
+  // local +0.2-0.4% (H100, both timed in one process, bench/results/README.md "Session 10"; 4 partials: less).
+  static constexpr int kSoftmaxParts = 2;
   // 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (NOTES.md, v14).
   static_assert(BM == 192, "band kernel: three consumer warpgroups");
   static constexpr int kConsumers = BM / 64;
@@ -440,7 +443,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_wait<0>();
           fence_regs(sacc);
           mask_pair(0);
-          tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
+          tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
           tile_to_p<128, kBf16>(sacc, pa);
           for (int t = 1; t < np; ++t) {
             const int j = 2 * t;
@@ -459,7 +462,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
             mask_pair(j);
-            tile_softmax<128>(sacc, row_max, row_sum, sl2, alpha);
+            tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs_u32(pa);
