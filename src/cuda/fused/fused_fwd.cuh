@@ -133,6 +133,21 @@ __device__ __forceinline__ void named_sync(int id, int count) {
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// Warpgroups 0 ... n - 1 taking turns, in that order, at their wgmma issue: warpgroup i waits on named barrier
+// base + i and hands over on the next one's (each barrier meets two warpgroups: 256 threads). start() before the
+// first turn lets warpgroup 0 go first; finish() after the last absorbs the last hand-over, so every barrier
+// phase completes. Every warpgroup must take the same number of turns.
+struct Turns {
+  int base, n, me;
+  __device__ __forceinline__ void start() const {
+    if (me == n - 1) named_arrive(base, 256);
+  }
+  __device__ __forceinline__ void wait() const { named_sync(base + me, 256); }
+  __device__ __forceinline__ void pass() const { named_arrive(base + (me + 1) % n, 256); }
+  __device__ __forceinline__ void finish() const {
+    if (me == 0) named_sync(base, 256);
+  }
+};
 #ifdef SPATTN_TRACE
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
   unsigned long long t;
@@ -597,6 +612,8 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
 
   constexpr bool kDecoupled = Tr::kDecoupled;
   const int wg = warp >> 2;
+  static_assert(!kDecoupled || NT == 256, "the turns meet two warpgroups");
+  const Turns turns{1, 2, wg};  // kDecoupled: the two warpgroups' S issue
   const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;  // + 8 * stage
   // Decoupled path: warpgroup 0 gathers tile j into stage j % S once both warpgroups released tile j - S.
   auto issue = [&](int j) {
@@ -625,7 +642,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     cp_async_wait<1>();  // Q landed (tile copies may still fly)
     fence_proxy_async();
     __syncthreads();
-    if (wg == 1) named_arrive(1, NT);  // warpgroup 0 takes the first S = QK^T turn
+    turns.start();  // warpgroup 0 takes the first S = QK^T turn
   } else {
     // Prologue: Q, then the first S-1 key tiles (empty groups keep the wait counts uniform).
     if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
@@ -669,8 +686,8 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
             fence_proxy_async();  // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
           },
           [&](int i) { return s_kv0 + uint32_t(i % S) * 2 * Tr::kTileBytes; },
-          [&](int i) { mbar_arrive(bar_empty + 8 * (i % S)); }, [&] { named_sync(1 + wg, NT); },
-          [&] { named_arrive(2 - wg, NT); }, [] {});
+          [&](int i) { mbar_arrive(bar_empty + 8 * (i % S)); }, [&] { turns.wait(); },
+          [&] { turns.pass(); }, [] {});
   } else
   for (int i = 0; i < n; ++i) {
     const int stage = i % S;
@@ -723,11 +740,11 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       float s[BNX / 2];
       if constexpr (kSm90) {
         fence_regs(s);
-        if constexpr (kDecoupled) named_sync(1 + wg, NT);  // my turn to issue
+        if constexpr (kDecoupled) turns.wait();  // my turn to issue
         wgmma_fence();
         tile_issue_s<BM, BNX, D, kBf16>(s, s_q + wg * 64 * 128, s_k);
         wgmma_commit();
-        if constexpr (kDecoupled) named_arrive(2 - wg, NT);  // the other warpgroup's turn
+        if constexpr (kDecoupled) turns.pass();  // the other warpgroup's turn
         wgmma_wait0();
         fence_regs(s);
       } else {
@@ -810,7 +827,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   }
   cp_async_wait<0>();
   if constexpr (kDecoupled) {
-    if (wg == 0) named_sync(1, NT);  // absorb warpgroup 1's last turn hand-over
+    turns.finish();  // absorb warpgroup 1's last turn hand-over
   }
 
   // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----

@@ -335,13 +335,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     // Low descriptor words of the K and V rings' slot 0 (see desc_lo): a chunk's descriptors are these plus offsets.
     const uint32_t k_lo = desc_lo(s_k0, 16), v_lo = desc_lo(s_v0, 64 * 128);
     unsigned g = 0;  // chunks of the items before this one
-    // The consumers take turns at their S / PV issue, in the order 0, 1, ..., C - 1 (named barrier kTurn + c is
-    // consumer c's turn; 1 ... C are band_store's): one consumer's softmax runs under the others' wgmmas.
-    constexpr int kTurn = 4, kPair = 256;  // kPair: the waiting and the handing-over warpgroup
-    const int turn = kTurn + c, next_turn = kTurn + (c + 1) % C;
-    if (c == C - 1) named_arrive(kTurn, kPair);  // consumer 0 takes the first turn
-    auto turn_wait = [&] { named_sync(turn, kPair); };
-    auto turn_pass = [&] { named_arrive(next_turn, kPair); };
+    // The consumers take turns at their S / PV issue, in the order 0, 1, ..., C - 1 (named barriers C + 1 ...
+    // 2C; 1 ... C are band_store's): one consumer's softmax runs under the others' wgmmas.
+    const Turns turns{C + 1, C, c};
+    turns.start();
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
@@ -367,11 +364,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
       // Every consumer takes as many turns an item as the item's busiest slab has S issues ((chunks + 1) / 2),
       // the ones past its own without work, so that the turn order stays the same across items.
-      int turns = 0;
+      int n_turns = 0;
 #pragma unroll
       for (int x = 0; x < C; ++x) {
         const int fx = get(7 + 2 * x), lx = get(8 + 2 * x);
-        turns = max(turns, lx >= fx ? (lx - fx + 2) >> 1 : 0);
+        n_turns = max(n_turns, lx >= fx ? (lx - fx + 2) >> 1 : 0);
       }
       // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
       // the chunk descriptors are then computed in uniform registers (no per-descriptor R2UR).
@@ -435,11 +432,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wait_full(0);
           wait_full(1);
           fence_regs(sacc);
-          turn_wait();
+          turns.wait();
           wgmma_fence();
           issue_s(sacc, 0);
           wgmma_commit();
-          turn_pass();
+          turns.pass();
           wgmma_wait<0>();
           fence_regs(sacc);
           mask_pair(0);
@@ -452,13 +449,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             fence_regs(sacc);
             fence_regs(o);
             fence_regs_u32(pa);
-            turn_wait();
+            turns.wait();
             wgmma_fence();
             issue_s(sacc, j);
             wgmma_commit();
             issue_pv(W128{}, j - 2);
             wgmma_commit();
-            turn_pass();
+            turns.pass();
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
             mask_pair(j);
@@ -486,11 +483,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           const int j = 2 * np;
           wait_full(j);
           fence_regs(s_lo);
-          turn_wait();
+          turns.wait();
           wgmma_fence();
           issue_s(s_lo, j);
           wgmma_commit();
-          turn_pass();
+          turns.pass();
           wgmma_wait<0>();
           fence_regs(s_lo);
           mbar_arrive(bar_qempty + 8 * qb);
@@ -508,9 +505,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           release(j);
         }
       }
-      for (int t = (m + 1) >> 1; t < turns; ++t) {  // the busiest slab's turns past this slab's own
-        turn_wait();
-        turn_pass();
+      for (int t = (m + 1) >> 1; t < n_turns; ++t) {  // the busiest slab's turns past this slab's own
+        turns.wait();
+        turns.pass();
       }
 #ifdef SPATTN_TRACE
       const unsigned long long t_pre = globaltimer_ns();
@@ -536,7 +533,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       }
 #endif
     }
-    if (c == 0) named_sync(kTurn, kPair);  // absorb the last hand-over of the turn
+    turns.finish();  // absorb the last hand-over of the turn
   }
 }
 

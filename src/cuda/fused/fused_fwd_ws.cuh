@@ -116,7 +116,6 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
   constexpr bool kBf16 = Tr::kBf16;
-  constexpr int kPair = 256;  // threads meeting at a turn barrier: the waiting and the handing-over warpgroup
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t s_q = smem_u32(smem);                // NQ query tiles
@@ -218,9 +217,9 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
     const int c = wg - 1;                                 // consumer index: query rows 64c ... 64c + 63
     const int r0 = (warp - 4) * 16 + (lane >> 2);         // this thread's first row in the tile (second: +8)
     const int cb = 2 * (lane & 3);                        // first column in each 8-wide block
-    const int turn = 1 + c, next_turn = 1 + (c + 1) % C;  // named barriers ordering the S issues
+    const Turns turns{1, C, c};  // named barriers 1 ... C ordering the S issues
     const float sl2 = p.scale_log2;
-    if (c == C - 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    turns.start();  // consumer 0 takes the first turn
     unsigned g = 0;  // key tiles consumed before the current item
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
@@ -246,14 +245,14 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             [&] { return e_first; }, [&](int i) { return __ldg(&p.entries[it.e_begin + i]); },
             [&](int i) { mbar_wait(bar_full + 8 * ((g + unsigned(i)) % S), int(((g + unsigned(i)) / S) & 1)); },
             stage_k, [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
-            [&] { named_sync(turn, kPair); }, [&] { named_arrive(next_turn, kPair); },
+            [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
             [&] { mbar_arrive(bar_qempty + 8 * qb); });
         g += unsigned(n);
       }
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, it.b, it.h, q0, r0, cb, lane);
     }
-    if (c == 0) named_sync(1, kPair);  // absorb the last hand-over of the turn
+    turns.finish();  // absorb the last hand-over of the turn
   }
 }
 
