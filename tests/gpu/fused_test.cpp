@@ -52,6 +52,9 @@ struct Case {
   int persistent = -1;  // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
   int band = -1;        // band-row plans: 1 the band kernel (checked to run on sm_90a), 0 never, -1 chosen
   int split = -1;       // band kernel: -1 chosen split, 0 never, 1 the last items as slabs, 2-4 the last items in that many parts
+  bool rising = false;  // scores that rise along the keys (q[..., 0] = 32, k[j, 0] = (j % 256) / 16, k[j, 0] = 40 at
+                        // j % 700 == 699): row maxima that grow step after step, and jump by more than 128 log2 units
+  int running_max = -1;  // band kernel: -1 chosen, 1 running-max steps (checked to run on sm_90a), 0 never
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -59,7 +62,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << "x" << c.block_n
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
-            << "]";
+            << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "") << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -93,6 +96,18 @@ void check_case(const Case& c) {
   if (c.packed) ASSERT_TRUE(c.Lq == c.Lk && c.Hq == c.Hkv) << "packed cases need Lq == Lk and Hq == Hkv";
   const size_t nin = c.packed ? 3 * nq : nq + 2 * nk;
   auto hin = fill(nin);
+  if (c.rising) {  // element 0 of every q row and k row; packed: rows of [3, H, D], q then k then v
+    const int64_t qrow = c.packed ? 3 * c.Hq * c.D : c.Hq * c.D, krow = c.packed ? 3 * c.Hq * c.D : c.Hkv * c.D;
+    const size_t k_base = c.packed ? size_t(c.Hq * c.D) : nq;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.Lq; ++t)
+        for (int64_t h = 0; h < c.Hq; ++h) hin[size_t((b * c.Lq + t) * qrow + h * c.D)] = to_half_bits(32.f, c.dtype);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t j = 0; j < c.Lk; ++j)
+        for (int64_t h = 0; h < (c.packed ? c.Hq : c.Hkv); ++h)
+          hin[k_base + size_t((b * c.Lk + j) * krow + h * c.D)] =
+              to_half_bits(j % 700 == 699 ? 40.f : float(j % 256) / 16.f, c.dtype);
+  }
   DeviceBuf din(nin * 2), dout(nq * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
   ASSERT_EQ(cudaMemcpy(din.p, hin.data(), nin * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(dout.p, 0xFF, nq * 2), cudaSuccess);  // NaN poison: an unwritten element fails
@@ -122,14 +137,18 @@ void check_case(const Case& c) {
   opt.persistent = c.persistent;
   opt.band = c.band;
   opt.split = c.split;
+  opt.running_max = c.running_max;
   spattn::FusedAttention attn(bound, c.D, opt);
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
     int dev = 0, major = 0, minor = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (major == 9 && minor == 0)
+    if (major == 9 && minor == 0) {
       EXPECT_NE(attn.kernel_name(pr).find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
+      if (c.running_max >= 0)
+        EXPECT_EQ(attn.kernel_name(pr).find("_rmax") != std::string::npos, c.running_max == 1) << attn.kernel_name(pr);
+    }
   }
   const auto [q, k, v] = views(din.p, c.dtype);
   const TensorView o = TensorView::contiguous(dout.p, c.dtype, {c.B, c.Lq, c.Hq, c.D});
@@ -281,6 +300,20 @@ const Case kCases[] = {
     {"band 192 slabs, last items of many", "local(256)", 2, 8, 4, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, 1},
     {"band 192 slabs, causal", "causal", 1, 4, 2, 2000, 2000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 1},
     {"band 192 chosen, last wave as slabs (132 SMs)", "local(256)", 2, 16, 16, 4096, 4096, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1},
+    // The band kernel's running-max steps (exponentials against the running row maximum; chosen for long rows,
+    // forced here): rows whose maxima rise after their first step (rescales), and jump by more than 128 log2 units
+    // within one 128-key step (overflowed exponentials: that step again, exactly); GQA fp16, empty rows, split parts,
+    // slabs; and the TMA kernel on the same inputs.
+    {"band 192 rmax rising scores, causal", "causal", 1, 2, 2, 1500, 1500, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1, true, 1},
+    {"band 192 rmax rising scores, causal fp16", "causal", 1, 2, 2, 1500, 1500, 64, fp, 192, false, -1, 128, false, false, -1, 1, -1, true, 1},
+    {"band 192 rmax rising scores, local fp16", "local(256)", 1, 2, 2, 2047, 2047, 64, fp, 192, false, -1, 128, false, false, -1, 1, -1, true, 1},
+    {"band 192 rmax rising scores, split 3", "causal", 1, 4, 2, 2000, 2000, 64, bf, 192, false, -1, 128, false, false, -1, 1, 3, true, 1},
+    {"192x128 rising scores (TMA kernel)", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, 0, -1, true},
+    {"band 192 rmax causal GQA fp16", "causal", 2, 4, 1, 1500, 1500, 64, fp, 192, false, -1, 128, false, false, -1, 1, -1, false, 1},
+    {"band 192 rmax Lq > Lk, empty rows, split 4", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, bf, 192, false, -1, 128, false, false, -1, 1, 4, false, 1},
+    {"band 192 rmax slabs, causal", "causal", 1, 4, 2, 2000, 2000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 1, false, 1},
+    {"band 192 causal 4099 chosen rmax", "causal", 1, 2, 2, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1, false, -1},
+    {"band 192 local no rmax", "local(256)", 1, 2, 2, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1, false, 0},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
@@ -436,6 +469,31 @@ TEST_P(FusedGraph, ReplayMatchesDirectRun) {
 
 // The band kernel stores through o's tensor map; an output whose row stride a tensor map does not admit (not a
 // multiple of 16 bytes) runs the TMA kernel instead, with the same result.
+// FusedOptions::running_max chosen: the band kernel's running-max steps for rows of 1536 keys or more on average.
+TEST(FusedApi, RunningMaxChosenForLongRows) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the band kernel runs on sm_90a only";
+  struct {
+    const char* spec;
+    int64_t L;
+    bool rmax;
+  } const cases[] = {{"causal", 4096, true},      {"causal", 16384, true}, {"causal", 1500, false},
+                     {"local(256)", 16384, false}, {"local(1024)", 8192, true}};
+  for (const auto& c : cases) {
+    spattn::Problem pr;
+    pr.batch = 1, pr.q_heads = pr.kv_heads = 2, pr.q_len = pr.kv_len = c.L, pr.head_dim = 64;
+    pr.dtype = DType::bf16;
+    spattn::FusedAttention attn(spattn::parse(c.spec).bind(c.L), 64, {});
+    const std::string name = attn.kernel_name(pr);
+    EXPECT_NE(name.find("_band"), std::string::npos) << c.spec << " L=" << c.L << ": " << name;
+    EXPECT_EQ(name.find("_rmax") != std::string::npos, c.rmax) << c.spec << " L=" << c.L << ": " << name;
+  }
+}
+
 TEST(FusedApi, BandOutputWithoutTensorMap) {
   REQUIRE_GPU();
   const int64_t B = 1, H = 2, L = 1023, D = 64;

@@ -44,7 +44,8 @@ const char* spattn_last_error(void) { return g_last_error.c_str(); }
 // TMA kernel with persistent CTAs, bit 3 (8) with one work item a CTA (neither: chosen), bit 4 (16) the band
 // kernel for band-row plans, bit 5 (32) never the band kernel (neither: chosen), bit 6 (64) never split the
 // band kernel's last work items, bit 7 (128) split the last items into 3 parts each, bit 8 (256) run the last
-// items as single 64-row slabs (none of bits 6-8: chosen).
+// items as single 64-row slabs (none of bits 6-8: chosen), bit 9 (512) the band kernel's running-max steps, bit 10
+// (1024) never those (neither: chosen).
 int spattn_fused_create(const char* spec, int64_t q_len, int64_t k_len, int64_t head_dim, int block_m, int block_n,
                         int perm_d, int force_sm80, void** out) {
   if (!spec || !out) return fail("spattn_fused_create: null argument");
@@ -60,6 +61,7 @@ int spattn_fused_create(const char* spec, int64_t q_len, int64_t k_len, int64_t 
     opt.persistent = (force_sm80 & 4) ? 1 : (force_sm80 & 8) ? 0 : -1;
     opt.band = (force_sm80 & 16) ? 1 : (force_sm80 & 32) ? 0 : -1;
     opt.split = (force_sm80 & 64) ? 0 : (force_sm80 & 128) ? 3 : (force_sm80 & 256) ? 1 : -1;
+    opt.running_max = (force_sm80 & 512) ? 1 : (force_sm80 & 1024) ? 0 : -1;
     auto* h = new Handle{spattn::FusedAttention(bound, head_dim, opt), {}};
     h->explain = h->attn.explain();
     *out = h;

@@ -18,7 +18,8 @@ struct FusedAttention::Impl {
 
   FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse) const {
-    return {problem, q, k, v, o, lse, options.force_sm80, !options.tma, options.persistent, options.band, options.split};
+    return {problem, q, k, v, o, lse, options.force_sm80, !options.tma, options.persistent, options.band, options.split,
+            options.running_max};
   }
 };
 
@@ -69,6 +70,7 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
   p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
   p.band = p.ws && plan::band_kernel_runs(hp, problem.head_dim, impl_->options.band);
+  p.band_running_max = p.band && FusedFwd::band_running_max(hp, impl_->options.running_max);
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

@@ -253,6 +253,28 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   return {};
 }
 
+// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
+static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
+  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
+  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
+  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
+}
+
+// FusedOptions::running_max, chosen: the band kernel's running-max steps where its non-empty slabs average 24 chunks
+// (1536 keys) or more. Measured (H100, bench/results/README.md "Session 11"): causal +1.4% at L=4096, +3.1% at
+// L=16384; local(256) (9 chunks a slab) -1.6% at L=4096.
+bool FusedFwd::band_running_max(const plan::BlockPlan& hp, int running_max) {
+  if (running_max >= 0) return running_max == 1;
+  int64_t chunks = 0, slabs = 0;
+  for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
+    for (int c = 0; c < 3; ++c) {
+      const int n = slab_chunks(hp, qt, c);
+      chunks += n;
+      slabs += n > 0;
+    }
+  return slabs > 0 && chunks >= 24 * slabs;
+}
+
 FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan) {
   const Problem& pr = a.problem;
   const plan::BlockPlan& hp = plan.host();
@@ -297,6 +319,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.band = out.ws && band;
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
+  out.band_running_max = out.band && band_running_max(hp, a.running_max);
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (NOTES.md, v9).
@@ -314,13 +337,6 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
     out.grid = unsigned(std::min<int64_t>(work, sms));
   }
   return out;
-}
-
-// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
-static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
-  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
-  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
-  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
 }
 
 void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k) {
@@ -431,7 +447,7 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string("fused_") + (p.sm90 ? "sm90" : "sm80") + "_" + std::to_string(p.block_m) + "x" +
          std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16") +
-         (p.band ? "_band" : p.ws ? "_ws" : "");
+         (p.band ? (p.band_running_max ? "_band_rmax" : "_band") : p.ws ? "_ws" : "");
 }
 
 }  // namespace spattn::cuda::fused

@@ -389,6 +389,27 @@ __device__ __forceinline__ void tile_mask(const FusedParams& p, float (&s)[BN / 
         }
   }
 }
+// Row hh of a BN-wide tile: p = 2^(s sl2 - ms) in place; returns the row's sum of them over this thread's columns
+// (kP independent partial sums, combined at the end).
+template <int BN, int kP>
+__device__ __forceinline__ float row_exp2(float (&s)[BN / 2], int hh, float sl2, float ms) {
+  float rsp[kP];
+#pragma unroll
+  for (int i = 0; i < kP; ++i) rsp[i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int ee = 0; ee < 2; ++ee) {
+      const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
+      s[4 * j + 2 * hh + ee] = pv;
+      rsp[j % kP] += pv;
+    }
+#pragma unroll
+  for (int w = kP / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) rsp[i] += rsp[i + w];
+  return rsp[0];
+}
 // Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
 // returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
 // max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
@@ -413,23 +434,7 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
     row_max[hh] = m_new;
-    const float ms = m_use * sl2;
-    float rsp[kP];
-#pragma unroll
-    for (int i = 0; i < kP; ++i) rsp[i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int ee = 0; ee < 2; ++ee) {
-        const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
-        s[4 * j + 2 * hh + ee] = pv;
-        rsp[j % kP] += pv;
-      }
-#pragma unroll
-    for (int w = kP / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int i = 0; i < w; ++i) rsp[i] += rsp[i + w];
-    row_sum[hh] = row_sum[hh] * alpha[hh] + rsp[0];
+    row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
   }
 }
 // P as wgmma A fragments (registers).

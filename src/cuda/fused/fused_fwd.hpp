@@ -76,6 +76,7 @@ class FusedFwd {
     int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
     int split = -1;              // band kernel: FusedOptions::split (-1 chosen, 0 never, 1 the last items as
                                  // slabs, 2-4 the last items in that many parts over their keys)
+    int running_max = -1;        // band kernel: FusedOptions::running_max (-1 chosen, 1 always, 0 never)
   };
   using Params = LaunchParams;
 
@@ -89,6 +90,9 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows).
   static std::string kernel_name(const Params& params);
+  // Whether the band kernel runs `hp` with running-max steps (Arguments::running_max: -1 chosen, for rows of 1536
+  // keys or more on average).
+  static bool band_running_max(const plan::BlockPlan& hp, int running_max);
 
  private:
   // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at

@@ -27,9 +27,13 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, bool kBf16_>
+template <int BM_, bool kBf16_, bool kRunningMax_ = false>
 struct BandTraits {
   static constexpr int BM = BM_, D = 64, kChunk = 64;
+  // The 128-key steps after a slab's first take their exponentials against the rows' running maxima, without the
+  // row-max reduction in front of them (band_softmax_running; LaunchParams::band_running_max): causal +1.4% at
+  // L=4096, +3.1% at L=16384; local(256) -1.6% (its short rows: 4-5 steps), so chosen for long rows only.
+  static constexpr bool kRunningMax = kRunningMax_;
   static constexpr bool kBf16 = kBf16_;
   // The 128-key steps' row max and row sum over 2 partial chains each (tile_softmax's kP): causal +1.1-1.6%,
   // local +0.2-0.4% (H100, both timed in one process, bench/results/README.md "Session 10"; 4 partials: less).
@@ -78,6 +82,77 @@ __device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
   return *reinterpret_cast<float(*)[N]>(&s[N]);
 }
 }  // namespace detail
+
+// A 128-key step's softmax against the rows' reference maxima m (BandTraits::kRunningMax): p = 2^(s sl2 - m sl2)
+// straight from the scores, without the row-max reduction in front of the exponentials (that reduction and its
+// shuffles were the step's longest dependency chain). While every thread's partial row sum stays at or below 2^12
+// (so every p <= 2^12: within fp16 P, and no overflow of O or of the sums) the step changes nothing else:
+// alpha = 1, m kept (FlashAttention-4's lazy rescale, here without the max in front). Otherwise (the row's
+// scores rose above m by ~4-12 log2 units or more) the warp rescales its rows from the exponentials:
+// d = ceil(log2(max p)), p *= 2^-d, m += d / sl2, alpha = 2^-d. An exponential that overflowed (a rise of 128 log2
+// units or more within one step) cannot be rescaled: it returns true, with s garbage, alpha 1 and row_max /
+// row_sum untouched, and the caller runs the step again exactly (band_redo_s). Requires finite row maxima.
+template <int kP>
+__device__ __forceinline__ bool band_softmax_running(float (&s)[64], float (&row_max)[2], float (&row_sum)[2], float sl2,
+                                                  float (&alpha)[2]) {
+  using namespace detail;
+  constexpr float kMaxSum = 4096.f;
+  float ss[2] = {row_exp2<128, kP>(s, 0, sl2, row_max[0] * sl2), row_exp2<128, kP>(s, 1, sl2, row_max[1] * sl2)};
+  alpha[0] = alpha[1] = 1.f;
+  if (__any_sync(0xffffffffu, !(fmaxf(ss[0], ss[1]) <= kMaxSum))) {
+    float pm[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      pm[hh] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) pm[hh] = fmaxf(pm[hh], fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+      pm[hh] = fmaxf(pm[hh], __shfl_xor_sync(0xffffffffu, pm[hh], 1));
+      pm[hh] = fmaxf(pm[hh], __shfl_xor_sync(0xffffffffu, pm[hh], 2));
+    }
+    if (__any_sync(0xffffffffu, !(fmaxf(pm[0], pm[1]) < INFINITY))) {
+      return true;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float d = pm[hh] > 1.f ? ceilf(__log2f(pm[hh])) : 0.f;  // 2^d >= max p (log2 approximate: p <= 2)
+      const float a = fast_exp2(-d);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        s[4 * j + 2 * hh] *= a;
+        s[4 * j + 2 * hh + 1] *= a;
+      }
+      ss[hh] *= a;
+      alpha[hh] = a;
+      row_max[hh] += d / sl2;
+    }
+  }
+  row_sum[0] = row_sum[0] * alpha[0] + ss[0];
+  row_sum[1] = row_sum[1] * alpha[1] + ss[1];
+  return false;
+}
+
+// S of a 128-key step for this warp's 16 rows by mma.sync (the wgmma accumulator layout: 8-column block j in
+// s[4j ... 4j + 3]), from the slab's Q tile at s_qs and the step's two K chunks at s_kp (side by side): the rare
+// recomputation behind band_softmax_running, by one warp alone (a wgmma would need the whole warpgroup).
+template <bool kBf16>
+__device__ __forceinline__ void band_redo_s(float (&s)[64], uint32_t s_qs, uint32_t s_kp, int wrow, int lane) {
+  using namespace detail;
+  const int mat = lane >> 3;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t qf[4];
+    ldsm_x4(qf, s_qs + sw_off<64>(wrow + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
+#pragma unroll
+    for (int j2 = 0; j2 < 8; ++j2) {
+      uint32_t bf[4];
+      ldsm_x4(bf, s_kp + sw_off<128>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
+      mma16816<kBf16>(&s[(2 * j2) * 4], qf, bf[0], bf[1]);
+      mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf, bf[2], bf[3]);
+    }
+  }
+}
 
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
 // workspace of part `us`; the warp then counts itself in at its (item, warp) counter. The last of the item's
@@ -383,7 +458,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       } else {
         float sacc[64];
         uint32_t pa[8][4];
-        const uint32_t q_lo = desc_lo(s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128, 16);
+        const uint32_t s_qs = s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128;  // the slab's Q rows
+        const uint32_t q_lo = desc_lo(s_qs, 16);
         const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
         const int kp0 = sf * 64;  // key of the slab's first chunk
         auto ring = [&](int j) { return (j0 + unsigned(j)) & unsigned(S - 1); };
@@ -442,6 +518,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           mask_pair(0);
           tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
           tile_to_p<128, kBf16>(sacc, pa);
+          // kRunningMax: every row of the warp has a key (a finite maximum) after the first step; else the exact step.
+          bool running = Tr::kRunningMax && __all_sync(0xffffffffu, row_max[0] != -INFINITY && row_max[1] != -INFINITY);
           for (int t = 1; t < np; ++t) {
             const int j = 2 * t;
             wait_full(j);
@@ -459,7 +537,19 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_wait<1>();  // S done; the previous PV may still run
             fence_regs(sacc);
             mask_pair(j);
-            tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+            // kRunningMax: the step's exponentials against the rows' running maxima (band_softmax_running), or the
+            // exact step where a row has no key yet. Where an exponential overflowed (alpha then 1, row_max / row_sum
+            // untouched), the step once more at the end: S again, masked, the exact softmax. (Arranged so that the
+            // common path stays as without the redo and ptxas keeps the wgmmas pipelined: the redo before the PV
+            // wait, or the exact step after it, drew C7511 or ran 1-3% slower; the redo as a loop spilled.)
+            bool redo = false;
+            if (running) {
+              redo = band_softmax_running<Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+            } else {
+              tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+              if constexpr (Tr::kRunningMax)
+                running = __all_sync(0xffffffffu, row_max[0] != -INFINITY && row_max[1] != -INFINITY);
+            }
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs_u32(pa);
@@ -467,6 +557,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             release(j - 1);
             tile_rescale<D>(o, alpha);
             tile_to_p<128, kBf16>(sacc, pa);
+            if (redo) {  // S again by mma.sync (this warp alone; the PV is done, its registers free)
+              band_redo_s<kBf16>(sacc, s_qs, s_k0 + ring(j) * CB, (warp & 3) * 16, lane);
+              mask_pair(j);
+              tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+              tile_rescale<D>(o, alpha);
+              tile_to_p<128, kBf16>(sacc, pa);
+            }
           }
           if (!(m & 1)) mbar_arrive(bar_qempty + 8 * qb);  // every S of the item done: the Q buffer is free
           fence_regs(o);

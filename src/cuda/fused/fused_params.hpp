@@ -76,6 +76,7 @@ struct LaunchParams {
   bool bf16 = true, sm90 = false;
   bool ws = false;  // sm_90a warp-specialized TMA kernel (fused_fwd_ws.cuh): 128/192-row tiles, perm_d == 1
   bool band = false;  // with ws: the band kernel (fused_fwd_band.cuh) for band-row plans, head dim 64
+  bool band_running_max = false;  // with band: its instantiation with running-max steps (BandTraits::kRunningMax)
   unsigned grid = 0;
 };
 

@@ -43,9 +43,13 @@ template <bool kSm90>
 int launch_table(const LaunchParams& p, void* stream_) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   if constexpr (kSm90) {
-    // The band kernel (band-row plans): 192 query rows, head dim 64.
+    // The band kernel (band-row plans): 192 query rows, head dim 64; with or without running-max steps.
     if (p.band) {
       if (!p.ws || p.block_m != 192 || p.head_dim != 64) return int(cudaErrorInvalidConfiguration);
+      if (p.band_running_max) {
+        if (p.bf16) return int(launch_one<BandTraits<192, true, true>, Kind::kBand>(p, stream));
+        return int(launch_one<BandTraits<192, false, true>, Kind::kBand>(p, stream));
+      }
       if (p.bf16) return int(launch_one<BandTraits<192, true>, Kind::kBand>(p, stream));
       return int(launch_one<BandTraits<192, false>, Kind::kBand>(p, stream));
     }
