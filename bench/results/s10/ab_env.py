@@ -1,7 +1,8 @@
 """Session 10: the band kernel of an experiment build (VAR=1) against its default (VAR=0), timed in alternation
 in one process (one plan, two CUDA graphs captured with VAR=0 / 1, which an experiment build reads at each
 launch).
-Usage: python3 ab_env.py LIB VAR [rounds [A B]] (the two values, default 0 and 1) -> one line per (case, round):
+Usage: python3 ab_env.py LIB VAR [rounds [A B]] (the two values, default 0 and 1; AB_CASES=name[@L],... a subset)
+-> one line per (case, round):
 ms and TFLOP/s of each."""
 import os
 import sys
@@ -18,6 +19,9 @@ va, vb = (sys.argv[4], sys.argv[5]) if len(sys.argv) > 5 else ("0", "1")
 B, H, D = 2, 16, 64
 cases = [("local", "local(256)", 4096), ("causal", "causal", 4096), ("local", "local(256)", 16384),
          ("causal", "causal", 16384), ("local", "local(256)", 8192), ("causal_b1h2", "causal", 4096)]
+only = os.environ.get("AB_CASES")  # optional: a comma-separated subset of the case names (session 11)
+if only:
+    cases = [c for c in cases if f"{c[0]}@{c[2]}" in only.split(",") or c[0] in only.split(",")]
 for name, spec, L in cases:
     b, h = (1, 2) if name == "causal_b1h2" else (B, H)
     fp = gb.Fused(lib, spec, L, D)

@@ -34,6 +34,9 @@ struct BandTraits {
   // row-max reduction in front of them (band_softmax_running; LaunchParams::band_running_max): causal +1.4% at
   // L=4096, +3.1% at L=16384; local(256) -1.6% (its short rows: 4-5 steps), so chosen for long rows only.
   static constexpr bool kRunningMax = kRunningMax_;
+  // Their row sums as 4 partial chains (no max chain in front of them): causal +0.9% at L=16384, +0.4% at 4096
+  // against 2 (same-process A/B, bench/results/README.md "Session 11", s11/run7.sh).
+  static constexpr int kRunningParts = 4;
   static constexpr bool kBf16 = kBf16_;
   // The 128-key steps' row max and row sum over 2 partial chains each (tile_softmax's kP): causal +1.1-1.6%,
   // local +0.2-0.4% (H100, both timed in one process, bench/results/README.md "Session 10"; 4 partials: less).
@@ -544,7 +547,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             // wait, or the exact step after it, drew C7511 or ran 1-3% slower; the redo as a loop spilled.)
             bool redo = false;
             if (running) {
-              redo = band_softmax_running<Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+              redo = band_softmax_running<Tr::kRunningParts>(sacc, row_max, row_sum, sl2, alpha);
             } else {
               tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
               if constexpr (Tr::kRunningMax)
