@@ -70,7 +70,7 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
   p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
   p.band = p.ws && plan::band_kernel_runs(hp, problem.head_dim, impl_->options.band);
-  p.band_running_max = p.band && FusedFwd::band_running_max(hp, impl_->options.running_max);
+  p.band_running_max = p.band && FusedFwd::band_running_max(*impl_->plan, impl_->options.running_max);
   return FusedFwd::kernel_name(p);
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }

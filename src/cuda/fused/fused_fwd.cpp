@@ -108,6 +108,27 @@ bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, 
 }
 }  // namespace
 
+// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
+static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
+  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
+  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
+  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
+}
+
+// Whether the band kernel's non-empty slabs average 24 chunks (1536 keys) or more: where its running-max steps are
+// chosen (FusedOptions::running_max). Measured (H100, bench/results/README.md "Session 11"): causal +4% at
+// L=16384, +2% at 4096; local(256) (9 chunks a slab) -1.3 to -2.5% at L=4096.
+static bool band_rows_are_long(const plan::BlockPlan& hp) {
+  int64_t chunks = 0, slabs = 0;
+  for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
+    for (int c = 0; c < 3; ++c) {
+      const int n = slab_chunks(hp, qt, c);
+      chunks += n;
+      slabs += n > 0;
+    }
+  return slabs > 0 && chunks >= 24 * slabs;
+}
+
 DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
   const auto t0 = std::chrono::steady_clock::now();
   check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
@@ -136,6 +157,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     order_ = upload(host_.order, "upload plan order");
     // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
     if (host_.band && host_.block_m == 192) {
+      long_band_rows_ = band_rows_are_long(host_);
       split_cap_ = device_sms(device_);
       check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
                  "allocate the split workspace");
@@ -253,28 +275,6 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   return {};
 }
 
-// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
-static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
-  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
-  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
-  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
-}
-
-// FusedOptions::running_max, chosen: the band kernel's running-max steps where its non-empty slabs average 24 chunks
-// (1536 keys) or more. Measured (H100, bench/results/README.md "Session 11"): causal +1.4% at L=4096, +3.1% at
-// L=16384; local(256) (9 chunks a slab) -1.6% at L=4096.
-bool FusedFwd::band_running_max(const plan::BlockPlan& hp, int running_max) {
-  if (running_max >= 0) return running_max == 1;
-  int64_t chunks = 0, slabs = 0;
-  for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
-    for (int c = 0; c < 3; ++c) {
-      const int n = slab_chunks(hp, qt, c);
-      chunks += n;
-      slabs += n > 0;
-    }
-  return slabs > 0 && chunks >= 24 * slabs;
-}
-
 FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan) {
   const Problem& pr = a.problem;
   const plan::BlockPlan& hp = plan.host();
@@ -319,7 +319,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.band = out.ws && band;
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
-  out.band_running_max = out.band && band_running_max(hp, a.running_max);
+  out.band_running_max = out.band && band_running_max(plan, a.running_max);
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (NOTES.md, v9).
@@ -442,6 +442,10 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
+}
+
+bool FusedFwd::band_running_max(const DevicePlan& plan, int running_max) {
+  return running_max >= 0 ? running_max == 1 : plan.long_band_rows();
 }
 
 std::string FusedFwd::kernel_name(const Params& p) {

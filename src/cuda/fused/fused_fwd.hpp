@@ -50,6 +50,8 @@ class DevicePlan {
   // (kSplitWarps * 32 * kSplitFloats floats each: 7.3 MB on a 132-SM H100).
   float* split_ws() const { return split_ws_; }
   int split_cap() const { return split_cap_; }
+  // Band plans of 192-row items whose slabs keep 1536 keys or more on average (FusedFwd::band_running_max).
+  bool long_band_rows() const { return long_band_rows_; }
 
  private:
   plan::BlockPlan host_;
@@ -61,6 +63,7 @@ class DevicePlan {
   int* work_counter_ = nullptr;
   float* split_ws_ = nullptr;
   int split_cap_ = 0;
+  bool long_band_rows_ = false;
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
 };
@@ -90,9 +93,9 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows).
   static std::string kernel_name(const Params& params);
-  // Whether the band kernel runs `hp` with running-max steps (Arguments::running_max: -1 chosen, for rows of 1536
-  // keys or more on average).
-  static bool band_running_max(const plan::BlockPlan& hp, int running_max);
+  // Whether the band kernel runs `plan` with running-max steps (Arguments::running_max: -1 chosen, for rows of 1536
+  // keys or more on average: DevicePlan::long_band_rows).
+  static bool band_running_max(const DevicePlan& plan, int running_max);
 
  private:
   // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at

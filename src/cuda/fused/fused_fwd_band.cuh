@@ -112,9 +112,7 @@ __device__ __forceinline__ bool band_softmax_running(float (&s)[64], float (&row
       pm[hh] = fmaxf(pm[hh], __shfl_xor_sync(0xffffffffu, pm[hh], 1));
       pm[hh] = fmaxf(pm[hh], __shfl_xor_sync(0xffffffffu, pm[hh], 2));
     }
-    if (__any_sync(0xffffffffu, !(fmaxf(pm[0], pm[1]) < INFINITY))) {
-      return true;
-    }
+    if (__any_sync(0xffffffffu, !(fmaxf(pm[0], pm[1]) < INFINITY))) return true;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float d = pm[hh] > 1.f ? ceilf(__log2f(pm[hh])) : 0.f;  // 2^d >= max p (log2 approximate: p <= 2)
