@@ -38,6 +38,15 @@ bool have_gpu(std::string& why) {
     if (!have_gpu(why)) GTEST_SKIP() << why; \
   } while (0)
 
+// The current device is compute capability 9.0 (where the sm_90a kernels, the band kernel among them, run).
+bool on_sm90a() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
 struct Case {
   const char* what;  // the failure it guards against
   std::string spec;
@@ -140,11 +149,7 @@ void check_case(const Case& c) {
   opt.running_max = c.running_max;
   spattn::FusedAttention attn(bound, c.D, opt);
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (major == 9 && minor == 0) {
+    if (on_sm90a()) {
       EXPECT_NE(attn.kernel_name(pr).find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
       if (c.running_max >= 0)
         EXPECT_EQ(attn.kernel_name(pr).find("_rmax") != std::string::npos, c.running_max == 1) << attn.kernel_name(pr);
@@ -472,11 +477,7 @@ TEST_P(FusedGraph, ReplayMatchesDirectRun) {
 // FusedOptions::running_max chosen: the band kernel's running-max steps for rows of 1536 keys or more on average.
 TEST(FusedApi, RunningMaxChosenForLongRows) {
   REQUIRE_GPU();
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) GTEST_SKIP() << "the band kernel runs on sm_90a only";
+  if (!on_sm90a()) GTEST_SKIP() << "the band kernel runs on sm_90a only";
   struct {
     const char* spec;
     int64_t L;
