@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "spattn/cpu.hpp"
+#include "cpu/fused_plan.hpp"
 #include "spattn/reference.hpp"
 
 namespace {

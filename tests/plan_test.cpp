@@ -61,7 +61,7 @@ TEST(BlockPlan, ThreadsBuildTheSamePlan) {
 TEST(BlockPlan, ChoosesOnlyKernelShapes) {
   const auto b = spattn::parse("causal").bind(2048);
   for (bool tma : {false, true}) {
-    const auto p = spattn::plan::choose_block_plan(b, 64, 0, 0, -1, tma);
+    const auto p = spattn::plan::choose_block_plan(b, spattn::plan::analyze(b), 64, 0, 0, -1, tma);
     EXPECT_TRUE((p.block_m == 64 && (p.block_n == 64 || p.block_n == 128)) || (p.block_m == 128 && p.block_n == 128) ||
                 (tma && p.block_m == 192 && p.block_n == 128))
         << p.describe();
@@ -94,7 +94,7 @@ TEST(BlockPlan, BandRows) {
   for (const C& c : cases) {
     SCOPED_TRACE(c.spec);
     const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
-    const auto r = spattn::plan::band_rows(b);
+    const auto r = spattn::plan::analyze(b).band;
     EXPECT_EQ(r.ok, c.band);
     if (!c.band || !r.ok) continue;
     EXPECT_EQ(r.lo, c.lo);

@@ -191,7 +191,7 @@ TEST(Reference, RejectsBadShapes) {
     cpu::reference_attention({pat}, p, t, bad, t, t, l);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("k has shape [1, 4, 2, 4], expected [1, 4, 2, 8]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("k: dimension 3 is 4, expected 8 (shape [1, 4, 2, 4], expected [1, 4, 2, 8])"), std::string::npos) << e.what();
   }
   Problem gqa = p;
   gqa.kv_heads = 3;

@@ -76,6 +76,12 @@ class BoundPattern {
   // Total number of kept (q, k) pairs (walks every row).
   int64_t nnz() const;
 
+  // A pattern given by its kept keys (a mask the caller already holds, e.g. as CSR): row q keeps
+  // cols[row_offsets[q] .. row_offsets[q + 1]), sorted, unique, in [0, k_len). Throws Error naming the first
+  // bad row and value. Its spec() is "explicit#N (q_len x k_len, nnz M)", N unique in the process.
+  static BoundPattern from_rows(int64_t q_len, int64_t k_len, std::vector<int64_t> row_offsets,
+                                std::vector<int32_t> cols);
+
  private:
   friend class Pattern;
   std::string spec_;

@@ -10,3 +10,19 @@ std::vector<GpuInfo> list_gpus(std::string* why_none) {
 }
 }  // namespace spattn
 #endif
+
+// The CUDA engines' factories for builds without CUDA: make_plan on a CUDA device says why it cannot.
+#if !SPATTN_HAVE_CUDA
+#include "plan/backend.hpp"
+
+namespace spattn::plan {
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { return "none"; }
+std::unique_ptr<Backend> make_cuda_fused_backend(const Planned&, const Problem&, int, const PlanOptions&) {
+  throw Error("this build of spattn has no CUDA support (configured with SPATTN_CUDA=OFF or no nvcc found)");
+}
+std::unique_ptr<Backend> make_cuda_unfused_backend(const Planned&, const Problem&, int, const PlanOptions&) {
+  throw Error("this build of spattn has no CUDA support (configured with SPATTN_CUDA=OFF or no nvcc found)");
+}
+}  // namespace spattn::plan
+#endif

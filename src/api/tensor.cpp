@@ -75,8 +75,11 @@ void Problem::check_view(const TensorView& t, std::string_view what, std::array<
   auto str = [](const std::array<int64_t, 4>& s) {
     return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ", " + std::to_string(s[3]) + "]";
   };
-  if (t.shape != shape)
-    throw Error(std::string(what) + " has shape " + str(t.shape) + ", expected " + str(shape));
+  for (int i = 0; i < 4; ++i)
+    if (t.shape[size_t(i)] != shape[size_t(i)])
+      throw Error(std::string(what) + ": dimension " + std::to_string(i) + " is " + std::to_string(t.shape[size_t(i)]) +
+                  ", expected " + std::to_string(shape[size_t(i)]) + " (shape " + str(t.shape) + ", expected " +
+                  str(shape) + ")");
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
   if (numel > 0 && !t.data) throw Error(std::string(what) + " has no data pointer");

@@ -39,10 +39,15 @@
 #endif
 
 #include "cpu/fused_kernel.hpp"
-#include "cpu/parallel.hpp"
-#include "spattn/cpu.hpp"
+#include "common/parallel.hpp"
+#include "cpu/fused_plan.hpp"
+#include "plan/analysis.hpp"
+#include "plan/kernels.hpp"
 
 namespace spattn::cpu {
+
+using common::parallel_for;
+using common::spin_until;
 
 namespace fused {
 namespace {
@@ -122,64 +127,9 @@ struct Space {
   int64_t key_pos(int64_t t) const { return d == 1 ? t : (t % d) * gk + t / d; }
 };
 
-// The residue grouping that makes the rows dense: d > 1 when every multi-key run of a few sampled rows is
-// strided with a common stride multiple of d (dilated(w, d), stride(s)); 1 otherwise.
-int choose_permutation(const BoundPattern& pat) {
-  const int64_t lq = pat.q_len();
-  int64_t g = 0;
-  RowRuns runs;
-  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3, lq - 1, int64_t(0)}) {
-    if (q < 0 || q >= lq) continue;
-    pat.row(q, runs);
-    for (const Run& r : runs) {
-      if (r.count <= 1) continue;
-      if (r.stride == 1) return 1;
-      g = std::gcd(g, r.stride);
-    }
-  }
-  if (g < 2 || g > 4096) return 1;
-  return int(g);
-}
-
 struct Interval {
   int64_t a, b;
 };
-
-// A 2-D neighborhood (na2d): rows whose keys are >= 3 intervals of one length kx >= 2, their starts a
-// constant P > kx apart (image rows of width P). Tiles then cover TY x TX pixel boxes instead of 1 x M runs
-// of one image row: for a 13 x 13 window and M = 32, the union of a tile's keys goes from 13 x 44 = 572 to
-// 16 x 20 = 320. width 0: not a grid.
-struct Grid {
-  int64_t width = 0, ky = 0, kx = 0;
-};
-
-Grid detect_grid(const BoundPattern& pat) {
-  const int64_t lq = pat.q_len();
-  Grid g;
-  RowRuns runs;
-  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3}) {
-    if (q < 0 || q >= lq) return {};
-    pat.row(q, runs);
-    int64_t len = -1, prev = -1, gap = -1, n = 0;
-    for (const Run& r : runs) {
-      if (r.count > 1 && r.stride != 1) return {};
-      if (len < 0) len = r.count;
-      if (r.count != len) return {};
-      if (prev >= 0) {
-        if (gap < 0) gap = r.start - prev;
-        if (r.start - prev != gap) return {};
-      }
-      prev = r.start;
-      ++n;
-    }
-    if (n < 3 || len < 2 || gap <= len) return {};
-    if (g.width && g.width != gap) return {};
-    g.width = gap;
-    g.ky = std::max(g.ky, n);
-    g.kx = std::max(g.kx, len);
-  }
-  return g;
-}
 
 // Builds tiles [t0, t1) of the tile list `rows_of` into `out` (local offsets).
 class TileBuilder {
@@ -352,18 +302,20 @@ int32_t choose_key_pass(int64_t lk, int64_t row_floats) {
   return lk > pass * 3 / 2 ? int32_t(pass) : 0;
 }
 
-PatternPlan build_pattern_plan(const BoundPattern& pat, const KernelSet& ks, int64_t row_floats, int threads,
-                               int& perm_out) {
+// A 2-D neighborhood (na2d, analysis.grid) runs TY x TX pixel-box query tiles instead of 1 x M runs of one image
+// row: for a 13 x 13 window and M = 32, the union of a tile's keys goes from 13 x 44 = 572 to 16 x 20 = 320.
+PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an, const KernelSet& ks,
+                               int64_t row_floats, int threads, int& perm_out) {
   const int64_t lq = pat.q_len(), lk = pat.k_len();
   const int M = ks.tile_rows;
-  const int d = lk > 0 && lq > 0 ? choose_permutation(pat) : 1;
+  const int d = lk > 0 && lq > 0 ? an.permutation(plan::kMaxCpuPermutation) : 1;
   perm_out = d;
   const Space sp{d, lq, lk, ceil_div(lk, d)};
   // Query order: group by residue, tiles of M rows inside a group.
   std::vector<int32_t> qidx;
   std::vector<std::pair<int64_t, int32_t>> tile_rows;  // (q_off, rows)
   qidx.reserve(size_t(lq));
-  const Grid grid = d == 1 && lq > 0 && lk > 0 ? detect_grid(pat) : Grid{};
+  const plan::Grid grid = d == 1 && lq > 0 && lk > 0 ? an.grid : plan::Grid{};
   int64_t grid_ty = 0;
   if (grid.width > 0) {
     // 2-D query tiles: TY x TX boxes (TY * TX = M) minimising the keys a box covers per query.
@@ -621,7 +573,8 @@ struct FusedPlan::Impl {
   PlanStats stats;
 };
 
-FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options)
+FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options,
+                     const std::vector<plan::Analysis>* analyses)
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   problem.validate();
@@ -629,6 +582,9 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
   if (patterns.size() != 1 && int64_t(patterns.size()) != H)
     throw Error("expected 1 pattern or one per query head (" + std::to_string(H) + "), got " +
                 std::to_string(patterns.size()));
+  if (analyses && analyses->size() != patterns.size())
+    throw Error("expected one analysis per pattern (" + std::to_string(patterns.size()) + "), got " +
+                std::to_string(analyses->size()));
   for (const BoundPattern& bp : patterns)
     if (bp.q_len() != problem.q_len || bp.k_len() != problem.kv_len)
       throw Error("pattern '" + bp.spec() + "' is bound to " + std::to_string(bp.q_len()) + " x " +
@@ -648,16 +604,18 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
   std::vector<std::string> specs;
   im.plan_of_head.assign(size_t(H), 0);
   for (int64_t h = 0; h < H; ++h) {
-    const BoundPattern& bp = patterns.size() == 1 ? patterns[0] : patterns[size_t(h)];
+    const size_t pi = patterns.size() == 1 ? 0 : size_t(h);
+    const BoundPattern& bp = patterns[pi];
     auto it = std::find(specs.begin(), specs.end(), bp.spec());
     if (it == specs.end()) {
       specs.push_back(bp.spec());
       int perm = 1;
       const int64_t W = im.ks->width;
       const int64_t row_floats = (problem.head_dim + W - 1) / W * W + (problem.dv() + W - 1) / W * W;
-      im.plans.push_back(fused::build_pattern_plan(bp, *im.ks, row_floats, threads, perm));
+      const plan::Analysis an = analyses ? (*analyses)[pi] : plan::analyze(bp);
+      im.plans.push_back(fused::build_pattern_plan(bp, an, *im.ks, row_floats, threads, perm));
       im.stats.permutation = std::max(im.stats.permutation, perm);
-      im.stats.nnz += bp.nnz();
+      im.stats.nnz += an.nnz;
       it = specs.end() - 1;
     }
     im.plan_of_head[size_t(h)] = int(it - specs.begin());

@@ -9,7 +9,8 @@
 #include <sstream>
 #include <thread>
 
-#include "cpu/parallel.hpp"
+#include "common/parallel.hpp"
+#include "plan/kernels.hpp"
 
 namespace spattn::plan {
 namespace {
@@ -117,21 +118,11 @@ struct TileScratch {
   }
 };
 
-// The most threads the planner uses: the hardware's and 32; SPATTN_PLAN_THREADS caps it (1: serial).
-int64_t plan_thread_cap() {
-  int64_t cap = std::min<int64_t>(32, std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency())));
-  if (const char* env = std::getenv("SPATTN_PLAN_THREADS")) {
-    const long v = std::strtol(env, nullptr, 10);
-    if (v >= 1) cap = std::min<int64_t>(cap, v);
-  }
-  return cap;
-}
-
 // Worker threads for building a plan: about 2^15 row x key units a thread at least (a scattered pattern's row
 // costs O(Lk)).
 int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
   const int64_t by_size = std::max<int64_t>(1, q_tiles * std::max<int64_t>(k_len, 64) / (int64_t(1) << 15));
-  return std::max<int64_t>(1, std::min({plan_thread_cap(), q_tiles, by_size}));
+  return std::max<int64_t>(1, std::min({int64_t(plan_thread_cap()), q_tiles, by_size}));
 }
 
 // Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
@@ -209,30 +200,6 @@ bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, 
 
 }  // namespace
 
-BandRows band_rows(const BoundPattern& pat) {
-  const int64_t lq = pat.q_len(), lk = pat.k_len();
-  std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
-  RowRuns runs;
-  for (int64_t q = 0; q < lq; ++q) {
-    pat.row(q, runs);
-    if (runs.empty()) continue;
-    if (runs.size() != 1 || (runs[0].stride != 1 && runs[0].count != 1)) return {};
-    first[size_t(q)] = runs[0].start;
-    last[size_t(q)] = runs[0].last();
-    lo = std::min(lo, runs[0].start - q);
-    hi = std::max(hi, runs[0].last() - q);
-  }
-  if (lo > hi) return {};  // no key kept anywhere: nothing for a band kernel to gain
-  lo = std::max(lo, -lq);
-  hi = std::min(hi, lk);
-  for (int64_t q = 0; q < lq; ++q) {
-    const int64_t a = std::max<int64_t>(0, q + lo), b = std::min(lk - 1, q + hi);
-    if (a > b ? first[size_t(q)] >= 0 : (first[size_t(q)] != a || last[size_t(q)] != b)) return {};
-  }
-  return {true, int32_t(lo), int32_t(hi)};
-}
-
 std::string BlockPlan::describe() const {
   std::ostringstream s;
   s << "block " << block_m << "x" << block_n << ", perm_d " << perm_d << ", " << q_tiles << "x" << k_tiles
@@ -244,8 +211,8 @@ std::string BlockPlan::describe() const {
 }
 
 namespace {
-// known_band: band_rows(pat) where the caller has it already (choose_block_plan), else computed here.
-BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandRows* known_band) {
+// analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
+BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis) {
   const auto t0 = std::chrono::steady_clock::now();
   if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
@@ -340,7 +307,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandR
   };
   const int64_t nthreads = plan_threads(sp.q_tiles, pat.k_len());
   std::vector<Part> parts(static_cast<size_t>(nthreads));
-  cpu::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
+  common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
     build_range(sp.q_tiles * t / nthreads, sp.q_tiles * (t + 1) / nthreads, parts[size_t(t)]);
   });
   int64_t qt = 0;
@@ -369,7 +336,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandR
            plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
   if (d == 1) {
-    const BandRows br = known_band ? *known_band : band_rows(pat);
+    const BandRows br = analysis ? analysis->band : analyze(pat).band;
     plan.band = br.ok;
     plan.band_lo = br.lo;
     plan.band_hi = br.hi;
@@ -379,7 +346,9 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const BandR
 }
 }  // namespace
 
-BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d) { return build_plan(pat, bm, bn, d, nullptr); }
+BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis) {
+  return build_plan(pat, bm, bn, d, analysis);
+}
 
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   if (plan.block_n != 128) return 1;
@@ -405,52 +374,18 @@ int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   return bits ? bits : 3;
 }
 
-int choose_permutation(const BoundPattern& pat) {
-  const int64_t lq = pat.q_len();
-  int64_t g = 0;
-  RowRuns runs;
-  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3, lq - 1}) {
-    if (q < 0) continue;
-    pat.row(q, runs);
-    for (const Run& r : runs) {
-      if (r.count <= 1) continue;
-      if (r.stride == 1) return 1;
-      g = std::gcd(g, r.stride);
-    }
-  }
-  if (g < 2 || g > 16) return 1;
-  return int(g);
-}
-
-double tile_cost(TileShape s, int64_t head_dim) {
-  // Per-score cost of a full tile relative to 64x128 (D=64) or 128x128 TMA (D=128), from dense L=16384 on an
-  // H100 (src/cuda/fused/NOTES.md, v8-v9, same-run figures): D=64: 64x128 305 TFLOP/s, 128x128 TMA 373,
-  // 192x128 TMA 437; earlier runs: 64x128 350, 128x128 cp.async 309-328 (1.1x the 64x128 cost; the TMA
-  // kernel does not take permuted plans, so dilated keeps choosing between these), 64x64 296;
-  // D=128: 128x128 TMA 520, cp.async ~430, 64x64 ~260.
-  if (head_dim <= 64) {
-    if (s.block_m == 192) return 0.70;
-    if (s.block_m == 128) return s.tma ? 0.82 : 1.1;
-    if (s.block_n == 128) return 1.0;
-    return 1.18;
-  }
-  if (s.block_m == 128) return s.tma ? 1.0 : 1.2;
-  return 2.0;
-}
-
-double partial_tile_cost(TileShape s) {
-  // A partial (band or bitmask) tile over a full one of the same shape. For the TMA kernel this also carries
-  // its per-work-item cost (pipeline fill and drain, epilogue), which the plans with partial tiles (short
-  // rows) pay: fitted to local(256) / longformer at L=16384 (128x128: 1.61, 192x128: 1.53 a partial tile).
-  return s.tma ? 1.6 : 1.1;
-}
-
 namespace {
-// Predicted cost of a shape/permutation from a sample of query tiles (no bitmasks built).
-double estimate_cost(const BoundPattern& pat, TileShape shape, int d, int64_t head_dim) {
-  const int bm = shape.block_m, bn = shape.block_n;
-  const double partial = partial_tile_cost(shape);
-  const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
+// A candidate: a tile shape priced by its kernel-table row.
+struct Candidate {
+  int block_m, block_n, d;
+  const KernelConfig* row;
+  double cost = 0;
+};
+
+// Predicted cost of a candidate from a sample of query tiles (no bitmasks built).
+double estimate_cost(const BoundPattern& pat, const Candidate& c) {
+  const int bm = c.block_m, bn = c.block_n;
+  const Space sp(pat.q_len(), pat.k_len(), bm, bn, c.d);
   const int64_t samples = std::min<int64_t>(sp.q_tiles, 48);
   TileScratch scr(sp.k_tiles);
   std::vector<Run> tmp, runs;
@@ -462,64 +397,74 @@ double estimate_cost(const BoundPattern& pat, TileShape shape, int d, int64_t he
     const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, nnz);
     scr.count_runs(runs, bn);
     for (int64_t kt : scr.touched) {
-      cost += double(bm) * bn * (scr.full(kt, valid_rows, sp) ? 1.0 : partial);
+      cost += double(bm) * bn * (scr.full(kt, valid_rows, sp) ? 1.0 : c.row->partial_cost);
       scr.count[size_t(kt)] = 0;
     }
   }
-  return cost * tile_cost(shape, head_dim) * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
+  return cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
+}
+
+// The shapes the fused GPU rows offer at `head_dim`, in table order, each priced by its TMA row where `tma`
+// (sm_90a, no permutation) and one exists, else by its cp.async row; 192-row tiles exist only as TMA rows.
+std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
+  std::vector<Candidate> out;
+  for (const KernelConfig& r : kKernels) {
+    const bool cp = r.kind == KernelKind::sm90_cp, ws = r.kind == KernelKind::sm90_tma;
+    if ((!cp && !ws) || r.head_dim != head_dim || (ws && (!tma || d != 1))) continue;
+    auto same = std::find_if(out.begin(), out.end(), [&](const Candidate& c) {
+      return c.block_m == r.block_m && c.block_n == r.block_n;
+    });
+    if (same == out.end()) out.push_back({r.block_m, r.block_n, d, &r});
+    else if (ws) same->row = &r;
+  }
+  return out;
 }
 }  // namespace
 
-BlockPlan choose_block_plan(const BoundPattern& pat, int64_t head_dim, int block_m, int block_n, int perm_d,
-                            bool tma) {
+BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
+                            int perm_d, bool tma) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> perms;
   if (perm_d >= 1) {
     perms = {perm_d};
   } else {
-    const int d = choose_permutation(pat);
+    const int d = an.permutation(kMaxGpuPermutation);
     perms = {1};
     if (d > 1) perms.push_back(d);
   }
-  std::vector<TileShape> shapes;
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
-  // warpgroups (src/cuda/fused/NOTES.md, v14).
-  BandRows band;  // only looked for where it decides the shape (and then handed to the builder)
-  const bool band_known = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1;
-  if (band_known) band = band_rows(pat);
-  if (band_known && band.ok) {
-    shapes = {{192, 128}};
-    perms = {1};
-  } else if (block_m > 0 && block_n > 0) shapes = {{block_m, block_n}};
-  else if (head_dim == 64) shapes = {{64, 128}, {128, 128}, {64, 64}, {192, 128}};
-  else shapes = {{128, 128}, {64, 64}};
-  double best = 0;
-  int bm = shapes[0].block_m, bn = shapes[0].block_n, bd = perms[0];
-  if (shapes.size() * perms.size() > 1) {
-    struct Candidate {
-      TileShape shape;
-      int d;
-      double cost = 0;
-    };
+  // warpgroups (bench/LOG.md).
+  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && an.band.ok &&
+                         find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
+  int bm = 192, bn = 128, bd = 1;
+  if (!band_plan && block_m > 0 && block_n > 0) {
+    bm = block_m, bn = block_n, bd = perms[0];
+    if (perms.size() > 1) {  // a forced shape: still choose the permutation
+      std::vector<Candidate> cands;
+      for (int d : perms)
+        for (const Candidate& c : candidates(head_dim, d, tma))
+          if (c.block_m == bm && c.block_n == bn) cands.push_back(c);
+      double best = 0;
+      for (Candidate& c : cands) {
+        c.cost = estimate_cost(pat, c);
+        if (&c == &cands[0] || c.cost < best) best = c.cost, bd = c.d;
+      }
+    }
+  } else if (!band_plan) {
     std::vector<Candidate> cands;
     for (int d : perms)
-      for (TileShape s : shapes) {
-        s.tma = tma && tma_kernel_shape(s.block_m, s.block_n, d, head_dim);  // 192 rows exist only there
-        if (s.block_m == 192 && !s.tma) continue;
-        cands.push_back({s, d});
-      }
-    // The estimates sample rows of the pattern (O(Lk) each for random): a thread a candidate, within the cap.
-    cpu::parallel_for(int64_t(cands.size()), int(std::min<int64_t>(int64_t(cands.size()), plan_thread_cap())), [&](int64_t i, int) {
-      Candidate& c = cands[size_t(i)];
-      c.cost = estimate_cost(pat, c.shape, c.d, head_dim);
-    });
-    bool first = true;
-    for (const Candidate& c : cands)  // in order: ties keep the earlier candidate, as before
-      if (first || c.cost < best)
-        best = c.cost, bm = c.shape.block_m, bn = c.shape.block_n, bd = c.d, first = false;
+      for (const Candidate& c : candidates(head_dim, d, tma)) cands.push_back(c);
+    if (cands.empty())
+      throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
+    // The estimates sample rows of the pattern: a thread a candidate, within the cap.
+    common::parallel_for(int64_t(cands.size()), int(std::min<int64_t>(int64_t(cands.size()), plan_thread_cap())),
+                         [&](int64_t i, int) { cands[size_t(i)].cost = estimate_cost(pat, cands[size_t(i)]); });
+    double best = 0;
+    for (const Candidate& c : cands)  // in order: ties keep the earlier candidate
+      if (&c == &cands[0] || c.cost < best) best = c.cost, bm = c.block_m, bn = c.block_n, bd = c.d;
   }
-  BlockPlan p = build_plan(pat, bm, bn, bd, band_known ? &band : nullptr);
+  BlockPlan p = build_plan(pat, bm, bn, bd, &an);
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/analysis.hpp"
 #include "spattn/pattern.hpp"
 
 namespace spattn::plan {
@@ -66,35 +67,15 @@ struct BlockPlan {
   std::string describe() const;
 };
 
-// Whether every row q of the pattern keeps exactly the keys k with lo <= k - q <= hi, 0 <= k < Lk, for one
-// pair (lo, hi) (local, sliding windows, causal, dense; rows past the band's reach keep nothing). lo and hi
-// are clamped to [-Lq, Lk], where they stop binding, so that q + lo and q + hi fit in 32 bits. O(Lq) calls
-// of row(), stopping at the first row that is not one interval.
-struct BandRows {
-  bool ok = false;
-  int32_t lo = 0, hi = 0;
-};
-BandRows band_rows(const BoundPattern& pattern);
-
 // Which 64-key halves of entry `i` (of query tile `qt`) can hold kept keys: bit 0 keys 0-63, bit 1 keys
 // 64-127 (block_n == 128); 1 for block_n == 64. Full tiles: 3. Partial tiles whose kept keys all lie in one
 // half let the 64x128 kernel load and multiply that half only (bench: local/dilated band edges).
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i);
 
 // Builds the plan for given tile sizes (64, 128 or 192 query rows; 64 or 128 keys) and permutation (1: none).
-// The kernels have 128x128, 64x128 (head dim 64), 64x64 and 192x128 (TMA, head dim 64) tiles
-// (src/cuda/fused/launch.cuh).
-BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1);
-
-// The residue grouping that makes the pattern's rows dense: d > 1 when every run of a few sampled rows is
-// strided with a common stride multiple of d (dilated(w, d), stride(s)); 1 otherwise.
-int choose_permutation(const BoundPattern& pattern);
-
-// Whether the sm_90a warp-specialized TMA kernel (src/cuda/fused/fused_fwd_ws.cuh) runs plans of this shape:
-// no permutation, 128x128 tiles (head dim 64 or 128) or 192x128 tiles (head dim 64).
-inline bool tma_kernel_shape(int block_m, int block_n, int perm_d, int64_t head_dim) {
-  return perm_d == 1 && block_n == 128 && (block_m == 128 || (block_m == 192 && head_dim == 64));
-}
+// `analysis`: analyze(pattern) where the caller has it (its band rows), else computed here.
+BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1,
+                           const Analysis* analysis = nullptr);
 
 // Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
 // permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64, Lq + Lk < 2^30.
@@ -109,20 +90,12 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
   return band_kernel_applies(plan, head_dim) && (option == 1 || (option == -1 && !dense_rows));
 }
 
-struct TileShape {
-  int block_m, block_n;
-  bool tma = false;  // run by the warp-specialized TMA kernel (sm_90a; 128/192-row tiles, perm_d 1)
-};
-// Relative cost of one visited full tile of each shape, per score, for the Hopper kernels (measured; see
-// src/cuda/fused/NOTES.md), and of a partial tile over a full one. Used to pick the shape with the least
-// predicted time.
-double tile_cost(TileShape s, int64_t head_dim);
-double partial_tile_cost(TileShape s);
-
-// Chooses the tile shape (among the kernel's shapes) and permutation with the least predicted cost, and
-// returns the plan built with them. block_m / block_n > 0 force a shape. tma: the warp-specialized TMA
-// kernel is available (sm_90a device, FusedOptions::tma), which adds 192x128 tiles and prices 128x128 lower.
-BlockPlan choose_block_plan(const BoundPattern& pattern, int64_t head_dim, int block_m = 0, int block_n = 0,
-                            int perm_d = -1, bool tma = false);
+// Chooses the tile shape and permutation with the least predicted cost among the fused GPU rows of the kernel
+// table (plan/kernels.hpp: their shapes and costs) and returns the plan built with them. block_m / block_n > 0
+// force a shape, perm_d >= 1 a permutation. tma: the sm_90a TMA rows are available (sm_90a device, TMA allowed),
+// which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) at head dim 64 there the
+// plan is 192x128 for the band kernel.
+BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
+                            int block_n = 0, int perm_d = -1, bool tma = false);
 
 }  // namespace spattn::plan

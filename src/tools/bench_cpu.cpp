@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "spattn/config.hpp"
-#include "spattn/cpu.hpp"
+#include "spattn/plan.hpp"
 #include "spattn/error.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
@@ -308,14 +308,13 @@ int bench_cpu_main(int argc, char** argv) {
   if (reps < 1 || dense_reps < 1) throw Error("--reps and --dense-reps must be >= 1");
   std::string ref_mode = a.str("ref", (B * H * L * L <= (int64_t(1) << 27)) ? "all" : "heads");
   if (ref_mode != "all" && ref_mode != "heads" && ref_mode != "none") throw Error("unknown --ref '" + ref_mode + "' (use all, heads or none)");
-  cpu::Options opt;
+  PlanOptions opt;
+  opt.engine = Engine::cpu_fused;
   opt.threads = threads;
   const std::string isa_s = a.str("isa", "auto");
-  if (isa_s == "auto") opt.isa = cpu::Isa::automatic;
-  else if (isa_s == "avx512") opt.isa = cpu::Isa::avx512;
-  else if (isa_s == "avx2") opt.isa = cpu::Isa::avx2;
-  else if (isa_s == "generic") opt.isa = cpu::Isa::generic;
-  else throw Error("unknown --isa '" + isa_s + "' (use auto, avx512, avx2 or generic)");
+  if (isa_s != "auto" && isa_s != "avx512" && isa_s != "avx2" && isa_s != "generic")
+    throw Error("unknown --isa '" + isa_s + "' (use auto, avx512, avx2 or generic)");
+  if (isa_s != "auto") opt.kernel = isa_s;
   const bool want_dense = !a.has("no-dense");
 
   Problem prob;
@@ -330,7 +329,7 @@ int bench_cpu_main(int argc, char** argv) {
 #else
   const std::string blas = "none (built without BLAS: no dense_masked or sgemm_probe rows)";
 #endif
-  const std::string isa_used = cpu::isa_name(opt.isa == cpu::Isa::automatic ? cpu::best_isa() : opt.isa);
+  const std::string isa_used = isa_s == "auto" ? "chosen by the plan" : isa_s;
   std::printf("spattn bench --device cpu: %s; %d threads; kernels %s; BLAS %s\n", cpu_model().c_str(), threads,
               isa_used.c_str(), blas.c_str());
   std::printf("problem: B=%lld L=%lld Hq=%lld Hkv=%lld D=%lld %s; reps %d (dense %d); reference: %s\n", (long long)B,
@@ -417,10 +416,10 @@ int bench_cpu_main(int argc, char** argv) {
     const double flops = 2.0 * double(nnz) * double(D + D) * double(B * H);
     // Plan (timed separately), then the timed runs on poisoned outputs, interleaved with the sgemm_probe.
     const double tp = now_ms();
-    cpu::FusedPlan plan({pat}, prob, opt);
+    const Plan plan = make_plan(Pattern::parse(c.spec), prob, Device::cpu(), opt);
     const double plan_ms = now_ms() - tp;
     std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
-    auto run_ours = [&] { plan.run(q.view, k.view, v.view, ov, lv, opt); };
+    auto run_ours = [&] { plan.forward(q.view, k.view, v.view, ov, lv); };
     for (int i = 0; i < 2; ++i) {
       if (peak_call) peak_call();
       run_ours();
@@ -488,14 +487,14 @@ int bench_cpu_main(int argc, char** argv) {
     r.B = B, r.L = L, r.Hq = H, r.Hkv = HK, r.D = D, r.density = density, r.ms = ms, r.eff_tflops = tf;
     r.plan_ms = plan_ms, r.rel_err = err;
     std::ostringstream ex;
-    ex << ", \"threads\": " << threads << ", \"isa\": " << json_str(plan.stats().isa)
+    ex << ", \"threads\": " << threads << ", \"isa\": " << json_str(plan.kernel())
        << ", \"rel_err_scope\": " << json_str(ref_mode == "all" ? "all heads" : ref_mode == "heads" ? "query heads 0.." + std::to_string(rh - 1) : "not checked")
        << ", \"sgemm_probe_interleaved_gflops\": " << json_num(case_probe * 1e3)
        << ", \"ratio_to_sgemm_probe\": " << json_num(case_probe > 0 ? tf / case_probe : NAN)
        << ", \"ratio_to_sgemm_probe_initial\": " << json_num(peak > 0 ? tf / peak : NAN)
        << ", \"ratio_to_sgemm_qkt_shape\": " << json_num(qkt_rate > 0 ? tf / qkt_rate : NAN)
        << ", \"speedup_vs_dense_masked\": " << json_num(dense_ms / ms) << ", \"needed_speedup\": " << json_num(0.5 / density)
-       << ", \"plan\": " << json_str(plan.describe());
+       << ", \"plan\": " << json_str(plan.explain());
     r.extra = ex.str();
     rows.push_back(r);
     summary.push_back({c.name, density, ms, tf, dense_ms, err, dense_err, case_probe});
@@ -503,7 +502,7 @@ int bench_cpu_main(int argc, char** argv) {
                 "dense_masked %9.3f ms (x%.1f)  rel_err %.2e  plan %.1f ms\n",
                 c.name.c_str(), 100 * density, ms, tf * 1e3, case_probe > 0 ? 100 * tf / case_probe : 0.0,
                 case_probe * 1e3, dense_ms, dense_ms / ms, err, plan_ms);
-    std::printf("           %s\n", plan.describe().c_str());
+    std::printf("           %s\n", plan.kernel().c_str());
     std::fflush(stdout);
   }
 

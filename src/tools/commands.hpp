@@ -4,10 +4,12 @@
 #include <string>
 
 #include "spattn/pattern.hpp"
+#include "spattn/plan.hpp"
 #include "spattn/tensor.hpp"
 
 // The --impl choices for --device cpu, for help texts.
 #define SPATTN_CPU_IMPLS "auto|fused|reference"
+#define SPATTN_CUDA_IMPLS "auto|fused|unfused"
 
 namespace spattn::tools {
 
@@ -22,9 +24,10 @@ struct RunOptions {
 };
 
 int run_attention(const RunOptions& o);
-// Runs the GPU path of `spattn run` (inputs and outputs on the host); returns the kernel's seconds.
-double run_cuda(const BoundPattern& pattern, const Problem& problem, const TensorView& q, const TensorView& k,
-                const TensorView& v, float* o, float* lse, const std::string& impl);
+// Runs the GPU path of `spattn run` through a Plan on CUDA device 0 (inputs and outputs on the host); returns
+// the forward's seconds and sets *engine to the engine and kernel that ran.
+double run_cuda(const Pattern& pattern, const Problem& problem, const TensorView& q, const TensorView& k,
+                const TensorView& v, float* o, float* lse, const PlanOptions& options, std::string* engine);
 int bench_cpu_main(int argc, char** argv);
 
 }  // namespace spattn::tools

@@ -16,7 +16,9 @@
 #include "spattn/format.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
+#include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
+#include "spattn/plan.hpp"
 #include "tools/args.hpp"
 #include "tools/bench_cuda.hpp"
 #include "tools/commands.hpp"
@@ -150,73 +152,37 @@ int cmd_show(int argc, char** argv) {
 
 // ---- explain ----
 int cmd_explain(int argc, char** argv) {
-  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "dim"}, {});
+  Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "dim", "batch", "heads", "kv-heads", "dtype", "device", "engine", "kernel"},
+         {});
   const auto [lq, lk] = lengths(a, -1);
   if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
-  const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
-  const int64_t dim = a.integer("dim", 64);
-  if (dim != 64 && dim != 128) throw Error("--dim must be 64 or 128 (the fused kernel's head dims), got " + std::to_string(dim));
-  std::printf("pattern   %s\nshape     %lld queries x %lld keys\n", p.spec().c_str(), (long long)lq, (long long)lk);
-  int64_t nnz = 0, mn = std::numeric_limits<int64_t>::max(), mx = 0, nruns = 0, strided = 0, maxruns = 0, empty = 0, full_rows = 0;
-  std::vector<int64_t> col_count(size_t(lk), 0);
-  RowRuns runs;
-  for (int64_t q = 0; q < lq; ++q) {
-    p.row(q, runs);
-    const int64_t n = count_keys(runs);
-    nnz += n;
-    mn = std::min(mn, n);
-    mx = std::max(mx, n);
-    empty += n == 0;
-    full_rows += n == lk && lk > 0;
-    nruns += int64_t(runs.size());
-    maxruns = std::max<int64_t>(maxruns, int64_t(runs.size()));
-    for (const Run& r : runs) {
-      strided += r.stride > 1;
-      if (r.stride == 1) {
-        col_count[size_t(r.start)] += 1;
-        if (r.start + r.count < lk) col_count[size_t(r.start + r.count)] -= 1;  // difference array
-      }
-    }
+  const Pattern pat = Pattern::parse(require(a, "pattern"));
+  const Device dev = Device::parse(a.str("device", "cpu"));
+  Problem pr;
+  pr.q_len = lq;
+  pr.kv_len = lk;
+  pr.batch = a.integer("batch", 1);
+  pr.q_heads = a.integer("heads", 1);
+  pr.kv_heads = a.integer("kv-heads", pr.q_heads);
+  pr.head_dim = a.integer("dim", 64);
+  pr.dtype = parse_dtype(a.str("dtype", dev.kind == Device::Kind::cpu ? "fp32" : "bf16"));
+  PlanOptions opt;
+  opt.engine = parse_engine(a.str("engine", "auto"));
+  opt.kernel = a.str("kernel", "");
+  const Plan plan = make_plan(pat, pr, dev, opt);
+  const BoundPattern p = pat.bind(lq, lk);
+  std::string preview;
+  if (dev.kind == Device::Kind::cpu) {
+    // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
+    const auto t0 = std::chrono::steady_clock::now();
+    const plan::Analysis an = plan::analyze(p);
+    const plan::BlockPlan fp = plan::choose_block_plan(p, an, pr.head_dim, 0, 0, -1, true);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    char line[64];
+    std::snprintf(line, sizeof line, "; chosen among the tile shapes in %.1f ms\n", ms);
+    preview = "fused     D=" + std::to_string(pr.head_dim) + ", sm_90a: " + fp.describe() + line;
   }
-  // Columns kept by every row need exact counts: strided runs are added after the prefix sum.
-  for (int64_t k = 1; k < lk; ++k) col_count[size_t(k)] += col_count[size_t(k - 1)];
-  for (int64_t q = 0; q < lq; ++q) {
-    p.row(q, runs);
-    for (const Run& r : runs)
-      if (r.stride > 1)
-        for (int64_t t = 0; t < r.count; ++t) col_count[size_t(r.start + t * r.stride)] += 1;
-  }
-  const double dens = lq && lk ? double(nnz) / (double(lq) * double(lk)) : 0.0;
-  std::printf("nnz       %lld per head (density %.4f%%)\n", (long long)nnz, 100 * dens);
-  std::printf("keys/row  min %lld  mean %.1f  max %lld  (empty rows %lld)\n", (long long)(lq ? mn : 0), lq ? double(nnz) / lq : 0.0,
-              (long long)mx, (long long)empty);
-  std::printf("runs      %lld affine runs (%.2f per row, max %lld); %lld with stride > 1\n", (long long)nruns,
-              lq ? double(nruns) / lq : 0.0, (long long)maxruns, (long long)strided);
-  int64_t full_cols = 0;
-  for (int64_t k = 0; k < lk; ++k) full_cols += col_count[size_t(k)] == lq && lq > 0;
-  std::printf("strips    %lld dense rows (every key), %lld dense columns (every query)\n", (long long)full_rows, (long long)full_cols);
-  std::printf("blocks    size   stored    full  partial  fill%%  partial-fill histogram (<25%% <50%% <75%% <100%%)\n");
-  for (int bs : {16, 32, 64, 128}) {
-    const Bsr b = make_bsr(p, bs);
-    int64_t hist[4] = {0, 0, 0, 0};
-    for (int64_t i = 0; i < b.nblocks(); ++i) {
-      if (b.full(i)) continue;
-      const uint64_t* m = b.masks.data() + b.mask_index[size_t(i)] * b.words_per_mask();
-      int64_t bits = 0;
-      for (int64_t w = 0; w < b.words_per_mask(); ++w) bits += __builtin_popcountll(m[w]);
-      const double f = double(bits) / (double(bs) * bs);
-      hist[std::min(3, int(f * 4))] += 1;
-    }
-    const int64_t nfull = b.nblocks() - b.npartial();
-    std::printf("          %4d %8lld %7lld %8lld %6.1f  %lld %lld %lld %lld\n", bs, (long long)b.nblocks(), (long long)nfull,
-                (long long)b.npartial(), b.nblocks() ? 100.0 * double(nnz) / (double(b.nblocks()) * bs * bs) : 0.0,
-                (long long)hist[0], (long long)hist[1], (long long)hist[2], (long long)hist[3]);
-  }
-  // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
-  const auto t0 = std::chrono::steady_clock::now();
-  const plan::BlockPlan fp = plan::choose_block_plan(p, dim, 0, 0, -1, true);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("fused     D=%lld, sm_90a: %s; chosen among the tile shapes in %.1f ms\n", (long long)dim, fp.describe().c_str(), ms);
+  std::printf("%s\n%s%s", plan.explain().c_str(), plan::block_histogram(p).c_str(), preview.c_str());
   return 0;
 }
 

@@ -3,9 +3,8 @@
 #include <cstdio>
 #include <random>
 
-#include "spattn/cpu.hpp"
 #include "spattn/pattern.hpp"
-#include "spattn/reference.hpp"
+#include "spattn/plan.hpp"
 #include "tools/commands.hpp"
 #include "tools/npy.hpp"
 
@@ -79,8 +78,10 @@ int run_attention(const RunOptions& o) {
   p.validate();
   if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
   if (o.device == "cpu" && o.impl != "auto" && o.impl != "fused" && o.impl != "reference")
-    throw Error("unknown --impl '" + o.impl + "' (use " SPATTN_CPU_IMPLS ")");
-  const BoundPattern pat = Pattern::parse(o.spec).bind(p.q_len, p.kv_len);
+    throw Error("unknown --impl '" + o.impl + "' for --device cpu (use " SPATTN_CPU_IMPLS ")");
+  if (o.device == "cuda" && o.impl != "auto" && o.impl != "fused" && o.impl != "unfused")
+    throw Error("unknown --impl '" + o.impl + "' for --device cuda (use " SPATTN_CUDA_IMPLS ")");
+  const Pattern pat = Pattern::parse(o.spec);
   if (!from_files) {
     std::mt19937_64 rng(o.seed);
     q = random_tensor(p.dtype, {p.batch, p.q_len, p.q_heads, p.head_dim}, rng);
@@ -91,30 +92,31 @@ int run_attention(const RunOptions& o) {
   std::vector<float> lse(size_t(p.batch * p.q_heads * p.q_len));
   const TensorView ov = TensorView::contiguous(out.data(), DType::f32, {p.batch, p.q_len, p.q_heads, p.dv()});
   const TensorView lv = TensorView::contiguous(lse.data(), DType::f32, {p.batch, p.q_heads, p.q_len, 1});
-  const std::string impl = o.device == "cuda" ? "fused" : o.impl == "auto" ? "fused" : o.impl;
+  PlanOptions opt;
+  opt.threads = o.threads;
+  opt.engine = o.impl == "auto" ? Engine::automatic
+               : o.impl == "fused" ? (o.device == "cuda" ? Engine::cuda_fused : Engine::cpu_fused)
+               : o.impl == "unfused" ? Engine::cuda_unfused
+                                     : parse_engine(o.impl);
   double secs = 0;
+  std::string engine;
   if (o.device == "cuda") {
-    secs = run_cuda(pat, p, q.view, k.view, v.view, out.data(), lse.data(), o.impl);
-  } else if (impl == "reference") {
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu::reference_attention({pat}, p, q.view, k.view, v.view, ov, lv);
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    secs = run_cuda(pat, p, q.view, k.view, v.view, out.data(), lse.data(), opt, &engine);
   } else {
-    cpu::Options opt;
-    opt.threads = o.threads;
-    const cpu::FusedPlan plan({pat}, p, opt);  // planned once, outside the timed call
+    const Plan plan = make_plan(pat, p, Device::cpu(), opt);  // planned once, outside the timed call
+    engine = std::string(engine_name(plan.engine())) + " (" + plan.kernel() + ")";
     const auto t0 = std::chrono::steady_clock::now();
-    plan.run(q.view, k.view, v.view, ov, lv, opt);
+    plan.forward(q.view, k.view, v.view, ov, lv);
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!o.out_path.empty()) write_npy(o.out_path, out.data(), {p.batch, p.q_len, p.q_heads, p.dv()});
   if (!o.lse_path.empty()) write_npy(o.lse_path, lse.data(), {p.batch, p.q_heads, p.q_len});
   if (o.verbose) {
-    const int64_t nnz = pat.nnz();
+    const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
     const double flops = 2.0 * double(nnz) * double(p.head_dim + p.dv()) * double(p.batch * p.q_heads);
     std::printf("spattn run: pattern \"%s\"  B=%lld Lq=%lld Lk=%lld H=%lld HK=%lld D=%lld Dv=%lld %s  impl=%s device=%s\n", o.spec.c_str(),
                 (long long)p.batch, (long long)p.q_len, (long long)p.kv_len, (long long)p.q_heads, (long long)p.kv_heads,
-                (long long)p.head_dim, (long long)p.dv(), std::string(dtype_name(p.dtype)).c_str(), impl.c_str(), o.device.c_str());
+                (long long)p.head_dim, (long long)p.dv(), std::string(dtype_name(p.dtype)).c_str(), engine.c_str(), o.device.c_str());
     std::printf("  nnz %lld per head (density %.3f%%)  time %.3f ms  effective %.2f GFLOP/s\n", (long long)nnz,
                 p.q_len && p.kv_len ? 100.0 * double(nnz) / (double(p.q_len) * double(p.kv_len)) : 0.0, secs * 1e3,
                 secs > 0 ? flops / secs / 1e9 : 0.0);

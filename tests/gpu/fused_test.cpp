@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "plan/block_plan.hpp"
-#include "spattn/fused.hpp"
+#include "cuda/fused/fused_attention.hpp"
+#include "plan/analysis.hpp"
+#include "plan/kernels.hpp"
 #include "spattn/reference.hpp"
 
 namespace {
@@ -150,9 +152,9 @@ void check_case(const Case& c) {
   spattn::FusedAttention attn(bound, c.D, opt);
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
     if (on_sm90a()) {
-      EXPECT_NE(attn.kernel_name(pr).find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
+      EXPECT_NE(attn.kernel_name().find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
       if (c.running_max >= 0)
-        EXPECT_EQ(attn.kernel_name(pr).find("_rmax") != std::string::npos, c.running_max == 1) << attn.kernel_name(pr);
+        EXPECT_EQ(attn.kernel_name().find("_rmax") != std::string::npos, c.running_max == 1) << attn.kernel_name();
     }
   }
   const auto [q, k, v] = views(din.p, c.dtype);
@@ -162,6 +164,23 @@ void check_case(const Case& c) {
   ASSERT_TRUE(st.ok) << st.reason;
   attn.run(pr, q, k, v, o, lse, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // The variant the case forces is the one that ran (the kernel-table row recorded at launch).
+  {
+    using spattn::plan::KernelKind;
+    const int row = attn.last_kernel_row();
+    ASSERT_GE(row, 0) << "no kernel recorded";
+    const auto& ran = spattn::plan::kKernels[row];
+    if (c.block > 0 && c.band != 1) EXPECT_EQ(ran.block_m, c.block) << ran.name;
+    if (c.sm80) EXPECT_EQ(ran.kind, KernelKind::sm80_mma) << ran.name;
+    if (on_sm90a() && !c.sm80) {
+      if (c.no_tma) EXPECT_EQ(ran.kind, KernelKind::sm90_cp) << ran.name;
+      if (c.band == 1 && !c.no_tma) EXPECT_TRUE(spattn::plan::is_band(ran.kind)) << ran.name;
+      if (c.band == 1 && !c.no_tma && c.running_max >= 0)
+        EXPECT_EQ(ran.kind == KernelKind::sm90_band_rmax, c.running_max == 1) << ran.name;
+      if (c.persistent >= 0 && !c.no_tma)
+        EXPECT_TRUE(ran.kind == KernelKind::sm90_tma || spattn::plan::is_band(ran.kind)) << ran.name;
+    }
+  }
   std::vector<uint16_t> ho(nq);
   std::vector<float> hlse(size_t(c.B * c.Hq * c.Lq));
   ASSERT_EQ(cudaMemcpy(ho.data(), dout.p, nq * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -191,7 +210,7 @@ void check_case(const Case& c) {
     else lse_bad += !(std::abs(x - r) <= 2e-2 * std::max(1.0, std::abs(r)));
   }
   EXPECT_EQ(lse_bad, 0) << "LSE mismatches (fully masked rows must give -inf)";
-  std::cout << "  " << c.what << ": rel err " << rel << "; " << attn.kernel_name(pr) << "; " << attn.explain() << "\n";
+  std::cout << "  " << c.what << ": rel err " << rel << "; " << attn.kernel_name() << "; " << attn.explain() << "\n";
 }
 
 class FusedSuite : public ::testing::TestWithParam<Case> {};
@@ -330,12 +349,12 @@ TEST(FusedPlan, BandAndPermutation) {
   EXPECT_EQ(p.n_band, 32);
   EXPECT_EQ(p.nnz, int64_t(4096) * 4097 / 2);
   const auto dil = spattn::parse("dilated(256, 2)").bind(4096);
-  EXPECT_EQ(spattn::plan::choose_permutation(dil), 2);
+  EXPECT_EQ(spattn::plan::analyze(dil).permutation(spattn::plan::kMaxGpuPermutation), 2);
   const auto pd = spattn::plan::build_block_plan(dil, 128, 128, 2);
   EXPECT_EQ(pd.n_bitmask, 0);
   EXPECT_LT(pd.waste(), 1.5);
   const auto bb = spattn::parse("bigbird(64, 1, 2, 3, seed=0)").bind(4096);
-  const auto pb = spattn::plan::choose_block_plan(bb, 64);
+  const auto pb = spattn::plan::choose_block_plan(bb, spattn::plan::analyze(bb), 64);
   EXPECT_EQ(pb.block_m, 64);
   EXPECT_NEAR(pb.waste(), 1.0, 1e-9);
 }
@@ -489,7 +508,7 @@ TEST(FusedApi, RunningMaxChosenForLongRows) {
     pr.batch = 1, pr.q_heads = pr.kv_heads = 2, pr.q_len = pr.kv_len = c.L, pr.head_dim = 64;
     pr.dtype = DType::bf16;
     spattn::FusedAttention attn(spattn::parse(c.spec).bind(c.L), 64, {});
-    const std::string name = attn.kernel_name(pr);
+    const std::string name = attn.kernel_name();
     EXPECT_NE(name.find("_band"), std::string::npos) << c.spec << " L=" << c.L << ": " << name;
     EXPECT_EQ(name.find("_rmax") != std::string::npos, c.rmax) << c.spec << " L=" << c.L << ": " << name;
   }
@@ -521,8 +540,12 @@ TEST(FusedApi, BandOutputWithoutTensorMap) {
   const auto st = attn.can_implement(pr, q, k, v, o_strided, TensorView{});
   ASSERT_TRUE(st.ok) << st.reason;
   attn.run(pr, q, k, v, tv(d1.p), TensorView{}, nullptr);
+  if (on_sm90a()) EXPECT_TRUE(spattn::plan::is_band(spattn::plan::kKernels[attn.last_kernel_row()].kind));
   attn.run(pr, q, k, v, o_strided, TensorView{}, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (on_sm90a())
+    EXPECT_EQ(spattn::plan::kKernels[attn.last_kernel_row()].kind, spattn::plan::KernelKind::sm90_tma)
+        << "an output without a tensor map runs the band plan through the TMA kernel";
   std::vector<uint16_t> o1(n), o2(size_t(B * L * row));
   ASSERT_EQ(cudaMemcpy(o1.data(), d1.p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(o2.data(), d2.p, o2.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);

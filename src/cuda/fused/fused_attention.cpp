@@ -1,10 +1,12 @@
-// cuda/fused/fused_attention.cu — spattn::FusedAttention (include/spattn/fused.hpp) over FusedFwd.
-#include "spattn/fused.hpp"
+// cuda/fused/fused_attention.cpp — spattn::FusedAttention (cuda/fused/fused_attention.hpp) over FusedFwd.
+#include "cuda/fused/fused_attention.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <sstream>
 
 #include "cuda/fused/fused_fwd.hpp"
+#include "plan/kernels.hpp"
 
 namespace spattn {
 
@@ -15,24 +17,31 @@ struct FusedAttention::Impl {
   std::unique_ptr<DevicePlan> plan;
   FusedOptions options;
   double plan_ms = 0;
+  mutable std::atomic<int> last_row{-1};
 
   FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse) const {
-    return {problem, q, k, v, o, lse, options.force_sm80, !options.tma, options.persistent, options.band, options.split,
-            options.running_max};
+    return {problem, q, k, v, o, lse, options.persistent, options.split};
   }
 };
 
-FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options)
+FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options,
+                               const plan::Analysis* analysis)
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   impl_->options = options;
-  // The warp-specialized TMA kernel (and its 192-row tiles) exists on compute capability 9.0 (sm_90a).
   int dev = 0;
   cuda::fused::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  const bool sm90 = cuda::fused::device_cc(dev) == 90;
-  impl_->plan = std::make_unique<DevicePlan>(plan::choose_block_plan(
-      pattern, head_dim, options.block_m, options.block_n, options.perm_d, sm90 && options.tma && !options.force_sm80));
+  const int cc = cuda::fused::device_cc(dev);
+  const plan::Analysis own = analysis ? plan::Analysis{} : plan::analyze(pattern);
+  const plan::Analysis& an = analysis ? *analysis : own;
+  // The TMA rows of the kernel table (and their 192-row tiles) exist on compute capability 9.0 (sm_90a).
+  const bool tma = cc == 90 && options.tma && !options.force_sm80;
+  plan::BlockPlan hp =
+      plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma);
+  const int row =
+      FusedFwd::choose_kernel(hp, head_dim, cc, {options.force_sm80, options.tma, options.band, options.running_max});
+  impl_->plan = std::make_unique<DevicePlan>(std::move(hp), row);
   impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 FusedAttention::~FusedAttention() = default;
@@ -51,29 +60,31 @@ void FusedAttention::run(const Problem& problem, const TensorView& q, const Tens
   const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan, &params);
   if (!st.ok) throw Error(st.reason);
   FusedFwd::run(params, static_cast<cudaStream_t>(stream));
+  impl_->last_row.store(params.kernel_row, std::memory_order_relaxed);
 }
 
 std::string FusedAttention::explain() const {
   std::ostringstream s;
-  s << "fused block-sparse attention: " << impl_->plan->host().describe();
+  s << "fused block-sparse attention, kernel " << kernel_name() << ": " << impl_->plan->host().describe();
   if (impl_->plan->narrow_entries() > 0) s << ", " << impl_->plan->narrow_entries() << " half-width";
   s << "; plan " << impl_->plan_ms << " ms";
   return s.str();
 }
-std::string FusedAttention::kernel_name(const Problem& problem) const {
-  FusedFwd::Params p;
-  p.block_m = block_m();
-  p.block_n = block_n();
-  p.head_dim = int(problem.head_dim);
-  p.bf16 = problem.dtype == DType::bf16;
-  p.sm90 = !impl_->options.force_sm80 && cuda::fused::device_cc(impl_->plan->device()) == 90;
-  const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
-  p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
-  p.band = p.ws && plan::band_kernel_runs(hp, problem.head_dim, impl_->options.band);
-  p.band_running_max = p.band && FusedFwd::band_running_max(*impl_->plan, impl_->options.running_max);
-  return FusedFwd::kernel_name(p);
+int FusedAttention::kernel_row() const { return impl_->plan->kernel_row(); }
+int FusedAttention::last_kernel_row() const { return impl_->last_row.load(std::memory_order_relaxed); }
+std::string FusedAttention::kernel_name() const {
+  const int row = kernel_row();
+  return row >= 0 ? plan::kKernels[row].name : "none";
 }
 double FusedAttention::plan_ms() const { return impl_->plan_ms; }
+double FusedAttention::predicted_cost() const {
+  const plan::BlockPlan& hp = impl_->plan->host();
+  const int row = kernel_row();
+  if (row < 0 || hp.nnz == 0) return 0;
+  const plan::KernelConfig& c = plan::kKernels[row];
+  const double partial = double(hp.n_band + hp.n_bitmask);
+  return (double(hp.n_full) + partial * c.partial_cost) * hp.block_m * hp.block_n * c.full_cost / double(hp.nnz);
+}
 int64_t FusedAttention::nnz() const { return impl_->plan->host().nnz; }
 int FusedAttention::block_m() const { return impl_->plan->host().block_m; }
 int FusedAttention::block_n() const { return impl_->plan->host().block_n; }

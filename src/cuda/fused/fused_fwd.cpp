@@ -1,5 +1,6 @@
 // cuda/fused/fused_fwd.cu — host side of the fused kernel: plan upload, checks, parameters, dispatch.
 #include "cuda/fused/fused_fwd.hpp"
+#include "plan/kernels.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -98,13 +99,10 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
   return true;
 }
 
-// Whether the warp-specialized TMA kernel runs this plan (sm_90a), with its tensor maps filled in `k` (K/V
-// boxes of `kv_rows` rows: the key tile, or the band kernel's 64-key chunk).
-bool use_ws(const FusedFwd::Arguments& a, const plan::BlockPlan& hp, bool sm90, int kv_rows, FusedParams& k) {
-  if (!sm90 || a.no_tma || !plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, a.problem.head_dim))
-    return false;
-  return encode_tmap(k.tmap_q, a.q, hp.block_m) && encode_tmap(k.tmap_k, a.k, kv_rows) &&
-         encode_tmap(k.tmap_v, a.v, kv_rows);
+// The tensor maps of q, k and v for the TMA and band kernels (K/V boxes of `kv_rows` rows: the key tile, or the
+// band kernel's 64-key chunk); false where the driver's rules refuse one (strides, alignment).
+bool encode_qkv(const FusedFwd::Arguments& a, int q_rows, int kv_rows, FusedParams& k) {
+  return encode_tmap(k.tmap_q, a.q, q_rows) && encode_tmap(k.tmap_k, a.k, kv_rows) && encode_tmap(k.tmap_v, a.v, kv_rows);
 }
 }  // namespace
 
@@ -115,9 +113,8 @@ static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
   return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
 }
 
-// Whether the band kernel's non-empty slabs average 24 chunks (1536 keys) or more: where its running-max steps are
-// chosen (FusedOptions::running_max). Measured (H100, bench/results/README.md "Session 11"): causal +4% at
-// L=16384, +2% at 4096; local(256) (9 chunks a slab) -1.3 to -2.5% at L=4096.
+// Whether the band kernel's non-empty slabs average plan::kRunningMaxChunks chunks or more: where its running-max
+// steps are chosen (FusedOptions::running_max).
 static bool band_rows_are_long(const plan::BlockPlan& hp) {
   int64_t chunks = 0, slabs = 0;
   for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
@@ -126,10 +123,10 @@ static bool band_rows_are_long(const plan::BlockPlan& hp) {
       chunks += n;
       slabs += n > 0;
     }
-  return slabs > 0 && chunks >= 24 * slabs;
+  return slabs > 0 && chunks >= plan::kRunningMaxChunks * slabs;
 }
 
-DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
+DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(host)), kernel_row_(kernel_row) {
   const auto t0 = std::chrono::steady_clock::now();
   check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
@@ -156,8 +153,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
     // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
-    if (host_.band && host_.block_m == 192) {
-      long_band_rows_ = band_rows_are_long(host_);
+    if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
       split_cap_ = device_sms(device_);
       check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
                  "allocate the split workspace");
@@ -207,11 +203,11 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
     return Status::fail("fused kernel: plan was built for lengths " + std::to_string(hp.q_len) + "x" +
                         std::to_string(hp.k_len) + ", problem has " + std::to_string(pr.q_len) + "x" +
                         std::to_string(pr.kv_len));
-  if (!((hp.block_m == 128 && hp.block_n == 128) || (hp.block_m == 64 && hp.block_n == 64) ||
-        (hp.block_m == 64 && hp.block_n == 128 && pr.head_dim == 64) ||
-        (hp.block_m == 192 && hp.block_n == 128 && pr.head_dim == 64)))
+  const int row = plan.kernel_row();
+  if (row < 0 || plan::kKernels[row].head_dim != pr.head_dim)
     return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n) +
-                        " at head dim " + std::to_string(pr.head_dim));
+                        " at head dim " + std::to_string(pr.head_dim) +
+                        (row >= 0 ? std::string(" (plan chose ") + plan::kKernels[row].name + ")" : std::string()));
   if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)
     return Status::fail("fused kernel: lengths must stay below 2^31");
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
@@ -255,11 +251,9 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
     return Status::fail(e.what());
   }
   if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
-  if (hp.block_m == 192) {  // only the warp-specialized TMA kernel has 192-row tiles
-    if (cc != 90 || a.force_sm80 || a.no_tma)
-      return Status::fail("fused kernel: 192x128 tiles need the sm_90a TMA kernel (compute capability 9.0, TMA allowed)");
-    if (hp.perm_d != 1) return Status::fail("fused kernel: 192x128 tiles need a plan without permutation (perm_d 1)");
-  }
+  if (plan::is_sm90(plan::kKernels[row].kind) && cc != 90)
+    return Status::fail(std::string("fused kernel: ") + plan::kKernels[row].name +
+                        " needs an sm_90a device (compute capability 9.0), device has " + std::to_string(cc));
   if (hp.block_m == 192 || params) {
     // The launch parameters (tensor maps encoded once, here, when the caller asks for them).
     Params p;
@@ -268,7 +262,7 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
     } catch (const Error& e) {
       return Status::fail(e.what());
     }
-    if (hp.block_m == 192 && !p.ws)
+    if (p.kernel_row < 0)
       return Status::fail("fused kernel: 192x128 tiles: the driver refused a tensor map of q, k or v (strides)");
     if (params) *params = p;
   }
@@ -308,18 +302,25 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.order = plan.order();
   k.work_counter = plan.work_counter();
   k.q_tiles = int(hp.q_tiles);
-  out.block_m = hp.block_m;
-  out.block_n = hp.block_n;
-  out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
-  out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
-  // FusedOptions::band; the band kernel also stores through o's tensor map (else the TMA kernel runs the plan).
-  const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band) && out.sm90 && encode_tmap(k.tmap_o, a.o, 64);
-  out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
-  out.band = out.ws && band;
+  // The plan's row, or where the tensors' strides admit no tensor map, the row that runs without it: the band
+  // kernel stores through o's map (else the TMA kernel runs the band plan), the TMA kernels load through q's,
+  // k's and v's (else the cp.async kernel of the tile shape; 192-row tiles have none: can_implement refuses).
+  using plan::KernelKind;
+  int row = plan.kernel_row();
+  KernelKind kind = plan::kKernels[row].kind;
+  if (plan::is_band(kind) && !encode_tmap(k.tmap_o, a.o, 64)) {
+    row = plan::find_kernel(KernelKind::sm90_tma, hp.block_m, hp.block_n, int(pr.head_dim));
+    kind = KernelKind::sm90_tma;
+  }
+  if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) &&
+      !encode_qkv(a, hp.block_m, plan::is_band(kind) ? 64 : hp.block_n, k)) {
+    row = plan::find_kernel(KernelKind::sm90_cp, hp.block_m, hp.block_n, int(pr.head_dim));
+    kind = KernelKind::sm90_cp;
+  }
+  out.kernel_row = row;
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
-  out.band_running_max = out.band && band_running_max(plan, a.running_max);
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (NOTES.md, v9).
@@ -330,9 +331,9 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.trace = nullptr;
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
-  if (out.ws && k.persistent) {
+  if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) && k.persistent) {
     const unsigned sms = unsigned(device_sms(plan.device()));
-    if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
+    if (plan::is_band(kind)) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
   }
@@ -409,7 +410,7 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
 // 4 u64 an event.
 static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
   static const char* file = std::getenv("SPATTN_TRACE_FILE");
-  if (file == nullptr || !p.band) return false;
+  if (file == nullptr || p.kernel_row < 0 || !plan::is_band(plan::kKernels[p.kernel_row].kind)) return false;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return false;
   constexpr size_t kEvents = kTraceEvents;
@@ -439,19 +440,30 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 #ifdef SPATTN_TRACE
   if (traced_run(p, stream)) return;
 #endif
-  const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
+  if (p.kernel_row < 0 || p.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
+  const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
 }
 
-bool FusedFwd::band_running_max(const DevicePlan& plan, int running_max) {
-  return running_max >= 0 ? running_max == 1 : plan.long_band_rows();
+std::string FusedFwd::kernel_name(const Params& p) {
+  return std::string(p.kernel_row >= 0 ? plan::kKernels[p.kernel_row].name : "none") + (p.bf16 ? "_bf16" : "_fp16");
 }
 
-std::string FusedFwd::kernel_name(const Params& p) {
-  return std::string("fused_") + (p.sm90 ? "sm90" : "sm80") + "_" + std::to_string(p.block_m) + "x" +
-         std::to_string(p.block_n) + "_d" + std::to_string(p.head_dim) + (p.bf16 ? "_bf16" : "_fp16") +
-         (p.band ? (p.band_running_max ? "_band_rmax" : "_band") : p.ws ? "_ws" : "");
+int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const KernelChoice& o) {
+  using plan::KernelKind;
+  const int d = int(head_dim);
+  if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);
+  if (o.tma && hp.perm_d == 1) {
+    if (plan::band_kernel_runs(hp, head_dim, o.band)) {
+      const bool rmax = o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp);
+      const int row = plan::find_kernel(rmax ? KernelKind::sm90_band_rmax : KernelKind::sm90_band, hp.block_m, hp.block_n, d);
+      if (row >= 0) return row;
+    }
+    const int row = plan::find_kernel(KernelKind::sm90_tma, hp.block_m, hp.block_n, d);
+    if (row >= 0) return row;
+  }
+  return plan::find_kernel(KernelKind::sm90_cp, hp.block_m, hp.block_n, d);
 }
 
 }  // namespace spattn::cuda::fused

@@ -23,15 +23,18 @@ struct Status {
   static Status fail(std::string r) { return {false, std::move(r)}; }
 };
 
-// A BlockPlan uploaded to the current CUDA device (owned device arrays).
+// A BlockPlan uploaded to the current CUDA device (owned device arrays), with the kernel-table row chosen to
+// run it (plan/kernels.hpp; a run may fall back from it where the tensors' strides admit no tensor map:
+// FusedFwd::to_params).
 class DevicePlan {
  public:
-  explicit DevicePlan(plan::BlockPlan host);
+  DevicePlan(plan::BlockPlan host, int kernel_row);
   ~DevicePlan();
   DevicePlan(const DevicePlan&) = delete;
   DevicePlan& operator=(const DevicePlan&) = delete;
 
   const plan::BlockPlan& host() const { return host_; }
+  int kernel_row() const { return kernel_row_; }
   int device() const { return device_; }
   const int64_t* row_offsets() const { return row_offsets_; }
   const int4* entries() const { return entries_; }
@@ -50,11 +53,10 @@ class DevicePlan {
   // (kSplitWarps * 32 * kSplitFloats floats each: 7.3 MB on a 132-SM H100).
   float* split_ws() const { return split_ws_; }
   int split_cap() const { return split_cap_; }
-  // Band plans of 192-row items whose slabs keep 1536 keys or more on average (FusedFwd::band_running_max).
-  bool long_band_rows() const { return long_band_rows_; }
 
  private:
   plan::BlockPlan host_;
+  int kernel_row_ = -1;
   int device_ = 0;
   int64_t* row_offsets_ = nullptr;
   int4* entries_ = nullptr;
@@ -63,9 +65,16 @@ class DevicePlan {
   int* work_counter_ = nullptr;
   float* split_ws_ = nullptr;
   int split_cap_ = 0;
-  bool long_band_rows_ = false;
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
+};
+
+// The forcing fields of FusedOptions (cuda/fused/fused_attention.hpp) that choose_kernel reads.
+struct KernelChoice {
+  bool force_sm80 = false;  // the mma.sync kernels
+  bool tma = true;          // false: never the TMA or band kernels
+  int band = -1;            // band kernel: 1 where it applies, 0 never, -1 chosen
+  int running_max = -1;     // band kernel's running-max steps: 1 always, 0 never, -1 chosen (long rows)
 };
 
 class FusedFwd {
@@ -73,13 +82,9 @@ class FusedFwd {
   struct Arguments {
     Problem problem;
     TensorView q, k, v, o, lse;  // lse.data may be null
-    bool force_sm80 = false;     // run the mma.sync kernel even on Hopper (tests)
-    bool no_tma = false;         // sm_90a: the cp.async kernels even where the warp-specialized TMA one applies
-    int persistent = -1;         // TMA kernel: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
-    int band = -1;               // band-row plans on sm_90a: 1 / -1 the band kernel where it applies, 0 never
+    int persistent = -1;         // TMA and band kernels: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
     int split = -1;              // band kernel: FusedOptions::split (-1 chosen, 0 never, 1 the last items as
                                  // slabs, 2-4 the last items in that many parts over their keys)
-    int running_max = -1;        // band kernel: FusedOptions::running_max (-1 chosen, 1 always, 0 never)
   };
   using Params = LaunchParams;
 
@@ -91,11 +96,11 @@ class FusedFwd {
   static Params to_params(const Arguments& args, const DevicePlan& plan);
   // Launches on `stream`; throws spattn::Error on a launch error.
   static void run(const Params& params, cudaStream_t stream);
-  // The kernel's name for a configuration (for explain and bench rows).
+  // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // Whether the band kernel runs `plan` with running-max steps (Arguments::running_max: -1 chosen, for rows of 1536
-  // keys or more on average: DevicePlan::long_band_rows).
-  static bool band_running_max(const DevicePlan& plan, int running_max);
+  // The kernel-table row that runs `hp` on a device of compute capability `cc` (major * 10 + minor) at
+  // `head_dim` with `options`' forcing fields; -1 where the table has none.
+  static int choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const KernelChoice& options);
 
  private:
   // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at

@@ -69,14 +69,11 @@ inline constexpr unsigned kTraceEvents = 1u << 20;
 inline constexpr int kKtMask = (1 << 28) - 1;
 inline constexpr int kHalfShift = 28;
 
-// One launch: the kernel parameters plus the configuration that selects the instantiation.
+// One launch: the kernel parameters plus the row of the kernel table (plan/kernels.hpp) that runs them.
 struct LaunchParams {
   FusedParams kernel;
-  int block_m = 0, block_n = 0, head_dim = 0;
-  bool bf16 = true, sm90 = false;
-  bool ws = false;  // sm_90a warp-specialized TMA kernel (fused_fwd_ws.cuh): 128/192-row tiles, perm_d == 1
-  bool band = false;  // with ws: the band kernel (fused_fwd_band.cuh) for band-row plans, head dim 64
-  bool band_running_max = false;  // with band: its instantiation with running-max steps (BandTraits::kRunningMax)
+  int kernel_row = -1;  // plan::kKernels index: its kind, tile shape and head dim select the instantiation
+  bool bf16 = true;
   unsigned grid = 0;
 };
 

@@ -1,11 +1,13 @@
 // cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
 #pragma once
 #include <mutex>
+#include <utility>
 
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
 #include "cuda/fused/fused_fwd_ws.cuh"
 #include "cuda/fused/fused_params.hpp"
+#include "plan/kernels.hpp"
 
 namespace spattn::cuda::fused {
 
@@ -36,47 +38,39 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The configurations (one table: dispatch, the planner's shapes and the test sweep all follow it):
-//   tiles 128x128 (two warpgroups), 64x128 (one; head dim 64 only: at 128 a stage is 64 KB) and 64x64 (one),
-//   head dim 64 and 128, bf16 and fp16.
+// One row of the kernel table (plan/kernels.hpp) in this architecture's file: the instantiation of row I, or
+// cudaErrorInvalidConfiguration where the row belongs to the other file (or to no GPU kernel).
+template <int I, bool kSm90>
+int launch_row(const LaunchParams& p, cudaStream_t stream) {
+  using plan::KernelKind;
+  constexpr plan::KernelConfig c = plan::kKernels[I];
+  if constexpr (kSm90 && c.kind == KernelKind::sm90_tma) {
+    if (p.bf16) return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, true>, Kind::kWs>(p, stream));
+    return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, false>, Kind::kWs>(p, stream));
+  } else if constexpr (kSm90 && plan::is_band(c.kind)) {
+    static_assert(c.block_m == 192 && c.head_dim == 64, "the band kernel has 192-row items at head dim 64");
+    constexpr bool kRunningMax = c.kind == KernelKind::sm90_band_rmax;
+    if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax>, Kind::kBand>(p, stream));
+    return int(launch_one<BandTraits<192, false, kRunningMax>, Kind::kBand>(p, stream));
+  } else if constexpr ((kSm90 && c.kind == KernelKind::sm90_cp) || (!kSm90 && c.kind == KernelKind::sm80_mma)) {
+    if (p.bf16) return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, true, kSm90>>(p, stream));
+    return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, false, kSm90>>(p, stream));
+  } else {
+    return int(cudaErrorInvalidConfiguration);
+  }
+}
+
+template <bool kSm90, int... I>
+int launch_rows(const LaunchParams& p, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  int e = int(cudaErrorInvalidConfiguration);
+  (void)((p.kernel_row == I && (e = launch_row<I, kSm90>(p, stream), true)) || ...);
+  return e;
+}
+
+// Launches the table row p.kernel (the rows of this architecture; others: cudaErrorInvalidConfiguration).
 template <bool kSm90>
-int launch_table(const LaunchParams& p, void* stream_) {
-  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  if constexpr (kSm90) {
-    // The band kernel (band-row plans): 192 query rows, head dim 64; with or without running-max steps.
-    if (p.band) {
-      if (!p.ws || p.block_m != 192 || p.head_dim != 64) return int(cudaErrorInvalidConfiguration);
-      if (p.band_running_max) {
-        if (p.bf16) return int(launch_one<BandTraits<192, true, true>, Kind::kBand>(p, stream));
-        return int(launch_one<BandTraits<192, false, true>, Kind::kBand>(p, stream));
-      }
-      if (p.bf16) return int(launch_one<BandTraits<192, true>, Kind::kBand>(p, stream));
-      return int(launch_one<BandTraits<192, false>, Kind::kBand>(p, stream));
-    }
-    // Warp-specialized TMA kernels: 128x128 and 192x128 at head dim 64, 128x128 at 128.
-#define SPATTN_FUSED_WS_CASE(BM, BN, D)                                                        \
-    if (p.ws && p.block_m == BM && p.block_n == BN && p.head_dim == D) {                       \
-      if (p.bf16) return int(launch_one<WsTraits<BM, BN, D, true>, Kind::kWs>(p, stream));     \
-      return int(launch_one<WsTraits<BM, BN, D, false>, Kind::kWs>(p, stream));                \
-    }
-    SPATTN_FUSED_WS_CASE(128, 128, 64)
-    SPATTN_FUSED_WS_CASE(192, 128, 64)
-    SPATTN_FUSED_WS_CASE(128, 128, 128)
-#undef SPATTN_FUSED_WS_CASE
-    if (p.ws) return int(cudaErrorInvalidConfiguration);
-  }
-#define SPATTN_FUSED_CASE(BM, BN, D)                                            \
-  if (p.block_m == BM && p.block_n == BN && p.head_dim == D) {                  \
-    if (p.bf16) return int(launch_one<Traits<BM, BN, D, true, kSm90>>(p, stream));   \
-    return int(launch_one<Traits<BM, BN, D, false, kSm90>>(p, stream));              \
-  }
-  SPATTN_FUSED_CASE(128, 128, 64)
-  SPATTN_FUSED_CASE(64, 128, 64)
-  SPATTN_FUSED_CASE(64, 64, 64)
-  SPATTN_FUSED_CASE(128, 128, 128)
-  SPATTN_FUSED_CASE(64, 64, 128)
-#undef SPATTN_FUSED_CASE
-  return int(cudaErrorInvalidConfiguration);
+int launch_table(const LaunchParams& p, void* stream) {
+  return launch_rows<kSm90>(p, static_cast<cudaStream_t>(stream), std::make_integer_sequence<int, plan::kNumKernels>{});
 }
 
 }  // namespace spattn::cuda::fused

@@ -1,10 +1,5 @@
-// spattn/cpu.hpp — the fast CPU attention: fused, multi-threaded, cost proportional to the pattern's nonzeros.
-//
-//   std::vector<spattn::BoundPattern> pats{spattn::parse("longformer(256, 32)").bind(L)};
-//   spattn::cpu::attention(pats, problem, q, k, v, o, lse);            // plans, then runs
-//
-//   spattn::cpu::FusedPlan plan(pats, problem);                        // or plan once ...
-//   plan.run(q, k, v, o, lse);                                         // ... and run many times
+// cpu/fused_plan.hpp — the CPU backend of spattn::Plan (include/spattn/plan.hpp): the fused, multi-threaded
+// CPU attention, cost proportional to the pattern's nonzeros.
 //
 // Semantics are PATTERNS.md's, exactly those of spattn::cpu::reference_attention (the oracle it is tested
 // against): q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] in fp32, fp16 or bf16 (one dtype for
@@ -17,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/analysis.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -56,7 +52,9 @@ class FusedPlan {
  public:
   // `patterns`: one for all heads or one per query head, each bound to (problem.q_len, problem.kv_len).
   // Options::threads is used to build the plan; Options::isa fixes the kernel set (and the tile height).
-  FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options = {});
+  // `analyses`: plan::analyze of each pattern where the caller has them (make_plan), else computed here.
+  FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options = {},
+            const std::vector<plan::Analysis>* analyses = nullptr);
   ~FusedPlan();
   FusedPlan(FusedPlan&&) noexcept;
   FusedPlan& operator=(FusedPlan&&) noexcept;

@@ -1,6 +1,6 @@
-// spattn/fused.hpp — the fused block-sparse flash-attention forward (GPU).
+// cuda/fused/fused_attention.hpp — the fused GPU backend of spattn::Plan (include/spattn/plan.hpp): the fused
+// block-sparse flash-attention forward.
 //
-//   auto bound = spattn::parse("local(256)").bind(L);
 //   spattn::FusedAttention attn(bound, /*head_dim=*/64);       // builds the tile plan, uploads it once
 //   if (auto st = attn.can_implement(problem, q, k, v, o, lse); !st.ok) ... st.reason ...
 //   attn.run(problem, q, k, v, o, lse, stream);                // relaunchable, graph-capturable
@@ -10,11 +10,15 @@
 //
 // Tensors are device pointers in TensorViews ([B, L, H, D], head dim contiguous); bf16 or fp16; head dim
 // 64 or 128; GQA (Hq % Hkv == 0); lse [B, Hq, Lq] (shape {B, Hq, Lq, 1}) fp32 natural log, optional.
+// The kernel that runs is a row of the kernel table (plan/kernels.hpp), chosen once at construction
+// (kernel_row()); a run falls back from it only where the tensors' strides admit no tensor map, and records the
+// row it launched (last_kernel_row()).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "plan/analysis.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -47,8 +51,10 @@ struct FusedStatus {
 
 class FusedAttention {
  public:
-  // Builds the plan on the host and uploads it to the current CUDA device. Throws Error.
-  FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options = {});
+  // Builds the plan on the host and uploads it to the current CUDA device. Throws Error. `analysis`:
+  // plan::analyze(pattern) where the caller has it (make_plan), else computed here.
+  FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options = {},
+                 const plan::Analysis* analysis = nullptr);
   ~FusedAttention();
   FusedAttention(FusedAttention&&) noexcept;
   FusedAttention& operator=(FusedAttention&&) noexcept;
@@ -62,8 +68,13 @@ class FusedAttention {
            const TensorView& o, const TensorView& lse, void* stream = nullptr) const;
 
   std::string explain() const;  // tile shape, permutation, visited/full/band/bitmask tiles, waste
-  std::string kernel_name(const Problem& problem) const;
+  int kernel_row() const;       // the kernel-table row the plan chose (plan/kernels.hpp)
+  int last_kernel_row() const;  // the row the last run launched (-1 before the first run)
+  std::string kernel_name() const;  // kKernels[kernel_row()].name
   double plan_ms() const;       // host build + upload
+  // The planner's cost model for the chosen row: visited tile area (partial tiles at the row's partial cost)
+  // times the row's cost per score, over the kept scores; 1.0 = a dense 64x128 tile's cost per score.
+  double predicted_cost() const;
   int64_t nnz() const;          // kept (q, k) per head
   int block_m() const;
   int block_n() const;

@@ -1,4 +1,4 @@
-// cpu/parallel.hpp — the library's worker threads (internal): parallel_for over a process-wide pool of kept
+// common/parallel.hpp — the library's worker threads (internal): parallel_for over a process-wide pool of kept
 // threads (the CPU attention kernels, the GPU tile planner), spin_until for short waits.
 #pragma once
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-namespace spattn::cpu {
+namespace spattn::common {
 
 inline void cpu_pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -129,4 +129,4 @@ void parallel_for(int64_t n, int threads, Fn&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace spattn::cpu
+}  // namespace spattn::common

@@ -1,0 +1,125 @@
+// spattn/plan.hpp — the one way to run sparse attention: plan once, run many times, on the CPU or a GPU.
+//
+//   spattn::Problem problem{.batch = 2, .q_heads = 16, .kv_heads = 16, .q_len = 4096, .kv_len = 4096,
+//                           .head_dim = 64, .dtype = spattn::DType::bf16};
+//   spattn::Plan plan = spattn::make_plan(spattn::parse("longformer(256, 32)"), problem, spattn::Device::cuda(0));
+//   std::cout << plan.explain();                  // the analysis, the engine and kernel chosen, and why
+//   plan.forward(q, k, v, o, lse, stream);        // TensorViews; no hidden allocation; relaunchable
+//
+// make_plan analyses each distinct pattern once (plan/analysis: keys a row, band rows, residue strides, 2-D
+// grids), hands the analysis to the engine's tiler, and picks a kernel from the one kernel table
+// (plan/kernels.hpp). The plan is immutable and reusable; forward() checks every tensor against the problem the
+// plan was built for and throws spattn::Error naming the tensor, the dimension and both values on a mismatch.
+//
+// Engines (PlanOptions::engine; `automatic` picks the first that takes the problem):
+//   cpu_fused     the CPU: q/k/v fp32, fp16 or bf16, any strides; o and lse fp32. All cores by default.
+//   cuda_fused    an NVIDIA GPU (sm_80+, the measured path sm_90a): q/k/v/o bf16 or fp16 device memory with a
+//                 contiguous head dim, head dim 64 or 128, value dim = head dim; lse fp32 [B, Hq, Lq].
+//                 Relaunchable on one stream and capturable in a CUDA graph (one plan per concurrent stream).
+//   cuda_unfused  an NVIDIA GPU: SDDMM -> sparse softmax -> SpMM (BSR blocks on tensor cores, CSR elements on
+//                 CUDA cores); f32 too, head dims multiples of 8 up to 256; o in the input dtype. Needs a workspace
+//                 that the plan owns (allocated at make_plan).
+//   reference     the fp64 oracle on the CPU (any dtype in, o/lse f32 or f64): straight from the pattern's
+//                 predicate, O(Lq * Lk) — for checking, never for speed.
+//
+// Layout: q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], o [B, Lq, Hq, Dv], lse [B, Hq, Lq] (shape
+// {B, Hq, Lq, 1}), natural log; any strides a TensorView expresses ([B, H, L, D] storage too). Hq % Hkv == 0
+// (grouped-query attention). A query row that keeps no key gives O = 0 and LSE = -inf.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spattn/format.hpp"
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn {
+
+// Where a plan runs.
+struct Device {
+  enum class Kind : uint8_t { cpu, cuda };
+  Kind kind = Kind::cpu;
+  int index = 0;
+
+  static Device cpu() { return {}; }
+  static Device cuda(int index = 0) { return {Kind::cuda, index}; }
+  // "cpu", "cuda", "cuda:1"; throws Error naming the text otherwise.
+  static Device parse(std::string_view text);
+  std::string str() const;
+  bool operator==(const Device&) const = default;
+};
+
+// A CUDA stream (cudaStream_t) for GPU plans; null is the legacy default stream. Ignored on the CPU.
+using Stream = void*;
+
+enum class Engine : uint8_t { automatic, cpu_fused, cuda_fused, cuda_unfused, reference };
+std::string_view engine_name(Engine e);
+Engine parse_engine(std::string_view name);  // "auto", "cpu", "cuda_fused", "cuda_unfused", "reference"
+
+struct PlanOptions {
+  Engine engine = Engine::automatic;
+  int threads = 0;  // CPU engine: worker threads (0: all hardware threads)
+  // Force a kernel of the table (plan/kernels.hpp) by row name ("sm90_tma_128x128_d64") or by kind ("sm80",
+  // "sm90_cp", "sm90_tma", "sm90_band", "sm90_band_rmax"; for the CPU "avx512", "avx2", "generic"). Empty:
+  // chosen. A name that does not exist, or whose kernel cannot run the problem, is refused by make_plan.
+  std::string kernel;
+  int block_m = 0, block_n = 0;  // fused GPU tile shape (0: chosen)
+  int perm_d = -1;               // residue permutation (-1: chosen, 1: none)
+  // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
+  // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys).
+  int persistent = -1, split = -1;
+};
+
+class Plan {
+ public:
+  Plan();
+  ~Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+
+  const Problem& problem() const;
+  const Device& device() const;
+  Engine engine() const;
+  int64_t nnz() const;            // kept (q, k) pairs over all query heads (per batch element)
+  double plan_ms() const;         // make_plan's time: analysis, tiling, upload
+  std::string kernel() const;     // the kernel-table row the plan chose (per-head plans: the first head's)
+  std::string last_kernel() const;  // the row the last forward launched ("" before the first); it differs
+                                    // from kernel() only where the tensors' strides admit no tensor map
+  // What was chosen and why: the pattern analysis, engine, kernel, tiles, predicted cost, plan time.
+  std::string explain() const;
+
+  // O (and LSE where lse.data is not null) for the problem the plan was built for. GPU engines enqueue on
+  // `stream` and return; the CPU engines return when done.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, Stream stream = nullptr) const;
+  // dQ, dK, dV: not yet implemented (throws Error); the signature is the one it will have.
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, Stream stream = nullptr) const;
+
+  struct Impl;
+  explicit Plan(std::unique_ptr<Impl> impl);  // make_plan's
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One pattern for every head, or one per query head (patterns.size() == problem.q_heads); each is bound to
+// (problem.q_len, problem.kv_len). Throws Error naming the offending value (problem fields, dtype or head dim
+// the engine does not take, an unknown kernel, a device that does not exist).
+Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Device device = Device::cpu(),
+               const PlanOptions& options = {});
+inline Plan make_plan(const Pattern& pattern, const Problem& problem, Device device = Device::cpu(),
+                      const PlanOptions& options = {}) {
+  return make_plan(std::vector<Pattern>{pattern}, problem, device, options);
+}
+// A mask the caller already holds (a DeepSpeed layout, a FlexAttention block mask exported to indices), as
+// CSR over (q_len x kv_len) or BSR (expanded to its kept entries), validated first: the error names the first
+// bad row or entry.
+Plan make_plan(const Csr& mask, const Problem& problem, Device device = Device::cpu(), const PlanOptions& options = {});
+Plan make_plan(const Bsr& mask, const Problem& problem, Device device = Device::cpu(), const PlanOptions& options = {});
+
+}  // namespace spattn

@@ -1,0 +1,251 @@
+// api/plan.cpp — spattn::Plan (include/spattn/plan.hpp): binds and analyses the patterns once, picks the engine,
+// hands the analysis to its backend (plan/backend.hpp), checks every forward's tensors against the problem.
+#include "spattn/plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "plan/analysis.hpp"
+#include "plan/backend.hpp"
+#include "plan/kernels.hpp"
+
+namespace spattn {
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda" || text == "gpu") return cuda(0);
+  if (text.substr(0, 5) == "cuda:" && text.size() > 5) {
+    int i = 0;
+    for (char c : text.substr(5)) {
+      if (c < '0' || c > '9' || i > 1000000) throw Error("device '" + std::string(text) + "': expected cpu, cuda or cuda:N");
+      i = i * 10 + (c - '0');
+    }
+    return cuda(i);
+  }
+  throw Error("device '" + std::string(text) + "': expected cpu, cuda or cuda:N");
+}
+
+std::string Device::str() const { return kind == Kind::cpu ? "cpu" : "cuda:" + std::to_string(index); }
+
+std::string_view engine_name(Engine e) {
+  switch (e) {
+    case Engine::automatic: return "auto";
+    case Engine::cpu_fused: return "cpu";
+    case Engine::cuda_fused: return "cuda_fused";
+    case Engine::cuda_unfused: return "cuda_unfused";
+    case Engine::reference: return "reference";
+  }
+  return "?";
+}
+
+Engine parse_engine(std::string_view name) {
+  for (Engine e : {Engine::automatic, Engine::cpu_fused, Engine::cuda_fused, Engine::cuda_unfused, Engine::reference})
+    if (name == engine_name(e)) return e;
+  if (name == "cpu_fused") return Engine::cpu_fused;
+  throw Error("engine '" + std::string(name) + "': expected auto, cpu, cuda_fused, cuda_unfused or reference");
+}
+
+struct Plan::Impl {
+  Problem problem;
+  Device device;
+  Engine engine = Engine::automatic;
+  std::string why;  // why this engine
+  plan::Planned planned;
+  std::unique_ptr<plan::Backend> backend;
+  double plan_ms = 0;
+};
+
+Plan::Plan() = default;
+Plan::Plan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Plan::~Plan() = default;
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+
+namespace {
+
+const Plan::Impl& impl_of(const std::unique_ptr<Plan::Impl>& p) {
+  if (!p) throw Error("this spattn::Plan is empty (default-constructed or moved from); build one with make_plan");
+  return *p;
+}
+
+bool fused_gpu_takes(const Problem& pr, std::string* why) {
+  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) {
+    *why = "dtype " + std::string(dtype_name(pr.dtype)) + " (the fused GPU kernels take bf16 and fp16)";
+    return false;
+  }
+  bool dim = false;
+  for (const auto& k : plan::kKernels)
+    dim = dim || (k.engine == plan::Engine::cuda_fused && k.head_dim == pr.head_dim);
+  if (!dim) {
+    *why = "head dim " + std::to_string(pr.head_dim) + " (the fused GPU kernels take 64 and 128)";
+    return false;
+  }
+  if (pr.dv() != pr.head_dim) {
+    *why = "value dim " + std::to_string(pr.dv()) + " != head dim " + std::to_string(pr.head_dim);
+    return false;
+  }
+  return true;
+}
+
+Plan build(plan::Planned planned, const Problem& problem, Device device, const PlanOptions& options,
+           std::chrono::steady_clock::time_point t0) {
+  auto im = std::make_unique<Plan::Impl>();
+  im->problem = problem;
+  im->device = device;
+  Engine e = options.engine;
+  const bool cuda = device.kind == Device::Kind::cuda;
+  if (cuda) {
+    const int n = plan::cuda_device_count();
+    if (device.index < 0 || device.index >= n)
+      throw Error("device " + device.str() + " does not exist (" + std::to_string(n) + " CUDA devices" +
+                  (n == 0 ? ": no GPU, no driver, or a build without CUDA)" : ")"));
+  }
+  if (e == Engine::automatic) {
+    if (!cuda) {
+      e = Engine::cpu_fused;
+      im->why = "CPU device";
+    } else if (std::string why; fused_gpu_takes(problem, &why)) {
+      e = Engine::cuda_fused;
+      im->why = "the fused GPU kernels take this problem";
+    } else {
+      e = Engine::cuda_unfused;
+      im->why = "the fused GPU kernels do not take " + why;
+    }
+  } else {
+    im->why = "asked for";
+    if ((e == Engine::cpu_fused || e == Engine::reference) && cuda)
+      throw Error("engine " + std::string(engine_name(e)) + " runs on the CPU, device is " + device.str());
+    if ((e == Engine::cuda_fused || e == Engine::cuda_unfused) && !cuda)
+      throw Error("engine " + std::string(engine_name(e)) + " needs a CUDA device, device is cpu");
+    if (std::string why; e == Engine::cuda_fused && !fused_gpu_takes(problem, &why))
+      throw Error("engine cuda_fused does not take " + why);
+  }
+  im->engine = e;
+  switch (e) {
+    case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;
+    case Engine::reference: im->backend = plan::make_reference_backend(planned, problem); break;
+    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, problem, device.index, options); break;
+    case Engine::cuda_unfused:
+      im->backend = plan::make_cuda_unfused_backend(planned, problem, device.index, options);
+      break;
+    case Engine::automatic: break;
+  }
+  im->planned = std::move(planned);
+  im->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Plan(std::move(im));
+}
+
+plan::Planned plan_patterns(const std::vector<BoundPattern>& bound, const Problem& problem) {
+  plan::Planned out;
+  const int64_t H = problem.q_heads;
+  if (bound.empty() || (bound.size() != 1 && int64_t(bound.size()) != H))
+    throw Error("expected 1 pattern or one per query head (" + std::to_string(H) + "), got " +
+                std::to_string(bound.size()));
+  out.of_head.assign(size_t(H), 0);
+  for (int64_t h = 0; h < H; ++h) {
+    const BoundPattern& bp = bound.size() == 1 ? bound[0] : bound[size_t(h)];
+    auto it = std::find_if(out.patterns.begin(), out.patterns.end(),
+                           [&](const BoundPattern& x) { return x.spec() == bp.spec(); });
+    if (it == out.patterns.end()) {
+      out.patterns.push_back(bp);
+      out.analyses.push_back(plan::analyze(bp));
+      it = out.patterns.end() - 1;
+    }
+    out.of_head[size_t(h)] = int(it - out.patterns.begin());
+  }
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Device device, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  problem.validate();
+  std::vector<BoundPattern> bound;
+  bound.reserve(patterns.size());
+  for (const Pattern& p : patterns) bound.push_back(p.bind(problem.q_len, problem.kv_len));
+  return build(plan_patterns(bound, problem), problem, device, options, t0);
+}
+
+Plan make_plan(const Csr& mask, const Problem& problem, Device device, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  problem.validate();
+  validate(mask);
+  if (mask.rows != problem.q_len || mask.cols != problem.kv_len)
+    throw Error("mask is " + std::to_string(mask.rows) + " x " + std::to_string(mask.cols) + ", the problem is " +
+                std::to_string(problem.q_len) + " x " + std::to_string(problem.kv_len) + " (q_len x kv_len)");
+  return build(plan_patterns({BoundPattern::from_rows(mask.rows, mask.cols, mask.row_offsets, mask.col_indices)},
+                             problem),
+               problem, device, options, t0);
+}
+
+Plan make_plan(const Bsr& mask, const Problem& problem, Device device, const PlanOptions& options) {
+  validate(mask);
+  return make_plan(to_csr(mask), problem, device, options);
+}
+
+const Problem& Plan::problem() const { return impl_of(impl_).problem; }
+const Device& Plan::device() const { return impl_of(impl_).device; }
+Engine Plan::engine() const { return impl_of(impl_).engine; }
+double Plan::plan_ms() const { return impl_of(impl_).plan_ms; }
+std::string Plan::kernel() const { return impl_of(impl_).backend->kernel(); }
+std::string Plan::last_kernel() const { return impl_of(impl_).backend->last_kernel(); }
+
+int64_t Plan::nnz() const {
+  const Impl& im = impl_of(impl_);
+  int64_t n = 0;
+  for (int p : im.planned.of_head) n += im.planned.analyses[size_t(p)].nnz;
+  return n;
+}
+
+std::string Plan::explain() const {
+  const Impl& im = impl_of(impl_);
+  const Problem& pr = im.problem;
+  std::ostringstream s;
+  s << "engine " << engine_name(im.engine) << " on " << im.device.str();
+  if (im.device.kind == Device::Kind::cuda) s << " (" << plan::cuda_device_name(im.device.index) << ")";
+  s << " (" << im.why << "), kernel " << im.backend->kernel() << "\n";
+  s << "problem: batch " << pr.batch << ", heads " << pr.q_heads << " (kv " << pr.kv_heads << "), lengths " << pr.q_len
+    << " x " << pr.kv_len << ", head dim " << pr.head_dim << " (value " << pr.dv() << "), " << dtype_name(pr.dtype)
+    << ", scale " << pr.softmax_scale() << "\n";
+  const auto& pl = im.planned;
+  for (size_t i = 0; i < pl.patterns.size(); ++i) {
+    int first = -1, count = 0;
+    for (size_t h = 0; h < pl.of_head.size(); ++h)
+      if (pl.of_head[h] == int(i)) count += 1, first = first < 0 ? int(h) : first;
+    s << "pattern '" << pl.patterns[i].spec() << "'";
+    if (pl.per_head()) s << " (" << count << " heads from head " << first << ")";
+    s << ": " << pl.analyses[i].describe() << "\n";
+  }
+  s << im.backend->explain() << "\n";
+  s << "planned in " << im.plan_ms << " ms";
+  return s.str();
+}
+
+void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                   const TensorView& lse, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  const Problem& pr = im.problem;
+  // The problem the plan was built for: every shape must match it (the error names tensor and dimension).
+  Problem::check_view(q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
+  Problem::check_view(k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
+  Problem::check_view(v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+  Problem::check_view(o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+  if (lse.data) Problem::check_view(lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
+  if (q.dtype != k.dtype || q.dtype != v.dtype)
+    throw Error("q, k and v must share one dtype, got " + std::string(dtype_name(q.dtype)) + ", " +
+                std::string(dtype_name(k.dtype)) + ", " + std::string(dtype_name(v.dtype)));
+  if (im.engine != Engine::cpu_fused && im.engine != Engine::reference && q.dtype != pr.dtype)
+    throw Error("q has dtype " + std::string(dtype_name(q.dtype)) + ", the plan was built for " +
+                std::string(dtype_name(pr.dtype)));
+  im.backend->forward(q, k, v, o, lse, stream);
+}
+
+void Plan::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                    const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
+  impl_of(impl_);
+  throw Error("Plan::backward: the backward pass is not implemented yet");
+}
+
+}  // namespace spattn

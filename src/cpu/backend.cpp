@@ -1,0 +1,87 @@
+// cpu/backend.cpp — the CPU engines behind spattn::Plan: the fused CPU kernel and the fp64 reference.
+#include <atomic>
+#include <sstream>
+
+#include "cpu/fused_plan.hpp"
+#include "plan/backend.hpp"
+#include "spattn/reference.hpp"
+
+namespace spattn::plan {
+namespace {
+
+// The patterns as the CPU engines take them: one for all heads, or one per query head (with their analyses).
+void per_head(const Planned& p, std::vector<BoundPattern>& pats, std::vector<Analysis>* ans) {
+  if (!p.per_head()) {
+    pats = {p.patterns[0]};
+    if (ans) *ans = {p.analyses[0]};
+    return;
+  }
+  for (int i : p.of_head) {
+    pats.push_back(p.patterns[size_t(i)]);
+    if (ans) ans->push_back(p.analyses[size_t(i)]);
+  }
+}
+
+cpu::Isa parse_isa(const std::string& kernel) {
+  if (kernel.empty() || kernel == "cpu_fused") return cpu::Isa::automatic;
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::generic})
+    if (kernel == cpu::isa_name(isa)) return isa;
+  throw Error("kernel '" + kernel + "' is not a CPU kernel: expected cpu_fused, avx512, avx2 or generic");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Planned& p, const Problem& problem, const PlanOptions& o) : plan_(build(p, problem, o)) {}
+
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, Stream) const override {
+    plan_.run(q, k, v, o, lse, options_);
+    ran_.store(true, std::memory_order_relaxed);
+  }
+  std::string kernel() const override { return std::string("cpu_fused_") + plan_.stats().isa; }
+  std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
+  std::string explain() const override { return "cpu fused: " + plan_.describe(); }
+
+ private:
+  cpu::FusedPlan build(const Planned& p, const Problem& problem, const PlanOptions& o) {
+    options_.threads = o.threads;
+    options_.isa = parse_isa(o.kernel);
+    std::vector<BoundPattern> pats;
+    std::vector<Analysis> ans;
+    per_head(p, pats, &ans);
+    return cpu::FusedPlan(pats, problem, options_, &ans);
+  }
+  cpu::Options options_;
+  cpu::FusedPlan plan_;
+  mutable std::atomic<bool> ran_{false};
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  ReferenceBackend(const Planned& p, const Problem& problem) : problem_(problem) { per_head(p, pats_, nullptr); }
+
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, Stream) const override {
+    cpu::reference_attention(pats_, problem_, q, k, v, o, lse);
+    ran_.store(true, std::memory_order_relaxed);
+  }
+  std::string kernel() const override { return "reference"; }
+  std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
+  std::string explain() const override { return "reference: fp64, every (q, k) tested by the pattern's predicate"; }
+
+ private:
+  Problem problem_;
+  std::vector<BoundPattern> pats_;
+  mutable std::atomic<bool> ran_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const Planned& p, const Problem& problem, const PlanOptions& options) {
+  return std::make_unique<CpuBackend>(p, problem, options);
+}
+std::unique_ptr<Backend> make_reference_backend(const Planned& p, const Problem& problem) {
+  return std::make_unique<ReferenceBackend>(p, problem);
+}
+
+}  // namespace spattn::plan

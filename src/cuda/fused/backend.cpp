@@ -1,0 +1,146 @@
+// cuda/fused/backend.cpp — the fused GPU engine behind spattn::Plan: one FusedAttention per distinct pattern;
+// per-head patterns run head by head through views of the caller's tensors (no copies).
+#include <cuda_runtime.h>
+
+#include <sstream>
+
+#include "cuda/fused/fused_attention.hpp"
+#include "cuda/fused/fused_fwd.hpp"
+#include "plan/backend.hpp"
+#include "plan/kernels.hpp"
+
+namespace spattn::plan {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_device_name(int device) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
+  return p.name;
+}
+
+namespace {
+
+// Makes `device` current for a scope, then restores the caller's.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cuda::fused::check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) cuda::fused::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+// The FusedOptions that force PlanOptions::kernel (a row name or a kind name), and the kind/row it must give.
+FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) {
+  FusedOptions f;
+  f.block_m = o.block_m;
+  f.block_n = o.block_n;
+  f.perm_d = o.perm_d;
+  f.persistent = o.persistent;
+  f.split = o.split;
+  *want_row = -1;
+  *want_kind = -1;
+  if (o.kernel.empty()) return f;
+  KernelKind kind{};
+  const int row = find_kernel(o.kernel.c_str());
+  if (row >= 0) {
+    kind = kKernels[row].kind;
+    if (kKernels[row].block_m > 0 && !o.block_m) f.block_m = kKernels[row].block_m, f.block_n = kKernels[row].block_n;
+    *want_row = row;
+  } else {
+    bool found = false;
+    for (KernelKind k : {KernelKind::sm80_mma, KernelKind::sm90_cp, KernelKind::sm90_tma, KernelKind::sm90_band,
+                         KernelKind::sm90_band_rmax})
+      if (o.kernel == kind_name(k)) kind = k, found = true;
+    if (!found) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel of the kernel table (plan/kernels.hpp)");
+  }
+  if (!is_gpu_fused(kind)) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel");
+  *want_kind = int(kind);
+  f.force_sm80 = kind == KernelKind::sm80_mma;
+  f.tma = kind != KernelKind::sm90_cp;
+  f.band = is_band(kind) ? 1 : 0;
+  f.running_max = kind == KernelKind::sm90_band_rmax ? 1 : 0;
+  if (is_band(kind) && !o.block_m) f.block_m = 0, f.block_n = 0;  // the band plan's shape is chosen with it
+  return f;
+}
+
+TensorView head_view(const TensorView& t, int64_t h, int axis) {
+  TensorView s = t;
+  if (!s.data) return s;
+  s.data = static_cast<char*>(s.data) + h * s.stride[size_t(axis)] * dtype_size(s.dtype);
+  s.shape[size_t(axis)] = 1;
+  return s;
+}
+
+class CudaFusedBackend final : public Backend {
+ public:
+  CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
+      : problem_(problem), device_(device), of_head_(p.of_head) {
+    DeviceScope scope(device);
+    int want_row = -1, want_kind = -1;
+    const FusedOptions f = fused_options(o, &want_row, &want_kind);
+    for (size_t i = 0; i < p.patterns.size(); ++i) {
+      attn_.emplace_back(p.patterns[i], problem.head_dim, f, &p.analyses[i]);
+      const int row = attn_.back().kernel_row();
+      const bool ok = row >= 0 && (want_row < 0 || row == want_row) && (want_kind < 0 || int(kKernels[row].kind) == want_kind);
+      if (!ok)
+        throw Error("kernel '" + o.kernel + "' cannot run pattern '" + p.patterns[i].spec() + "' at head dim " +
+                    std::to_string(problem.head_dim) + " on this device: the planner's choice is " +
+                    attn_.back().kernel_name() + " (" + attn_.back().explain() + ")");
+    }
+  }
+
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, Stream stream) const override {
+    DeviceScope scope(device_);
+    if (attn_.size() == 1) return attn_[0].run(problem_, q, k, v, o, lse, stream);
+    // Per-head patterns: each query head through its pattern's plan, on views of one head.
+    Problem one = problem_;
+    one.q_heads = one.kv_heads = 1;
+    const int64_t group = problem_.q_heads / problem_.kv_heads;
+    for (int64_t h = 0; h < problem_.q_heads; ++h)
+      attn_[size_t(of_head_[size_t(h)])].run(one, head_view(q, h, 2), head_view(k, h / group, 2),
+                                             head_view(v, h / group, 2), head_view(o, h, 2), head_view(lse, h, 1),
+                                             stream);
+  }
+  std::string kernel() const override { return attn_[0].kernel_name(); }
+  std::string last_kernel() const override {
+    const int row = attn_[0].last_kernel_row();
+    return row >= 0 ? kKernels[row].name : "";
+  }
+  std::string explain() const override {
+    std::ostringstream s;
+    for (size_t i = 0; i < attn_.size(); ++i) {
+      const auto& a = attn_[i];
+      s << (i ? "\n" : "") << a.explain();
+      s << "; predicted cost " << a.predicted_cost() << " per kept score (kernel-table units)";
+    }
+    return s.str();
+  }
+
+ private:
+  Problem problem_;
+  int device_;
+  std::vector<int> of_head_;
+  std::vector<FusedAttention> attn_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_fused_backend(const Planned& p, const Problem& problem, int device,
+                                                 const PlanOptions& options) {
+  return std::make_unique<CudaFusedBackend>(p, problem, device, options);
+}
+
+}  // namespace spattn::plan

@@ -1,0 +1,72 @@
+// cuda/multigrain/backend.cpp — the unfused GPU engine behind spattn::Plan: SDDMM -> sparse softmax -> SpMM
+// (multigrain::Plan), its attention workspace owned by the backend.
+#include <cuda_runtime.h>
+
+#include "plan/backend.hpp"
+#include "spattn/multigrain.hpp"
+
+namespace spattn::plan {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+class CudaUnfusedBackend final : public Backend {
+ public:
+  CudaUnfusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
+      : problem_(problem), device_(device) {
+    if (p.per_head())
+      throw Error("engine cuda_unfused takes one pattern for all heads, got " + std::to_string(p.patterns.size()) +
+                  " distinct per-head patterns (use cuda_fused or the CPU)");
+    if (!o.kernel.empty() && o.kernel != "cuda_unfused")
+      throw Error("kernel '" + o.kernel + "' is not the unfused GPU engine's (cuda_unfused)");
+    DeviceScope scope(device);
+    plan_ = std::make_unique<multigrain::Plan>(multigrain::Plan::build(p.patterns[0], problem));
+    const int64_t bytes = plan_->attention_workspace_size(false);
+    if (bytes > 0) check(cudaMalloc(&workspace_, size_t(bytes)), "allocate the unfused attention workspace");
+  }
+  ~CudaUnfusedBackend() override { cudaFree(workspace_); }
+
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, Stream stream) const override {
+    const Problem& pr = problem_;
+    if (lse.data && (lse.dtype != DType::f32 || lse.stride[0] != pr.q_heads * pr.q_len || lse.stride[1] != pr.q_len ||
+                     lse.stride[2] != 1))
+      throw Error("engine cuda_unfused: lse must be contiguous fp32 [B, Hq, Lq]");
+    DeviceScope scope(device_);
+    plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, static_cast<multigrain::Stream>(stream));
+    ran_ = true;
+  }
+  std::string kernel() const override { return "cuda_unfused"; }
+  std::string last_kernel() const override { return ran_ ? "cuda_unfused" : ""; }
+  std::string explain() const override { return "cuda unfused (SDDMM -> softmax -> SpMM): " + plan_->explain(); }
+
+ private:
+  Problem problem_;
+  int device_;
+  std::unique_ptr<multigrain::Plan> plan_;
+  void* workspace_ = nullptr;
+  mutable bool ran_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_unfused_backend(const Planned& p, const Problem& problem, int device,
+                                                   const PlanOptions& options) {
+  return std::make_unique<CudaUnfusedBackend>(p, problem, device, options);
+}
+
+}  // namespace spattn::plan

@@ -1,0 +1,193 @@
+// plan/analysis.cpp — see analysis.hpp.
+#include "plan/analysis.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <climits>
+#include <cstdlib>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/parallel.hpp"
+#include "spattn/format.hpp"
+
+namespace spattn::plan {
+
+int plan_thread_cap() {
+  int cap = std::min(32, std::max(1, int(std::thread::hardware_concurrency())));
+  if (const char* env = std::getenv("SPATTN_PLAN_THREADS")) {
+    const long v = std::strtol(env, nullptr, 10);
+    if (v >= 1) cap = int(std::min<long>(cap, v));
+  }
+  return cap;
+}
+
+namespace {
+
+int64_t residue_stride(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len();
+  int64_t g = 0;
+  RowRuns runs;
+  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3, lq - 1, int64_t(0)}) {
+    if (q < 0 || q >= lq) continue;
+    pat.row(q, runs);
+    for (const Run& r : runs) {
+      if (r.count <= 1) continue;
+      if (r.stride == 1) return 1;
+      g = std::gcd(g, r.stride);
+    }
+  }
+  return g >= 2 ? g : 1;
+}
+
+Grid detect_grid(const BoundPattern& pat) {
+  const int64_t lq = pat.q_len();
+  Grid g;
+  RowRuns runs;
+  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3}) {
+    if (q < 0 || q >= lq) return {};
+    pat.row(q, runs);
+    int64_t len = -1, prev = -1, gap = -1, n = 0;
+    for (const Run& r : runs) {
+      if (r.count > 1 && r.stride != 1) return {};
+      if (len < 0) len = r.count;
+      if (r.count != len) return {};
+      if (prev >= 0) {
+        if (gap < 0) gap = r.start - prev;
+        if (r.start - prev != gap) return {};
+      }
+      prev = r.start;
+      ++n;
+    }
+    if (n < 3 || len < 2 || gap <= len) return {};
+    if (g.width && g.width != gap) return {};
+    g.width = gap;
+    g.ky = std::max(g.ky, n);
+    g.kx = std::max(g.kx, len);
+  }
+  return g;
+}
+
+// One thread's share of the row walk.
+struct Part {
+  int64_t nnz = 0, runs = 0, strided = 0, empty = 0, dense = 0;
+  int64_t min_row = INT64_MAX, max_row = 0;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;  // band bounds over the rows that are one interval
+  bool single = true;                      // every nonempty row is one interval
+};
+
+}  // namespace
+
+Analysis analyze(const BoundPattern& pat) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Analysis a;
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  a.q_len = lq;
+  a.k_len = lk;
+  if (lq > 0 && lk > 0) {
+    a.residue = residue_stride(pat);
+    a.grid = detect_grid(pat);
+  }
+  // Rows' first and last keys where every row is one interval (band check, second pass).
+  std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
+  const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
+  const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
+  std::vector<Part> parts(size_t(std::max<int64_t>(nchunks, 1)));
+  common::parallel_for(nchunks, threads, [&](int64_t c, int) {
+    Part& p = parts[size_t(c)];
+    RowRuns runs;
+    for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
+      pat.row(q, runs);
+      const int64_t n = count_keys(runs);
+      p.nnz += n;
+      p.runs += int64_t(runs.size());
+      for (const Run& r : runs) p.strided += r.count > 1 && r.stride > 1;
+      p.empty += n == 0;
+      p.dense += n == lk;
+      p.min_row = std::min(p.min_row, n);
+      p.max_row = std::max(p.max_row, n);
+      if (runs.empty() || !p.single) continue;
+      if (runs.size() != 1 || (runs[0].stride != 1 && runs[0].count != 1)) {
+        p.single = false;
+        continue;
+      }
+      first[size_t(q)] = runs[0].start;
+      last[size_t(q)] = runs[0].last();
+      p.lo = std::min(p.lo, runs[0].start - q);
+      p.hi = std::max(p.hi, runs[0].last() - q);
+    }
+  });
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  bool single = true;
+  a.min_row = lq > 0 ? INT64_MAX : 0;
+  for (const Part& p : parts) {
+    a.nnz += p.nnz;
+    a.runs += p.runs;
+    a.strided_runs += p.strided;
+    a.empty_rows += p.empty;
+    a.dense_rows += p.dense;
+    a.min_row = std::min(a.min_row, p.min_row);
+    a.max_row = std::max(a.max_row, p.max_row);
+    lo = std::min(lo, p.lo);
+    hi = std::max(hi, p.hi);
+    single = single && p.single;
+  }
+  if (lq == 0) a.min_row = 0;
+  // Band rows: every row one interval, and exactly the band's clipped interval (a row past the band's reach
+  // keeps nothing). No key kept anywhere: nothing for a band kernel to gain.
+  if (single && lo <= hi) {
+    lo = std::max(lo, -lq);
+    hi = std::min(hi, lk);
+    bool ok = true;
+    for (int64_t q = 0; q < lq && ok; ++q) {
+      const int64_t s = std::max<int64_t>(0, q + lo), e = std::min(lk - 1, q + hi);
+      ok = s > e ? first[size_t(q)] < 0 : (first[size_t(q)] == s && last[size_t(q)] == e);
+    }
+    if (ok) a.band = {true, int32_t(lo), int32_t(hi)};
+  }
+  a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return a;
+}
+
+std::string Analysis::describe() const {
+  std::ostringstream s;
+  s << "nnz " << nnz << " (density " << density() << "), keys a row " << min_row << ".." << max_row << " (mean "
+    << mean_row() << "), " << runs << " runs (" << strided_runs << " strided), " << empty_rows << " empty rows, "
+    << dense_rows << " dense rows";
+  if (band.ok) s << ", band rows [" << band.lo << ", " << band.hi << "]";
+  if (residue > 1) s << ", residue stride " << residue;
+  if (grid.width > 0) s << ", 2-D grid of width " << grid.width << " (" << grid.ky << "x" << grid.kx << " windows)";
+  s << "; analysed in " << ms << " ms";
+  return s.str();
+}
+
+std::string block_histogram(const BoundPattern& pat) {
+  std::ostringstream s;
+  char line[160];
+  s << "blocks    size   stored    full  partial  fill%  partial-fill histogram (<25% <50% <75% <100%)\n";
+  int64_t nnz = -1;
+  for (int bs : {16, 32, 64, 128}) {
+    const Bsr b = make_bsr(pat, bs);
+    int64_t hist[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < b.nblocks(); ++i) {
+      if (b.full(i)) continue;
+      const uint64_t* m = b.masks.data() + b.mask_index[size_t(i)] * b.words_per_mask();
+      int64_t bits = 0;
+      for (int64_t w = 0; w < b.words_per_mask(); ++w) bits += __builtin_popcountll(m[w]);
+      hist[std::min(3, int(4.0 * double(bits) / (double(bs) * bs)))] += 1;
+    }
+    const int64_t nfull = b.nblocks() - b.npartial();
+    if (nnz < 0) nnz = pat.nnz();
+    std::snprintf(line, sizeof line, "          %4d %8lld %7lld %8lld %6.1f  %lld %lld %lld %lld\n", bs,
+                  (long long)b.nblocks(), (long long)nfull, (long long)b.npartial(),
+                  b.nblocks() ? 100.0 * double(nnz) / (double(b.nblocks()) * bs * bs) : 0.0, (long long)hist[0],
+                  (long long)hist[1], (long long)hist[2], (long long)hist[3]);
+    s << line;
+  }
+  return s.str();
+}
+
+}  // namespace spattn::plan

@@ -1,0 +1,62 @@
+// plan/analysis.hpp — what is known about a bound pattern before any backend sees it.
+//
+// One analysis per (pattern, lengths), computed once by make_plan and handed to every backend's tiler:
+// the CPU tile builder (src/cpu/fused.cpp) and the GPU tile planner (plan/block_plan.hpp) read their
+// permutation, 2-D grid and band rows from here instead of sampling the pattern themselves.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "spattn/pattern.hpp"
+
+namespace spattn::plan {
+
+// Every row q keeps exactly the keys k with lo <= k - q <= hi and 0 <= k < Lk, for one pair (lo, hi) (local,
+// sliding windows, causal, dense; rows past the band's reach keep nothing). lo and hi are clamped to [-Lq, Lk],
+// where they stop binding, so that q + lo and q + hi fit in 32 bits.
+struct BandRows {
+  bool ok = false;
+  int32_t lo = 0, hi = 0;
+};
+
+// A 2-D neighborhood layout: rows whose keys are >= 3 intervals of one length kx >= 2, their starts a constant
+// width > kx apart (image rows of that width), ky intervals at most. width 0: not a grid.
+struct Grid {
+  int64_t width = 0, ky = 0, kx = 0;
+};
+
+struct Analysis {
+  int64_t q_len = 0, k_len = 0;
+  int64_t nnz = 0;                        // kept (q, k)
+  int64_t runs = 0;                       // affine runs over all rows (BoundPattern::row)
+  int64_t strided_runs = 0;               // of which multi-key runs with stride > 1
+  int64_t empty_rows = 0, dense_rows = 0;  // rows keeping no key, every key
+  int64_t min_row = 0, max_row = 0;       // keys a row keeps
+  BandRows band;                          // every row one interval on a fixed diagonal band
+  // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
+  // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.
+  // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use
+  // (kernel table: kMaxGpuPermutation, kMaxCpuPermutation).
+  int64_t residue = 1;
+  Grid grid;                              // 2-D neighborhood tiles (grid.width > 0)
+  double ms = 0;                          // time to analyse
+
+  double density() const { return q_len && k_len ? double(nnz) / (double(q_len) * double(k_len)) : 0.0; }
+  double mean_row() const { return q_len ? double(nnz) / double(q_len) : 0.0; }
+  // Whether a permutation by residue applies for a tiler that takes strides up to max_d.
+  int permutation(int64_t max_d) const { return residue >= 2 && residue <= max_d ? int(residue) : 1; }
+  std::string describe() const;
+};
+
+// Walks every row once (BoundPattern::row, on up to plan_thread_cap() threads): cost follows the runs
+// (random: O(r) a row), never rows x keys.
+Analysis analyze(const BoundPattern& pattern);
+
+// The pattern's BSR blocks at sizes 16, 32, 64 and 128: stored, full, partial, fill and a histogram of the
+// partial blocks' fill (for explain; builds each BSR, so O(blocks touched + partial-block bits)).
+std::string block_histogram(const BoundPattern& pattern);
+
+// The most threads planning uses: the hardware's and 32; SPATTN_PLAN_THREADS caps it (1: serial).
+int plan_thread_cap();
+
+}  // namespace spattn::plan

@@ -1,0 +1,27 @@
+// plan/kernels.cpp — name lookups in the kernel table (plan/kernels.hpp).
+#include "plan/kernels.hpp"
+
+#include <cstring>
+
+namespace spattn::plan {
+
+int find_kernel(const char* name) {
+  for (int i = 0; i < kNumKernels; ++i)
+    if (std::strcmp(kKernels[i].name, name) == 0) return i;
+  return -1;
+}
+
+const char* kind_name(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::cpu_tiles: return "cpu_fused";
+    case KernelKind::sm80_mma: return "sm80";
+    case KernelKind::sm90_cp: return "sm90_cp";
+    case KernelKind::sm90_tma: return "sm90_tma";
+    case KernelKind::sm90_band: return "sm90_band";
+    case KernelKind::sm90_band_rmax: return "sm90_band_rmax";
+    case KernelKind::cuda_unfused: return "cuda_unfused";
+  }
+  return "?";
+}
+
+}  // namespace spattn::plan

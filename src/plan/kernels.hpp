@@ -1,0 +1,100 @@
+// plan/kernels.hpp — the kernel table: every attention kernel spattn can run, one row each.
+//
+// The one list of configurations. It drives
+//   dispatch      the CUDA launch code instantiates exactly the GPU rows (src/cuda/fused/launch.cuh),
+//   the planner   its tile-shape candidates and their measured costs (plan/block_plan.cpp),
+//   explain       the chosen row's name (Plan::kernel, Plan::last_kernel),
+//   the tests     the GPU sweep runs every row (tests/gpu/fused_test.cpp).
+// A plan stores the index of the row it chose; the row that actually ran is recorded at launch.
+// Plain constexpr data, no includes beyond <cstdint>: nvcc compiles it into the kernel files.
+#pragma once
+#include <cstdint>
+
+namespace spattn::plan {
+
+enum class Engine : uint8_t { cpu_fused, cuda_fused, cuda_unfused };
+
+enum class KernelKind : uint8_t {
+  cpu_tiles,    // the CPU fused kernel (query tiles over key blocks and residue rows), per ISA
+  sm80_mma,     // mma.sync, cp.async pipelined; any sm_80+ device (also forced on Hopper for tests)
+  sm90_cp,      // sm_90a wgmma, cp.async loads (the permuted plans' row gathers; strides without a tensor map)
+  sm90_tma,     // sm_90a warp-specialized: TMA producer warp, consumer warpgroups taking turns, persistent CTAs
+  sm90_band,    // sm_90a band kernel: 64-row slabs over their own 64-key chunks (band-row plans)
+  sm90_band_rmax,  // ... with running-max steps (rows keeping 1536 keys or more on average)
+  cuda_unfused,    // SDDMM -> sparse softmax -> SpMM (BSR blocks on tensor cores + CSR on CUDA cores)
+};
+
+// dtypes a row accepts (bits of spattn::DType's values: f32 1, f16 2, bf16 4).
+inline constexpr uint8_t kF32 = 1, kF16 = 2, kBF16 = 4;
+
+struct KernelConfig {
+  const char* name;
+  Engine engine;
+  KernelKind kind;
+  int block_m, block_n;  // query rows x keys of a tile (0: not tiled so)
+  int head_dim;          // 0: any the engine takes
+  uint8_t dtypes;
+  // Planner costs (fused GPU rows): a visited full tile's cost per score, relative to 64x128 at head dim 64 and
+  // to 128x128 TMA at 128 (dense L=16384 on an H100, bench/LOG.md: D=64 64x128 305-350 TFLOP/s, 128x128 TMA 373,
+  // 192x128 TMA 437, 128x128 cp.async 309-328, 64x64 296; D=128 128x128 TMA 520, cp.async ~430, 64x64 ~260),
+  // and a partial (band or bitmask) tile's over a full one's (TMA rows: also their per-item fill, drain and
+  // epilogue, fitted to local(256) / longformer at L=16384).
+  double full_cost, partial_cost;
+};
+
+inline constexpr KernelConfig kKernels[] = {
+    {"cpu_fused", Engine::cpu_fused, KernelKind::cpu_tiles, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
+    // sm_80 mma.sync (kernels_sm80.cu); same shapes and costs as the sm_90a cp.async rows
+    {"sm80_64x128_d64", Engine::cuda_fused, KernelKind::sm80_mma, 64, 128, 64, kF16 | kBF16, 1.0, 1.1},
+    {"sm80_128x128_d64", Engine::cuda_fused, KernelKind::sm80_mma, 128, 128, 64, kF16 | kBF16, 1.1, 1.1},
+    {"sm80_64x64_d64", Engine::cuda_fused, KernelKind::sm80_mma, 64, 64, 64, kF16 | kBF16, 1.18, 1.1},
+    {"sm80_128x128_d128", Engine::cuda_fused, KernelKind::sm80_mma, 128, 128, 128, kF16 | kBF16, 1.2, 1.1},
+    {"sm80_64x64_d128", Engine::cuda_fused, KernelKind::sm80_mma, 64, 64, 128, kF16 | kBF16, 2.0, 1.1},
+    // sm_90a wgmma with cp.async loads (kernels_sm90.cu); the planner's candidates, in this order (ties keep
+    // the earlier shape)
+    {"sm90_cp_64x128_d64", Engine::cuda_fused, KernelKind::sm90_cp, 64, 128, 64, kF16 | kBF16, 1.0, 1.1},
+    {"sm90_cp_128x128_d64", Engine::cuda_fused, KernelKind::sm90_cp, 128, 128, 64, kF16 | kBF16, 1.1, 1.1},
+    {"sm90_cp_64x64_d64", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 64, kF16 | kBF16, 1.18, 1.1},
+    {"sm90_cp_128x128_d128", Engine::cuda_fused, KernelKind::sm90_cp, 128, 128, 128, kF16 | kBF16, 1.2, 1.1},
+    {"sm90_cp_64x64_d128", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 128, kF16 | kBF16, 2.0, 1.1},
+    // sm_90a warp-specialized TMA kernels (no permutation)
+    {"sm90_tma_128x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 64, kF16 | kBF16, 0.82, 1.6},
+    {"sm90_tma_192x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 192, 128, 64, kF16 | kBF16, 0.70, 1.6},
+    {"sm90_tma_128x128_d128", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 128, kF16 | kBF16, 1.0, 1.6},
+    // sm_90a band kernels: 192-row work items of three 64-row slabs, 64-key chunks
+    {"sm90_band_d64", Engine::cuda_fused, KernelKind::sm90_band, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
+    {"sm90_band_rmax_d64", Engine::cuda_fused, KernelKind::sm90_band_rmax, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
+    {"cuda_unfused", Engine::cuda_unfused, KernelKind::cuda_unfused, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
+};
+inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
+
+// Residue permutations each tiler takes (Analysis::residue): the GPU kernels gather rows through the map in
+// their loads, padded to whole tiles per group (so large strides waste tiles); the CPU tiler has no padding.
+inline constexpr int64_t kMaxGpuPermutation = 16;
+inline constexpr int64_t kMaxCpuPermutation = 4096;
+
+// The band kernel runs a slab's later steps against the running maximum where the slabs average this many
+// 64-key chunks or more (H100: causal +4% at L=16384, +2% at 4096; local(256), 9 chunks, -1.3 to -2.5%).
+inline constexpr int kRunningMaxChunks = 24;
+
+constexpr bool is_gpu_fused(KernelKind k) {
+  return k == KernelKind::sm80_mma || k == KernelKind::sm90_cp || k == KernelKind::sm90_tma ||
+         k == KernelKind::sm90_band || k == KernelKind::sm90_band_rmax;
+}
+constexpr bool is_sm90(KernelKind k) { return is_gpu_fused(k) && k != KernelKind::sm80_mma; }
+constexpr bool is_band(KernelKind k) { return k == KernelKind::sm90_band || k == KernelKind::sm90_band_rmax; }
+
+// The row of (kind, tile, head dim); -1 where the table has none.
+constexpr int find_kernel(KernelKind kind, int block_m, int block_n, int head_dim) {
+  for (int i = 0; i < kNumKernels; ++i) {
+    const KernelConfig& c = kKernels[i];
+    if (c.kind == kind && c.block_m == block_m && c.block_n == block_n && (c.head_dim == 0 || c.head_dim == head_dim))
+      return i;
+  }
+  return -1;
+}
+// The row named `name`; -1 where none is.
+int find_kernel(const char* name);
+const char* kind_name(KernelKind kind);
+
+}  // namespace spattn::plan
