@@ -11,10 +11,13 @@ and Flex's calls alternate (time_paired), so that both run in the same GPU state
 timed runs) and Flex's are checked against an fp32 torch reference on sampled query rows of two heads, with the
 mask taken from the library's own row enumeration (spattn_pattern_mask), so a wrong mask_mod shows up too.
 
-Writes {"machine": ..., "rows": [...]} (fields of BENCH.md) and a PNG plot beside it if matplotlib is there,
-and prints one table: our eff TFLOP/s, Flex's, ratio, dense cuDNN's.
+Writes {"meta": ..., "machine": ..., "command": ..., "rows": [...]} (fields of BENCH.md; meta: commit, date,
+command) and a PNG plot beside it if matplotlib is there (bench/baseline.py draws it), and prints one table: our
+eff TFLOP/s, Flex's, ratio, dense cuDNN's. --baseline NAME writes them as bench/baselines/NAME.{json,png} (the
+README's tables come from there: bench/tables.py), besides --out if that is given too.
 
-  python3 bench/gpu_bench.py --lib build/libspattn.so --out bench/results/h100-2026-11-22.json
+  python3 bench/gpu_bench.py --lib build/libspattn.so --out out/h100.json
+  python3 bench/gpu_bench.py --lib build/libspattn.so --baseline h100-fused     # see bench/README.md
 """
 import argparse
 import ctypes
@@ -29,6 +32,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+import baseline  # bench/baseline.py (this file's folder is on sys.path when it runs as a script)
 
 # ---------------------------------------------------------------------------------------------------- the library
 
@@ -259,7 +264,9 @@ def rel_err(o, ref, idx, heads=(0, 1)):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default=os.path.join(os.environ.get("SPATTN_BUILD", "build"), "libspattn.so"))
-    ap.add_argument("--out", default=None, help="JSON file (default bench/results/<gpu>-<date>.json)")
+    ap.add_argument("--out", default=None, help="JSON file (default out/<gpu>-<date>.json, or none with --baseline)")
+    ap.add_argument("--baseline", default=None, metavar="NAME",
+                    help="also write bench/baselines/NAME.json and NAME.png (e.g. h100-fused)")
     ap.add_argument("--lengths", default="4096,16384")
     ap.add_argument("--patterns", default="", help="comma list of suite names (default: all)")
     ap.add_argument("--reps", type=int, default=30)
@@ -429,34 +436,20 @@ def main():
                 del q, k, v, o, lse, fused
                 torch.cuda.empty_cache()
 
-    out = args.out
-    if out is None:
+    outs = [args.out] if args.out else []
+    if not outs and not args.baseline:
         gpu = dev.lower().replace("nvidia ", "").split()[0]
-        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                           f"{gpu}-{datetime.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"machine": machine, "command": " ".join(sys.argv), "rows": rows_out}, f, indent=1)
-
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        labels = [f"{t[0]}\nL={t[1]}\nD={t[2]}" for t in table]
-        x = range(len(table))
-        fig, ax = plt.subplots(figsize=(max(8, len(table) * 0.9), 4.5))
-        ax.bar([i - 0.2 for i in x], [t[5] or 0 for t in table], 0.4, label="spattn fused")
-        ax.bar([i + 0.2 for i in x], [t[6] or 0 for t in table], 0.4, label="FlexAttention")
-        ax.plot(list(x), [t[7] or 0 for t in table], "k_", markersize=20, label="dense cuDNN SDPA")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("effective TFLOP/s (nnz-counted)")
-        ax.set_title(f"{dev}, bf16, B={B}, H={H}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.splitext(out)[0] + ".png", dpi=120)
-    except Exception as e:  # noqa: BLE001
-        print(f"# no plot: {e}")
+        outs.append(os.path.join(baseline.ROOT, "out", f"{gpu}-{datetime.date.today().isoformat()}.json"))
+    if args.baseline:
+        outs.append(os.path.join(baseline.BASELINES, args.baseline + ".json"))
+    command = " ".join(sys.argv)
+    doc = {"meta": baseline.meta(args.baseline, command), "machine": machine, "command": command, "rows": rows_out}
+    for out in outs:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=1)
+        baseline.plot(doc, os.path.splitext(out)[0] + ".png")
+    out = ", ".join(outs)
 
     print(f"\n# {dev}; effective TFLOP/s = 4*nnz*D*B*H/time (B={B}, H={H}, bf16); results: {out}")
     print(f"{'pattern':10s} {'L':>6s} {'D':>4s} {'dens':>6s} {'ours':>7s} {'flex':>7s} {'ratio':>6s} "

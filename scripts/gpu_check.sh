@@ -10,6 +10,7 @@
 #
 #   bash scripts/gpu_check.sh /tmp/results
 #   BENCH_ARGS="--len 16384" bash scripts/gpu_check.sh     # extra arguments for step 4
+#   GPU_CHECK_BASELINE=h100-unfused ...                      # step 4's JSON also as bench/baselines/NAME.{json,png}
 #   GPU_CHECK_TESTS=multigrain GPU_CHECK_SKIP_D=1 ...        # only tests matching a regex; no fragments
 set -uo pipefail
 # Build with the system compiler: the GPU image's CXX=/opt/gcc/bin/g++ links libstdc++ statically, and such a
@@ -114,6 +115,10 @@ if [ -x "$BUILD/spattn" ]; then
   step bench $?
   cat "$OUTD/bench_cuda.txt"
   grep -E "FAILED|skipped" "$OUTD/bench_cuda.log" | head
+  if [ -n "${GPU_CHECK_BASELINE:-}" ] && [ "${status[bench]}" = ok ]; then
+    python3 "$ROOT/bench/baseline.py" "$OUTD/bench_cuda_standard.json" "$GPU_CHECK_BASELINE" \
+      --command "GPU_CHECK_BASELINE=$GPU_CHECK_BASELINE bash scripts/gpu_check.sh (step 4: spattn bench --device cuda --suite standard ${BENCH_ARGS:-})"
+  fi
 else
   step bench 1
 fi

@@ -4,7 +4,8 @@
 #   case, and the benchmark against FlexAttention / SDPA (bench/gpu_bench.py).
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (build dir) and SPATTN_OUT (output dir). Standalone: with
 # SPATTN_BUILD unset it configures and builds into build-fused/ itself (GoogleTest from .gtest/ if the
-# machine has none). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096").
+# machine has none). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096"; with
+# "--baseline h100-fused" the bench also writes bench/baselines/h100-fused.{json,png}: bench/README.md).
 set -uo pipefail
 # The library is dlopen'ed into the PyTorch process by the bench: it must link libstdc++ dynamically. The GPU
 # machine's image sets CXX=/opt/gcc/bin/g++, which links libstdc++ statically; two libstdc++ copies in one

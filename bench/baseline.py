@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Baselines: bench/baselines/NAME.json (a bench's JSON with a "meta" block: commit, date, command) and NAME.png.
+
+Turns the JSON of `spattn bench --json` (CPU, or CUDA: Multigrain vs cuSPARSE) into a baseline, and draws the plot
+of any baseline (bench/gpu_bench.py's fused runs too, with the plot gpu_bench.py itself writes):
+
+  python3 bench/baseline.py out/cpu.json cpu-epyc-2c        # -> bench/baselines/cpu-epyc-2c.{json,png}
+  python3 bench/baseline.py --png bench/baselines/*.json     # redraw the plots of existing baselines
+
+The recorded JSON text is kept as it is; only the meta block is put in front of it. The commit is $SPATTN_COMMIT
+(for trees without their own .git: git archive copies, the device machine), else the working tree's (git rev-parse,
+"+dirty" if it has changes), else "unknown"; the date is the run's own where the JSON has one. Plots need matplotlib
+(`pip install matplotlib`); without it the JSON is still written. bench/tables.py imports this file: nothing here
+may need more than the standard library at import time.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# $SPATTN_BASELINES: write them elsewhere (on a machine whose tree does not come back, e.g. $OUT/baselines)
+BASELINES = os.environ.get("SPATTN_BASELINES") or os.path.join(HERE, "baselines")
+
+
+def commit():
+    """$SPATTN_COMMIT, else the commit the working tree is at ("+dirty" with uncommitted changes), else "unknown"."""
+    if os.environ.get("SPATTN_COMMIT"):
+        return os.environ["SPATTN_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def meta(name, command, date=None):
+    return {"baseline": name, "commit": commit(), "date": date or datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": command}
+
+
+def with_meta(text, block):
+    """The JSON text with a top-level "meta" block put first; the rest of the text kept byte for byte."""
+    if "meta" in json.loads(text):
+        raise ValueError("the JSON already has a meta block")
+    i = text.index("{") + 1
+    m = json.dumps(block)
+    return text[:i] + (f'\n "meta": {m},' if text[i:i + 1] == "\n" else f'"meta": {m},\n ') + text[i:]
+
+
+def kind(doc):
+    """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda) or cpu (spattn bench --device cpu)."""
+    if doc.get("machine", {}).get("device") == "cpu":
+        return "cpu"
+    impls = {r["impl"] for r in doc["rows"]}
+    if "spattn:sddmm" in impls:
+        return "unfused"
+    if "flex_attention" in impls or "sdpa_cudnn" in impls:
+        return "fused"
+    raise ValueError("not a bench JSON this file knows")
+
+
+def index(rows):
+    """Rows by (impl, pattern, L, D); the first row of each key."""
+    ix = {}
+    for r in rows:
+        ix.setdefault((r["impl"], r["pattern"], r["L"], r["D"]), r)
+    return ix
+
+
+def cases(rows, impl):
+    """The (pattern, L, D) of impl's rows, in the order the bench ran them."""
+    return [(r["pattern"], r["L"], r["D"]) for r in rows if r["impl"] == impl]
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _shape(r):
+    """bf16, B=2, H=16, L=4096, D=64 (of one row)."""
+    return f"{r['dtype']}, B={r['B']}, H={r['Hq']}, L={r['L']}, D={r['D']}"
+
+
+def _finish(plt, fig, ax, title, png, **legend):
+    ax.set_title(title)
+    ax.legend(**legend)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def plot_fused(doc, png):
+    """Ours and FlexAttention per case, dense cuDNN SDPA of the same (L, D) as a mark (gpu_bench.py's plot)."""
+    plt = _pyplot()
+    rows = doc["rows"]
+    ix = index(rows)
+    keys = cases(rows, "spattn")
+
+    def eff(impl, p, L, D):
+        r = ix.get((impl, p, L, D))
+        return (r or {}).get("eff_tflops") or 0
+
+    x = range(len(keys))
+    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 0.9), 4.5))
+    ax.bar([i - 0.2 for i in x], [eff("spattn", *k) for k in keys], 0.4, label="spattn fused")
+    ax.bar([i + 0.2 for i in x], [eff("flex_attention", *k) for k in keys], 0.4, label="FlexAttention")
+    ax.plot(list(x), [eff("sdpa_cudnn", "dense", L, D) for _p, L, D in keys], "k_", markersize=20,
+            label="dense cuDNN SDPA")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"{p}\nL={L}\nD={D}" for p, L, D in keys], fontsize=7)
+    ax.set_ylabel("effective TFLOP/s (nnz-counted)")
+    r0 = rows[0]
+    _finish(plt, fig, ax, f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}", png)
+
+
+def plot_unfused(doc, png):
+    """Speedup over cuSPARSE per pattern: SDDMM, SpMM, attention without and with P (vs cuSPARSE SDDMM + SpMM)."""
+    plt = _pyplot()
+    rows = doc["rows"]
+    ix = index(rows)
+    keys = cases(rows, "spattn:sddmm")
+
+    def ms(impl, k):
+        return ix[(impl,) + k]["ms"]
+
+    series = [("SDDMM", lambda k: ms("cusparse_sddmm", k) / ms("spattn:sddmm", k)),
+              ("SpMM", lambda k: ms("cusparse_spmm", k) / ms("spattn:spmm", k)),
+              ("attention", lambda k: (ms("cusparse_sddmm", k) + ms("cusparse_spmm", k)) / ms("spattn:unfused", k)),
+              ("attention with P",
+               lambda k: (ms("cusparse_sddmm", k) + ms("cusparse_spmm", k)) / ms("spattn:unfused_p", k))]
+    w = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, len(keys) * 1.1), 4.5))
+    for j, (label, f) in enumerate(series):
+        ax.bar([i + (j - (len(series) - 1) / 2) * w for i in range(len(keys))], [f(k) for k in keys], w, label=label)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks(list(range(len(keys))))
+    ax.set_xticklabels([p for p, _L, _D in keys])
+    ax.set_yscale("log")
+    ticks = [1, 2, 3, 5, 10, 20, 30, 50]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t}x" for t in ticks])
+    ax.set_ylabel("speedup over cuSPARSE")
+    _finish(plt, fig, ax, f"Multigrain vs cuSPARSE, {doc['machine']['gpu']}, {_shape(rows[0])}", png, fontsize=8)
+
+
+def plot_cpu(doc, png):
+    """GFLOP/s per pattern with the sgemm probe timed interleaved with it as a mark."""
+    plt = _pyplot()
+    rows = [r for r in doc["rows"] if r["impl"] == "spattn"]
+    m = doc["machine"]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    ax.bar(list(x), [r["eff_tflops"] * 1e3 for r in rows], 0.6, label="spattn fused (CPU)")
+    ax.plot(list(x), [r["sgemm_probe_interleaved_gflops"] for r in rows], "k_", markersize=24,
+            label="square sgemm probe (interleaved)")
+    for i, r in enumerate(rows):
+        ax.text(i, r["eff_tflops"] * 1e3, f"{100 * r['ratio_to_sgemm_probe']:.0f}%", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["pattern"] for r in rows])
+    ax.set_ylabel("effective GFLOP/s (nnz-counted)")
+    _finish(plt, fig, ax, f"{m['cpu']}, {m['threads']} threads, {m['kernels']}, {_shape(rows[0])}", png, fontsize=8)
+
+
+PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu}
+
+
+def plot(doc, png):
+    """Draw doc's plot into png; False (and a line on stderr) where it cannot (no matplotlib, no rows)."""
+    try:
+        PLOTS[kind(doc)](doc, png)
+        return True
+    except ImportError as e:
+        print(f"# no plot ({e}); pip install matplotlib", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 -- a plot must not cost the run its JSON and table
+        print(f"# no plot: {e}", file=sys.stderr)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="+", help="SRC.json NAME, or with --png the baseline files to redraw")
+    ap.add_argument("--png", action="store_true", help="only redraw the PNG beside each JSON given")
+    ap.add_argument("--command", default=None,
+                    help="the command that made SRC (default: the JSON's own machine.command, if any)")
+    args = ap.parse_args()
+    if args.png:
+        for path in args.json:
+            with open(path) as f:
+                plot(json.load(f), os.path.splitext(path)[0] + ".png")
+        return
+    if len(args.json) != 2:
+        ap.error("give SRC.json and NAME")
+    src, name = args.json
+    with open(src) as f:
+        text = f.read()
+    doc = json.loads(text)
+    machine = doc.get("machine", {})
+    command = args.command or machine.get("command") or doc.get("command") or "unknown"
+    os.makedirs(BASELINES, exist_ok=True)
+    out = os.path.join(BASELINES, name + ".json")
+    with open(out, "w") as f:
+        f.write(with_meta(text, meta(name, command, machine.get("date"))))
+    print(f"wrote {out}")
+    if plot(doc, os.path.join(BASELINES, name + ".png")):
+        print(f"wrote {os.path.join(BASELINES, name + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

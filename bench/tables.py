@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""README result tables from bench/baselines/*.json (standard library only).
+
+README.md holds one block per baseline between marker comments:
+
+  <!-- tables:NAME -->
+  (generated from bench/baselines/NAME.json; not edited by hand)
+  <!-- /tables:NAME -->
+
+  python3 bench/tables.py            # print every baseline's block
+  python3 bench/tables.py --write    # rewrite the blocks in README.md
+  python3 bench/tables.py --check    # exit 1 if a block differs from what its baseline gives (or has no baseline)
+
+Effective rates count only the kept scores (4 * nnz * D * B * H / time); ratios are of unrounded figures.
+"""
+import argparse
+import difflib
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from baseline import BASELINES, ROOT, cases, index, kind  # noqa: E402
+
+# The fused table's "of dense cuDNN" column: the clustered patterns (the scattered ones run at a few % of a dense
+# rate, where a share of cuDNN says nothing).
+CLUSTERED = ("local", "longformer", "bigbird", "dilated", "causal")
+MARKER = re.compile(r"(<!-- tables:([\w.-]+) -->\n)(.*?)(<!-- /tables:\2 -->)", re.S)
+
+
+def e(x, digits=1):
+    """2.3e-3 (not 2.3e-03)."""
+    m, ex = f"{x:.{digits}e}".split("e")
+    return f"{m}e{int(ex)}"
+
+
+def row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def rule(n):
+    return "|" + "---|" * n
+
+
+def caption(name, doc, what):
+    m = doc.get("meta", {})
+    made = f"commit {m['commit']}, {m['date'][:10]}; " if m else ""
+    return (f"{what}; {made}[{name}.json](bench/baselines/{name}.json), "
+            f"[plot](bench/baselines/{name}.png):")
+
+
+def fused(name, doc):
+    rows = doc["rows"]
+    ix = index(rows)
+    r0 = rows[0]
+    Ls = sorted({L for _p, L, _D in cases(rows, "spattn")})
+    Lmax = Ls[-1]
+    pats = [p for p, L, D in cases(rows, "spattn") if D == 64 and L == Lmax and p != "dense"]
+
+    def eff(impl, p, L, D=64):
+        r = ix.get((impl, p, L, D))
+        return r["eff_tflops"] if r and r["eff_tflops"] else None
+
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}, D=64"), ""]
+    head = ["pattern"]
+    for L in Ls:
+        head += [f"L={L} ours", "FlexAttention", "ratio"]
+    out += [row(head + [f"of dense cuDNN (L={Lmax})"]), rule(len(head) + 1)]
+    cudnn = eff("sdpa_cudnn", "dense", Lmax)
+    for p in pats:
+        cells = [p]
+        for L in Ls:  # a case the run skipped (--budget-s) stays empty
+            o, f = eff("spattn", p, L), eff("flex_attention", p, L)
+            cells += [f"{o:.1f}" if o else "", f"{f:.1f}" if f else "", f"{o / f:.2f}" if o and f else ""]
+        o = eff("spattn", p, Lmax)
+        cells.append(f"{o / cudnn:.2f}" if p in CLUSTERED and o and cudnn else "")
+        out.append(row(cells))
+    d64, d128 = eff("spattn", "dense", Lmax), eff("spattn", "dense", Lmax, 128)
+    c64, c128 = cudnn, eff("sdpa_cudnn", "dense", Lmax, 128)
+    cz, cf = eff("spattn", "causal", Lmax, 128), eff("flex_attention", "causal", Lmax, 128)
+    err = max(r["rel_err"] for r in rows if r["impl"] == "spattn")
+    dense = ""
+    if d64 and d128 and c64 and c128 and cz and cf:
+        dense = (f"Dense, L={Lmax}: D=64 {d64:.1f} TFLOP/s ({d64 / c64:.2f} of cuDNN SDPA, {c64:.1f}), D=128 "
+                 f"{d128:.1f} ({d128 / c128:.2f} of cuDNN, {c128:.1f}); causal D=128 {cz:.1f} ({cz / cf:.2f}x "
+                 f"FlexAttention). ")
+    return out + ["", f"{dense}Relative error vs the reference <= {e(err)}."]
+
+
+def unfused(name, doc):
+    rows = doc["rows"]
+    ix = index(rows)
+    r0 = rows[0]
+
+    def ms(impl, k):
+        return ix[(impl,) + k]["ms"]
+
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}, L={r0['L']}, "
+                              f"D={r0['D']}"), "",
+           row(["pattern", "SDDMM vs cuSPARSE", "SpMM vs cuSPARSE", "attention ms", "vs cuSPARSE SDDMM + SpMM",
+                "with P ms", "vs cuSPARSE", "max rel err"]), rule(8)]
+    sd, sp, att, attp = {}, {}, {}, {}
+    errs = []
+    for k in cases(rows, "spattn:sddmm"):
+        p = k[0]
+        cus = ms("cusparse_sddmm", k) + ms("cusparse_spmm", k)
+        sd[p] = ms("cusparse_sddmm", k) / ms("spattn:sddmm", k)
+        sp[p] = ms("cusparse_spmm", k) / ms("spattn:spmm", k)
+        att[p] = cus / ms("spattn:unfused", k)
+        attp[p] = (cus / ms("spattn:unfused_p", k), ms("spattn:unfused_p", k), cus)
+        err = max(ix[(i,) + k]["rel_err"] for i in ("spattn:sddmm", "spattn:spmm", "spattn:unfused", "spattn:unfused_p"))
+        errs.append(err)
+        out.append(row([p, f"{sd[p]:.2f}x", f"{sp[p]:.2f}x", f"{ms('spattn:unfused', k):.3f}", f"{att[p]:.2f}x",
+                        f"{ms('spattn:unfused_p', k):.3f}", f"{attp[p][0]:.2f}x", e(err)]))
+
+    def geo(d):
+        return math.exp(sum(math.log(v) for v in d.values()) / len(d))
+
+    def lo(d, f=lambda v: v):
+        p = min(d, key=lambda q: f(d[q]))
+        return p, d[p]
+
+    (psd, vsd), (psp, vsp), (pa, va) = lo(sd), lo(sp), lo(att)
+    pp, (vp, msp, cusp) = lo(attp, lambda v: v[0])
+    out += ["", f"Geomean over the patterns: SDDMM {geo(sd):.2f}x cuSPARSE (min {vsd:.2f}x, {psd}), SpMM "
+                f"{geo(sp):.2f}x (min {vsp:.2f}x, {psp}); attention min {va:.2f}x without P ({pa}), {vp:.2f}x with "
+                f"P ({pp}: {msp:.3f} ms against {cusp:.3f}); max rel err {e(max(errs), 2)}."]
+    return out
+
+
+def cpu(name, doc):
+    m = doc["machine"]
+    rows = [r for r in doc["rows"] if r["impl"] == "spattn"]
+    r0 = rows[0]
+    out = [caption(name, doc, f"{m['cpu']}, {m['threads']} threads ({m['kernels']} kernels), {r0['dtype']}, "
+                              f"B={r0['B']}, H={r0['Hq']}, L={r0['L']}, D={r0['D']}; square-sgemm probe "
+                              f"{m['sgemm_probe_gflops']:.1f} GFLOP/s (median over the run)"), "",
+           row(["pattern", "GFLOP/s", "of sgemm probe", "vs dense masked (sgemm)", "rel err"]), rule(5)]
+    for r in rows:
+        out.append(row([r["pattern"], f"{r['eff_tflops'] * 1e3:.1f}", f"{100 * r['ratio_to_sgemm_probe']:.1f}%",
+                        f"{r['speedup_vs_dense_masked']:.1f}x", e(r["rel_err"])]))
+    return out
+
+
+TABLES = {"fused": fused, "unfused": unfused, "cpu": cpu}
+
+
+def block(path):
+    """The generated text between NAME's markers (ends in a newline)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path) as f:
+        doc = json.load(f)
+    return "\n".join(TABLES[kind(doc)](name, doc)) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite the blocks in the README")
+    g.add_argument("--check", action="store_true", help="exit 1 if the README's blocks are stale")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    ap.add_argument("--baselines", default=BASELINES)
+    args = ap.parse_args()
+    files = {os.path.splitext(os.path.basename(p))[0]: p for p in sorted(glob.glob(os.path.join(args.baselines, "*.json")))}
+    if not (args.write or args.check):
+        for name, path in files.items():
+            print(f"<!-- tables:{name} -->\n{block(path)}<!-- /tables:{name} -->\n")
+        return 0
+    with open(args.readme) as f:
+        text = f.read()
+    problems = []
+
+    def fill(mt):
+        name = mt.group(2)
+        if name not in files:
+            problems.append(f"{args.readme}: block '{name}' has no {args.baselines}/{name}.json")
+            return mt.group(0)
+        new = block(files[name])
+        if new != mt.group(3):
+            diff = difflib.unified_diff(mt.group(3).splitlines(), new.splitlines(), "README", name + ".json",
+                                        lineterm="")
+            problems.append(f"{args.readme}: block '{name}' is stale:\n" + "\n".join(diff))
+        return mt.group(1) + new + mt.group(4)
+
+    new_text = MARKER.sub(fill, text)
+    shown = {mt.group(2) for mt in MARKER.finditer(text)}
+    for name in files.keys() - shown:
+        print(f"note: no README block for baseline {name}", file=sys.stderr)
+    if args.write:
+        if new_text != text:
+            with open(args.readme, "w") as f:
+                f.write(new_text)
+            print(f"rewrote {args.readme}")
+        missing = [p for p in problems if "has no" in p]
+        for p in missing:
+            print(p, file=sys.stderr)
+        return 1 if missing else 0
+    for p in problems:
+        print(p, file=sys.stderr)
+    if not problems:
+        print(f"{args.readme}: {len(shown)} result blocks up to date")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
