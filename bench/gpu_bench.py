@@ -24,6 +24,7 @@ import ctypes
 import datetime
 import json
 import math
+import re
 import os
 import platform
 import statistics
@@ -44,15 +45,16 @@ class Lib:
         L = self.lib
         i64, vp = ctypes.c_int64, ctypes.c_void_p
         L.spattn_last_error.restype = ctypes.c_char_p
-        L.spattn_fused_create.argtypes = [ctypes.c_char_p, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                          ctypes.c_int, ctypes.POINTER(vp)]
-        L.spattn_fused_destroy.argtypes = [vp]
-        L.spattn_fused_info.argtypes = [vp, ctypes.POINTER(i64)]
-        L.spattn_fused_explain.argtypes = [vp]
-        L.spattn_fused_explain.restype = ctypes.c_char_p
+        cp = ctypes.c_char_p
+        L.spattn_plan_create.argtypes = [cp, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64, i64, i64, ctypes.c_double,
+                                         cp, ctypes.POINTER(vp)]
+        L.spattn_plan_destroy.argtypes = [vp]
+        L.spattn_plan_info.argtypes = [vp, ctypes.POINTER(i64)]
+        for f in ("spattn_plan_explain", "spattn_plan_kernel", "spattn_plan_last_kernel"):
+            getattr(L, f).argtypes = [vp]
+            getattr(L, f).restype = cp
         p64 = ctypes.POINTER(i64)
-        L.spattn_fused_forward.argtypes = [vp, ctypes.c_int, i64, i64, i64, i64, i64, i64, vp, p64, vp, p64, vp, p64,
-                                           vp, p64, vp, ctypes.c_double, vp]
+        L.spattn_plan_forward.argtypes = [vp, vp, p64, vp, p64, vp, p64, vp, p64, vp, vp]
         L.spattn_pattern_mask.argtypes = [ctypes.c_char_p, i64, i64, i64, i64, vp]
         L.spattn_pattern_nnz.argtypes = [ctypes.c_char_p, i64, i64, p64]
 
@@ -71,48 +73,58 @@ class Lib:
         return torch.cat(parts).bool()
 
 
-# bench shape variants (SHAPE:VARIANT) -> spattn_fused_create's force bits: cp cp.async kernels, p / np persistent
-# or one item a CTA, b / nb band kernel or not, ns / s3 / ss never split the band kernel's last items, 3 parts
-# each over the keys, or as single slabs
-VARIANTS = {"": 0, "cp": 2, "p": 4, "np": 8, "b": 16, "nb": 32, "ns": 16 | 64, "s3": 16 | 128, "ss": 16 | 256}
+# bench shape variants (SHAPE:VARIANT) -> spattn::PlanOptions: cp cp.async kernels, p / np persistent or one item a
+# CTA, b / nb band kernel or not, ns / s3 / ss never split the band kernel's last items, 3 parts each over the keys,
+# or as single slabs
+VARIANTS = {"": "", "cp": "kernel=sm90_cp", "p": "persistent=1", "np": "persistent=0", "b": "kernel=sm90_band",
+            "nb": "kernel=sm90_tma", "ns": "kernel=sm90_band,split=0", "s3": "kernel=sm90_band,split=3",
+            "ss": "kernel=sm90_band,split=1"}
+PROBLEM = {"batch": 2, "heads": 16}  # main() sets them from --batch / --heads
 
 
 class Fused:
-    """One plan (pattern bound to L) and forward calls on [B, H, L, D]-contiguous tensors."""
+    """One spattn::Plan (pattern, [B, H, L, D] bf16 problem on CUDA device 0) and forward calls on [B, H, L, D]-
+    contiguous tensors (passed as [B, L, H, D] views: no copies)."""
 
-    def __init__(self, lib, spec, L, D, block=0, force_sm80=False, block_n=None, variant=""):
+    def __init__(self, lib, spec, L, D, block=0, force_sm80=False, block_n=None, variant="", dtype=torch.bfloat16):
         self.lib = lib
+        B, H = PROBLEM["batch"], PROBLEM["heads"]
+        opts = [VARIANTS[variant]] if VARIANTS[variant] else []
+        if force_sm80:
+            opts.append("kernel=sm80")
+        if block:
+            opts += [f"block_m={block}", f"block_n={block if block_n is None else block_n}"]
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
-        lib.check(lib.lib.spattn_fused_create(spec.encode(), L, L, D, block, block if block_n is None else block_n, -1,
-                                              int(force_sm80) | VARIANTS[variant],
-                                              ctypes.byref(h)), f"plan {spec}")
+        lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0 if dtype == torch.bfloat16 else 1, B, H, H, L, L, D,
+                                             0.0, ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
-        info = (ctypes.c_int64 * 6)()
-        lib.check(lib.lib.spattn_fused_info(h, info), "info")
-        self.nnz, self.block_m, self.block_n, self.perm_d = info[0], info[1], info[2], info[3]
-        self.explain = lib.lib.spattn_fused_explain(h).decode()
+        info = (ctypes.c_int64 * 4)()
+        lib.check(lib.lib.spattn_plan_info(h, info), "info")
+        self.nnz = info[0] // H  # per head
+        self.explain = lib.lib.spattn_plan_explain(h).decode()
+        self.kernel = lib.lib.spattn_plan_kernel(h).decode()
+        m = re.search(r"block (\d+)x(\d+), perm_d (\d+)", self.explain)
+        self.block_m, self.block_n, self.perm_d = (int(x) for x in m.groups()) if m else (0, 0, 0)
 
     def __del__(self):
         if getattr(self, "h", None):
-            self.lib.lib.spattn_fused_destroy(self.h)
+            self.lib.lib.spattn_plan_destroy(self.h)
 
     def forward(self, q, k, v, o, lse=None):
-        B, H, L, D = q.shape
-        Hkv = k.shape[1]
-
-        def strides(t):  # (batch, seq, head) strides of a [B, H, L, D] tensor viewed as [B, L, H, D]
+        def strides(t):  # (batch, seq, head, dim) strides of a [B, H, L, D] tensor viewed as [B, L, H, D]
             s = t.stride()
-            return (ctypes.c_int64 * 3)(s[0], s[2], s[1])
+            return (ctypes.c_int64 * 4)(s[0], s[2], s[1], s[3])
 
-        dtype = 0 if q.dtype == torch.bfloat16 else 1
         stream = torch.cuda.current_stream().cuda_stream
-        rc = self.lib.lib.spattn_fused_forward(
-            self.h, dtype, B, H, Hkv, L, k.shape[2], D, q.data_ptr(), strides(q), k.data_ptr(), strides(k),
-            v.data_ptr(), strides(v), o.data_ptr(), strides(o), lse.data_ptr() if lse is not None else None, 0.0,
-            ctypes.c_void_p(stream))
-        self.lib.check(rc, "spattn_fused_forward")
+        rc = self.lib.lib.spattn_plan_forward(
+            self.h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v), o.data_ptr(),
+            strides(o), lse.data_ptr() if lse is not None else None, ctypes.c_void_p(stream))
+        self.lib.check(rc, "spattn_plan_forward")
+
+    def last_kernel(self):
+        return self.lib.lib.spattn_plan_last_kernel(self.h).decode()
 
 
 # ---------------------------------------------------------------------------------------------------- the suite
@@ -286,6 +298,7 @@ def main():
     args = ap.parse_args()
     global USE_GRAPHS
     USE_GRAPHS = not args.no_graph
+    PROBLEM.update(batch=args.batch, heads=args.heads)
     t_start = time.time()
     assert args.reps >= 20, "BENCH.md: median of at least 20"
 
