@@ -2,6 +2,7 @@
 #pragma once
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
@@ -13,6 +14,26 @@ namespace spattn::cuda::fused {
 
 enum class Kind { kCpAsync, kWs, kBand };
 
+namespace {
+// Raises `kernel`'s dynamic shared-memory limit once per device. The record is per translation unit (internal
+// linkage), not a static local of the launch template: those are STB_GNU_UNIQUE symbols, one per process, so a
+// second libspattn loaded beside this one (another version, an A/B build) would find the flag set by the first
+// library's kernel and launch its own without the raised limit.
+cudaError_t raise_smem_limit(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, int>> done;  // (kernel, device)
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& d : done)
+    if (d.first == kernel && d.second == dev) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) done.push_back({kernel, dev});
+  return e;
+}
+}  // namespace
+
 template <class Tr, Kind kKind = Kind::kCpAsync>
 cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   void (*kernel)(FusedParams) = nullptr;
@@ -23,17 +44,8 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   } else {
     kernel = fused_fwd_kernel<Tr>;
   }
-  // Raise the dynamic shared-memory limit once per process and device (kernel attributes are per device).
-  static std::once_flag once[64];
-  static cudaError_t attr_err[64] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (e != cudaSuccess) return e;
-  std::call_once(once[dev & 63], [&] {
-    attr_err[dev & 63] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              Tr::kSmemBytes);
-  });
-  if (attr_err[dev & 63] != cudaSuccess) return attr_err[dev & 63];
   kernel<<<p.grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p.kernel);
   return cudaGetLastError();
 }
