@@ -84,7 +84,7 @@ inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
          plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }
 // Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense
-// rows, where no row is trimmed and the turn-taking TMA kernel measured 2-3% faster; NOTES.md v14).
+// rows, where no row is trimmed and the turn-taking TMA kernel measured 2-3% faster; bench/LOG.md, band kernel v14).
 inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option) {
   const bool dense_rows = plan.band_lo <= -(plan.q_len - 1) && plan.band_hi >= plan.k_len - 1;
   return band_kernel_applies(plan, head_dim) && (option == 1 || (option == -1 && !dense_rows));

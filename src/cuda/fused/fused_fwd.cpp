@@ -323,7 +323,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.band_hi = hp.band_hi;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
-  // at D=64 and 128 (NOTES.md, v9).
+  // at D=64 and 128 (bench/LOG.md, v9).
   k.persistent = a.persistent >= 0 ? a.persistent : 1;
   k.split_first = int(out.grid);
   k.split_k = 1;
@@ -391,7 +391,7 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
     // Chosen: only where the items are fewer than the SMs (one partial wave: small batches, few heads, long
     // rows), each split into sms / n parts (at most 4). Splitting the last wave of a longer list over the keys
     // does not pay: local(256) at L=4096, B=2, H=16 (704 items on 132 SMs) lost 6% with its last 44 items in 3
-    // parts (H100, bench/results/README.md): a part pays an item's fill, drain and epilogue plus the workspace
+    // parts (H100, bench/LOG.md): a part pays an item's fill, drain and epilogue plus the workspace
     // round trip.
     if (n >= sms) return;
     parts = int(std::min<int64_t>(4, sms / n));

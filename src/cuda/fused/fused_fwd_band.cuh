@@ -35,13 +35,13 @@ struct BandTraits {
   // L=4096, +3.1% at L=16384; local(256) -1.6% (its short rows: 4-5 steps), so chosen for long rows only.
   static constexpr bool kRunningMax = kRunningMax_;
   // Their row sums as 4 partial chains (no max chain in front of them): causal +0.9% at L=16384, +0.4% at 4096
-  // against 2 (same-process A/B, bench/results/README.md "Session 11", s11/run7.sh).
+  // against 2 (same-process A/B, bench/LOG.md, session 11).
   static constexpr int kRunningParts = 4;
   static constexpr bool kBf16 = kBf16_;
   // The 128-key steps' row max and row sum over 2 partial chains each (tile_softmax's kP): causal +1.1-1.6%,
-  // local +0.2-0.4% (H100, both timed in one process, bench/results/README.md "Session 10"; 4 partials: less).
+  // local +0.2-0.4% (H100, both timed in one process, bench/LOG.md, session 10; 4 partials: less).
   static constexpr int kSoftmaxParts = 2;
-  // 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (NOTES.md, v14).
+  // 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (bench/LOG.md, v14).
   static_assert(BM == 192, "band kernel: three consumer warpgroups");
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
