@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <set>
+#include <thread>
 
 #include "spattn/pattern.hpp"
 
@@ -15,14 +17,45 @@ namespace {
 
 const int64_t kSizes[] = {1, 7, 113, 799};
 
-// Brute force: the r keys of row q with the smallest (hash, k).
-std::set<int64_t> brute_random(int64_t r, uint64_t seed, int64_t q, int64_t Lk) {
-  std::vector<std::pair<uint64_t, int64_t>> h;
-  for (int64_t k = 0; k < Lk; ++k) h.push_back({random_hash(seed, q, k), k});
-  std::sort(h.begin(), h.end());
-  std::set<int64_t> s;
-  for (int64_t i = 0; i < std::min<int64_t>(r, Lk); ++i) s.insert(h[size_t(i)].second);
-  return s;
+// PATTERNS.md's hash and random row, transcribed literally: Floyd's sampling into a std::set.
+uint64_t spec_mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+uint64_t spec_h(uint64_t seed, uint64_t q, uint64_t k) { return spec_mix(spec_mix(spec_mix(seed) + q) + k); }
+std::set<int64_t> floyd_random(int64_t r, uint64_t seed, int64_t q, int64_t Lk) {
+  std::set<int64_t> S;
+  if (r >= Lk) {
+    for (int64_t k = 0; k < Lk; ++k) S.insert(k);
+    return S;
+  }
+  for (int64_t j = Lk - r; j <= Lk - 1; ++j) {
+    const uint64_t t = spec_h(seed, uint64_t(q), uint64_t(j)) % uint64_t(j + 1);
+    if (S.count(int64_t(t))) {
+      S.insert(j);
+    } else {
+      S.insert(int64_t(t));
+    }
+  }
+  return S;
+}
+// The predicate of blocked(block, random(r, seed=seed)) (block 1: random itself), remembering the last row
+// asked (check_against asks key by key).
+Pred random_pred(int64_t r, uint64_t seed, int64_t block = 1) {
+  struct Last {
+    int64_t bq = -1, nb = -1;
+    std::set<int64_t> keys;
+  };
+  auto last = std::make_shared<Last>();
+  return [=](int64_t q, int64_t k, int64_t, int64_t Lk) {
+    const int64_t bq = q / block, nb = (Lk + block - 1) / block;
+    if (last->bq != bq || last->nb != nb) *last = {bq, nb, floyd_random(r, seed, bq, nb)};
+    return last->keys.count(k / block) > 0;
+  };
 }
 
 // Brute force neighborhood window on one axis: the set of coordinates, straight from the definition.
@@ -104,8 +137,10 @@ std::vector<AtomCase> atom_cases() {
       {"global(0, 3:5)", [in](int64_t q, int64_t k, int64_t, int64_t) { return in(q, {{0, 1}, {3, 5}}) || in(k, {{0, 1}, {3, 5}}); }, 5},
       {"global_rows(1:3)", [in](int64_t q, int64_t, int64_t, int64_t) { return in(q, {{1, 3}}); }, 3},
       {"global_cols(2, 6)", [in](int64_t, int64_t k, int64_t, int64_t) { return in(k, {{2, 3}, {6, 7}}); }, 7},
-      {"random(3, seed=7)", [](int64_t q, int64_t k, int64_t, int64_t Lk) { return brute_random(3, 7, q, Lk).count(k) > 0; }},
-      {"random(40)", [](int64_t q, int64_t k, int64_t, int64_t Lk) { return brute_random(40, 0, q, Lk).count(k) > 0; }},
+      {"random(3, seed=7)", random_pred(3, 7)},
+      {"random(40)", random_pred(40, 0)},
+      {"random(1, seed=9223372036854775807)", random_pred(1, 9223372036854775807ull)},
+      {"random(112, seed=-1)", random_pred(112, ~0ull)},  // r = Lk - 1 at 113, r >= Lk below
       {"blocked(4, local(1))", [](int64_t q, int64_t k, int64_t, int64_t) { return std::abs(q / 4 - k / 4) <= 1; }},
       {"blocked(3, stride(2))", [](int64_t q, int64_t k, int64_t, int64_t) { return (q / 3 - k / 3) % 2 == 0; }},
   };
@@ -117,38 +152,92 @@ TEST(PatternAtoms, MatchBruteForceOnAwkwardSizes) {
   for (const AtomCase& c : atom_cases()) {
     for (int64_t L : kSizes) {
       if (L < c.min_len) continue;
-      if (c.spec.rfind("random", 0) == 0 && L > 113) continue;  // brute force is O(L^2 log L) per row
       check_against(c.spec, L, L, c.pred);
     }
   }
 }
 
-TEST(PatternAtoms, RandomRowsAtSuiteSizes) {
-  // At suite sizes the row's keys are selected among hashes below a bound (not among all Lk): same keys as the
-  // brute force, for short and long rows, and for r near Lk (where the bound covers everything).
+TEST(PatternAtoms, RandomRowsAreFloydsSample) {
+  // Row keys, row_nnz and contains() against the literal transcription, row by row: suite sizes, r = 1,
+  // r = Lk - 1, r >= Lk, r = 0, both sides of the library's switch from a hash set to a bitmap (one key in 256:
+  // Lk = 70000 is 1094 words of 64 keys, a bitmap from r = 274), keys near 2^31 (the largest divisors j + 1),
+  // cross lengths, seeds at the ends of the range.
   struct C {
-    int64_t r, L;
+    int64_t r, Lq, Lk;
     uint64_t seed;
+    int64_t rows;  // rows checked, spread over [0, Lq)
   };
-  for (const C& c : {C{205, 4096, 0}, C{820, 16384, 0}, C{1, 5000, 9}, C{4000, 4099, 2}, C{3, 70000, 1}}) {
-    const auto b = spattn::parse("random(" + std::to_string(c.r) + ", seed=" + std::to_string(c.seed) + ")").bind(c.L);
-    for (int64_t q : {int64_t(0), int64_t(1), c.L / 3, c.L - 1}) {
-      const auto want = brute_random(c.r, c.seed, q, c.L);
-      std::set<int64_t> got;
-      for (const auto& run : b.row(q))
-        for (int64_t i = 0; i < run.count; ++i) got.insert(run.start + i * run.stride);
-      EXPECT_EQ(got, want) << "random(" << c.r << ") L=" << c.L << " row " << q;
+  const int64_t kMaxK = 2147483647;
+  const C cases[] = {{205, 4096, 4096, 0, 64},     {820, 16384, 16384, 0, 32},   {1, 5000, 5000, 9, 200},
+                     {4000, 4099, 4099, 2, 16},     {4098, 4099, 4099, 3, 16},    {4099, 50, 4099, 3, 4},
+                     {5000, 30, 4099, 1, 3},        {3, 70000, 70000, 1, 64},     {273, 40, 70000, 5, 40},
+                     {274, 40, 70000, 5, 40},       {1, 2, 2, 4, 2},              {1, 1, 2, 7, 1},
+                     {0, 10, 10, 1, 10},            {2, 300, 7, ~0ull, 300},      {6, 300, 7, 1ull << 63, 300},
+                     {1000, 8, kMaxK, 11, 8},       {3, 4, kMaxK, ~0ull, 4},      {64, 6, kMaxK - 1000, 12345, 6},
+                     {31, 100, 32, 77, 100},        {63, 7, 64, 78, 7},           {65, 7, 66, 79, 7}};
+  std::vector<int64_t> keys;
+  for (const C& c : cases) {
+    const std::string spec = "random(" + std::to_string(c.r) + ", seed=" + std::to_string(int64_t(c.seed)) + ")";
+    SCOPED_TRACE(spec + " at " + std::to_string(c.Lq) + "x" + std::to_string(c.Lk));
+    const auto b = Pattern::parse(spec).bind(c.Lq, c.Lk);
+    for (int64_t i = 0; i < c.rows; ++i) {
+      const int64_t q = c.rows >= c.Lq ? i : (i * (c.Lq - 1)) / std::max<int64_t>(1, c.rows - 1);
+      const auto want = floyd_random(c.r, c.seed, q, c.Lk);
+      ASSERT_EQ(int64_t(want.size()), std::min(c.r, c.Lk)) << "the transcription itself, row " << q;
+      b.row_keys(q, keys);
+      ASSERT_EQ(keys, std::vector<int64_t>(want.begin(), want.end())) << "row " << q;  // distinct, increasing
+      EXPECT_EQ(b.row_nnz(q), int64_t(want.size()));
+      // Every key of short rows; else the kept keys and their neighbours.
+      if (c.Lk <= 5000) {
+        for (int64_t k = 0; k < c.Lk; ++k) ASSERT_EQ(b.contains(q, k), want.count(k) > 0) << "row " << q << " key " << k;
+      } else {
+        for (int64_t k : want)
+          for (int64_t n : {k - 1, k, k + 1})
+            if (n >= 0 && n < c.Lk) ASSERT_EQ(b.contains(q, n), want.count(n) > 0) << "row " << q << " key " << n;
+      }
     }
+    if (c.Lk <= 70000) EXPECT_EQ(b.nnz(), c.Lq * std::min(c.r, c.Lk));
+  }
+}
+
+TEST(PatternAtoms, RandomRowsAreTheSameOnEveryThread) {
+  // The per-thread scratch and row cache: rows drawn on two threads at once, interleaved with contains() on
+  // other rows and with a second random atom, match the transcription.
+  const auto b = Pattern::parse("random(300, seed=5) | random(2, seed=6) & causal").bind(3000);
+  std::vector<std::vector<int64_t>> got(2);
+  auto work = [&](int t) {
+    std::vector<int64_t> keys;
+    for (int64_t q = t; q < 3000; q += 2) {
+      b.row_keys(q, keys);
+      got[size_t(t)].insert(got[size_t(t)].end(), keys.begin(), keys.end());
+      got[size_t(t)].push_back(-1);
+      (void)b.contains(2999 - q, q);
+    }
+  };
+  std::thread other(work, 1);
+  work(0);
+  other.join();
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int64_t> want;
+    for (int64_t q = t; q < 3000; q += 2) {
+      std::set<int64_t> s = floyd_random(300, 5, q, 3000);
+      for (int64_t k : floyd_random(2, 6, q, 3000))
+        if (k <= q) s.insert(k);
+      want.insert(want.end(), s.begin(), s.end());
+      want.push_back(-1);
+    }
+    EXPECT_EQ(got[size_t(t)], want) << "thread " << t;
   }
 }
 
 TEST(PatternAtoms, BlockedRandomUsesTheBlockGrid) {
-  for (int64_t L : {7, 113, 200}) {
-    const int64_t nb = (L + 7) / 8;
-    check_against("blocked(8, random(2, seed=3))", L, L, [nb](int64_t q, int64_t k, int64_t, int64_t) {
-      return brute_random(2, 3, q / 8, nb).count(k / 8) > 0;
-    });
-  }
+  // The rule runs on the block grid: q, k and Lk counted in blocks (a ragged last block included).
+  for (int64_t L : {7, 113, 200}) check_against("blocked(8, random(2, seed=3))", L, L, random_pred(2, 3, 8));
+  check_against("blocked(5, random(12, seed=4))", 300, 300, random_pred(12, 4, 5));  // 60 blocks
+  check_against("blocked(5, random(59, seed=4))", 298, 298, random_pred(59, 4, 5));  // r = blocks - 1
+  check_against("blocked(5, random(60, seed=4))", 298, 298, random_pred(60, 4, 5));  // r = blocks: every key
+  check_against("blocked(3, random(1, seed=-5))", 40, 301, random_pred(1, uint64_t(-5), 3));
+  check_against("blocked(4, random(3))", 301, 17, random_pred(3, 0, 4));
 }
 
 TEST(PatternAtoms, Document) {
@@ -209,7 +298,7 @@ TEST(PatternPresets, ExpandToTheirDefinitions) {
       const int64_t nb = (L + 3) / 4;
       check_against("bigbird(4, 1, 2, 1, seed=5)", L, L, [nb](int64_t q, int64_t k, int64_t, int64_t) {
         const int64_t bq = q / 4, bk = k / 4;
-        return std::abs(bq - bk) <= 1 || bq < 2 || bk < 2 || brute_random(1, 5, bq, nb).count(bk) > 0;
+        return std::abs(bq - bk) <= 1 || bq < 2 || bk < 2 || floyd_random(1, 5, bq, nb).count(bk) > 0;
       });
     }
   }
@@ -224,8 +313,9 @@ TEST(PatternAlgebra, UnionsAndIntersections) {
   check_against("stride(3) & stride(4) | block_diag(10) & local(2)", 113, 113, [](int64_t q, int64_t k, int64_t, int64_t) {
     return ((q - k) % 3 == 0 && (q - k) % 4 == 0) || (q / 10 == k / 10 && std::abs(q - k) <= 2);
   });
-  check_against("random(9, seed=1) & local(20) | summary(16, 2) & (causal)", 113, 113, [](int64_t q, int64_t k, int64_t, int64_t Lk) {
-    return (brute_random(9, 1, q, Lk).count(k) && std::abs(q - k) <= 20) || (k % 16 >= 14 && k <= q);
+  const Pred rnd = random_pred(9, 1);
+  check_against("random(9, seed=1) & local(20) | summary(16, 2) & (causal)", 113, 113, [&](int64_t q, int64_t k, int64_t Lq, int64_t Lk) {
+    return (rnd(q, k, Lq, Lk) && std::abs(q - k) <= 20) || (k % 16 >= 14 && k <= q);
   });
   // Cross attention (Lq != Lk).
   check_against("causal | local(left=0, right=2)", 7, 113, [](int64_t q, int64_t k, int64_t, int64_t) { return k <= q + 2; });
@@ -256,6 +346,7 @@ TEST(PatternHash, MatchesTheSpecFormula) {
   x ^= x >> 31;
   EXPECT_EQ(random_mix(1), x);
   EXPECT_EQ(random_hash(3, 4, 5), random_mix(random_mix(random_mix(3) + 4) + 5));
+  for (uint64_t v : {uint64_t(1), uint64_t(12345), ~uint64_t(0)}) EXPECT_EQ(random_mix(v), spec_mix(v));
 }
 
 // ---- errors: each names the offending text and its column ----

@@ -57,13 +57,14 @@ class BoundPattern {
   int64_t k_len() const { return k_len_; }
   const std::string& spec() const { return spec_; }
 
-  // The reference predicate of PATTERNS.md. O(1) for every atom except random (O(Lk) the first time a row
-  // is asked on a thread; cached after).
+  // The reference predicate of PATTERNS.md. O(1) for every atom except random (the row's r draws the first
+  // time a row is asked on a thread, then O(log r) while it stays cached).
   bool contains(int64_t q, int64_t k) const;
 
   // The keys of row q as runs (see RowRuns), in time proportional to the number of runs where the atoms'
-  // geometry allows (local(256) is one interval, O(1)), never worse than O(nnz of the row + runs log runs),
-  // except random, which scans the row once.
+  // geometry allows (local(256) is one interval, O(1)), never worse than O(nnz of the row + runs log runs).
+  // random draws its r keys in O(r), never O(Lk) (O(r log r) for rows of less than one key in 256, whose
+  // keys are sorted).
   void row(int64_t q, RowRuns& out) const;
   RowRuns row(int64_t q) const {
     RowRuns r;
@@ -73,7 +74,7 @@ class BoundPattern {
   // The keys of row q in increasing order.
   void row_keys(int64_t q, std::vector<int64_t>& out) const;
   int64_t row_nnz(int64_t q) const;
-  // Total number of kept (q, k) pairs (walks every row).
+  // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
   int64_t nnz() const;
 
   // A pattern given by its kept keys (a mask the caller already holds, e.g. as CSR): row q keeps

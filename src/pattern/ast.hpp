@@ -45,6 +45,11 @@ struct BoundNode {
   virtual bool contains(int64_t q, int64_t k) const = 0;
   // Writes the normalised runs of row q into out (replacing its contents).
   virtual void row(int64_t q, RowRuns& out) const = 0;
+  // Number of keys of row q (scratch: any runs, overwritten). Atoms that know it without the row say so.
+  virtual int64_t row_nnz(int64_t q, RowRuns& scratch) const {
+    row(q, scratch);
+    return count_keys(scratch);
+  }
 };
 
 std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& node, const std::string& spec,

@@ -32,52 +32,190 @@ uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k) { return random_mix(
 namespace detail {
 namespace {
 
-// The (h, k) of keys k < k_len with h = mix(a + k) <= bound, in increasing k (random's row: see RandomB).
-void random_collect_scalar(uint64_t a, int64_t k0, int64_t k_len, uint64_t bound,
-                           std::vector<std::pair<uint64_t, int64_t>>& out) {
-  for (int64_t k = k0; k < k_len; ++k) {
-    const uint64_t x = random_mix(a + uint64_t(k));
-    if (x <= bound) out.push_back({x, k});
+// ---- random's rows (RandomB): draws, then the keys of the row's set, then its intervals ----
+// Each step has a scalar path and an AVX-512 one picked at run time; they give the same results. The vector
+// steps write whole vectors: buffers they fill need kSlack entries past the last one.
+constexpr size_t kSlack = 64;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+bool have_avx512() {  // 64-bit multiplies and conversions (DQ)
+  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return v;
+}
+bool have_vbmi2() {  // byte compress
+  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vbmi2");
+  return v;
+}
+#endif
+
+// Floyd's draws (PATTERNS.md): t[i] = h(seed, q, j) mod (j + 1) for j = lo + i, i < n. With a = mix(mix(seed)
+// + q) fixed for the row, h = mix(a + j). They are independent of one another (only their insertion into the
+// row's set is sequential); j + 1 <= Lk < 2^31, so t fits in 32 bits.
+void random_draws_scalar(uint64_t a, int64_t lo, int64_t i0, int64_t n, uint32_t* t) {
+  for (int64_t i = i0; i < n; ++i) {
+    const uint64_t j = uint64_t(lo + i);
+    t[i] = uint32_t(random_mix(a + j) % (j + 1));
   }
 }
 #if defined(__x86_64__) && defined(__GNUC__)
-// x ^ (x >> n), eight lanes; the zero-masked shift (all lanes kept) because GCC 12 warns on the plain one's
-// undefined source operand.
+// x ^ (x >> n), eight lanes. Zero-masked forms (all lanes kept) here and below because GCC 12 warns on the
+// plain ones' undefined source operand.
 __attribute__((target("avx512f"))) inline __m512i xorshift(__m512i x, unsigned n) {
   return _mm512_xor_si512(x, _mm512_maskz_srli_epi64(0xFF, x, n));
 }
-// Eight keys at a time (64-bit multiplies need AVX-512DQ); the row's plan-time cost is these hashes, Lq * Lk.
-__attribute__((target("avx512f,avx512dq"))) void random_collect_avx512(
-    uint64_t a, int64_t k_len, uint64_t bound, std::vector<std::pair<uint64_t, int64_t>>& out) {
+// x mod d in eight lanes, exact, for d in [2, 2^31) (AVX-512 has no integer division). Two rounds of a
+// double-precision quotient, rounded to nearest whatever MXCSR says. Round 1: x and 1/d are within 2^-53
+// relative, so their product is within 3 * 2^-53 * x / d < 3 * 2^10 of x / d (x / d < 2^63), and
+// r = x - trunc(.) * d, exact mod 2^64, is a signed value below 2^43 in magnitude (exact in a double).
+// Round 2: r - round(r / d) * d lies in (-d, d) (the rounding error is far below 1); one correction each side
+// makes it the remainder in [0, d).
+__attribute__((target("avx512f,avx512dq"))) inline __m512i mod_avx512(__m512i x, __m512i d) {
+  constexpr int kRn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512d inv = _mm512_maskz_div_round_pd(0xFF, _mm512_set1_pd(1.0), _mm512_cvt_roundepi64_pd(d, kRn), kRn);
+  const __m512d p1 = _mm512_maskz_mul_round_pd(0xFF, _mm512_cvt_roundepu64_pd(x, kRn), inv, kRn);
+  __m512i r = _mm512_sub_epi64(x, _mm512_mullo_epi64(_mm512_cvtt_roundpd_epu64(p1, _MM_FROUND_NO_EXC), d));
+  const __m512d p2 = _mm512_maskz_mul_round_pd(0xFF, _mm512_cvt_roundepi64_pd(r, kRn), inv, kRn);
+  r = _mm512_sub_epi64(r, _mm512_mullo_epi64(_mm512_cvt_roundpd_epi64(p2, kRn), d));
+  r = _mm512_mask_add_epi64(r, _mm512_cmplt_epi64_mask(r, _mm512_setzero_si512()), r, d);
+  return _mm512_mask_sub_epi64(r, _mm512_cmpge_epi64_mask(r, d), r, d);
+}
+// Eight draws at a time.
+__attribute__((target("avx512f,avx512dq"))) void random_draws_avx512(uint64_t a, int64_t lo, int64_t n, uint32_t* t) {
   const __m512i m1 = _mm512_set1_epi64(int64_t(kMix1)), m2 = _mm512_set1_epi64(int64_t(kMix2));
-  const __m512i vb = _mm512_set1_epi64(int64_t(bound)), step = _mm512_set1_epi64(8);
-  __m512i kv = _mm512_add_epi64(_mm512_set1_epi64(int64_t(a)), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
-  int64_t k = 0;
-  for (; k + 8 <= k_len; k += 8) {
-    __m512i x = kv;
-    kv = _mm512_add_epi64(kv, step);
+  const __m512i va = _mm512_set1_epi64(int64_t(a)), step = _mm512_set1_epi64(8), one = _mm512_set1_epi64(1);
+  __m512i j = _mm512_add_epi64(_mm512_set1_epi64(lo), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i x = _mm512_add_epi64(va, j);
     x = _mm512_mullo_epi64(xorshift(x, 30), m1);
     x = _mm512_mullo_epi64(xorshift(x, 27), m2);
     x = xorshift(x, 31);
-    unsigned m = _mm512_cmple_epu64_mask(x, vb);
-    if (m) {
-      alignas(64) uint64_t xs[8];
-      _mm512_store_si512(reinterpret_cast<__m512i*>(xs), x);
-      for (; m; m &= m - 1) {
-        const int i = __builtin_ctz(m);
-        out.push_back({xs[i], k + i});
-      }
-    }
+    const __m512i r = mod_avx512(x, _mm512_add_epi64(j, one));
+    j = _mm512_add_epi64(j, step);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + i), _mm512_maskz_cvtepi64_epi32(0xFF, r));
   }
-  random_collect_scalar(a, k, k_len, bound, out);
+  random_draws_scalar(a, lo, i, n, t);
 }
 #endif
-void random_collect(uint64_t a, int64_t k_len, uint64_t bound, std::vector<std::pair<uint64_t, int64_t>>& out) {
+void random_draws(uint64_t a, int64_t lo, int64_t n, uint32_t* t) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  if (avx512) return random_collect_avx512(a, k_len, bound, out);
+  if (have_avx512()) return random_draws_avx512(a, lo, n, t);
 #endif
-  random_collect_scalar(a, 0, k_len, bound, out);
+  random_draws_scalar(a, lo, 0, n, t);
+}
+
+// The set bits of bitmap b (words 64-bit words) as increasing indices written to out; clears b. Returns how
+// many.
+int64_t bitmap_keys_scalar(uint64_t* b, int64_t words, int32_t* out) {
+  int64_t n = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    for (uint64_t x = b[w]; x; x &= x - 1) out[n++] = int32_t(w * 64 + __builtin_ctzll(x));
+    b[w] = 0;
+  }
+  return n;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+// A word's set bit positions compressed as bytes and widened 16 at a time: no branch per bit, nor per word
+// while words hold at most 16 keys (up to 64 entries written).
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) int64_t bitmap_keys_avx512(uint64_t* b, int64_t words, int32_t* out) {
+  const __m512i iota = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43,
+                                       42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
+                                       21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i step = _mm512_set1_epi32(64);
+  __m512i base = _mm512_setzero_si512();
+  int64_t n = 0;
+  for (int64_t w = 0; w < words; ++w, base = _mm512_add_epi32(base, step)) {
+    const uint64_t x = b[w];
+    b[w] = 0;
+    const __m512i pos = _mm512_maskz_compress_epi8(x, iota);
+    const int c = __builtin_popcountll(x);
+    _mm512_storeu_si512(out + n, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 0))));
+    if (c > 16) {
+      _mm512_storeu_si512(out + n + 16, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 1))));
+      _mm512_storeu_si512(out + n + 32, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 2))));
+      _mm512_storeu_si512(out + n + 48, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 3))));
+    }
+    n += c;
+  }
+  return n;
+}
+#endif
+int64_t bitmap_keys(uint64_t* b, int64_t words, int32_t* out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_vbmi2()) return bitmap_keys_avx512(b, words, out);
+#endif
+  return bitmap_keys_scalar(b, words, out);
+}
+
+// Sorted distinct keys k[0, n) as maximal intervals [first[i], last[i]], in increasing order; returns how many.
+// k[-1] must be writable too (the vector path puts sentinels at k[-1] and k[n]).
+int64_t key_spans_scalar(int32_t* k, int64_t n, int32_t* first, int32_t* last) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || k[i] != k[i - 1] + 1) first[m++] = k[i];
+    last[m - 1] = k[i];
+  }
+  return m;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+// Sixteen keys at a time against their neighbours: starts and ends of intervals are compressed out, so there
+// is no chain from key to key (up to k[n + 15] is read).
+__attribute__((target("avx512f"))) int64_t key_spans_avx512(int32_t* k, int64_t n, int32_t* first, int32_t* last) {
+  k[-1] = -2;  // neither continues the first key nor ...
+  k[n] = -1;   // ... is continued by the last one
+  const __m512i one = _mm512_set1_epi32(1);
+  int64_t nf = 0, nl = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 valid = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512i x = _mm512_loadu_si512(k + i), prev = _mm512_loadu_si512(k + i - 1), next = _mm512_loadu_si512(k + i + 1);
+    const __mmask16 s = _mm512_mask_cmpneq_epi32_mask(valid, x, _mm512_add_epi32(prev, one));
+    const __mmask16 e = _mm512_mask_cmpneq_epi32_mask(valid, next, _mm512_add_epi32(x, one));
+    _mm512_storeu_si512(first + nf, _mm512_maskz_compress_epi32(s, x));
+    _mm512_storeu_si512(last + nl, _mm512_maskz_compress_epi32(e, x));
+    nf += __builtin_popcount(s);
+    nl += __builtin_popcount(e);
+  }
+  return nf;
+}
+#endif
+int64_t key_spans(int32_t* k, int64_t n, int32_t* first, int32_t* last) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_avx512()) return key_spans_avx512(k, n, first, last);
+#endif
+  return key_spans_scalar(k, n, first, last);
+}
+
+// Intervals [first[i], last[i]], i < n, as runs {first, 1, last - first + 1}.
+void span_runs_scalar(const int32_t* first, const int32_t* last, int64_t i0, int64_t n, Run* out) {
+  for (int64_t i = i0; i < n; ++i) out[i] = {first[i], 1, last[i] - first[i] + 1};
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+// Eight runs (24 int64) at a time: starts and counts interleaved by two-source permutes, strides blended in.
+__attribute__((target("avx512f"))) void span_runs_avx512(const int32_t* first, const int32_t* last, int64_t n, Run* out) {
+  static_assert(sizeof(Run) == 3 * sizeof(int64_t));
+  const __m512i one = _mm512_set1_epi64(1);
+  // Lane sources: 0-7 the starts, 8-15 the counts; the strides (1) are blended in at the masked lanes.
+  const __m512i p0 = _mm512_setr_epi64(0, 0, 8, 1, 1, 9, 2, 2), p1 = _mm512_setr_epi64(10, 3, 3, 11, 4, 4, 12, 5),
+                p2 = _mm512_setr_epi64(5, 13, 6, 6, 14, 7, 7, 15);
+  int64_t* o = reinterpret_cast<int64_t*>(out);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8, o += 24) {
+    const __m512i f = _mm512_maskz_cvtepi32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + i)));
+    const __m512i l = _mm512_maskz_cvtepi32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(last + i)));
+    const __m512i c = _mm512_add_epi64(_mm512_sub_epi64(l, f), one);
+    _mm512_storeu_si512(o, _mm512_mask_mov_epi64(_mm512_permutex2var_epi64(f, p0, c), 0x92, one));
+    _mm512_storeu_si512(o + 8, _mm512_mask_mov_epi64(_mm512_permutex2var_epi64(f, p1, c), 0x24, one));
+    _mm512_storeu_si512(o + 16, _mm512_mask_mov_epi64(_mm512_permutex2var_epi64(f, p2, c), 0x49, one));
+  }
+  span_runs_scalar(first, last, i, n, out);
+}
+#endif
+void span_runs(const int32_t* first, const int32_t* last, int64_t n, Run* out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_avx512()) return span_runs_avx512(first, last, n, out);
+#endif
+  span_runs_scalar(first, last, 0, n, out);
 }
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
@@ -267,63 +405,103 @@ struct RandomB : BoundNode {
   int64_t r = 0;
   uint64_t seed = 0;
   uint64_t id = 0;  // identifies this bound atom in the per-thread row cache
-  // Keys of row q (sorted), from a per-thread cache keyed by (atom, row).
-  const std::vector<int64_t>& keys(int64_t q) const {
+  // A row's keys as maximal intervals [first[i], last[i]], i < n, increasing (scattered keys: mostly single).
+  struct Spans {
+    std::vector<int32_t> first, last;
+    int64_t n = 0;
+  };
+  // Row q (r < k_len): Floyd's sampling as PATTERNS.md writes it. The draws are hashed in bulk; the set lives
+  // in a per-thread bitmap of Lk bits when the row keeps at least one key in 256 (its scan yields the keys in
+  // increasing order, and clears it), else in a small hash set whose keys are then sorted.
+  static void draw_row(int64_t r, uint64_t seed, int64_t q, int64_t k_len, Spans& out) {
+    struct Scratch {
+      std::vector<uint32_t> t, set;
+      std::vector<uint64_t> bits;  // all zero between rows
+      std::vector<int32_t> keys;   // keys[0] and keys[r + 1] for key_spans' sentinels
+    };
+    thread_local Scratch s;
+    const int64_t lo = k_len - r;
+    s.t.resize(size_t(r));
+    random_draws(random_mix(random_mix(seed) + uint64_t(q)), lo, r, s.t.data());
+    s.keys.resize(size_t(r) + 2 + kSlack);
+    int32_t* keys = s.keys.data() + 1;
+    const int64_t words = (k_len + 63) / 64;
+    if (words <= 4 * r) {
+      if (int64_t(s.bits.size()) < words) s.bits.resize(size_t(words), 0);
+      uint64_t* b = s.bits.data();
+      for (int64_t i = 0; i < r; ++i) {
+        const uint32_t t = s.t[size_t(i)];
+        const uint64_t w = b[t >> 6];
+        if ((w >> (t & 63)) & 1) {  // t is in the set: j, which is not yet (only keys below j are)
+          const uint32_t j = uint32_t(lo + i);
+          b[j >> 6] |= uint64_t(1) << (j & 63);
+        } else {
+          b[t >> 6] = w | uint64_t(1) << (t & 63);
+        }
+      }
+      bitmap_keys(b, words, keys);
+    } else {
+      // Open addressing on keys (< 2^31) with Fibonacci hashing, at most half full; ~0u marks an empty slot.
+      int bits = 4;
+      while ((int64_t(1) << bits) < 2 * r) ++bits;
+      const uint32_t mask = (uint32_t(1) << bits) - 1;
+      s.set.assign(size_t(mask) + 1, ~0u);
+      auto insert = [&](uint32_t k) {  // false if k was there
+        for (uint32_t h = (k * 0x9E3779B1u) >> (32 - bits);; h = (h + 1) & mask) {
+          if (s.set[h] == k) return false;
+          if (s.set[h] == ~0u) {
+            s.set[h] = k;
+            return true;
+          }
+        }
+      };
+      for (int64_t i = 0; i < r; ++i) {
+        uint32_t k = s.t[size_t(i)];
+        if (!insert(k)) insert(k = uint32_t(lo + i));  // t is in the set: j, which is not yet
+        keys[i] = int32_t(k);
+      }
+      std::sort(keys, keys + r);
+    }
+    out.first.resize(size_t(r) + kSlack);
+    out.last.resize(size_t(r) + kSlack);
+    out.n = key_spans(keys, r, out.first.data(), out.last.data());
+  }
+  // Row q's intervals, from a per-thread cache keyed by (atom, row): contains() asks one row many times, and
+  // blocked(b, ...) asks each block row b times in a row.
+  const Spans& spans(int64_t q) const {
     struct Entry {
       int64_t q = -1;
-      std::vector<int64_t> keys;
+      Spans spans;
     };
     thread_local std::unordered_map<uint64_t, Entry> cache;
     if (cache.size() > 64) cache.clear();
     Entry& e = cache[id];
     if (e.q != q) {
       e.q = q;
-      e.keys.clear();
-      // The r smallest (h, k). h(seed, q, k) = mix(a + k) with a = mix(mix(seed) + q) fixed for the row, so a key
-      // costs one mix. Hashes are uniform: the r-th smallest lies near r/Lk of the range, so one pass keeps the
-      // (h, k) below a bound of about twice that (~2r pairs) and selects among them; when fewer than r fall
-      // below it (rare), every pair is kept. Either way the r smallest pairs are among those kept.
-      const int64_t rr = std::min(r, k_len);
-      if (rr <= 0) return e.keys;
-      const uint64_t a = random_mix(random_mix(seed) + uint64_t(q));
-      const long double frac = (2.0L * r + 64) / (long double)k_len;
-      const uint64_t bound = frac >= 1 ? ~0ull : uint64_t(frac * 18446744073709551616.0L);
-      thread_local std::vector<std::pair<uint64_t, int64_t>> sel;
-      auto collect = [&](uint64_t b) {
-        sel.clear();
-        random_collect(a, k_len, b, sel);
-      };
-      collect(bound);
-      if (int64_t(sel.size()) < rr) collect(~0ull);
-      // The rr-th smallest hash t; keys with hash below t, then those with hash t in increasing k, until rr:
-      // sel is in increasing k, so the keys come out sorted.
-      thread_local std::vector<uint64_t> hs;
-      hs.resize(sel.size());
-      for (size_t i = 0; i < sel.size(); ++i) hs[i] = sel[i].first;
-      std::nth_element(hs.begin(), hs.begin() + (rr - 1), hs.end());
-      const uint64_t t = hs[size_t(rr - 1)];
-      int64_t ties = rr;
-      for (const auto& x : sel) ties -= x.first < t;
-      e.keys.reserve(size_t(rr));
-      for (const auto& x : sel)
-        if (x.first < t || (x.first == t && ties-- > 0)) e.keys.push_back(x.second);
+      draw_row(r, seed, q, k_len, e.spans);
     }
-    return e.keys;
+    return e.spans;
   }
   bool contains(int64_t q, int64_t k) const override {
     if (r >= k_len) return true;
-    const auto& ks = keys(q);
-    return std::binary_search(ks.begin(), ks.end(), k);
+    const Spans& sp = spans(q);
+    const int32_t* f = sp.first.data();
+    const int64_t i = std::upper_bound(f, f + sp.n, k) - f;  // intervals [0, i) start at or before k
+    return i > 0 && k <= sp.last[size_t(i - 1)];
   }
   void row(int64_t q, RowRuns& out) const override {
-    out.clear();
     if (r >= k_len) {
+      out.clear();
       if (k_len > 0) out.push_back({0, 1, k_len});
       return;
     }
-    compress_keys(keys(q), out);
-    normalize(out);
+    // Maximal intervals are normalised runs. Not cleared first: callers reuse out, and resize then fills only
+    // what it grows.
+    const Spans& sp = spans(q);
+    out.resize(size_t(sp.n));
+    span_runs(sp.first.data(), sp.last.data(), sp.n, out.data());
   }
+  int64_t row_nnz(int64_t, RowRuns&) const override { return std::min(r, k_len); }
 };
 std::atomic<uint64_t> g_random_ids{1};
 
@@ -585,17 +763,14 @@ void BoundPattern::row_keys(int64_t q, std::vector<int64_t>& out) const {
   expand_runs(r, out);
 }
 int64_t BoundPattern::row_nnz(int64_t q) const {
+  if (q < 0 || q >= q_len_) throw Error("row " + std::to_string(q) + " is out of range for query length " + std::to_string(q_len_));
   RowRuns r;
-  row(q, r);
-  return count_keys(r);
+  return root_->row_nnz(q, r);
 }
 int64_t BoundPattern::nnz() const {
   int64_t n = 0;
   RowRuns r;
-  for (int64_t q = 0; q < q_len_; ++q) {
-    root_->row(q, r);
-    n += count_keys(r);
-  }
+  for (int64_t q = 0; q < q_len_; ++q) n += root_->row_nnz(q, r);
   return n;
 }
 

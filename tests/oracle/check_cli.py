@@ -3,10 +3,11 @@
 
     check_cli.py --spattn PATH [--quick] [--seed N] [--verbose]
 
-Checks `spattn mask` dumps (every atom and preset, awkward lengths, random nested
-specs, neighborhood 1-D/2-D/3-D, lengths up to 4096), `spattn run --impl reference
---device cpu` outputs against a float64 reference (GQA, fully masked rows, cross
-attention), and error paths (malformed specs, bad npy inputs, missing files).
+Checks `spattn mask` dumps (every atom and preset, awkward lengths, random rows at
+edge counts, random nested specs, neighborhood 1-D/2-D/3-D, lengths up to 4096),
+`spattn run --impl reference --device cpu` outputs against a float64 reference (GQA,
+fully masked rows, cross attention), and error paths (malformed specs, bad npy
+inputs, missing files).
 
 Prints one line per failure and ends with a line `N passed, M failed`.
 Exit status 0 only if every check passed.  Random specs come from a seeded RNG;
@@ -379,8 +380,9 @@ def gen_atom(rng: random.Random, Lq: int, Lk: int, depth: int) -> str:
     if a == "global_cols":
         return f"global_cols({gen_index_list(rng, Lk)})"
     if a == "random":
-        r = rng.randint(0, 4) if rng.random() < 0.9 else rng.randint(0, Lk + 2)
-        seed = rng.choice([0, 1, 7, rng.randrange(2**32), rng.randrange(2**63)])
+        u = rng.random()
+        r = rng.randint(0, 4) if u < 0.8 else max(0, Lk - rng.randint(0, 1)) if u < 0.9 else rng.randint(0, Lk + 2)
+        seed = rng.choice([0, 1, 7, rng.randrange(2**32), rng.randrange(2**63), -rng.randrange(1, 2**63)])
         return rng.choice([f"random({r})", f"random({r}, seed={seed})", f"random({r}, {seed})"])
     if a == "longformer":
         return f"longformer({small(8)}, {small(6) if rng.random() < 0.8 else L + rng.randint(0, 50)})"
@@ -389,7 +391,8 @@ def gen_atom(rng: random.Random, Lq: int, Lk: int, depth: int) -> str:
         G = -(-L // b)
         g = small(3) if rng.random() < 0.8 else G + rng.randint(0, 10)
         seed = rng.randrange(1000)
-        args = f"{b}, {small(2)}, {g}, {small(3)}"
+        r = small(3) if rng.random() < 0.8 else max(0, -(-Lk // b) - rng.randint(0, 1))  # r = key blocks (- 1)
+        args = f"{b}, {small(2)}, {g}, {r}"
         return rng.choice([f"bigbird({args})", f"bigbird({args}, seed={seed})", f"bigbird({args}, {seed})"])
     if a == "sparse_fixed":
         s = rng.randint(1, max(1, min(L, 64)))
@@ -648,6 +651,30 @@ def main(argv=None) -> int:
                          ("blocked(2, document(2))", 4, 3), ("random(2, seed=-1)", 50, 50),
                          ("random(3, seed=-9223372036854775808)", 9, 40)]:
         ck.check_mask(spec, Lq, Lk, label="decision")
+
+    # 1b. random(r, seed=x): Floyd's sampling per row (r = 1, r = Lk - 1, r >= Lk, seeds at the ends of the
+    # range, cross lengths, rows of one key in 256 either side), and on bigbird's / blocked's block grid
+    seeds = [0, 1, 42, 2**63 - 1, -1, -(2**63), rng.randrange(2**63), -rng.randrange(1, 2**63)]
+    rcases = []
+    for Lq, Lk in [(1, 1), (2, 2), (7, 7), (64, 64), (113, 113), (300, 300), (5, 3000), (300, 7), (50, 2), (3, 5003)]:
+        for r in sorted({1, 2, max(1, Lk // 20), Lk - 1, Lk, Lk + 3}):
+            rcases.append((f"random({r}, seed={rng.choice(seeds)})", Lq, Lk))
+    rcases += [(f"random(1, seed={s})", 40, 40) for s in seeds]
+    rcases += [("random(15, seed=3)", 20, 4096), ("random(16, seed=3)", 20, 4096), ("random(19)", 9, 5003),
+               ("random(20)", 9, 5003), ("random(4095, seed=8)", 30, 4096), ("random(2000, seed=-3)", 40, 4096),
+               ("random(4, seed=5) & causal | random(3, seed=6)", 200, 200), ("random(30) & random(30, seed=1)", 90, 300)]
+    for b, Lq, Lk in [(4, 30, 30), (4, 100, 100), (16, 257, 257), (8, 40, 200), (8, 200, 40), (64, 1000, 1000)]:
+        nb = -(-Lk // b)
+        for r in sorted({1, 2, nb - 1, nb}):
+            rcases.append((f"bigbird({b}, 1, 1, {r}, seed={rng.choice(seeds[:3])})", Lq, Lk))
+        rcases.append((f"blocked({b}, random({nb - 1}, seed={rng.choice(seeds)}))", Lq, Lk))
+    if quick:
+        rcases = rcases[::3]
+    for spec, Lq, Lk in rcases:
+        ck.check_mask(spec, Lq, None if Lq == Lk and rng.random() < 0.5 else Lk, label="random rows")
+    if not quick:
+        for spec in ("random(1000, seed=5)", "random(4000)", "bigbird(64, 1, 2, 3, seed=0)", "bigbird(16, 1, 1, 40, seed=9)"):
+            ck.check_mask(spec, 4096, label="4096")
 
     # 2. random nested specs
     n_random = 60 if quick else 900

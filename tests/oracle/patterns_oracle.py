@@ -280,16 +280,19 @@ class Random(Node):
         r = self.r
         if r >= Lk:
             return np.ones((Lq, Lk), dtype=bool)
-        if r <= 0:
-            return np.zeros((Lq, Lk), dtype=bool)
-        H = hash_matrix(self.seed, Lq, Lk)
-        # r smallest (h, k) per row, exactly (ties on h broken by smaller k)
-        kth = np.partition(H, r - 1, axis=1)[:, r - 1:r]
-        less = H < kth
-        need = r - less.sum(axis=1, keepdims=True)
-        eq = H == kth
-        take_eq = eq & (np.cumsum(eq, axis=1) <= need)
-        return less | take_eq
+        m = np.zeros((Lq, Lk), dtype=bool)
+        if r <= 0 or Lq == 0:
+            return m
+        # Floyd's sampling, one step j for every row at once: m[q] is the set S of row q so far.
+        rows = np.arange(Lq)
+        ms = np.uint64(mix(self.seed & U64))
+        with np.errstate(over="ignore"):
+            a = _mix_np(ms + np.arange(Lq, dtype=np.uint64))          # mix(mix(seed) + q)
+            for j in range(Lk - r, Lk):
+                h = _mix_np(a + np.uint64(j))                           # h(seed, q, j)
+                t = (h % np.uint64(j + 1)).astype(np.int64)             # exact uint64 remainder
+                m[rows, np.where(m[rows, t], j, t)] = True
+        return m
 
 
 class Document(Node):
@@ -820,14 +823,26 @@ def self_test() -> int:
         check(hv == mix_ref(mix_ref(mix_ref(s) + q) + k), "hash ref")
         check(int(hash_matrix(s, q + 1, k + 1)[q, k]) == hv, "hash_matrix")
 
-    # random: r smallest (h, k) per row
-    for L, r, seed in [(9, 3, 0), (17, 5, 7), (6, 6, 1), (6, 9, 1), (6, 0, 1)]:
-        m = mask(f"random({r}, seed={seed})", L)
-        m2 = mask(f"random({r}, {seed})", L)
+    # random: Floyd's sampling, against a per-row transcription on Python integers (sets)
+    def floyd_row(r, seed, q, Lk):
+        if r >= Lk:
+            return set(range(Lk))
+        S = set()
+        for j in range(Lk - r, Lk):
+            t = hash64(seed, q, j) % (j + 1)
+            S.add(j if t in S else t)
+        return S
+
+    for Lq, Lk, r, seed in [(9, 9, 3, 0), (17, 17, 5, 7), (6, 6, 6, 1), (6, 6, 9, 1), (6, 6, 0, 1), (12, 12, 11, 2),
+                            (12, 12, 1, 3), (1, 1, 0, 4), (2, 2, 1, -1), (5, 40, 39, 2**63 - 1), (40, 5, 4, -(2**63)),
+                            (30, 300, 1, 11), (64, 64, 32, 5)]:
+        m = mask(f"random({r}, seed={seed})", Lq, Lk)
+        m2 = mask(f"random({r}, {seed})", Lq, Lk)
         check(np.array_equal(m, m2), "random positional seed")
-        for q in range(L):
-            keys = sorted(range(L), key=lambda k: (hash64(seed, q, k), k))[: min(r, L)]
-            check(sorted(np.flatnonzero(m[q]).tolist()) == sorted(keys), f"random row {q}")
+        for q in range(Lq):
+            want = floyd_row(r, seed, q, Lk)
+            check(set(np.flatnonzero(m[q]).tolist()) == want, f"random({r}, seed={seed}) row {q} at {Lq}x{Lk}")
+            check(len(want) == min(r, Lk), "random row size")
     check(np.array_equal(mask("random(2)", 8), mask("random(2, seed=0)", 8)), "seed default")
 
     # document
