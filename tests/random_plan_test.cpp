@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "plan/block_plan.hpp"
-#include "spattn/cpu.hpp"
+#include "cpu/fused_plan.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -61,7 +61,7 @@ TEST(RandomPlanTime, Random820AtL16384) {
   double gpu_ms[2];
   for (bool tma : {false, true}) {  // tma: with the TMA kernel's shapes, as `spattn explain` plans
     t0 = std::chrono::steady_clock::now();
-    const auto gpu_plan = spattn::plan::choose_block_plan(b, 64, 0, 0, -1, tma);
+    const auto gpu_plan = spattn::plan::choose_block_plan(b, spattn::plan::analyze(b), 64, 0, 0, -1, tma);
     gpu_ms[tma] = ms_since(t0);
     EXPECT_EQ(gpu_plan.nnz, kL * kR);
   }
