@@ -38,7 +38,7 @@ int bench_cuda_main(int, char**) {
 #include <string>
 #include <vector>
 
-#include "cuda/multigrain/cusparse_baseline.hpp"
+#include "cuda/unfused/cusparse_baseline.hpp"
 #include "spattn/error.hpp"
 #include "spattn/format.hpp"
 #include "spattn/multigrain.hpp"
