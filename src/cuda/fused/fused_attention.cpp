@@ -4,6 +4,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "cuda/common/device.hpp"
 #include "cuda/fused/fused_fwd.hpp"
 
 namespace spattn {
@@ -28,9 +29,7 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
   const auto t0 = std::chrono::steady_clock::now();
   impl_->options = options;
   // The warp-specialized TMA kernel (and its 192-row tiles) exists on compute capability 9.0 (sm_90a).
-  int dev = 0;
-  cuda::fused::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  const bool sm90 = cuda::fused::device_cc(dev) == 90;
+  const bool sm90 = cuda::device_info(cuda::current_device()).sm90a();
   impl_->plan = std::make_unique<DevicePlan>(plan::choose_block_plan(
       pattern, head_dim, options.block_m, options.block_n, options.perm_d, sm90 && options.tma && !options.force_sm80));
   impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -66,7 +65,7 @@ std::string FusedAttention::kernel_name(const Problem& problem) const {
   p.block_n = block_n();
   p.head_dim = int(problem.head_dim);
   p.bf16 = problem.dtype == DType::bf16;
-  p.sm90 = !impl_->options.force_sm80 && cuda::fused::device_cc(impl_->plan->device()) == 90;
+  p.sm90 = !impl_->options.force_sm80 && cuda::device_info(impl_->plan->device()).sm90a();
   const auto& hp = impl_->plan->host();  // as FusedFwd::to_params decides (tensor maps permitting)
   p.ws = p.sm90 && impl_->options.tma && plan::tma_kernel_shape(hp.block_m, hp.block_n, hp.perm_d, problem.head_dim);
   p.band = p.ws && plan::band_kernel_runs(hp, problem.head_dim, impl_->options.band);

@@ -13,50 +13,21 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
 
 namespace spattn::cuda::fused {
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-namespace {
-// A device attribute, read once per device (they do not change while the process runs).
-template <class F>
-int cached_per_device(int dev, int (&cache)[64], F&& read) {
-  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
-  const int v = read();
-  if (dev >= 0 && dev < 64) cache[dev] = v;
-  return v;
-}
-int attribute(int dev, cudaDeviceAttr attr) {
-  int v = 0;
-  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), "cudaDeviceGetAttribute");
-  return v;
-}
-int device_sms(int dev) {
-  static int cache[64] = {};
-  return cached_per_device(dev, cache, [&] { return attribute(dev, cudaDevAttrMultiProcessorCount); });
-}
-}  // namespace
-
-int device_cc(int dev) {
-  static int cache[64] = {};
-  return cached_per_device(dev, cache, [&] {
-    return attribute(dev, cudaDevAttrComputeCapabilityMajor) * 10 + attribute(dev, cudaDevAttrComputeCapabilityMinor);
-  });
-}
 
 namespace {
 template <class T>
 T* upload(const std::vector<T>& v, const char* what) {
   if (v.empty()) return nullptr;
   T* d = nullptr;
-  check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), what);
+  check(cudaMalloc(&d, v.size() * sizeof(T)), what, __FILE__, __LINE__);
   const cudaError_t e = cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
   if (e != cudaSuccess) {
     cudaFree(d);
-    check_cuda(e, what);
+    check(e, what, __FILE__, __LINE__);
   }
   return d;
 }
@@ -131,7 +102,7 @@ static bool band_rows_are_long(const plan::BlockPlan& hp) {
 
 DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
   const auto t0 = std::chrono::steady_clock::now();
-  check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  device_ = current_device();
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
   try {
     row_offsets_ = upload(host_.row_offsets, "upload plan row offsets");
@@ -148,9 +119,8 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
             }
           }
       }
-      check_cuda(cudaMalloc(&entries_, up.size() * sizeof(int4)), "upload plan entries");
-      check_cuda(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice),
-                 "upload plan entries");
+      SPATTN_CUDA_CHECK(cudaMalloc(&entries_, up.size() * sizeof(int4)));
+      SPATTN_CUDA_CHECK(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice));
     }
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
@@ -158,12 +128,11 @@ DevicePlan::DevicePlan(plan::BlockPlan host) : host_(std::move(host)) {
     // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
     if (host_.band && host_.block_m == 192) {
       long_band_rows_ = band_rows_are_long(host_);
-      split_cap_ = device_sms(device_);
-      check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
-                 "allocate the split workspace");
+      split_cap_ = device_info(device_).sms;
+      SPATTN_CUDA_CHECK(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)));
     }
-    check_cuda(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)), "allocate the work counters");
-    check_cuda(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)), "zero the work counters");
+    SPATTN_CUDA_CHECK(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)));
+    SPATTN_CUDA_CHECK(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)));
   } catch (...) {
     cudaFree(row_offsets_);
     cudaFree(entries_);
@@ -248,15 +217,16 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   if (dev != plan.device())
     return Status::fail("fused kernel: plan lives on device " + std::to_string(plan.device()) + ", current device is " +
                         std::to_string(dev));
-  int cc = 0;
+  DeviceInfo info;
   try {
-    cc = device_cc(dev);
+    info = device_info(dev);
   } catch (const Error& e) {
     return Status::fail(e.what());
   }
-  if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
+  if (info.cc < 80)
+    return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(info.cc));
   if (hp.block_m == 192) {  // only the warp-specialized TMA kernel has 192-row tiles
-    if (cc != 90 || a.force_sm80 || a.no_tma)
+    if (!info.sm90a() || a.force_sm80 || a.no_tma)
       return Status::fail("fused kernel: 192x128 tiles need the sm_90a TMA kernel (compute capability 9.0, TMA allowed)");
     if (hp.perm_d != 1) return Status::fail("fused kernel: 192x128 tiles need a plan without permutation (perm_d 1)");
   }
@@ -312,7 +282,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.block_n = hp.block_n;
   out.head_dim = int(pr.head_dim);
   out.bf16 = pr.dtype == DType::bf16;
-  out.sm90 = !a.force_sm80 && device_cc(plan.device()) == 90;
+  out.sm90 = !a.force_sm80 && device_info(plan.device()).sm90a();
   // FusedOptions::band; the band kernel also stores through o's tensor map (else the TMA kernel runs the plan).
   const bool band = plan::band_kernel_runs(hp, pr.head_dim, a.band) && out.sm90 && encode_tmap(k.tmap_o, a.o, 64);
   out.ws = use_ws(a, hp, out.sm90, band ? 64 : hp.block_n, k);
@@ -331,7 +301,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
   if (out.ws && k.persistent) {
-    const unsigned sms = unsigned(device_sms(plan.device()));
+    const unsigned sms = unsigned(device_info(plan.device()).sms);
     if (out.band) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
@@ -414,17 +384,17 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return false;
   constexpr size_t kEvents = kTraceEvents;
   static unsigned long long* buf = nullptr;
-  if (buf == nullptr) check_cuda(cudaMalloc(&buf, (4 + 4 * kEvents) * 8), "allocate the trace");
-  check_cuda(cudaMemsetAsync(buf, 0, 32, stream), "clear the trace");
+  if (buf == nullptr) SPATTN_CUDA_CHECK(cudaMalloc(&buf, (4 + 4 * kEvents) * 8));
+  SPATTN_CUDA_CHECK(cudaMemsetAsync(buf, 0, 32, stream));
   LaunchParams q = p;
   q.kernel.trace = buf;
-  check_cuda(cudaError_t(launch_sm90(q, stream)), "traced launch");
-  check_cuda(cudaStreamSynchronize(stream), "traced run");
+  SPATTN_CUDA_CHECK(cudaError_t(launch_sm90(q, stream)));
+  SPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   unsigned long long n = 0;
-  check_cuda(cudaMemcpy(&n, buf, 8, cudaMemcpyDeviceToHost), "trace count");
+  SPATTN_CUDA_CHECK(cudaMemcpy(&n, buf, 8, cudaMemcpyDeviceToHost));
   n = std::min<unsigned long long>(n & 0xffffffffu, kEvents);
   std::vector<unsigned long long> ev(4 * n);
-  check_cuda(cudaMemcpy(ev.data(), buf + 4, ev.size() * 8, cudaMemcpyDeviceToHost), "trace events");
+  SPATTN_CUDA_CHECK(cudaMemcpy(ev.data(), buf + 4, ev.size() * 8, cudaMemcpyDeviceToHost));
   if (FILE* f = std::fopen(file, "wb")) {
     std::fwrite(&n, 8, 1, f);
     std::fwrite(ev.data(), 8, ev.size(), f);
@@ -441,7 +411,7 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 #endif
   const int e = p.sm90 ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
-  check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
+  check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);
 }
 
 bool FusedFwd::band_running_max(const DevicePlan& plan, int running_max) {
