@@ -8,11 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "common_host.hpp"
+#include "cuda/common/check.hpp"
 
 namespace spattn::multigrain {
-
-using detail::cuda_check;
 
 namespace {
 void cs_check(cusparseStatus_t s, const char* what) {

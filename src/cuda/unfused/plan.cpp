@@ -10,8 +10,10 @@
 #include <numeric>
 #include <sstream>
 
-#include "common_host.hpp"
-#include "kernels.hpp"
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/kernels.hpp"
 #include "spattn/multigrain.hpp"
 
 namespace spattn::multigrain {
@@ -347,10 +349,8 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_achunk = add(a_chunk.data(), int64_t(a_chunk.size() * 4));
   const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
 
-  SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
-  int cc_major = 0;
-  SPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, P.device));
-  P.pdl = cc_major >= 9;
+  P.device = cuda::current_device();
+  P.pdl = cuda::device_info(P.device).cc >= 90;
   SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
   P.device_bytes = total;
   char* base = static_cast<char*>(P.device_block);

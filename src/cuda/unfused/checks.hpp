@@ -1,23 +1,13 @@
-// Host-side helpers of the Multigrain handles: CUDA error checks and argument checks (no device code, so
-// the plan's .cpp can include it through g++).
+// cuda/unfused/checks.hpp — the unfused handles' argument checks (host only: the plan's .cpp includes it through
+// g++). CUDA errors: cuda/common/check.hpp.
 #pragma once
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <string>
 
-#include "kernels.hpp"
+#include "cuda/unfused/kernels.hpp"
 #include "spattn/error.hpp"
 
 namespace spattn::multigrain::detail {
-
-inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
-                "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-#define SPATTN_CUDA_CHECK(expr) ::spattn::multigrain::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
-#define SPATTN_LAUNCH_CHECK(name) ::spattn::multigrain::detail::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
 
 inline void require(const Status& s, const char* kernel) {
   if (!s.ok) throw Error(std::string("multigrain ") + kernel + ": " + s.reason);
