@@ -1,4 +1,4 @@
-// list_gpus() for builds without CUDA (the CUDA build defines it in src/cuda/common/device_info.cu).
+// list_gpus() for builds without CUDA (the CUDA build defines it in src/cuda/common/device.cpp).
 #include "spattn/config.hpp"
 #include "spattn/device.hpp"
 

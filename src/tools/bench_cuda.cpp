@@ -38,10 +38,10 @@ int bench_cuda_main(int, char**) {
 #include <string>
 #include <vector>
 
-#include "cuda/multigrain/cusparse_baseline.hpp"
+#include "cuda/unfused/cusparse_baseline.hpp"
 #include "spattn/error.hpp"
 #include "spattn/format.hpp"
-#include "spattn/multigrain.hpp"
+#include "cuda/unfused/unfused.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
 #include "spattn/tensor.hpp"
@@ -49,7 +49,7 @@ int bench_cuda_main(int, char**) {
 namespace spattn::tools {
 namespace {
 
-namespace mg = spattn::multigrain;
+namespace mg = spattn::unfused;
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));

@@ -6,6 +6,8 @@
 
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_fwd.hpp"
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
 
@@ -28,18 +30,7 @@ std::string cuda_device_name(int device) {
 
 namespace {
 
-// Makes `device` current for a scope, then restores the caller's.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cuda::fused::check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) cuda::fused::check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
+using cuda::DeviceScope;
 
 // The FusedOptions that force PlanOptions::kernel (a row name or a kind name), and the kind/row it must give.
 FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) {

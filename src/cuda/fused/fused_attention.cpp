@@ -5,6 +5,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "cuda/common/device.hpp"
 #include "cuda/fused/fused_fwd.hpp"
 #include "plan/kernels.hpp"
 
@@ -30,13 +31,12 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   impl_->options = options;
-  int dev = 0;
-  cuda::fused::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  const int cc = cuda::fused::device_cc(dev);
+  const cuda::DeviceInfo& info = cuda::device_info(cuda::current_device());
+  const int cc = info.cc;
   const plan::Analysis own = analysis ? plan::Analysis{} : plan::analyze(pattern);
   const plan::Analysis& an = analysis ? *analysis : own;
   // The TMA rows of the kernel table (and their 192-row tiles) exist on compute capability 9.0 (sm_90a).
-  const bool tma = cc == 90 && options.tma && !options.force_sm80;
+  const bool tma = info.sm90a() && options.tma && !options.force_sm80;
   plan::BlockPlan hp =
       plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma);
   const int row =

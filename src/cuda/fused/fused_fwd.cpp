@@ -14,50 +14,21 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
 
 namespace spattn::cuda::fused {
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-namespace {
-// A device attribute, read once per device (they do not change while the process runs).
-template <class F>
-int cached_per_device(int dev, int (&cache)[64], F&& read) {
-  if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
-  const int v = read();
-  if (dev >= 0 && dev < 64) cache[dev] = v;
-  return v;
-}
-int attribute(int dev, cudaDeviceAttr attr) {
-  int v = 0;
-  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), "cudaDeviceGetAttribute");
-  return v;
-}
-int device_sms(int dev) {
-  static int cache[64] = {};
-  return cached_per_device(dev, cache, [&] { return attribute(dev, cudaDevAttrMultiProcessorCount); });
-}
-}  // namespace
-
-int device_cc(int dev) {
-  static int cache[64] = {};
-  return cached_per_device(dev, cache, [&] {
-    return attribute(dev, cudaDevAttrComputeCapabilityMajor) * 10 + attribute(dev, cudaDevAttrComputeCapabilityMinor);
-  });
-}
 
 namespace {
 template <class T>
 T* upload(const std::vector<T>& v, const char* what) {
   if (v.empty()) return nullptr;
   T* d = nullptr;
-  check_cuda(cudaMalloc(&d, v.size() * sizeof(T)), what);
+  check(cudaMalloc(&d, v.size() * sizeof(T)), what, __FILE__, __LINE__);
   const cudaError_t e = cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
   if (e != cudaSuccess) {
     cudaFree(d);
-    check_cuda(e, what);
+    check(e, what, __FILE__, __LINE__);
   }
   return d;
 }
@@ -128,7 +99,7 @@ static bool band_rows_are_long(const plan::BlockPlan& hp) {
 
 DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(host)), kernel_row_(kernel_row) {
   const auto t0 = std::chrono::steady_clock::now();
-  check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  device_ = current_device();
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
   try {
     row_offsets_ = upload(host_.row_offsets, "upload plan row offsets");
@@ -145,21 +116,19 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
             }
           }
       }
-      check_cuda(cudaMalloc(&entries_, up.size() * sizeof(int4)), "upload plan entries");
-      check_cuda(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice),
-                 "upload plan entries");
+      SPATTN_CUDA_CHECK(cudaMalloc(&entries_, up.size() * sizeof(int4)));
+      SPATTN_CUDA_CHECK(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice));
     }
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
     // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
     if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
-      split_cap_ = device_sms(device_);
-      check_cuda(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)),
-                 "allocate the split workspace");
+      split_cap_ = device_info(device_).sms;
+      SPATTN_CUDA_CHECK(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)));
     }
-    check_cuda(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)), "allocate the work counters");
-    check_cuda(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)), "zero the work counters");
+    SPATTN_CUDA_CHECK(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)));
+    SPATTN_CUDA_CHECK(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)));
   } catch (...) {
     cudaFree(row_offsets_);
     cudaFree(entries_);
@@ -244,16 +213,17 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
   if (dev != plan.device())
     return Status::fail("fused kernel: plan lives on device " + std::to_string(plan.device()) + ", current device is " +
                         std::to_string(dev));
-  int cc = 0;
+  DeviceInfo info;
   try {
-    cc = device_cc(dev);
+    info = device_info(dev);
   } catch (const Error& e) {
     return Status::fail(e.what());
   }
-  if (cc < 80) return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(cc));
-  if (plan::is_sm90(plan::kKernels[row].kind) && cc != 90)
+  if (info.cc < 80)
+    return Status::fail("fused kernel: needs compute capability 8.0 or newer, device has " + std::to_string(info.cc));
+  if (plan::is_sm90(plan::kKernels[row].kind) && !info.sm90a())
     return Status::fail(std::string("fused kernel: ") + plan::kKernels[row].name +
-                        " needs an sm_90a device (compute capability 9.0), device has " + std::to_string(cc));
+                        " needs an sm_90a device (compute capability 9.0), device has " + std::to_string(info.cc));
   if (hp.block_m == 192 || params) {
     // The launch parameters (tensor maps encoded once, here, when the caller asks for them).
     Params p;
@@ -332,7 +302,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
   if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) && k.persistent) {
-    const unsigned sms = unsigned(device_sms(plan.device()));
+    const unsigned sms = unsigned(device_info(plan.device()).sms);
     if (plan::is_band(kind)) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
@@ -415,17 +385,17 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
   if (cudaStreamIsCapturing(stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone) return false;
   constexpr size_t kEvents = kTraceEvents;
   static unsigned long long* buf = nullptr;
-  if (buf == nullptr) check_cuda(cudaMalloc(&buf, (4 + 4 * kEvents) * 8), "allocate the trace");
-  check_cuda(cudaMemsetAsync(buf, 0, 32, stream), "clear the trace");
+  if (buf == nullptr) SPATTN_CUDA_CHECK(cudaMalloc(&buf, (4 + 4 * kEvents) * 8));
+  SPATTN_CUDA_CHECK(cudaMemsetAsync(buf, 0, 32, stream));
   LaunchParams q = p;
   q.kernel.trace = buf;
-  check_cuda(cudaError_t(launch_sm90(q, stream)), "traced launch");
-  check_cuda(cudaStreamSynchronize(stream), "traced run");
+  SPATTN_CUDA_CHECK(cudaError_t(launch_sm90(q, stream)));
+  SPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   unsigned long long n = 0;
-  check_cuda(cudaMemcpy(&n, buf, 8, cudaMemcpyDeviceToHost), "trace count");
+  SPATTN_CUDA_CHECK(cudaMemcpy(&n, buf, 8, cudaMemcpyDeviceToHost));
   n = std::min<unsigned long long>(n & 0xffffffffu, kEvents);
   std::vector<unsigned long long> ev(4 * n);
-  check_cuda(cudaMemcpy(ev.data(), buf + 4, ev.size() * 8, cudaMemcpyDeviceToHost), "trace events");
+  SPATTN_CUDA_CHECK(cudaMemcpy(ev.data(), buf + 4, ev.size() * 8, cudaMemcpyDeviceToHost));
   if (FILE* f = std::fopen(file, "wb")) {
     std::fwrite(&n, 8, 1, f);
     std::fwrite(ev.data(), 8, ev.size(), f);
@@ -443,7 +413,7 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.kernel_row < 0 || p.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
   const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
-  check_cuda(cudaError_t(e), ("launch of " + kernel_name(p)).c_str());
+  check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);
 }
 
 std::string FusedFwd::kernel_name(const Params& p) {

@@ -21,9 +21,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SPATTN_WGMMA 1
-#endif
+#include "cuda/common/ptx.cuh"
 #include "cuda/fused/fused_params.hpp"
 #include "cuda/fused/wgmma_ops.cuh"
 
@@ -61,35 +59,8 @@ struct Traits {
 };
 
 namespace detail {
+using namespace ::spattn::cuda::ptx;  // the PTX wrappers by their plain names, here and in the kernels' bodies
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-#ifdef SPATTN_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// mbarriers and named barriers (the decoupled sm_90a path).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// `count` arrivals on `bar` from one thread.
-__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 // The persistent TMA kernels' work-item counter (FusedParams::work_counter) resets itself: every CTA's producer
 // calls this once, after the draw that ended its walk; the last one zeroes the counter and this count (ints 0
 // and 1), so that the next launch on the stream starts from zero without a memset before it. Every draw of this
@@ -99,39 +70,6 @@ __device__ __forceinline__ void work_counter_done(int* counter) {
     atomicExch(counter, 0);
     atomicExch(counter + 1, 0);
   }
-}
-// Work-item slots handed from the producer to the consumers (TMA kernels): plain shared-memory accesses (a
-// volatile generic pointer compiles to strong system-scope generic loads), ordered by the slot's mbarrier
-// (arrive releases, wait acquires).
-__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
-  asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
-  int v;
-  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-// This thread's earlier cp.asyncs count as one arrival on `bar` once they have landed.
-__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-#ifdef SPATTN_WGMMA
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-#endif
-}
-__device__ __forceinline__ void named_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 // Warpgroups 0 ... n - 1 taking turns, in that order, at their wgmma issue: warpgroup i waits on named barrier
 // base + i and hands over on the next one's (each barrier meets two warpgroups: 256 threads). start() before the
@@ -148,24 +86,6 @@ struct Turns {
     if (me == 0) named_sync(base, 256);
   }
 };
-#ifdef SPATTN_TRACE
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ unsigned smid() {
-  unsigned s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
-#endif
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Byte offset of 16-byte chunk `chunk` (8 elements) of row `row` in a ROWS x D tile stored as D/64 column
 // blocks of ROWS x 128 B, 128-byte swizzle (chunk ^= row % 8): the canonical SW128 K-major layout of wgmma
 // for Q and K, and its N-major layout for V.
@@ -237,67 +157,6 @@ __device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo_bytes) {
 }
 __device__ __forceinline__ uint64_t desc_of_lo(uint32_t lo) {
   return uint64_t(lo) | (uint64_t(64) << 32) | (uint64_t(1) << 62);
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-#ifdef SPATTN_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifdef SPATTN_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#ifdef SPATTN_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-template <int A, int B>
-__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[A][B]) {
-#pragma unroll
-  for (int i = 0; i < A; ++i)
-#pragma unroll
-    for (int j = 0; j < B; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-#ifdef SPATTN_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-
-// ---- mma.sync helpers (sm_80) ----
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-template <bool kBf16>
-__device__ __forceinline__ void mma16816(float* c, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 }  // namespace detail
@@ -400,7 +259,7 @@ __device__ __forceinline__ float row_exp2(float (&s)[BN / 2], int hh, float sl2,
   for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
     for (int ee = 0; ee < 2; ++ee) {
-      const float pv = fast_exp2(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
+      const float pv = ex2_ftz(fmaf(s[4 * j + 2 * hh + ee], sl2, -ms));
       s[4 * j + 2 * hh + ee] = pv;
       rsp[j % kP] += pv;
     }
@@ -432,7 +291,7 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(row_max[hh], mx);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[hh] = fast_exp2((row_max[hh] - m_use) * sl2);
+    alpha[hh] = ex2_ftz((row_max[hh] - m_use) * sl2);
     row_max[hh] = m_new;
     row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
   }
@@ -533,7 +392,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     wait_full(i);
     fence_regs(sacc);
     fence_regs(o);
-    fence_regs_u32(pa);
+    fence_regs(pa);
     turn_wait();
     wgmma_fence();
     tile_issue_s<BM, BN, D, kBf16>(sacc, s_q_wg, stage(i));
@@ -547,7 +406,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
     wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
     fence_regs(o);
-    fence_regs_u32(pa);
+    fence_regs(pa);
     release(i - 1);
     tile_rescale<D>(o, alpha);
     tile_to_p<BN, kBf16>(sacc, pa);
@@ -555,7 +414,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
   after_last_s();
   // last PV
   fence_regs(o);
-  fence_regs_u32(pa);
+  fence_regs(pa);
   wgmma_fence();
   tile_issue_pv<BN, D, kBf16>(o, pa, stage(n - 1) + TileBytes);
   wgmma_commit();
@@ -750,14 +609,14 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         tile_issue_s<BM, BNX, D, kBf16>(s, s_q + wg * 64 * 128, s_k);
         wgmma_commit();
         if constexpr (kDecoupled) turns.pass();  // the other warpgroup's turn
-        wgmma_wait0();
+        wgmma_wait<0>();
         fence_regs(s);
       } else {
         if (i == 0) {
   #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk) {
             const int mat = lane >> 3;
-            ldsm_x4(qf[kk], s_q + sw_off<BM>(warp * 16 + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
+            ldmatrix_x4(qf[kk], s_q + sw_off<BM>(warp * 16 + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
           }
         }
   #pragma unroll
@@ -768,7 +627,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
           for (int kk = 0; kk < D / 16; ++kk) {
             const int mat = lane >> 3;
             uint32_t bf[4];
-            ldsm_x4(bf, s_k + sw_off<BN>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
+            ldmatrix_x4(bf, s_k + sw_off<BN>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
             mma16816<kBf16>(&s[(2 * j2) * 4], qf[kk], bf[0], bf[1]);
             mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf[kk], bf[2], bf[3]);
           }
@@ -803,7 +662,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         wgmma_fence();
         tile_issue_pv<BNX, D, kBf16>(o, pa, s_v);
         wgmma_commit();
-        wgmma_wait0();
+        wgmma_wait<0>();
         fence_regs(o);
         if constexpr (kDecoupled) mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage
       } else {
@@ -813,7 +672,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
           for (int n2 = 0; n2 < D / 16; ++n2) {
             const int mat = lane >> 3;
             uint32_t bf[4];
-            ldsm_x4_t(bf, s_v + sw_off<BN>(kk * 16 + (mat & 1) * 8 + (lane & 7), 2 * n2 + (mat >> 1)));
+            ldmatrix_x4_trans(bf, s_v + sw_off<BN>(kk * 16 + (mat & 1) * 8 + (lane & 7), 2 * n2 + (mat >> 1)));
             mma16816<kBf16>(&o[(2 * n2) * 4], pa[kk], bf[0], bf[1]);
             mma16816<kBf16>(&o[(2 * n2 + 1) * 4], pa[kk], bf[2], bf[3]);
           }

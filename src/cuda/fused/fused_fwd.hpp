@@ -108,9 +108,4 @@ class FusedFwd {
   static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k);
 };
 
-// Throws spattn::Error naming the call if `e` is an error.
-void check_cuda(cudaError_t e, const char* what);
-// Compute capability of device `dev` as major * 10 + minor (cached per device); throws spattn::Error.
-int device_cc(int dev);
-
 }  // namespace spattn::cuda::fused

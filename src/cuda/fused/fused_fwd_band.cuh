@@ -116,7 +116,7 @@ __device__ __forceinline__ bool band_softmax_running(float (&s)[64], float (&row
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float d = pm[hh] > 1.f ? ceilf(__log2f(pm[hh])) : 0.f;  // 2^d >= max p (log2 approximate: p <= 2)
-      const float a = fast_exp2(-d);
+      const float a = ex2_ftz(-d);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         s[4 * j + 2 * hh] *= a;
@@ -144,11 +144,11 @@ __device__ __forceinline__ void band_redo_s(float (&s)[64], uint32_t s_qs, uint3
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     uint32_t qf[4];
-    ldsm_x4(qf, s_qs + sw_off<64>(wrow + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
+    ldmatrix_x4(qf, s_qs + sw_off<64>(wrow + (mat & 1) * 8 + (lane & 7), 2 * kk + (mat >> 1)));
 #pragma unroll
     for (int j2 = 0; j2 < 8; ++j2) {
       uint32_t bf[4];
-      ldsm_x4(bf, s_kp + sw_off<128>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
+      ldmatrix_x4(bf, s_kp + sw_off<128>((2 * j2 + (mat >> 1)) * 8 + (lane & 7), 2 * kk + (mat & 1)));
       mma16816<kBf16>(&s[(2 * j2) * 4], qf, bf[0], bf[1]);
       mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf, bf[2], bf[3]);
     }
@@ -192,8 +192,8 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {  // max -inf: no key yet (that side contributes nothing)
       const float m_new = fmaxf(mm[hh], xm[hh]);
-      a[hh] = mm[hh] == -INFINITY ? 0.f : fast_exp2((mm[hh] - m_new) * sl2);
-      bx[hh] = xm[hh] == -INFINITY ? 0.f : fast_exp2((xm[hh] - m_new) * sl2);
+      a[hh] = mm[hh] == -INFINITY ? 0.f : ex2_ftz((mm[hh] - m_new) * sl2);
+      bx[hh] = xm[hh] == -INFINITY ? 0.f : ex2_ftz((xm[hh] - m_new) * sl2);
       mm[hh] = m_new;
       ms[hh] = ms[hh] * a[hh] + xs[hh] * bx[hh];
     }
@@ -527,7 +527,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wait_full(j + 1);
             fence_regs(sacc);
             fence_regs(o);
-            fence_regs_u32(pa);
+            fence_regs(pa);
             turns.wait();
             wgmma_fence();
             issue_s(sacc, j);
@@ -553,7 +553,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             }
             wgmma_wait<0>();
             fence_regs(o);
-            fence_regs_u32(pa);
+            fence_regs(pa);
             release(j - 2);
             release(j - 1);
             tile_rescale<D>(o, alpha);
@@ -568,7 +568,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           }
           if (!(m & 1)) mbar_arrive(bar_qempty + 8 * qb);  // every S of the item done: the Q buffer is free
           fence_regs(o);
-          fence_regs_u32(pa);
+          fence_regs(pa);
           wgmma_fence();
           issue_pv(W128{}, 2 * np - 2);
           wgmma_commit();
@@ -594,7 +594,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           tile_rescale<D>(o, alpha);
           tile_to_p<64, kBf16>(s_lo, p64());
           fence_regs(o);
-          fence_regs_u32(pa);
+          fence_regs(pa);
           wgmma_fence();
           issue_pv(W64{}, j);
           wgmma_commit();

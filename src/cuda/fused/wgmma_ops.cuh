@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/ptx.cuh"  // SPATTN_WGMMA: device code for sm_90a
+
 namespace spattn::cuda::fused::wgmma {
 
 template <int N, bool kBf16> struct Op;

@@ -7,9 +7,13 @@
 //   BS = 32: 2 x 2 warps, each 16 x 16.
 // S is stored in the input dtype (fp32 accumulation, rounded once: half the bytes of fp32, and the
 // epilogue is what this kernel spends its time on). Masked entries of a partial block are stored as 0; rows/cols past Lq/Lk come out 0 from zero-filled tiles.
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
+using namespace ::spattn::cuda::ptx;
 namespace {
 
 template <class T, int BS>
@@ -33,7 +37,7 @@ __global__ void __launch_bounds__(128) sddmm_coarse_kernel(const SddmmCoarse::Ar
     const int r = i / chunks, c = i % chunks;
     const int64_t q = int64_t(br) * BS + r;
     const bool ok = q < a.shape.Lq;
-    cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok);
+    cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok ? 16 : 0);
   }
   auto load_k = [&](int blk, int buf) {
     const int64_t k0 = int64_t(a.meta.cols[blk]) * BS;
@@ -41,7 +45,7 @@ __global__ void __launch_bounds__(128) sddmm_coarse_kernel(const SddmmCoarse::Ar
     for (int i = threadIdx.x; i < BS * chunks; i += 128) {
       const int r = i / chunks, c = i % chunks;
       const bool ok = k0 + r < a.shape.Lk;
-      cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok);
+      cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok ? 16 : 0);
     }
   };
   load_k(first, 0);
@@ -71,8 +75,8 @@ __global__ void __launch_bounds__(128) sddmm_coarse_kernel(const SddmmCoarse::Ar
         uint32_t bf[4];
         const int n0 = wn * NT * 8 + nt * 8;
         ldmatrix_x4(bf, kb + (n0 + (lane % 8) + (lane / 16) * 8) * pitch + k0 + ((lane / 8) % 2) * 8);
-        mma16816<T>(acc[nt], af, bf[0], bf[1]);
-        mma16816<T>(acc[nt + 1], af, bf[2], bf[3]);
+        mma16816<kIsBf16<T>>(acc[nt], af, bf[0], bf[1]);
+        mma16816<kIsBf16<T>>(acc[nt + 1], af, bf[2], bf[3]);
       }
     }
 
@@ -132,4 +136,4 @@ void SddmmCoarse::run(const Arguments& a, Stream stream) {
     bf ? launch<__nv_bfloat16, 32>(a, stream) : launch<__half, 32>(a, stream);
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -7,9 +7,13 @@
 // of the CTA's rows are added in the epilogue (no partial buffers, no merge kernel, one launch).
 //   BS = 64: warps stacked in M (4 x 16 rows), each 16 x 64 (32 fp32 accumulators).
 //   BS = 32: 2 x 2 warps, each 16 x 32.
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
+using namespace ::spattn::cuda::ptx;
 namespace {
 
 constexpr int kDvTile = 64;
@@ -40,13 +44,13 @@ __global__ void __launch_bounds__(128) spmm_coarse_kernel(const SpmmCoarse::Argu
     constexpr int pc = BS / 8;
     for (int i = threadIdx.x; i < BS * pc; i += 128) {
       const int r = i / pc, c = i % pc;
-      cp_async16(&sP[buf][r * PP + c * 8], src + r * BS + c * 8, true);
+      cp_async16(&sP[buf][r * PP + c * 8], src + r * BS + c * 8, 16);
     }
     const int64_t k0 = int64_t(a.meta.cols[blk]) * BS;
     for (int i = threadIdx.x; i < BS * (kDvTile / 8); i += 128) {
       const int r = i / (kDvTile / 8), c = i % (kDvTile / 8);
       const bool ok = k0 + r < a.shape.Lk && dv0 + c * 8 < Dv;
-      cp_async16(&sV[buf][r * VP + c * 8], Vg + (ok ? (k0 + r) * a.v.sl + dv0 + c * 8 : 0), ok);
+      cp_async16(&sV[buf][r * VP + c * 8], Vg + (ok ? (k0 + r) * a.v.sl + dv0 + c * 8 : 0), ok ? 16 : 0);
     }
   };
 
@@ -73,8 +77,8 @@ __global__ void __launch_bounds__(128) spmm_coarse_kernel(const SpmmCoarse::Argu
         uint32_t bf[4];
         const int n0 = wn * NT * 8 + nt * 8;
         ldmatrix_x4_trans(bf, &sV[buf][(k0 + (lane % 8) + ((lane / 8) % 2) * 8) * VP + n0 + (lane / 16) * 8]);
-        mma16816<T>(acc[nt], af, bf[0], bf[1]);
-        mma16816<T>(acc[nt + 1], af, bf[2], bf[3]);
+        mma16816<kIsBf16<T>>(acc[nt], af, bf[0], bf[1]);
+        mma16816<kIsBf16<T>>(acc[nt + 1], af, bf[2], bf[3]);
       }
     }
     __syncthreads();
@@ -190,4 +194,4 @@ void SpmmCoarse::run(const Arguments& a, Stream stream) {
     bf ? launch<__nv_bfloat16, 32>(a, stream) : launch<__half, 32>(a, stream);
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

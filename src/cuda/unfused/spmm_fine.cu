@@ -5,9 +5,11 @@
 // more 16-byte chunks of V[k] (up to 4: Dv <= 256 halves / 128 floats), accumulating p * V[k] in fp32.
 // 32 entries' (col, p) pairs are loaded with one coalesced load and passed around by shuffles; at the end
 // the 4 groups are summed (2 shuffles per value) and group 0 writes the row.
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
 namespace {
 
 constexpr int kMaxChunks = 4;
@@ -122,4 +124,4 @@ void SpmmFine::run(const Arguments& a, Stream stream) {
   }
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -11,18 +11,14 @@
 // Entries outside the pattern get -inf before the max; a row with no kept entry gets O = 0, LSE = -inf.
 #include <math_constants.h>
 
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/ptx.cuh"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
+using namespace ::spattn::cuda::ptx;
 namespace {
-
-// 2^x in one MUFU op (flush-to-zero: the arguments here are <= 0, so a denormal result only rounds to 0,
-// well under bf16/f16's resolution of P; 2^-inf = 0).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <class T, int D>
 __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel(const AttentionFineTc::Arguments a) {
@@ -47,7 +43,7 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
     const int r = i / VEC, c = i % VEC;
     const int64_t q = int64_t(tile) * kAttTileRows + r;
     const bool ok = q < a.shape.Lq;
-    cp_async16(sQ + r * P + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok);
+    cp_async16(sQ + r * P + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok ? 16 : 0);
   }
   auto load_kv = [&](int chunk, int buf) {
     const int64_t k0 = int64_t(chunk) * KC;
@@ -57,8 +53,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
       const int r = i / VEC, c = i % VEC;
       const bool ok = k0 + r < a.shape.Lk;
       const int64_t kr = ok ? k0 + r : 0;
-      cp_async16(dk + r * P + c * 8, Kg + kr * a.k.sl + c * 8, ok);
-      cp_async16(dv + r * P + c * 8, Vg + kr * a.v.sl + c * 8, ok);
+      cp_async16(dk + r * P + c * 8, Kg + kr * a.k.sl + c * 8, ok ? 16 : 0);
+      cp_async16(dv + r * P + c * 8, Vg + kr * a.v.sl + c * 8, ok ? 16 : 0);
     }
   };
   // The mask words of this lane's two rows (r0, r0 + 8 of the warp's 16), one pair ahead.
@@ -113,8 +109,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
       for (int nt = 0; nt < 8; nt += 2) {
         uint32_t bf[4];
         ldmatrix_x4(bf, kb + (nt * 8 + (lane % 8) + (lane / 16) * 8) * P + kk * 16 + ((lane / 8) % 2) * 8);
-        mma16816<T>(s[nt], qf[kk], bf[0], bf[1]);
-        mma16816<T>(s[nt + 1], qf[kk], bf[2], bf[3]);
+        mma16816<kIsBf16<T>>(s[nt], qf[kk], bf[0], bf[1]);
+        mma16816<kIsBf16<T>>(s[nt + 1], qf[kk], bf[2], bf[3]);
       }
     }
     // ---- mask, scale, online softmax ----
@@ -146,8 +142,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
     uint32_t pf[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      const float e0 = ex2(s[nt][0] - u0), e1 = ex2(s[nt][1] - u0);
-      const float e2 = ex2(s[nt][2] - u1), e3 = ex2(s[nt][3] - u1);
+      const float e0 = ex2_ftz(s[nt][0] - u0), e1 = ex2_ftz(s[nt][1] - u0);
+      const float e2 = ex2_ftz(s[nt][2] - u1), e3 = ex2_ftz(s[nt][3] - u1);
       t0 += e0 + e1;
       t1 += e2 + e3;
       T lo[2] = {Num<T>::from(e0), Num<T>::from(e1)};
@@ -171,8 +167,8 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
       for (int nt = 0; nt < D / 8; nt += 2) {
         uint32_t bf[4];
         ldmatrix_x4_trans(bf, vb + (j * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * P + nt * 8 + (lane / 16) * 8);
-        mma16816<T>(o[nt], pf[j], bf[0], bf[1]);
-        mma16816<T>(o[nt + 1], pf[j], bf[2], bf[3]);
+        mma16816<kIsBf16<T>>(o[nt], pf[j], bf[0], bf[1]);
+        mma16816<kIsBf16<T>>(o[nt + 1], pf[j], bf[2], bf[3]);
       }
     }
     mA0 = mB0;
@@ -240,4 +236,4 @@ void AttentionFineTc::run(const Arguments& a, Stream stream) {
     bf ? launch<__nv_bfloat16, 128>(a, stream) : launch<__half, 128>(a, stream);
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -11,7 +11,7 @@
 
 struct CUstream_st;
 
-namespace spattn::multigrain {
+namespace spattn::unfused {
 
 class CusparseBaseline {
  public:
@@ -34,4 +34,4 @@ class CusparseBaseline {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused

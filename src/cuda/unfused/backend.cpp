@@ -1,28 +1,16 @@
-// cuda/multigrain/backend.cpp — the unfused GPU engine behind spattn::Plan: SDDMM -> sparse softmax -> SpMM
-// (multigrain::Plan), its attention workspace owned by the backend.
+// cuda/unfused/backend.cpp — the unfused GPU engine behind spattn::Plan: SDDMM -> sparse softmax -> SpMM
+// (unfused::Plan), its attention workspace owned by the backend.
 #include <cuda_runtime.h>
 
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
 #include "plan/backend.hpp"
-#include "spattn/multigrain.hpp"
+#include "cuda/unfused/unfused.hpp"
 
 namespace spattn::plan {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
+using cuda::DeviceScope;
 
 class CudaUnfusedBackend final : public Backend {
  public:
@@ -34,9 +22,9 @@ class CudaUnfusedBackend final : public Backend {
     if (!o.kernel.empty() && o.kernel != "cuda_unfused")
       throw Error("kernel '" + o.kernel + "' is not the unfused GPU engine's (cuda_unfused)");
     DeviceScope scope(device);
-    plan_ = std::make_unique<multigrain::Plan>(multigrain::Plan::build(p.patterns[0], problem));
+    plan_ = std::make_unique<unfused::Plan>(unfused::Plan::build(p.patterns[0], problem));
     const int64_t bytes = plan_->attention_workspace_size(false);
-    if (bytes > 0) check(cudaMalloc(&workspace_, size_t(bytes)), "allocate the unfused attention workspace");
+    if (bytes > 0) SPATTN_CUDA_CHECK(cudaMalloc(&workspace_, size_t(bytes)));
   }
   ~CudaUnfusedBackend() override { cudaFree(workspace_); }
 
@@ -47,7 +35,7 @@ class CudaUnfusedBackend final : public Backend {
                      lse.stride[2] != 1))
       throw Error("engine cuda_unfused: lse must be contiguous fp32 [B, Hq, Lq]");
     DeviceScope scope(device_);
-    plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, static_cast<multigrain::Stream>(stream));
+    plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, static_cast<unfused::Stream>(stream));
     ran_ = true;
   }
   std::string kernel() const override { return "cuda_unfused"; }
@@ -57,7 +45,7 @@ class CudaUnfusedBackend final : public Backend {
  private:
   Problem problem_;
   int device_;
-  std::unique_ptr<multigrain::Plan> plan_;
+  std::unique_ptr<unfused::Plan> plan_;
   void* workspace_ = nullptr;
   mutable bool ran_ = false;
 };

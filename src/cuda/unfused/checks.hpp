@@ -1,26 +1,16 @@
-// Host-side helpers of the Multigrain handles: CUDA error checks and argument checks (no device code, so
-// the plan's .cpp can include it through g++).
+// cuda/unfused/checks.hpp — the unfused handles' argument checks (host only: the plan's .cpp includes it through
+// g++). CUDA errors: cuda/common/check.hpp.
 #pragma once
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <string>
 
-#include "kernels.hpp"
+#include "cuda/unfused/kernels.hpp"
 #include "spattn/error.hpp"
 
-namespace spattn::multigrain::detail {
-
-inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
-                "): " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-#define SPATTN_CUDA_CHECK(expr) ::spattn::multigrain::detail::cuda_check((expr), #expr, __FILE__, __LINE__)
-#define SPATTN_LAUNCH_CHECK(name) ::spattn::multigrain::detail::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
+namespace spattn::unfused::detail {
 
 inline void require(const Status& s, const char* kernel) {
-  if (!s.ok) throw Error(std::string("multigrain ") + kernel + ": " + s.reason);
+  if (!s.ok) throw Error(std::string("unfused ") + kernel + ": " + s.reason);
 }
 
 // ---- host-side checks shared by the handles ---------------------------------------------------------
@@ -65,8 +55,8 @@ inline Status check_coarse(const Shape& s, int block, const char* op) {
 }
 
 inline unsigned grid_dim(int64_t n, const char* what) {
-  if (n > 0x7fffffff) throw Error(std::string("multigrain: grid of ") + what + " too large: " + std::to_string(n));
+  if (n > 0x7fffffff) throw Error(std::string("unfused: grid of ") + what + " too large: " + std::to_string(n));
   return unsigned(n);
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -8,11 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "common_host.hpp"
+#include "cuda/common/check.hpp"
 
-namespace spattn::multigrain {
-
-using detail::cuda_check;
+namespace spattn::unfused {
 
 namespace {
 void cs_check(cusparseStatus_t s, const char* what) {
@@ -284,4 +282,4 @@ std::string CusparseBaseline::mode() const {
   return std::string(impl_->batched ? "sddmm batched" : "sddmm per head") + (impl_->spmm_batched ? ", spmm batched" : ", spmm per head");
 }
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused

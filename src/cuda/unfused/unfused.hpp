@@ -1,4 +1,5 @@
-// spattn/multigrain.hpp — the unfused Multigrain kernels on CUDA: SDDMM, compound sparse softmax, SpMM.
+// cuda/unfused/unfused.hpp — the unfused GPU engine (Multigrain): SDDMM, compound sparse softmax, SpMM; behind
+// spattn::Plan as Engine::cuda_unfused (plan/backend.hpp), and the building blocks the bench and tests time.
 //
 // A pattern is split once, on the host, into two parts that never overlap:
 //   coarse: BSR blocks (32 or 64 square) whose density reaches `coarse_min_density`; computed on tensor
@@ -39,7 +40,7 @@
 
 struct CUstream_st;
 
-namespace spattn::multigrain {
+namespace spattn::unfused {
 
 using Stream = CUstream_st*;  // the same type as cudaStream_t; nullptr is the legacy default stream
 
@@ -125,4 +126,4 @@ class Plan {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused

@@ -23,9 +23,14 @@
 //          as it is scattered.
 #include <math_constants.h>
 
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
+using namespace ::spattn::cuda::ptx;
 namespace {
 
 constexpr int kSP = kFineChunkKeys + 8;  // pitch (halves) of staged S / P tiles and V chunks: conflict-free
@@ -55,14 +60,14 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
     const int r = i / vecs, c = i % vecs;
     const int64_t q = int64_t(tile) * kSuperRows + r;
     const bool ok = q < a.shape.Lq;
-    cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok);
+    cp_async16(sQ + r * pitch + c * 8, Qg + (ok ? q : 0) * a.q.sl + c * 8, ok ? 16 : 0);
   }
   // A K chunk: with D known, NL copies of 16 bytes a thread at rows kr0 + l RS, addresses set up once
   // here (the generic loop cost ~80 instructions a thread per pair: 64-bit row math, a remainder loop).
   constexpr int VECS = DK > 0 ? DK / 8 : 1, NL = DK > 0 ? kFineChunkKeys * VECS / 256 : 1, RS = 256 / VECS;
   const int kr0 = int(threadIdx.x) / VECS, kc0 = int(threadIdx.x) % VECS;
   const T* ksrc = Kg + kr0 * a.k.sl + kc0 * 8;
-  const uint32_t kdst = smem_addr(sK + kr0 * pitch + kc0 * 8);
+  const uint32_t kdst = smem_u32(sK + kr0 * pitch + kc0 * 8);
   const int64_t kchunk = kFineChunkKeys * a.k.sl, kstep = RS * a.k.sl;
   // Chunks below nfull are whole; the last one holds lastrows keys.
   const int nfull = int(a.shape.Lk / kFineChunkKeys), lastrows = int(a.shape.Lk % kFineChunkKeys);
@@ -74,7 +79,7 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
 #pragma unroll
       for (int l = 0; l < NL; ++l) {
         const bool ok = kr0 + l * RS < nr;
-        cp_async16_s(dst + l * RS * pitch * 2, ok ? src + l * kstep : Kg, ok);
+        cp_async16(dst + l * RS * pitch * 2, ok ? src + l * kstep : Kg, ok ? 16 : 0);
       }
     } else {
       const int64_t k0 = int64_t(chunk) * kFineChunkKeys;
@@ -82,7 +87,7 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
       for (int i = threadIdx.x; i < kFineChunkKeys * vecs; i += 256) {
         const int r = i / vecs, c = i % vecs;
         const bool ok = k0 + r < a.shape.Lk;
-        cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok);
+        cp_async16(dst + r * pitch + c * 8, Kg + (ok ? k0 + r : 0) * a.k.sl + c * 8, ok ? 16 : 0);
       }
     }
   };
@@ -173,8 +178,8 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
         ldmatrix_x4(bf, kb + koff + kk * 16);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) {
-          mma16816<T>(acc[mt][0], qf[mt][kk], bf[0], bf[1]);
-          mma16816<T>(acc[mt][1], qf[mt][kk], bf[2], bf[3]);
+          mma16816<kIsBf16<T>>(acc[mt][0], qf[mt][kk], bf[0], bf[1]);
+          mma16816<kIsBf16<T>>(acc[mt][1], qf[mt][kk], bf[2], bf[3]);
         }
       }
     } else {
@@ -185,8 +190,8 @@ __global__ void __launch_bounds__(256, 2) sddmm_fine_tc_kernel(const SddmmFineTc
         for (int mt = 0; mt < 4; ++mt) {
           uint32_t af[4];
           ldmatrix_x4(af, sQ + mt * 16 * pitch + qoff + k0);
-          mma16816<T>(acc[mt][0], af, bf[0], bf[1]);
-          mma16816<T>(acc[mt][1], af, bf[2], bf[3]);
+          mma16816<kIsBf16<T>>(acc[mt][0], af, bf[0], bf[1]);
+          mma16816<kIsBf16<T>>(acc[mt][1], af, bf[2], bf[3]);
         }
       }
     }
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
   const int vr0 = int(threadIdx.x) / 8, vc0 = int(threadIdx.x) % 8;
   const bool vcol = dv0 + vc0 * 8 < Dv;
   const T* vsrc = Vg + vr0 * a.v.sl + dv0 + vc0 * 8;
-  const uint32_t vdst = smem_addr(sV + vr0 * kSP + vc0 * 8);
+  const uint32_t vdst = smem_u32(sV + vr0 * kSP + vc0 * 8);
   const int64_t vchunk = kFineChunkKeys * a.v.sl, vstep = 32 * a.v.sl;
   static_assert(kFineChunkKeys * 8 == 2 * 256, "two copies a thread per V chunk");
   const int nfull = int(a.shape.Lk / kFineChunkKeys), lastrows = int(a.shape.Lk % kFineChunkKeys);
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
 #pragma unroll
     for (int l = 0; l < 2; ++l) {
       const bool ok = vcol && vr0 + 32 * l < nr;
-      cp_async16_s(dst + l * 32 * kSP * 2, ok ? src + l * vstep : Vg, ok);
+      cp_async16(dst + l * 32 * kSP * 2, ok ? src + l * vstep : Vg, ok ? 16 : 0);
     }
   };
   auto bounds = [&](int p, int& g0, int& g1) {
@@ -269,11 +274,9 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
   // of the half's first row (ldmatrix reads columns 0..63 only), so neither needs a predicate: their
   // 16-bit shared stores go out unconditionally, at 32-bit shared addresses.
   const uint32_t hoff = half * kFineTileRows * kSP * 2, kPadOff = hoff + kFineChunkKeys * 2;
-  const uint32_t sP32 = smem_addr(sP);
+  const uint32_t sP32 = smem_u32(sP);
   auto place = [&](uint32_t rc) -> uint32_t { return hoff + ((rc >> 6) * kSP + (rc & 63)) * 2; };
-  auto st16 = [](uint32_t addr, T v) {
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&v)));
-  };
+  auto st16 = [](uint32_t addr, T v) { st_shared_b16(addr, *reinterpret_cast<const unsigned short*>(&v)); };
   // Entry values as stored (P, or S with EXP) and as they go into the tile.
   auto to_p = [&](T v, uint32_t off) -> T {
     if constexpr (EXP) return Num<T>::from(exp2f(Num<T>::to(v) * sl2 - sL[off / (2 * kSP)]));
@@ -393,8 +396,8 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
         ldmatrix_x4_trans(bf, vb + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kSP + wc + ng * 16 + (lane / 16) * 8);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          mma16816<T>(acc[mt][2 * ng], af[mt], bf[0], bf[1]);
-          mma16816<T>(acc[mt][2 * ng + 1], af[mt], bf[2], bf[3]);
+          mma16816<kIsBf16<T>>(acc[mt][2 * ng], af[mt], bf[0], bf[1]);
+          mma16816<kIsBf16<T>>(acc[mt][2 * ng + 1], af[mt], bf[2], bf[3]);
         }
       }
     }
@@ -501,7 +504,7 @@ void SpmmFineTc::run(const Arguments& a, Stream stream) {
   const size_t smem = size_t(3 * kFineChunkKeys + 2 * kSuperRows) * kSP * 2;
   auto go = [&](auto kernel) {
     SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl(a.pdl, kernel, grid, dim3(256), smem, stream, a);
+    cuda::launch_pdl(a.pdl, kernel, grid, dim3(256), smem, stream, a);
   };
   auto pick = [&](auto t) {
     using T = decltype(t);
@@ -515,4 +518,4 @@ void SpmmFineTc::run(const Arguments& a, Stream stream) {
   SPATTN_LAUNCH_CHECK("spmm_fine_tc_kernel");
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

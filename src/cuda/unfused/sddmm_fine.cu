@@ -6,9 +6,11 @@
 // super-step: 8 steps of 4 keys, 8 partial dot products per lane, then a reduce-scatter over the 8 lanes
 // (7 shuffles instead of 24) leaves lane (g, j) with key 4j + g, so the 32 results go out as one 128-byte
 // store. The 8 K rows of a step are all loaded before the first multiply (memory-level parallelism).
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
 namespace {
 
 constexpr int kMaxChunks = 4;
@@ -123,4 +125,4 @@ void SddmmFine::run(const Arguments& a, Stream stream) {
   }
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -10,11 +10,13 @@
 #include <numeric>
 #include <sstream>
 
-#include "common_host.hpp"
-#include "kernels.hpp"
-#include "spattn/multigrain.hpp"
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/kernels.hpp"
+#include "cuda/unfused/unfused.hpp"
 
-namespace spattn::multigrain {
+namespace spattn::unfused {
 
 using namespace detail;
 
@@ -95,9 +97,9 @@ struct Plan::Impl {
 
 Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
   problem.validate();
-  if (problem.dtype == DType::f64) throw Error("multigrain: dtype f64 is not supported on the GPU (use bf16, f16 or f32)");
+  if (problem.dtype == DType::f64) throw Error("unfused: dtype f64 is not supported on the GPU (use bf16, f16 or f32)");
   if (pattern.q_len() != problem.q_len || pattern.k_len() != problem.kv_len)
-    throw Error("multigrain: pattern is bound to " + std::to_string(pattern.q_len()) + " x " +
+    throw Error("unfused: pattern is bound to " + std::to_string(pattern.q_len()) + " x " +
                 std::to_string(pattern.k_len()) + " but the problem is " + std::to_string(problem.q_len) + " x " +
                 std::to_string(problem.kv_len));
   auto impl = std::make_shared<Impl>();
@@ -107,15 +109,15 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   P.shape = {problem.dtype, problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len,
              problem.head_dim, problem.dv()};
   P.scale = float(problem.softmax_scale());
-  if (Status s = check_shape(P.shape); !s) throw Error("multigrain: " + s.reason);
+  if (Status s = check_shape(P.shape); !s) throw Error("unfused: " + s.reason);
   const int64_t vec = 16 / dtype_size(problem.dtype);
   const int64_t dmax = problem.dtype == DType::f32 ? 128 : 256;
   for (auto [d, name] : {std::pair{P.shape.D, "head dim"}, std::pair{P.shape.Dv, "value dim"}})
     if (d % vec != 0 || d > dmax)
-      throw Error(std::string("multigrain: ") + name + " " + std::to_string(d) + " must be a multiple of " +
+      throw Error(std::string("unfused: ") + name + " " + std::to_string(d) + " must be a multiple of " +
                   std::to_string(vec) + " up to " + std::to_string(dmax) + " for dtype " +
                   std::string(dtype_name(problem.dtype)));
-  if (P.shape.bh() > 65535) throw Error("multigrain: batch * q_heads " + std::to_string(P.shape.bh()) + " exceeds 65535");
+  if (P.shape.bh() > 65535) throw Error("unfused: batch * q_heads " + std::to_string(P.shape.bh()) + " exceeds 65535");
 
   P.split = split_pattern(pattern, options, problem.dtype);
   const Split& S = P.split;
@@ -123,9 +125,9 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const Csr& F = S.fine;
   const int64_t Lq = problem.q_len;
   if (C.nblocks() > 0 && P.shape.D % 16 != 0)
-    throw Error("multigrain: head dim " + std::to_string(P.shape.D) + " must be a multiple of 16 for the coarse part");
+    throw Error("unfused: head dim " + std::to_string(P.shape.D) + " must be a multiple of 16 for the coarse part");
   if (C.nblocks() >= (int64_t(1) << 31) || F.nnz() >= (int64_t(1) << 40))
-    throw Error("multigrain: pattern too large (" + std::to_string(C.nblocks()) + " blocks, " + std::to_string(F.nnz()) + " fine entries)");
+    throw Error("unfused: pattern too large (" + std::to_string(C.nblocks()) + " blocks, " + std::to_string(F.nnz()) + " fine entries)");
 
   // ---- host work lists ----------------------------------------------------------------------------
   std::vector<int32_t> c_off(C.row_offsets.begin(), C.row_offsets.end());
@@ -347,10 +349,8 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   const size_t i_achunk = add(a_chunk.data(), int64_t(a_chunk.size() * 4));
   const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
 
-  SPATTN_CUDA_CHECK(cudaGetDevice(&P.device));
-  int cc_major = 0;
-  SPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, P.device));
-  P.pdl = cc_major >= 9;
+  P.device = cuda::current_device();
+  P.pdl = cuda::device_info(P.device).cc >= 90;
   SPATTN_CUDA_CHECK(cudaMalloc(&P.device_block, size_t(total)));
   P.device_bytes = total;
   char* base = static_cast<char*>(P.device_block);
@@ -419,7 +419,7 @@ int64_t Plan::attention_workspace_size(bool p_given) const {
 std::string Plan::explain() const {
   const Impl& P = *impl_;
   std::ostringstream os;
-  os << "multigrain plan: " << dtype_name(P.shape.dtype) << ", B " << P.shape.B << ", Hq " << P.shape.Hq << ", Hkv "
+  os << "unfused plan: " << dtype_name(P.shape.dtype) << ", B " << P.shape.B << ", Hq " << P.shape.Hq << ", Hkv "
      << P.shape.Hkv << ", D " << P.shape.D << ", Dv " << P.shape.Dv << ", scale " << P.scale << "\n";
   os << P.split.describe();
   os << "  kernels: ";
@@ -447,13 +447,13 @@ std::string Plan::explain() const {
 namespace {
 Dense dense_of(const TensorView& t, const char* name) {
   if (t.stride[3] != 1)
-    throw Error(std::string("multigrain: ") + name + " has innermost stride " + std::to_string(t.stride[3]) +
+    throw Error(std::string("unfused: ") + name + " has innermost stride " + std::to_string(t.stride[3]) +
                 " (must be 1)");
   return {t.data, t.stride[0], t.stride[1], t.stride[2]};
 }
 void check_dtype(const TensorView& t, DType want, const char* name) {
   if (t.dtype != want)
-    throw Error(std::string("multigrain: ") + name + " has dtype " + std::string(dtype_name(t.dtype)) +
+    throw Error(std::string("unfused: ") + name + " has dtype " + std::string(dtype_name(t.dtype)) +
                 ", the plan was built for " + std::string(dtype_name(want)));
 }
 }  // namespace
@@ -465,8 +465,8 @@ void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Strea
   Problem::check_view(k, "k", {sh.B, sh.Lk, sh.Hkv, sh.D});
   check_dtype(q, sh.dtype, "q");
   check_dtype(k, sh.dtype, "k");
-  if (P.has_coarse() && !s.coarse) throw Error("multigrain: sddmm: S coarse is null but the plan has coarse blocks");
-  if (P.has_fine() && !s.fine) throw Error("multigrain: sddmm: S fine is null but the plan has fine entries");
+  if (P.has_coarse() && !s.coarse) throw Error("unfused: sddmm: S coarse is null but the plan has coarse blocks");
+  if (P.has_fine() && !s.fine) throw Error("unfused: sddmm: S fine is null but the plan has fine entries");
   SddmmCoarse::Arguments ca{sh, dense_of(q, "q"), dense_of(k, "k"), P.coarse, P.sddmm_items, P.n_sddmm_items,
                             s.coarse};
   SddmmFine::Arguments fa{sh, dense_of(q, "q"), dense_of(k, "k"), P.fine, P.fine_items, P.n_fine_items,
@@ -507,8 +507,8 @@ void Plan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* 
   Problem::check_view(o, "o", {sh.B, sh.Lq, sh.Hq, sh.Dv});
   check_dtype(v, sh.dtype, "v");
   check_dtype(o, sh.dtype, "o");
-  if (P.has_coarse() && !p.coarse) throw Error("multigrain: spmm: P coarse is null but the plan has coarse blocks");
-  if (P.has_fine() && !p.fine) throw Error("multigrain: spmm: P fine is null but the plan has fine entries");
+  if (P.has_coarse() && !p.coarse) throw Error("unfused: spmm: P coarse is null but the plan has coarse blocks");
+  if (P.has_fine() && !p.fine) throw Error("unfused: spmm: P fine is null but the plan has fine entries");
   (void)workspace;  // none needed: the fine entries of a mixed plan are added in spmm_coarse's epilogue
   if (P.has_coarse()) {
     SpmmCoarse::Arguments ca{sh, p.coarse, dense_of(v, "v"), dense_of(o, "o"), P.coarse, P.row_order,
@@ -528,9 +528,9 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
   const Impl& P = *impl_;
   const bool p_given = p.coarse || p.fine;
   if (p_given && ((P.has_coarse() && !p.coarse) || (P.has_fine() && !p.fine)))
-    throw Error("multigrain: attention: P was given for only one of the plan's parts");
+    throw Error("unfused: attention: P was given for only one of the plan's parts");
   const int64_t need = attention_workspace_size(p_given);
-  if (need > 0 && !workspace) throw Error("multigrain: attention needs a workspace of " + std::to_string(need) + " bytes");
+  if (need > 0 && !workspace) throw Error("unfused: attention needs a workspace of " + std::to_string(need) + " bytes");
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
   char* w = static_cast<char*>(workspace);
   auto take = [&](int64_t bytes) -> void* {
@@ -615,4 +615,4 @@ void Plan::attention(const TensorView& q, const TensorView& k, const TensorView&
   spmm(p, v, o, spmm_ws, stream);
 }
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <sstream>
 
-#include "spattn/multigrain.hpp"
+#include "cuda/unfused/unfused.hpp"
 
-namespace spattn::multigrain {
+namespace spattn::unfused {
 
 namespace {
 
@@ -37,18 +37,18 @@ void set_bits(std::vector<uint64_t>& masks, int64_t base_word, int64_t first, in
 
 Split split_pattern(const BoundPattern& pattern, const Options& options, DType dtype) {
   if (options.block != 32 && options.block != 64)
-    throw Error("multigrain: block " + std::to_string(options.block) + " is not supported (32 or 64)");
+    throw Error("unfused: block " + std::to_string(options.block) + " is not supported (32 or 64)");
   if (!(options.coarse_min_density >= 0.0 && options.coarse_min_density <= 1.0))
-    throw Error("multigrain: coarse_min_density " + std::to_string(options.coarse_min_density) +
+    throw Error("unfused: coarse_min_density " + std::to_string(options.coarse_min_density) +
                 " is outside [0, 1]");
   if (options.fine_slice < 32)
-    throw Error("multigrain: fine_slice " + std::to_string(options.fine_slice) + " is below 32");
+    throw Error("unfused: fine_slice " + std::to_string(options.fine_slice) + " is below 32");
   const int64_t Lq = pattern.q_len(), Lk = pattern.k_len();
   if (Lq < 1 || Lk < 1)
-    throw Error("multigrain: pattern lengths " + std::to_string(Lq) + " x " + std::to_string(Lk) +
+    throw Error("unfused: pattern lengths " + std::to_string(Lq) + " x " + std::to_string(Lk) +
                 " must be at least 1");
   if (Lk > (int64_t(1) << 30))
-    throw Error("multigrain: key length " + std::to_string(Lk) + " exceeds 2^30");
+    throw Error("unfused: key length " + std::to_string(Lk) + " exceeds 2^30");
   const int bs = options.block;
   Options::Split mode = options.split;
   // f32 has no tensor-core path here (tf32 would lose the precision the user asked for): all fine.
@@ -182,4 +182,4 @@ std::string Split::describe() const {
   return os.str();
 }
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused

@@ -10,7 +10,7 @@
 
 struct CUstream_st;
 
-namespace spattn::multigrain {
+namespace spattn::unfused {
 
 using Stream = CUstream_st*;  // cudaStream_t
 
@@ -23,9 +23,9 @@ struct Status {
   explicit operator bool() const { return ok; }
 };
 
-}  // namespace spattn::multigrain
+}  // namespace spattn::unfused
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
 
 // A [B, L, H, D] tensor on the device: strides in elements, innermost stride 1.
 struct Dense {
@@ -261,4 +261,4 @@ struct SpmmFine {
   static void run(const Arguments& a, Stream stream);
 };
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

@@ -20,9 +20,14 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/unfused/checks.hpp"
+#include "cuda/unfused/dtype.cuh"
 
-namespace spattn::multigrain::detail {
+namespace spattn::unfused::detail {
+using namespace ::spattn::cuda::ptx;
 namespace {
 
 // Each lane owns BS/32 adjacent columns of every block (a float2 for 64-blocks); blocks are taken 8 at a
@@ -580,7 +585,7 @@ void TileSoftmax::run(const Arguments& a, Stream stream) {
   auto go = [&](auto kernel) {
     if (smem > 48 * 1024)
       SPATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl(a.pdl, kernel, grid, dim3(256), smem, stream, a);
+    cuda::launch_pdl(a.pdl, kernel, grid, dim3(256), smem, stream, a);
   };
   auto pick = [&](auto t) {
     using T = decltype(t);
@@ -601,4 +606,4 @@ void CompoundSoftmax::run(const Arguments& a, Stream stream) {
   }
 }
 
-}  // namespace spattn::multigrain::detail
+}  // namespace spattn::unfused::detail

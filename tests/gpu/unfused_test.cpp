@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "spattn/multigrain.hpp"
+#include "cuda/unfused/unfused.hpp"
 #include "spattn/reference.hpp"
 
-namespace mg = spattn::multigrain;
+namespace mg = spattn::unfused;
 using spattn::BoundPattern;
 using spattn::DType;
 using spattn::Pattern;
