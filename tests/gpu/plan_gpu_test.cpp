@@ -1,0 +1,163 @@
+// spattn::Plan on a CUDA device: every engine against the reference engine (fresh random inputs), per-head
+// patterns, a forced kernel that ran, a refused kernel, a tensor that does not match the plan's problem.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spattn/device.hpp"
+#include "spattn/plan.hpp"
+
+namespace {
+
+using spattn::DType;
+using spattn::TensorView;
+
+bool have_gpu(std::string& why) { return !spattn::list_gpus(&why).empty(); }
+#define REQUIRE_GPU()                          \
+  do {                                         \
+    std::string why;                           \
+    if (!have_gpu(why)) GTEST_SKIP() << why;   \
+  } while (0)
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
+  ~Buf() { cudaFree(p); }
+};
+
+// Runs `plan` on the GPU with random inputs of `dt` and compares O with the reference engine's on the same
+// (rounded) inputs; returns the relative error.
+double run_vs_reference(const spattn::Plan& plan, const std::vector<spattn::Pattern>& pats, DType dt, uint32_t seed) {
+  const spattn::Problem& p = plan.problem();
+  const int es = spattn::dtype_size(dt);
+  const size_t nq = size_t(p.batch * p.q_len * p.q_heads * p.head_dim), nk = size_t(p.batch * p.kv_len * p.kv_heads * p.head_dim);
+  std::vector<uint8_t> hq(nq * es), hk(nk * es), hv(nk * es);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto fill = [&](std::vector<uint8_t>& h, std::array<int64_t, 4> shape) {
+    const TensorView t = TensorView::contiguous(h.data(), dt, shape);
+    for (int64_t a = 0; a < shape[0]; ++a)
+      for (int64_t b = 0; b < shape[1]; ++b)
+        for (int64_t c = 0; c < shape[2]; ++c)
+          for (int64_t d = 0; d < shape[3]; ++d) t.store(a, b, c, d, nd(rng));
+    return t;
+  };
+  const TensorView tq = fill(hq, {p.batch, p.q_len, p.q_heads, p.head_dim});
+  const TensorView tk = fill(hk, {p.batch, p.kv_len, p.kv_heads, p.head_dim});
+  const TensorView tv = fill(hv, {p.batch, p.kv_len, p.kv_heads, p.head_dim});
+  Buf dq(hq.size()), dk(hk.size()), dv(hv.size()), dout(nq * es), dlse(size_t(p.batch * p.q_heads * p.q_len) * 4);
+  EXPECT_EQ(cudaMemcpy(dq.p, hq.data(), hq.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dk.p, hk.data(), hk.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dv.p, hv.data(), hv.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  plan.forward(TensorView::contiguous(dq.p, dt, tq.shape), TensorView::contiguous(dk.p, dt, tk.shape),
+               TensorView::contiguous(dv.p, dt, tv.shape), TensorView::contiguous(dout.p, dt, tq.shape),
+               TensorView::contiguous(dlse.p, DType::f32, {p.batch, p.q_heads, p.q_len, 1}));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> ho(nq * es);
+  EXPECT_EQ(cudaMemcpy(ho.data(), dout.p, ho.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  spattn::PlanOptions ref;
+  ref.engine = spattn::Engine::reference;
+  std::vector<double> ro(nq);
+  spattn::make_plan(pats, p, spattn::Device::cpu(), ref)
+      .forward(tq, tk, tv, TensorView::contiguous(ro.data(), DType::f64, tq.shape), TensorView{});
+  const TensorView got = TensorView::contiguous(ho.data(), dt, tq.shape);
+  double num = 0, den = 0;
+  size_t i = 0;
+  for (int64_t a = 0; a < tq.shape[0]; ++a)
+    for (int64_t b = 0; b < tq.shape[1]; ++b)
+      for (int64_t c = 0; c < tq.shape[2]; ++c)
+        for (int64_t d = 0; d < tq.shape[3]; ++d, ++i) {
+          const double x = got.load(a, b, c, d);
+          num += (x - ro[i]) * (x - ro[i]);
+          den += ro[i] * ro[i];
+        }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+spattn::Problem problem(int64_t B, int64_t H, int64_t HK, int64_t L, int64_t D, DType dt) {
+  spattn::Problem p;
+  p.batch = B, p.q_heads = H, p.kv_heads = HK, p.q_len = p.kv_len = L, p.head_dim = D, p.dtype = dt;
+  return p;
+}
+
+TEST(PlanGpu, EnginesMatchReference) {
+  REQUIRE_GPU();
+  struct C {
+    const char* spec;
+    DType dt;
+    int64_t D;
+    spattn::Engine engine;
+    spattn::Engine want;
+  } const cases[] = {
+      {"local(100) | global(0:8)", DType::bf16, 64, spattn::Engine::automatic, spattn::Engine::cuda_fused},
+      {"causal", DType::f16, 128, spattn::Engine::automatic, spattn::Engine::cuda_fused},
+      {"bigbird(32, 1, 1, 2, seed=3)", DType::bf16, 64, spattn::Engine::cuda_unfused, spattn::Engine::cuda_unfused},
+      {"dilated(40, 3)", DType::f32, 32, spattn::Engine::automatic, spattn::Engine::cuda_unfused},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec);
+    spattn::PlanOptions o;
+    o.engine = c.engine;
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(2, 4, 2, 777, c.D, c.dt), spattn::Device::cuda(0), o);
+    EXPECT_EQ(plan.engine(), c.want) << plan.explain();
+    EXPECT_EQ(plan.last_kernel(), "");
+    const double rel = run_vs_reference(plan, pats, c.dt, 7);
+    EXPECT_LE(rel, c.dt == DType::f32 ? 1e-4 : 1e-2) << plan.explain();
+    EXPECT_EQ(plan.last_kernel(), plan.kernel()) << "contiguous tensors run the chosen kernel";
+  }
+}
+
+TEST(PlanGpu, PerHeadPatterns) {
+  REQUIRE_GPU();
+  const std::vector<spattn::Pattern> pats{spattn::parse("local(30)"), spattn::parse("causal"), spattn::parse("local(30)"),
+                                          spattn::parse("global(0:4) | local(5)")};
+  const spattn::Plan plan = spattn::make_plan(pats, problem(2, 4, 2, 500, 64, DType::bf16), spattn::Device::cuda(0));
+  EXPECT_EQ(plan.engine(), spattn::Engine::cuda_fused);
+  EXPECT_LE(run_vs_reference(plan, pats, DType::bf16, 11), 1e-2) << plan.explain();
+}
+
+TEST(PlanGpu, ForcedKernelRunsOrIsRefused) {
+  REQUIRE_GPU();
+  const std::vector<spattn::Pattern> pats{spattn::parse("local(64)")};
+  const auto pr = problem(1, 2, 2, 1000, 64, DType::bf16);
+  spattn::PlanOptions o;
+  o.kernel = "sm80";
+  const spattn::Plan p80 = spattn::make_plan(pats, pr, spattn::Device::cuda(0), o);
+  EXPECT_LE(run_vs_reference(p80, pats, DType::bf16, 3), 1e-2);
+  EXPECT_EQ(p80.last_kernel().rfind("sm80_", 0), 0u) << p80.last_kernel();
+  o.kernel = "sm90_band";
+  try {
+    spattn::make_plan({spattn::parse("longformer(64, 4)")}, pr, spattn::Device::cuda(0), o);
+    ADD_FAILURE() << "the band kernel cannot run longformer; make_plan must refuse it";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm90_band"), std::string::npos) << e.what();
+  }
+  o.kernel = "no_such_kernel";
+  EXPECT_THROW(spattn::make_plan(pats, pr, spattn::Device::cuda(0), o), spattn::Error);
+}
+
+TEST(PlanGpu, RefusesTensorsOfAnotherProblem) {
+  REQUIRE_GPU();
+  const spattn::Plan plan =
+      spattn::make_plan(spattn::parse("local(8)"), problem(1, 2, 2, 256, 64, DType::bf16), spattn::Device::cuda(0));
+  Buf b(size_t(2) * 512 * 2 * 64 * 2);
+  const TensorView good = TensorView::contiguous(b.p, DType::bf16, {1, 256, 2, 64});
+  const TensorView longer = TensorView::contiguous(b.p, DType::bf16, {1, 512, 2, 64});
+  try {
+    plan.forward(longer, good, good, good, TensorView{});
+    ADD_FAILURE() << "a q of 512 tokens for a plan of 256 must be refused";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q: dimension 1 is 512, expected 256"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(spattn::make_plan(spattn::parse("local(8)"), problem(1, 2, 2, 256, 64, DType::bf16),
+                                 spattn::Device::cuda(99)),
+               spattn::Error);
+}
+
+}  // namespace
