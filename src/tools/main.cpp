@@ -20,7 +20,7 @@
 #include "plan/block_plan.hpp"
 #include "spattn/plan.hpp"
 #include "tools/args.hpp"
-#include "tools/bench_cuda.hpp"
+#include "bench/bench_cuda.hpp"
 #include "tools/commands.hpp"
 #include "tools/npy.hpp"
 #include "tools/png.hpp"

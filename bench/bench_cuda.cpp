@@ -8,7 +8,7 @@
 // Outputs are poisoned (NaN bytes) before the timed calls; rel_err is measured after them, against fp64 on
 // the host, on two (b, h) pairs (first and last): SDDMM and SpMM on every 8th row, the whole attention
 // against cpu::reference_attention on every row of those heads.
-#include "tools/bench_cuda.hpp"
+#include "bench/bench_cuda.hpp"
 
 #include "spattn/config.hpp"
 
