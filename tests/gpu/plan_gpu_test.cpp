@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/kernels.hpp"
 #include "spattn/device.hpp"
 #include "spattn/plan.hpp"
 
@@ -140,6 +141,34 @@ TEST(PlanGpu, ForcedKernelRunsOrIsRefused) {
   }
   o.kernel = "no_such_kernel";
   EXPECT_THROW(spattn::make_plan(pats, pr, spattn::Device::cuda(0), o), spattn::Error);
+}
+
+// The test sweep follows the kernel table: every fused GPU row this device runs, forced by name through
+// PlanOptions::kernel, matches the reference and is the row that ran.
+TEST(PlanGpu, EveryKernelTableRow) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  int ran = 0;
+  for (const auto& row : spattn::plan::kKernels) {
+    if (!spattn::plan::is_gpu_fused(row.kind)) continue;
+    SCOPED_TRACE(row.name);
+    if (spattn::plan::is_sm90(row.kind) && !(major == 9 && minor == 0)) continue;
+    // Band rows need band-row patterns; the others a mix of full, band and bitmask tiles.
+    const std::vector<spattn::Pattern> pats{
+        spattn::parse(spattn::plan::is_band(row.kind) ? "local(150)" : "local(150) | global(0:9) | random(3, seed=1)")};
+    spattn::PlanOptions o;
+    o.kernel = row.name;
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 1, 700, row.head_dim, dt), spattn::Device::cuda(0), o);
+      EXPECT_LE(run_vs_reference(plan, pats, dt, 5), 1e-2) << plan.explain();
+      EXPECT_EQ(plan.last_kernel(), row.name);
+    }
+    ++ran;
+  }
+  EXPECT_GE(ran, 5);
 }
 
 TEST(PlanGpu, RefusesTensorsOfAnotherProblem) {
