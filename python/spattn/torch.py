@@ -1,0 +1,256 @@
+"""spattn as a PyTorch operator: trainable (autograd through Plan.backward) and torch.compile-able.
+
+    import torch, spattn.torch
+    o = spattn.torch.sparse_attention(q, k, v, "longformer(256, 32)")            # q [B, L, H, D]
+    o = spattn.torch.sparse_attention(q, k, v, "causal", layout="bhld")          # q [B, H, L, D] (SDPA's)
+    attn = spattn.torch.SparseAttention("local(64) | global(0:4)")               # SDPA drop-in, [B, H, L, D]
+
+The operators are ``torch.ops.spattn.sparse_attention`` and ``torch.ops.spattn.sparse_attention_backward``
+(torch.library.custom_op, with fake implementations and a registered autograd formula): torch.compile keeps them
+as single nodes without graph breaks. Plans are built on first use and cached by (pattern, shapes, dtype,
+device, scale, layout, options). Tensors are read in place through DLPack whatever their strides (a [B, H, L, D]
+tensor is passed as a strided [B, L, H, D] view, no copy); on CUDA the op runs on the current stream.
+
+Outputs are in the input dtype: the CPU engine computes O in float32, so for float16/bfloat16 inputs on the CPU
+O is converted back. float64 inputs on the CPU run on the fp64 reference engine (for gradcheck). LSE is
+``[B, Hq, Lq]`` float32 (float64 for float64 inputs) and carries no gradient.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import Error, Pattern, Plan, _core, plan as _make_plan
+
+__all__ = ["sparse_attention", "SparseAttention", "clear_cache", "cached_plans"]
+
+_PLANS: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_PLANS_MAX = 64
+
+
+def clear_cache() -> None:
+    """Drops every cached plan (they hold GPU memory for their tile plans)."""
+    _PLANS.clear()
+
+
+def cached_plans() -> list:
+    """The cached plans, oldest first (spattn.Plan objects: explain(), kernel(), ...)."""
+    return [Plan(e.plan) for e in _PLANS.values()]
+
+
+def _spec(pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]]) -> str:
+    """One string for the op's schema: a spec, or per-head specs joined by ';' (not in the pattern grammar)."""
+    if isinstance(pattern, str):
+        return pattern
+    if isinstance(pattern, (list, tuple)):
+        return ";".join(p if isinstance(p, str) else p.spec for p in pattern)
+    if isinstance(pattern, Pattern):
+        return pattern.spec
+    raise TypeError(f"pattern: expected a spec, a spattn.Pattern or a list of them, got {type(pattern).__name__}")
+
+
+def _options(layout: str = "blhd", scale: Optional[float] = None, engine: Optional[str] = None,
+             kernel: Optional[str] = None, threads: Optional[int] = None) -> str:
+    """The op's `options` string: what is not a tensor or the pattern, as "key=value,..." (defaults left out)."""
+    parts = []
+    if layout != "blhd":
+        parts.append(f"layout={layout}")
+    if scale is not None:
+        parts.append(f"scale={float(scale)!r}")
+    if engine and engine != "auto":
+        parts.append(f"engine={engine}")
+    if kernel:
+        parts.append(f"kernel={kernel}")
+    if threads:
+        parts.append(f"threads={int(threads)}")
+    return ",".join(parts)
+
+
+def _parse_options(options: str) -> dict:
+    out: dict = {"layout": "blhd", "scale": None}
+    for item in filter(None, options.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or name not in ("layout", "scale", "engine", "kernel", "threads"):
+            raise Error(f"option '{item}': expected layout=, scale=, engine=, kernel= or threads=")
+        out[name] = float(value) if name == "scale" else int(value) if name == "threads" else value
+    return out
+
+
+def _layout(options: str) -> str:
+    """The layout an options string names (the fake implementations' only need)."""
+    i = options.find("layout=")
+    return "blhd" if i < 0 else options[i + 7:].split(",", 1)[0]
+
+
+def _dims(q: Tensor, k: Tensor, v: Tensor, layout: str) -> Tuple[int, int, int, int, int, int, int, int]:
+    """(B, Lq, Lk, Hq, Hkv, D, Dv, bhld) of the op's inputs."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise Error(f"q, k and v must be 4-D, got {q.dim()}, {k.dim()} and {v.dim()} dimensions")
+    if layout == "blhd":
+        B, Lq, Hq, D = q.shape
+        return B, Lq, k.shape[1], Hq, k.shape[2], D, v.shape[3], 0
+    if layout == "bhld":
+        B, Hq, Lq, D = q.shape
+        return B, Lq, k.shape[2], Hq, k.shape[1], D, v.shape[3], 1
+    raise Error(f"layout '{layout}': expected 'blhd' ([B, L, H, D]) or 'bhld' ([B, H, L, D])")
+
+
+class _Entry:
+    """A cached plan with what one call needs: the layout, output shapes and dtypes."""
+
+    __slots__ = ("plan", "layout", "o_shape", "lse_shape", "o_dtype", "lse_dtype", "out_dtype", "dq_shape",
+                 "dk_shape", "dv_shape", "grad_dtype")
+
+    def __init__(self, pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str) -> None:
+        kw = _parse_options(options)
+        self.layout = layout = kw.pop("layout")
+        B, Lq, Lk, Hq, Hkv, D, Dv, bhld = _dims(q, k, v, layout)
+        dev = q.device
+        device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+        specs = pattern.split(";") if ";" in pattern else pattern
+        self.plan = _make_plan(specs, Lq, Lk, Hq, Hkv, D, device, batch=B, dtype=q.dtype, value_dim=Dv, **kw)._p
+        self.o_shape = _o_shape(B, Lq, Hq, Dv, bhld)
+        self.lse_shape = (B, Hq, Lq)
+        self.o_dtype = getattr(torch, self.plan.out_dtype)  # what the engine writes
+        self.lse_dtype = getattr(torch, self.plan.lse_dtype)
+        self.out_dtype = q.dtype  # what the op returns
+        self.dq_shape = _o_shape(B, Lq, Hq, D, bhld)
+        self.dk_shape = _o_shape(B, Lk, Hkv, D, bhld)
+        self.dv_shape = _o_shape(B, Lk, Hkv, Dv, bhld)
+        self.grad_dtype = self.o_dtype
+
+
+def _entry(pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str) -> _Entry:
+    key = (pattern, q.shape, k.shape, v.shape, q.dtype, q.device, options)
+    e = _PLANS.get(key)
+    if e is None:
+        e = _Entry(pattern, q, k, v, options)
+        _PLANS[key] = e
+        if len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return e
+
+
+# On CUDA the op runs on the caller's current stream: the C++ side asks torch for it through the DLPack exchange
+# API (torch >= 2.9); older torch has no such API, and the stream is passed from here.
+_STREAM_FROM_DLPACK = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
+def _stream(t: Tensor) -> Optional[int]:
+    if _STREAM_FROM_DLPACK or not t.is_cuda:
+        return None
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _o_shape(B: int, L: int, H: int, D: int, bhld: int) -> Tuple[int, int, int, int]:
+    return (B, H, L, D) if bhld else (B, L, H, D)
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+# ---- the operators --------------------------------------------------------------------------------------
+# Few arguments on purpose: torch's custom-op autograd wrapper walks the schema once per argument per call
+# (torch/_library/utils.py fill_defaults), so every argument costs host time; `options` carries the rest.
+@torch.library.custom_op("spattn::sparse_attention", mutates_args=())
+def _sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
+    e = _entry(pattern, q, k, v, options)
+    dev = q.device
+    o = torch.empty(e.o_shape, dtype=e.o_dtype, device=dev)
+    lse = torch.empty(e.lse_shape, dtype=e.lse_dtype, device=dev)
+    e.plan.forward(q, k, v, o, lse, _stream(q), e.layout)
+    if e.o_dtype != e.out_dtype:  # the CPU engine writes fp32 O: back to fp16 / bf16
+        o = o.to(e.out_dtype)
+        if e.lse_dtype != _lse_dtype(q):
+            lse = lse.to(_lse_dtype(q))
+    return o, lse
+
+
+@_sparse_attention.register_fake
+def _sparse_attention_fake(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
+    B, Lq, _, Hq, _, _, Dv, bhld = _dims(q, k, v, _layout(options))
+    return q.new_empty(_o_shape(B, Lq, Hq, Dv, bhld)), q.new_empty((B, Hq, Lq), dtype=_lse_dtype(q))
+
+
+@torch.library.custom_op("spattn::sparse_attention_backward", mutates_args=())
+def _sparse_attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, pattern: str,
+                               options: str) -> Tuple[Tensor, Tensor, Tensor]:
+    e = _entry(pattern, q, k, v, options)
+    dev = q.device
+    dq = torch.empty(e.dq_shape, dtype=e.grad_dtype, device=dev)
+    dk = torch.empty(e.dk_shape, dtype=e.grad_dtype, device=dev)
+    dv = torch.empty(e.dv_shape, dtype=e.grad_dtype, device=dev)
+    e.plan.backward(q, k, v, o, lse, dout, dq, dk, dv, _stream(q), e.layout)
+    if e.grad_dtype != q.dtype:
+        dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    return dq, dk, dv
+
+
+@_sparse_attention_backward.register_fake
+def _sparse_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor,
+                                    pattern: str, options: str) -> Tuple[Tensor, Tensor, Tensor]:
+    B, Lq, Lk, Hq, Hkv, D, Dv, bhld = _dims(q, k, v, _layout(options))
+    return (q.new_empty(_o_shape(B, Lq, Hq, D, bhld)), k.new_empty(_o_shape(B, Lk, Hkv, D, bhld)),
+            v.new_empty(_o_shape(B, Lk, Hkv, Dv, bhld)))
+
+
+def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor]) -> None:
+    q, k, v, pattern, options = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (pattern, options)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, dout: Tensor, dlse: Optional[Tensor]) -> Tuple[Any, ...]:
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.spattn.sparse_attention_backward.default(q, k, v, o, lse, dout, *ctx.args)
+    return dq, dk, dv, None, None
+
+
+_sparse_attention.register_autograd(_backward, setup_context=_setup_context)
+
+_op = torch.ops.spattn.sparse_attention.default
+
+
+# ---- the public entry points ----------------------------------------------------------------------------
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *,
+                     scale: Optional[float] = None, return_lse: bool = False, layout: str = "blhd",
+                     engine: Optional[str] = None, kernel: Optional[str] = None,
+                     threads: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """softmax(scale * Q K^T over the pattern's pairs) V, differentiable in q, k and v.
+
+    q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] with ``layout="blhd"`` (the default), or
+    [B, H, L, D] with ``layout="bhld"`` (F.scaled_dot_product_attention's); Hq % Hkv == 0 (GQA). pattern: a
+    spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads: plan
+    options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
+    """
+    o, lse = _op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads))
+    return (o, lse) if return_lse else o
+
+
+class SparseAttention(torch.nn.Module):
+    """A drop-in for ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` with the mask as a pattern.
+
+    ``SparseAttention("causal & local(128)")(q, k, v)`` with q [B, H, Lq, D], k and v [B, Hkv, Lk, D] (SDPA's
+    layout; ``layout="blhd"`` for [B, L, H, D]). No parameters; plans are cached per shape.
+    """
+
+    def __init__(self, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *, scale: Optional[float] = None,
+                 layout: str = "bhld", engine: Optional[str] = None, kernel: Optional[str] = None,
+                 threads: Optional[int] = None) -> None:
+        super().__init__()
+        self.pattern = _spec(pattern)
+        self.options = _options(layout, scale, engine, kernel, threads)
+        _parse_options(self.options)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        o, _ = _op(q, k, v, self.pattern, self.options)
+        return o
+
+    def extra_repr(self) -> str:
+        return f"pattern='{self.pattern}'" + (f", options='{self.options}'" if self.options else "")

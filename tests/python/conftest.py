@@ -1,0 +1,71 @@
+"""Shared helpers of the Python tests: the independent oracle, and whether Plan::backward exists yet."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
+import patterns_oracle  # noqa: E402  (tests/oracle: PATTERNS.md re-implemented in numpy, never from the C++)
+
+import spattn  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def backward_missing() -> str:
+    """'' when Plan::backward runs on the CPU, else the C++ library's reason (it throws until implemented)."""
+    q = np.ones((1, 4, 1, 8), np.float32)
+    p = spattn.plan("local(1)", 4, 4, 1, 1, 8)
+    o, lse = p.forward(q, q, q, return_lse=True)
+    try:
+        p.backward(q, q, q, o, lse, np.ones_like(o))
+    except spattn.Error as e:
+        if "not implemented" in str(e):
+            return str(e)
+        raise
+    return ""
+
+
+def need_backward() -> None:
+    """Skips the calling test, with the C++ message, while Plan::backward is not implemented."""
+    why = backward_missing()
+    if why:
+        pytest.skip(f"needs Plan::backward: {why}")
+
+
+def oracle(q, k, v, spec, scale=None):
+    """O [B, Lq, Hq, Dv] and LSE [B, Hq, Lq] in float64 from the independent oracle ([B, L, H, D] inputs)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    m = patterns_oracle.mask(spec, q.shape[1], k.shape[1])
+    return patterns_oracle.attention(q, k, v, m, scale=scale, Hkv=k.shape[2])
+
+
+def oracle_grads(q, k, v, spec, dout, scale=None):
+    """dQ, dK, dV in float64 for O = softmax(scale Q K^T + mask) V, written out by hand from the definition."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    B, Lq, H, D = q.shape
+    Lk, Hk = k.shape[1], k.shape[2]
+    g = H // Hk
+    s = 1.0 / np.sqrt(D) if scale is None else scale
+    m = patterns_oracle.mask(spec, Lq, Lk)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            hk = h // g
+            S = s * q[b, :, h] @ k[b, :, hk].T
+            S = np.where(m, S, -np.inf)
+            mx = np.max(S, axis=1, keepdims=True)
+            mx = np.where(np.isfinite(mx), mx, 0)
+            E = np.where(m, np.exp(S - mx), 0)
+            den = E.sum(axis=1, keepdims=True)
+            P = np.divide(E, den, out=np.zeros_like(E), where=den > 0)
+            dO = dout[b, :, h]
+            dv[b, :, hk] += P.T @ dO
+            dP = dO @ v[b, :, hk].T
+            dS = P * (dP - (dP * P).sum(axis=1, keepdims=True))
+            dq[b, :, h] = s * dS @ k[b, :, hk]
+            dk[b, :, hk] += s * dS.T @ q[b, :, h]
+    return dq, dk, dv
