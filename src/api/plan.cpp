@@ -242,10 +242,29 @@ void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v
   im.backend->forward(q, k, v, o, lse, stream);
 }
 
-void Plan::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
-  impl_of(impl_);
-  throw Error("Plan::backward: the backward pass is not implemented yet");
+void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                    const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                    const TensorView& dv, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  const Problem& pr = im.problem;
+  Problem::check_view(q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
+  Problem::check_view(k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
+  Problem::check_view(v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+  if (o.data) Problem::check_view(o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+  if (lse.data) Problem::check_view(lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
+  Problem::check_view(dout, "dout", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+  Problem::check_view(dq, "dq", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
+  Problem::check_view(dk, "dk", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
+  Problem::check_view(dv, "dv", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+  im.backend->backward(q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
+
+namespace plan {
+void Backend::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
+  throw Error("Plan::backward: the backward pass is not implemented yet for kernel " + kernel() +
+              " (the CPU engines have it: make a plan on Device::cpu())");
+}
+}  // namespace plan
 
 }  // namespace spattn
