@@ -95,7 +95,9 @@ class Plan {
   // `stream` and return; the CPU engines return when done.
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
-  // dQ, dK, dV: not yet implemented (throws Error); the signature is the one it will have.
+  // dQ, dK, dV (overwritten) from dout [B, Lq, Hq, Dv]. CPU engines: dq/dk/dv fp32 or fp64, q/k/v/dout any
+  // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: not yet
+  // implemented (throws Error).
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;

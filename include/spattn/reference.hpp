@@ -16,4 +16,12 @@ void reference_attention(const std::vector<BoundPattern>& patterns, const Proble
                          const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const TensorView& lse);
 
+// The gradients of reference_attention: dq [B, Lq, Hq, D], dk [B, Lk, Hkv, D], dv [B, Lk, Hkv, Dv] (f32 or f64,
+// overwritten) from dout [B, Lq, Hq, Dv] (any dtype). The softmax is recomputed in fp64 from q and k (no O or LSE
+// taken); a fully masked row contributes nothing. Same oracle rules: every (q, k) tested by pattern.contains.
+void reference_attention_backward(const std::vector<BoundPattern>& patterns, const Problem& problem,
+                                  const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv);
+
 }  // namespace spattn::cpu

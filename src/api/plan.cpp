@@ -223,15 +223,16 @@ std::string Plan::explain() const {
   return s.str();
 }
 
-void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-                   const TensorView& lse, Stream stream) const {
-  const Impl& im = impl_of(impl_);
+namespace {
+// The problem the plan was built for: every shape must match it (the error names tensor and dimension); q, k and v
+// share one dtype, the plan's on the GPU engines. o may have null data where `o_optional` (backward).
+void check_inputs(const Plan::Impl& im, const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& o, const TensorView& lse, bool o_optional) {
   const Problem& pr = im.problem;
-  // The problem the plan was built for: every shape must match it (the error names tensor and dimension).
   Problem::check_view(q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
   Problem::check_view(k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
   Problem::check_view(v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
-  Problem::check_view(o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+  if (o.data || !o_optional) Problem::check_view(o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
   if (lse.data) Problem::check_view(lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
   if (q.dtype != k.dtype || q.dtype != v.dtype)
     throw Error("q, k and v must share one dtype, got " + std::string(dtype_name(q.dtype)) + ", " +
@@ -239,13 +240,35 @@ void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v
   if (im.engine != Engine::cpu_fused && im.engine != Engine::reference && q.dtype != pr.dtype)
     throw Error("q has dtype " + std::string(dtype_name(q.dtype)) + ", the plan was built for " +
                 std::string(dtype_name(pr.dtype)));
+}
+}  // namespace
+
+void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                   const TensorView& lse, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  check_inputs(im, q, k, v, o, lse, false);
   im.backend->forward(q, k, v, o, lse, stream);
 }
 
-void Plan::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
-  impl_of(impl_);
-  throw Error("Plan::backward: the backward pass is not implemented yet");
+void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                    const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                    const TensorView& dv, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  const Problem& pr = im.problem;
+  check_inputs(im, q, k, v, o, lse, true);
+  Problem::check_view(dout, "dout", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+  Problem::check_view(dq, "dq", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
+  Problem::check_view(dk, "dk", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
+  Problem::check_view(dv, "dv", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+  im.backend->backward(q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
+
+namespace plan {
+void Backend::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
+  throw Error("Plan::backward: the backward pass is not implemented yet for kernel " + kernel() +
+              " (the CPU engines have it: make a plan on Device::cpu())");
+}
+}  // namespace plan
 
 }  // namespace spattn

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <sstream>
 
+#include "cpu/backward.hpp"
 #include "cpu/fused_plan.hpp"
 #include "plan/backend.hpp"
 #include "spattn/reference.hpp"
@@ -38,6 +39,11 @@ class CpuBackend final : public Backend {
     plan_.run(q, k, v, o, lse, options_);
     ran_.store(true, std::memory_order_relaxed);
   }
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView&, const TensorView&,
+                const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                Stream) const override {
+    cpu::attention_backward(pats_, plan_.problem(), q, k, v, dout, dq, dk, dv, options_.threads);
+  }
   std::string kernel() const override { return std::string("cpu_fused_") + plan_.stats().isa; }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
   std::string explain() const override { return "cpu fused: " + plan_.describe(); }
@@ -46,12 +52,12 @@ class CpuBackend final : public Backend {
   cpu::FusedPlan build(const Planned& p, const Problem& problem, const PlanOptions& o) {
     options_.threads = o.threads;
     options_.isa = parse_isa(o.kernel);
-    std::vector<BoundPattern> pats;
     std::vector<Analysis> ans;
-    per_head(p, pats, &ans);
-    return cpu::FusedPlan(pats, problem, options_, &ans);
+    per_head(p, pats_, &ans);
+    return cpu::FusedPlan(pats_, problem, options_, &ans);
   }
   cpu::Options options_;
+  std::vector<BoundPattern> pats_;
   cpu::FusedPlan plan_;
   mutable std::atomic<bool> ran_{false};
 };
@@ -64,6 +70,11 @@ class ReferenceBackend final : public Backend {
                const TensorView& lse, Stream) const override {
     cpu::reference_attention(pats_, problem_, q, k, v, o, lse);
     ran_.store(true, std::memory_order_relaxed);
+  }
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView&, const TensorView&,
+                const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                Stream) const override {
+    cpu::reference_attention_backward(pats_, problem_, q, k, v, dout, dq, dk, dv);
   }
   std::string kernel() const override { return "reference"; }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
