@@ -20,7 +20,7 @@ O = 0 and LSE = -inf. Errors of the C++ library raise ``spattn.Error`` (a ``Valu
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class Plan:
     dtype = property(lambda self: self._p.dtype, doc="the input dtype the plan was built for")
     out_dtype = property(lambda self: self._p.out_dtype, doc="the dtype forward writes O in")
     lse_dtype = property(lambda self: self._p.lse_dtype, doc="the dtype forward writes LSE in")
+    grad_dtype = property(lambda self: self._p.grad_dtype, doc="the dtype backward writes dQ, dK, dV in")
     scale = property(lambda self: self._p.scale, doc="the softmax scale (1/sqrt(head_dim) by default)")
     device = property(lambda self: self._p.device)
     engine = property(lambda self: self._p.engine)
@@ -174,16 +175,19 @@ class Plan:
 
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, dout: Any, *, dq: Any = None, dk: Any = None,
                  dv: Any = None, layout: str = "blhd", stream: Optional[int] = None) -> Tuple[Any, Any, Any]:
-        """dQ, dK, dV for the forward's O and LSE and the gradient dout of O (same layouts as forward).
+        """dQ, dK, dV from dout (the gradient of O), for the forward's O and LSE (same layouts as forward).
 
-        dq/dk/dv are written when given, else allocated like ``q`` in ``out_dtype``. Returns (dq, dk, dv).
+        The CPU engines recompute the softmax in fp64 from q and k: o and lse may be None there. dq/dk/dv are
+        written when given, else allocated like ``q`` in ``grad_dtype`` (float32 on the CPU, float64 for float64
+        problems). Returns (dq, dk, dv).
         """
+        gdt = self.grad_dtype
         if dq is None:
-            dq = _empty_like(q, self._shape(self.batch, self.q_len, self.heads, self.head_dim, layout), self.out_dtype)
+            dq = _empty_like(q, self._shape(self.batch, self.q_len, self.heads, self.head_dim, layout), gdt)
         if dk is None:
-            dk = _empty_like(q, self._shape(self.batch, self.k_len, self.kv_heads, self.head_dim, layout), self.out_dtype)
+            dk = _empty_like(q, self._shape(self.batch, self.k_len, self.kv_heads, self.head_dim, layout), gdt)
         if dv is None:
-            dv = _empty_like(q, self._shape(self.batch, self.k_len, self.kv_heads, self.value_dim, layout), self.out_dtype)
+            dv = _empty_like(q, self._shape(self.batch, self.k_len, self.kv_heads, self.value_dim, layout), gdt)
         self._p.backward(q, k, v, o, lse, dout, dq, dk, dv, stream, layout)
         return dq, dk, dv
 
@@ -222,7 +226,7 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     kv_heads = heads if kv_heads is None else kv_heads
     if engine in ("auto", "") and dt == "float64" and dev == "cpu":
         engine = "reference"  # the CPU kernels compute in fp32; the reference keeps fp64 end to end
-    args = dict(batch=int(batch), heads=int(heads), kv_heads=int(kv_heads), q_len=int(q_len), k_len=int(k_len),
+    args: Dict[str, Any] = dict(batch=int(batch), heads=int(heads), kv_heads=int(kv_heads), q_len=int(q_len), k_len=int(k_len),
                 head_dim=int(head_dim), value_dim=int(value_dim or 0), dtype=dt,
                 scale=float(0.0 if scale is None else scale), device=dev, engine=engine or "auto", kernel=kernel or "",
                 threads=int(threads), block_m=int(block_m), block_n=int(block_n), perm_d=int(perm_d),

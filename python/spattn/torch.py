@@ -120,7 +120,7 @@ class _Entry:
         self.dq_shape = _o_shape(B, Lq, Hq, D, bhld)
         self.dk_shape = _o_shape(B, Lk, Hkv, D, bhld)
         self.dv_shape = _o_shape(B, Lk, Hkv, Dv, bhld)
-        self.grad_dtype = self.o_dtype
+        self.grad_dtype = getattr(torch, self.plan.grad_dtype)
 
 
 def _entry(pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str) -> _Entry:

@@ -263,17 +263,21 @@ struct PyPlan {
     load(aq, q, "q", 4, false, lay);
     load(ak, k, "k", 4, false, lay);
     load(av, v, "v", 4, false, lay);
-    load(ao, o, "o", 4, false, lay);
-    load(al, lse, "lse", 3, false, lay);
+    const bool has_o = !o.is_none(), has_lse = !lse.is_none();  // the CPU engines recompute the softmax
+    if (has_o) load(ao, o, "o", 4, false, lay);
+    if (has_lse) load(al, lse, "lse", 3, false, lay);
     load(ad, dout, "dout", 4, false, lay);
     load(adq, dq, "dq", 4, true, lay);
     load(adk, dk, "dk", 4, true, lay);
     load(adv, dv, "dv", 4, true, lay);
-    const spattn::Stream s = check_devices({{&aq, "q"}, {&ak, "k"}, {&av, "v"}, {&ao, "o"}, {&al, "lse"}, {&ad, "dout"},
-                                            {&adq, "dq"}, {&adk, "dk"}, {&adv, "dv"}},
+    const spattn::Stream s = check_devices({{&aq, "q"}, {&ak, "k"}, {&av, "v"}, {has_o ? &ao : nullptr, "o"},
+                                            {has_lse ? &al : nullptr, "lse"}, {&ad, "dout"}, {&adq, "dq"},
+                                            {&adk, "dk"}, {&adv, "dv"}},
                                            stream);
     nb::gil_scoped_release unlocked;
-    plan.backward(aq.view, ak.view, av.view, ao.view, al.view, ad.view, adq.view, adk.view, adv.view, s);
+    const spattn::TensorView none{};
+    plan.backward(aq.view, ak.view, av.view, has_o ? ao.view : none, has_lse ? al.view : none, ad.view, adq.view,
+                  adk.view, adv.view, s);
   }
 
   // Mean seconds of one C++ Plan::forward on these arrays, timed in C++ over `iters` calls: the baseline
@@ -308,6 +312,13 @@ spattn::DType out_dtype(const spattn::Plan& p) {
     case spattn::Engine::reference: return p.problem().dtype == spattn::DType::f64 ? spattn::DType::f64 : spattn::DType::f32;
     default: return p.problem().dtype;
   }
+}
+// The dtype backward writes dQ, dK, dV in: the CPU engines fp32 (fp64 for fp64 problems); the GPU engines the
+// problem's dtype.
+spattn::DType grad_dtype(const spattn::Plan& p) {
+  if (p.device().kind == spattn::Device::Kind::cpu)
+    return p.problem().dtype == spattn::DType::f64 ? spattn::DType::f64 : spattn::DType::f32;
+  return p.problem().dtype;
 }
 spattn::DType lse_dtype(const spattn::Plan& p) {
   return p.engine() == spattn::Engine::reference && p.problem().dtype == spattn::DType::f64 ? spattn::DType::f64
@@ -375,7 +386,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("spec", &spattn::Pattern::spec)
       .def("__repr__", [](const spattn::Pattern& p) { return "spattn.Pattern('" + p.spec() + "')"; })
       .def("__str__", &spattn::Pattern::spec)
-      .def("__eq__", [](const spattn::Pattern& a, const spattn::Pattern& b) { return a.spec() == b.spec(); })
+      .def("__eq__", [](const spattn::Pattern& a, nb::handle b) {
+             return nb::isinstance<spattn::Pattern>(b) && a.spec() == nb::cast<const spattn::Pattern&>(b).spec();
+           })
       .def("__hash__", [](const spattn::Pattern& p) { return nb::hash(nb::str(p.spec().c_str())); })
       .def("nnz", [](const spattn::Pattern& p, int64_t q_len, int64_t k_len) { return p.bind(q_len, k_len).nnz(); },
            "q_len"_a, "k_len"_a, "Kept (q, k) pairs at these lengths.")
@@ -404,6 +417,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("engine", [](const PyPlan& p) { return std::string(spattn::engine_name(p.plan.engine())); })
       .def_prop_ro("out_dtype", [](const PyPlan& p) { return dtype_py(out_dtype(p.plan)); })
       .def_prop_ro("lse_dtype", [](const PyPlan& p) { return dtype_py(lse_dtype(p.plan)); })
+      .def_prop_ro("grad_dtype", [](const PyPlan& p) { return dtype_py(grad_dtype(p.plan)); })
       .def_prop_ro("spec", [](const PyPlan& p) { return p.spec; })
       .def_prop_ro("plan_ms", [](const PyPlan& p) { return p.plan.plan_ms(); })
       .def("nnz", [](const PyPlan& p) { return p.plan.nnz(); })
@@ -412,7 +426,7 @@ NB_MODULE(_core, m) {
       .def("explain", [](const PyPlan& p) { return p.plan.explain(); })
       .def("forward", &PyPlan::forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a.none() = nb::none(),
            "layout"_a = "blhd")
-      .def("backward", &PyPlan::backward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a,
+      .def("backward", &PyPlan::backward, "q"_a, "k"_a, "v"_a, "o"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a, "dk"_a, "dv"_a,
            "stream"_a.none() = nb::none(), "layout"_a = "blhd")
       .def("time_forward", &PyPlan::time_forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "iters"_a,
            "layout"_a = "blhd");

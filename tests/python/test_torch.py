@@ -138,6 +138,22 @@ def test_gradients_match_sdpa(spec):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_backward_with_broadcast_dout_and_half_precision():
+    """o.sum() hands backward a stride-0 dout; bf16 / fp16 inputs get gradients in their dtype."""
+    need_backward()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q, k, v = qkv(dtype=dtype, grad=True)
+        o, lse = st.sparse_attention(q, k, v, "local(3) | global(1)", return_lse=True)
+        assert not lse.requires_grad
+        o.sum().backward()
+        q2, k2, v2 = (x.detach().double().requires_grad_() for x in (q, k, v))
+        sdpa(q2, k2, v2, "local(3) | global(1)").sum().backward()
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        for a, b in ((q, q2), (k, k2), (v, v2)):
+            assert a.grad.dtype == dtype
+            torch.testing.assert_close(a.grad.double(), b.grad, rtol=tol, atol=tol)
+
+
 class TinyBlock(torch.nn.Module):
     def __init__(self, d=16, heads=2, spec="causal & local(5)"):
         super().__init__()

@@ -1,0 +1,110 @@
+# Generated from the built module by: python -m nanobind.stubgen -m spattn._core (after changing python/src/module.cpp)
+"""spattn's compiled core (use the `spattn` package, not this module)"""
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
+
+
+class Error(ValueError):
+    pass
+
+def build_info() -> dict:
+    """
+    Version and build options of this spattn build, and how many GPUs it sees.
+    """
+
+class Pattern:
+    def __init__(self, spec: str) -> None:
+        """
+        Parses a pattern spec (docs/PATTERNS.md); raises spattn.Error naming the column of a syntax error.
+        """
+
+    @property
+    def spec(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+    def __str__(self) -> str: ...
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+    def __hash__(self) -> int: ...
+
+    def nnz(self, q_len: int, k_len: int) -> int:
+        """Kept (q, k) pairs at these lengths."""
+
+    def row(self, q: int, q_len: int, k_len: int) -> list[int]:
+        """The keys of query row q, increasing."""
+
+    def mask(self, q_len: int, k_len: int) -> Annotated[NDArray[numpy.bool_], dict(shape=(None, None))]:
+        """The [q_len, k_len] boolean mask (True: kept)."""
+
+class Plan:
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def heads(self) -> int: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+    @property
+    def q_len(self) -> int: ...
+
+    @property
+    def k_len(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def value_dim(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def scale(self) -> float: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def out_dtype(self) -> str: ...
+
+    @property
+    def lse_dtype(self) -> str: ...
+
+    @property
+    def grad_dtype(self) -> str: ...
+
+    @property
+    def spec(self) -> str: ...
+
+    @property
+    def plan_ms(self) -> float: ...
+
+    def nnz(self) -> int: ...
+
+    def kernel(self) -> str: ...
+
+    def last_kernel(self) -> str: ...
+
+    def explain(self) -> str: ...
+
+    def forward(self, q: object, k: object, v: object, o: object, lse: object | None, stream: object | None = None, layout: str = 'blhd') -> None: ...
+
+    def backward(self, q: object, k: object, v: object, o: object | None, lse: object | None, dout: object, dq: object, dk: object, dv: object, stream: object | None = None, layout: str = 'blhd') -> None: ...
+
+    def time_forward(self, q: object, k: object, v: object, o: object, lse: object | None, iters: int, layout: str = 'blhd') -> float: ...
+
+def make_plan(patterns: Sequence[Pattern], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int) -> Plan: ...
+
+def make_plan_csr(row_offsets: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], col_indices: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int) -> Plan: ...
