@@ -15,13 +15,18 @@ import spattn  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
-def backward_missing() -> str:
-    """'' when Plan::backward runs on the CPU, else the C++ library's reason (it throws until implemented)."""
-    q = np.ones((1, 4, 1, 8), np.float32)
-    p = spattn.plan("local(1)", 4, 4, 1, 1, 8)
+def backward_missing(device: str = "cpu") -> str:
+    """'' when Plan::backward runs on `device`, else the C++ library's reason (it throws until implemented)."""
+    if device == "cpu":
+        q = np.ones((1, 64, 1, 64), np.float32)
+    else:
+        import torch
+
+        q = torch.ones((1, 64, 1, 64), dtype=torch.bfloat16, device=device)
+    p = spattn.plan("local(1)", 64, 64, 1, 1, 64, device, dtype=q.dtype)
     o, lse = p.forward(q, q, q, return_lse=True)
     try:
-        p.backward(q, q, q, o, lse, np.ones_like(o))
+        p.backward(q, q, q, o, lse, o)
     except spattn.Error as e:
         if "not implemented" in str(e):
             return str(e)
@@ -29,11 +34,11 @@ def backward_missing() -> str:
     return ""
 
 
-def need_backward() -> None:
-    """Skips the calling test, with the C++ message, while Plan::backward is not implemented."""
-    why = backward_missing()
+def need_backward(device: str = "cpu") -> None:
+    """Skips the calling test, with the C++ message, while Plan::backward is not implemented on `device`."""
+    why = backward_missing(device)
     if why:
-        pytest.skip(f"needs Plan::backward: {why}")
+        pytest.skip(f"needs Plan::backward on {device}: {why}")
 
 
 def oracle(q, k, v, spec, scale=None):

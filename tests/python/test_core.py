@@ -29,6 +29,13 @@ def test_version_and_build_info():
     info = spattn.build_info()
     assert spattn.__version__ == info["version"]
     assert isinstance(info["cuda"], bool) and info["gpus"] >= 0
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("spattn")
+    except metadata.PackageNotFoundError:
+        pytest.skip("spattn is not installed (run from a build tree)")
+    assert installed == spattn.__version__  # the wheel's version comes from CMakeLists.txt too
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -106,6 +113,30 @@ def test_strided_views_and_layouts():
     np.testing.assert_allclose(l1, rl, rtol=1e-5, atol=2e-6)
     o2 = spattn.attention(qb.transpose(0, 2, 1, 3), kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3), spec)
     np.testing.assert_allclose(o2, ref, rtol=1e-5, atol=2e-6)
+
+
+class DLPackOnly:
+    """An array that offers nothing but the DLPack protocol (the path of cupy, jax, ... on the CPU)."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.dtype = a.shape, a.dtype
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_any_dlpack_array():
+    q, k, v = rand(1, 32, 2, 16), rand(1, 32, 2, 16, seed=1), rand(1, 32, 2, 16, seed=2)
+    o = spattn.attention(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v), "local(3)")
+    assert isinstance(o, np.ndarray)
+    np.testing.assert_allclose(o, oracle(q, k, v, "local(3)")[0], rtol=1e-5, atol=2e-6)
+    out = np.empty_like(q)
+    spattn.plan("local(3)", 32, 32, 2, 2, 16).forward(DLPackOnly(q), k, v, out=DLPackOnly(out))
+    np.testing.assert_array_equal(out, o)
 
 
 def test_float16_in_float32_out_and_readonly_inputs():

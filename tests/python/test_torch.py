@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import spattn  # noqa: E402
 import spattn.torch as st  # noqa: E402
-from conftest import need_backward  # noqa: E402
+from conftest import backward_missing, need_backward  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CUDA = torch.cuda.is_available() and spattn.build_info()["gpus"] > 0
@@ -73,6 +73,18 @@ def test_module_is_an_sdpa_drop_in():
     attn = st.SparseAttention("causal & local(6)")
     assert "causal & local(6)" in repr(attn)
     torch.testing.assert_close(attn(q, k, v), sdpa(q, k, v, "causal & local(6)", "bhld"), rtol=1e-5, atol=2e-6)
+
+
+def test_plan_and_attention_on_torch_tensors():
+    """The plain (non-operator) API on torch tensors: outputs are torch tensors on the inputs' device."""
+    q, k, v = qkv()
+    o, lse = spattn.attention(q, k, v, "local(4)", return_lse=True)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.float32 and lse.shape == (2, 4, 40)
+    torch.testing.assert_close(o, sdpa(q, k, v, "local(4)"), rtol=1e-5, atol=2e-6)
+    p = spattn.plan("local(4)", 40, 40, 4, 2, 16, batch=2)
+    if not backward_missing():  # the CPU engines recompute the softmax: o and lse may be None
+        dq, dk, dv = p.backward(q, k, v, None, None, torch.ones_like(o))
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.dtype == torch.float32
 
 
 def test_per_head_patterns():
@@ -246,7 +258,7 @@ def test_cuda_opcheck_and_compile():
 
 @cuda
 def test_cuda_gradients_match_sdpa():
-    need_backward()
+    need_backward("cuda:0")
     q, k, v = qkv(B=1, L=128, H=2, HK=2, D=64, dtype=torch.bfloat16, device="cuda", grad=True)
     q2, k2, v2 = (x.detach().float().requires_grad_() for x in (q, k, v))
     st.sparse_attention(q, k, v, "local(16) | global(0)").float().square().sum().backward()
