@@ -96,8 +96,9 @@ class Plan {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
   // dQ, dK, dV (overwritten) from dout [B, Lq, Hq, Dv]. CPU engines: dq/dk/dv fp32 or fp64, q/k/v/dout any
-  // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: not yet
-  // implemented (throws Error).
+  // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: every tensor
+  // in the plan's dtype, o and lse from the forward required; a CUDA-core pass over the pattern's CSR and its
+  // transpose (deterministic, no atomics; built at the first call), not yet the tensor-core backward.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;

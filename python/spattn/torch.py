@@ -181,6 +181,8 @@ def _sparse_attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
                                options: str) -> Tuple[Tensor, Tensor, Tensor]:
     e = _entry(pattern, q, k, v, options)
     dev = q.device
+    if dout.is_cuda:  # the GPU backward reads dout with its head dim contiguous (o.sum() hands a stride-0 one)
+        dout = dout.contiguous()
     dq = torch.empty(e.dq_shape, dtype=e.grad_dtype, device=dev)
     dk = torch.empty(e.dk_shape, dtype=e.grad_dtype, device=dev)
     dv = torch.empty(e.dv_shape, dtype=e.grad_dtype, device=dev)

@@ -159,6 +159,37 @@ int spattn_plan_forward(void* handle, const void* q, const int64_t* q_strides, c
   });
 }
 
+// Backward: dq, dk, dv (strides as in forward; the plan's dtype on the GPU, fp32 on the CPU) from dout, with the
+// forward's o and lse (contiguous fp32 [B, Hq, Lq]; the CPU engines also accept null for both).
+int spattn_plan_backward(void* handle, const void* q, const int64_t* q_strides, const void* k, const int64_t* k_strides,
+                         const void* v, const int64_t* v_strides, const void* o, const int64_t* o_strides,
+                         const float* lse, const void* dout, const int64_t* dout_strides, void* dq,
+                         const int64_t* dq_strides, void* dk, const int64_t* dk_strides, void* dv,
+                         const int64_t* dv_strides, void* stream) {
+  if (!handle || !q_strides || !k_strides || !v_strides || !o_strides || !dout_strides || !dq_strides || !dk_strides ||
+      !dv_strides)
+    return fail("spattn_plan_backward: null argument");
+  return guarded([&] {
+    const auto& plan = static_cast<Handle*>(handle)->plan;
+    const spattn::Problem& pr = plan.problem();
+    const bool cpu = plan.device().kind == spattn::Device::Kind::cpu;
+    const spattn::DType out = cpu ? spattn::DType::f32 : pr.dtype;
+    auto view = [&](const void* p, const int64_t* s, int64_t L, int64_t H, int64_t D, spattn::DType t) {
+      return spattn::TensorView{const_cast<void*>(p), t, {pr.batch, L, H, D}, {s[0], s[1], s[2], s[3]}};
+    };
+    const spattn::TensorView lv{const_cast<float*>(lse), spattn::DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1},
+                                {pr.q_heads * pr.q_len, pr.q_len, 1, 1}};
+    plan.backward(view(q, q_strides, pr.q_len, pr.q_heads, pr.head_dim, pr.dtype),
+                  view(k, k_strides, pr.kv_len, pr.kv_heads, pr.head_dim, pr.dtype),
+                  view(v, v_strides, pr.kv_len, pr.kv_heads, pr.dv(), pr.dtype),
+                  view(o, o_strides, pr.q_len, pr.q_heads, pr.dv(), out), lv,
+                  view(dout, dout_strides, pr.q_len, pr.q_heads, pr.dv(), pr.dtype),
+                  view(dq, dq_strides, pr.q_len, pr.q_heads, pr.head_dim, out),
+                  view(dk, dk_strides, pr.kv_len, pr.kv_heads, pr.head_dim, out),
+                  view(dv, dv_strides, pr.kv_len, pr.kv_heads, pr.dv(), out), stream);
+  });
+}
+
 // Dense 0/1 mask of rows [q_begin, q_end) of `spec` bound to (q_len, k_len), written to out[(q - q_begin) *
 // k_len + k] (uint8). From the pattern's row enumeration (the semantics' one source of truth).
 int spattn_pattern_mask(const char* spec, int64_t q_len, int64_t k_len, int64_t q_begin, int64_t q_end, uint8_t* out) {

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "cuda/backward/csr_backward.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_fwd.hpp"
 #include "cuda/common/check.hpp"
@@ -77,7 +78,7 @@ TensorView head_view(const TensorView& t, int64_t h, int axis) {
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), of_head_(p.of_head) {
+      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p.patterns, p.of_head, problem) {
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
@@ -105,6 +106,12 @@ class CudaFusedBackend final : public Backend {
                                              head_view(v, h / group, 2), head_view(o, h, 2), head_view(lse, h, 1),
                                              stream);
   }
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, Stream stream) const override {
+    DeviceScope scope(device_);
+    bwd_.run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+  }
   std::string kernel() const override { return attn_[0].kernel_name(); }
   std::string last_kernel() const override {
     const int row = attn_[0].last_kernel_row();
@@ -125,6 +132,7 @@ class CudaFusedBackend final : public Backend {
   int device_;
   std::vector<int> of_head_;
   std::vector<FusedAttention> attn_;
+  cuda::PatternsBackward bwd_;
 };
 
 }  // namespace

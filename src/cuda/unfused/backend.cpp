@@ -2,6 +2,7 @@
 // (unfused::Plan), its attention workspace owned by the backend.
 #include <cuda_runtime.h>
 
+#include "cuda/backward/csr_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "plan/backend.hpp"
@@ -15,7 +16,7 @@ using cuda::DeviceScope;
 class CudaUnfusedBackend final : public Backend {
  public:
   CudaUnfusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device) {
+      : problem_(problem), device_(device), bwd_(p.patterns, p.of_head, problem) {
     if (p.per_head())
       throw Error("engine cuda_unfused takes one pattern for all heads, got " + std::to_string(p.patterns.size()) +
                   " distinct per-head patterns (use cuda_fused or the CPU)");
@@ -38,6 +39,12 @@ class CudaUnfusedBackend final : public Backend {
     plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, static_cast<unfused::Stream>(stream));
     ran_ = true;
   }
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, Stream stream) const override {
+    DeviceScope scope(device_);
+    bwd_.run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+  }
   std::string kernel() const override { return "cuda_unfused"; }
   std::string last_kernel() const override { return ran_ ? "cuda_unfused" : ""; }
   std::string explain() const override { return "cuda unfused (SDDMM -> softmax -> SpMM): " + plan_->explain(); }
@@ -48,6 +55,7 @@ class CudaUnfusedBackend final : public Backend {
   std::unique_ptr<unfused::Plan> plan_;
   void* workspace_ = nullptr;
   mutable bool ran_ = false;
+  cuda::PatternsBackward bwd_;
 };
 
 }  // namespace

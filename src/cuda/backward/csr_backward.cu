@@ -1,0 +1,256 @@
+// cuda/backward/csr_backward.cu — see csr_backward.hpp.
+#include "cuda/backward/csr_backward.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "cuda/common/check.hpp"
+#include "spattn/format.hpp"
+
+namespace spattn::cuda {
+namespace {
+
+constexpr int kMaxPerLane = 8;  // head dims up to 256
+
+struct View {
+  const void* p;
+  int64_t sb, sl, sh;
+};
+struct Args {
+  View q, k, v, o, dout;
+  void *dq, *dk, *dv;
+  int64_t dq_sb, dq_sl, dq_sh, dk_sb, dk_sl, dk_sh, dv_sb, dv_sl, dv_sh;
+  const float* lse;  // [B, Hq, Lq] with strides lse_sb, lse_sh (query axis contiguous)
+  float* delta;      // laid out as lse
+  int64_t lse_sb, lse_sh;
+  int B, H, group, Lq, Lk, D, Dv;
+  float scale;
+  const int64_t* row_off;
+  const int32_t* cols;
+  const int64_t* col_off;
+  const int32_t* rows;
+};
+
+template <class T>
+__device__ float ld(const void* p, int64_t i) {
+  if constexpr (std::is_same_v<T, float>) return static_cast<const float*>(p)[i];
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(static_cast<const __half*>(p)[i]);
+  else return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+template <class T>
+__device__ void st(void* p, int64_t i, float x) {
+  if constexpr (std::is_same_v<T, float>) static_cast<float*>(p)[i] = x;
+  else if constexpr (std::is_same_v<T, __half>) static_cast<__half*>(p)[i] = __float2half_rn(x);
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+}
+__device__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+// A row of `n` elements (lane l holds elements l, l + 32, ...).
+template <class T>
+__device__ void load_row(const void* p, int64_t base, int n, float (&r)[kMaxPerLane]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) r[t] = lane + 32 * t < n ? ld<T>(p, base + lane + 32 * t) : 0.f;
+}
+__device__ float dot(const float (&a)[kMaxPerLane], const float (&b)[kMaxPerLane]) {
+  float s = 0;
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) s += a[t] * b[t];
+  return warp_sum(s);
+}
+
+// A warp per (b, h, query row): delta = dout . o, dq = scale * sum_j P (dP - delta) k_j.
+template <class T>
+__global__ void dq_kernel(Args a) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (w >= int64_t(a.B) * a.H * a.Lq) return;
+  const int i = int(w % a.Lq), h = int((w / a.Lq) % a.H), b = int(w / (int64_t(a.Lq) * a.H)), hk = h / a.group;
+  const int lane = threadIdx.x & 31;
+  float qr[kMaxPerLane], dor[kMaxPerLane], orow[kMaxPerLane], kr[kMaxPerLane], vr[kMaxPerLane], acc[kMaxPerLane] = {};
+  load_row<T>(a.q.p, b * a.q.sb + i * a.q.sl + h * a.q.sh, a.D, qr);
+  load_row<T>(a.dout.p, b * a.dout.sb + i * a.dout.sl + h * a.dout.sh, a.Dv, dor);
+  load_row<T>(a.o.p, b * a.o.sb + i * a.o.sl + h * a.o.sh, a.Dv, orow);
+  const float delta = dot(dor, orow);
+  const int64_t li = b * a.lse_sb + h * a.lse_sh + i;
+  const float lse = a.lse[li];
+  if (lane == 0) a.delta[li] = delta;
+  for (int64_t e = a.row_off[i]; e < a.row_off[i + 1]; ++e) {
+    const int j = a.cols[e];
+    load_row<T>(a.k.p, b * a.k.sb + j * a.k.sl + hk * a.k.sh, a.D, kr);
+    load_row<T>(a.v.p, b * a.v.sb + j * a.v.sl + hk * a.v.sh, a.Dv, vr);
+    const float p = __expf(a.scale * dot(qr, kr) - lse);
+    const float ds = p * (dot(dor, vr) - delta) * a.scale;
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) acc[t] += ds * kr[t];
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t)
+    if (lane + 32 * t < a.D) st<T>(a.dq, b * a.dq_sb + i * a.dq_sl + h * a.dq_sh + lane + 32 * t, acc[t]);
+}
+
+// A warp per (b, kv head, key row): over the query heads of its group and the queries that keep the key,
+// dv = sum P dout_i, dk = scale * sum P (dP - delta_i) q_i.
+template <class T>
+__global__ void dkv_kernel(Args a) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int HK = a.H / a.group;
+  if (w >= int64_t(a.B) * HK * a.Lk) return;
+  const int j = int(w % a.Lk), hk = int((w / a.Lk) % HK), b = int(w / (int64_t(a.Lk) * HK));
+  const int lane = threadIdx.x & 31;
+  float kr[kMaxPerLane], vr[kMaxPerLane], qr[kMaxPerLane], dor[kMaxPerLane], gk[kMaxPerLane] = {}, gv[kMaxPerLane] = {};
+  load_row<T>(a.k.p, b * a.k.sb + j * a.k.sl + hk * a.k.sh, a.D, kr);
+  load_row<T>(a.v.p, b * a.v.sb + j * a.v.sl + hk * a.v.sh, a.Dv, vr);
+  for (int h = hk * a.group; h < (hk + 1) * a.group; ++h)
+    for (int64_t e = a.col_off[j]; e < a.col_off[j + 1]; ++e) {
+      const int i = a.rows[e];
+      load_row<T>(a.q.p, b * a.q.sb + i * a.q.sl + h * a.q.sh, a.D, qr);
+      load_row<T>(a.dout.p, b * a.dout.sb + i * a.dout.sl + h * a.dout.sh, a.Dv, dor);
+      const int64_t li = b * a.lse_sb + h * a.lse_sh + i;
+      const float p = __expf(a.scale * dot(qr, kr) - a.lse[li]);
+      const float ds = p * (dot(dor, vr) - a.delta[li]) * a.scale;
+#pragma unroll
+      for (int t = 0; t < kMaxPerLane; ++t) gk[t] += ds * qr[t], gv[t] += p * dor[t];
+    }
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    if (lane + 32 * t < a.D) st<T>(a.dk, b * a.dk_sb + j * a.dk_sl + hk * a.dk_sh + lane + 32 * t, gk[t]);
+    if (lane + 32 * t < a.Dv) st<T>(a.dv, b * a.dv_sb + j * a.dv_sl + hk * a.dv_sh + lane + 32 * t, gv[t]);
+  }
+}
+
+template <class T>
+void launch(const Args& a, cudaStream_t s) {
+  constexpr int kThreads = 256;
+  const int64_t wq = int64_t(a.B) * a.H * a.Lq, wk = int64_t(a.B) * (a.H / a.group) * a.Lk;
+  if (wq > 0) dq_kernel<T><<<unsigned((wq * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(a);
+  SPATTN_LAUNCH_CHECK("backward dq_kernel");
+  if (wk > 0) dkv_kernel<T><<<unsigned((wk * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(a);
+  SPATTN_LAUNCH_CHECK("backward dkv_kernel");
+}
+
+template <class V>
+V* upload(const std::vector<V>& h) {
+  V* d = nullptr;
+  SPATTN_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(V)));
+  if (!h.empty()) SPATTN_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(V), cudaMemcpyHostToDevice));
+  return d;
+}
+
+}  // namespace
+
+CsrBackward::CsrBackward(const BoundPattern& pattern) : q_len_(pattern.q_len()), k_len_(pattern.k_len()) {
+  const Csr c = make_csr(pattern);
+  // The transpose by counting: for each key, the queries that keep it, ascending.
+  std::vector<int64_t> col_off(size_t(k_len_) + 1, 0);
+  for (int32_t j : c.col_indices) col_off[size_t(j) + 1] += 1;
+  for (int64_t j = 0; j < k_len_; ++j) col_off[size_t(j) + 1] += col_off[size_t(j)];
+  std::vector<int32_t> rows(c.col_indices.size());
+  std::vector<int64_t> fill(col_off.begin(), col_off.end() - 1);
+  for (int64_t i = 0; i < q_len_; ++i)
+    for (int64_t e = c.row_offsets[size_t(i)]; e < c.row_offsets[size_t(i) + 1]; ++e)
+      rows[size_t(fill[size_t(c.col_indices[size_t(e)])]++)] = int32_t(i);
+  try {
+    row_off_ = upload(c.row_offsets);
+    cols_ = upload(c.col_indices);
+    col_off_ = upload(col_off);
+    rows_ = upload(rows);
+  } catch (...) {
+    cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_);
+    throw;
+  }
+}
+
+CsrBackward::~CsrBackward() {
+  cudaFree(row_off_);
+  cudaFree(cols_);
+  cudaFree(col_off_);
+  cudaFree(rows_);
+}
+
+void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                      const TensorView& dk, const TensorView& dv, float* delta, void* stream) const {
+  if (p.q_len != q_len_ || p.kv_len != k_len_)
+    throw Error("gpu backward: built for lengths " + std::to_string(q_len_) + " x " + std::to_string(k_len_) +
+                ", problem has " + std::to_string(p.q_len) + " x " + std::to_string(p.kv_len));
+  if (p.head_dim > 32 * kMaxPerLane || p.dv() > 32 * kMaxPerLane)
+    throw Error("gpu backward: head dims up to " + std::to_string(32 * kMaxPerLane) + ", got " + std::to_string(p.head_dim));
+  if (!o.data || !lse.data) throw Error("gpu backward: needs the forward's o and lse");
+  if (lse.dtype != DType::f32 || lse.stride[2] != 1)
+    throw Error("gpu backward: lse must be fp32 [B, Hq, Lq], contiguous along the queries");
+  const TensorView* all[] = {&q, &k, &v, &o, &dout, &dq, &dk, &dv};
+  const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int t = 0; t < 8; ++t) {
+    if (all[t]->dtype != q.dtype)
+      throw Error(std::string("gpu backward: ") + names[t] + " has dtype " + std::string(dtype_name(all[t]->dtype)) +
+                  ", q has " + std::string(dtype_name(q.dtype)));
+    if (all[t]->stride[3] != 1) throw Error(std::string("gpu backward: ") + names[t] + " needs a contiguous head dim");
+  }
+  auto view = [](const TensorView& t) { return View{t.data, t.stride[0], t.stride[1], t.stride[2]}; };
+  Args a{view(q), view(k), view(v), view(o), view(dout), dq.data, dk.data, dv.data,
+         dq.stride[0], dq.stride[1], dq.stride[2], dk.stride[0], dk.stride[1], dk.stride[2],
+         dv.stride[0], dv.stride[1], dv.stride[2], static_cast<const float*>(lse.data), delta, lse.stride[0], lse.stride[1],
+         int(p.batch), int(p.q_heads), int(p.q_heads / p.kv_heads), int(p.q_len), int(p.kv_len), int(p.head_dim),
+         int(p.dv()), float(p.softmax_scale()), row_off_, cols_, col_off_, rows_};
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (q.dtype) {
+    case DType::f32: return launch<float>(a, s);
+    case DType::f16: return launch<__half>(a, s);
+    case DType::bf16: return launch<__nv_bfloat16>(a, s);
+    default: throw Error("gpu backward: dtype must be fp32, fp16 or bf16, got " + std::string(dtype_name(q.dtype)));
+  }
+}
+
+PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem)
+    : patterns_(std::move(patterns)), of_head_(std::move(of_head)), problem_(problem), built_(patterns_.size()) {}
+
+PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
+
+namespace {
+TensorView head_of(const TensorView& t, int64_t h, int axis) {
+  TensorView s = t;
+  if (!s.data) return s;
+  s.data = static_cast<char*>(s.data) + h * s.stride[size_t(axis)] * dtype_size(s.dtype);
+  s.shape[size_t(axis)] = 1;
+  return s;
+}
+}  // namespace
+
+void PatternsBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                           const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                           const TensorView& dv, void* stream) const {
+  const Problem& p = problem_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < patterns_.size(); ++i)
+      if (!built_[i]) built_[i] = std::make_unique<CsrBackward>(patterns_[i]);
+    if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, p.batch * p.q_heads * p.q_len)) * 4));
+  }
+  if (!lse.data) throw Error("gpu backward: needs the forward's lse");
+  // delta laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer (query axis contiguous).
+  const TensorView dl{delta_, DType::f32, {p.batch, p.q_heads, p.q_len, 1}, {p.q_heads * p.q_len, p.q_len, 1, 1}};
+  TensorView lse_c = lse;
+  if (lse.stride[1] != p.q_len || lse.stride[0] != p.q_heads * p.q_len)
+    throw Error("gpu backward: lse must be contiguous fp32 [B, Hq, Lq]");
+  if (patterns_.size() == 1) return built_[0]->run(p, q, k, v, o, lse_c, dout, dq, dk, dv, delta_, stream);
+  // Per-head patterns: each query head through its pattern on one-head views. dk / dv of a kv head shared by
+  // query heads of different patterns would need summing: refused.
+  const int64_t group = p.q_heads / p.kv_heads;
+  if (group != 1)
+    throw Error("gpu backward: per-head patterns with grouped-query attention are not supported yet");
+  Problem one = p;
+  one.q_heads = one.kv_heads = 1;
+  for (int64_t h = 0; h < p.q_heads; ++h) {
+    const TensorView lh = head_of(lse_c, h, 1), dh = head_of(dl, h, 1);
+    built_[size_t(of_head_[size_t(h)])]->run(one, head_of(q, h, 2), head_of(k, h, 2), head_of(v, h, 2), head_of(o, h, 2), lh,
+                                              head_of(dout, h, 2), head_of(dq, h, 2), head_of(dk, h, 2), head_of(dv, h, 2),
+                                              static_cast<float*>(dh.data), stream);
+  }
+}
+
+}  // namespace spattn::cuda

@@ -1,0 +1,63 @@
+// cuda/backward/csr_backward.hpp — the GPU backward pass over the pattern's kept entries (CSR and its transpose).
+//
+// Correctness first: CUDA cores, a warp per query row (dQ, and delta = rowsum(dO * O)) then a warp per key row
+// (dK, dV, over the transposed pattern): no atomics, deterministic, O(nnz * D) a head. The probabilities are
+// recomputed from the forward's LSE: P = exp(scale q.k - lse). Not yet the tensor-core kernel the backward issue
+// asks for (bench/LOG.md has its speed against FlexAttention's backward).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn::cuda {
+
+class CsrBackward {
+ public:
+  // Builds the CSR of `pattern` and its transpose on the host and uploads both to the current device.
+  explicit CsrBackward(const BoundPattern& pattern);
+  ~CsrBackward();
+  CsrBackward(const CsrBackward&) = delete;
+  CsrBackward& operator=(const CsrBackward&) = delete;
+
+  // q/k/v/o/dout device views [B, L, H, D] of one dtype (bf16, fp16 or f32; head dim contiguous), lse fp32
+  // [B, Hq, Lq] from the forward (required; query axis contiguous), dq/dk/dv in that dtype. `delta`: fp32 scratch
+  // laid out as lse (its strides), e.g. B * Hq * Lq floats for a contiguous lse.
+  void run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+           const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+           const TensorView& dk, const TensorView& dv, float* delta, void* stream) const;
+
+ private:
+  int64_t q_len_ = 0, k_len_ = 0;
+  int64_t* row_off_ = nullptr;  // [Lq + 1]
+  int32_t* cols_ = nullptr;     // [nnz]
+  int64_t* col_off_ = nullptr;  // [Lk + 1] (transpose)
+  int32_t* rows_ = nullptr;     // [nnz]
+};
+
+}  // namespace spattn::cuda
+
+namespace spattn::cuda {
+
+// The backward of a plan's patterns (one for all heads, or per query head: `of_head`), built lazily at the first
+// call (forward-only users pay nothing), with its delta scratch. Per-head patterns run head by head on views.
+class PatternsBackward {
+ public:
+  PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem);
+  ~PatternsBackward();
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
+
+ private:
+  std::vector<BoundPattern> patterns_;
+  std::vector<int> of_head_;
+  Problem problem_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<CsrBackward>> built_;
+  mutable float* delta_ = nullptr;
+};
+
+}  // namespace spattn::cuda
