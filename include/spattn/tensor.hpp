@@ -47,6 +47,14 @@ struct TensorView {
     for (int i = 2; i >= 0; --i) t.stride[i] = t.stride[i + 1] * shape[i + 1];
     return t;
   }
+  // The view of index `i` along `axis` (kept as a dimension of size 1): one head, one batch element.
+  TensorView narrow(int axis, int64_t i) const {
+    TensorView s = *this;
+    if (!s.data) return s;
+    s.data = static_cast<char*>(s.data) + i * s.stride[size_t(axis)] * dtype_size(s.dtype);
+    s.shape[size_t(axis)] = 1;
+    return s;
+  }
   int64_t offset(int64_t a, int64_t b, int64_t c, int64_t d) const {
     return a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
   }

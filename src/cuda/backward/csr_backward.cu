@@ -211,16 +211,6 @@ PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vect
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
 
-namespace {
-TensorView head_of(const TensorView& t, int64_t h, int axis) {
-  TensorView s = t;
-  if (!s.data) return s;
-  s.data = static_cast<char*>(s.data) + h * s.stride[size_t(axis)] * dtype_size(s.dtype);
-  s.shape[size_t(axis)] = 1;
-  return s;
-}
-}  // namespace
-
 void PatternsBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                            const TensorView& dv, void* stream) const {
@@ -246,9 +236,9 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
   Problem one = p;
   one.q_heads = one.kv_heads = 1;
   for (int64_t h = 0; h < p.q_heads; ++h) {
-    const TensorView lh = head_of(lse_c, h, 1), dh = head_of(dl, h, 1);
-    built_[size_t(of_head_[size_t(h)])]->run(one, head_of(q, h, 2), head_of(k, h, 2), head_of(v, h, 2), head_of(o, h, 2), lh,
-                                              head_of(dout, h, 2), head_of(dq, h, 2), head_of(dk, h, 2), head_of(dv, h, 2),
+    const TensorView lh = lse_c.narrow(1, h), dh = dl.narrow(1, h);
+    built_[size_t(of_head_[size_t(h)])]->run(one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h), lh,
+                                              dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h),
                                               static_cast<float*>(dh.data), stream);
   }
 }

@@ -67,14 +67,6 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   return f;
 }
 
-TensorView head_view(const TensorView& t, int64_t h, int axis) {
-  TensorView s = t;
-  if (!s.data) return s;
-  s.data = static_cast<char*>(s.data) + h * s.stride[size_t(axis)] * dtype_size(s.dtype);
-  s.shape[size_t(axis)] = 1;
-  return s;
-}
-
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
@@ -102,8 +94,8 @@ class CudaFusedBackend final : public Backend {
     one.q_heads = one.kv_heads = 1;
     const int64_t group = problem_.q_heads / problem_.kv_heads;
     for (int64_t h = 0; h < problem_.q_heads; ++h)
-      attn_[size_t(of_head_[size_t(h)])].run(one, head_view(q, h, 2), head_view(k, h / group, 2),
-                                             head_view(v, h / group, 2), head_view(o, h, 2), head_view(lse, h, 1),
+      attn_[size_t(of_head_[size_t(h)])].run(one, q.narrow(2, h), k.narrow(2, h / group),
+                                             v.narrow(2, h / group), o.narrow(2, h), lse.narrow(1, h),
                                              stream);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
