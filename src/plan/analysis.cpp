@@ -25,6 +25,11 @@ int plan_thread_cap() {
   return cap;
 }
 
+bool general_paths_only() {
+  const char* env = std::getenv("SPATTN_PLAN_GENERAL");
+  return env && env[0] == '1';
+}
+
 namespace {
 
 int64_t residue_stride(const BoundPattern& pat) {
