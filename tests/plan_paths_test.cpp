@@ -1,6 +1,7 @@
-// The tilers' shortcuts (the CPU tile builder's all-residue tiles, ...) give the plans that their general paths
-// give (SPATTN_PLAN_GENERAL=1 turns the shortcuts off): same tiles, key blocks, row masks, residue lists, key
-// passes and work items (FusedPlan::fingerprint).
+// The tilers' shortcuts give the plans that their general paths give (SPATTN_PLAN_GENERAL=1 turns the shortcuts
+// off). CPU (all-residue tiles): same tiles, key blocks, row masks, residue lists, key passes and work items
+// (FusedPlan::fingerprint). GPU (estimates from shared rows, one-pass bitmasks): the same predicted cost of
+// every shape, to the bit, and the same block plan, entry by entry and mask by mask.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,6 +10,7 @@
 
 #include "cpu/fused_plan.hpp"
 #include "plan/analysis.hpp"
+#include "plan/block_plan.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -74,6 +76,66 @@ TEST(PlanPaths, CpuTilerShortcutsGiveTheSamePlan) {
       EXPECT_EQ(fast.stats().dense_scores, general.stats().dense_scores);
       EXPECT_EQ(fast.stats().masked_scores, general.stats().masked_scores);
     }
+  }
+}
+
+void expect_same(const spattn::plan::BlockPlan& a, const spattn::plan::BlockPlan& b) {
+  EXPECT_EQ(a.block_m, b.block_m);
+  EXPECT_EQ(a.block_n, b.block_n);
+  EXPECT_EQ(a.perm_d, b.perm_d);
+  EXPECT_EQ(a.q_tiles, b.q_tiles);
+  EXPECT_EQ(a.k_tiles, b.k_tiles);
+  EXPECT_EQ(a.nnz, b.nnz);
+  EXPECT_EQ(a.n_full, b.n_full);
+  EXPECT_EQ(a.n_band, b.n_band);
+  EXPECT_EQ(a.n_bitmask, b.n_bitmask);
+  EXPECT_EQ(a.band, b.band);
+  EXPECT_EQ(a.band_lo, b.band_lo);
+  EXPECT_EQ(a.band_hi, b.band_hi);
+  EXPECT_EQ(a.row_offsets, b.row_offsets);
+  EXPECT_EQ(a.order, b.order);
+  EXPECT_TRUE(a.masks == b.masks);
+  ASSERT_EQ(a.entries.size(), b.entries.size());
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const auto &x = a.entries[i], &y = b.entries[i];
+    ASSERT_TRUE(x.kt == y.kt && x.mask == y.mask && x.lo == y.lo && x.hi == y.hi) << "entry " << i;
+  }
+}
+
+TEST(PlanPaths, GpuTilerShortcutsGiveTheSamePlan) {
+  for (const Case& c : cases()) {
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto an = spattn::plan::analyze(b);
+    for (int64_t head_dim : {64, 128})
+      for (bool tma : {false, true}) {
+        SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + " D" + std::to_string(head_dim) +
+                     (tma ? " tma" : ""));
+        set_general(true);
+        const auto general_costs = spattn::plan::block_shape_costs(b, an, head_dim, tma);
+        const auto general = spattn::plan::choose_block_plan(b, an, head_dim, 0, 0, -1, tma);
+        set_general(false);
+        const auto fast_costs = spattn::plan::block_shape_costs(b, an, head_dim, tma);
+        const auto fast = spattn::plan::choose_block_plan(b, an, head_dim, 0, 0, -1, tma);
+        ASSERT_EQ(fast_costs.size(), general_costs.size());
+        for (size_t i = 0; i < fast_costs.size(); ++i) {
+          EXPECT_EQ(fast_costs[i].block_m, general_costs[i].block_m);
+          EXPECT_EQ(fast_costs[i].block_n, general_costs[i].block_n);
+          EXPECT_EQ(fast_costs[i].perm_d, general_costs[i].perm_d);
+          EXPECT_EQ(fast_costs[i].cost, general_costs[i].cost) << "shape " << i;  // exactly: same sums, same order
+        }
+        expect_same(fast, general);
+      }
+    // Every shape, with and without the permutation, through the builder alone.
+    std::vector<int> perms = {1};
+    if (an.permutation(16) > 1) perms.push_back(an.permutation(16));
+    for (int d : perms)
+      for (auto [bm, bn] : std::vector<std::pair<int, int>>{{64, 64}, {64, 128}, {128, 128}, {192, 128}}) {
+        SCOPED_TRACE(c.spec + " " + std::to_string(bm) + "x" + std::to_string(bn) + " d" + std::to_string(d));
+        set_general(true);
+        const auto general = spattn::plan::build_block_plan(b, bm, bn, d, &an);
+        set_general(false);
+        expect_same(spattn::plan::build_block_plan(b, bm, bn, d, &an), general);
+      }
   }
 }
 
