@@ -589,7 +589,8 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an
           int32_t e = 0, prev = 0;
           for (int32_t p = 0; p < plan.npass; ++p) {
             const int64_t bound = int64_t(p + 1) * plan.key_pass;
-            while (e < n && keys[e] < bound) ++e;
+            if (d == 1) e = int32_t(std::lower_bound(keys + e, keys + n, bound) - keys);  // ascending: a search
+            else while (e < n && keys[e] < bound) ++e;
             const int32_t end = p + 1 == plan.npass ? n : std::clamp((e + W / 2) / W * W, prev, n);
             *out++ = end;
             prev = end;
