@@ -27,6 +27,8 @@
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include <stdlib.h>
 #ifdef SPATTN_FUSED_PROF
@@ -92,20 +94,75 @@ int resolve_threads(int threads) {
 struct TileInfo {
   int64_t q_off;  // into qidx
   int32_t rows;
+  int32_t store;  // its KeyStore
   int64_t blk_begin, blk_end;
   int64_t res;  // into res_off / res_cnt (rows entries), -1: no residue
   double cost;
 };
 
+// A std::allocator that leaves new elements of trivial types uninitialised (resize() writes nothing).
+// Blocks of 2 MiB or more are 2 MiB aligned and advised for transparent huge pages (Linux): a random plan's
+// residue keys are written once, and 4 KiB pages made a page fault per thousand keys.
+template <class T>
+struct KeyAlloc : std::allocator<T> {
+  static constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(2) << 20;
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kHugeFrom) return std::allocator<T>::allocate(n);
+    void* mem = nullptr;
+    if (posix_memalign(&mem, kHuge, (bytes + kHuge - 1) / kHuge * kHuge) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(mem, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+#endif
+    return static_cast<T*>(mem);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) < kHugeFrom) std::allocator<T>::deallocate(p, n);
+    else std::free(p);
+  }
+  template <class U>
+  struct rebind {
+    using other = KeyAlloc<U>;
+  };
+  KeyAlloc() = default;
+  template <class U>
+  KeyAlloc(const KeyAlloc<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
+// The keys of the dense blocks, their row masks and the residue keys of a run of whole work items (the tiles
+// one build task made): each task's stay where it wrote them rather than being copied into one array
+// (random(820) at L = 16384 has 54 MB of residue keys; copying them was a quarter of its plan time).
+struct KeyStore {
+  std::vector<int32_t> keys;
+  std::vector<uint32_t> masks;
+  std::vector<int32_t, KeyAlloc<int32_t>> res_keys;  // each row's list padded to a multiple of the vector width
+};
+
+// What one build task makes: tiles with their blocks and residue rows, offsets local to the part.
+struct PlanPart {
+  std::vector<TileInfo> tiles;
+  std::vector<KeyBlock> blocks;
+  std::vector<int64_t> res_off;
+  std::vector<int32_t> res_cnt;
+  KeyStore store;
+  int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0, residue_runs = 0;
+};
+
 struct PatternPlan {
   std::vector<int32_t> qidx;
   std::vector<TileInfo> tiles;
-  std::vector<KeyBlock> blocks;
-  std::vector<int32_t> keys;
-  std::vector<uint32_t> masks;
-  std::vector<int64_t> res_off;   // per tile row with residue: offset into res_keys
+  std::vector<KeyBlock> blocks;   // KeyBlock::keys / ::mask: offsets into the tile's store (keys / masks)
+  std::vector<int64_t> res_off;   // per tile row with residue: offset into its tile's store's res_keys
   std::vector<int32_t> res_cnt;   // its key count
-  std::vector<int32_t> res_keys;  // each row's list padded to a multiple of the vector width
+  std::vector<KeyStore> stores;   // the work items of one store are whole groups (below)
   int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0, residue_runs = 0;
   // Work items: groups of consecutive tiles [group[i], group[i + 1]). Residue-heavy plans (random) group
   // kMaxGroup tiles so the kernel can run their residue in key passes that stay in L2.
@@ -131,26 +188,53 @@ struct Interval {
   int64_t a, b;
 };
 
-// Builds tiles [t0, t1) of the tile list `rows_of` into `out` (local offsets).
+// Builds tiles into a PlanPart (local offsets).
 class TileBuilder {
  public:
-  TileBuilder(const BoundPattern& pat, const Space& sp, int M, int NB, int W) : pat_(pat), sp_(sp), M_(M), NB_(NB), W_(W) {}
+  // scattered: take the shortcut for tiles of scattered rows (scattered_tile); false: the sweep for every tile
+  // (tests check that both give one plan).
+  TileBuilder(const BoundPattern& pat, const Space& sp, int M, int NB, int W, bool scattered)
+      : pat_(pat), sp_(sp), M_(M), NB_(NB), W_(W), scattered_(scattered) {}
 
-  void build(const int32_t* q, int rows, int64_t q_off, PatternPlan& out) {
-    // Row intervals in plan space.
-    row_iv_.assign(size_t(rows), {});
-    events_.clear();
+  // tiles_left: this tile and those the task builds after it (scattered_tile's reservation).
+  void build(const int32_t* q, int rows, int64_t q_off, int64_t tiles_left, PlanPart& out) {
+    // Row intervals in plan space (each row's sorted by start; they never overlap: a row has no key twice).
+    if (row_iv_.size() < size_t(rows)) row_iv_.resize(size_t(rows)), row_nnz_.resize(size_t(rows));
+    int64_t nint = 0, nnz = 0;
     for (int r = 0; r < rows; ++r) {
       pat_.row(q[r], runs_);
       auto& iv = row_iv_[size_t(r)];
-      iv.clear();
-      for (const Run& run : runs_) add_run(run, iv);
-      std::sort(iv.begin(), iv.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
-      for (const Interval& x : iv) {
+      int64_t n = 0;
+      // Rows of intervals without a permutation (most): the runs are the intervals, in order.
+      bool plain = sp_.d == 1;
+      if (plain) {
+        iv.resize(runs_.size());
+        for (size_t i = 0; i < runs_.size() && plain; ++i) {
+          const Run& run = runs_[i];
+          plain = run.stride == 1;
+          iv[i] = {run.start, run.start + run.count};
+          n += run.count;
+        }
+      }
+      if (!plain) {
+        iv.clear();
+        for (const Run& run : runs_) add_run(run, iv);
+        if (!std::is_sorted(iv.begin(), iv.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; }))
+          std::sort(iv.begin(), iv.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
+        n = 0;
+        for (const Interval& x : iv) n += x.b - x.a;
+      }
+      row_nnz_[size_t(r)] = n;
+      nint += int64_t(iv.size());
+      nnz += n;
+    }
+    if (scattered_ && scattered_tile(rows, q_off, nint, nnz, tiles_left, out)) return;
+    events_.clear();
+    for (int r = 0; r < rows; ++r)
+      for (const Interval& x : row_iv_[size_t(r)]) {
         events_.push_back({x.a, +1});
         events_.push_back({x.b, -1});
       }
-    }
     std::sort(events_.begin(), events_.end(), [](const Ev& x, const Ev& y) { return x.pos < y.pos; });
     // Sweep: segments with their coverage.
     full_.clear();
@@ -192,7 +276,7 @@ class TileBuilder {
         residue_.push_back({pos, next});
       }
     }
-    TileInfo tile{q_off, rows, int64_t(out.blocks.size()), 0, -1, 0.0};
+    TileInfo tile{q_off, rows, 0, int64_t(out.blocks.size()), 0, -1, 0.0};
     // Dense blocks: full keys first (no mask), then partial keys (row masks).
     emit_blocks(full_, nullptr, out);
     if (!partial_.empty()) {
@@ -214,7 +298,7 @@ class TileBuilder {
     if (!residue_.empty()) {
       tile.res = int64_t(out.res_off.size());
       for (int r = 0; r < rows; ++r) {
-        const int64_t start = int64_t(out.res_keys.size());
+        const int64_t start = int64_t(out.store.res_keys.size());
         out.res_off.push_back(start);
         for (const Interval& x : row_iv_[size_t(r)]) {
           auto it = std::upper_bound(residue_.begin(), residue_.end(), x.a,
@@ -223,15 +307,15 @@ class TileBuilder {
             const int64_t a = std::max(x.a, it->a), b = std::min(x.b, it->b);
             if (a >= b) continue;
             ++out.residue_runs;
-            for (int64_t p = a; p < b; ++p) out.res_keys.push_back(int32_t(sp_.key_token(p)));
+            for (int64_t p = a; p < b; ++p) out.store.res_keys.push_back(int32_t(sp_.key_token(p)));
           }
         }
-        const int64_t n = int64_t(out.res_keys.size()) - start;
+        const int64_t n = int64_t(out.store.res_keys.size()) - start;
         out.res_cnt.push_back(int32_t(n));
         res_nnz += n;
         // Pad to whole vectors plus one (the kernel reads a chunk, and prefetches one, past a pass's end).
-        while (n > 0 && int64_t(out.res_keys.size() - start) % W_ != 0) out.res_keys.push_back(out.res_keys.back());
-        for (int i = 0; n > 0 && i < W_; ++i) out.res_keys.push_back(out.res_keys.back());
+        while (n > 0 && int64_t(out.store.res_keys.size() - start) % W_ != 0) out.store.res_keys.push_back(out.store.res_keys.back());
+        for (int i = 0; n > 0 && i < W_; ++i) out.store.res_keys.push_back(out.store.res_keys.back());
       }
     }
     out.residue_nnz += res_nnz;
@@ -244,6 +328,87 @@ class TileBuilder {
     int64_t pos;
     int delta;
   };
+
+  // Rows of short intervals (random: 820 keys in ~780 intervals) mostly make tiles that are all residue: no key
+  // is kept by dense_min rows, and the split candidate beats all-dense. Such a tile's plan is known without the
+  // sweep (whose event sort was most of a random plan's time): one count per key finds the tile's covered keys
+  // and whether any reaches dense_min; the residue segments are then the connected parts of the union of the
+  // rows' intervals, each row interval lies in one of them (one residue run), and each row's residue is its own
+  // keys in order. Returns false (nothing emitted) where the tile is not all residue or its intervals are long
+  // (the sweep costs O(intervals log intervals), the count O(keys)); the sweep then plans it, as it would have.
+  bool scattered_tile(int rows, int64_t q_off, int64_t nint, int64_t nnz, int64_t tiles_left, PlanPart& out) {
+    constexpr int64_t kMaxMeanInterval = 8;
+    if (nnz == 0 || nnz > nint * kMaxMeanInterval) return false;
+    const int dense_min = std::max(1, int(std::ceil(kDenseShare * rows)));
+    const int64_t nkeys = sp_.d * sp_.gk;  // plan-space key positions
+    if (cnt_.empty()) cnt_.assign(size_t(nkeys), 0);
+    // The lists are written as the keys are counted, padded as build() pads (whole vectors plus one), and
+    // dropped if the tile is not all residue.
+    int64_t total = 0;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = row_nnz_[size_t(r)];
+      total += n > 0 ? ceil_div(n, W_) * W_ + W_ : 0;
+    }
+    auto& rk = out.store.res_keys;
+    int64_t at0 = int64_t(rk.size());
+    if (int64_t(rk.capacity()) < at0 + total) rk.reserve(size_t(std::max(at0 + total, 2 * int64_t(rk.capacity()))));
+    rk.resize(size_t(at0 + total));
+    int32_t* keys = rk.data();
+    uint8_t* cnt = cnt_.data();
+    int64_t at = at0, covered = 0;
+    uint8_t cmax = 0;
+    auto count_and_list = [&](auto permuted) {
+      for (int r = 0; r < rows; ++r) {
+        const int64_t start = at;
+        for (const Interval& x : row_iv_[size_t(r)]) {
+          for (int64_t p = x.a; p < x.b; ++p) {
+            const uint8_t c = ++cnt[p];
+            covered += c == 1;
+            cmax = std::max(cmax, c);
+            keys[at++] = int32_t(permuted ? sp_.key_token(p) : p);
+          }
+        }
+        if (at > start) {
+          const int64_t end = start + ceil_div(at - start, W_) * W_ + W_;
+          for (const int32_t last = keys[at - 1]; at < end; ++at) keys[at] = last;
+        }
+      }
+    };
+    if (sp_.d == 1) count_and_list(std::false_type{});
+    else count_and_list(std::true_type{});
+    if (nkeys <= 8 * nnz) {
+      std::memset(cnt, 0, size_t(nkeys));
+    } else {
+      for (int r = 0; r < rows; ++r)
+        for (const Interval& x : row_iv_[size_t(r)]) std::memset(cnt + x.a, 0, size_t(x.b - x.a));
+    }
+    // The sweep's choice (build(), below) where every covered key is below dense_min: low_keys = covered,
+    // low_nnz = nnz (integers, exact in a double).
+    const int64_t low_keys = covered;
+    const double low_nnz = double(nnz);
+    const double all_dense = double(covered) * M_;
+    const double split = double(covered - low_keys) * M_ +
+                         (low_keys ? kResidueCost * (low_nnz + rows * 0.5 * W_) + rows * 2.0 * W_ : 0.0);
+    if (cmax >= dense_min || !(split < all_dense)) {
+      rk.resize(size_t(at0));  // nothing of the tile stays
+      return false;
+    }
+    TileInfo tile{q_off, rows, 0, int64_t(out.blocks.size()), int64_t(out.blocks.size()), int64_t(out.res_off.size()), 0.0};
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = row_nnz_[size_t(r)];
+      out.res_off.push_back(at0);
+      out.res_cnt.push_back(int32_t(n));
+      out.residue_runs += int64_t(row_iv_[size_t(r)].size());
+      at0 += n > 0 ? ceil_div(n, W_) * W_ + W_ : 0;
+    }
+    out.residue_nnz += nnz;
+    tile.cost = kResidueCost * double(nnz) + 64.0 * rows;  // build()'s, with no dense key
+    out.tiles.push_back(tile);
+    // The task's first such tile reserves room for the rest at its rate (growing by doubling, the lists were
+    // copied and their pages touched about twice).
+    if (!reserved_) rk.reserve(size_t(at0 + (total + total / 32) * (tiles_left - 1))), reserved_ = true;
+    return true;
+  }
 
   void add_run(const Run& run, std::vector<Interval>& iv) const {
     const int64_t d = sp_.d;
@@ -266,18 +431,18 @@ class TileBuilder {
   }
 
   // Cuts `pos` into blocks of at most NB keys (sizes as even as possible).
-  void emit_blocks(const std::vector<int64_t>& pos, const uint32_t* mask, PatternPlan& out) const {
+  void emit_blocks(const std::vector<int64_t>& pos, const uint32_t* mask, PlanPart& out) const {
     const int64_t n = int64_t(pos.size());
     if (n == 0) return;
     const int64_t nblk = ceil_div(n, NB_);
     const int64_t per = ceil_div(n, nblk);
     for (int64_t i = 0; i < n; i += per) {
       const int64_t cnt = std::min(per, n - i);
-      KeyBlock b{int32_t(cnt), -1, int64_t(out.keys.size())};
-      for (int64_t j = 0; j < cnt; ++j) out.keys.push_back(int32_t(sp_.key_token(pos[size_t(i + j)])));
+      KeyBlock b{int32_t(cnt), -1, int64_t(out.store.keys.size())};
+      for (int64_t j = 0; j < cnt; ++j) out.store.keys.push_back(int32_t(sp_.key_token(pos[size_t(i + j)])));
       if (mask) {
-        b.mask = int32_t(out.masks.size());
-        out.masks.insert(out.masks.end(), mask + i, mask + i + cnt);
+        b.mask = int32_t(out.store.masks.size());
+        out.store.masks.insert(out.store.masks.end(), mask + i, mask + i + cnt);
       }
       out.blocks.push_back(b);
     }
@@ -286,7 +451,10 @@ class TileBuilder {
   const BoundPattern& pat_;
   Space sp_;
   int M_, NB_, W_;
+  bool scattered_, reserved_ = false;
   RowRuns runs_;
+  std::vector<int64_t> row_nnz_;
+  std::vector<uint8_t> cnt_;  // [plan-space keys] tile rows keeping each key (scattered_tile), zero between tiles
   std::vector<std::vector<Interval>> row_iv_;
   std::vector<Ev> events_;
   std::vector<int64_t> full_, partial_;
@@ -348,80 +516,88 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an
     for (int64_t i = 0; i < n; i += M) tile_rows.push_back({start + i, int32_t(std::min<int64_t>(M, n - i))});
   }
   const int64_t ntiles = int64_t(tile_rows.size());
-  // Build in contiguous chunks of tiles, one partial plan per chunk, then concatenate.
-  const int64_t nchunks = std::min<int64_t>(ntiles, int64_t(threads) * 4);
-  std::vector<PatternPlan> parts(size_t(std::max<int64_t>(nchunks, 1)));
-  parallel_for(nchunks, threads, [&](int64_t c, int) {
-    TileBuilder tb(pat, sp, M, ks.block_keys, ks.width);
-    const int64_t t0 = c * ntiles / nchunks, t1 = (c + 1) * ntiles / nchunks;
+  // Work items: groups of kMaxGroup consecutive tiles. Residue-heavy plans need them for the key passes; for
+  // all, the kernel prefetches the next tile's Q rows during this tile's blocks (Q is read once: without it,
+  // loading Q was 13% of sparse_fixed(128) at L = 4096, H = 4; groups of 8 against 4 fewer first tiles with a
+  // cold Q).
+  const int g = kMaxGroup;
+  const int64_t ngroups = ceil_div(ntiles, g);
+  // Build in runs of whole groups, one part per run (a group's tiles share one KeyStore), then concatenate the
+  // small arrays; the parts' key stores stay where they are.
+  const int64_t nparts = std::min<int64_t>(ngroups, int64_t(threads) * 4);
+  std::vector<PlanPart> parts(size_t(std::max<int64_t>(nparts, 1)));
+  const bool scattered = !plan::general_paths_only();
+  parallel_for(nparts, threads, [&](int64_t c, int) {
+    TileBuilder tb(pat, sp, M, ks.block_keys, ks.width, scattered);
+    const int64_t t0 = c * ngroups / nparts * g, t1 = std::min(ntiles, (c + 1) * ngroups / nparts * g);
     for (int64_t t = t0; t < t1; ++t)
       tb.build(qidx.data() + tile_rows[size_t(t)].first, tile_rows[size_t(t)].second, tile_rows[size_t(t)].first,
-               parts[size_t(c)]);
+               t1 - t, parts[size_t(c)]);
   });
   PatternPlan plan;
   plan.qidx = std::move(qidx);
-  for (PatternPlan& p : parts) {
-    const int64_t blk0 = int64_t(plan.blocks.size()), key0 = int64_t(plan.keys.size()),
-                  mask0 = int64_t(plan.masks.size()), roff0 = int64_t(plan.res_off.size()),
-                  rkey0 = int64_t(plan.res_keys.size());
+  int64_t nmasks = 0;
+  for (PlanPart& p : parts) {
+    const int64_t blk0 = int64_t(plan.blocks.size()), roff0 = int64_t(plan.res_off.size());
+    const int32_t store = int32_t(plan.stores.size());
     for (TileInfo t : p.tiles) {
+      t.store = store;
       t.blk_begin += blk0;
       t.blk_end += blk0;
       if (t.res >= 0) t.res += roff0;
       plan.tiles.push_back(t);
     }
-    for (KeyBlock b : p.blocks) {
-      b.keys += key0;
-      if (b.mask >= 0) b.mask += int32_t(mask0);
-      plan.blocks.push_back(b);
-    }
-    plan.keys.insert(plan.keys.end(), p.keys.begin(), p.keys.end());
-    plan.masks.insert(plan.masks.end(), p.masks.begin(), p.masks.end());
-    for (int64_t o : p.res_off) plan.res_off.push_back(o + rkey0);
+    plan.blocks.insert(plan.blocks.end(), p.blocks.begin(), p.blocks.end());
+    plan.res_off.insert(plan.res_off.end(), p.res_off.begin(), p.res_off.end());
     plan.res_cnt.insert(plan.res_cnt.end(), p.res_cnt.begin(), p.res_cnt.end());
-    plan.res_keys.insert(plan.res_keys.end(), p.res_keys.begin(), p.res_keys.end());
+    nmasks += int64_t(p.store.masks.size());
+    plan.stores.push_back(std::move(p.store));
     plan.residue_runs += p.residue_runs;
     plan.dense_scores += p.dense_scores;
     plan.masked_scores += p.masked_scores;
     plan.residue_nnz += p.residue_nnz;
   }
-  if (plan.masks.size() > size_t(std::numeric_limits<int32_t>::max()))
+  if (nmasks > int64_t(std::numeric_limits<int32_t>::max()))
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
   plan.perm = d;
   if (grid.width > 0) plan.grid_width = grid.width, plan.tile_h = int(grid_ty), plan.tile_w = int(M / grid_ty);
   plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
-  // Tiles per work item: kMaxGroup. Residue-heavy plans need them for the key passes; for all, the kernel
-  // prefetches the next tile's Q rows during this tile's blocks (Q is read once: without it, loading Q
-  // was 13% of sparse_fixed(128) at L = 4096, H = 4; groups of 8 against 4 fewer first tiles with a cold Q).
-  const int g = kMaxGroup;
   for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
   plan.group.push_back(int32_t(ntiles));
   if (g > 1) plan.key_pass = choose_key_pass(lk, row_floats);
   if (plan.key_pass > 0) {
     const int32_t W = ks.width;
     plan.npass = int32_t(ceil_div(lk, plan.key_pass));
+    int64_t npass_ends = 0;
     for (const TileInfo& t : plan.tiles) {
-      if (t.res < 0) {
-        plan.res_pass_off.push_back(-1);
-        continue;
-      }
-      plan.res_pass_off.push_back(int64_t(plan.res_pass.size()));
-      for (int r = 0; r < t.rows; ++r) {
-        const int32_t* keys = plan.res_keys.data() + plan.res_off[size_t(t.res + r)];
-        const int32_t n = plan.res_cnt[size_t(t.res + r)];
-        // A pass ends at the multiple of the vector width nearest to its bound, so every pass but the row's
-        // last visits whole chunks (a partial chunk pays the whole chunk's dot products); a few keys per row
-        // and pass are visited one pass early or late.
-        int32_t e = 0, prev = 0;
-        for (int32_t p = 0; p < plan.npass; ++p) {
-          const int64_t bound = int64_t(p + 1) * plan.key_pass;
-          while (e < n && keys[e] < bound) ++e;
-          const int32_t end = p + 1 == plan.npass ? n : std::clamp((e + W / 2) / W * W, prev, n);
-          plan.res_pass.push_back(end);
-          prev = end;
+      plan.res_pass_off.push_back(t.res < 0 ? -1 : npass_ends);
+      if (t.res >= 0) npass_ends += int64_t(t.rows) * plan.npass;
+    }
+    plan.res_pass.resize(size_t(npass_ends));
+    // Each residue row's pass ends, tiles in parallel (a scan of every residue key).
+    parallel_for(ngroups, threads, [&](int64_t gi, int) {
+      for (int64_t ti = gi * g; ti < std::min(ntiles, (gi + 1) * g); ++ti) {
+        const TileInfo& t = plan.tiles[size_t(ti)];
+        if (t.res < 0) continue;
+        int32_t* out = plan.res_pass.data() + plan.res_pass_off[size_t(ti)];
+        for (int r = 0; r < t.rows; ++r) {
+          const int32_t* keys = plan.stores[size_t(t.store)].res_keys.data() + plan.res_off[size_t(t.res + r)];
+          const int32_t n = plan.res_cnt[size_t(t.res + r)];
+          // A pass ends at the multiple of the vector width nearest to its bound, so every pass but the row's
+          // last visits whole chunks (a partial chunk pays the whole chunk's dot products); a few keys per row
+          // and pass are visited one pass early or late.
+          int32_t e = 0, prev = 0;
+          for (int32_t p = 0; p < plan.npass; ++p) {
+            const int64_t bound = int64_t(p + 1) * plan.key_pass;
+            if (d == 1) e = int32_t(std::lower_bound(keys + e, keys + n, bound) - keys);  // ascending: a search
+            else while (e < n && keys[e] < bound) ++e;
+            const int32_t end = p + 1 == plan.npass ? n : std::clamp((e + W / 2) / W * W, prev, n);
+            *out++ = end;
+            prev = end;
+          }
         }
       }
-    }
+    });
   }
   for (size_t i = 0; i < plan.tiles.size(); ++i) {
     const TileInfo& t = plan.tiles[i];
@@ -671,6 +847,63 @@ std::string FusedPlan::describe() const {
   return os.str();
 }
 
+uint64_t FusedPlan::fingerprint() const {
+  const Impl& im = *impl_;
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001B3ull + (h >> 29); };
+  auto mixd = [&](double v) {
+    uint64_t u;
+    std::memcpy(&u, &v, sizeof u);
+    mix(u);
+  };
+  const int64_t W = im.ks->width;
+  mix(uint64_t(im.plans.size()));
+  for (const fused::PatternPlan& pl : im.plans) {
+    mix(uint64_t(pl.refs.size()));
+    for (size_t t = 0; t < pl.refs.size(); ++t) {
+      const fused::TileRef& r = pl.refs[t];
+      const fused::KeyStore& st = pl.stores[size_t(pl.tiles[t].store)];
+      mix(uint64_t(r.rows));
+      for (int i = 0; i < r.rows; ++i) mix(uint64_t(r.qidx[i]));
+      mix(uint64_t(r.nblocks));
+      for (int64_t b = 0; b < r.nblocks; ++b) {
+        const fused::KeyBlock& kb = r.blocks[b];
+        mix(uint64_t(kb.n));
+        mix(kb.mask < 0 ? 0 : 1);
+        for (int32_t j = 0; j < kb.n; ++j) {
+          mix(uint64_t(st.keys[size_t(kb.keys + j)]));
+          if (kb.mask >= 0) mix(st.masks[size_t(kb.mask + j)]);
+        }
+      }
+      mix(r.res_off ? 1 : 0);
+      if (r.res_off) {
+        for (int i = 0; i < r.rows; ++i) {
+          const int32_t n = r.res_cnt[i];
+          mix(uint64_t(n));
+          const int64_t padded = n > 0 ? (n + W - 1) / W * W + W : 0;
+          for (int64_t j = 0; j < padded; ++j) mix(uint64_t(st.res_keys[size_t(r.res_off[i] + j)]));
+        }
+      }
+      mix(r.res_pass ? 1 : 0);
+      if (r.res_pass)
+        for (int64_t i = 0; i < int64_t(r.rows) * pl.npass; ++i) mix(uint64_t(r.res_pass[i]));
+      mixd(pl.tiles[t].cost);
+    }
+    for (int32_t g : pl.group) mix(uint64_t(g));
+    mix(uint64_t(pl.key_pass));
+    mix(uint64_t(pl.npass));
+    mix(uint64_t(pl.residue_runs));
+    mix(pl.residue_heavy);
+  }
+  for (int p : im.plan_of_head) mix(uint64_t(p));
+  for (const Impl::Item& it : im.items) mix(uint64_t(it.bh) << 40 ^ uint64_t(it.plan) << 20 ^ uint64_t(it.group));
+  const PlanStats& s = im.stats;
+  for (int64_t v : {s.tiles, int64_t(s.tile_rows), int64_t(s.permutation), s.grid_width, int64_t(s.tile_h),
+                    int64_t(s.tile_w), s.nnz, s.dense_scores, s.masked_scores, s.residue_nnz})
+    mix(uint64_t(v));
+  return h;
+}
+
 void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                     const TensorView& lse, const Options& options) const {
   const Impl& im = *impl_;
@@ -777,7 +1010,8 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
     a.lse = lp ? lp + b * lse.stride[0] + h * lse.stride[1] : nullptr, a.lse_inc = lse.stride[2];
     a.tiles = pl.refs.data() + t0, a.ntiles = t1 - t0;
     a.key_pass = pl.key_pass, a.npass = pl.npass;
-    a.keys = pl.keys.data(), a.masks = pl.masks.data(), a.res_keys = pl.res_keys.data();
+    const fused::KeyStore& store = pl.stores[size_t(pl.tiles[size_t(t0)].store)];  // one for the group's tiles
+    a.keys = store.keys.data(), a.masks = store.masks.data(), a.res_keys = store.res_keys.data();
     a.res_prefetch = pl.residue_runs * 4 > pl.residue_nnz;  // runs shorter than 4 keys on average: scattered
     a.res_off32 = res_off32;
     a.scratch = scr.ptr;

@@ -67,6 +67,10 @@ class FusedPlan {
   const Problem& problem() const;
   const PlanStats& stats() const;
   std::string describe() const;
+  // A hash of what the kernels read (every tile's query rows, key blocks, row masks, residue lists with their
+  // padding and key passes, the work items and their order) and of stats() but its time: two plans with one
+  // fingerprint run the same work. For tests that check that two ways of building give one plan.
+  uint64_t fingerprint() const;
 
  private:
   struct Impl;

@@ -25,6 +25,11 @@ int plan_thread_cap() {
   return cap;
 }
 
+bool general_paths_only() {
+  const char* env = std::getenv("SPATTN_PLAN_GENERAL");
+  return env && env[0] == '1';
+}
+
 namespace {
 
 int64_t residue_stride(const BoundPattern& pat) {
@@ -101,10 +106,11 @@ Analysis analyze(const BoundPattern& pat) {
     RowRuns runs;
     for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
       pat.row(q, runs);
-      const int64_t n = count_keys(runs);
+      int64_t n = 0, strided = 0;  // one pass (a random row is ~800 runs)
+      for (const Run& r : runs) n += r.count, strided += r.count > 1 && r.stride > 1;
       p.nnz += n;
       p.runs += int64_t(runs.size());
-      for (const Run& r : runs) p.strided += r.count > 1 && r.stride > 1;
+      p.strided += strided;
       p.empty += n == 0;
       p.dense += n == lk;
       p.min_row = std::min(p.min_row, n);

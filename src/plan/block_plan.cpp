@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <numeric>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -77,23 +78,35 @@ struct Space {
   }
 };
 
-// Walks the kept keys of one plan-space run tile by tile: f(kt, first local col, one-past-last local col,
-// stride) for intervals, f(kt, c, c + 1, 1) per key for strided runs.
+// Walks the kept keys of one plan-space run tile by tile: f(kt, first local col, one-past-last local col)
+// for intervals, f(kt, c, c + 1) per key for strided runs. bn: 64 or 128 (shifts, not divisions: a random
+// row is ~800 runs).
 template <class F>
 void for_each_tile_span(const Run& r, int bn, F&& f) {
   if (r.count <= 0) return;
+  const int sh = bn == 64 ? 6 : 7;
   if (r.stride == 1 || r.count == 1) {
     const int64_t a = r.start, b = r.start + r.count;
-    for (int64_t kt = a / bn; kt * bn < b; ++kt) {
-      const int64_t k0 = kt * bn;
+    for (int64_t kt = a >> sh; (kt << sh) < b; ++kt) {
+      const int64_t k0 = kt << sh;
       f(kt, std::max(a, k0) - k0, std::min(b, k0 + bn) - k0);
     }
   } else {
     for (int64_t i = 0; i < r.count; ++i) {
       const int64_t k = r.start + i * r.stride;
-      const int64_t kt = k / bn;
-      f(kt, k - kt * bn, k - kt * bn + 1);
+      const int64_t kt = k >> sh;
+      f(kt, k - (kt << sh), k - (kt << sh) + 1);
     }
+  }
+}
+
+// Sets bits [a, b) of a row of mask words.
+inline void set_bits(uint64_t* m, int64_t a, int64_t b) {
+  for (int64_t c = a; c < b;) {
+    const int64_t w = c / 64, e = std::min(b, (w + 1) * 64);
+    const int64_t n = e - c;
+    m[w] |= n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << (c % 64);
+    c = e;
   }
 }
 
@@ -101,16 +114,36 @@ void for_each_tile_span(const Run& r, int bn, F&& f) {
 struct TileScratch {
   std::vector<int64_t> count;   // [k_tiles]
   std::vector<int32_t> slot;    // [k_tiles] partial slot or -1
-  std::vector<int64_t> touched;
-  explicit TileScratch(int64_t k_tiles) : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1) {}
-  // Counts the kept scores of each key tile that the query tile's runs touch (touched: those tiles).
-  void count_runs(const std::vector<Run>& runs, int64_t bn) {
-    touched.clear();
-    for (const Run& r : runs)
-      for_each_tile_span(r, bn, [&](int64_t kt, int64_t a, int64_t b) {
-        if (count[size_t(kt)] == 0) touched.push_back(kt);
-        count[size_t(kt)] += b - a;
-      });
+  std::vector<int64_t> tbuf;    // [k_tiles + 1]: the touched tiles in tbuf[0, nt), in order of first touch
+  size_t nt = 0;
+  explicit TileScratch(int64_t k_tiles)
+      : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1), tbuf(size_t(k_tiles) + 1) {}
+  std::span<int64_t> touched() { return {tbuf.data(), nt}; }
+  // Counts the kept scores of each key tile that the query tile's runs touch (touched(): those tiles).
+  void count_runs(const std::vector<RowRuns>& rows, int64_t bn) {
+    nt = 0;
+    for (const RowRuns& runs : rows) add_runs(runs, bn);
+  }
+  // count_runs, one row at a time: adds to the counts and touched tiles so far. Runs within one key tile (a
+  // scattered row's, most of a band's) take no branch on whether the tile is new (random rows' ~800 runs
+  // made it a coin toss).
+  void add_runs(const std::vector<Run>& runs, int64_t bn) {
+    const int sh = bn == 64 ? 6 : 7;
+    int64_t* cnt = count.data();
+    int64_t* t = tbuf.data();
+    for (const Run& r : runs) {
+      if ((r.stride == 1 || r.count == 1) && r.count > 0 && r.start >> sh == (r.start + r.count - 1) >> sh) {
+        const int64_t kt = r.start >> sh, old = cnt[kt];
+        cnt[kt] = old + r.count;
+        t[nt] = kt;
+        nt += old == 0;
+      } else {
+        for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
+          if (cnt[kt] == 0) t[nt++] = kt;
+          cnt[kt] += b - a;
+        });
+      }
+    }
   }
   // Every valid (q, k) of key tile kt is kept.
   bool full(int64_t kt, int64_t valid_rows, const Space& sp) const {
@@ -125,39 +158,49 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
   return std::max<int64_t>(1, std::min({int64_t(plan_thread_cap()), q_tiles, by_size}));
 }
 
-// Collects the plan-space runs of every row of query tile qt; returns the number of valid rows.
-int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, std::vector<Run>& tmp,
-                  std::vector<int64_t>& row_begin, std::vector<Run>& runs, int64_t& nnz) {
-  row_begin.assign(size_t(sp.bm) + 1, 0);
-  runs.clear();
+// Collects the plan-space runs of every row of query tile qt into rows[0, bm) (rows past the end: none);
+// returns the number of valid rows. nruns: the runs of them all.
+int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns& tmp, std::vector<RowRuns>& rows,
+                  int64_t& nruns, int64_t& nnz) {
+  rows.resize(size_t(sp.bm));
+  nruns = 0;
   int64_t valid = 0;
   for (int r = 0; r < sp.bm; ++r) {
-    row_begin[size_t(r)] = int64_t(runs.size());
+    RowRuns& out = rows[size_t(r)];
     const int64_t q = sp.q_token(qt * sp.bm + r);
-    if (q >= sp.lq) continue;
-    ++valid;
-    pat.row(q, tmp);
-    for (const Run& x : tmp) {
-      nnz += x.count;
-      sp.map_run(x, runs);
+    if (q >= sp.lq) {
+      out.clear();
+      continue;
     }
+    ++valid;
+    if (sp.d == 1) {
+      pat.row(q, out);
+      nnz += count_keys(out);
+    } else {
+      pat.row(q, tmp);
+      nnz += count_keys(tmp);
+      out.clear();
+      for (const Run& x : tmp) sp.map_run(x, out);
+    }
+    nruns += int64_t(out.size());
   }
-  row_begin[size_t(sp.bm)] = int64_t(runs.size());
   return valid;
 }
 
 // Tries to describe a partial tile's mask as a band lo <= kp - qp <= hi (restricted to the tile's valid
 // keys). Rows whose token is out of range are don't-cares.
+// scratch: 2 * bm entries, reused between calls.
 bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, int64_t kvalid, int64_t& lo_out,
-                 int64_t& hi_out) {
+                 int64_t& hi_out, std::vector<int64_t>& scratch) {
   const int words = sp.bn / 64;
   const int64_t q0 = qt * sp.bm, k0 = kt * sp.bn;
   int64_t lo = kNegInf, hi = kPosInf;
   bool have_lo = false, have_hi = false;
-  std::vector<int64_t> a(size_t(sp.bm)), b(size_t(sp.bm));
-  std::vector<char> valid(size_t(sp.bm));
+  scratch.resize(2 * size_t(sp.bm));
+  int64_t* a = scratch.data();
+  int64_t* b = a + sp.bm;
+  auto valid = [&](int r) { return sp.q_token(q0 + r) < sp.lq; };
   for (int r = 0; r < sp.bm; ++r) {
-    valid[size_t(r)] = sp.q_token(q0 + r) < sp.lq;
     int64_t first = -1, last = -1, pop = 0;
     for (int w = 0; w < words; ++w) {
       const uint64_t x = mask[size_t(r) * words + w];
@@ -166,7 +209,7 @@ bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, 
       if (first < 0) first = w * 64 + __builtin_ctzll(x);
       last = w * 64 + 63 - __builtin_clzll(x);
     }
-    if (!valid[size_t(r)]) continue;
+    if (!valid(r)) continue;
     if (pop == 0) {
       a[size_t(r)] = b[size_t(r)] = 0;
       continue;
@@ -187,7 +230,7 @@ bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, 
     }
   }
   for (int r = 0; r < sp.bm; ++r) {
-    if (!valid[size_t(r)]) continue;
+    if (!valid(r)) continue;
     const int64_t p = q0 + r;
     int64_t ea = std::max<int64_t>(0, p + lo - k0), eb = std::min<int64_t>(kvalid, p + hi - k0 + 1);
     if (eb <= ea) ea = eb = 0;
@@ -214,7 +257,7 @@ namespace {
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
 BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis) {
   const auto t0 = std::chrono::steady_clock::now();
-  if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))
+  if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))  // for_each_tile_span shifts by bn
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
                 std::to_string(bn));
   if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
@@ -244,49 +287,119 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     std::vector<uint64_t> masks;
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
   };
-  auto build_range = [&](int64_t qt_begin, int64_t qt_end, Part& out) {
+  // out: the part; room: query tiles whose bitmasks `out` will hold (part 0 is the merged plan's start, so it
+  // makes room for all of them; see the merge below).
+  //
+  // Bits are set in scratch masks that lie `stride` words apart: at their own size (1 KiB for 64x128) a row's
+  // bits, one per partial key tile, fell into a few cache sets (most of a random plan's mask time was L1
+  // misses).
+  auto build_range = [&](int64_t qt_begin, int64_t qt_end, int64_t room, Part& out) {
     TileScratch scr(sp.k_tiles);
-    std::vector<Run> tmp, runs;
-    std::vector<int64_t> row_begin;
-    std::vector<uint64_t> pmask;  // partial masks of the current query tile
-    std::vector<int64_t> partial_kt;
+    RowRuns tmp;
+    std::vector<RowRuns> rows;
+    std::vector<int64_t> band_scratch;
+    const int64_t stride = words + 8;
+    std::vector<uint64_t> pmask;   // partial masks of the current query tile, by slot (runs counted first)
+    std::vector<uint64_t> blocks;  // [k_tiles * stride], by key tile (scattered query tiles)
+    std::vector<uint64_t> rowbits;  // [k_tiles * row_words] (scattered query tiles)
+    std::vector<char> any, all;     // [k_tiles] a row touched the key tile, every valid row fills it
+    const int sh = bn == 64 ? 6 : 7;
+    auto one_tile = [&](const Run& x) {
+      return (x.stride == 1 || x.count == 1) && x.count > 0 && x.start >> sh == (x.start + x.count - 1) >> sh;
+    };
+    const int64_t probe = qt_begin + std::max<int64_t>(1, (qt_end - qt_begin) / 16);
     for (int64_t qt = qt_begin; qt < qt_end; ++qt) {
       out.offsets.push_back(int64_t(out.entries.size()));
-      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, out.nnz);
-      scr.count_runs(runs, bn);
-      std::sort(scr.touched.begin(), scr.touched.end());
-      partial_kt.clear();
-      for (int64_t kt : scr.touched) {
-        if (!scr.full(kt, valid_rows, sp)) {
-          scr.slot[size_t(kt)] = int32_t(partial_kt.size());
-          partial_kt.push_back(kt);
+      const int64_t nnz0 = out.nnz;
+      int64_t nruns = 0;
+      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz);
+      // Many short runs (a random tile: ~800 a row, a run every few keys) are set as bits of one row at a time
+      // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
+      // tiles a row touches and whether it fills them come from its words (no count per run).
+      const bool scattered = !general_paths_only() && nruns * 8 >= out.nnz - nnz0 && nruns * 4 >= int64_t(bm) * sp.k_tiles;
+      int64_t npartial = 0;
+      if (scattered) {
+        if (blocks.empty()) {
+          blocks.assign(size_t(sp.k_tiles * stride), 0);
+          rowbits.assign(size_t(sp.k_tiles * row_words), 0);
+          any.assign(size_t(sp.k_tiles), 0);
+          all.assign(size_t(sp.k_tiles), 0);
         }
-      }
-      pmask.assign(partial_kt.size() * size_t(words), 0);
-      if (!partial_kt.empty()) {
+        uint64_t* rb = rowbits.data();
+        std::fill(any.begin(), any.end(), 0);
+        std::fill(all.begin(), all.end(), 1);
         for (int r = 0; r < bm; ++r) {
-          for (int64_t i = row_begin[size_t(r)]; i < row_begin[size_t(r) + 1]; ++i)
-            for_each_tile_span(runs[size_t(i)], bn, [&](int64_t kt, int64_t a, int64_t b) {
+          // Runs in increasing order of their words (no permutation, no strided run so far): a word's bits are
+          // gathered in `acc` and stored, not or-ed into memory (keys a few apart made a chain of loads and
+          // stores through one word).
+          bool ordered = sp.d == 1;
+          int64_t cw = -1;  // the word `acc` holds
+          uint64_t acc = 0;
+          for (const Run *x = rows[size_t(r)].data(), *xe = x + rows[size_t(r)].size(); x < xe; ++x) {
+            if (x->count == 1 && ordered) {
+              const int64_t w = x->start >> 6;
+              acc = (w == cw ? acc : 0) | uint64_t(1) << (x->start & 63);
+              rb[w] = acc;
+              cw = w;
+            } else if (x->count == 1 || x->stride == 1) {
+              set_bits(rb, x->start, x->start + x->count);
+              cw = (x->start + x->count - 1) >> 6;
+              acc = rb[cw];
+            } else {
+              for (int64_t j = 0, k = x->start; j < x->count; ++j, k += x->stride) rb[k >> 6] |= uint64_t(1) << (k & 63);
+              ordered = false;
+            }
+          }
+          uint64_t* dst = blocks.data() + size_t(r) * row_words;
+          const bool valid = r < valid_rows;  // valid rows are a prefix of the tile
+          for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
+            uint64_t o = 0, a = ~uint64_t(0);
+            for (int w = 0; w < row_words; ++w) {
+              const uint64_t v = rb[kt * row_words + w];
+              dst[kt * stride + w] = v;
+              rb[kt * row_words + w] = 0;
+              o |= v, a &= v;
+            }
+            any[size_t(kt)] |= o != 0;
+            all[size_t(kt)] &= !valid || a == ~uint64_t(0);
+          }
+        }
+        scr.nt = 0;
+        for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
+          if (!any[size_t(kt)]) continue;
+          scr.tbuf[scr.nt++] = kt;
+          scr.count[size_t(kt)] = all[size_t(kt)] ? valid_rows * bn : 1;  // what full() reads
+          if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
+        }
+      } else {
+        scr.count_runs(rows, bn);
+        std::sort(scr.touched().begin(), scr.touched().end());
+        for (int64_t kt : scr.touched())
+          if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
+        if (npartial > 0) {
+          pmask.assign(size_t(npartial * stride), 0);
+          for (int r = 0; r < bm; ++r) {
+            uint64_t* rm = pmask.data() + size_t(r) * row_words;
+            auto mark = [&](int64_t kt, int64_t a, int64_t b) {
               const int32_t s = scr.slot[size_t(kt)];
-              if (s < 0) return;
-              uint64_t* m = &pmask[size_t(s) * words + size_t(r) * row_words];
-              for (int64_t c = a; c < b;) {  // set bits [a, b) word by word
-                const int64_t w = c / 64, e = std::min(b, (w + 1) * 64);
-                const int64_t n = e - c;
-                const uint64_t bits = n == 64 ? ~uint64_t(0) : ((uint64_t(1) << n) - 1) << (c % 64);
-                m[w] |= bits;
-                c = e;
-              }
-            });
+              if (s >= 0) set_bits(rm + size_t(s) * stride, a, b);
+            };
+            for (const Run& x : rows[size_t(r)]) {
+              if (one_tile(x)) mark(x.start >> sh, x.start & (bn - 1), (x.start & (bn - 1)) + x.count);
+              else for_each_tile_span(x, bn, mark);
+            }
+          }
         }
       }
-      for (int64_t kt : scr.touched) {
+      if (npartial > 0 && qt == probe && out.masks.capacity() < out.masks.size() * size_t(room) / size_t(qt - qt_begin))
+        out.masks.reserve(out.masks.size() * size_t(room) / size_t(qt - qt_begin) * 17 / 16);  // this part's rate
+      for (int64_t kt : scr.touched()) {
         TileEntry e{int32_t(kt), kFull, 0, 0};
         const int32_t s = scr.slot[size_t(kt)];
         if (s >= 0) {
-          const uint64_t* m = &pmask[size_t(s) * words];
+          const uint64_t* m = scattered ? blocks.data() + size_t(kt) * stride : pmask.data() + size_t(s) * stride;
           int64_t lo, hi;
-          if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi)) {
+          if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi, band_scratch)) {
             e.mask = kBand;
             e.lo = int32_t(lo);
             e.hi = int32_t(hi);
@@ -308,11 +421,19 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   const int64_t nthreads = plan_threads(sp.q_tiles, pat.k_len());
   std::vector<Part> parts(static_cast<size_t>(nthreads));
   common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
-    build_range(sp.q_tiles * t / nthreads, sp.q_tiles * (t + 1) / nthreads, parts[size_t(t)]);
+    const int64_t qt0 = sp.q_tiles * t / nthreads, qt1 = sp.q_tiles * (t + 1) / nthreads;
+    build_range(qt0, qt1, t == 0 ? sp.q_tiles : qt1 - qt0, parts[size_t(t)]);
   });
+  // Part 0's bitmasks (reserved for the whole plan at its rate) become the plan's; the others' are appended.
+  size_t nmasks = 0;
+  for (const Part& part : parts) nmasks += part.masks.size();
+  plan.masks = std::move(parts[0].masks);
+  plan.masks.reserve(nmasks);
   int64_t qt = 0;
-  for (Part& part : parts) {
-    const int64_t base = int64_t(plan.entries.size()), mask_base = int64_t(plan.masks.size()) / words;
+  for (size_t pi = 0; pi < parts.size(); ++pi) {
+    Part& part = parts[pi];
+    const int64_t base = int64_t(plan.entries.size());
+    const int64_t mask_base = pi == 0 ? 0 : int64_t(plan.masks.size()) / words;
     for (int64_t off : part.offsets) plan.row_offsets[size_t(qt++)] = base + off;
     for (TileEntry& e : part.entries)
       if (e.mask >= 0) {
@@ -320,7 +441,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
         e.mask = int32_t(mask_base + e.mask);
       }
     plan.entries.insert(plan.entries.end(), part.entries.begin(), part.entries.end());
-    plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
+    if (pi > 0) plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
     plan.nnz += part.nnz;
     plan.n_full += part.n_full;
     plan.n_band += part.n_band;
@@ -382,26 +503,115 @@ struct Candidate {
   double cost = 0;
 };
 
+// The query tiles a candidate's estimate samples: 48 spread evenly (all where there are fewer).
+int64_t estimate_samples(const Space& sp) { return std::min<int64_t>(sp.q_tiles, 48); }
+int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
+  return samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
+}
+
+// The cost of visiting a sample's touched key tiles (full[j]: the j-th touched is full), summed in the order
+// the tiles were touched, scaled to all query tiles.
+double sample_cost(const Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full) {
+  double cost = 0;
+  for (const std::vector<char>& f : full)
+    for (char is_full : f) cost += double(c.block_m) * c.block_n * (is_full ? 1.0 : c.row->partial_cost);
+  return cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(int64_t(full.size()), 1));
+}
+
 // Predicted cost of a candidate from a sample of query tiles (no bitmasks built).
 double estimate_cost(const BoundPattern& pat, const Candidate& c) {
   const int bm = c.block_m, bn = c.block_n;
   const Space sp(pat.q_len(), pat.k_len(), bm, bn, c.d);
-  const int64_t samples = std::min<int64_t>(sp.q_tiles, 48);
+  const int64_t samples = estimate_samples(sp);
   TileScratch scr(sp.k_tiles);
-  std::vector<Run> tmp, runs;
-  std::vector<int64_t> row_begin;
-  double cost = 0;
+  RowRuns tmp;
+  std::vector<RowRuns> rows;
+  std::vector<std::vector<char>> full(static_cast<size_t>(samples));
   for (int64_t i = 0; i < samples; ++i) {
-    const int64_t qt = samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
+    const int64_t qt = sampled_tile(sp, samples, i);
     int64_t nnz = 0;
-    const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, row_begin, runs, nnz);
-    scr.count_runs(runs, bn);
-    for (int64_t kt : scr.touched) {
-      cost += double(bm) * bn * (scr.full(kt, valid_rows, sp) ? 1.0 : c.row->partial_cost);
+    int64_t nruns = 0;
+    const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, nnz);
+    scr.count_runs(rows, bn);
+    for (int64_t kt : scr.touched()) {
+      full[size_t(i)].push_back(scr.full(kt, valid_rows, sp));
       scr.count[size_t(kt)] = 0;
     }
   }
-  return cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
+  return sample_cost(c, sp, full);
+}
+
+// estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
+// their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
+// 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
+// to every candidate tile holding it. The per-sample results are summed as estimate_cost sums them.
+void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
+  const int threads = plan_thread_cap();
+  std::vector<size_t> shared;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (cands[i].d == 1 && !general_paths_only()) shared.push_back(i);
+  std::vector<size_t> alone;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (std::find(shared.begin(), shared.end(), i) == shared.end()) alone.push_back(i);
+  common::parallel_for(int64_t(alone.size()), int(std::min<int64_t>(int64_t(alone.size()), threads)),
+                       [&](int64_t i, int) { cands[alone[size_t(i)]].cost = estimate_cost(pat, cands[alone[size_t(i)]]); });
+  if (shared.empty()) return;
+  const int64_t lq = pat.q_len();
+  struct Sample {
+    int64_t begin, end;  // rows
+    size_t cand;         // index into shared
+    int64_t i;           // sample index
+  };
+  std::vector<Space> spaces;
+  std::vector<std::vector<std::vector<char>>> full(shared.size());
+  std::vector<Sample> tiles;
+  for (size_t s = 0; s < shared.size(); ++s) {
+    const Candidate& c = cands[shared[s]];
+    spaces.emplace_back(lq, pat.k_len(), c.block_m, c.block_n, 1);
+    const int64_t samples = estimate_samples(spaces.back());
+    full[s].resize(size_t(samples));
+    for (int64_t i = 0; i < samples; ++i) {
+      const int64_t qt = sampled_tile(spaces.back(), samples, i);
+      tiles.push_back({qt * c.block_m, std::min(lq, (qt + 1) * c.block_m), s, i});
+    }
+  }
+  // Segments: rows that overlapping sample tiles join; a segment's tiles are walked by one thread.
+  std::sort(tiles.begin(), tiles.end(), [](const Sample& a, const Sample& b) { return a.begin < b.begin; });
+  std::vector<size_t> seg_begin;  // into tiles
+  int64_t reach = -1;
+  for (size_t j = 0; j < tiles.size(); ++j) {
+    if (tiles[j].begin >= reach) seg_begin.push_back(j);
+    reach = std::max(reach, tiles[j].end);
+  }
+  seg_begin.push_back(tiles.size());
+  std::vector<std::vector<TileScratch>> scratch(static_cast<size_t>(threads));
+  common::parallel_for(int64_t(seg_begin.size()) - 1, threads, [&](int64_t sg, int t) {
+    std::vector<TileScratch>& scr = scratch[size_t(t)];
+    if (scr.empty())
+      for (const Space& sp : spaces) scr.emplace_back(sp.k_tiles);
+    const size_t j0 = seg_begin[size_t(sg)], j1 = seg_begin[size_t(sg) + 1];
+    int64_t end = 0;
+    for (size_t j = j0; j < j1; ++j) end = std::max(end, tiles[j].end);
+    RowRuns runs;
+    for (int64_t q = tiles[j0].begin; q < end; ++q) {
+      pat.row(q, runs);
+      for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
+        const Sample& tile = tiles[j];
+        if (q >= tile.end) continue;
+        TileScratch& ts = scr[tile.cand];
+        ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        if (q + 1 < tile.end) continue;
+        const Space& sp = spaces[tile.cand];
+        std::vector<char>& f = full[tile.cand][size_t(tile.i)];
+        for (int64_t kt : ts.touched()) {
+          f.push_back(ts.full(kt, tile.end - tile.begin, sp));
+          ts.count[size_t(kt)] = 0;
+        }
+        ts.nt = 0;
+      }
+    }
+  });
+  for (size_t s = 0; s < shared.size(); ++s) cands[shared[s]].cost = sample_cost(cands[shared[s]], spaces[s], full[s]);
 }
 
 // The shapes the fused GPU rows offer at `head_dim`, in table order, each priced by its TMA row where `tma`
@@ -420,6 +630,17 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
   return out;
 }
 }  // namespace
+
+std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis& an, int64_t head_dim, bool tma) {
+  std::vector<Candidate> cands;
+  const int d = an.permutation(kMaxGpuPermutation);
+  for (int pd : d > 1 ? std::vector<int>{1, d} : std::vector<int>{1})
+    for (const Candidate& c : candidates(head_dim, pd, tma)) cands.push_back(c);
+  estimate_costs(pat, cands);
+  std::vector<ShapeCost> out;
+  for (const Candidate& c : cands) out.push_back({c.block_m, c.block_n, c.d, c.cost});
+  return out;
+}
 
 BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
                             int perm_d, bool tma) {
@@ -445,11 +666,10 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       for (int d : perms)
         for (const Candidate& c : candidates(head_dim, d, tma))
           if (c.block_m == bm && c.block_n == bn) cands.push_back(c);
+      estimate_costs(pat, cands);
       double best = 0;
-      for (Candidate& c : cands) {
-        c.cost = estimate_cost(pat, c);
+      for (Candidate& c : cands)
         if (&c == &cands[0] || c.cost < best) best = c.cost, bd = c.d;
-      }
     }
   } else if (!band_plan) {
     std::vector<Candidate> cands;
@@ -457,9 +677,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       for (const Candidate& c : candidates(head_dim, d, tma)) cands.push_back(c);
     if (cands.empty())
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
-    // The estimates sample rows of the pattern: a thread a candidate, within the cap.
-    common::parallel_for(int64_t(cands.size()), int(std::min<int64_t>(int64_t(cands.size()), plan_thread_cap())),
-                         [&](int64_t i, int) { cands[size_t(i)].cost = estimate_cost(pat, cands[size_t(i)]); });
+    estimate_costs(pat, cands);
     double best = 0;
     for (const Candidate& c : cands)  // in order: ties keep the earlier candidate
       if (&c == &cands[0] || c.cost < best) best = c.cost, bm = c.block_m, bn = c.block_n, bd = c.d;

@@ -98,4 +98,13 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
                             int block_n = 0, int perm_d = -1, bool tma = false);
 
+// The predicted cost of each tile shape that choose_block_plan weighs when nothing is forced (before the band
+// kernel's rule), in its order: for tests and explain.
+struct ShapeCost {
+  int block_m, block_n, perm_d;
+  double cost;
+};
+std::vector<ShapeCost> block_shape_costs(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
+                                         bool tma = false);
+
 }  // namespace spattn::plan

@@ -1,0 +1,142 @@
+// The tilers' shortcuts give the plans that their general paths give (SPATTN_PLAN_GENERAL=1 turns the shortcuts
+// off). CPU (all-residue tiles): same tiles, key blocks, row masks, residue lists, key passes and work items
+// (FusedPlan::fingerprint). GPU (estimates from shared rows, one-pass bitmasks): the same predicted cost of
+// every shape, to the bit, and the same block plan, entry by entry and mask by mask.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cpu/fused_plan.hpp"
+#include "plan/analysis.hpp"
+#include "plan/block_plan.hpp"
+#include "spattn/pattern.hpp"
+
+namespace {
+
+struct Case {
+  std::string spec;
+  int64_t lq, lk;
+};
+
+// Random rows at several densities (all residue, mixed, dense), random with bands and global rows, the
+// standard suite's shapes, permuted (dilated, stride) and 2-D (neighborhood) plans, ragged lengths.
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"random(410)", 8192, 8192},           // 5%, as random(820) at 16384: every tile all residue
+      {"random(820)", 4096, 4096},           // 20%: some keys kept by 40% of a tile's rows
+      {"random(205, seed=0)", 4096, 4096},
+      {"random(40)", 2048, 2048},
+      {"random(1500, seed=2)", 2048, 2048},  // 73%: tiles with dense segments
+      {"random(700, seed=5)", 2048, 2048},   // about where dense segments start
+      {"random(100)", 3000, 5000},
+      {"random(900)", 777, 1000},
+      {"local(64) | random(100)", 4096, 4096},
+      {"global(0:32) | random(300)", 2048, 2048},
+      {"causal & random(700)", 2048, 2048},
+      {"blocked(64, random(20))", 4096, 4096},
+      {"local(256)", 4096, 4096},
+      {"longformer(256, 32)", 4096, 4096},
+      {"bigbird(64, 1, 2, 3, seed=0)", 4096, 4096},
+      {"dilated(256, 2)", 4096, 4096},
+      {"dilated(128, 3) | random(30)", 3001, 3001},
+      {"stride(7)", 2048, 2048},
+      {"sparse_fixed(128)", 4096, 4096},
+      {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
+      {"causal", 2048, 2048},
+      {"dense", 1000, 1000},
+  };
+  return c;
+}
+
+void set_general(bool on) {
+  if (on) setenv("SPATTN_PLAN_GENERAL", "1", 1);
+  else unsetenv("SPATTN_PLAN_GENERAL");
+}
+
+TEST(PlanPaths, CpuTilerShortcutsGiveTheSamePlan) {
+  for (const Case& c : cases()) {
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    for (auto isa : {spattn::cpu::Isa::automatic, spattn::cpu::Isa::generic}) {
+      SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + " " + spattn::cpu::isa_name(isa));
+      spattn::Problem p;
+      p.q_len = c.lq;
+      p.kv_len = c.lk;
+      p.head_dim = 64;
+      spattn::cpu::Options o;
+      o.threads = 2;
+      o.isa = isa;
+      set_general(true);
+      const spattn::cpu::FusedPlan general({b}, p, o);
+      set_general(false);
+      const spattn::cpu::FusedPlan fast({b}, p, o);
+      EXPECT_EQ(fast.fingerprint(), general.fingerprint());
+      EXPECT_EQ(fast.stats().residue_nnz, general.stats().residue_nnz);
+      EXPECT_EQ(fast.stats().dense_scores, general.stats().dense_scores);
+      EXPECT_EQ(fast.stats().masked_scores, general.stats().masked_scores);
+    }
+  }
+}
+
+void expect_same(const spattn::plan::BlockPlan& a, const spattn::plan::BlockPlan& b) {
+  EXPECT_EQ(a.block_m, b.block_m);
+  EXPECT_EQ(a.block_n, b.block_n);
+  EXPECT_EQ(a.perm_d, b.perm_d);
+  EXPECT_EQ(a.q_tiles, b.q_tiles);
+  EXPECT_EQ(a.k_tiles, b.k_tiles);
+  EXPECT_EQ(a.nnz, b.nnz);
+  EXPECT_EQ(a.n_full, b.n_full);
+  EXPECT_EQ(a.n_band, b.n_band);
+  EXPECT_EQ(a.n_bitmask, b.n_bitmask);
+  EXPECT_EQ(a.band, b.band);
+  EXPECT_EQ(a.band_lo, b.band_lo);
+  EXPECT_EQ(a.band_hi, b.band_hi);
+  EXPECT_EQ(a.row_offsets, b.row_offsets);
+  EXPECT_EQ(a.order, b.order);
+  EXPECT_TRUE(a.masks == b.masks);
+  ASSERT_EQ(a.entries.size(), b.entries.size());
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const auto &x = a.entries[i], &y = b.entries[i];
+    ASSERT_TRUE(x.kt == y.kt && x.mask == y.mask && x.lo == y.lo && x.hi == y.hi) << "entry " << i;
+  }
+}
+
+TEST(PlanPaths, GpuTilerShortcutsGiveTheSamePlan) {
+  for (const Case& c : cases()) {
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto an = spattn::plan::analyze(b);
+    for (int64_t head_dim : {64, 128})
+      for (bool tma : {false, true}) {
+        SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + " D" + std::to_string(head_dim) +
+                     (tma ? " tma" : ""));
+        set_general(true);
+        const auto general_costs = spattn::plan::block_shape_costs(b, an, head_dim, tma);
+        const auto general = spattn::plan::choose_block_plan(b, an, head_dim, 0, 0, -1, tma);
+        set_general(false);
+        const auto fast_costs = spattn::plan::block_shape_costs(b, an, head_dim, tma);
+        const auto fast = spattn::plan::choose_block_plan(b, an, head_dim, 0, 0, -1, tma);
+        ASSERT_EQ(fast_costs.size(), general_costs.size());
+        for (size_t i = 0; i < fast_costs.size(); ++i) {
+          EXPECT_EQ(fast_costs[i].block_m, general_costs[i].block_m);
+          EXPECT_EQ(fast_costs[i].block_n, general_costs[i].block_n);
+          EXPECT_EQ(fast_costs[i].perm_d, general_costs[i].perm_d);
+          EXPECT_EQ(fast_costs[i].cost, general_costs[i].cost) << "shape " << i;  // exactly: same sums, same order
+        }
+        expect_same(fast, general);
+      }
+    // Every shape, with and without the permutation, through the builder alone.
+    std::vector<int> perms = {1};
+    if (an.permutation(16) > 1) perms.push_back(an.permutation(16));
+    for (int d : perms)
+      for (auto [bm, bn] : std::vector<std::pair<int, int>>{{64, 64}, {64, 128}, {128, 128}, {192, 128}}) {
+        SCOPED_TRACE(c.spec + " " + std::to_string(bm) + "x" + std::to_string(bn) + " d" + std::to_string(d));
+        set_general(true);
+        const auto general = spattn::plan::build_block_plan(b, bm, bn, d, &an);
+        set_general(false);
+        expect_same(spattn::plan::build_block_plan(b, bm, bn, d, &an), general);
+      }
+  }
+}
+
+}  // namespace
