@@ -78,7 +78,7 @@ Grid detect_grid(const BoundPattern& pat) {
 
 // One thread's share of the row walk.
 struct Part {
-  int64_t nnz = 0, runs = 0, strided = 0, empty = 0, dense = 0;
+  int64_t nnz = 0, empty = 0, dense = 0;
   int64_t min_row = INT64_MAX, max_row = 0;
   int64_t lo = INT64_MAX, hi = INT64_MIN;  // band bounds over the rows that are one interval
   bool single = true;                      // every nonempty row is one interval
@@ -105,12 +105,16 @@ Analysis analyze(const BoundPattern& pat) {
     Part& p = parts[size_t(c)];
     RowRuns runs;
     for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
-      pat.row(q, runs);
-      int64_t n = 0, strided = 0;  // one pass (a random row is ~800 runs)
-      for (const Run& r : runs) n += r.count, strided += r.count > 1 && r.stride > 1;
+      // While the rows can still be band rows, their runs; after the first row that is not one interval, only
+      // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw).
+      int64_t n = 0;
+      if (p.single) {
+        pat.row(q, runs);
+        for (const Run& r : runs) n += r.count;
+      } else {
+        n = pat.row_nnz(q);
+      }
       p.nnz += n;
-      p.runs += int64_t(runs.size());
-      p.strided += strided;
       p.empty += n == 0;
       p.dense += n == lk;
       p.min_row = std::min(p.min_row, n);
@@ -131,8 +135,6 @@ Analysis analyze(const BoundPattern& pat) {
   a.min_row = lq > 0 ? INT64_MAX : 0;
   for (const Part& p : parts) {
     a.nnz += p.nnz;
-    a.runs += p.runs;
-    a.strided_runs += p.strided;
     a.empty_rows += p.empty;
     a.dense_rows += p.dense;
     a.min_row = std::min(a.min_row, p.min_row);
@@ -161,8 +163,7 @@ Analysis analyze(const BoundPattern& pat) {
 std::string Analysis::describe() const {
   std::ostringstream s;
   s << "nnz " << nnz << " (density " << density() << "), keys a row " << min_row << ".." << max_row << " (mean "
-    << mean_row() << "), " << runs << " runs (" << strided_runs << " strided), " << empty_rows << " empty rows, "
-    << dense_rows << " dense rows";
+    << mean_row() << "), " << empty_rows << " empty rows, " << dense_rows << " dense rows";
   if (band.ok) s << ", band rows [" << band.lo << ", " << band.hi << "]";
   if (residue > 1) s << ", residue stride " << residue;
   if (grid.width > 0) s << ", 2-D grid of width " << grid.width << " (" << grid.ky << "x" << grid.kx << " windows)";

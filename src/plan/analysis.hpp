@@ -28,8 +28,6 @@ struct Grid {
 struct Analysis {
   int64_t q_len = 0, k_len = 0;
   int64_t nnz = 0;                        // kept (q, k)
-  int64_t runs = 0;                       // affine runs over all rows (BoundPattern::row)
-  int64_t strided_runs = 0;               // of which multi-key runs with stride > 1
   int64_t empty_rows = 0, dense_rows = 0;  // rows keeping no key, every key
   int64_t min_row = 0, max_row = 0;       // keys a row keeps
   BandRows band;                          // every row one interval on a fixed diagonal band
@@ -48,8 +46,9 @@ struct Analysis {
   std::string describe() const;
 };
 
-// Walks every row once (BoundPattern::row, on up to plan_thread_cap() threads): cost follows the runs
-// (random: O(r) a row), never rows x keys.
+// Walks every row once on up to plan_thread_cap() threads: the runs of rows while they can still be band rows, the
+// key count (BoundPattern::row_nnz) after that; cost follows the runs, never rows x keys, and a random atom's rows
+// are counted without being drawn.
 Analysis analyze(const BoundPattern& pattern);
 
 // The pattern's BSR blocks at sizes 16, 32, 64 and 128: stored, full, partial, fill and a histogram of the
