@@ -263,12 +263,5 @@ void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& 
   im.backend->backward(q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
 
-namespace plan {
-void Backend::backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                       const TensorView&, const TensorView&, const TensorView&, const TensorView&, Stream) const {
-  throw Error("Plan::backward: the backward pass is not implemented yet for kernel " + kernel() +
-              " (the CPU engines have it: make a plan on Device::cpu())");
-}
-}  // namespace plan
 
 }  // namespace spattn

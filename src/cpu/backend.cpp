@@ -10,17 +10,14 @@
 namespace spattn::plan {
 namespace {
 
-// The patterns as the CPU engines take them: one for all heads, or one per query head (with their analyses).
-void per_head(const Planned& p, std::vector<BoundPattern>& pats, std::vector<Analysis>* ans) {
-  if (!p.per_head()) {
-    pats = {p.patterns[0]};
-    if (ans) *ans = {p.analyses[0]};
-    return;
-  }
-  for (int i : p.of_head) {
-    pats.push_back(p.patterns[size_t(i)]);
-    if (ans) ans->push_back(p.analyses[size_t(i)]);
-  }
+// A per-distinct-pattern list (patterns, analyses) as the CPU engines take it: one entry for all heads, or one per
+// query head.
+template <class T>
+std::vector<T> per_head(const Planned& p, const std::vector<T>& distinct) {
+  if (!p.per_head()) return {distinct[0]};
+  std::vector<T> out;
+  for (int i : p.of_head) out.push_back(distinct[size_t(i)]);
+  return out;
 }
 
 cpu::Isa parse_isa(const std::string& kernel) {
@@ -32,7 +29,10 @@ cpu::Isa parse_isa(const std::string& kernel) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Planned& p, const Problem& problem, const PlanOptions& o) : plan_(build(p, problem, o)) {}
+  CpuBackend(const Planned& p, const Problem& problem, const PlanOptions& o)
+      : options_{o.threads, parse_isa(o.kernel)},
+        pats_(per_head(p, p.patterns)),
+        plan_(pats_, problem, options_, per_head(p, p.analyses)) {}
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream) const override {
@@ -49,13 +49,6 @@ class CpuBackend final : public Backend {
   std::string explain() const override { return "cpu fused: " + plan_.describe(); }
 
  private:
-  cpu::FusedPlan build(const Planned& p, const Problem& problem, const PlanOptions& o) {
-    options_.threads = o.threads;
-    options_.isa = parse_isa(o.kernel);
-    std::vector<Analysis> ans;
-    per_head(p, pats_, &ans);
-    return cpu::FusedPlan(pats_, problem, options_, &ans);
-  }
   cpu::Options options_;
   std::vector<BoundPattern> pats_;
   cpu::FusedPlan plan_;
@@ -64,7 +57,7 @@ class CpuBackend final : public Backend {
 
 class ReferenceBackend final : public Backend {
  public:
-  ReferenceBackend(const Planned& p, const Problem& problem) : problem_(problem) { per_head(p, pats_, nullptr); }
+  ReferenceBackend(const Planned& p, const Problem& problem) : problem_(problem), pats_(per_head(p, p.patterns)) {}
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream) const override {

@@ -750,7 +750,7 @@ struct FusedPlan::Impl {
 };
 
 FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options,
-                     const std::vector<plan::Analysis>* analyses)
+                     const std::vector<plan::Analysis>& analyses)
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   problem.validate();
@@ -758,9 +758,9 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
   if (patterns.size() != 1 && int64_t(patterns.size()) != H)
     throw Error("expected 1 pattern or one per query head (" + std::to_string(H) + "), got " +
                 std::to_string(patterns.size()));
-  if (analyses && analyses->size() != patterns.size())
+  if (!analyses.empty() && analyses.size() != patterns.size())
     throw Error("expected one analysis per pattern (" + std::to_string(patterns.size()) + "), got " +
-                std::to_string(analyses->size()));
+                std::to_string(analyses.size()));
   for (const BoundPattern& bp : patterns)
     if (bp.q_len() != problem.q_len || bp.k_len() != problem.kv_len)
       throw Error("pattern '" + bp.spec() + "' is bound to " + std::to_string(bp.q_len()) + " x " +
@@ -788,7 +788,7 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
       int perm = 1;
       const int64_t W = im.ks->width;
       const int64_t row_floats = (problem.head_dim + W - 1) / W * W + (problem.dv() + W - 1) / W * W;
-      const plan::Analysis an = analyses ? (*analyses)[pi] : plan::analyze(bp);
+      const plan::Analysis an = analyses.empty() ? plan::analyze(bp) : analyses[pi];
       im.plans.push_back(fused::build_pattern_plan(bp, an, *im.ks, row_floats, threads, perm));
       im.stats.permutation = std::max(im.stats.permutation, perm);
       im.stats.nnz += an.nnz;

@@ -52,9 +52,9 @@ class FusedPlan {
  public:
   // `patterns`: one for all heads or one per query head, each bound to (problem.q_len, problem.kv_len).
   // Options::threads is used to build the plan; Options::isa fixes the kernel set (and the tile height).
-  // `analyses`: plan::analyze of each pattern where the caller has them (make_plan), else computed here.
+  // `analyses`: plan::analyze of each pattern where the caller has them (make_plan); empty: computed here.
   FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options = {},
-            const std::vector<plan::Analysis>* analyses = nullptr);
+            const std::vector<plan::Analysis>& analyses = {});
   ~FusedPlan();
   FusedPlan(FusedPlan&&) noexcept;
   FusedPlan& operator=(FusedPlan&&) noexcept;

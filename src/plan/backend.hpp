@@ -26,10 +26,10 @@ class Backend {
   // Views already checked against the problem's shapes by Plan::forward.
   virtual void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const TensorView& lse, Stream stream) const = 0;
-  // dq, dk, dv from dout (views checked by Plan::backward). Engines without a backward yet keep this default.
+  // dq, dk, dv from dout (views checked by Plan::backward).
   virtual void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                         const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, Stream stream) const;
+                        const TensorView& dv, Stream stream) const = 0;
   virtual std::string kernel() const = 0;       // the chosen kernel-table row (its name)
   virtual std::string last_kernel() const = 0;  // the row the last forward launched, "" before one
   virtual std::string explain() const = 0;      // tiles, waste, predicted cost, build time

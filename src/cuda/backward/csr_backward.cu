@@ -223,20 +223,19 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
   }
   if (!lse.data) throw Error("gpu backward: needs the forward's lse");
   // delta laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer (query axis contiguous).
-  const TensorView dl{delta_, DType::f32, {p.batch, p.q_heads, p.q_len, 1}, {p.q_heads * p.q_len, p.q_len, 1, 1}};
-  TensorView lse_c = lse;
   if (lse.stride[1] != p.q_len || lse.stride[0] != p.q_heads * p.q_len)
     throw Error("gpu backward: lse must be contiguous fp32 [B, Hq, Lq]");
-  if (patterns_.size() == 1) return built_[0]->run(p, q, k, v, o, lse_c, dout, dq, dk, dv, delta_, stream);
+  if (patterns_.size() == 1) return built_[0]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_, stream);
   // Per-head patterns: each query head through its pattern on one-head views. dk / dv of a kv head shared by
   // query heads of different patterns would need summing: refused.
   const int64_t group = p.q_heads / p.kv_heads;
   if (group != 1)
     throw Error("gpu backward: per-head patterns with grouped-query attention are not supported yet");
+  const TensorView dl{delta_, DType::f32, {p.batch, p.q_heads, p.q_len, 1}, {p.q_heads * p.q_len, p.q_len, 1, 1}};
   Problem one = p;
   one.q_heads = one.kv_heads = 1;
   for (int64_t h = 0; h < p.q_heads; ++h) {
-    const TensorView lh = lse_c.narrow(1, h), dh = dl.narrow(1, h);
+    const TensorView lh = lse.narrow(1, h), dh = dl.narrow(1, h);
     built_[size_t(of_head_[size_t(h)])]->run(one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h), lh,
                                               dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h),
                                               static_cast<float*>(dh.data), stream);

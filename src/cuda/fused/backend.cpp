@@ -48,7 +48,7 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   const int row = find_kernel(o.kernel.c_str());
   if (row >= 0) {
     kind = kKernels[row].kind;
-    if (kKernels[row].block_m > 0 && !o.block_m) f.block_m = kKernels[row].block_m, f.block_n = kKernels[row].block_n;
+    if (!is_band(kind) && !o.block_m) f.block_m = kKernels[row].block_m, f.block_n = kKernels[row].block_n;
     *want_row = row;
   } else {
     bool found = false;
@@ -63,7 +63,6 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   f.tma = kind != KernelKind::sm90_cp;
   f.band = is_band(kind) ? 1 : 0;
   f.running_max = kind == KernelKind::sm90_band_rmax ? 1 : 0;
-  if (is_band(kind) && !o.block_m) f.block_m = 0, f.block_n = 0;  // the band plan's shape is chosen with it
   return f;
 }
 

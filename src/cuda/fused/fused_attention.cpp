@@ -39,8 +39,7 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
   const bool tma = info.sm90a() && options.tma && !options.force_sm80;
   plan::BlockPlan hp =
       plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma);
-  const int row =
-      FusedFwd::choose_kernel(hp, head_dim, cc, {options.force_sm80, options.tma, options.band, options.running_max});
+  const int row = FusedFwd::choose_kernel(hp, head_dim, cc, options);
   impl_->plan = std::make_unique<DevicePlan>(std::move(hp), row);
   impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -420,7 +420,7 @@ std::string FusedFwd::kernel_name(const Params& p) {
   return std::string(p.kernel_row >= 0 ? plan::kKernels[p.kernel_row].name : "none") + (p.bf16 ? "_bf16" : "_fp16");
 }
 
-int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const KernelChoice& o) {
+int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const FusedOptions& o) {
   using plan::KernelKind;
   const int d = int(head_dim);
   if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);

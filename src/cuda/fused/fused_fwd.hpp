@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
 #include "plan/block_plan.hpp"
 #include "spattn/tensor.hpp"
@@ -69,14 +70,6 @@ class DevicePlan {
   int64_t narrow_ = 0;
 };
 
-// The forcing fields of FusedOptions (cuda/fused/fused_attention.hpp) that choose_kernel reads.
-struct KernelChoice {
-  bool force_sm80 = false;  // the mma.sync kernels
-  bool tma = true;          // false: never the TMA or band kernels
-  int band = -1;            // band kernel: 1 where it applies, 0 never, -1 chosen
-  int running_max = -1;     // band kernel's running-max steps: 1 always, 0 never, -1 chosen (long rows)
-};
-
 class FusedFwd {
  public:
   struct Arguments {
@@ -99,8 +92,8 @@ class FusedFwd {
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
   // The kernel-table row that runs `hp` on a device of compute capability `cc` (major * 10 + minor) at
-  // `head_dim` with `options`' forcing fields; -1 where the table has none.
-  static int choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const KernelChoice& options);
+  // `head_dim` with FusedOptions' forcing fields (force_sm80, tma, band, running_max); -1 where the table has none.
+  static int choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const FusedOptions& options);
 
  private:
   // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at
