@@ -75,10 +75,10 @@ class Lib:
 
 # bench shape variants (SHAPE:VARIANT) -> spattn::PlanOptions: cp cp.async kernels, p / np persistent or one item a
 # CTA, b / nb band kernel or not, ns / s3 / ss never split the band kernel's last items, 3 parts each over the keys,
-# or as single slabs
+# or as single slabs, nc one tile list (no compound plan)
 VARIANTS = {"": "", "cp": "kernel=sm90_cp", "p": "persistent=1", "np": "persistent=0", "b": "kernel=sm90_band",
             "nb": "kernel=sm90_tma", "ns": "kernel=sm90_band,split=0", "s3": "kernel=sm90_band,split=3",
-            "ss": "kernel=sm90_band,split=1"}
+            "ss": "kernel=sm90_band,split=1", "nc": "compound=0"}
 PROBLEM = {"batch": 2, "heads": 16}  # main() sets them from --batch / --heads
 
 
@@ -162,6 +162,7 @@ def suite(L):
         return (ki >= si) & (ki < si + K) & (kj >= sj) & (kj < sj + K)
 
     r = 205 if L <= 4096 else 820
+    r_sparse = L // 200  # 0.5%: tens of keys a row
     return [
         ("local", "local(256)", local, (64,)),
         ("longformer", "longformer(256, 32)", longformer, (64,)),
@@ -172,6 +173,9 @@ def suite(L):
         ("fixed", "sparse_fixed(128)", fixed, (64,)),
         ("random", f"random({r}, seed=0)", None, (64,)),
         ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", na2d, (64,)),
+        # compound plans (issue 24): a band with a few scattered keys a row, and sparse random rows
+        ("bandrand", "local(256) | random(4, seed=1)", None, (64,)),
+        ("sprandom", f"random({r_sparse}, seed=0)", None, (64,)),
     ]
 
 
@@ -287,7 +291,8 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync kernel on Hopper")
     ap.add_argument("--shapes", default="",
-                    help="also time forced tile shapes, e.g. 64x128,128x128,192x128,64x64; suffix :cp keeps the "
+                    help="also time forced tile shapes, e.g. 64x128,128x128,192x128,64x64 (empty: chosen, for a variant alone: "
+                         "':nc' runs the pattern as one tile list); suffix :cp keeps the "
                          "cp.async kernels where the warp-specialized TMA kernel would run (128x128:cp); :p / :np run the "
                          "TMA kernel with persistent CTAs / one work item a CTA; :b / :nb with / without the band kernel "
                          "(band-row patterns)")
@@ -429,7 +434,7 @@ def main():
 
                 for shape in filter(None, args.shapes.split(",")):
                     tiles, _, variant = shape.partition(":")
-                    bm_, bn_ = (int(x) for x in tiles.split("x"))
+                    bm_, bn_ = (int(x) for x in tiles.split("x")) if tiles else (0, 0)
                     if D == 128 and (bm_, bn_) in ((64, 128), (192, 128)):
                         continue
                     fs = Fused(lib, spec, L, D, block=bm_, block_n=bn_, variant=variant)

@@ -83,11 +83,27 @@ class BoundPattern {
   static BoundPattern from_rows(int64_t q_len, int64_t k_len, std::vector<int64_t> row_offsets,
                                 std::vector<int32_t> cols);
 
+  // The operands of the top-level union, bound to the same lengths: nested unions flattened, presets expanded,
+  // and global(G) as its two halves global_rows(G) and global_cols(G). Their union is this pattern; they may
+  // overlap. A pattern that is no union (an intersection, an atom, an explicit pattern) is its only term.
+  std::vector<BoundPattern> union_terms() const;
+  // The union of patterns bound to the same lengths (terms of one pattern, or any specs). Throws Error when the
+  // lengths differ or a pattern is explicit.
+  static BoundPattern union_of(const std::vector<BoundPattern>& terms);
+  // What the spec says of a term's geometry, for the planner's split (plan/parts.hpp):
+  //   columns    every row keeps the same keys (global_cols, summary): a set of columns;
+  //   rows       a set of rows keeps every key, other rows none (global_rows);
+  //   scattered  a random atom, alone or intersected with others (not inside blocked, whose blocks cluster);
+  //   general    anything else.
+  enum class Shape { general, columns, rows, scattered };
+  Shape shape() const;
+
  private:
   friend class Pattern;
   std::string spec_;
   int64_t q_len_ = 0, k_len_ = 0;
   std::shared_ptr<const detail::BoundNode> root_;
+  std::shared_ptr<const detail::Node> node_;  // the parsed spec (null for explicit patterns)
 };
 
 // Number of keys in a row given as runs.

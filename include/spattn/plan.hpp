@@ -71,6 +71,10 @@ struct PlanOptions {
   // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
   // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys).
   int persistent = -1, split = -1;
+  // Compound plans (parts run by their own kernels, merged through the LSE; `explain` lists them): -1 chosen by
+  // the planner's rules (plan/parts.hpp), 0 never (one tile list), 1 every column, row and scattered term split
+  // out whatever its size. The fused engines (GPU, CPU) split; the others ignore it.
+  int compound = -1;
 };
 
 class Plan {

@@ -55,6 +55,12 @@ struct TensorView {
     s.shape[size_t(axis)] = 1;
     return s;
   }
+  // The view of indices [begin, end) along `axis`: a range of rows.
+  TensorView slice(int axis, int64_t begin, int64_t end) const {
+    TensorView s = narrow(axis, begin);
+    s.shape[size_t(axis)] = end - begin;
+    return s;
+  }
   int64_t offset(int64_t a, int64_t b, int64_t c, int64_t d) const {
     return a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3];
   }

@@ -1,8 +1,10 @@
 // cpu/backend.cpp — the CPU engines behind spattn::Plan: the fused CPU kernel and the fp64 reference.
 #include <atomic>
+#include <optional>
 #include <sstream>
 
 #include "cpu/backward.hpp"
+#include "cpu/compound.hpp"
 #include "cpu/fused_plan.hpp"
 #include "plan/backend.hpp"
 #include "spattn/reference.hpp"
@@ -27,31 +29,48 @@ cpu::Isa parse_isa(const std::string& kernel) {
   throw Error("kernel '" + kernel + "' is not a CPU kernel: expected cpu_fused, avx512, avx2 or generic");
 }
 
+// A compound plan (plan/parts.hpp) for one pattern shared by every head where the split finds parts; else none.
+std::optional<cpu::CompoundPlan> compound_of(const Planned& p, const Problem& problem, const PlanOptions& o,
+                                             const cpu::Options& co) {
+  if (p.per_head()) return std::nullopt;
+  plan::Split split = split_pattern(p.patterns[0], p.analyses[0], o.compound);
+  if (!split.compound()) return std::nullopt;
+  return cpu::CompoundPlan(std::move(split), problem, co);
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Planned& p, const Problem& problem, const PlanOptions& o)
-      : options_{o.threads, parse_isa(o.kernel)},
-        pats_(per_head(p, p.patterns)),
-        plan_(pats_, problem, options_, per_head(p, p.analyses)) {}
+      : options_{o.threads, parse_isa(o.kernel)}, problem_(problem), pats_(per_head(p, p.patterns)),
+        compound_(compound_of(p, problem, o, options_)) {
+    if (!compound_) plan_.emplace(pats_, problem, options_, per_head(p, p.analyses));
+  }
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream) const override {
-    plan_.run(q, k, v, o, lse, options_);
+    if (compound_)
+      compound_->run(q, k, v, o, lse, options_);
+    else
+      plan_->run(q, k, v, o, lse, options_);
     ran_.store(true, std::memory_order_relaxed);
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView&, const TensorView&,
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 Stream) const override {
-    cpu::attention_backward(pats_, plan_.problem(), q, k, v, dout, dq, dk, dv, options_.threads);
+    cpu::attention_backward(pats_, problem_, q, k, v, dout, dq, dk, dv, options_.threads);
   }
-  std::string kernel() const override { return std::string("cpu_fused_") + plan_.stats().isa; }
+  std::string kernel() const override {
+    return std::string("cpu_fused_") + (compound_ ? compound_->stats() : plan_->stats()).isa;
+  }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
-  std::string explain() const override { return "cpu fused: " + plan_.describe(); }
+  std::string explain() const override { return "cpu fused: " + (compound_ ? compound_->describe() : plan_->describe()); }
 
  private:
   cpu::Options options_;
+  Problem problem_;
   std::vector<BoundPattern> pats_;
-  cpu::FusedPlan plan_;
+  std::optional<cpu::CompoundPlan> compound_;
+  std::optional<cpu::FusedPlan> plan_;
   mutable std::atomic<bool> ran_{false};
 };
 

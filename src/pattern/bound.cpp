@@ -745,6 +745,7 @@ BoundPattern Pattern::bind(int64_t q_len, int64_t k_len) const {
   b.q_len_ = q_len;
   b.k_len_ = k_len;
   b.root_ = detail::bind_node(root_, spec_, q_len, k_len);
+  b.node_ = root_;
   return b;
 }
 BoundPattern Pattern::bind(int64_t len) const { return bind(len, len); }

@@ -20,6 +20,7 @@ const char* kind_name(KernelKind kind) {
     case KernelKind::sm90_band: return "sm90_band";
     case KernelKind::sm90_band_rmax: return "sm90_band_rmax";
     case KernelKind::cuda_unfused: return "cuda_unfused";
+    case KernelKind::cuda_scattered: return "cuda_scattered";
   }
   return "?";
 }

@@ -22,6 +22,7 @@ enum class KernelKind : uint8_t {
   sm90_band,    // sm_90a band kernel: 64-row slabs over their own 64-key chunks (band-row plans)
   sm90_band_rmax,  // ... with running-max steps (rows keeping 1536 keys or more on average)
   cuda_unfused,    // SDDMM -> sparse softmax -> SpMM (BSR blocks on tensor cores + CSR on CUDA cores)
+  cuda_scattered,  // compound plans' scattered parts: CSR rows, a warp a row, K/V rows gathered (parts_kernels.cu)
 };
 
 // dtypes a row accepts (bits of spattn::DType's values: f32 1, f16 2, bf16 4).
@@ -65,6 +66,7 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_band_d64", Engine::cuda_fused, KernelKind::sm90_band, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
     {"sm90_band_rmax_d64", Engine::cuda_fused, KernelKind::sm90_band_rmax, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
     {"cuda_unfused", Engine::cuda_unfused, KernelKind::cuda_unfused, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
+    {"cuda_scattered", Engine::cuda_fused, KernelKind::cuda_scattered, 0, 0, 0, kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
 
@@ -72,6 +74,13 @@ inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
 // their loads, padded to whole tiles per group (so large strides waste tiles); the CPU tiler has no padding.
 inline constexpr int64_t kMaxGpuPermutation = 16;
 inline constexpr int64_t kMaxCpuPermutation = 4096;
+
+// Compound plans (plan/parts.hpp): a random term goes to the scattered part where it keeps at most Lk / this many
+// keys a row on average (a 128 x 128 tile then holds about 256 kept scores or fewer: there gathering its keys'
+// rows costs less than computing the tile); columns and rows terms leave the tiles where they hold at most
+// 1 / kPartsMaxFraction of the keys (rows).
+inline constexpr int64_t kScatteredMaxFill = 64;
+inline constexpr int64_t kPartsMaxFraction = 8;
 
 // The band kernel runs a slab's later steps against the running maximum where the slabs average this many
 // 64-key chunks or more (H100: causal +4% at L=16384, +2% at 4096; local(256), 9 chunks, -1.3 to -2.5%).

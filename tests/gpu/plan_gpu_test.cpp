@@ -33,8 +33,10 @@ struct Buf {
 };
 
 // Runs `plan` on the GPU with random inputs of `dt` and compares O with the reference engine's on the same
-// (rounded) inputs; returns the relative error.
-double run_vs_reference(const spattn::Plan& plan, const std::vector<spattn::Pattern>& pats, DType dt, uint32_t seed) {
+// (rounded) inputs; returns the relative error. lse_err: where given, the largest |lse - reference lse| over rows
+// with keys (an empty row must give -inf exactly, else it counts as infinite error).
+double run_vs_reference(const spattn::Plan& plan, const std::vector<spattn::Pattern>& pats, DType dt, uint32_t seed,
+                        double* lse_err = nullptr) {
   const spattn::Problem& p = plan.problem();
   const int es = spattn::dtype_size(dt);
   const size_t nq = size_t(p.batch * p.q_len * p.q_heads * p.head_dim), nk = size_t(p.batch * p.kv_len * p.kv_heads * p.head_dim);
@@ -65,8 +67,18 @@ double run_vs_reference(const spattn::Plan& plan, const std::vector<spattn::Patt
   spattn::PlanOptions ref;
   ref.engine = spattn::Engine::reference;
   std::vector<double> ro(nq);
+  const size_t nl = size_t(p.batch * p.q_heads * p.q_len);
+  std::vector<double> rl(nl);
   spattn::make_plan(pats, p, spattn::Device::cpu(), ref)
-      .forward(tq, tk, tv, TensorView::contiguous(ro.data(), DType::f64, tq.shape), TensorView{});
+      .forward(tq, tk, tv, TensorView::contiguous(ro.data(), DType::f64, tq.shape),
+               TensorView::contiguous(rl.data(), DType::f64, {p.batch, p.q_heads, p.q_len, 1}));
+  if (lse_err) {
+    std::vector<float> hl(nl);
+    EXPECT_EQ(cudaMemcpy(hl.data(), dlse.p, nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    *lse_err = 0;
+    for (size_t j = 0; j < nl; ++j)
+      *lse_err = std::max(*lse_err, std::isinf(rl[j]) ? (hl[j] == rl[j] ? 0.0 : INFINITY) : std::fabs(hl[j] - rl[j]));
+  }
   const TensorView got = TensorView::contiguous(ho.data(), dt, tq.shape);
   double num = 0, den = 0;
   size_t i = 0;
@@ -112,6 +124,49 @@ TEST(PlanGpu, EnginesMatchReference) {
     const double rel = run_vs_reference(plan, pats, c.dt, 7);
     EXPECT_LE(rel, c.dt == DType::f32 ? 1e-4 : 1e-2) << plan.explain();
     EXPECT_EQ(plan.last_kernel(), plan.kernel()) << "contiguous tensors run the chosen kernel";
+  }
+}
+
+// Compound plans: every part kind (tiles, columns over gathered keys, scattered rows, owned dense rows), merged
+// through the LSE, against the reference; GQA, D 64 and 128, bf16 and fp16, lengths off the tile sizes.
+TEST(PlanGpu, CompoundMatchesReference) {
+  REQUIRE_GPU();
+  struct C {
+    const char* spec;
+    int64_t D;
+    DType dt;
+    int compound;
+    const char* parts;  // the kinds explain must list, in order
+  } const cases[] = {
+      {"longformer(64, 8)", 64, DType::bf16, -1, "tiles columns rows"},
+      {"sparse_fixed(64)", 64, DType::bf16, -1, "tiles columns"},
+      {"sparse_fixed(50, 3)", 128, DType::f16, -1, "tiles columns"},
+      {"local(64) | random(4, seed=3)", 64, DType::bf16, -1, "tiles scattered"},
+      {"local(left=90, right=0) | random(3) & causal", 128, DType::bf16, -1, "tiles scattered"},
+      {"random(9, seed=2)", 64, DType::f16, -1, "scattered"},
+      {"random(5) | summary(128) | global_rows(3:9)", 64, DType::bf16, 1, "columns scattered rows"},
+      {"global_cols(0:4) | random(3)", 128, DType::bf16, 1, "columns scattered"},
+      {"dilated(20, 3) | global(0:5) | random(2)", 64, DType::bf16, 1, "tiles columns scattered rows"},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec);
+    spattn::PlanOptions o;
+    o.compound = c.compound;
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(2, 4, 2, 777, c.D, c.dt), spattn::Device::cuda(0), o);
+    const std::string ex = plan.explain();
+    ASSERT_NE(ex.find("compound plan"), std::string::npos) << ex;
+    size_t at = 0;
+    for (std::string kind : {"tiles", "columns", "scattered", "rows"}) {
+      if (std::string(" ") .append(c.parts).append(" ").find(" " + kind + " ") == std::string::npos) continue;
+      const size_t f = ex.find("\n  " + kind + " [", at);
+      ASSERT_NE(f, std::string::npos) << kind << " part missing or out of order:\n" << ex;
+      at = f;
+    }
+    double lse_err = 0;
+    const double rel = run_vs_reference(plan, pats, c.dt, 11, &lse_err);
+    EXPECT_LE(rel, 1e-2) << ex;
+    EXPECT_LE(lse_err, 2e-2) << ex;
   }
 }
 

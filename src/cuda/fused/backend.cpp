@@ -2,15 +2,18 @@
 // per-head patterns run head by head through views of the caller's tensors (no copies).
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <sstream>
 
 #include "cuda/backward/csr_backward.hpp"
+#include "cuda/fused/compound.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_fwd.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
+#include "plan/parts.hpp"
 
 namespace spattn::plan {
 
@@ -66,6 +69,26 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   return f;
 }
 
+// One distinct pattern's forward: one tile list (FusedAttention) or a compound plan (parts merged through the LSE).
+struct PatternRun {
+  std::optional<FusedAttention> fused;
+  std::optional<cuda::fused::CompoundAttention> compound;
+
+  void run(const Problem& pr, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+           const TensorView& lse, Stream stream) const {
+    if (fused) return fused->run(pr, q, k, v, o, lse, stream);
+    compound->run(pr, q, k, v, o, lse, stream);
+  }
+  int kernel_row() const { return fused ? fused->kernel_row() : compound->kernel_row(); }
+  int last_kernel_row() const { return fused ? fused->last_kernel_row() : compound->last_kernel_row(); }
+  std::string explain() const {
+    if (compound) return compound->explain();
+    std::ostringstream s;
+    s << fused->explain() << "; predicted cost " << fused->predicted_cost() << " per kept score (kernel-table units)";
+    return s.str();
+  }
+};
+
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
@@ -73,14 +96,23 @@ class CudaFusedBackend final : public Backend {
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
+    Problem one = problem;  // what each pattern's plan runs: all heads, or one head of per-head patterns
+    if (p.per_head()) one.q_heads = one.kv_heads = 1;
     for (size_t i = 0; i < p.patterns.size(); ++i) {
-      attn_.emplace_back(p.patterns[i], problem.head_dim, f, &p.analyses[i]);
-      const int row = attn_.back().kernel_row();
+      PatternRun r;
+      // A forced kernel runs the pattern as one tile list.
+      plan::Split split = split_pattern(p.patterns[i], p.analyses[i], o.kernel.empty() ? o.compound : 0);
+      if (split.compound())
+        r.compound.emplace(std::move(split), one, f);
+      else
+        r.fused.emplace(p.patterns[i], problem.head_dim, f, &p.analyses[i]);
+      const int row = r.kernel_row();
       const bool ok = row >= 0 && (want_row < 0 || row == want_row) && (want_kind < 0 || int(kKernels[row].kind) == want_kind);
       if (!ok)
         throw Error("kernel '" + o.kernel + "' cannot run pattern '" + p.patterns[i].spec() + "' at head dim " +
                     std::to_string(problem.head_dim) + " on this device: the planner's choice is " +
-                    attn_.back().kernel_name() + " (" + attn_.back().explain() + ")");
+                    (row >= 0 ? kKernels[row].name : "none") + " (" + r.explain() + ")");
+      attn_.push_back(std::move(r));
     }
   }
 
@@ -103,18 +135,17 @@ class CudaFusedBackend final : public Backend {
     DeviceScope scope(device_);
     bwd_.run(q, k, v, o, lse, dout, dq, dk, dv, stream);
   }
-  std::string kernel() const override { return attn_[0].kernel_name(); }
+  std::string kernel() const override {
+    const int row = attn_[0].kernel_row();
+    return row >= 0 ? kKernels[row].name : "none";
+  }
   std::string last_kernel() const override {
     const int row = attn_[0].last_kernel_row();
     return row >= 0 ? kKernels[row].name : "";
   }
   std::string explain() const override {
     std::ostringstream s;
-    for (size_t i = 0; i < attn_.size(); ++i) {
-      const auto& a = attn_[i];
-      s << (i ? "\n" : "") << a.explain();
-      s << "; predicted cost " << a.predicted_cost() << " per kept score (kernel-table units)";
-    }
+    for (size_t i = 0; i < attn_.size(); ++i) s << (i ? "\n" : "") << attn_[i].explain();
     return s.str();
   }
 
@@ -122,7 +153,7 @@ class CudaFusedBackend final : public Backend {
   Problem problem_;
   int device_;
   std::vector<int> of_head_;
-  std::vector<FusedAttention> attn_;
+  std::vector<PatternRun> attn_;
   cuda::PatternsBackward bwd_;
 };
 

@@ -1,0 +1,45 @@
+// cuda/common/buffer.hpp — an owned device allocation (host code: g++ and nvcc alike).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "cuda/common/check.hpp"
+
+namespace spattn::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) SPATTN_CUDA_CHECK(cudaMalloc(&p_, bytes));
+  }
+  template <class T>
+  static DeviceBuffer upload(const std::vector<T>& v) {
+    DeviceBuffer b(v.size() * sizeof(T));
+    if (b.bytes_) SPATTN_CUDA_CHECK(cudaMemcpy(b.p_, v.data(), b.bytes_, cudaMemcpyHostToDevice));
+    return b;
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <class T = void>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace spattn::cuda

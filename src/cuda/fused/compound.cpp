@@ -1,0 +1,187 @@
+// cuda/fused/compound.cpp — CompoundAttention (compound.hpp).
+#include "cuda/fused/compound.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <sstream>
+
+#include "cuda/common/buffer.hpp"
+#include "cuda/fused/parts_kernels.hpp"
+#include "plan/kernels.hpp"
+
+namespace spattn::cuda::fused {
+
+namespace {
+
+RowTensor rows_of(const TensorView& t) { return {t.data, t.stride[0], t.stride[1], t.stride[2]}; }
+
+void check_rows(const TensorView& t, const char* name) {
+  if (t.stride[3] != 1 || reinterpret_cast<uintptr_t>(t.data) % 16 || t.stride[0] % 8 || t.stride[1] % 8 ||
+      t.stride[2] % 8)
+    throw Error(std::string("compound plan: ") + name +
+                " must have a contiguous head dim and be 16-byte aligned, pointer and strides (its parts gather and "
+                "merge whole rows)");
+}
+
+void launched(int err, const char* what) {
+  if (err) check(cudaError_t(err), what, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+struct CompoundAttention::Impl {
+  struct PartRun {
+    plan::Part part;
+    std::optional<FusedAttention> attn;  // tiles, columns, rows
+    DeviceBuffer keys, offsets, cols;    // columns: keys; scattered: the CSR
+  };
+  Problem problem;
+  std::vector<PartRun> parts;
+  DeviceBuffer lse_ws;        // [B, Hq, Lq] where the caller passes no lse
+  DeviceBuffer kc, vc;        // columns: gathered K/V [B, C, Hkv, D]
+  DeviceBuffer o2, lse2;      // columns after another part: its result, merged in
+  double split_ms = 0, plan_ms = 0;
+  mutable std::atomic<int> last_row{-1};
+
+  int row_of(const PartRun& p) const {
+    return p.attn ? p.attn->kernel_row() : plan::find_kernel("cuda_scattered");
+  }
+};
+
+CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, const FusedOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  m.problem = problem;
+  m.split_ms = split.ms;
+  const size_t es = dtype_size(problem.dtype);
+  const int64_t rows = problem.batch * problem.q_heads * problem.q_len;
+  m.lse_ws = DeviceBuffer(size_t(rows) * sizeof(float));
+  // Parts other than the tiles take the planner's choices (a forced kernel is for the tiles).
+  FusedOptions sub_options;
+  sub_options.force_sm80 = options.force_sm80;
+  for (size_t i = 0; i < split.parts.size(); ++i) {
+    Impl::PartRun r;
+    r.part = std::move(split.parts[i]);
+    const plan::Part& p = r.part;
+    switch (p.kind) {
+      case plan::PartKind::tiles: r.attn.emplace(p.pattern, problem.head_dim, options); break;
+      case plan::PartKind::rows: r.attn.emplace(p.pattern, problem.head_dim, sub_options); break;
+      case plan::PartKind::columns: {
+        r.attn.emplace(p.pattern, problem.head_dim, sub_options);
+        r.keys = DeviceBuffer::upload(p.columns);
+        const size_t kv = size_t(problem.batch) * p.columns.size() * size_t(problem.kv_heads) * size_t(problem.head_dim) * es;
+        m.kc = DeviceBuffer(kv);
+        m.vc = DeviceBuffer(kv);
+        if (i > 0) {
+          m.o2 = DeviceBuffer(size_t(rows) * size_t(problem.dv()) * es);
+          m.lse2 = DeviceBuffer(size_t(rows) * sizeof(float));
+        }
+        break;
+      }
+      case plan::PartKind::scattered:
+        r.offsets = DeviceBuffer::upload(p.offsets);
+        r.cols = DeviceBuffer::upload(p.cols);
+        r.part.offsets.clear();  // on the device now (the explicit pattern keeps its own copy)
+        r.part.cols.clear();
+        break;
+    }
+    m.parts.push_back(std::move(r));
+  }
+  m.plan_ms = m.split_ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+CompoundAttention::~CompoundAttention() = default;
+CompoundAttention::CompoundAttention(CompoundAttention&&) noexcept = default;
+CompoundAttention& CompoundAttention::operator=(CompoundAttention&&) noexcept = default;
+
+void CompoundAttention::run(const Problem& pr, const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& o, const TensorView& lse_in, void* stream) const {
+  const Impl& m = *impl_;
+  check_rows(q, "q");
+  check_rows(k, "k");
+  check_rows(v, "v");
+  check_rows(o, "o");
+  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
+    throw Error("compound plan: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
+  const bool bf16 = pr.dtype == DType::bf16;
+  TensorView lse = lse_in;
+  if (!lse.data) {
+    lse = TensorView::contiguous(m.lse_ws.get(), DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1});
+  } else if (lse.stride[2] != 1) {
+    throw Error("compound plan: lse must be contiguous along the query axis");
+  }
+  bool first = true;
+  for (const Impl::PartRun& r : m.parts) {
+    const plan::Part& p = r.part;
+    switch (p.kind) {
+      case plan::PartKind::tiles:
+        r.attn->run(pr, q, k, v, o, lse, stream);
+        break;
+      case plan::PartKind::rows: {
+        Problem sub = pr;
+        sub.q_len = p.row_end - p.row_begin;
+        r.attn->run(sub, q.slice(1, p.row_begin, p.row_end), k, v, o.slice(1, p.row_begin, p.row_end),
+                    lse.slice(2, p.row_begin, p.row_end), stream);
+        break;
+      }
+      case plan::PartKind::columns: {
+        const int nk = int(p.columns.size());
+        launched(launch_gather_keys(rows_of(k), m.kc.get(), r.keys.get<int32_t>(), int(pr.batch), nk, int(pr.kv_heads),
+                                    int(pr.head_dim), stream), "gather_keys (k)");
+        launched(launch_gather_keys(rows_of(v), m.vc.get(), r.keys.get<int32_t>(), int(pr.batch), nk, int(pr.kv_heads),
+                                    int(pr.dv()), stream), "gather_keys (v)");
+        Problem sub = pr;
+        sub.kv_len = nk;
+        const TensorView kc = TensorView::contiguous(m.kc.get(), pr.dtype, {pr.batch, nk, pr.kv_heads, pr.head_dim});
+        const TensorView vc = TensorView::contiguous(m.vc.get(), pr.dtype, {pr.batch, nk, pr.kv_heads, pr.dv()});
+        if (first) {
+          r.attn->run(sub, q, kc, vc, o, lse, stream);
+          break;
+        }
+        const TensorView o2 = TensorView::contiguous(m.o2.get(), pr.dtype, {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
+        const TensorView l2 = TensorView::contiguous(m.lse2.get(), DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1});
+        r.attn->run(sub, q, kc, vc, o2, l2, stream);
+        launched(launch_merge(rows_of(o), static_cast<float*>(lse.data), lse.stride[0], lse.stride[1], m.o2.get(),
+                              m.lse2.get<float>(), int(pr.batch), int(pr.q_len), int(pr.q_heads), int(pr.dv()), bf16,
+                              stream),
+                 "merge");
+        break;
+      }
+      case plan::PartKind::scattered: {
+        ScatteredParams sp;
+        sp.q = rows_of(q), sp.k = rows_of(k), sp.v = rows_of(v), sp.o = rows_of(o);
+        sp.lse = static_cast<float*>(lse.data);
+        sp.lse_sb = lse.stride[0], sp.lse_sh = lse.stride[1];
+        sp.offsets = r.offsets.get<int64_t>();
+        sp.cols = r.cols.get<int32_t>();
+        sp.batch = int(pr.batch), sp.q_heads = int(pr.q_heads), sp.group = int(pr.q_heads / pr.kv_heads);
+        sp.q_len = int(pr.q_len), sp.head_dim = int(pr.head_dim);
+        sp.scale_log2 = float(pr.softmax_scale() * 1.4426950408889634);
+        sp.merge = first ? 0 : 1;
+        sp.bf16 = bf16;
+        launched(launch_scattered(sp, stream), "scattered attention");
+        break;
+      }
+    }
+    if (&r == &m.parts.front())
+      m.last_row.store(r.attn ? r.attn->last_kernel_row() : m.row_of(r), std::memory_order_relaxed);
+    first = false;
+  }
+}
+
+std::string CompoundAttention::explain() const {
+  const Impl& m = *impl_;
+  std::ostringstream s;
+  s << "compound plan, " << m.parts.size() << " parts merged through their LSE (split " << m.split_ms << " ms, plan "
+    << m.plan_ms << " ms)";
+  for (const Impl::PartRun& r : m.parts) {
+    s << "\n  " << plan::describe(r.part) << "; " << (r.attn ? r.attn->explain() : std::string("kernel cuda_scattered: a warp a row, K/V rows gathered"));
+  }
+  return s.str();
+}
+int CompoundAttention::kernel_row() const { return impl_->row_of(impl_->parts.front()); }
+int CompoundAttention::last_kernel_row() const { return impl_->last_row.load(std::memory_order_relaxed); }
+double CompoundAttention::plan_ms() const { return impl_->plan_ms; }
+
+}  // namespace spattn::cuda::fused

@@ -1,0 +1,161 @@
+// pattern/terms.cpp — a bound pattern's union terms (BoundPattern::union_terms), their union and their shape: what
+// the planner's split (plan/parts.hpp) reads of the spec.
+#include <string>
+
+#include "pattern/ast.hpp"
+
+namespace spattn {
+namespace {
+
+using detail::Kind;
+using detail::Node;
+using NodePtr = std::shared_ptr<const Node>;
+
+std::string list(const detail::IndexSet& set) {
+  std::string s;
+  for (auto& [a, b] : set) {
+    if (!s.empty()) s += ", ";
+    s += b - a == 1 ? std::to_string(a) : std::to_string(a) + ":" + std::to_string(b);
+  }
+  return s;
+}
+
+std::string tuple(const std::array<int64_t, 3>& v, int n) {
+  std::string s = "(";
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[size_t(i)]);
+  }
+  return s + ")";
+}
+
+// The canonical spec of a node (presets expanded), for explain and for the terms' spec().
+std::string spec_of(const Node& n) {
+  auto join = [&](const char* op) {
+    std::string s;
+    for (auto& c : n.children) {
+      const bool paren = c->kind == Kind::Union || (c->kind == Kind::Inter && n.kind == Kind::Inter);
+      if (!s.empty()) s += op;
+      if (paren) s += '(';
+      s += spec_of(*c);
+      if (paren) s += ')';
+    }
+    return s;
+  };
+  const auto a = std::to_string(n.a), b = std::to_string(n.b);
+  switch (n.kind) {
+    case Kind::Union: return join(" | ");
+    case Kind::Inter: return join(" & ");
+    case Kind::Dense: return "dense";
+    case Kind::Causal: return "causal";
+    case Kind::Local: return n.a == n.b ? "local(" + a + ")" : "local(left=" + a + ", right=" + b + ")";
+    case Kind::Dilated: return "dilated(" + a + ", " + b + ")";
+    case Kind::Stride: return "stride(" + a + ")";
+    case Kind::BlockDiag: return "block_diag(" + a + ")";
+    case Kind::Summary: return "summary(" + a + ", c=" + b + ")";
+    case Kind::Global: return "global(" + list(n.set) + ")";
+    case Kind::GlobalRows: return "global_rows(" + list(n.set) + ")";
+    case Kind::GlobalCols: return "global_cols(" + list(n.set) + ")";
+    case Kind::Random: return "random(" + a + ", seed=" + b + ")";
+    case Kind::Document: {
+      std::string s = "document(";
+      for (size_t i = 0; i < n.segments.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(n.segments[i]);
+      }
+      return s + ")";
+    }
+    case Kind::Blocked: return "blocked(" + a + ", " + spec_of(*n.children[0]) + ")";
+    case Kind::Neighborhood: {
+      std::string s = "neighborhood(";
+      if (n.dims[0]) s += "dims=" + tuple(n.dims, n.naxes) + ", ";
+      s += "kernel=" + tuple(n.kernel, n.naxes) + ", dilation=" + tuple(n.dilation, n.naxes) + ", causal=(";
+      for (int i = 0; i < n.naxes; ++i) {
+        if (i) s += ',';
+        s += n.causal[size_t(i)] ? '1' : '0';
+      }
+      return s + "))";
+    }
+  }
+  return "?";
+}
+
+// The top-level union's operands, flattened; global(G) as global_rows(G) | global_cols(G), each clipped to its
+// axis (the whole was validated against the larger length).
+void flatten(const NodePtr& n, std::vector<NodePtr>& out) {
+  if (n->kind == Kind::Union) {
+    for (auto& c : n->children) flatten(c, out);
+    return;
+  }
+  if (n->kind == Kind::Global) {
+    for (Kind k : {Kind::GlobalRows, Kind::GlobalCols}) {
+      auto half = std::make_shared<Node>(*n);
+      half->kind = k;
+      half->clip = true;
+      out.push_back(half);
+    }
+    return;
+  }
+  out.push_back(n);
+}
+
+bool has_random(const Node& n) {
+  if (n.kind == Kind::Random) return true;
+  if (n.kind == Kind::Blocked) return false;  // random blocks cluster
+  for (auto& c : n.children)
+    if (has_random(*c)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<BoundPattern> BoundPattern::union_terms() const {
+  if (!node_) return {*this};
+  std::vector<NodePtr> nodes;
+  flatten(node_, nodes);
+  if (nodes.size() == 1 && nodes[0] == node_) return {*this};
+  std::vector<BoundPattern> terms;
+  for (auto& n : nodes) {
+    BoundPattern t;
+    t.spec_ = spec_of(*n);
+    t.q_len_ = q_len_;
+    t.k_len_ = k_len_;
+    t.node_ = n;
+    t.root_ = detail::bind_node(n, t.spec_, q_len_, k_len_);
+    terms.push_back(std::move(t));
+  }
+  return terms;
+}
+
+BoundPattern BoundPattern::union_of(const std::vector<BoundPattern>& terms) {
+  if (terms.empty()) throw Error("union_of: no terms");
+  if (terms.size() == 1) return terms[0];
+  auto u = std::make_shared<Node>();
+  u->kind = Kind::Union;
+  for (auto& t : terms) {
+    if (!t.node_) throw Error("union_of: '" + t.spec_ + "' is an explicit pattern (no spec to unite)");
+    if (t.q_len_ != terms[0].q_len_ || t.k_len_ != terms[0].k_len_)
+      throw Error("union_of: '" + t.spec_ + "' is bound to " + std::to_string(t.q_len_) + " x " + std::to_string(t.k_len_) +
+                  ", '" + terms[0].spec_ + "' to " + std::to_string(terms[0].q_len_) + " x " + std::to_string(terms[0].k_len_));
+    u->children.push_back(t.node_);
+  }
+  BoundPattern b;
+  b.spec_ = spec_of(*u);
+  b.q_len_ = terms[0].q_len_;
+  b.k_len_ = terms[0].k_len_;
+  b.node_ = u;
+  b.root_ = detail::bind_node(u, b.spec_, b.q_len_, b.k_len_);
+  return b;
+}
+
+BoundPattern::Shape BoundPattern::shape() const {
+  if (!node_) return Shape::general;
+  switch (node_->kind) {
+    case Kind::GlobalCols:
+    case Kind::Summary: return Shape::columns;
+    case Kind::GlobalRows: return Shape::rows;
+    default: return has_random(*node_) ? Shape::scattered : Shape::general;
+  }
+}
+
+}  // namespace spattn

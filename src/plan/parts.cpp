@@ -1,0 +1,212 @@
+// plan/parts.cpp — split_pattern (plan/parts.hpp).
+#include "plan/parts.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+#include "common/parallel.hpp"
+#include "plan/kernels.hpp"
+
+namespace spattn::plan {
+
+const char* part_kind_name(PartKind k) {
+  switch (k) {
+    case PartKind::tiles: return "tiles";
+    case PartKind::columns: return "columns";
+    case PartKind::rows: return "rows";
+    case PartKind::scattered: return "scattered";
+  }
+  return "?";
+}
+
+std::string Split::describe() const {
+  std::ostringstream s;
+  s << parts.size() << (parts.size() == 1 ? " part" : " parts") << " (split in " << ms << " ms)";
+  for (const Part& p : parts) s << "\n  " << plan::describe(p);
+  return s.str();
+}
+
+std::string describe(const Part& p) {
+  std::ostringstream s;
+  s << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores";
+  if (p.kind == PartKind::columns) s << " over " << p.columns.size() << " gathered keys";
+  if (p.kind == PartKind::rows) s << ", rows " << p.row_begin << ":" << p.row_end << " (replaced, not merged)";
+  return s.str();
+}
+
+namespace {
+
+std::string join_specs(const std::vector<BoundPattern>& terms) {
+  std::string s;
+  for (auto& t : terms) s += (s.empty() ? "" : " | ") + t.spec();
+  return s;
+}
+
+// Builds the CSR of a part row by row in parallel: keep(q, keys) appends row q's kept (part-space) keys.
+template <class RowFn>
+void build_csr(int64_t lq, std::vector<int64_t>& offsets, std::vector<int32_t>& cols, RowFn&& row_fn) {
+  const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
+  const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
+  std::vector<std::vector<int32_t>> chunk_cols(size_t(std::max<int64_t>(nchunks, 1)));
+  offsets.assign(size_t(lq) + 1, 0);
+  common::parallel_for(nchunks, threads, [&](int64_t c, int) {
+    std::vector<int32_t>& out = chunk_cols[size_t(c)];
+    for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
+      const size_t before = out.size();
+      row_fn(q, out);
+      offsets[size_t(q) + 1] = int64_t(out.size() - before);
+    }
+  });
+  for (int64_t q = 0; q < lq; ++q) offsets[size_t(q) + 1] += offsets[size_t(q)];
+  cols.clear();
+  cols.reserve(size_t(offsets.back()));
+  for (auto& c : chunk_cols) cols.insert(cols.end(), c.begin(), c.end());
+}
+
+}  // namespace
+
+Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t lq = pattern.q_len(), lk = pattern.k_len();
+  if (mode < -1 || mode > 1)
+    throw Error("compound must be -1 (chosen), 0 (never) or 1 (every column, row and scattered term), got " +
+                std::to_string(mode));
+  Split split;
+  auto whole = [&] {
+    Part p;
+    p.pattern = pattern;
+    p.nnz = analysis.nnz;
+    p.terms = pattern.spec();
+    split.parts = {std::move(p)};
+  };
+  if (mode == 0 || lq == 0 || lk == 0) {
+    whole();
+    return split;
+  }
+  std::vector<BoundPattern> tiles, columns, rows, scattered;
+  for (BoundPattern& t : pattern.union_terms()) {
+    switch (t.shape()) {
+      case BoundPattern::Shape::columns: columns.push_back(std::move(t)); break;
+      case BoundPattern::Shape::rows: rows.push_back(std::move(t)); break;
+      case BoundPattern::Shape::scattered: scattered.push_back(std::move(t)); break;
+      case BoundPattern::Shape::general: tiles.push_back(std::move(t)); break;
+    }
+  }
+  // The gathered keys (every row of a columns term keeps the same keys: its row 0's).
+  std::vector<int64_t> keys, all_keys;
+  if (!columns.empty()) {
+    for (auto& t : columns) {
+      t.row_keys(0, keys);
+      all_keys.insert(all_keys.end(), keys.begin(), keys.end());
+    }
+    std::sort(all_keys.begin(), all_keys.end());
+    all_keys.erase(std::unique(all_keys.begin(), all_keys.end()), all_keys.end());
+    if (mode < 0 && int64_t(all_keys.size()) * kPartsMaxFraction > lk) {
+      tiles.insert(tiles.end(), columns.begin(), columns.end());
+      columns.clear();
+      all_keys.clear();
+    }
+  }
+  // The owned rows: one contiguous range.
+  int64_t rb = 0, re = 0;
+  if (!rows.empty()) {
+    const BoundPattern u = BoundPattern::union_of(rows);
+    int64_t first = -1, last = -1, count = 0;
+    for (int64_t q = 0; q < lq; ++q)
+      if (u.row_nnz(q) > 0) {
+        if (first < 0) first = q;
+        last = q;
+        ++count;
+      }
+    const bool one_range = count > 0 && last - first + 1 == count;
+    if (!one_range || (mode < 0 && count * kPartsMaxFraction > lq)) {
+      tiles.insert(tiles.end(), rows.begin(), rows.end());
+      rows.clear();
+    } else {
+      rb = first, re = last + 1;
+    }
+  }
+  if (!scattered.empty() && mode < 0) {
+    int64_t n = 0;
+    for (auto& t : scattered) n += t.nnz();
+    if (n * kScatteredMaxFill > lq * lk) {
+      tiles.insert(tiles.end(), scattered.begin(), scattered.end());
+      scattered.clear();
+    }
+  }
+  // A rows part needs another part for the rows it does not own.
+  if (!rows.empty() && tiles.empty() && columns.empty() && scattered.empty()) {
+    tiles = rows;
+    rows.clear();
+  }
+  if (columns.empty() && rows.empty() && scattered.empty()) {
+    whole();
+    split.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return split;
+  }
+
+  const bool have_tiles = !tiles.empty();
+  const BoundPattern tile_pat = have_tiles ? BoundPattern::union_of(tiles) : BoundPattern{};
+  auto in_tiles = [&](int64_t q, int64_t k) { return have_tiles && tile_pat.contains(q, k); };
+  auto owned = [&](int64_t q) { return q >= rb && q < re; };
+  if (have_tiles) {
+    Part p;
+    p.pattern = tile_pat;
+    p.nnz = tile_pat.nnz();
+    p.terms = join_specs(tiles);
+    split.parts.push_back(std::move(p));
+  }
+  std::vector<char> in_columns;
+  if (!columns.empty()) {
+    Part p;
+    p.kind = PartKind::columns;
+    p.columns.assign(all_keys.begin(), all_keys.end());
+    in_columns.assign(size_t(lk), 0);
+    for (int64_t k : all_keys) in_columns[size_t(k)] = 1;
+    // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows.
+    build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
+      if (owned(q)) return;
+      for (size_t j = 0; j < all_keys.size(); ++j)
+        if (!in_tiles(q, all_keys[j])) out.push_back(int32_t(j));
+    });
+    p.nnz = int64_t(p.cols.size());
+    p.terms = join_specs(columns);
+    p.pattern = BoundPattern::from_rows(lq, int64_t(all_keys.size()), p.offsets, p.cols);
+    p.offsets.clear();
+    p.cols.clear();
+    if (p.nnz) split.parts.push_back(std::move(p));
+  }
+  if (!scattered.empty()) {
+    Part p;
+    p.kind = PartKind::scattered;
+    const BoundPattern u = BoundPattern::union_of(scattered);
+    build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
+      if (owned(q)) return;
+      thread_local std::vector<int64_t> ks;
+      u.row_keys(q, ks);
+      for (int64_t k : ks)
+        if (!in_tiles(q, k) && (in_columns.empty() || !in_columns[size_t(k)])) out.push_back(int32_t(k));
+    });
+    p.nnz = int64_t(p.cols.size());
+    p.terms = join_specs(scattered);
+    p.pattern = BoundPattern::from_rows(lq, lk, p.offsets, p.cols);
+    if (p.nnz) split.parts.push_back(std::move(p));
+  }
+  if (!rows.empty()) {
+    Part p;
+    p.kind = PartKind::rows;
+    p.row_begin = rb;
+    p.row_end = re;
+    p.pattern = Pattern::parse("dense").bind(re - rb, lk);
+    p.nnz = (re - rb) * lk;
+    p.terms = join_specs(rows);
+    split.parts.push_back(std::move(p));
+  }
+  // Every merged part empty (the rows part alone cannot give the other rows' empty output): no split.
+  if (std::none_of(split.parts.begin(), split.parts.end(), [](const Part& p) { return p.kind != PartKind::rows; })) whole();
+  split.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return split;
+}
+
+}  // namespace spattn::plan

@@ -1,0 +1,59 @@
+// plan/parts.hpp — a pattern split into parts, each run by the kernel that suits it, the parts' results merged
+// exactly through their log-sum-exp (plan/merge.hpp). Multigrain's coarse/fine split, driven by the spec's terms.
+//
+// The union terms of the spec (BoundPattern::union_terms) are sorted by shape:
+//   columns    global_cols / summary terms whose keys are few (at most Lk / 8): their keys are gathered once
+//              into a small K/V and run as a dense part over them (sparse_fixed's summaries, longformer's
+//              global columns);
+//   rows       global_rows terms (and global's rows) covering one contiguous range of at most Lq / 8 rows: run
+//              as dense rows against every key; such rows keep every key, so this part alone gives their
+//              output and the other parts' values there are replaced, not merged;
+//   scattered  random terms keeping at most Lk / 64 keys a row on average (below about 256 kept scores a
+//              128 x 128 tile, where a tile costs more than gathering its keys): a CSR part for the fine-grained
+//              kernel;
+//   tiles      every other term (and the above where they are too large): one pattern for the tile kernels.
+// Parts are disjoint where they merge: the columns part drops what the tiles part keeps, the scattered part what
+// the tiles and columns parts keep; rows of the rows part are dropped from the columns and scattered parts.
+// Their union is the pattern exactly (tests/parts_test.cpp checks both on every test pattern).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/analysis.hpp"
+#include "spattn/pattern.hpp"
+
+namespace spattn::plan {
+
+enum class PartKind { tiles, columns, rows, scattered };
+const char* part_kind_name(PartKind k);
+
+struct Part {
+  PartKind kind = PartKind::tiles;
+  // tiles: over (Lq, Lk). columns: over (Lq, columns.size()), compact key j standing for key columns[j].
+  // rows: dense over (row_end - row_begin, Lk). scattered: the CSR below as an explicit pattern over (Lq, Lk).
+  BoundPattern pattern;
+  std::vector<int32_t> columns;        // columns: the gathered keys, increasing
+  int64_t row_begin = 0, row_end = 0;  // rows: the query rows this part owns
+  std::vector<int64_t> offsets;        // scattered: row q keeps cols[offsets[q] .. offsets[q + 1])
+  std::vector<int32_t> cols;
+  int64_t nnz = 0;                     // kept scores of the part (per head)
+  std::string terms;                   // the spec terms it runs
+};
+
+// One line: kind, terms, kept scores, gathered keys or owned rows.
+std::string describe(const Part& part);
+
+struct Split {
+  std::vector<Part> parts;  // in run order: tiles, columns, scattered, rows
+  double ms = 0;            // time to split
+  // One tiles part over the whole pattern: nothing to merge.
+  bool compound() const { return parts.size() != 1 || parts[0].kind != PartKind::tiles; }
+  std::string describe() const;
+};
+
+// mode: -1 chosen by the rules above; 0 never (one tiles part); 1 every columns, rows and scattered term out of
+// the tiles, whatever its size (tests).
+Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode = -1);
+
+}  // namespace spattn::plan

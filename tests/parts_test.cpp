@@ -1,0 +1,172 @@
+// Compound plans (plan/parts.hpp): the parts of a split cover the pattern exactly and are disjoint where they merge;
+// union terms; the CPU engine's compound forward against the reference engine, and its choice of parts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "plan/parts.hpp"
+#include "spattn/plan.hpp"
+
+namespace {
+
+using spattn::BoundPattern;
+using spattn::plan::Part;
+using spattn::plan::PartKind;
+
+// Every (q, k): the pattern keeps it iff exactly one merged part does (rows of a rows part: the pattern keeps the
+// whole row, and the rows part is dense there).
+void expect_exact_cover(const BoundPattern& pat, const spattn::plan::Split& split) {
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  std::vector<int> count(size_t(lq * lk), 0);
+  std::vector<char> owned(size_t(lq), 0);
+  int64_t nnz_sum = 0;
+  for (const Part& p : split.parts) {
+    if (p.kind == PartKind::rows) {
+      ASSERT_EQ(p.pattern.q_len(), p.row_end - p.row_begin);
+      for (int64_t q = p.row_begin; q < p.row_end; ++q) {
+        owned[size_t(q)] = 1;
+        for (int64_t k = 0; k < lk; ++k) ASSERT_TRUE(pat.contains(q, k)) << "owned row " << q << " misses key " << k;
+      }
+      continue;
+    }
+    nnz_sum += p.nnz;
+    std::vector<int64_t> keys;
+    for (int64_t q = 0; q < lq; ++q) {
+      p.pattern.row_keys(q, keys);
+      for (int64_t j : keys) {
+        const int64_t k = p.kind == PartKind::columns ? p.columns[size_t(j)] : j;
+        ++count[size_t(q * lk + k)];
+      }
+    }
+  }
+  for (int64_t q = 0; q < lq; ++q) {
+    if (owned[size_t(q)]) continue;
+    for (int64_t k = 0; k < lk; ++k)
+      ASSERT_EQ(count[size_t(q * lk + k)], pat.contains(q, k) ? 1 : 0)
+          << pat.spec() << ": (" << q << ", " << k << ")\n" << split.describe();
+  }
+  (void)nnz_sum;
+}
+
+const char* kSpecs[] = {
+    "longformer(7, 3)",
+    "sparse_fixed(16)",
+    "sparse_fixed(10, 3)",
+    "local(5) | random(3, seed=4)",
+    "random(4, seed=9)",
+    "random(2) | random(3, seed=1) | summary(32)",
+    "global(0:2, 50) | local(left=6, right=0)",
+    "global_rows(5:9) | dilated(4, 3) | global_cols(7, 90:93)",
+    "(local(3) | random(2)) & causal",
+    "random(3, seed=5) & causal | block_diag(8) | global_cols(0)",
+    "bigbird(8, 1, 1, 1)",
+    "summary(16) | global_rows(0:4)",
+    "global_rows(0:3) | random(2)",
+    "dense | random(2)",
+    "causal",
+};
+
+TEST(Parts, CoverThePatternExactly) {
+  for (const char* spec : kSpecs)
+    for (auto [lq, lk] : {std::pair<int64_t, int64_t>{97, 97}, {64, 150}, {130, 61}})
+      for (int mode : {-1, 1}) {
+        BoundPattern pat;
+        try {
+          pat = spattn::parse(spec).bind(lq, lk);
+        } catch (const spattn::Error&) {
+          continue;  // lengths the spec refuses (document sums, global indices out of range)
+        }
+        const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode);
+        SCOPED_TRACE(std::string(spec) + " at " + std::to_string(lq) + "x" + std::to_string(lk) + " mode " +
+                     std::to_string(mode));
+        expect_exact_cover(pat, split);
+      }
+}
+
+TEST(Parts, SplitsWhatTheRulesSay) {
+  auto kinds = [](const char* spec, int64_t len, int mode = -1) {
+    const BoundPattern pat = spattn::parse(spec).bind(len);
+    std::string s;
+    for (const Part& p : spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode).parts)
+      s += std::string(s.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
+    return s;
+  };
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024), "tiles,columns,rows");
+  EXPECT_EQ(kinds("sparse_fixed(64)", 1024), "tiles,columns");
+  EXPECT_EQ(kinds("local(64) | random(4)", 1024), "tiles,scattered");
+  EXPECT_EQ(kinds("random(8)", 1024), "scattered");
+  EXPECT_EQ(kinds("random(100)", 1024), "tiles") << "a dense random term stays in tiles";
+  EXPECT_EQ(kinds("local(64) | global_cols(0:300)", 1024), "tiles") << "too many columns to gather";
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024, 0), "tiles") << "mode 0 never splits";
+  EXPECT_EQ(kinds("random(100)", 1024, 1), "scattered") << "mode 1 splits whatever the size";
+  EXPECT_EQ(kinds("bigbird(64, 1, 1, 1)", 1024), "tiles") << "random blocks cluster";
+  EXPECT_EQ(kinds("global_rows(0:4)", 1024), "tiles") << "a rows part alone cannot write the other rows";
+  EXPECT_THROW(kinds("local(4)", 64, 2), spattn::Error);
+}
+
+TEST(Parts, UnionTerms) {
+  const BoundPattern p = spattn::parse("longformer(4, 2) | (random(3) & causal)").bind(50);
+  std::vector<std::string> specs;
+  for (const BoundPattern& t : p.union_terms()) specs.push_back(t.spec());
+  const std::vector<std::string> want{"local(4)", "global_rows(0:2)", "global_cols(0:2)", "random(3, seed=0) & causal"};
+  EXPECT_EQ(specs, want);
+  const BoundPattern u = BoundPattern::union_of(p.union_terms());
+  for (int64_t q = 0; q < 50; ++q)
+    for (int64_t k = 0; k < 50; ++k) ASSERT_EQ(u.contains(q, k), p.contains(q, k)) << q << ", " << k;
+  EXPECT_EQ(spattn::parse("local(3) & causal").bind(10).union_terms().size(), 1u);
+  EXPECT_THROW(BoundPattern::union_of({spattn::parse("local(1)").bind(10), spattn::parse("local(1)").bind(11)}),
+               spattn::Error);
+}
+
+// The CPU engine's compound forward against the reference engine, on fresh inputs, GQA, every part kind.
+TEST(Parts, CpuCompoundMatchesReference) {
+  std::mt19937 rng(1234);
+  for (const char* spec : kSpecs) {
+    spattn::Problem pr;
+    pr.batch = 2, pr.q_heads = 4, pr.kv_heads = 2, pr.q_len = 131, pr.kv_len = 131, pr.head_dim = 16;
+    pr.dtype = spattn::DType::f32;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> q(size_t(2 * 131 * 4 * 16)), k(size_t(2 * 131 * 2 * 16)), v(k.size());
+    for (auto* t : {&q, &k, &v})
+      for (float& x : *t) x = nd(rng);
+    using spattn::TensorView;
+    const auto tq = TensorView::contiguous(q.data(), spattn::DType::f32, {2, 131, 4, 16});
+    const auto tk = TensorView::contiguous(k.data(), spattn::DType::f32, {2, 131, 2, 16});
+    const auto tv = TensorView::contiguous(v.data(), spattn::DType::f32, {2, 131, 2, 16});
+    auto run = [&](spattn::Engine e, int compound, std::string* explain) {
+      spattn::PlanOptions o;
+      o.engine = e;
+      o.compound = compound;
+      const spattn::Plan plan = spattn::make_plan(spattn::parse(spec), pr, spattn::Device::cpu(), o);
+      std::vector<float> out(q.size()), lse(size_t(2 * 4 * 131));
+      plan.forward(tq, tk, tv, TensorView::contiguous(out.data(), spattn::DType::f32, {2, 131, 4, 16}),
+                   TensorView::contiguous(lse.data(), spattn::DType::f32, {2, 4, 131, 1}));
+      if (explain) *explain = plan.explain();
+      out.insert(out.end(), lse.begin(), lse.end());
+      return out;
+    };
+    const std::vector<float> want = run(spattn::Engine::reference, -1, nullptr);
+    for (int mode : {-1, 1}) {
+      std::string explain;
+      const std::vector<float> got = run(spattn::Engine::cpu_fused, mode, &explain);
+      const bool compound = explain.find("compound plan") != std::string::npos;
+      // Mode 1 splits every pattern with a column, row or scattered term that keeps something of its own.
+      const std::string sp = spec;
+      const bool splits = sp != "causal" && sp.rfind("bigbird", 0) != 0 && sp != "dense | random(2)";
+      if (mode == 1) EXPECT_EQ(compound, splits) << spec << ": " << explain;
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (std::isinf(want[i])) {
+          ASSERT_EQ(got[i], want[i]) << spec << " mode " << mode << " at " << i;
+          continue;
+        }
+        ASSERT_NEAR(got[i], want[i], 2e-4 * (1 + std::fabs(want[i]))) << spec << " mode " << mode << " at " << i << "\n"
+                                                                       << explain;
+      }
+    }
+  }
+}
+
+}  // namespace
