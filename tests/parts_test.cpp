@@ -94,7 +94,8 @@ TEST(Parts, SplitsWhatTheRulesSay) {
       s += std::string(s.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
     return s;
   };
-  EXPECT_EQ(kinds("longformer(64, 8)", 1024), "tiles,columns,rows");
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024), "tiles") << "global columns in one key tile, rows only when asked";
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024, 1), "tiles,columns,rows");
   EXPECT_EQ(kinds("sparse_fixed(64)", 1024), "tiles,columns");
   EXPECT_EQ(kinds("local(64) | random(4)", 1024), "tiles,scattered");
   EXPECT_EQ(kinds("random(8)", 1024), "scattered");

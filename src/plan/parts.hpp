@@ -2,15 +2,17 @@
 // exactly through their log-sum-exp (plan/merge.hpp). Multigrain's coarse/fine split, driven by the spec's terms.
 //
 // The union terms of the spec (BoundPattern::union_terms) are sorted by shape:
-//   columns    global_cols / summary terms whose keys are few (at most Lk / 8): their keys are gathered once
-//              into a small K/V and run as a dense part over them (sparse_fixed's summaries, longformer's
-//              global columns);
-//   rows       global_rows terms (and global's rows) covering one contiguous range of at most Lq / 8 rows: run
-//              as dense rows against every key; such rows keep every key, so this part alone gives their
-//              output and the other parts' values there are replaced, not merged;
-//   scattered  random terms keeping at most Lk / 64 keys a row on average (below about 256 kept scores a
-//              128 x 128 tile, where a tile costs more than gathering its keys): a CSR part for the fine-grained
-//              kernel;
+//   columns    global_cols / summary terms whose keys are few (at most Lk / kPartsMaxFraction) and spread over
+//              more 128-key tiles than twice the key tiles the other terms visit a row: their keys are gathered
+//              once into a small K/V and run as a dense part over them (sparse_fixed's summaries; not
+//              longformer's global columns, which fill one tile);
+//   rows       global_rows terms (and global's rows) covering one contiguous range: run as dense rows against
+//              every key; such rows keep every key, so this part alone gives their output and the other parts'
+//              values there are replaced, not merged. Only in mode 1 (no split over keys yet: slower than the
+//              tile kernels' own scheduling of those rows);
+//   scattered  random terms keeping at most Lk / kScatteredMaxFill keys a row on average (below about 256 kept
+//              scores a 128 x 128 tile, where a tile costs more than gathering its keys): a CSR part for the
+//              fine-grained kernel;
 //   tiles      every other term (and the above where they are too large): one pattern for the tile kernels.
 // Parts are disjoint where they merge: the columns part drops what the tiles part keeps, the scattered part what
 // the tiles and columns parts keep; rows of the rows part are dropped from the columns and scattered parts.

@@ -138,7 +138,7 @@ TEST(PlanGpu, CompoundMatchesReference) {
     int compound;
     const char* parts;  // the kinds explain must list, in order
   } const cases[] = {
-      {"longformer(64, 8)", 64, DType::bf16, -1, "tiles columns rows"},
+      {"longformer(64, 8)", 64, DType::bf16, 1, "tiles columns rows"},
       {"sparse_fixed(64)", 64, DType::bf16, -1, "tiles columns"},
       {"sparse_fixed(50, 3)", 128, DType::f16, -1, "tiles columns"},
       {"local(64) | random(4, seed=3)", 64, DType::bf16, -1, "tiles scattered"},

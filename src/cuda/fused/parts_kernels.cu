@@ -57,35 +57,87 @@ __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f
 constexpr int kWarps = 4;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// E consecutive elements as raw 16-byte words (issued now, converted when used).
+template <int W>
+__device__ __forceinline__ void fetch(const char* p, uint4 (&w)[W]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) w[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
+}
+template <class T, int W>
+__device__ __forceinline__ void to_float(const uint4 (&w)[W], float (&f)[W * 8]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const uint32_t x[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 t = Pack<T>::unpack(x[j]);
+      f[i * 8 + 2 * j] = t.x;
+      f[i * 8 + 2 * j + 1] = t.y;
+    }
+  }
+}
+
+// Four rows a warp (rows = flattened (b, q, h), heads fastest): group g = lane / 8 takes row 4 * warp + g, lane
+// s = lane % 8 its elements [s * E, s * E + E). Two keys a step, software-pipelined: a step's K/V rows are in
+// flight while the step before is computed, and its key indices one step earlier still (the loads are the cost:
+// K/V rows gathered through L2). The trip count is the warp's longest row (the score shuffles need every lane); a
+// slot past its row's end loads a valid row and scores -inf.
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32) scattered_kernel(ScatteredParams p) {
-  constexpr int E = D / 8;
-  const int64_t warp = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31, g = lane >> 3, s = lane & 7;
-  if (warp >= int64_t(p.batch) * p.q_len * p.q_heads) return;
-  const int h = int(warp % p.q_heads);
-  const int64_t bq = warp / p.q_heads;
-  const int q = int(bq % p.q_len), b = int(bq / p.q_len), hk = h / p.group;
+  constexpr int E = D / 8, W = E / 8;
   constexpr int64_t es = sizeof(T);
+  const int lane = threadIdx.x & 31, g = lane >> 3, s = lane & 7;
+  const int64_t nrows = int64_t(p.batch) * p.q_len * p.q_heads;
+  const int64_t row = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * 4 + g;
+  const bool live = row < nrows;
+  const int64_t r = live ? row : 0;
+  const int h = int(r % p.q_heads);
+  const int64_t bq = r / p.q_heads;
+  const int q = int(bq % p.q_len), b = int(bq / p.q_len), hk = h / p.group;
+  const int64_t beg = live ? p.offsets[q] : 0;
+  const int n = live ? int(p.offsets[q + 1] - beg) : 0;
+  int nmax = n;
+  nmax = max(nmax, __shfl_xor_sync(0xffffffffu, nmax, 8));
+  nmax = max(nmax, __shfl_xor_sync(0xffffffffu, nmax, 16));
+  if (nmax == 0 && p.merge) return;  // no row of this warp keeps a key here
+  char* orow = static_cast<char*>(p.o.data) + (b * p.o.sb + q * p.o.sl + h * p.o.sh + s * E) * es;
+  float* lse = p.lse + b * p.lse_sb + h * p.lse_sh + q;
+  uint4 prev[W];  // merge: the other parts' row, fetched now, used at the end
+  float lse_prev = -INFINITY;
+  if (p.merge && n > 0) {
+    fetch<W>(orow, prev);
+    lse_prev = *lse;
+  }
   float qf[E];
   load_row<T, E>(static_cast<const char*>(p.q.data) + (b * p.q.sb + q * p.q.sl + h * p.q.sh + s * E) * es, qf);
 #pragma unroll
   for (int e = 0; e < E; ++e) qf[e] *= p.scale_log2;
   const char* kbase = static_cast<const char*>(p.k.data) + (b * p.k.sb + hk * p.k.sh + s * E) * es;
   const char* vbase = static_cast<const char*>(p.v.data) + (b * p.v.sb + hk * p.v.sh + s * E) * es;
+  auto key_at = [&](int j) -> int64_t { return j < n ? p.cols[beg + j] : 0; };
+  const int steps = (nmax + 1) / 2;
+  int64_t kn0 = key_at(0), kn1 = key_at(1);  // step 0's keys
+  uint4 kc0[W], kc1[W], vc0[W], vc1[W];
+  fetch<W>(kbase + kn0 * p.k.sl * es, kc0);
+  fetch<W>(kbase + kn1 * p.k.sl * es, kc1);
+  fetch<W>(vbase + kn0 * p.v.sl * es, vc0);
+  fetch<W>(vbase + kn1 * p.v.sl * es, vc1);
+  kn0 = key_at(2), kn1 = key_at(3);  // step 1's keys
   float m = -INFINITY, l = 0.f, acc[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  const int64_t beg = p.offsets[q], end = p.offsets[q + 1];
-  // Group g takes keys beg + g, beg + g + 4, ...; two of them an iteration (all four rows' loads in flight).
-  for (int64_t i = beg + g; i < end; i += 8) {
-    const bool two = i + 4 < end;
-    const int64_t k0 = p.cols[i], k1 = two ? p.cols[i + 4] : k0;
+  for (int t = 0; t < steps; ++t) {
+    uint4 kx0[W], kx1[W], vx0[W], vx1[W];
+    if (t + 1 < steps) {  // step t + 1 in flight, step t + 2's keys asked for
+      fetch<W>(kbase + kn0 * p.k.sl * es, kx0);
+      fetch<W>(kbase + kn1 * p.k.sl * es, kx1);
+      fetch<W>(vbase + kn0 * p.v.sl * es, vx0);
+      fetch<W>(vbase + kn1 * p.v.sl * es, vx1);
+      kn0 = key_at(2 * t + 4), kn1 = key_at(2 * t + 5);
+    }
     float kf0[E], kf1[E], vf0[E], vf1[E];
-    load_row<T, E>(kbase + k0 * p.k.sl * es, kf0);
-    load_row<T, E>(kbase + k1 * p.k.sl * es, kf1);
-    load_row<T, E>(vbase + k0 * p.v.sl * es, vf0);
-    load_row<T, E>(vbase + k1 * p.v.sl * es, vf1);
+    to_float<T, W>(kc0, kf0);
+    to_float<T, W>(kc1, kf1);
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) s0 = fmaf(qf[e], kf0[e], s0), s1 = fmaf(qf[e], kf1[e], s1);
@@ -94,38 +146,29 @@ __global__ void __launch_bounds__(kWarps * 32) scattered_kernel(ScatteredParams 
       s0 += __shfl_xor_sync(0xffffffffu, s0, off);
       s1 += __shfl_xor_sync(0xffffffffu, s1, off);
     }
-    if (!two) s1 = -INFINITY;
+    if (2 * t >= n) s0 = -INFINITY;
+    if (2 * t + 1 >= n) s1 = -INFINITY;
     const float mn = fmaxf(m, fmaxf(s0, s1)), ms = safe_max(mn);
     const float corr = exp2f(m - ms), p0 = exp2f(s0 - ms), p1 = exp2f(s1 - ms);
     l = l * corr + p0 + p1;
+    to_float<T, W>(vc0, vf0);
+    to_float<T, W>(vc1, vf1);
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = fmaf(p1, vf1[e], fmaf(p0, vf0[e], acc[e] * corr));
     m = mn;
-  }
-  // The four groups' partial rows, merged (every lane ends with the row).
 #pragma unroll
-  for (int off = 8; off < 32; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l, off);
-    const float mn = fmaxf(m, m2), ms = safe_max(mn), c1 = exp2f(m - ms), c2 = exp2f(m2 - ms);
-    l = l * c1 + l2 * c2;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = acc[e] * c1 + __shfl_xor_sync(0xffffffffu, acc[e], off) * c2;
-    m = mn;
+    for (int i = 0; i < W; ++i) kc0[i] = kx0[i], kc1[i] = kx1[i], vc0[i] = vx0[i], vc1[i] = vx1[i];
   }
-  if (g != 0) return;
+  if (!live) return;
   const float lse_part = l == 0.f ? -INFINITY : (m + log2f(l)) * kLn2;  // NaN stays NaN
-  float* lse = p.lse + b * p.lse_sb + h * p.lse_sh + q;
-  char* orow = static_cast<char*>(p.o.data) + (b * p.o.sb + q * p.o.sl + h * p.o.sh + s * E) * es;
   const float inv = l == 0.f ? 0.f : 1.f / l;
   if (p.merge) {
-    if (l == 0.f) return;  // nothing kept here: the row stays as the other parts left it
-    float prev[E];
-    load_row<T, E>(orow, prev);
-    const float lse_prev = *lse;
+    if (n == 0) return;  // nothing kept here: the row stays as the other parts left it
+    float pf[E];
+    to_float<T, W>(prev, pf);
     const plan::MergeWeights w = plan::merge_weights(lse_prev, lse_part);
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = w.wa * prev[e] + w.wb * acc[e] * inv;
-    __syncwarp(0xffu);
+    for (int e = 0; e < E; ++e) acc[e] = w.wa * pf[e] + w.wb * acc[e] * inv;
     store_row<T, E>(orow, acc);
     if (s == 0) *lse = w.lse;
     return;
@@ -140,7 +183,8 @@ template <class T, int D>
 int launch_scattered_t(const ScatteredParams& p, cudaStream_t st) {
   const int64_t rows = int64_t(p.batch) * p.q_len * p.q_heads;
   if (rows == 0) return 0;
-  scattered_kernel<T, D><<<unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(p);
+  const int64_t warps = (rows + 3) / 4;
+  scattered_kernel<T, D><<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(p);
   return int(cudaGetLastError());
 }
 
