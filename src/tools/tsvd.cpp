@@ -30,7 +30,8 @@ const char* kTsvdUsage =
     "            [--kernel auto|tile|streamk|gemv] [--threads N]      X is M x K; Y = X * TSVD(W), float32\n"
     "  error     --in W.npy --factors F.tsvd [--per-tile]   per-tile and total relative Frobenius error\n"
     "  info      --factors F.tsvd\n"
-    ;
+    "  bench     [--shapes M:K:N,...] [--ratios 2,4,8] [--tiles 128,256] [--dtype bf16|fp16] [--reps 50] [--json FILE]\n"
+    "            the GPU: cuBLAS GEMM on W, SVD-matmul (two cuBLAS GEMMs) at the same ratio, and the TSVD kernels\n";
 
 std::string require(const Args& a, const std::string& name) {
   if (!a.has(name)) throw Error("missing --" + name);
@@ -180,6 +181,7 @@ int tsvd_main(int argc, char** argv) {
   if (sub == "matmul") return cmd_matmul(argc, argv);
   if (sub == "error") return cmd_error(argc, argv);
   if (sub == "info") return cmd_info(argc, argv);
+  if (sub == "bench") return tsvd_bench_main(argc, argv);
   if (sub == "help" || sub == "--help" || sub == "-h") {
     std::cout << kTsvdUsage;
     return 0;

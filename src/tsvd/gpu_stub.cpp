@@ -2,7 +2,7 @@
 #include "spattn/config.hpp"
 #include "spattn/tsvd.hpp"
 
-#if 1  // step 1: the CUDA TSVD kernels come next
+#if !SPATTN_HAVE_CUDA
 namespace spattn {
 namespace {
 [[noreturn]] void no_cuda() {
