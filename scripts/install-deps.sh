@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing spattn needs on a Debian machine: compiler, CMake, Ninja, GoogleTest,
-# OpenBLAS (the dense baseline of the CPU benchmark) and numpy (the independent Python oracle in tests/).
+# OpenBLAS (the dense baseline of the CPU benchmark), LAPACK (TSVD compression) and numpy (the independent Python oracle in tests/).
 # The CUDA toolkit is optional: where nvcc is on PATH, the CUDA sources build too.
 set -euo pipefail
-pkgs="g++ cmake ninja-build libgtest-dev libopenblas-dev python3"
+pkgs="g++ cmake ninja-build libgtest-dev libopenblas-dev liblapack-dev python3"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -26,8 +26,10 @@ import numpy as np
 
 from . import _core
 from ._core import Error, Pattern
+from .tsvd import TsvdFactors, tsvd_compress, tsvd_load
 
-__all__ = ["Error", "Pattern", "Plan", "plan", "attention", "mask", "build_info", "__version__"]
+__all__ = ["Error", "Pattern", "Plan", "plan", "attention", "mask", "build_info", "TsvdFactors", "tsvd_compress",
+           "tsvd_load", "__version__"]
 
 __version__: str = _core.build_info()["version"]
 

@@ -11,6 +11,70 @@ from numpy.typing import NDArray
 class Error(ValueError):
     pass
 
+class TsvdFactors:
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def tile_k(self) -> int: ...
+
+    @property
+    def tile_n(self) -> int: ...
+
+    @property
+    def common(self) -> int: ...
+
+    @property
+    def ranks(self) -> list[int]:
+        """Per tile, row-major (per group with TSVD-common)."""
+
+    @property
+    def tile_rows(self) -> int: ...
+
+    @property
+    def tile_cols(self) -> int: ...
+
+    @property
+    def stored(self) -> int:
+        """Floats kept."""
+
+    @property
+    def compression(self) -> float:
+        """K N / stored floats."""
+
+    def rank(self, i: int, j: int) -> int: ...
+
+    def a(self, i: int, j: int) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+        """
+        A of tile (i, j) = U_r S_r (a copy; TSVD-common: the group's shared A, tile_k rows).
+        """
+
+    def b(self, i: int, j: int) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+        """B of tile (i, j) = V_r^T (a copy)."""
+
+    def matmul(self, x: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], threads: int = 0) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+        """Y = X * TSVD(W) on the CPU (X: M x K float32), float32 M x N."""
+
+    def reconstruct(self) -> Annotated[NDArray[numpy.float32], dict(shape=(None, None))]:
+        """W as the factors give it back (K x N)."""
+
+    def error(self, w: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)]) -> tuple:
+        """
+        (total, per-tile list): relative Frobenius errors of the factors against W.
+        """
+
+    def save(self, path: str) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+def tsvd_compress(w: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], tile_k: int, tile_n: int, rank: int, ratio: float, error: float, common: int, threads: int) -> TsvdFactors: ...
+
+def tsvd_load(path: str) -> TsvdFactors:
+    """Reads a .tsvd file; raises spattn.Error naming a bad field."""
+
 def build_info() -> dict:
     """
     Version and build options of this spattn build, and how many GPUs it sees.

@@ -362,9 +362,12 @@ nb::ndarray<nb::numpy, bool, nb::ndim<2>> dense_mask(const spattn::BoundPattern&
 
 }  // namespace
 
+void bind_tsvd(nb::module_& m);  // python/src/tsvd.cpp
+
 NB_MODULE(_core, m) {
   m.doc() = "spattn's compiled core (use the `spattn` package, not this module)";
   nb::exception<spattn::Error>(m, "Error", PyExc_ValueError);
+  bind_tsvd(m);
 
   m.def(
       "build_info",

@@ -29,5 +29,9 @@ int run_attention(const RunOptions& o);
 double run_cuda(const Pattern& pattern, const Problem& problem, const TensorView& q, const TensorView& k,
                 const TensorView& v, float* o, float* lse, const PlanOptions& options, std::string* engine);
 int bench_cpu_main(int argc, char** argv);
+// `spattn tsvd ...` (src/tools/tsvd.cpp); argv[1] is "tsvd".
+int tsvd_main(int argc, char** argv);
+// `spattn tsvd bench` (bench/tsvd_bench.cpp; the GPU).
+int tsvd_bench_main(int argc, char** argv);
 
 }  // namespace spattn::tools

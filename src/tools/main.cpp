@@ -1,4 +1,4 @@
-// The `spattn` command: mask, run, show, explain, info, bench. Bad input gives a one-line message on stderr
+// The `spattn` command: mask, run, show, explain, info, bench, tsvd. Bad input gives a one-line message on stderr
 // and a non-zero exit code, never an abort.
 #include <algorithm>
 #include <chrono>
@@ -36,7 +36,8 @@ const char* kUsage =
     "  explain  nnz, density, blocks, runs, strips, and the fused GPU kernel's tile plan\n"
     "                                                   --pattern SPEC --len L [--dim 64|128]\n"
     "  bench    benchmark suite                          --device cpu|cuda [--suite standard | --pattern SPEC] ...\n"
-    "  info     version, build options, CPU, GPUs\n";
+    "  info     version, build options, CPU, GPUs\n"
+    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
 
 const char* kRunUsage =
     "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
@@ -257,6 +258,7 @@ int main_impl(int argc, char** argv) {
   if (cmd == "show") return cmd_show(argc, argv);
   if (cmd == "explain") return cmd_explain(argc, argv);
   if (cmd == "info") return cmd_info(argc, argv);
+  if (cmd == "tsvd") return tsvd_main(argc, argv);
   if (cmd == "bench") {
     for (int i = 2; i + 1 < argc; ++i)
       if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.d/tsvd.sh [OUTDIR] — GPU checks of TSVD (issue 26): SASS (HMMA in the TSVD kernels), the GPU
+# tests (tests/gpu/tsvd_gpu_test.cpp: the tensor-core, stream-K and gemv kernels against the CPU TSVD matmul, cuSOLVER
+# compression against LAPACK), compute-sanitizer memcheck and racecheck on a small case, and `spattn tsvd bench`
+# (cuBLAS GEMM, SVD-matmul as two cuBLAS GEMMs, TSVD; the issue's shapes at ratios 2, 4, 8) as JSON.
+# Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
+# dir); standalone it configures for the GPU it finds and builds only what it runs into build-tsvd/ (GoogleTest
+# from /tmp/gtest-install or .gtest/ when the machine has none). TSVD_BENCH_ARGS adds bench arguments.
+set -uo pipefail
+unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
+mkdir -p "$OUTD"
+OUTD=$(cd "$OUTD" && pwd)
+BUILD=${SPATTN_BUILD:-}
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+rc=0
+if [ -z "$BUILD" ]; then
+  BUILD=$ROOT/build-tsvd
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  case "${cc%.*}" in
+    9) ARCH=90a-real ;;
+    10 | 12) ARCH=${cc/./}a-real ;;
+    "") echo "tsvd.sh: no GPU found (nvidia-smi)"; exit 2 ;;
+    *) ARCH=${cc/./}-real ;;
+  esac
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUTD/tsvd_machine.txt"
+  extra=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
+    if [ -d "$ROOT/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
+      cmake -S "$ROOT/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
+        -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "tsvd.sh: gtest build failed"
+    fi
+    [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
+  fi
+  echo "== tsvd: configure + build for $ARCH ($(elapsed))"
+  if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
+           -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${extra[@]}" >"$OUTD/tsvd_build.log" 2>&1 &&
+         ninja -C "$BUILD" -j"$(nproc)" spattn_cli tsvd_test tsvd_gpu_test >>"$OUTD/tsvd_build.log" 2>&1; }; then
+    grep -B2 -A8 -E "error|FAILED" "$OUTD/tsvd_build.log" | head -40
+    echo "tsvd.sh: build failed ($(elapsed))"
+    exit 1
+  fi
+  echo "built ($(elapsed))"
+fi
+CLI=$BUILD/spattn
+GTEST=$BUILD/tests/tsvd_gpu_test
+
+echo "== tsvd: SASS"
+if command -v cuobjdump >/dev/null; then
+  lib=$(ls "$BUILD"/libspattn.so "$BUILD"/libspattn.a 2>/dev/null | head -1)
+  cuobjdump --dump-sass "$lib" 2>/dev/null | awk '/Function :/ {f = ($0 ~ /tsvd/)} f && /HMMA/ {n++} END {print "HMMA instructions in the TSVD kernels: " n+0}'
+  cuobjdump --dump-resource-usage "$lib" 2>/dev/null | grep -A1 -E "tsvd_(mma|gemv)" | grep -oE "REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+" |
+    paste -sd' ' | sed 's/^/registers, stack, local (spills) per TSVD kernel: /'
+fi
+
+echo "== tsvd: tests ($(elapsed))"
+"$BUILD/tests/tsvd_test" >"$OUTD/tsvd_test.log" 2>&1 || rc=1
+tail -1 "$OUTD/tsvd_test.log"
+if [ -x "$GTEST" ]; then
+  timeout 300 "$GTEST" >"$OUTD/tsvd_gpu_test.log" 2>&1 || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|error|differs|not written" "$OUTD/tsvd_gpu_test.log" | head -60
+else
+  echo "no $GTEST"; rc=1
+fi
+
+echo "== tsvd: compute-sanitizer ($(elapsed))"
+if command -v compute-sanitizer >/dev/null && [ -x "$GTEST" ]; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$GTEST" --gtest_filter='TsvdGpu.SmallCaseForSanitizers' \
+      >"$OUTD/tsvd_$tool.log" 2>&1
+    r=$?
+    echo "$tool: rc $r; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/tsvd_$tool.log" | head -1)"
+    [ $r -eq 0 ] || rc=1
+  done
+else
+  echo "compute-sanitizer missing"; rc=1
+fi
+
+echo "== tsvd: bench ($(elapsed))"
+# shellcheck disable=SC2086
+timeout 300 "$CLI" tsvd bench --json "$OUTD/tsvd_bench.json" ${TSVD_BENCH_ARGS:-} >"$OUTD/tsvd_bench.txt" 2>"$OUTD/tsvd_bench.log" || rc=1
+cat "$OUTD/tsvd_bench.txt"
+tail -5 "$OUTD/tsvd_bench.log"
+echo "tsvd.sh: rc $rc ($(elapsed))"
+exit $rc

@@ -1,0 +1,44 @@
+// cuda/tsvd/kernels.hpp — the TSVD matmul kernels' parameters and launchers (host side; kernels.cu).
+//
+// Device layout of the factors (built by TsvdGpu from TsvdFactors): one rank r for every tile, padded with zeros
+// to rp (a multiple of 16, the mma k-step); tiles row-major (t = i * tile_cols + j):
+//   a: [tile_rows][tile_cols][tile_k][rp]     (A_ij = U_r S_r)
+//   b: [tile_rows][tile_cols][rp][tile_n]     (B_ij = V_r^T)
+// X is M x K and Y is M x N, row-major, bf16 or fp16; accumulation in fp32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spattn::cuda::tsvd {
+
+// The tensor-core kernel's CTA tile: BM rows of X / Y, BN columns of Y (inside one tile column), K-chunks of BK.
+constexpr int kBM = 64, kBN = 128, kBK = 64, kMmaThreads = 128;
+constexpr int kGemvThreads = 256;
+
+struct Params {
+  const void* x = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* y = nullptr;
+  float* partial = nullptr;  // fixup slots: mma [grid][2][kBM * kBN]; gemv [splits][N]
+  int* counters = nullptr;   // arrivals per output tile (mma) / tile column (gemv); zero between launches
+  int m = 0, k = 0, n = 0, tile_k = 0, tile_n = 0, rp = 0;
+  int tile_cols = 0, kt = 0;  // tile columns of the factors; K tile rows
+  // mma: output tiles m_tiles x n_tiles (of kBM x kBN); the (tile, tile row) iterations, `total`, are split evenly
+  // over `grid` CTAs (grid == tiles: one CTA per tile; fewer: stream-K). gemv: `grid` = tile_cols * splits.
+  int m_tiles = 0, n_tiles = 0, splits = 1;
+  long long total = 0;
+  int grid = 0;
+};
+
+// Fused tensor-core TSVD matmul (mma.sync m16n8k16): per (output tile, tile row i), P = X_i A_ij stays in
+// registers, then Y += P B_ij. Needs tile_k % kBK == 0, tile_n % kBN == 0, rp in {16, 32, 64, 128}.
+void launch_mma(const Params& p, bool bf16, cudaStream_t stream);
+size_t mma_smem_bytes(int rp);
+int mma_ctas_per_sm(int rp, bool bf16);  // occupancy (for the stream-K grid)
+// M = 1: one CTA per (tile column, split of its tile rows), A_ij and B_ij streamed once with 16-byte loads.
+// Needs tile_k % 8 == 0, tile_n % 8 == 0, tile_n <= 2048, rp <= 256.
+void launch_gemv(const Params& p, bool bf16, cudaStream_t stream);
+
+}  // namespace spattn::cuda::tsvd

@@ -1,0 +1,204 @@
+// The GPU TSVD matmul kernels (tensor-core per tile, stream-K, M = 1 gemv) against the CPU TSVD matmul on the
+// same factors rounded to the GPU's dtype, and cuSOLVER compression against the CPU's. GPU tests skip themselves,
+// with the reason, where no GPU is usable. Each case names the failure it guards against.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spattn/config.hpp"
+#include "spattn/device.hpp"
+#include "spattn/tsvd.hpp"
+
+using spattn::DType;
+using spattn::TsvdFactors;
+
+namespace {
+
+// The library's own list of GPUs says why there is none.
+#define REQUIRE_GPU()                                         \
+  do {                                                        \
+    std::string why;                                          \
+    if (spattn::list_gpus(&why).empty()) GTEST_SKIP() << why; \
+  } while (0)
+
+float round16(float v, DType t) { return t == DType::bf16 ? spattn::bf16_to_float(spattn::float_to_bf16(v)) : spattn::half_to_float(spattn::float_to_half(v)); }
+
+// Random factors with one rank, already rounded to `t` (so the CPU reference sees what the GPU sees).
+TsvdFactors random_factors(int64_t k, int64_t n, int64_t tile_k, int64_t tile_n, int rank, DType t, uint64_t seed) {
+  TsvdFactors f;
+  f.k = k, f.n = n, f.tile_k = tile_k, f.tile_n = tile_n;
+  f.ranks.assign(size_t(f.tile_rows() * f.tile_cols()), rank);
+  f.layout(true);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  const float sa = 1.f / std::sqrt(float(tile_k)), sb = 1.f / std::sqrt(float(rank));
+  for (float& v : f.a) v = round16(sa * nd(rng), t);
+  for (float& v : f.b) v = round16(sb * nd(rng), t);
+  return f;
+}
+
+struct Case {
+  const char* what;
+  int64_t m, k, n, tile_k, tile_n;
+  int rank;
+  const char* kernel;
+  DType dtype;
+};
+
+// Y on the GPU for x (rounded to the dtype), widened to float.
+std::vector<float> run_gpu(const TsvdFactors& f, const std::vector<float>& x, int64_t m, DType t, const std::string& kernel,
+                           std::string* ran, int launches = 1) {
+  spattn::TsvdGpu g(f, t);
+  std::vector<uint16_t> hx(x.size()), hy(size_t(m * f.n));
+  for (size_t i = 0; i < x.size(); ++i) hx[i] = t == DType::bf16 ? spattn::float_to_bf16(x[i]) : spattn::float_to_half(x[i]);
+  void *dx = nullptr, *dy = nullptr;
+  EXPECT_EQ(cudaMalloc(&dx, hx.size() * 2), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&dy, hy.size() * 2), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dx, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<float> first;
+  for (int l = 0; l < launches; ++l) {
+    EXPECT_EQ(cudaMemset(dy, 0xff, hy.size() * 2), cudaSuccess);  // NaN: a row or column never written shows
+    g.matmul(dx, m, dy, nullptr, kernel);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(hy.data(), dy, hy.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> y(hy.size());
+    for (size_t i = 0; i < y.size(); ++i) y[i] = t == DType::bf16 ? spattn::bf16_to_float(hy[i]) : spattn::half_to_float(hy[i]);
+    if (l == 0) first = y;
+    else EXPECT_EQ(y, first) << "launch " << l << " differs: the fixup is not deterministic or its counters were not reset";
+  }
+  *ran = g.last_kernel();
+  cudaFree(dx);
+  cudaFree(dy);
+  return first;
+}
+
+class TsvdGpuSuite : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
+  REQUIRE_GPU();
+  const Case c = GetParam();
+  const TsvdFactors f = random_factors(c.k, c.n, c.tile_k, c.tile_n, c.rank, c.dtype, uint64_t(c.m * 7 + c.rank));
+  std::mt19937_64 rng(uint64_t(c.k));
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(c.m * c.k));
+  for (float& v : x) v = round16(nd(rng), c.dtype);
+  std::vector<float> ref(size_t(c.m * c.n));
+  spattn::tsvd_matmul(f, x.data(), c.m, ref.data());
+  std::string ran;
+  const std::vector<float> y = run_gpu(f, x, c.m, c.dtype, c.kernel, &ran, 2);
+  // P = X_i A_ij is rounded to 16 bits before the second product, Y once at the end: errors of a few 2^-8.
+  double d = 0, s = 0, worst = 0, scale = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << "Y[" << i / size_t(c.n) << ", " << i % size_t(c.n) << "] not written (" << ran << ")";
+    d += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
+    s += double(ref[i]) * ref[i];
+    worst = std::max(worst, std::abs(double(y[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  const double tol = c.dtype == DType::bf16 ? 1.2e-2 : 2e-3;
+  EXPECT_LT(std::sqrt(d / s), tol) << c.what << " (" << ran << ")";
+  EXPECT_LT(worst / scale, 4 * tol) << c.what << " (" << ran << ")";
+  if (std::string(c.kernel) != "auto") EXPECT_EQ(ran.rfind(c.kernel, 0), 0u) << ran;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tsvd, TsvdGpuSuite,
+    ::testing::Values(
+        Case{"one tile per CTA, M a multiple of 64", 128, 256, 256, 128, 128, 32, "tile", DType::bf16},
+        Case{"M not a multiple of 64 (row guard), tile 256 (two CTA columns per tile)", 70, 512, 512, 256, 256, 64, "tile", DType::bf16},
+        Case{"stream-K: tiles split across CTAs, fixup", 70, 1024, 256, 256, 128, 64, "streamk", DType::bf16},
+        Case{"stream-K, CTA ranges across tile boundaries (more iterations than CTAs)", 500, 512, 1024, 64, 128, 16, "streamk", DType::bf16},
+        Case{"rank 20 padded to 32 with zeros", 64, 256, 256, 128, 128, 20, "tile", DType::bf16},
+        Case{"rank 128 (the largest tensor-core rank)", 64, 512, 256, 256, 128, 128, "streamk", DType::f16},
+        Case{"fp16, stream-K", 33, 512, 256, 128, 128, 32, "streamk", DType::f16},
+        Case{"M = 1 through the tensor-core kernel", 1, 512, 256, 128, 128, 16, "tile", DType::bf16},
+        Case{"M = 1 gemv, tile 256, splits with fixup", 1, 2048, 1024, 256, 256, 64, "gemv", DType::bf16},
+        Case{"M = 1 gemv, tile 64 and rank 4 padded to 16", 1, 1024, 512, 64, 64, 4, "gemv", DType::bf16},
+        Case{"M = 1 gemv, non-square tile, rank 48 (vectors a row do not divide the threads)", 1, 768, 1024, 128, 512, 48, "gemv", DType::f16},
+        Case{"auto on a small problem", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
+        Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
+    [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
+
+// A small case for compute-sanitizer (scripts/gpu_check.d/tsvd.sh): every kernel once.
+TEST(TsvdGpu, SmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
+  for (int64_t m : {int64_t(1), int64_t(70)})
+    for (const char* k : {"tile", "streamk", "gemv"}) {
+      if (m != 1 && std::string(k) == "gemv") continue;
+      std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
+      spattn::tsvd_matmul(f, x.data(), m, ref.data());
+      std::string ran;
+      const auto y = run_gpu(f, x, m, DType::bf16, k, &ran);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << k << " M=" << m << " at " << i;
+    }
+}
+
+TEST(TsvdGpu, RefusesFactorsItCannotRun) {
+  REQUIRE_GPU();
+  auto msg = [](const TsvdFactors& f) -> std::string {
+    try {
+      spattn::TsvdGpu g(f, DType::bf16);
+    } catch (const spattn::Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  TsvdFactors ragged = random_factors(100, 256, 64, 128, 8, DType::bf16, 1);
+  EXPECT_NE(msg(ragged).find("K % tile_k"), std::string::npos) << msg(ragged);
+  TsvdFactors mixed = random_factors(128, 128, 64, 64, 8, DType::bf16, 1);
+  mixed.ranks[1] = 4;
+  mixed.layout(true);
+  EXPECT_NE(msg(mixed).find("one rank"), std::string::npos) << msg(mixed);
+  // The tensor-core kernel needs tile_n % 128: a 64 x 64 tile runs M = 1 only, and says so for M > 1.
+  const TsvdFactors small = random_factors(128, 128, 64, 64, 8, DType::bf16, 1);
+  spattn::TsvdGpu g(small, DType::bf16);
+  void* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 1 << 16), cudaSuccess);
+  try {
+    g.matmul(d, 4, d, nullptr, "auto");
+    ADD_FAILURE() << "tile 64x64 accepted for M = 4";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tile_n % 128"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(g.matmul(d, 4, d, nullptr, "gemv"), spattn::Error);
+  EXPECT_THROW(g.matmul(d, 1, d, nullptr, "fast"), spattn::Error);
+  cudaFree(d);
+}
+
+// cuSOLVER compression (gesvdjBatched for 32 x 32, gesvdaStridedBatched above; wide tiles transposed) against
+// LAPACK's: the same truncation, so the same error to single-precision rounding.
+TEST(TsvdGpu, CusolverCompressionMatchesCpu) {
+  REQUIRE_GPU();
+  if (!SPATTN_HAVE_LAPACK) GTEST_SKIP() << "this build has no LAPACK: no CPU compression to compare with";
+  const int64_t K = 256, N = 384;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(size_t(K * N));
+  std::vector<float> u(static_cast<size_t>(K)), v(static_cast<size_t>(N));
+  for (int term = 0; term < 40; ++term) {
+    for (float& x : u) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    const float s = std::pow(0.85f, float(term));
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t j = 0; j < N; ++j) w[size_t(i * N + j)] += s * u[size_t(i)] * v[size_t(j)];
+  }
+  struct T {
+    int64_t tk, tn;
+  };
+  for (const T t : {T{32, 32}, T{128, 64}, T{64, 128}}) {
+    spattn::TsvdOptions o;
+    o.tile_k = t.tk, o.tile_n = t.tn, o.ratio = 4;
+    const TsvdFactors cpu = spattn::tsvd_compress(w.data(), K, N, o);
+    const TsvdFactors gpu = spattn::tsvd_compress_gpu(w.data(), K, N, o);
+    EXPECT_EQ(gpu.ranks, cpu.ranks);
+    const double ec = spattn::tsvd_error(w.data(), cpu).total, eg = spattn::tsvd_error(w.data(), gpu).total;
+    EXPECT_NEAR(eg, ec, 2e-3 * ec + 1e-5) << "tile " << t.tk << "x" << t.tn;
+  }
+}
+
+}  // namespace
