@@ -137,6 +137,15 @@ TEST(Plan, ErrorsNameTheValue) {
   EXPECT_NE(message([&] { spattn::Device::parse("tpu:0"); }).find("tpu:0"), std::string::npos);
   EXPECT_NE(message([&] { spattn::parse_engine("fast"); }).find("fast"), std::string::npos);
   EXPECT_NE(message([&] { spattn::Plan().explain(); }).find("empty"), std::string::npos);
+  // Sizes whose product overflows 63 bits, named with their dims, before anything is allocated; heads count even
+  // at length 0 (B * H work items).
+  auto huge = problem(int64_t(1) << 32, int64_t(1) << 32, int64_t(1) << 32, 1, 1);
+  EXPECT_NE(message([&] { spattn::make_plan(spattn::parse("dense"), huge); })
+                .find("q [B, H, Lq, D] = [4294967296, 4294967296, 1, 1] is too large"),
+            std::string::npos);
+  huge = problem(int64_t(1) << 40, int64_t(1) << 40, int64_t(1) << 40, 0, 1);
+  EXPECT_NE(message([&] { spattn::make_plan(spattn::parse("dense"), huge); }).find("is too large"), std::string::npos);
+  EXPECT_NE(message([&] { spattn::checked_bytes("x", {3, -1}, 4); }).find("x = [3, -1] has a negative dimension"), std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <random>
 
+#include <unistd.h>
+
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
 #include "tools/commands.hpp"
@@ -43,6 +45,23 @@ HostTensor from_npy(const std::string& path, const char* what) {
   return h;
 }
 
+// Refuses a problem whose host tensors (q, k, v, O and the LSE) exceed this machine's memory: an error now
+// rather than minutes of swapping or the OOM killer. `p` is validated (its sizes fit in 63 bits).
+void check_host_memory(const Problem& p) {
+  const double in = double(dtype_size(p.dtype)), B = double(p.batch);
+  const double need = B * (double(p.q_len) * double(p.q_heads) * (double(p.head_dim) * in + double(p.dv()) * 4 + 4) +
+                           double(p.kv_len) * double(p.kv_heads) * double(p.head_dim + p.dv()) * in);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
+  const double have = double(pages) * double(page), gib = double(1 << 30);
+  if (need > have) {
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "this problem needs %.1f GiB for q, k, v, O and the LSE; this machine has %.1f GiB of memory",
+                  need / gib, have / gib);
+    throw Error(msg);
+  }
+}
+
 }  // namespace
 
 int run_attention(const RunOptions& o) {
@@ -76,6 +95,7 @@ int run_attention(const RunOptions& o) {
     p.dtype = q.view.dtype;
   }
   p.validate();
+  check_host_memory(p);
   if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
   if (o.device == "cpu" && o.impl != "auto" && o.impl != "fused" && o.impl != "reference")
     throw Error("unknown --impl '" + o.impl + "' for --device cpu (use " SPATTN_CPU_IMPLS ")");
