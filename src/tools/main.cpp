@@ -96,6 +96,8 @@ int cmd_show(int argc, char** argv) {
   const auto [lq, lk] = lengths(a, -1);
   if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  if (lq == 0 || lk == 0)
+    throw Error("nothing to draw: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + " (a length is 0)");
   const bool ascii = a.has("ascii");
   const std::string out = a.has("o") ? a.str("o") : a.str("out");
   if (!ascii && out.empty()) throw Error("give -o FILE.png or --ascii");
@@ -172,7 +174,9 @@ int cmd_explain(int argc, char** argv) {
   const Plan plan = make_plan(pat, pr, dev, opt);
   const BoundPattern p = pat.bind(lq, lk);
   std::string preview;
-  if (dev.kind == Device::Kind::cpu) {
+  if (lq == 0 || lk == 0) {
+    preview = "fused     no tiles: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + "\n";
+  } else if (dev.kind == Device::Kind::cpu) {
     // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
     const auto t0 = std::chrono::steady_clock::now();
     const plan::Analysis an = plan::analyze(p);
