@@ -115,6 +115,32 @@ TEST(Plan, ForcedKernelsAndEngines) {
   EXPECT_THROW(spattn::make_plan(pats, pr, spattn::Device::cpu(), o), spattn::Error) << "a GPU engine on the CPU";
 }
 
+// An empty problem is valid input: with Lq = 0 forward and backward do nothing; with Lk = 0 every row has no key
+// (O = 0, lse = -inf; dq = 0). On each CPU engine.
+TEST(Plan, EmptyLengths) {
+  for (spattn::Engine e : {spattn::Engine::cpu_fused, spattn::Engine::reference})
+    for (auto [lq, lk] : {std::pair<int64_t, int64_t>{0, 0}, {0, 5}, {7, 0}}) {
+      SCOPED_TRACE(std::string(spattn::engine_name(e)) + " " + std::to_string(lq) + " x " + std::to_string(lk));
+      spattn::Problem pr = problem(2, 2, 1, 0, 8);
+      pr.q_len = lq, pr.kv_len = lk;
+      spattn::PlanOptions opt;
+      opt.engine = e;
+      const spattn::Plan plan = spattn::make_plan(spattn::parse("local(3)"), pr, spattn::Device::cpu(), opt);
+      const Inputs in(pr, 1);
+      std::vector<float> o(in.q.size(), 5.f), lse(size_t(2 * 2 * lq), 5.f), dq(in.q.size(), 5.f);
+      std::vector<float> dk(in.k.size(), 5.f), dv(in.v.size(), 5.f);
+      const TensorView ov = TensorView::contiguous(o.data(), DType::f32, in.tq.shape);
+      plan.forward(in.tq, in.tk, in.tv, ov, TensorView::contiguous(lse.data(), DType::f32, {2, 2, lq, 1}));
+      for (float x : o) EXPECT_EQ(x, 0.f);
+      for (float x : lse) EXPECT_EQ(x, -INFINITY);
+      plan.backward(in.tq, in.tk, in.tv, ov, TensorView{}, in.tq, TensorView::contiguous(dq.data(), DType::f32, in.tq.shape),
+                    TensorView::contiguous(dk.data(), DType::f32, in.tk.shape),
+                    TensorView::contiguous(dv.data(), DType::f32, in.tv.shape));
+      for (float x : dq) EXPECT_EQ(x, 0.f);
+      for (float x : dk) EXPECT_EQ(x, 0.f);
+    }
+}
+
 TEST(Plan, ErrorsNameTheValue) {
   const auto pr = problem(1, 2, 2, 64, 16);
   const spattn::Plan plan = spattn::make_plan(spattn::parse("local(3)"), pr);
@@ -137,6 +163,15 @@ TEST(Plan, ErrorsNameTheValue) {
   EXPECT_NE(message([&] { spattn::Device::parse("tpu:0"); }).find("tpu:0"), std::string::npos);
   EXPECT_NE(message([&] { spattn::parse_engine("fast"); }).find("fast"), std::string::npos);
   EXPECT_NE(message([&] { spattn::Plan().explain(); }).find("empty"), std::string::npos);
+  // Sizes whose product overflows 63 bits, named with their dims, before anything is allocated; heads count even
+  // at length 0 (B * H work items).
+  auto huge = problem(int64_t(1) << 32, int64_t(1) << 32, int64_t(1) << 32, 1, 1);
+  EXPECT_NE(message([&] { spattn::make_plan(spattn::parse("dense"), huge); })
+                .find("q [B, H, Lq, D] = [4294967296, 4294967296, 1, 1] is too large"),
+            std::string::npos);
+  huge = problem(int64_t(1) << 40, int64_t(1) << 40, int64_t(1) << 40, 0, 1);
+  EXPECT_NE(message([&] { spattn::make_plan(spattn::parse("dense"), huge); }).find("is too large"), std::string::npos);
+  EXPECT_NE(message([&] { spattn::checked_bytes("x", {3, -1}, 4); }).find("x = [3, -1] has a negative dimension"), std::string::npos);
 }
 
 }  // namespace

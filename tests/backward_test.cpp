@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -132,6 +133,41 @@ TEST(Backward, CpuEngineMatchesReference) {
     EXPECT_LT(max_rel(got.dq, want.dq), 1e-9);
     EXPECT_LT(max_rel(got.dk, want.dk), 1e-9);
     EXPECT_LT(max_rel(got.dv, want.dv), 1e-9);
+  }
+}
+
+// Non-finite inputs as in dense attention (PATTERNS.md, "Attention semantics"): a NaN key poisons the rows that
+// keep it, hence dq of those rows and dk / dv of every key they keep; the CPU engine's NaNs and values are the
+// reference's, element by element. Also a -inf key element (scores of -inf weigh 0 and +inf poison the row in
+// the forward pass; dq = dS K meets 0 * -inf) and a query whose every score is -inf.
+TEST(Backward, NonFiniteInputsAsTheReference) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const Case c{{"local(4) | random(3, seed=2)"}, 1, 2, 1, 60, 60, 8, 8, 0};
+  const auto pr = problem_of(c);
+  for (int plant = 0; plant < 3; ++plant) {
+    SCOPED_TRACE(plant);
+    Tensors t(pr, 11);
+    if (plant == 0) t.tk.store(0, 10, 0, 3, nan);
+    if (plant == 1) t.tk.store(0, 20, 0, 0, -inf);
+    if (plant == 2) {  // row 30 of head 0: every score -inf
+      for (int64_t l = 0; l < c.Lk; ++l) t.tk.store(0, l, 0, 0, -1.0);
+      t.tq.store(0, 30, 0, 0, inf);
+      for (int64_t d = 1; d < c.D; ++d) t.tq.store(0, 30, 0, d, 0.0);
+    }
+    Grads want(t), got(t);
+    spattn::cpu::reference_attention_backward(bind(c), pr, t.tq, t.tk, t.tv, t.tdo, want.tq, want.tk, want.tv);
+    auto p32 = pr;
+    p32.dtype = DType::f32;
+    spattn::make_plan(spattn::parse(c.specs[0]), p32)
+        .backward(t.tq, t.tk, t.tv, TensorView{}, TensorView{}, t.tdo, got.tq, got.tk, got.tv);
+    int64_t nans = 0;
+    for (auto [a, b] : {std::pair{&got.dq, &want.dq}, {&got.dk, &want.dk}, {&got.dv, &want.dv}})
+      for (size_t i = 0; i < b->size(); ++i) {
+        ASSERT_EQ(std::isnan((*a)[i]), std::isnan((*b)[i])) << "element " << i;
+        nans += std::isnan((*b)[i]);
+        if (!std::isnan((*b)[i])) ASSERT_NEAR((*a)[i], (*b)[i], 1e-9 * std::max(1.0, std::abs((*b)[i])));
+      }
+    EXPECT_GT(nans, 0) << "each plant poisons some gradient (a -inf in K: dq = dS K meets 0 * -inf)";
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -67,12 +68,16 @@ struct Case {
   double scale = 0;
   Isa isa = Isa::automatic;
   int threads = 2;
+  // Applied to the random inputs before both runs (e.g. to plant a NaN).
+  std::function<void(const TensorView& q, const TensorView& k, const TensorView& v)> edit;
 };
 
 struct Result {
   double rel_err_o = 0, max_err_lse = 0;
   std::vector<float> o, lse;
   bool lse_inf_mismatch = false;
+  int64_t nan_mismatch = 0;  // elements of O or lse NaN in one output and not in the other
+  int64_t nan_rows = 0;      // lse values NaN in both (rows the inputs poison)
 };
 
 // Runs fused and reference on the same random inputs; returns the errors and the fused output.
@@ -86,6 +91,7 @@ Result check(const Case& c, uint64_t seed = 1) {
   Tensor q = make_tensor(c.dtype, {c.B, c.Lq, c.H, c.D}, c.layout, rng);
   Tensor k = make_tensor(c.dtype, {c.B, c.Lk, c.HK, c.D}, c.layout, rng);
   Tensor v = make_tensor(c.dtype, {c.B, c.Lk, c.HK, p.dv()}, c.layout, rng);
+  if (c.edit) c.edit(q.view, k.view, v.view);
   // Fused output: in the requested layout too (poisoned first); lse [B, H, Lq, 1] with a gap per head.
   Tensor o = make_tensor(DType::f32, {c.B, c.Lq, c.H, p.dv()}, c.layout, rng);
   for (int64_t b = 0; b < c.B; ++b)
@@ -111,23 +117,31 @@ Result check(const Case& c, uint64_t seed = 1) {
       for (int64_t h = 0; h < c.H; ++h)
         for (int64_t d = 0; d < p.dv(); ++d) {
           const double x = o.view.load(b, l, h, d), y = rov.load(b, l, h, d);
+          r.o.push_back(float(x));
+          if (std::isnan(x) || std::isnan(y)) {
+            r.nan_mismatch += std::isnan(x) != std::isnan(y);
+            continue;
+          }
           num += (x - y) * (x - y);
           den += y * y;
-          r.o.push_back(float(x));
-          if (std::isnan(x)) num = std::numeric_limits<double>::infinity();
         }
   r.rel_err_o = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.H; ++h)
       for (int64_t l = 0; l < c.Lq; ++l) {
-        const double x = lse.load(b, h, l, 0), y = rlv.load(b, h, l, 0);
+        // (the reference's lse rounded to the fused output's fp32: beyond its range, +-inf)
+        const double x = lse.load(b, h, l, 0), y = double(float(rlv.load(b, h, l, 0)));
         r.lse.push_back(float(x));
+        if (std::isnan(x) || std::isnan(y)) {
+          r.nan_mismatch += std::isnan(x) != std::isnan(y);
+          r.nan_rows += std::isnan(x) && std::isnan(y);
+          continue;
+        }
         if (std::isinf(y) || std::isinf(x)) {
           if (!(std::isinf(x) && std::isinf(y) && (x < 0) == (y < 0))) r.lse_inf_mismatch = true;
           continue;
         }
         r.max_err_lse = std::max(r.max_err_lse, std::abs(x - y) / std::max(1.0, std::abs(y)));
-        if (std::isnan(x)) r.max_err_lse = std::numeric_limits<double>::infinity();
       }
   return r;
 }
@@ -145,6 +159,7 @@ void expect_close(const Case& c, double tol = 1e-5) {
   EXPECT_LE(r.rel_err_o, tol) << describe(c);
   EXPECT_LE(r.max_err_lse, tol) << describe(c);
   EXPECT_FALSE(r.lse_inf_mismatch) << describe(c) << ": a fully masked row must give lse = -inf, others finite";
+  EXPECT_EQ(r.nan_mismatch, 0) << describe(c) << ": NaN where the reference has none, or the other way";
 }
 
 std::vector<Isa> isas() {
@@ -247,6 +262,68 @@ TEST(CpuFused, FullyMaskedRows) {
       c.Lq = c.Lk = 113, c.isa = isa;
       expect_close(c);
     }
+}
+
+// Non-finite values behave as in dense softmax, in fp64 (PATTERNS.md, "Attention semantics"): a NaN or +inf
+// score makes its row's O and lse NaN and leaves every other row alone; a -inf score weighs 0; a row whose
+// scores are all -inf is NaN; an empty row stays O = 0, lse = -inf. Planted in K, Q and V on dense blocks
+// (full and masked), residue rows and both; each is compared element by element with the reference. The fused
+// kernel used to clamp NaN scores into its exponential (a finite O where the reference has NaN) and to spread
+// a NaN of V into rows of the tile that do not keep its key.
+TEST(CpuFused, NonFiniteInputsPoisonOnlyTheirRows) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  struct Plant {
+    const char* what;
+    std::function<void(const TensorView&, const TensorView&, const TensorView&)> edit;
+  };
+  const std::vector<Plant> plants = {
+      {"NaN in one key", [&](auto&, auto& k, auto&) { k.store(0, 10, 0, 5, nan); }},
+      {"NaN in one query", [&](auto& q, auto&, auto&) { q.store(0, 20, 1, 3, nan); }},
+      {"NaN in one value", [&](auto&, auto&, auto& v) { v.store(0, 30, 0, 2, nan); }},
+      {"+inf key row (scores +-inf or NaN)", [&](auto&, auto& k, auto&) {
+         for (int64_t d = 0; d < k.shape[3]; ++d) k.store(0, 40, 0, d, inf);
+       }},
+      {"-inf in one key element (-inf scores weigh 0)", [&](auto&, auto& k, auto&) { k.store(0, 50, 0, 0, -inf); }},
+      {"a query whose every score is -inf", [&](auto& q, auto& k, auto&) {
+         for (int64_t l = 0; l < k.shape[1]; ++l) k.store(0, l, 0, 0, -1.0);
+         q.store(0, 60, 0, 0, inf);
+         for (int64_t d = 1; d < q.shape[3]; ++d) q.store(0, 60, 0, d, 0.0);
+       }},
+  };
+  for (Isa isa : isas())
+    for (const char* spec : {"local(16)", "random(20, seed=1)", "longformer(8, 2) | random(5, seed=3)",
+                             "local(3) & global_rows(10:70)", "dilated(6, 3)"})
+      for (const Plant& plant : plants) {
+        Case c;
+        c.specs = {spec};
+        c.Lq = c.Lk = 113, c.H = 2, c.HK = 1, c.isa = isa;
+        c.edit = plant.edit;
+        const Result r = check(c);
+        EXPECT_LE(r.rel_err_o, 1e-5) << describe(c) << ", " << plant.what;
+        EXPECT_LE(r.max_err_lse, 1e-5) << describe(c) << ", " << plant.what;
+        EXPECT_FALSE(r.lse_inf_mismatch) << describe(c) << ", " << plant.what;
+        EXPECT_EQ(r.nan_mismatch, 0) << describe(c) << ", " << plant.what;
+      }
+  // The planted NaN reaches exactly the rows that keep its key: local(16) around key 10 (rows 0..26), on the
+  // one kv head both query heads share.
+  Case c;
+  c.specs = {"local(16)"};
+  c.Lq = c.Lk = 113, c.H = 2, c.HK = 1;
+  c.edit = plants[0].edit;
+  EXPECT_EQ(check(c).nan_rows, 2 * 27);
+}
+
+// A huge scale: scores overflow fp32 where fp64 holds them. O is then finite and lse +inf (or -inf) where the
+// reference, rounding its fp64 lse to fp32, says so (the fused kernel used to write NaN).
+TEST(CpuFused, HugeScaleMatchesTheReference) {
+  for (Isa isa : isas())
+    for (const char* spec : {"local(16)", "random(20, seed=1)", "longformer(8, 2) | random(5, seed=3)", "dense"})
+      for (double scale : {1e38, 1e30, -1e38}) {
+        Case c;
+        c.specs = {spec};
+        c.Lq = c.Lk = 113, c.isa = isa, c.scale = scale;
+        expect_close(c);
+      }
 }
 
 // fp16 and bf16 inputs are converted on load; both implementations read the same rounded values, so the

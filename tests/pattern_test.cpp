@@ -395,3 +395,26 @@ TEST(PatternErrors, NameTheTextAndColumn) {
   expect_error("local(3) $", 10, "unexpected character '$'", 10);
   expect_error("", 10, "empty pattern spec", 1);
 }
+
+// Nesting is recursion (parser, bind, destruction): past the limit a spec is refused at the column where the
+// limit is crossed, instead of overflowing the stack (15000 parentheses used to end in SIGSEGV).
+TEST(PatternErrors, DeepNestingIsRefusedNotACrash) {
+  auto parens = [](int n) { return std::string(size_t(n), '(') + "dense" + std::string(size_t(n), ')'); };
+  auto blocked = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "blocked(1, ";
+    return s + "local(1)" + std::string(size_t(n), ')');
+  };
+  EXPECT_EQ(Pattern::parse(parens(200)).bind(4).nnz(), 16);
+  EXPECT_EQ(Pattern::parse(blocked(200)).bind(4).nnz(), 10);
+  expect_error(parens(201), 4, "nesting deeper than 200 levels", 201);
+  expect_error(parens(15000), 4, "nesting deeper than 200 levels", 201);
+  expect_error(blocked(201), 4, "nesting deeper than 200 levels", 1 + 200 * 11);
+  expect_error(blocked(8000), 4, "nesting deeper than 200 levels", 1 + 200 * 11);
+  // A long spec is quoted around the error, not whole.
+  try {
+    Pattern::parse(parens(15000));
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+}

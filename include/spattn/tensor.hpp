@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "spattn/error.hpp"
 
@@ -86,6 +87,11 @@ struct TensorView {
   }
 };
 
+// The size in bytes of an array of `dims` elements of `elem_bytes` each, checked: throws Error naming `what`, the
+// dims and the limit when the product does not fit in 63 bits (every size built from user-given dimensions goes
+// through here before anything is allocated).
+int64_t checked_bytes(std::string_view what, const std::vector<int64_t>& dims, int64_t elem_bytes);
+
 // One attention problem. Q is [B, Lq, Hq, D]; K is [B, Lk, Hkv, D]; V is [B, Lk, Hkv, Dv];
 // O is [B, Lq, Hq, Dv]; LSE is [B, Hq, Lq] (natural log). Hq % Hkv == 0 (grouped-query attention).
 struct Problem {
@@ -101,7 +107,7 @@ struct Problem {
 
   int64_t dv() const { return value_dim ? value_dim : head_dim; }
   double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(double(head_dim)); }
-  // Throws Error naming the first inconsistent field.
+  // Throws Error naming the first inconsistent field, or the first tensor whose size overflows (checked_bytes).
   void validate() const;
   // Checks a view against an expected shape; `what` names the tensor in the error ("q", "k", ...).
   static void check_view(const TensorView& t, std::string_view what, std::array<int64_t, 4> shape);

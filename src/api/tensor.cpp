@@ -1,6 +1,7 @@
 // dtypes, half-precision conversion, problem validation.
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "spattn/tensor.hpp"
 
@@ -85,6 +86,19 @@ void Problem::check_view(const TensorView& t, std::string_view what, std::array<
   if (numel > 0 && !t.data) throw Error(std::string(what) + " has no data pointer");
 }
 
+int64_t checked_bytes(std::string_view what, const std::vector<int64_t>& dims, int64_t elem_bytes) {
+  int64_t n = elem_bytes;
+  bool overflow = false, negative = false;
+  for (int64_t d : dims) negative |= d < 0, overflow |= __builtin_mul_overflow(n, d, &n);
+  if (overflow || negative) {
+    std::string s;
+    for (int64_t d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    throw Error(std::string(what) + " = [" + s + "] " +
+                (negative ? "has a negative dimension" : "is too large: its size passes 2^63 - 1 bytes"));
+  }
+  return n;
+}
+
 void Problem::validate() const {
   auto need = [](bool ok, const std::string& msg) {
     if (!ok) throw Error(msg);
@@ -98,6 +112,12 @@ void Problem::validate() const {
   need(head_dim >= 1, "head dim must be at least 1, got " + std::to_string(head_dim));
   need(value_dim >= 0, "value dim must not be negative, got " + std::to_string(value_dim));
   need(std::isfinite(scale), "scale must be finite");
+  // Heads first: B * H counts work items and lse rows even when a length is 0.
+  const int64_t in = dtype_size(dtype), out = 8;  // outputs: fp32, or fp64 from the reference
+  checked_bytes("q [B, H, Lq, D]", {batch, q_heads, q_len, head_dim}, in);
+  checked_bytes("k [B, Hkv, Lk, D]", {batch, kv_heads, kv_len, head_dim}, in);
+  checked_bytes("v [B, Hkv, Lk, Dv]", {batch, kv_heads, kv_len, dv()}, in);
+  checked_bytes("o [B, H, Lq, Dv]", {batch, q_heads, q_len, dv()}, out);
 }
 
 }  // namespace spattn

@@ -2,11 +2,10 @@
 #include "cpu/backward.hpp"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <thread>
 
 #include "common/parallel.hpp"
+#include "cpu/softmax_row.hpp"
 
 namespace spattn::cpu {
 
@@ -42,7 +41,6 @@ void attention_backward(const std::vector<BoundPattern>& patterns, const Problem
           const size_t n = keys.size();
           s.resize(n);
           dp.resize(n);
-          double m = -std::numeric_limits<double>::infinity();
           for (size_t t = 0; t < n; ++t) {
             const double* kr = &kk[size_t(keys[t] * D)];
             const double* vr = &vv[size_t(keys[t] * Dv)];
@@ -51,11 +49,10 @@ void attention_backward(const std::vector<BoundPattern>& patterns, const Problem
             for (int64_t d = 0; d < Dv; ++d) dd += drow[size_t(d)] * vr[d];
             s[t] = dot * scale;
             dp[t] = dd;
-            m = std::max(m, s[t]);
           }
-          double sum = 0, delta = 0;
-          for (size_t t = 0; t < n; ++t) s[t] = std::exp(s[t] - m), sum += s[t];
-          for (size_t t = 0; t < n; ++t) s[t] /= sum, delta += s[t] * dp[t];  // s now holds P
+          softmax_row(s);  // s now holds P
+          double delta = 0;
+          for (size_t t = 0; t < n; ++t) delta += s[t] * dp[t];
           for (size_t t = 0; t < n; ++t) {
             const double ds = s[t] * (dp[t] - delta) * scale;
             const double* kr = &kk[size_t(keys[t] * D)];

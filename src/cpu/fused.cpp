@@ -43,6 +43,7 @@
 #include "cpu/fused_kernel.hpp"
 #include "common/parallel.hpp"
 #include "cpu/fused_plan.hpp"
+#include "cpu/softmax_row.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 
@@ -714,6 +715,30 @@ AlignedFloats& scratch_buffer() {
   return buf;
 }
 
+// Row t of (b, h) in fp64 from its keys, written to o (and lse): the rows the kernel hands back (TileArgs::redo).
+void exact_row(const BoundPattern& pat, const Problem& p, const TensorView& q, const TensorView& k,
+               const TensorView& v, const TensorView& o, const TensorView& lse, int64_t b, int64_t h, int64_t t) {
+  thread_local std::vector<int64_t> keys;
+  thread_local std::vector<double> s, qrow, acc;
+  const int64_t D = p.head_dim, Dv = p.dv(), hk = h / (p.q_heads / p.kv_heads);
+  const double scale = p.softmax_scale();
+  pat.row_keys(t, keys);
+  qrow.resize(size_t(D));
+  for (int64_t d = 0; d < D; ++d) qrow[size_t(d)] = q.load(b, t, h, d);
+  s.resize(keys.size());
+  for (size_t j = 0; j < keys.size(); ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += qrow[size_t(d)] * k.load(b, keys[j], hk, d);
+    s[j] = dot * scale;
+  }
+  const double l = softmax_row(s);
+  acc.assign(size_t(Dv), 0.0);
+  for (size_t j = 0; j < keys.size(); ++j)
+    for (int64_t d = 0; d < Dv; ++d) acc[size_t(d)] += s[j] * v.load(b, keys[j], hk, d);
+  for (int64_t d = 0; d < Dv; ++d) o.store(b, t, h, d, acc[size_t(d)]);
+  if (lse.data) lse.store(b, h, t, 0, l);
+}
+
 }  // namespace
 }  // namespace fused
 
@@ -736,6 +761,7 @@ Isa best_isa() {
 
 struct FusedPlan::Impl {
   Problem problem;
+  std::vector<BoundPattern> patterns;  // one for all heads or one per query head (rows redone in fp64)
   const fused::KernelSet* ks = nullptr;
   std::vector<fused::PatternPlan> plans;
   std::vector<int> plan_of_head;  // [Hq]
@@ -771,6 +797,7 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
                 " x " + std::to_string(problem.kv_len));
   Impl& im = *impl_;
   im.problem = problem;
+  im.patterns = patterns;
   const Isa isa = options.isa == Isa::automatic ? best_isa() : options.isa;
   if (!fused::cpu_has(isa) || !fused::kernel_set(isa)->run_tile)
     throw Error(std::string("this CPU (or build) has no ") + isa_name(isa) + " support for the fused CPU attention");
@@ -1022,7 +1049,12 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
       a.next_tile = npl.refs.data() + npl.group[size_t(nx.group)];
       a.next_q = qp + (nx.bh / H) * q_sb + (nx.bh % H) * q_sh;
     }
+    int32_t redo[fused::kMaxGroup * 32], nredo = 0;  // tile rows <= 32 (a row mask is one uint32)
+    a.redo = redo, a.nredo = &nredo;
     ks.run_tile(a);
+    for (int32_t r = 0; r < nredo; ++r)
+      fused::exact_row(im.patterns.size() == 1 ? im.patterns[0] : im.patterns[size_t(h)], p, q, k, v, o, lse, b, h,
+                       redo[r]);
   };
   // One parallel region: the K/V pack (token ranges taken dynamically), a barrier, then the work items,
   // taken dynamically, each thread claiming its next one before running the current (so the kernel can

@@ -54,6 +54,11 @@ struct TileArgs {
   const struct TileRef* next_tile;
   const float* next_q;
   float* scratch;  // scratch_floats() floats, 64-byte aligned, private to the calling thread
+  // Rows the kernel could not finish in fp32 (non-finite values, scores past fp32's range; see finish_tile in
+  // fused_kernels.inc): their query tokens are appended at redo[(*nredo)++] (room for ntiles * tile_rows), for
+  // the caller to recompute in fp64. The kernel still writes them.
+  int32_t* redo;
+  int32_t* nredo;
 };
 
 // One query tile of the plan.

@@ -5,7 +5,8 @@
 // against): q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] in fp32, fp16 or bf16 (one dtype for
 // all three), any element strides; o [B, Lq, Hq, Dv] fp32; lse [B, Hq, Lq, 1] fp32 or a view with a null data
 // pointer (not written). Grouped-query attention (Hq % Hkv == 0), Dv != D and a custom scale
-// (Problem::scale) are supported. A fully masked row gives O = 0 and lse = -inf. fp32 accumulation.
+// (Problem::scale) are supported. A fully masked row gives O = 0 and lse = -inf. fp32 accumulation; a row that
+// meets a non-finite value or a score past fp32's range is redone in fp64 (PATTERNS.md's semantics for them).
 // Bad shapes, dtypes or lengths throw spattn::Error naming the value.
 #pragma once
 #include <memory>

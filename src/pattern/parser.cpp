@@ -13,6 +13,10 @@ namespace {
 
 using NodePtr = std::shared_ptr<const Node>;
 
+// Parentheses and blocked(b, ...) nest by recursion (here, at bind time and when the tree is freed): deeper
+// specs are refused so that a hostile one cannot exhaust the stack. 200 is far past any written by hand.
+constexpr int kMaxNesting = 200;
+
 struct Token {
   enum Type { Name, Number, Symbol, End } type = End;
   std::string text;
@@ -35,8 +39,16 @@ class Parser {
   [[noreturn]] void fail(const Token& t, const std::string& what) const { fail_at(t.column, what); }
   [[noreturn]] void fail_at(int64_t column, const std::string& what) const {
     std::ostringstream os;
-    os << "pattern error at column " << column << ": " << what << " (in \"" << spec_ << "\")";
+    os << "pattern error at column " << column << ": " << what << " (in \"" << excerpt(column) << "\")";
     throw Error(os.str());
+  }
+  // The spec, or for a long one the text around `column` (a message quoting 30000 characters helps nobody).
+  std::string excerpt(int64_t column) const {
+    constexpr size_t kWhole = 160, kSide = 40;
+    if (spec_.size() <= kWhole) return std::string(spec_);
+    const size_t at = std::min(size_t(column - 1), spec_.size());
+    const size_t b = at > kSide ? at - kSide : 0, e = std::min(spec_.size(), at + kSide);
+    return (b > 0 ? "..." : "") + std::string(spec_.substr(b, e - b)) + (e < spec_.size() ? "..." : "");
   }
   std::string rest_from(const Token& t) const { return std::string(spec_.substr(size_t(t.column - 1))); }
   std::string text_between(int64_t col0, int64_t col1) const {  // [col0, col1) 1-based
@@ -82,6 +94,22 @@ class Parser {
   }
 
   // ---- grammar ----
+  // One level of nesting ('(' or blocked's inner spec) opened at `column`, closed when it goes out of scope.
+  class Nest {
+   public:
+    Nest(Parser& p, int64_t column) : p_(p) {
+      if (++p_.depth_ > kMaxNesting)
+        p_.fail_at(column, "nesting deeper than " + std::to_string(kMaxNesting) +
+                               " levels of parentheses and blocked(...)");
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
   NodePtr parse_spec() {
     const int64_t col = peek().column;
     std::vector<NodePtr> terms{parse_term()};
@@ -113,6 +141,7 @@ class Parser {
   NodePtr parse_factor() {
     const Token& t = peek();
     if (is_sym(t, '(')) {
+      const Nest nest(*this, t.column);
       next();
       NodePtr n = parse_spec();
       expect_sym(')', "to close the parenthesis");
@@ -402,6 +431,7 @@ class Parser {
       // Parse the nested spec in place: its tokens are [begin, end).
       const size_t save = pos_;
       pos_ = b[1]->begin;
+      const Nest nest(*this, atom.column);
       NodePtr inner = parse_spec();
       if (pos_ != b[1]->end) fail(peek(), "unexpected '" + peek().text + "' in the spec of '" + atom.text + "'");
       pos_ = save;
@@ -534,6 +564,7 @@ class Parser {
   std::string_view spec_;
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;  // open levels of nesting (Nest)
 };
 
 }  // namespace

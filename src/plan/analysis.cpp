@@ -116,7 +116,7 @@ Analysis analyze(const BoundPattern& pat) {
       }
       p.nnz += n;
       p.empty += n == 0;
-      p.dense += n == lk;
+      p.dense += n == lk && n > 0;  // (with Lk = 0 a row is empty, not dense)
       p.min_row = std::min(p.min_row, n);
       p.max_row = std::max(p.max_row, n);
       if (runs.empty() || !p.single) continue;

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
@@ -21,6 +22,7 @@ struct RunOptions {
   std::string impl = "auto", device = "cpu";
   int threads = 0;
   bool verbose = true;
+  std::vector<std::string> shape_flags;  // the shape and dtype options given (checked against .npy inputs)
 };
 
 int run_attention(const RunOptions& o);

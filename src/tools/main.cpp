@@ -29,13 +29,12 @@ namespace spattn::tools {
 namespace {
 
 const char* kUsage =
-    "usage: spattn <command> [options]\n"
-    "  run      attention on random or .npy inputs      (spattn run --help)\n"
-    "  mask     print each query row's keys              --pattern SPEC --len L | --q-len A --k-len B\n"
-    "  show     picture of the mask                      --pattern SPEC --len L [-o mask.png | --ascii] [--size N]\n"
-    "  explain  nnz, density, blocks, runs, strips, and the fused GPU kernel's tile plan\n"
-    "                                                   --pattern SPEC --len L [--dim 64|128]\n"
-    "  bench    benchmark suite                          --device cpu|cuda [--suite standard | --pattern SPEC] ...\n"
+    "usage: spattn <command> [options]      (spattn <command> --help for one command's options)\n"
+    "  run      attention on random or .npy inputs\n"
+    "  mask     print each query row's keys\n"
+    "  show     draw the mask (PNG or text)\n"
+    "  explain  what spattn plans for a problem: keys per row, engine and kernel, cost, block fill\n"
+    "  bench    benchmark suite\n"
     "  info     version, build options, CPU, GPUs\n"
     "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
 
@@ -44,11 +43,34 @@ const char* kRunUsage =
     "                  [--dim D] [--value-dim DV] [--dtype fp32|fp16|bf16] [--seed S] [--scale X]\n"
     "                  [--q q.npy --k k.npy --v v.npy] [--out o.npy] [--lse lse.npy]\n"
     "                  [--impl " SPATTN_CPU_IMPLS "] [--device cpu|cuda] [--threads N]\n"
-    "With no arguments: a small Longformer-style default on random inputs.\n";
+    "Attention on random inputs (from --seed) of the given shape, or on q, k, v from .npy files (float32 or\n"
+    "float16, [B, L, H, D]; the shape and dtype then come from the files). O is written as float32 [B, L, H, Dv],\n"
+    "the log-sum-exp as float32 [B, H, L]. With no arguments: a small Longformer-style default.\n";
+
+const char* kMaskUsage =
+    "usage: spattn mask --pattern SPEC (--len L | --q-len A --k-len B)\n"
+    "One line per query row: the row's keys in increasing order, separated by spaces (an empty line: no key).\n";
+
+const char* kShowUsage =
+    "usage: spattn show --pattern SPEC (--len L | --q-len A --k-len B) (-o mask.png | --ascii) [--size N]\n"
+    "Draws the mask with queries down and keys across: one pixel per (query, key) up to N x N (default 512, or 64\n"
+    "with --ascii), beyond that each pixel shaded by the share of the entries it covers that are kept.\n";
+
+const char* kExplainUsage =
+    "usage: spattn explain --pattern SPEC (--len L | --q-len A --k-len B) [--dim D] [--batch B] [--heads H]\n"
+    "                      [--kv-heads HK] [--dtype fp32|fp16|bf16] [--device cpu|cuda] [--engine E] [--kernel K]\n"
+    "What spattn plans for this problem: keys per row, the engine and kernel chosen and why, the predicted cost,\n"
+    "how the mask fills blocks of 16 to 128, and (on the CPU) the tiles the fused GPU kernel would run.\n"
+    "Engines: auto, cpu, cuda_fused, cuda_unfused, reference.\n";
+
+const char* kInfoUsage = "usage: spattn info\nThe version, build options, CPU features and GPUs this build of spattn sees.\n";
 
 // Lengths from --len or --q-len/--k-len.
+// def < 0: the lengths are required.
 std::pair<int64_t, int64_t> lengths(const Args& a, int64_t def) {
   if (a.has("len") && (a.has("q-len") || a.has("k-len"))) throw Error("give either --len or --q-len/--k-len, not both");
+  if (def < 0 && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
+    throw Error("missing --len L (or --q-len A and --k-len B): the sequence length to bind the pattern to");
   int64_t lq = a.integer("len", def), lk = lq;
   if (a.has("q-len") || a.has("k-len")) {
     if (!a.has("q-len") || !a.has("k-len")) throw Error("--q-len and --k-len go together");
@@ -69,7 +91,6 @@ std::string require(const Args& a, const std::string& name) {
 int cmd_mask(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
   const auto [lq, lk] = lengths(a, -1);
-  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
   std::string buf;
   std::vector<int64_t> keys;
@@ -95,8 +116,9 @@ int cmd_mask(int argc, char** argv) {
 int cmd_show(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "o", "out", "size"}, {"ascii"});
   const auto [lq, lk] = lengths(a, -1);
-  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  if (lq == 0 || lk == 0)
+    throw Error("nothing to draw: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + " (a length is 0)");
   const bool ascii = a.has("ascii");
   const std::string out = a.has("o") ? a.str("o") : a.str("out");
   if (!ascii && out.empty()) throw Error("give -o FILE.png or --ascii");
@@ -156,7 +178,6 @@ int cmd_explain(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "dim", "batch", "heads", "kv-heads", "dtype", "device", "engine", "kernel"},
          {});
   const auto [lq, lk] = lengths(a, -1);
-  if (lq < 0) throw Error("missing --len (or --q-len and --k-len)");
   const Pattern pat = Pattern::parse(require(a, "pattern"));
   const Device dev = Device::parse(a.str("device", "cpu"));
   Problem pr;
@@ -173,7 +194,9 @@ int cmd_explain(int argc, char** argv) {
   const Plan plan = make_plan(pat, pr, dev, opt);
   const BoundPattern p = pat.bind(lq, lk);
   std::string preview;
-  if (dev.kind == Device::Kind::cpu) {
+  if (lq == 0 || lk == 0) {
+    preview = "fused     no tiles: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + "\n";
+  } else if (dev.kind == Device::Kind::cpu) {
     // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
     const auto t0 = std::chrono::steady_clock::now();
     const plan::Analysis an = plan::analyze(p);
@@ -212,10 +235,6 @@ int cmd_info(int argc, char** argv) {
 
 // ---- run ----
 int cmd_run(int argc, char** argv) {
-  if (argc > 2 && (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h")) {
-    std::cout << kRunUsage;
-    return 0;
-  }
   Args a(argc, argv, 2,
          {"pattern", "len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype", "seed", "scale", "q", "k", "v",
           "out", "lse", "impl", "device", "threads"},
@@ -241,6 +260,8 @@ int cmd_run(int argc, char** argv) {
   o.device = a.str("device", "cpu");
   o.threads = int(a.integer("threads", 0));
   o.verbose = defaults || o.out_path.empty();
+  for (const char* f : {"len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype"})
+    if (a.has(f)) o.shape_flags.push_back(std::string("--") + f);
   return run_attention(o);
 }
 
@@ -253,6 +274,21 @@ int main_impl(int argc, char** argv) {
     return cmd_run(2, args);
   }
   const std::string cmd = argv[1];
+  // `spattn <command> --help` (or -h) anywhere among the options: that command's usage.
+  bool help = false;
+  for (int i = 2; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+  if (help) {
+    if (cmd == "bench") {
+      char* args[] = {argv[0], argv[1], const_cast<char*>("--help")};
+      return bench_cpu_main(3, args);
+    }
+    for (auto [name, usage] : {std::pair{"run", kRunUsage}, {"mask", kMaskUsage}, {"show", kShowUsage},
+                               {"explain", kExplainUsage}, {"info", kInfoUsage}})
+      if (cmd == name) {
+        std::cout << usage;
+        return 0;
+      }
+  }
   if (cmd == "mask") return cmd_mask(argc, argv);
   if (cmd == "run") return cmd_run(argc, argv);
   if (cmd == "show") return cmd_show(argc, argv);

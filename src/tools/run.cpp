@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <random>
 
+#include <unistd.h>
+
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
 #include "tools/commands.hpp"
@@ -43,6 +45,23 @@ HostTensor from_npy(const std::string& path, const char* what) {
   return h;
 }
 
+// Refuses a problem whose host tensors (q, k, v, O and the LSE) exceed this machine's memory: an error now
+// rather than minutes of swapping or the OOM killer. `p` is validated (its sizes fit in 63 bits).
+void check_host_memory(const Problem& p) {
+  const double in = double(dtype_size(p.dtype)), B = double(p.batch);
+  const double need = B * (double(p.q_len) * double(p.q_heads) * (double(p.head_dim) * in + double(p.dv()) * 4 + 4) +
+                           double(p.kv_len) * double(p.kv_heads) * double(p.head_dim + p.dv()) * in);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
+  const double have = double(pages) * double(page), gib = double(1 << 30);
+  if (need > have) {
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "this problem needs %.1f GiB for q, k, v, O and the LSE; this machine has %.1f GiB of memory",
+                  need / gib, have / gib);
+    throw Error(msg);
+  }
+}
+
 }  // namespace
 
 int run_attention(const RunOptions& o) {
@@ -74,8 +93,31 @@ int run_attention(const RunOptions& o) {
     p.kv_heads = ks[2];
     p.value_dim = vs[3] == qs[3] ? 0 : vs[3];
     p.dtype = q.view.dtype;
+    // Shape options given with the files must agree with them (they used to be ignored silently).
+    const Problem& flags = o.problem;
+    for (const std::string& f : o.shape_flags) {
+      const auto [given, found] =
+          f == "--len"        ? std::pair{flags.q_len, p.q_len != p.kv_len ? -1 : p.q_len}
+          : f == "--q-len"    ? std::pair{flags.q_len, p.q_len}
+          : f == "--k-len"    ? std::pair{flags.kv_len, p.kv_len}
+          : f == "--batch"    ? std::pair{flags.batch, p.batch}
+          : f == "--heads"    ? std::pair{flags.q_heads, p.q_heads}
+          : f == "--kv-heads" ? std::pair{flags.kv_heads, p.kv_heads}
+          : f == "--dim"      ? std::pair{flags.head_dim, p.head_dim}
+          : f == "--value-dim" ? std::pair{flags.dv(), p.dv()}
+                               : std::pair{int64_t(flags.dtype), int64_t(p.dtype)};
+      if (given != found) {
+        const std::string in_files = f == "--dtype" ? std::string(dtype_name(p.dtype))
+                                     : f == "--len" ? std::to_string(p.q_len) + " x " + std::to_string(p.kv_len)
+                                                    : std::to_string(found);
+        throw Error(f + " " + (f == "--dtype" ? std::string(dtype_name(flags.dtype)) : std::to_string(given)) +
+                    " disagrees with the .npy inputs (" + in_files + "): with --q, --k and --v the shape and dtype " +
+                    "come from the files; drop " + f + " or make it match");
+      }
+    }
   }
   p.validate();
+  check_host_memory(p);
   if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
   if (o.device == "cpu" && o.impl != "auto" && o.impl != "fused" && o.impl != "reference")
     throw Error("unknown --impl '" + o.impl + "' for --device cpu (use " SPATTN_CPU_IMPLS ")");
@@ -109,8 +151,12 @@ int run_attention(const RunOptions& o) {
     plan.forward(q.view, k.view, v.view, ov, lv);
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (!o.out_path.empty()) write_npy(o.out_path, out.data(), {p.batch, p.q_len, p.q_heads, p.dv()});
-  if (!o.lse_path.empty()) write_npy(o.lse_path, lse.data(), {p.batch, p.q_heads, p.q_len});
+  auto write = [](const std::string& path, const float* data, const std::vector<int64_t>& shape, const char* what) {
+    write_npy(path, data, shape);
+    std::printf("wrote %s: %s %s float32\n", path.c_str(), what, shape_str(shape).c_str());
+  };
+  if (!o.out_path.empty()) write(o.out_path, out.data(), {p.batch, p.q_len, p.q_heads, p.dv()}, "O [B, L, H, Dv] =");
+  if (!o.lse_path.empty()) write(o.lse_path, lse.data(), {p.batch, p.q_heads, p.q_len}, "log-sum-exp [B, H, L] =");
   if (o.verbose) {
     const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
     const double flops = 2.0 * double(nnz) * double(p.head_dim + p.dv()) * double(p.batch * p.q_heads);
@@ -120,8 +166,6 @@ int run_attention(const RunOptions& o) {
     std::printf("  nnz %lld per head (density %.3f%%)  time %.3f ms  effective %.2f GFLOP/s\n", (long long)nnz,
                 p.q_len && p.kv_len ? 100.0 * double(nnz) / (double(p.q_len) * double(p.kv_len)) : 0.0, secs * 1e3,
                 secs > 0 ? flops / secs / 1e9 : 0.0);
-    if (!o.out_path.empty()) std::printf("  wrote %s [B, L, H, Dv] float32\n", o.out_path.c_str());
-    if (!o.lse_path.empty()) std::printf("  wrote %s [B, H, L] float32\n", o.lse_path.c_str());
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/require_gpu.hpp"
 #include "plan/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "plan/analysis.hpp"
@@ -19,26 +20,6 @@ namespace {
 
 using spattn::DType;
 using spattn::TensorView;
-
-bool have_gpu(std::string& why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                    \
-  do {                                   \
-    std::string why;                     \
-    if (!have_gpu(why)) GTEST_SKIP() << why; \
-  } while (0)
 
 // The current device is compute capability 9.0 (where the sm_90a kernels, the band kernel among them, run).
 bool on_sm90a() {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/require_gpu.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/device.hpp"
 #include "spattn/plan.hpp"
@@ -18,13 +19,6 @@ namespace {
 
 using spattn::DType;
 using spattn::TensorView;
-
-bool have_gpu(std::string& why) { return !spattn::list_gpus(&why).empty(); }
-#define REQUIRE_GPU()                          \
-  do {                                         \
-    std::string why;                           \
-    if (!have_gpu(why)) GTEST_SKIP() << why;   \
-  } while (0)
 
 struct Buf {
   void* p = nullptr;

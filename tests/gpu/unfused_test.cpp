@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/require_gpu.hpp"
 #include "cuda/unfused/unfused.hpp"
 #include "spattn/reference.hpp"
 
@@ -22,21 +23,6 @@ using spattn::Problem;
 using spattn::TensorView;
 
 namespace {
-
-std::string gpu_missing() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable GPU: ") + cudaGetErrorString(e);
-  }
-  return n == 0 ? "no GPU: cudaGetDeviceCount reports 0 devices" : "";
-}
-#define REQUIRE_GPU()                                   \
-  do {                                                  \
-    const std::string why = gpu_missing();              \
-    if (!why.empty()) GTEST_SKIP() << why;              \
-  } while (0)
 
 void ck(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 

@@ -55,12 +55,21 @@ std::vector<GpuInfo> list_gpus(std::string* why_none) {
   std::vector<GpuInfo> out;
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    if (why_none) *why_none = std::string("CUDA runtime reports no usable GPU: ") + cudaGetErrorString(err);
+  if (err != cudaSuccess || n == 0) {
+    // Said as a person reads it: on a machine with no GPU the runtime's own words are "CUDA driver version is
+    // insufficient for CUDA runtime version" (there is no driver at all); they follow in parentheses.
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    const std::string detail = err != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err)
+                                                  : "cudaGetDeviceCount: 0 devices";
+    if (why_none) {
+      if (driver == 0) *why_none = "no CUDA device (no NVIDIA driver is installed; " + detail + ")";
+      else if (err == cudaSuccess || err == cudaErrorNoDevice) *why_none = "no CUDA device (" + detail + ")";
+      else *why_none = "no usable CUDA device (" + detail + ")";
+    }
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return out;
   }
-  if (n == 0 && why_none) *why_none = "CUDA runtime reports 0 GPUs";
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
