@@ -62,9 +62,12 @@ struct TsvdFactors {
   void layout(bool allocate);
   int64_t a_floats() const { return a_offset_.empty() ? 0 : a_offset_.back(); }
   int64_t b_floats() const { return b_offset_.empty() ? 0 : b_offset_.back(); }
+  void check() const;  // the shape fields, the ranks and the sizes of a and b (Error naming what is wrong)
   std::string describe() const;  // one line: shape, tile, ranks, stored floats, ratio
 
  private:
+  // Where each A block (per tile, or per group) and each B block starts; the last entry is the total.
+  void offsets(std::vector<int64_t>& a_offset, std::vector<int64_t>& b_offset) const;
   std::vector<int64_t> a_offset_, b_offset_;
 };
 
@@ -105,7 +108,8 @@ class TsvdGpu {
   TsvdGpu(const TsvdGpu&) = delete;
   TsvdGpu& operator=(const TsvdGpu&) = delete;
   // kernel: "auto", "tile" (one CTA per output tile), "streamk" (the K tile rows split across CTAs with a fixup),
-  // "gemv" (M = 1). `stream` is a cudaStream_t. Relaunchable; no allocation after the first call of a shape.
+  // "gemv" (M = 1); auto: gemv at M = 1, else tile. `stream` is a cudaStream_t. Relaunchable; no allocation after
+  // the first call of a shape.
   void matmul(const void* x, int64_t m, void* y, void* stream = nullptr, const std::string& kernel = "auto");
   std::string last_kernel() const;
   int64_t k() const;

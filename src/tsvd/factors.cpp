@@ -30,15 +30,15 @@ void TsvdFactors::check_shape() const {
     throw Error("TSVD: common = " + num(common) + " is out of range [0, tile rows = " + num(tr) + "]");
 }
 
-void TsvdFactors::layout(bool allocate) {
+void TsvdFactors::offsets(std::vector<int64_t>& ao, std::vector<int64_t>& bo) const {
   check_shape();
   const int64_t tr = tile_rows(), tc = tile_cols();
   const int64_t want = common ? common : tr * tc;
   if (int64_t(ranks.size()) != want)
     throw Error("TSVD: " + num(int64_t(ranks.size())) + " ranks given, the layout needs " + num(want) +
                 (common ? " (one per group)" : " (one per tile)"));
-  a_offset_.assign(size_t(want + 1), 0);
-  b_offset_.assign(size_t(tr * tc + 1), 0);
+  ao.assign(size_t(want + 1), 0);
+  bo.assign(size_t(tr * tc + 1), 0);
   if (common) {
     for (int64_t g = 0; g < common; ++g) {
       // The strips of group g are the tile rows i with group_of(i) == g: [ceil(g tr / G), ceil((g+1) tr / G)).
@@ -46,7 +46,7 @@ void TsvdFactors::layout(bool allocate) {
       const int64_t maxr = std::min(tile_k, strips * n), r = ranks[size_t(g)];
       if (r < 1 || r > maxr)
         throw Error("TSVD: rank " + num(r) + " of group " + num(g) + " is out of range [1, " + num(maxr) + "]");
-      a_offset_[size_t(g + 1)] = a_offset_[size_t(g)] + tile_k * r;
+      ao[size_t(g + 1)] = ao[size_t(g)] + tile_k * r;
     }
   }
   for (int64_t i = 0; i < tr; ++i)
@@ -56,16 +56,27 @@ void TsvdFactors::layout(bool allocate) {
         const int64_t maxr = std::min(rows_of(i), cols_of(j));
         if (r < 1 || r > maxr)
           throw Error("TSVD: rank " + num(r) + " of tile (" + num(i) + ", " + num(j) + ") is out of range [1, " + num(maxr) + "]");
-        a_offset_[size_t(t + 1)] = a_offset_[size_t(t)] + rows_of(i) * r;
+        ao[size_t(t + 1)] = ao[size_t(t)] + rows_of(i) * r;
       }
-      b_offset_[size_t(t + 1)] = b_offset_[size_t(t)] + r * cols_of(j);
+      bo[size_t(t + 1)] = bo[size_t(t)] + r * cols_of(j);
     }
+}
+
+void TsvdFactors::check() const {
+  std::vector<int64_t> ao, bo;
+  offsets(ao, bo);
+  if (int64_t(a.size()) != ao.back() || int64_t(b.size()) != bo.back())
+    throw Error("TSVD: the factor arrays hold " + num(int64_t(a.size())) + " + " + num(int64_t(b.size())) +
+                " floats, the layout needs " + num(ao.back()) + " + " + num(bo.back()));
+}
+
+void TsvdFactors::layout(bool allocate) {
+  offsets(a_offset_, b_offset_);
   if (allocate) {
     a.assign(size_t(a_floats()), 0.f);
     b.assign(size_t(b_floats()), 0.f);
-  } else if (int64_t(a.size()) != a_floats() || int64_t(b.size()) != b_floats()) {
-    throw Error("TSVD: the factor arrays hold " + num(int64_t(a.size())) + " + " + num(int64_t(b.size())) +
-                " floats, the layout needs " + num(a_floats()) + " + " + num(b_floats()));
+  } else {
+    check();
   }
 }
 
@@ -161,8 +172,7 @@ static_assert(sizeof(Header) == 64, "the .tsvd header is 64 bytes");
 }  // namespace
 
 void tsvd_save(const TsvdFactors& f, const std::string& path) {
-  TsvdFactors check = f;
-  check.layout(false);  // refuse to write factors that would not read back
+  f.check();  // refuse to write factors that would not read back
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;

@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"M = 1 gemv, tile 256, splits with fixup", 1, 2048, 1024, 256, 256, 64, "gemv", DType::bf16},
         Case{"M = 1 gemv, tile 64 and rank 4 padded to 16", 1, 1024, 512, 64, 64, 4, "gemv", DType::bf16},
         Case{"M = 1 gemv, non-square tile, rank 48 (vectors a row do not divide the threads)", 1, 768, 1024, 128, 512, 48, "gemv", DType::f16},
-        Case{"auto on a small problem", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
+        Case{"auto at M = 512", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
         Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
     [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
 

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+
 #include "cuda/common/check.hpp"
 #include "cuda/common/ptx.cuh"
 #include "cuda/tsvd/kernels.hpp"
@@ -296,9 +298,16 @@ __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
   if (tid == 0) p.counters[j] = 0;
 }
 
+// The dynamic shared memory opt-in, once per device (a host call per launch shows in the small cases' times).
 template <bool kBf16, int RP>
 void mma_config(size_t smem) {
+  static std::atomic<uint64_t> configured{0};
+  int dev = 0;
+  SPATTN_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (configured.load(std::memory_order_acquire) & bit) return;
   SPATTN_CUDA_CHECK(cudaFuncSetAttribute(tsvd_mma<kBf16, RP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  configured.fetch_or(bit, std::memory_order_release);
 }
 
 template <bool kBf16, int RP>

@@ -44,6 +44,7 @@ struct TsvdGpu::Impl {
   int64_t k = 0, n = 0, tile_k = 0, tile_n = 0;
   int rank = 0, rp = 0, tile_rows = 0, tile_cols = 0;
   int sms = 0;
+  long long resident = 0;  // tensor-core kernel CTAs the GPU holds at once (sms x occupancy); 0: it cannot run these
   DeviceArray a, b;
   // The fixup workspace, grown to the largest launch seen (the kernels leave the counters at zero). One launch at
   // a time per TsvdGpu: two in flight on different streams would share it.
@@ -90,6 +91,7 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
   g.tile_rows = int(f.tile_rows()), g.tile_cols = int(f.tile_cols());
   cuda::DeviceScope scope(device);
   g.sms = cuda::device_info(device).sms;
+  if (g.mma_refusal().empty()) g.resident = (long long)g.sms * ck::mma_ctas_per_sm(g.rp, dtype == DType::bf16);
   // The device layout (kernels.hpp): rank padded with zeros to rp.
   const size_t tiles = size_t(g.tile_rows) * size_t(g.tile_cols);
   std::vector<uint16_t> ha(tiles * size_t(g.tile_k * g.rp), 0), hb(tiles * size_t(g.rp * g.tile_n), 0);
@@ -152,10 +154,12 @@ void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const 
   p.m_tiles = int((m + ck::kBM - 1) / ck::kBM), p.n_tiles = int(g.n / ck::kBN);
   const long long tiles = (long long)p.m_tiles * p.n_tiles;
   p.total = tiles * p.kt;
-  // Stream-K when the output tiles do not fill the GPU once: every resident CTA gets an equal share of the
-  // (tile, tile row) iterations.
-  const long long resident = (long long)g.sms * ck::mma_ctas_per_sm(g.rp, bf16);
-  const bool streamk = kernel == "streamk" || (kernel == "auto" && tiles < resident && p.kt > 1);
+  // Stream-K (every resident CTA gets an equal share of the (tile, tile row) iterations) only when asked: on an
+  // H100 it was slower than one CTA per tile in every shape of the issue (512 x 1024 x 1024, tile 128, R = 2:
+  // 0.063 ms against 0.023; M = 1, 1024 x 1024: 0.053 against 0.022), its fixup being one CTA reading every
+  // slot of a tile.
+  const long long resident = g.resident;
+  const bool streamk = kernel == "streamk";
   p.grid = int(streamk ? std::min(p.total, resident) : tiles);
   if (streamk) g.reserve(size_t(p.grid) * 2 * ck::kBM * ck::kBN * sizeof(float), size_t(tiles));
   p.partial = static_cast<float*>(g.partial.p), p.counters = static_cast<int*>(g.counters.p);
