@@ -131,4 +131,18 @@ TEST(Formats, ValidationNamesTheProblem) {
   bb.mask_index[0] = 99;
   expect_invalid([&] { validate(bb); }, "mask_index 99");
   expect_invalid([&] { make_bsr(Pattern::parse("local(1)").bind(8), 8); }, "block size 8 is not supported");
+
+  // A mask given by its rows (BoundPattern::from_rows): an offset past the columns, though the last one is right,
+  // used to read past them (found by fuzz_mask).
+  auto from_rows = [](std::vector<int64_t> offsets, std::vector<int32_t> cols) {
+    const int64_t rows = int64_t(offsets.size()) - 1;
+    spattn::BoundPattern::from_rows(rows, 5, std::move(offsets), std::move(cols));
+  };
+  from_rows({0, 2, 3}, {1, 3, 2});
+  try {
+    from_rows({0, 100, 3}, {0, 1, 2});
+    ADD_FAILURE() << "no error";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 0 ends at offset 100, past the 3 column indices"), std::string::npos) << e.what();
+  }
 }

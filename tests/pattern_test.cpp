@@ -134,6 +134,8 @@ std::vector<AtomCase> atom_cases() {
       {"summary(8, c=3)", [](int64_t, int64_t k, int64_t, int64_t) { return k % 8 >= 5; }},
       {"summary(5, 9)", [](int64_t, int64_t, int64_t, int64_t) { return true; }},
       {"summary(4, 0)", [](int64_t, int64_t, int64_t, int64_t) { return false; }},
+      // A block size near 2^63 (its block count overflowed: UBSan in the sanitizer build, via cli_oracle).
+      {"summary(9223372036854775807, c=2)", [](int64_t, int64_t, int64_t, int64_t) { return false; }},
       {"global(0, 3:5)", [in](int64_t q, int64_t k, int64_t, int64_t) { return in(q, {{0, 1}, {3, 5}}) || in(k, {{0, 1}, {3, 5}}); }, 5},
       {"global_rows(1:3)", [in](int64_t q, int64_t, int64_t, int64_t) { return in(q, {{1, 3}}); }, 3},
       {"global_cols(2, 6)", [in](int64_t, int64_t k, int64_t, int64_t) { return in(k, {{2, 3}, {6, 7}}); }, 7},

@@ -60,7 +60,7 @@ uint16_t float_to_half(float f) {
   if (absu < 0x38800000u) {                                 // subnormal or zero in half
     if (absu < 0x33000000u) return uint16_t(sign);          // < 2^-25 rounds to 0
     const uint32_t e = absu >> 23, m = (absu & 0x7fffffu) | 0x800000u;
-    const int shift = int(126 - e) + 14;  // so that the result is m >> shift in units of 2^-24
+    const int shift = int(126 - e);  // 14..24: the value m * 2^(e - 150) is m >> shift in units of 2^-24
     uint32_t r = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1))) ++r;

@@ -362,7 +362,7 @@ struct SummaryB : BoundNode {
       out.push_back({0, 1, k_len});
       return;
     }
-    const int64_t nblocks = (k_len + s - 1) / s;
+    const int64_t nblocks = k_len / s + (k_len % s != 0);  // (k_len + s - 1 overflows for s near 2^63)
     if (c <= nblocks) {  // c strided runs, one per kept offset
       for (int64_t i = 0; i < c; ++i) {
         const int64_t st = s - c + i;

@@ -47,6 +47,9 @@ BoundPattern BoundPattern::from_rows(int64_t q_len, int64_t k_len, std::vector<i
     if (e < b)
       throw Error("explicit pattern: row " + std::to_string(q) + ": offsets decrease (" + std::to_string(b) + " then " +
                   std::to_string(e) + ")");
+    if (e > int64_t(cols.size()))  // (before reading the row: the last offset alone does not bound the others)
+      throw Error("explicit pattern: row " + std::to_string(q) + " ends at offset " + std::to_string(e) + ", past the " +
+                  std::to_string(cols.size()) + " column indices");
     for (int64_t i = b; i < e; ++i) {
       const int32_t c = cols[size_t(i)];
       if (c < 0 || c >= k_len)
