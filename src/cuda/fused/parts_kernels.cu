@@ -27,37 +27,8 @@ struct Pack<__half> {
   }
 };
 
-// E consecutive elements (E / 8 16-byte words) to floats and back.
-template <class T, int E>
-__device__ void load_row(const void* p, float (&f)[E]) {
-  const uint4* w = static_cast<const uint4*>(p);
-#pragma unroll
-  for (int i = 0; i < E / 8; ++i) {
-    const uint4 u = __ldg(w + i);
-    const uint32_t x[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 t = Pack<T>::unpack(x[j]);
-      f[i * 8 + 2 * j] = t.x;
-      f[i * 8 + 2 * j + 1] = t.y;
-    }
-  }
-}
-template <class T, int E>
-__device__ void store_row(void* p, const float (&f)[E]) {
-  uint4* w = static_cast<uint4*>(p);
-#pragma unroll
-  for (int i = 0; i < E / 8; ++i)
-    w[i] = make_uint4(Pack<T>::pack(f[i * 8], f[i * 8 + 1]), Pack<T>::pack(f[i * 8 + 2], f[i * 8 + 3]),
-                      Pack<T>::pack(f[i * 8 + 4], f[i * 8 + 5]), Pack<T>::pack(f[i * 8 + 6], f[i * 8 + 7]));
-}
-
-__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f : m; }
-
-constexpr int kWarps = 4;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// E consecutive elements as raw 16-byte words (issued now, converted when used).
+// Rows of W 16-byte words (8 elements each): fetched (issued now, converted when used), converted to floats, and
+// both at once; stored back from floats.
 template <int W>
 __device__ __forceinline__ void fetch(const char* p, uint4 (&w)[W]) {
 #pragma unroll
@@ -76,6 +47,26 @@ __device__ __forceinline__ void to_float(const uint4 (&w)[W], float (&f)[W * 8])
     }
   }
 }
+
+template <class T, int E>
+__device__ __forceinline__ void load_row(const void* p, float (&f)[E]) {
+  uint4 w[E / 8];
+  fetch<E / 8>(static_cast<const char*>(p), w);
+  to_float<T, E / 8>(w, f);
+}
+template <class T, int E>
+__device__ void store_row(void* p, const float (&f)[E]) {
+  uint4* w = static_cast<uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < E / 8; ++i)
+    w[i] = make_uint4(Pack<T>::pack(f[i * 8], f[i * 8 + 1]), Pack<T>::pack(f[i * 8 + 2], f[i * 8 + 3]),
+                      Pack<T>::pack(f[i * 8 + 4], f[i * 8 + 5]), Pack<T>::pack(f[i * 8 + 6], f[i * 8 + 7]));
+}
+
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f : m; }
+
+constexpr int kWarps = 4;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Four rows a warp (rows = flattened (b, q, h), heads fastest): group g = lane / 8 takes row 4 * warp + g, lane
 // s = lane % 8 its elements [s * E, s * E + E). Two keys a step, software-pipelined: a step's K/V rows are in
@@ -220,15 +211,15 @@ __global__ void merge_kernel(RowTensor o, float* lse, int64_t lse_sb, int64_t ls
   __syncwarp();  // every lane of a row has read its lse before one writes it (a row's words share a warp)
   if (!live) return;
   uint4* op = reinterpret_cast<uint4*>(static_cast<char*>(o.data) + (b * o.sb + q * o.sl + h * o.sh) * 2) + c;
-  const uint4 a = *op, bb = __ldg(o2 + i);
-  const uint32_t xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {bb.x, bb.y, bb.z, bb.w};
-  uint32_t out[4];
+  if (w.wb != 0.f) {  // else the row keeps what it holds
+    const uint4 wa[1] = {*op}, wb[1] = {__ldg(o2 + i)};
+    float fa[8], fb[8];
+    to_float<T, 1>(wa, fa);
+    to_float<T, 1>(wb, fb);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 fa = Pack<T>::unpack(xa[j]), fb = Pack<T>::unpack(xb[j]);
-    out[j] = w.wb == 0.f ? xa[j] : Pack<T>::pack(w.wa * fa.x + w.wb * fb.x, w.wa * fa.y + w.wb * fb.y);
+    for (int j = 0; j < 8; ++j) fa[j] = w.wa * fa[j] + w.wb * fb[j];
+    store_row<T, 8>(op, fa);
   }
-  *op = make_uint4(out[0], out[1], out[2], out[3]);
   if (c == 0) *lp = w.lse;
 }
 
