@@ -73,7 +73,8 @@ struct PlanOptions {
   int persistent = -1, split = -1;
   // Compound plans (parts run by their own kernels, merged through the LSE; `explain` lists them): -1 chosen by
   // the planner's rules (plan/parts.hpp), 0 never (one tile list), 1 every column, row and scattered term split
-  // out whatever its size. The fused engines (GPU, CPU) split; the others ignore it.
+  // out whatever its size. The fused GPU engine splits by default; the CPU engine only with 1 (its tiler already
+  // runs scattered keys as residue rows, faster than parts and a merge); the others ignore it.
   int compound = -1;
 };
 

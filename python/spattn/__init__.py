@@ -221,8 +221,8 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     scale: None for 1/sqrt(head_dim). engine: auto, cpu, cuda_fused, cuda_unfused, reference. kernel: force a
     row of the kernel table by name or kind (avx512, avx2, generic, sm80, sm90_tma, ...). threads: CPU worker
     threads (0: all). block_m, block_n, perm_d, persistent, split: fused GPU tiling (tests and benchmarks).
-    compound: -1 the planner splits the pattern into parts where that pays (explain() lists them), 0 never, 1 every
-    column, row and scattered term.
+    compound: -1 the planner splits the pattern into parts where that pays (explain() lists them; the GPU only),
+    0 never, 1 every column, row and scattered term (the CPU too).
     """
     dt = _dtype_name(dtype)
     dev = _device_name(device)

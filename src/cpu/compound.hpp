@@ -1,6 +1,7 @@
 // cpu/compound.hpp — a compound plan on the CPU (plan/parts.hpp): each part through the fused CPU kernel (the
 // columns part over gathered keys, the rows part over the owned rows), merged through the LSE (plan/merge.hpp).
-// The same parts and merge as the GPU's (cuda/fused/compound.hpp). Views as cpu::FusedPlan takes them.
+// The same parts and merge as the GPU's (cuda/fused/compound.hpp). Views as cpu::FusedPlan takes them. Run only
+// where asked (PlanOptions::compound 1; measured slower than one tile plan: cpu/backend.cpp).
 #pragma once
 #include <vector>
 
