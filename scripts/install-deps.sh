@@ -2,15 +2,22 @@
 # Installs what building and testing spattn needs on a Debian machine: compiler, CMake, Ninja, GoogleTest,
 # OpenBLAS (the dense baseline of the CPU benchmark), LAPACK (TSVD compression) and numpy (the independent Python oracle in tests/).
 # The CUDA toolkit is optional: where nvcc is on PATH, the CUDA sources build too.
+# SPATTN_FUZZ_DEPS=1 (CI) adds clang and its libFuzzer runtime, for the sanitizer and fuzzing build (fuzz/).
 set -euo pipefail
-pkgs="g++ cmake ninja-build libgtest-dev libopenblas-dev liblapack-dev python3 python3-numpy"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+# Installs the Debian packages among "$@" that are not installed yet.
+apt_install() {
+  local missing="" p
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  [ -z "$missing" ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing
+}
+apt_install g++ cmake ninja-build libgtest-dev libopenblas-dev liblapack-dev python3 python3-numpy
+if [ "${SPATTN_FUZZ_DEPS:-0}" = 1 ]; then
+  apt_install clang
+  apt_install "libclang-rt-$(clang++ -dumpversion | cut -d. -f1)-dev"
 fi
 # Debian's python3 has numpy from python3-numpy above. Another python3 first on PATH (pyenv, a venv) gets it from
 # pip; where pip refuses (an externally managed environment), the build still goes on and only the oracle test

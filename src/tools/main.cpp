@@ -115,7 +115,8 @@ int cmd_mask(int argc, char** argv) {
 // ---- show ----
 int cmd_show(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "o", "out", "size"}, {"ascii"});
-  const auto [lq, lk] = lengths(a, -1);
+  int64_t lq = 0, lk = 0;  // (not a structured binding: the lambdas below capture them, which clang 14 refuses)
+  std::tie(lq, lk) = lengths(a, -1);
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
   if (lq == 0 || lk == 0)
     throw Error("nothing to draw: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + " (a length is 0)");
