@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
-"""The backward pass against FlexAttention's on the GPU (both timed in one process, the same inputs).
+"""The backward pass against FlexAttention's on the GPU (both timed in one process, on the same inputs).
 
-    python3 bench/bwd_bench.py --lib build/libspattn.so [--lengths 4096] [--patterns local,causal]
+    python3 bench/bwd_bench.py --lib build/libspattn.so [--lengths 16384] [--patterns local,causal] [--dims 64,128]
+                               [--kernel sm90_bwd|cuda_csr_bwd] [--json out.json]
 
-Ours: spattn_plan_backward (C API) after one forward (o, lse). Flex: torch.autograd.grad through the compiled
-flex_attention with the block mask of the same pattern (its forward is not timed: the graph's backward only, via
-retain_graph). Medians of CUDA-event timings of the calls (no graph capture: Flex's backward is not captured).
-Effective TFLOP/s of a backward count 2.5x the forward's kept-score FLOPs (4 * nnz * D * B * H * 2.5).
+Patterns and FlexAttention masks: gpu_bench.py's suite (`suite(L)`). Ours: spattn_plan_backward (C API) after one
+forward (o, lse); the row that ran is reported (spattn_plan_last_backward_kernel). Flex: torch.autograd.grad through
+the compiled flex_attention with the block mask of the same pattern (its forward is not timed: the graph's backward
+only, via retain_graph). Medians of CUDA-event timings of the calls, ours and Flex's alternated. Effective TFLOP/s of
+a backward count 2.5x the forward's kept-score FLOPs (4 * nnz * D * B * H * 2.5). Errors: ours and Flex's gradients
+against each other (relative Frobenius, the largest of dq, dk, dv); ours against the fp64 reference is the GPU tests'.
 """
 import argparse
 import ctypes
+import json
+import math
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import Lib, suite  # noqa: E402
 
 i64, vp = ctypes.c_int64, ctypes.c_void_p
 P64 = ctypes.POINTER(i64)
@@ -24,80 +34,114 @@ def strides(t):  # [B, H, L, D] tensor as [B, L, H, D]
     return (i64 * 4)(s[0], s[2], s[1], s[3])
 
 
-def time_ms(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
+def time_pair(fns, reps=20, warmup=3):
+    for f in fns:
+        for _ in range(warmup):
+            f()
     torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
+    ts = [[] for _ in fns]
+    for _ in range(reps):
+        for i, f in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            f()
+            b.record()
+            ts[i].append((a, b))
     torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
-
-
-MASKS = {
-    "local": ("local(256)", lambda b, h, q, k: (q - k).abs() <= 256),
-    "causal": ("causal", lambda b, h, q, k: k <= q),
-    "longformer": ("longformer(256, 32)", lambda b, h, q, k: ((q - k).abs() <= 256) | (q < 32) | (k < 32)),
-}
+    return [statistics.median(a.elapsed_time(b) for a, b in t) for t in ts]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--lengths", default="4096")
-    ap.add_argument("--patterns", default="local,causal,longformer")
+    ap.add_argument("--lengths", default="16384")
+    ap.add_argument("--patterns", default="local,longformer,bigbird,dilated,causal,fixed,na2d")
+    ap.add_argument("--dims", default="64")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kernel", default="", help="PlanOptions::backward_kernel ('' chosen)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--json", default="")
     args = ap.parse_args()
-    L_ = ctypes.CDLL(args.lib)
-    L_.spattn_last_error.restype = ctypes.c_char_p
-    L_.spattn_plan_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64, i64, i64,
-                                      ctypes.c_double, ctypes.c_char_p, ctypes.POINTER(vp)]
-    L_.spattn_plan_forward.argtypes = [vp] + [vp, P64] * 4 + [vp, vp]
+    lib = Lib(args.lib)
+    L_ = lib.lib
     L_.spattn_plan_backward.argtypes = [vp] + [vp, P64] * 4 + [vp] + [vp, P64] * 4 + [vp]
-    L_.spattn_pattern_nnz.argtypes = [ctypes.c_char_p, i64, i64, P64]
+    L_.spattn_plan_last_backward_kernel.argtypes = [vp]
+    L_.spattn_plan_last_backward_kernel.restype = ctypes.c_char_p
 
     def ok(rc, what):
         if rc:
             raise RuntimeError(f"{what}: {L_.spattn_last_error().decode()}")
 
-    B, H, D = args.batch, args.heads, 64
-    flex = torch.compile(flex_attention)
-    print(f"# {torch.cuda.get_device_name()}  B={B} H={H} D={D} bf16", flush=True)
+    B, H = args.batch, args.heads
+    torch._dynamo.config.cache_size_limit = 64
+    flex = torch.compile(flex_attention, dynamic=False)
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}  B={B} H={H} bf16  backward_kernel={args.kernel or 'chosen'}", flush=True)
+    rows = []
     for L in (int(x) for x in args.lengths.split(",")):
+        cases = {c[0]: c for c in suite(L)}
         for name in args.patterns.split(","):
-            spec, mod = MASKS[name]
-            torch.manual_seed(0)
-            q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
-            lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-            h = vp()
-            ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, b"", ctypes.byref(h)), spec)
-            st = lambda: vp(torch.cuda.current_stream().cuda_stream)  # noqa: E731
-            ok(L_.spattn_plan_forward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v),
-                                      o.data_ptr(), strides(o), lse.data_ptr(), st()), "forward")
+            _, spec, mod, _dims = cases[name]
+            for D in (int(x) for x in args.dims.split(",")):
+                torch.manual_seed(0)
+                q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+                lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                h = vp()
+                opts = f"backward_kernel={args.kernel}" if args.kernel else ""
+                ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, opts.encode(), ctypes.byref(h)),
+                   spec)
+                st = lambda: vp(torch.cuda.current_stream().cuda_stream)  # noqa: E731
+                ok(L_.spattn_plan_forward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
+                                          strides(v), o.data_ptr(), strides(o), lse.data_ptr(), st()), "forward")
 
-            def ours():
-                ok(L_.spattn_plan_backward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
-                                           strides(v), o.data_ptr(), strides(o), lse.data_ptr(), do.data_ptr(),
-                                           strides(do), dq.data_ptr(), strides(dq), dk.data_ptr(), strides(dk),
-                                           dv.data_ptr(), strides(dv), st()), "backward")
-            t_ours = time_ms(ours)
-            bm = create_block_mask(mod, None, None, L, L)
-            qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
-            of = flex(qf, kf, vf, block_mask=bm)
-            t_flex = time_ms(lambda: torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True))
-            gq, gk, gv = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
-            err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in ((dq, gq), (dk, gk), (dv, gv)))
-            nnz = i64()
-            ok(L_.spattn_pattern_nnz(spec.encode(), L, L, ctypes.byref(nnz)), "nnz")
-            fl = 4 * nnz.value * D * B * H * 2.5
-            print(f"{name:10s} L={L:5d}  ours {t_ours:8.3f} ms ({fl / t_ours / 1e9:6.1f} TF/s)  flex {t_flex:8.3f} ms "
-                  f"({fl / t_flex / 1e9:6.1f} TF/s)  flex/ours {t_flex / t_ours:5.3f}  rel diff vs flex {err:.2e}",
-                  flush=True)
+                def ours():
+                    ok(L_.spattn_plan_backward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
+                                               strides(v), o.data_ptr(), strides(o), lse.data_ptr(), do.data_ptr(),
+                                               strides(do), dq.data_ptr(), strides(dq), dk.data_ptr(), strides(dk),
+                                               dv.data_ptr(), strides(dv), st()), "backward")
+                fns = [ours]
+                full = None
+                if not args.no_flex:
+                    if mod is None:
+                        full = lib.mask_rows(spec, L, [(0, L)]).cuda()
+                        mm = lambda b, hh, qi, ki: full[qi, ki]  # noqa: E731
+                    else:
+                        mm = mod
+                    bm = create_block_mask(mm, None, None, L, L, device="cuda")
+                    qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                    of = flex(qf, kf, vf, block_mask=bm)
+                    fns.append(lambda: torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True))
+                times = time_pair(fns, args.reps)
+                ran = L_.spattn_plan_last_backward_kernel(h).decode()
+                nnz = i64()
+                ok(L_.spattn_pattern_nnz(spec.encode(), L, L, ctypes.byref(nnz)), "nnz")
+                fl = 4 * nnz.value * D * B * H * 2.5
+                r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "kernel": ran,
+                     "ms": times[0], "tflops": fl / times[0] / 1e9}
+                line = f"{name:10s} L={L:5d} D={D:3d} {ran:14s} ours {times[0]:8.3f} ms ({r['tflops']:6.1f} TF/s)"
+                if len(times) > 1:
+                    gq, gk, gv = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
+                    ours()
+                    torch.cuda.synchronize()
+                    err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
+                              for a, b in ((dq, gq), (dk, gk), (dv, gv)))
+                    r.update(flex_ms=times[1], flex_tflops=fl / times[1] / 1e9, speedup=times[1] / times[0],
+                             diff_vs_flex=err)
+                    line += (f"  flex {times[1]:8.3f} ms ({r['flex_tflops']:6.1f} TF/s)  flex/ours {r['speedup']:5.2f}"
+                             f"  diff vs flex {err:.1e}")
+                    del of, gq, gk, gv, bm
+                print(line, flush=True)
+                rows.append(r)
+                L_.spattn_plan_destroy(h)
+                del q, k, v, do, o, dq, dk, dv, lse, full
+    sp = [r["speedup"] for r in rows if "speedup" in r]
+    if sp:
+        print(f"# geomean flex/ours {math.exp(sum(math.log(x) for x in sp) / len(sp)):.3f} over {len(sp)} cases")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,10 @@ struct PlanOptions {
   // out whatever its size. The fused GPU engine splits by default; the CPU engine only with 1 (its tiler already
   // runs scattered keys as residue rows, faster than parts and a merge); the others ignore it.
   int compound = -1;
+  // The GPU backward's kernel (Plan::backward): "" chosen (the sm_90a tensor-core tiles where the tensors allow,
+  // else the CUDA-core CSR pass), "sm90_bwd" (or its rows sm90_bwd_d64 / _d128; an Error where it cannot run the
+  // tensors), "cuda_csr_bwd" (deterministic: no atomics).
+  std::string backward_kernel;
 };
 
 class Plan {
@@ -93,6 +97,7 @@ class Plan {
   std::string kernel() const;     // the kernel-table row the plan chose (per-head plans: the first head's)
   std::string last_kernel() const;  // the row the last forward launched ("" before the first); it differs
                                     // from kernel() only where the tensors' strides admit no tensor map
+  std::string last_backward_kernel() const;  // the row the last backward launched ("" before the first)
   // What was chosen and why: the pattern analysis, engine, kernel, tiles, predicted cost, plan time.
   std::string explain() const;
 
@@ -102,8 +107,10 @@ class Plan {
                const TensorView& lse, Stream stream = nullptr) const;
   // dQ, dK, dV (overwritten) from dout [B, Lq, Hq, Dv]. CPU engines: dq/dk/dv fp32 or fp64, q/k/v/dout any
   // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: every tensor
-  // in the plan's dtype, o and lse from the forward required; a CUDA-core pass over the pattern's CSR and its
-  // transpose (deterministic, no atomics; built at the first call), not yet the tensor-core backward.
+  // in the plan's dtype, o and lse from the forward required. On an sm_90a device with bf16 / fp16 at head dim 64
+  // or 128: tensor-core tiles, key-major (dK, dV on chip; dQ added up by fp32 atomics, so not bit-reproducible);
+  // elsewhere (or PlanOptions::backward_kernel "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's
+  // CSR and its transpose. Built at the first call; runs of one plan's backward share scratch: one stream at a time.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;

@@ -12,37 +12,12 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
 mkdir -p "$OUTD"
 OUTD=$(cd "$OUTD" && pwd)
+. "$ROOT/scripts/gpu_build.sh"
 BUILD=${SPATTN_BUILD:-}
-t0=$(date +%s)
-elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 rc=0
 if [ -z "$BUILD" ]; then
   BUILD=$ROOT/build-tsvd
-  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-  case "${cc%.*}" in
-    9) ARCH=90a-real ;;
-    10 | 12) ARCH=${cc/./}a-real ;;
-    "") echo "tsvd.sh: no GPU found (nvidia-smi)"; exit 2 ;;
-    *) ARCH=${cc/./}-real ;;
-  esac
-  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUTD/tsvd_machine.txt"
-  extra=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
-  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
-    if [ -d "$ROOT/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
-      cmake -S "$ROOT/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
-        -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "tsvd.sh: gtest build failed"
-    fi
-    [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
-  fi
-  echo "== tsvd: configure + build for $ARCH ($(elapsed))"
-  if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
-           -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${extra[@]}" >"$OUTD/tsvd_build.log" 2>&1 &&
-         ninja -C "$BUILD" -j"$(nproc)" spattn_cli tsvd_test tsvd_gpu_test >>"$OUTD/tsvd_build.log" 2>&1; }; then
-    grep -B2 -A8 -E "error|FAILED" "$OUTD/tsvd_build.log" | head -40
-    echo "tsvd.sh: build failed ($(elapsed))"
-    exit 1
-  fi
-  echo "built ($(elapsed))"
+  gpu_build "$BUILD" "$OUTD/tsvd_build.log" spattn_cli tsvd_test tsvd_gpu_test || exit 1
 fi
 CLI=$BUILD/spattn
 GTEST=$BUILD/tests/tsvd_gpu_test

@@ -32,7 +32,7 @@ int guarded(F&& f) {
 
 struct Handle {
   spattn::Plan plan;
-  std::string explain, kernel, last_kernel;
+  std::string explain, kernel, last_kernel, last_backward_kernel;
 };
 
 int64_t parse_int(std::string_view key, std::string_view text) {
@@ -64,9 +64,11 @@ spattn::PlanOptions parse_options(const char* text) {
     else if (key == "persistent") o.persistent = int(parse_int(key, val));
     else if (key == "split") o.split = int(parse_int(key, val));
     else if (key == "compound") o.compound = int(parse_int(key, val));
+    else if (key == "backward_kernel") o.backward_kernel = std::string(val);
     else
       throw spattn::Error("option '" + std::string(key) +
-                          "': expected engine, kernel, threads, block_m, block_n, perm_d, persistent, split or compound");
+                          "': expected engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound or "
+                          "backward_kernel");
   }
   return o;
 }
@@ -134,6 +136,12 @@ const char* spattn_plan_last_kernel(void* handle) {
   auto* h = static_cast<Handle*>(handle);
   h->last_kernel = h->plan.last_kernel();
   return h->last_kernel.c_str();
+}
+const char* spattn_plan_last_backward_kernel(void* handle) {
+  if (!handle) return "";
+  auto* h = static_cast<Handle*>(handle);
+  h->last_backward_kernel = h->plan.last_backward_kernel();
+  return h->last_backward_kernel.c_str();
 }
 
 // Forward. Strides in elements, 4 each ({batch, seq, head, dim}) for q, k, v and o, in the plan's layout

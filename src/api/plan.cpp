@@ -191,6 +191,7 @@ Engine Plan::engine() const { return impl_of(impl_).engine; }
 double Plan::plan_ms() const { return impl_of(impl_).plan_ms; }
 std::string Plan::kernel() const { return impl_of(impl_).backend->kernel(); }
 std::string Plan::last_kernel() const { return impl_of(impl_).backend->last_kernel(); }
+std::string Plan::last_backward_kernel() const { return impl_of(impl_).backend->last_backward_kernel(); }
 
 int64_t Plan::nnz() const {
   const Impl& im = impl_of(impl_);

@@ -33,6 +33,7 @@ class Backend {
   virtual std::string kernel() const = 0;       // the chosen kernel-table row (its name)
   virtual std::string last_kernel() const = 0;  // the row the last forward launched, "" before one
   virtual std::string explain() const = 0;      // tiles, waste, predicted cost, build time
+  virtual std::string last_backward_kernel() const { return ""; }  // the row the last backward launched
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Planned& p, const Problem& problem, const PlanOptions& options);

@@ -21,6 +21,8 @@ const char* kind_name(KernelKind kind) {
     case KernelKind::sm90_band_rmax: return "sm90_band_rmax";
     case KernelKind::cuda_unfused: return "cuda_unfused";
     case KernelKind::cuda_scattered: return "cuda_scattered";
+    case KernelKind::sm90_bwd: return "sm90_bwd";
+    case KernelKind::cuda_csr_bwd: return "cuda_csr_bwd";
   }
   return "?";
 }

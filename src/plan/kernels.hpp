@@ -23,6 +23,8 @@ enum class KernelKind : uint8_t {
   sm90_band_rmax,  // ... with running-max steps (rows keeping 1536 keys or more on average)
   cuda_unfused,    // SDDMM -> sparse softmax -> SpMM (BSR blocks on tensor cores + CSR on CUDA cores)
   cuda_scattered,  // compound plans' scattered parts: CSR rows, a warp a row, K/V rows gathered (parts_kernels.cu)
+  sm90_bwd,        // the backward pass on sm_90a: key-major tiles (64 queries x 128 keys), wgmma, dQ by atomics
+  cuda_csr_bwd,    // the backward pass on CUDA cores over the pattern's CSR and its transpose (any GPU, dtype, D <= 256)
 };
 
 // dtypes a row accepts (bits of spattn::DType's values: f32 1, f16 2, bf16 4).
@@ -67,6 +69,10 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_band_rmax_d64", Engine::cuda_fused, KernelKind::sm90_band_rmax, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
     {"cuda_unfused", Engine::cuda_unfused, KernelKind::cuda_unfused, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
     {"cuda_scattered", Engine::cuda_fused, KernelKind::cuda_scattered, 0, 0, 0, kF16 | kBF16, 0, 0},
+    // the backward pass (Plan::backward on a GPU; src/cuda/backward)
+    {"sm90_bwd_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
+    {"sm90_bwd_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
+    {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
 

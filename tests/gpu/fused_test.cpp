@@ -21,15 +21,6 @@ namespace {
 using spattn::DType;
 using spattn::TensorView;
 
-// The current device is compute capability 9.0 (where the sm_90a kernels, the band kernel among them, run).
-bool on_sm90a() {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-
 struct Case {
   const char* what;  // the failure it guards against
   std::string spec;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/common/check.hpp"
+#include "plan/kernels.hpp"
 #include "spattn/format.hpp"
 
 namespace spattn::cuda {
@@ -206,10 +207,55 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
   }
 }
 
-PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem)
-    : patterns_(std::move(patterns)), of_head_(std::move(of_head)), problem_(problem), built_(patterns_.size()) {}
+PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem,
+                                   std::string kernel)
+    : patterns_(std::move(patterns)),
+      of_head_(std::move(of_head)),
+      problem_(problem),
+      kernel_(std::move(kernel)),
+      csr_(patterns_.size()),
+      tile_(patterns_.size()) {
+  if (!kernel_.empty() && kernel_ != "cuda_csr_bwd" && kernel_ != plan::kind_name(plan::KernelKind::sm90_bwd)) {
+    const int row = plan::find_kernel(kernel_.c_str());
+    if (row < 0 || (plan::kKernels[row].kind != plan::KernelKind::sm90_bwd &&
+                    plan::kKernels[row].kind != plan::KernelKind::cuda_csr_bwd))
+      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
+                  "sm90_bwd_d64, sm90_bwd_d128, cuda_csr_bwd)");
+    if (plan::kKernels[row].head_dim && plan::kKernels[row].head_dim != problem_.head_dim)
+      throw Error("backward kernel '" + kernel_ + "' runs head dim " + std::to_string(plan::kKernels[row].head_dim) +
+                  ", the problem has " + std::to_string(problem_.head_dim));
+    if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) kernel_ = plan::kind_name(plan::KernelKind::sm90_bwd);
+  }
+}
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
+
+void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv, float* delta,
+                               void* stream) const {
+  const bool want_csr = kernel_ == "cuda_csr_bwd";
+  std::string why;
+  if (!want_csr) {
+    why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+    if (why.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!tile_[i]) tile_[i] = std::make_unique<TileBackward>(patterns_[i], p);
+      }
+      tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+      last_row_ = tile_[i]->kernel_row();
+      return;
+    }
+    if (!kernel_.empty()) throw Error("backward kernel '" + kernel_ + "' cannot run these tensors: " + why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!csr_[i]) csr_[i] = std::make_unique<CsrBackward>(patterns_[i]);
+  }
+  csr_[i]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta, stream);
+  last_row_ = plan::find_kernel("cuda_csr_bwd");
+}
 
 void PatternsBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                            const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
@@ -217,15 +263,13 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
   const Problem& p = problem_;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < patterns_.size(); ++i)
-      if (!built_[i]) built_[i] = std::make_unique<CsrBackward>(patterns_[i]);
     if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, p.batch * p.q_heads * p.q_len)) * 4));
   }
   if (!lse.data) throw Error("gpu backward: needs the forward's lse");
-  // delta laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer (query axis contiguous).
+  // The CSR pass's delta is laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer.
   if (lse.stride[1] != p.q_len || lse.stride[0] != p.q_heads * p.q_len)
     throw Error("gpu backward: lse must be contiguous fp32 [B, Hq, Lq]");
-  if (patterns_.size() == 1) return built_[0]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_, stream);
+  if (patterns_.size() == 1) return run_one(0, p, q, k, v, o, lse, dout, dq, dk, dv, delta_, stream);
   // Per-head patterns: each query head through its pattern on one-head views. dk / dv of a kv head shared by
   // query heads of different patterns would need summing: refused.
   const int64_t group = p.q_heads / p.kv_heads;
@@ -236,9 +280,8 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
   one.q_heads = one.kv_heads = 1;
   for (int64_t h = 0; h < p.q_heads; ++h) {
     const TensorView lh = lse.narrow(1, h), dh = dl.narrow(1, h);
-    built_[size_t(of_head_[size_t(h)])]->run(one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h), lh,
-                                              dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h),
-                                              static_cast<float*>(dh.data), stream);
+    run_one(size_t(of_head_[size_t(h)]), one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h), lh,
+            dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h), static_cast<float*>(dh.data), stream);
   }
 }
 

@@ -92,7 +92,7 @@ struct PatternRun {
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p.patterns, p.of_head, problem) {
+      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p.patterns, p.of_head, problem, o.backward_kernel) {
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
@@ -141,6 +141,10 @@ class CudaFusedBackend final : public Backend {
   }
   std::string last_kernel() const override {
     const int row = attn_[0].last_kernel_row();
+    return row >= 0 ? kKernels[row].name : "";
+  }
+  std::string last_backward_kernel() const override {
+    const int row = bwd_.last_kernel_row();
     return row >= 0 ? kKernels[row].name : "";
   }
   std::string explain() const override {

@@ -6,6 +6,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "plan/backend.hpp"
+#include "plan/kernels.hpp"
 #include "cuda/unfused/unfused.hpp"
 
 namespace spattn::plan {
@@ -16,7 +17,7 @@ using cuda::DeviceScope;
 class CudaUnfusedBackend final : public Backend {
  public:
   CudaUnfusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), bwd_(p.patterns, p.of_head, problem) {
+      : problem_(problem), device_(device), bwd_(p.patterns, p.of_head, problem, o.backward_kernel) {
     if (p.per_head())
       throw Error("engine cuda_unfused takes one pattern for all heads, got " + std::to_string(p.patterns.size()) +
                   " distinct per-head patterns (use cuda_fused or the CPU)");
@@ -47,6 +48,10 @@ class CudaUnfusedBackend final : public Backend {
   }
   std::string kernel() const override { return "cuda_unfused"; }
   std::string last_kernel() const override { return ran_ ? "cuda_unfused" : ""; }
+  std::string last_backward_kernel() const override {
+    const int row = bwd_.last_kernel_row();
+    return row >= 0 ? kKernels[row].name : "";
+  }
   std::string explain() const override { return "cuda unfused (SDDMM -> softmax -> SpMM): " + plan_->explain(); }
 
  private:

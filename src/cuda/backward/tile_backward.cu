@@ -1,0 +1,126 @@
+// cuda/backward/tile_backward.cu — see tile_backward.hpp; the kernels are in tile_bwd.cuh.
+#include "cuda/backward/tile_backward.hpp"
+
+#include <sstream>
+
+#include "cuda/backward/tile_bwd.cuh"
+#include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
+#include "cuda/fused/launch.cuh"  // raise_smem_limit
+#include "plan/analysis.hpp"
+#include "plan/kernels.hpp"
+#include "plan/key_plan.hpp"
+
+namespace spattn::cuda {
+
+TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem) : problem_(problem) {
+  const plan::Analysis an = plan::analyze(pattern);
+  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, 128, -1, false);
+  const plan::KeyMajorPlan km = plan::key_major(plan_);
+  nbitmask_ = int64_t(km.masks.size()) / km.block_n;
+  col_offsets_ = DeviceBuffer::upload(km.col_offsets);
+  entries_ = DeviceBuffer::upload(km.entries);
+  masks_ = DeviceBuffer::upload(km.masks);
+  order_ = DeviceBuffer::upload(km.order);
+  const int64_t rows = problem.batch * problem.q_heads * plan_.q_tiles * 64;
+  dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
+  lse2_ = DeviceBuffer(size_t(rows) * 4);
+  delta_ = DeviceBuffer(size_t(rows) * 4);
+}
+
+std::string TileBackward::refusal(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& o, const TensorView& lse, const TensorView& dout,
+                                  const TensorView& dq, const TensorView& dk, const TensorView& dv) {
+  DeviceInfo info;
+  try {
+    info = device_info(current_device());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (!info.sm90a()) return "needs an sm_90a device (compute capability 9.0), device has " + std::to_string(info.cc);
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16)
+    return "needs bf16 or fp16 tensors, q has " + std::string(dtype_name(q.dtype));
+  if ((p.head_dim != 64 && p.head_dim != 128) || p.dv() != p.head_dim)
+    return "head dim 64 or 128 (v's equal), got " + std::to_string(p.head_dim) + " / " + std::to_string(p.dv());
+  if (p.q_len >= (int64_t(1) << 30) || p.kv_len >= (int64_t(1) << 30)) return "lengths below 2^30";
+  const TensorView* all[] = {&q, &k, &v, &dout, &o, &dq, &dk, &dv};
+  const char* names[] = {"q", "k", "v", "dout", "o", "dq", "dk", "dv"};
+  for (int i = 0; i < 8; ++i) {
+    const TensorView& t = *all[i];
+    if (t.dtype != q.dtype) return std::string(names[i]) + " has dtype " + std::string(dtype_name(t.dtype)) + ", q " + std::string(dtype_name(q.dtype));
+    if (t.stride[3] != 1) return std::string(names[i]) + " needs a contiguous head dim";
+    const int64_t align = i < 4 ? 8 : 2;  // elements: 16-byte cp.async rows; 4-byte loads and stores
+    if (reinterpret_cast<uintptr_t>(t.data) % (2 * align) || t.stride[0] % align || t.stride[1] % align ||
+        t.stride[2] % align)
+      return std::string(names[i]) + " must be " + std::to_string(2 * align) + "-byte aligned, pointer and strides";
+  }
+  if (!lse.data || lse.dtype != DType::f32 || lse.stride[2] != 1)
+    return "needs the forward's lse, fp32, contiguous along the queries";
+  return "";
+}
+
+int TileBackward::kernel_row() const {
+  return plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(problem_.head_dim));
+}
+
+std::string TileBackward::explain() const {
+  std::ostringstream s;
+  s << "backward " << plan::kKernels[kernel_row()].name << ": key-major " << plan_.describe() << " ("
+    << nbitmask_ << " transposed bitmasks)";
+  return s.str();
+}
+
+namespace {
+template <int D, bool kBf16>
+void launch_tiles(const bwd::BwdParams& p, cudaStream_t s) {
+  using Tr = bwd::BwdTraits<D, kBf16>;
+  using Elem = typename Tr::Elem;
+  auto* kernel = bwd::tile_bwd_kernel<Tr>;
+  SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
+  const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
+  bwd::bwd_prep_kernel<Elem><<<unsigned((rows * 32 + 255) / 256), 256, 0, s>>>(p);
+  SPATTN_LAUNCH_CHECK("backward prep");
+  const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
+  if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
+  SPATTN_LAUNCH_CHECK("backward tiles");
+  const int64_t threads = rows * (D / 2);
+  bwd::bwd_finish_kernel<Elem, kBf16><<<unsigned((threads + 255) / 256), 256, 0, s>>>(p);
+  SPATTN_LAUNCH_CHECK("backward finish");
+}
+}  // namespace
+
+void TileBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                       const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                       const TensorView& dv, void* stream) const {
+  const Problem& pr = problem_;
+  bwd::BwdParams p{};
+  p.q = q.data, p.k = k.data, p.v = v.data, p.o = o.data, p.dout = dout.data;
+  p.dq = dq.data, p.dk = dk.data, p.dv = dv.data;
+  p.q_sb = q.stride[0], p.q_sl = q.stride[1], p.q_sh = q.stride[2];
+  p.k_sb = k.stride[0], p.k_sl = k.stride[1], p.k_sh = k.stride[2];
+  p.v_sb = v.stride[0], p.v_sl = v.stride[1], p.v_sh = v.stride[2];
+  p.o_sb = o.stride[0], p.o_sl = o.stride[1], p.o_sh = o.stride[2];
+  p.do_sb = dout.stride[0], p.do_sl = dout.stride[1], p.do_sh = dout.stride[2];
+  p.dq_sb = dq.stride[0], p.dq_sl = dq.stride[1], p.dq_sh = dq.stride[2];
+  p.dk_sb = dk.stride[0], p.dk_sl = dk.stride[1], p.dk_sh = dk.stride[2];
+  p.dv_sb = dv.stride[0], p.dv_sl = dv.stride[1], p.dv_sh = dv.stride[2];
+  p.lse = static_cast<const float*>(lse.data);
+  p.lse_sb = lse.stride[0], p.lse_sh = lse.stride[1];
+  p.dq_acc = dq_acc_.get<float>(), p.lse2 = lse2_.get<float>(), p.delta = delta_.get<float>();
+  p.batch = int(pr.batch), p.q_heads = int(pr.q_heads), p.kv_heads = int(pr.kv_heads);
+  p.group = int(pr.q_heads / pr.kv_heads);
+  p.q_len = int(pr.q_len), p.k_len = int(pr.kv_len), p.perm_d = plan_.perm_d;
+  p.q_group = int(plan_.q_group), p.k_group = int(plan_.k_group);
+  p.qp = int(plan_.q_tiles * 64), p.head_dim = int(pr.head_dim);
+  p.scale = float(pr.softmax_scale());
+  p.scale_log2 = float(pr.softmax_scale() * 1.4426950408889634);
+  p.col_offsets = col_offsets_.get<int64_t>(), p.entries = entries_.get<int4>();
+  p.masks = masks_.get<unsigned long long>(), p.order = order_.get<int32_t>();
+  p.k_tiles = int(plan_.k_tiles);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool bf16 = q.dtype == DType::bf16;
+  if (pr.head_dim == 64) return bf16 ? launch_tiles<64, true>(p, s) : launch_tiles<64, false>(p, s);
+  return bf16 ? launch_tiles<128, true>(p, s) : launch_tiles<128, false>(p, s);
+}
+
+}  // namespace spattn::cuda

@@ -1,0 +1,43 @@
+// cuda/backward/tile_backward.hpp — host side of the tensor-core backward (tile_bwd.cuh): the key-major plan of a
+// pattern uploaded once, its scratch, the checks and the three launches (prep, dK/dV/dQ tiles, dQ finish).
+#pragma once
+#include <string>
+
+#include "cuda/common/buffer.hpp"
+#include "plan/block_plan.hpp"
+#include "spattn/pattern.hpp"
+#include "spattn/tensor.hpp"
+
+namespace spattn::cuda {
+
+class TileBackward {
+ public:
+  // Builds the 64 x 128 tile plan of `pattern` (residue permutation chosen as for the forward), transposes it
+  // key-major and uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq'
+  // the query length rounded up to whole tiles per residue group; lse and delta rows).
+  TileBackward(const BoundPattern& pattern, const Problem& problem);
+
+  // Why the tile kernel cannot run these tensors on the current device ("" where it can): an sm_90a device,
+  // bf16 / fp16 everywhere, head dim 64 or 128 (dv equal), head dims contiguous, q / k / v / dout rows 16-byte
+  // aligned, dq / dk / dv 4-byte aligned, lse fp32 contiguous along the queries, lengths below 2^30.
+  static std::string refusal(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                             const TensorView& dk, const TensorView& dv);
+
+  // Requires refusal(...) == "". Enqueues on `stream`; runs of one TileBackward share its scratch: one stream at
+  // a time (as for the forward's work counters).
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
+           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
+
+  int kernel_row() const;  // plan/kernels.hpp: sm90_bwd_d64 or sm90_bwd_d128
+  std::string explain() const;
+
+ private:
+  Problem problem_;
+  plan::BlockPlan plan_;  // the forward-order plan (its entries are kept for explain; the device has them key-major)
+  int64_t nbitmask_ = 0;
+  DeviceBuffer col_offsets_, entries_, masks_, order_;
+  DeviceBuffer dq_acc_, lse2_, delta_;
+};
+
+}  // namespace spattn::cuda

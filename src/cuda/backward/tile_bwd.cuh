@@ -1,0 +1,341 @@
+// cuda/backward/tile_bwd.cuh — the tensor-core backward pass over a key-major tile plan (sm_90a, wgmma).
+//
+// FlashAttention-2/3's structure over the plan's tiles (plan/key_plan.hpp): one CTA per (key tile of 128 keys,
+// batch, kv head) keeps its K and V tile and its dK, dV accumulators on chip and walks the query tiles (64 rows)
+// that visit the key tile, for every query head of its group (GQA: dK, dV summed over the group in registers):
+//   S^T  = K Q^T            wgmma SS (K and Q K-major)          } each warpgroup: its 64 keys x the 64 queries
+//   dP^T = V dO^T           wgmma SS                             }
+//   P^T  = exp2(S^T scale log2 e - lse log2 e), masked (full / band / transposed bitmask entries)
+//   dS^T = P^T (dP^T - delta)
+//   dV  += P^T dO           wgmma RS (P from registers, dO MN-major)
+//   dK  += dS^T Q           wgmma RS (Q MN-major)
+//   dQ   = dS K             wgmma SS_TT (dS^T through shared memory, K MN-major): warpgroup w the columns
+//                           [w D/2, (w+1) D/2), added to an fp32 accumulator in plan space by red.global.add.v2
+// Q, dO, the rows' lse and delta come in by cp.async, double-buffered (the next step's while this one computes).
+// Prep kernel: delta = rowsum(dO o O) and lse * log2 e (+inf where a row is padding or kept no key: P = 0) in plan
+// space, the dQ accumulator zeroed. Finish kernel: dQ = scale * accumulator, at the rows' tokens.
+//
+// Out-of-range keys need no mask in full tiles (a full tile has every key in range) and are masked in band tiles
+// (kvalid) and bitmask tiles (no bit); padding query rows have lse +inf, so P = 0 there.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/ptx.cuh"
+#include "cuda/fused/fused_fwd.cuh"
+#include "cuda/fused/wgmma_ops.cuh"
+
+namespace spattn::cuda::bwd {
+
+struct BwdParams {
+  const void *q, *k, *v, *o, *dout;  // [B, L, H, D], head dim contiguous
+  void *dq, *dk, *dv;
+  int64_t q_sb, q_sl, q_sh, k_sb, k_sl, k_sh, v_sb, v_sl, v_sh, o_sb, o_sl, o_sh, do_sb, do_sl, do_sh;
+  int64_t dq_sb, dq_sl, dq_sh, dk_sb, dk_sl, dk_sh, dv_sb, dv_sl, dv_sh;
+  const float* lse;  // [B, Hq, Lq] (strides lse_sb, lse_sh; query axis contiguous)
+  int64_t lse_sb, lse_sh;
+  float* dq_acc;     // [B * Hq, QP, D] fp32, plan space
+  float* lse2;       // [B * Hq, QP]: lse * log2 e, +inf for padding / empty rows
+  float* delta;      // [B * Hq, QP]
+  int batch, q_heads, kv_heads, group;
+  int q_len, k_len, perm_d, q_group, k_group;
+  int qp;  // plan-space query positions: q_tiles * 64
+  int head_dim;
+  float scale, scale_log2;
+  const int64_t* col_offsets;
+  const int4* entries;  // {query tile, mask, lo, hi}
+  const unsigned long long* masks;
+  const int32_t* order;
+  int k_tiles;
+};
+
+template <int D_, bool kBf16_>
+struct BwdTraits {
+  static constexpr int BM = 64, BN = 128, D = D_, kThreads = 256;
+  static constexpr bool kBf16 = kBf16_;
+  static constexpr int kKV = BN * D * 2;  // a K or V tile
+  static constexpr int kQ = BM * D * 2;   // a Q or dO tile
+  static constexpr int kDS = BN * BM * 2;
+  static constexpr int kOffV = kKV, kOffStage = 2 * kKV;  // stage s: Q at kOffStage + 2 s kQ, dO after it
+  static constexpr int kOffDS = kOffStage + 4 * kQ;
+  static constexpr int kOffRows = kOffDS + kDS;  // stage s: lse2 at + 2 s BM * 4, delta after it
+  static constexpr int kSmemBytes = kOffRows + 4 * BM * 4 + 1024;
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+};
+
+namespace detail {
+using namespace ::spattn::cuda::ptx;
+using fused::detail::desc_lo;
+using fused::detail::desc_of_lo;
+using fused::detail::load_tile;
+using fused::detail::pack2;
+using fused::detail::plan_token;
+using fused::detail::sw_off;
+
+__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
+  SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
+}
+
+// Valid keys of the 128-key tile at plan position k0.
+__device__ __forceinline__ int key_valid(const BwdParams& p, int k0) {
+  if (p.perm_d == 1) return p.k_len - k0;
+  const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
+  const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+  return ng - j0;
+}
+}  // namespace detail
+
+// One warp per plan-space query row: lse2, delta, the dQ accumulator row zeroed.
+template <class Elem>
+__global__ void bwd_prep_kernel(const BwdParams p) {
+  using namespace detail;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31, D = p.head_dim;
+  if (w >= int64_t(p.batch) * p.q_heads * p.qp) return;
+  const int pos = int(w % p.qp);
+  const int64_t bh = w / p.qp;
+  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
+  const int tok = plan_token(pos, p.perm_d, p.q_group);
+  float dl = 0.f, l2 = INFINITY;
+  if (tok < p.q_len) {
+    const Elem* orow = static_cast<const Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
+    const Elem* drow =
+        static_cast<const Elem*>(p.dout) + int64_t(b) * p.do_sb + int64_t(tok) * p.do_sl + int64_t(h) * p.do_sh;
+    float s = 0.f;
+    for (int d = lane; d < D; d += 32) s += float(orow[d]) * float(drow[d]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    dl = s;
+    const float l = p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok];
+    l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;  // a row that kept no key: P = 0
+  }
+  if (lane == 0) {
+    p.lse2[w] = l2;
+    p.delta[w] = dl;
+  }
+  float4* acc = reinterpret_cast<float4*>(p.dq_acc + w * D);
+  for (int d = lane; d < D / 4; d += 32) acc[d] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// dq[b, tok, h, :] = scale * accumulator, a thread per two elements of a real row.
+template <class Elem, bool kBf16>
+__global__ void bwd_finish_kernel(const BwdParams p) {
+  using namespace detail;
+  const int D = p.head_dim;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(p.batch) * p.q_heads * p.qp * (D / 2)) return;
+  const int64_t row = t / (D / 2);
+  const int c = 2 * int(t % (D / 2));
+  const int pos = int(row % p.qp);
+  const int tok = plan_token(pos, p.perm_d, p.q_group);
+  if (tok >= p.q_len) return;
+  const int64_t bh = row / p.qp;
+  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
+  const float2 a = *reinterpret_cast<const float2*>(p.dq_acc + row * D + c);
+  Elem* dst = static_cast<Elem*>(p.dq) + int64_t(b) * p.dq_sb + int64_t(tok) * p.dq_sl + int64_t(h) * p.dq_sh + c;
+  *reinterpret_cast<uint32_t*>(dst) = pack2<kBf16>(a.x * p.scale, a.y * p.scale);
+}
+
+template <class Tr>
+__device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
+  using namespace detail;
+  namespace wg_ops = ::spattn::cuda::fused::wgmma;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads;
+  constexpr bool kBf16 = Tr::kBf16;
+  using Elem = typename Tr::Elem;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV, s_ds = s_k + Tr::kOffDS;
+  auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
+  auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
+  const float* rows_f = reinterpret_cast<const float*>(smem + Tr::kOffRows);  // stage s: lse2 [s*128, +64), delta
+  const uint32_t s_rows = s_k + Tr::kOffRows;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int bhk_count = p.batch * p.kv_heads;
+  const int kt = p.order[blockIdx.x / bhk_count];
+  const int bhk = blockIdx.x % bhk_count;
+  const int b = bhk / p.kv_heads, hk = bhk % p.kv_heads;
+  const int k0 = kt * BN;
+  const int64_t e0 = p.col_offsets[kt];
+  const int ne = int(p.col_offsets[kt + 1] - e0);
+  const int n = ne * p.group;
+
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
+  load_tile<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  load_tile<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  cp_async_commit();
+
+  // Step i: query head hk * group + i / ne, entry i % ne.
+  auto load_step = [&](int i, int st) {
+    const int h = hk * p.group + i / ne;
+    const int q0 = __ldg(&p.entries[e0 + i % ne].x) * BM;
+    const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
+    const char* dg = static_cast<const char*>(p.dout) + 2 * (int64_t(b) * p.do_sb + int64_t(h) * p.do_sh);
+    load_tile<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    load_tile<BM, D, NT>(s_do(st), dg, p.do_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    if (tid < 32) {  // 16 chunks of lse2, 16 of delta
+      const float* src = (tid < 16 ? p.lse2 : p.delta) + (int64_t(b) * p.q_heads + h) * p.qp + q0 + 4 * (tid & 15);
+      cp_async16(s_rows + uint32_t(st) * 2 * BM * 4 + (tid < 16 ? 0 : BM * 4) + 16 * (tid & 15), src, 16);
+    }
+    cp_async_commit();
+  };
+  if (n > 0) load_step(0, 0);
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int rw = (warp & 3) * 16 + (lane >> 2);  // this thread's first key row in its warpgroup's 64
+  const int kr0 = wg * 64 + rw;                   // ... in the CTA's 128 (second: + 8)
+  const int cb = 2 * (lane & 3);
+  const float sl2 = p.scale_log2;
+  const int kvalid = key_valid(p, k0);
+
+  for (int i = 0; i < n; ++i) {
+    const int st = i & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
+    if (i + 1 < n) load_step(i + 1, st ^ 1);
+    const int h = hk * p.group + i / ne;
+    const int4 e = __ldg(&p.entries[e0 + i % ne]);
+    const int q0 = e.x * BM;
+    unsigned long long mw[2] = {~0ull, ~0ull};
+    if (e.y >= 0) {
+      mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+      mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+    }
+
+    // ---- S^T = K Q^T, dP^T = V dO^T (this warpgroup's 64 keys x 64 queries) ----
+    float s[BM / 2], dp[BM / 2];
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+    {
+      const uint32_t a_lo = desc_lo(s_k + wg * 64 * 128, 16), b_lo = desc_lo(s_q(st), 16);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg_ops::Op<BM, kBf16>::ss(s, desc_of_lo(a_lo + (kk / 4) * BN * 8 + (kk % 4) * 2),
+                                  desc_of_lo(b_lo + (kk / 4) * BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+      const uint32_t v_lo = desc_lo(s_v + wg * 64 * 128, 16), d_lo = desc_lo(s_do(st), 16);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg_ops::Op<BM, kBf16>::ss(dp, desc_of_lo(v_lo + (kk / 4) * BN * 8 + (kk % 4) * 2),
+                                  desc_of_lo(d_lo + (kk / 4) * BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+
+    // ---- P^T, dS^T ----
+    const float* lse_s = rows_f + st * 2 * BM;
+    const float* dl_s = lse_s + BM;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * j + cb);
+      const float2 dl = *reinterpret_cast<const float2*>(dl_s + 8 * j + cb);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int ee = 0; ee < 2; ++ee) {
+          const int idx = 4 * j + 2 * hh + ee, qc = 8 * j + cb + ee, kr = kr0 + 8 * hh;
+          bool kept = true;
+          if (e.y == -2) {
+            const int64_t d = int64_t(k0 + kr) - int64_t(q0 + qc);
+            kept = d >= e.z && d <= e.w && kr < kvalid;
+          } else if (e.y >= 0) {
+            kept = (mw[hh] >> qc) & 1ull;
+          }
+          const float pv = kept ? ex2_ftz(fmaf(s[idx], sl2, -(ee ? l2.y : l2.x))) : 0.f;
+          s[idx] = pv;
+          dp[idx] = pv * (dp[idx] - (ee ? dl.y : dl.x));
+        }
+    }
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    fused::detail::tile_to_p<BM, kBf16>(s, pa);
+    fused::detail::tile_to_p<BM, kBf16>(dp, da);
+
+    // ---- dV += P^T dO, dK += dS^T Q (B operands MN-major) ----
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(pa);
+    fence_regs(da);
+    wgmma_fence();
+    {
+      const uint32_t d_lo = desc_lo(s_do(st), BM * 128), q_lo = desc_lo(s_q(st), BM * 128);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) wg_ops::Op<D, kBf16>::rs_tb(dv, pa[kk], desc_of_lo(d_lo + kk * 128), 1);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) wg_ops::Op<D, kBf16>::rs_tb(dk, da[kk], desc_of_lo(q_lo + kk * 128), 1);
+    }
+    wgmma_commit();
+
+    // ---- dS^T to shared memory (keys x queries, queries contiguous: the MN-major A of dQ = dS K) ----
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int j = 2 * kk + (x >> 1), hh = x & 1;  // tile_to_p: word x of kk holds (8j + cb, row + 8 hh)
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + sw_off<BN>(kr0 + 8 * hh, j) + 2 * cb), "r"(da[kk][x]));
+      }
+    fence_proxy_async();
+    named_sync(1, NT);  // both warpgroups' dS^T stored
+
+    // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
+    float dq[D / 4];
+    fence_regs(dq);
+    wgmma_fence();
+    {
+      const uint32_t a_lo = desc_lo(s_ds, BN * 128);
+      // K MN-major: columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
+      const uint32_t b_lo = desc_lo(s_k + (D == 128 ? wg * BN * 128 : wg * 64), BN * 128);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wg_ops::Op<D / 2, kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128), desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    fence_regs(dv);
+    fence_regs(dk);
+    float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * (D / 2);
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        red_add_v2(acc + int64_t(rw + 8 * hh) * D + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: dK (times the softmax scale), dV at the keys' tokens ----
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int tok = plan_token(k0 + kr0 + 8 * hh, p.perm_d, p.k_group);
+    if (tok >= p.k_len) continue;
+    Elem* krow = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_sb + int64_t(tok) * p.dk_sl + int64_t(hk) * p.dk_sh;
+    Elem* vrow = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_sb + int64_t(tok) * p.dv_sl + int64_t(hk) * p.dv_sh;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(krow + 8 * j + cb) =
+          pack2<kBf16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(vrow + 8 * j + cb) = pack2<kBf16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+    }
+  }
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!fused::kWgmmaAvailable) {
+    __trap();
+  } else {
+    tile_bwd_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::bwd

@@ -1,0 +1,57 @@
+// plan/key_plan.cpp — see key_plan.hpp.
+#include "plan/key_plan.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "spattn/error.hpp"
+
+namespace spattn::plan {
+
+KeyMajorPlan key_major(const BlockPlan& plan) {
+  if (plan.block_m != 64)
+    throw Error("key-major plan: needs 64-row query tiles, the plan has " + std::to_string(plan.block_m));
+  KeyMajorPlan out;
+  out.block_m = plan.block_m;
+  out.block_n = plan.block_n;
+  out.q_tiles = plan.q_tiles;
+  out.k_tiles = plan.k_tiles;
+  const int bn = plan.block_n, words = int(plan.words_per_mask());
+  out.col_offsets.assign(size_t(plan.k_tiles) + 1, 0);
+  for (const TileEntry& e : plan.entries) ++out.col_offsets[size_t(e.kt) + 1];
+  std::partial_sum(out.col_offsets.begin(), out.col_offsets.end(), out.col_offsets.begin());
+  out.entries.resize(plan.entries.size());
+  std::vector<int64_t> fill(out.col_offsets.begin(), out.col_offsets.end() - 1);
+  int32_t nmask = 0;
+  for (int64_t qt = 0; qt < plan.q_tiles; ++qt)  // ascending query tiles within each key tile's list
+    for (int64_t i = plan.row_offsets[size_t(qt)]; i < plan.row_offsets[size_t(qt) + 1]; ++i) {
+      const TileEntry& e = plan.entries[size_t(i)];
+      TileEntry t{int32_t(qt), e.mask, e.lo, e.hi};
+      if (e.mask >= 0) {
+        t.mask = nmask++;
+        const uint64_t* m = plan.masks.data() + size_t(e.mask) * size_t(words);
+        out.masks.resize(size_t(nmask) * size_t(bn), 0);
+        uint64_t* tm = out.masks.data() + size_t(t.mask) * size_t(bn);
+        // m: bit r * bn + c is (row r, key c); tm[c] bit r.
+        for (int r = 0; r < 64; ++r)
+          for (int w = 0; w < bn / 64; ++w) {
+            uint64_t x = m[size_t(r) * size_t(bn / 64) + size_t(w)];
+            while (x) {
+              const int c = 64 * w + __builtin_ctzll(x);
+              x &= x - 1;
+              tm[c] |= uint64_t(1) << r;
+            }
+          }
+      }
+      out.entries[size_t(fill[size_t(e.kt)]++)] = t;
+    }
+  out.order.resize(size_t(plan.k_tiles));
+  std::iota(out.order.begin(), out.order.end(), 0);
+  std::stable_sort(out.order.begin(), out.order.end(), [&](int32_t a, int32_t b) {
+    return out.col_offsets[size_t(a) + 1] - out.col_offsets[size_t(a)] >
+           out.col_offsets[size_t(b) + 1] - out.col_offsets[size_t(b)];
+  });
+  return out;
+}
+
+}  // namespace spattn::plan

@@ -1,0 +1,200 @@
+// Plan::backward on a CUDA device, kernel by kernel: the sm_90a tensor-core tiles (sm90_bwd) and the CUDA-core CSR
+// pass (cuda_csr_bwd), each forced and asserted to have run, against the fp64 reference backward on fresh random
+// inputs: every tile kind (full, band, bitmask; residue permutations), GQA, per-head patterns, empty rows,
+// Lq != Lk, lengths that are no multiple of a tile, D = 64 and 128, bf16 and fp16, [B, H, L, D] strided views.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/require_gpu.hpp"
+#include "spattn/plan.hpp"
+#include "spattn/reference.hpp"
+
+namespace {
+
+using spattn::DType;
+using spattn::TensorView;
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
+  ~Buf() { cudaFree(p); }
+};
+
+struct Case {
+  std::vector<const char*> specs;
+  DType dt;
+  int64_t B, H, HK, Lq, Lk, D;
+  bool bhld;  // tensors as [B, H, L, D] memory viewed as [B, L, H, D]
+  spattn::Engine engine = spattn::Engine::automatic;
+};
+
+// Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched.
+std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, std::string* ran, uint32_t seed) {
+  std::vector<spattn::Pattern> pats;
+  std::vector<spattn::BoundPattern> bound;
+  for (const char* s : c.specs) pats.push_back(spattn::parse(s)), bound.push_back(pats.back().bind(c.Lq, c.Lk));
+  spattn::Problem pr;
+  pr.batch = c.B, pr.q_heads = c.H, pr.kv_heads = c.HK, pr.q_len = c.Lq, pr.kv_len = c.Lk, pr.head_dim = c.D;
+  pr.dtype = c.dt;
+  spattn::PlanOptions o;
+  o.backward_kernel = kernel;
+  o.engine = c.engine;
+  const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0), o);
+  const int es = spattn::dtype_size(c.dt);
+  const std::array<int64_t, 4> sq{c.B, c.Lq, c.H, c.D}, sk{c.B, c.Lk, c.HK, c.D};
+  // Host copies are contiguous [B, L, H, D]; device tensors [B, L, H, D] or [B, H, L, D] in memory.
+  auto dev_view = [&](void* p, std::array<int64_t, 4> s) {
+    if (!c.bhld) return TensorView::contiguous(p, c.dt, s);
+    return TensorView{p, c.dt, {s[0], s[1], s[2], s[3]}, {s[1] * s[2] * s[3], s[3], s[1] * s[3], 1}};
+  };
+  const size_t nq = size_t(c.B * c.Lq * c.H * c.D), nk = size_t(c.B * c.Lk * c.HK * c.D);
+  std::vector<uint8_t> hq(nq * es), hk(nk * es), hv(nk * es), hdo(nq * es);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto fill = [&](std::vector<uint8_t>& h, std::array<int64_t, 4> shape) {
+    const TensorView t = TensorView::contiguous(h.data(), c.dt, shape);
+    for (int64_t a = 0; a < shape[0]; ++a)
+      for (int64_t b = 0; b < shape[1]; ++b)
+        for (int64_t x = 0; x < shape[2]; ++x)
+          for (int64_t d = 0; d < shape[3]; ++d) t.store(a, b, x, d, nd(rng));
+    return t;
+  };
+  const TensorView tq = fill(hq, sq), tk = fill(hk, sk), tv = fill(hv, sk), tdo = fill(hdo, sq);
+  Buf q(nq * es), k(nk * es), v(nk * es), dout(nq * es), o_(nq * es), lse(size_t(c.B * c.H * c.Lq) * 4), gq(nq * es),
+      gk(nk * es), gv(nk * es);
+  auto upload = [&](const TensorView& host, const Buf& b, std::array<int64_t, 4> s) {
+    const TensorView d = dev_view(b.p, s);
+    std::vector<uint8_t> tmp(host.shape[0] * host.shape[1] * host.shape[2] * host.shape[3] * es);
+    const TensorView t{tmp.data(), c.dt, d.shape, d.stride};
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t l = 0; l < s[1]; ++l)
+        for (int64_t x = 0; x < s[2]; ++x)
+          for (int64_t e = 0; e < s[3]; ++e) t.store(a, l, x, e, host.load(a, l, x, e));
+    EXPECT_EQ(cudaMemcpy(b.p, tmp.data(), tmp.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  upload(tq, q, sq), upload(tk, k, sk), upload(tv, v, sk), upload(tdo, dout, sq);
+  // Poison the gradients: every element must be written.
+  for (const Buf* g : {&gq, &gk, &gv}) EXPECT_EQ(cudaMemset(g->p, 0x7f, g == &gq ? nq * es : nk * es), cudaSuccess);
+  const TensorView tl = TensorView::contiguous(lse.p, DType::f32, {c.B, c.H, c.Lq, 1});
+  plan.forward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o_.p, sq), tl);
+  plan.backward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o_.p, sq), tl, dev_view(dout.p, sq),
+                dev_view(gq.p, sq), dev_view(gk.p, sk), dev_view(gv.p, sk));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *ran = plan.last_backward_kernel();
+  std::vector<double> rq(nq), rk(nk), rv(nk);
+  spattn::cpu::reference_attention_backward(bound, pr, tq, tk, tv, tdo, TensorView::contiguous(rq.data(), DType::f64, sq),
+                                            TensorView::contiguous(rk.data(), DType::f64, sk),
+                                            TensorView::contiguous(rv.data(), DType::f64, sk));
+  auto err = [&](const Buf& g, const std::vector<double>& want, std::array<int64_t, 4> s) {
+    std::vector<uint8_t> h(want.size() * es);
+    EXPECT_EQ(cudaMemcpy(h.data(), g.p, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    const TensorView t{h.data(), c.dt, dev_view(h.data(), s).shape, dev_view(h.data(), s).stride};
+    double num = 0, den = 0;
+    size_t i = 0;
+    for (int64_t a = 0; a < s[0]; ++a)
+      for (int64_t b = 0; b < s[1]; ++b)
+        for (int64_t x = 0; x < s[2]; ++x)
+          for (int64_t d = 0; d < s[3]; ++d, ++i) {
+            const double e = t.load(a, b, x, d) - want[i];
+            num += e * e, den += want[i] * want[i];
+          }
+    return std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
+  };
+  return {err(gq, rq, sq), err(gk, rk, sk), err(gv, rv, sk)};
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {{"local(40)"}, DType::bf16, 2, 4, 2, 300, 300, 64, false},                   // band tiles, GQA
+      {{"causal"}, DType::f16, 1, 2, 2, 333, 333, 128, false},                       // full + band, D = 128
+      {{"longformer(40, 4)"}, DType::bf16, 2, 2, 2, 257, 257, 64, false},            // global rows / columns
+      {{"dilated(20, 3)"}, DType::bf16, 1, 2, 1, 301, 301, 64, false},               // residue permutation
+      {{"bigbird(16, 1, 1, 1, seed=1)"}, DType::bf16, 1, 2, 2, 300, 300, 128, false},
+      {{"random(5, seed=3) | local(2)"}, DType::f16, 2, 2, 2, 200, 200, 64, false},  // bitmask tiles
+      {{"causal & global_cols(100:180)"}, DType::bf16, 1, 2, 2, 250, 250, 64, false},  // rows with no key
+      {{"local(30)"}, DType::bf16, 2, 2, 2, 150, 411, 64, false},                   // Lq != Lk
+      {{"local(9)", "causal", "local(9)"}, DType::bf16, 1, 3, 3, 200, 200, 64, false},  // per-head patterns
+      {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                   // [B, H, L, D] views, GQA
+      {{"dense"}, DType::f16, 1, 4, 1, 129, 129, 64, true},                          // group 4
+  };
+  return c;
+}
+
+// Every case through `kernel`, which must be the one that ran (D = 64 / 128: the row of that head dim).
+void check_cases(const std::string& kernel, uint32_t seed) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
+    std::string ran;
+    const auto e = backward_errors(c, kernel, &ran, seed++);
+    EXPECT_EQ(ran, kernel == "sm90_bwd" ? (c.D == 64 ? "sm90_bwd_d64" : "sm90_bwd_d128") : kernel);
+    const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
+    EXPECT_LE(e[0], tol) << "dq";
+    EXPECT_LE(e[1], tol) << "dk";
+    EXPECT_LE(e[2], tol) << "dv";
+  }
+}
+
+TEST(BackwardGpu, TileKernelMatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd kernel needs an sm_90a device (compute capability 9.0)";
+  check_cases("sm90_bwd", 100);
+}
+
+// One small case of each tile kind for compute-sanitizer (memcheck, racecheck: scripts/gpu_check.d/backward.sh).
+TEST(BackwardGpu, SmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd kernel needs an sm_90a device (compute capability 9.0)";
+  const Case c{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false};
+  std::string ran;
+  const auto e = backward_errors(c, "sm90_bwd", &ran, 7);
+  EXPECT_EQ(ran, "sm90_bwd_d64");
+  for (double x : e) EXPECT_LE(x, 2e-2);
+}
+
+TEST(BackwardGpu, CsrKernelMatchesReference) {
+  REQUIRE_GPU();
+  check_cases("cuda_csr_bwd", 200);
+}
+
+// The CSR pass takes what the tiles do not: fp32, other head dims; and it is the unfused engine's backward too.
+TEST(BackwardGpu, CsrKernelTakesTheRest) {
+  REQUIRE_GPU();
+  const Case cs[] = {
+      {{"dilated(20, 2) | random(3, seed=4)"}, DType::f32, 2, 2, 1, 300, 300, 32, false},
+      {{"bigbird(16, 1, 1, 1, seed=1)"}, DType::bf16, 2, 2, 2, 300, 300, 64, false, spattn::Engine::cuda_unfused},
+  };
+  for (const Case& c : cs) {
+    SCOPED_TRACE(c.specs[0]);
+    std::string ran;
+    const auto e = backward_errors(c, "", &ran, 300);
+    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_d64");
+    for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
+  }
+}
+
+TEST(BackwardGpu, ForcedTileKernelRefusesWhatItCannotRun) {
+  REQUIRE_GPU();
+  Case c{{"local(8)"}, DType::f32, 1, 2, 2, 64, 64, 64, false};  // fp32: the CSR pass only
+  std::string ran;
+  try {
+    backward_errors(c, "sm90_bwd", &ran, 1);
+    FAIL() << "fp32 with the tile kernel forced should be refused";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sm90_bwd"), std::string::npos) << e.what();
+  }
+  spattn::Problem pr;
+  pr.batch = 1, pr.q_heads = pr.kv_heads = 1, pr.q_len = pr.kv_len = 64, pr.head_dim = 64, pr.dtype = DType::bf16;
+  spattn::PlanOptions o;
+  o.backward_kernel = "sm90_bwd_d128";  // a head dim the problem does not have
+  EXPECT_THROW(spattn::make_plan(spattn::parse("local(8)"), pr, spattn::Device::cuda(0), o), spattn::Error);
+  o.backward_kernel = "sm90_tma_128x128_d64";  // a forward row
+  EXPECT_THROW(spattn::make_plan(spattn::parse("local(8)"), pr, spattn::Device::cuda(0), o), spattn::Error);
+}
+
+}  // namespace
