@@ -77,7 +77,7 @@ struct PlanOptions {
   // runs scattered keys as residue rows, faster than parts and a merge); the others ignore it.
   int compound = -1;
   // The GPU backward's kernel (Plan::backward): "" chosen (the sm_90a tensor-core tiles where the tensors allow,
-  // else the CUDA-core CSR pass), "sm90_bwd" (or its rows sm90_bwd_d64 / _d128; an Error where it cannot run the
+  // else the CUDA-core CSR pass), "sm90_bwd" (or one of its rows, sm90_bwd_64x64_d64 ...; an Error where it cannot run the
   // tensors), "cuda_csr_bwd" (deterministic: no atomics).
   std::string backward_kernel;
 };

@@ -70,8 +70,10 @@ inline constexpr KernelConfig kKernels[] = {
     {"cuda_unfused", Engine::cuda_unfused, KernelKind::cuda_unfused, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
     {"cuda_scattered", Engine::cuda_fused, KernelKind::cuda_scattered, 0, 0, 0, kF16 | kBF16, 0, 0},
     // the backward pass (Plan::backward on a GPU; src/cuda/backward)
-    {"sm90_bwd_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
-    {"sm90_bwd_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
+    // (the first row of a head dim is the default; tile_bwd.cuh: 128 keys two warpgroups, 64 keys one)
+    {"sm90_bwd_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
+    {"sm90_bwd_64x64_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 64, 64, kF16 | kBF16, 0, 0},
+    {"sm90_bwd_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
     {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));

@@ -127,12 +127,16 @@ const std::vector<Case>& cases() {
 }
 
 // Every case through `kernel`, which must be the one that ran (D = 64 / 128: the row of that head dim).
-void check_cases(const std::string& kernel, uint32_t seed) {
+void check_cases(const std::string& kernel, uint32_t seed, int64_t only_d = 0) {
   for (const Case& c : cases()) {
+    if (only_d && c.D != only_d) continue;
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
     std::string ran;
     const auto e = backward_errors(c, kernel, &ran, seed++);
-    EXPECT_EQ(ran, kernel == "sm90_bwd" ? (c.D == 64 ? "sm90_bwd_d64" : "sm90_bwd_d128") : kernel);
+    if (kernel == "sm90_bwd")
+      EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_64x128_d64" : "sm90_bwd_64x128_d128");
+    else
+      EXPECT_EQ(ran, kernel);
     const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
     EXPECT_LE(e[0], tol) << "dq";
     EXPECT_LE(e[1], tol) << "dk";
@@ -153,8 +157,14 @@ TEST(BackwardGpu, SmallCaseForSanitizers) {
   const Case c{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false};
   std::string ran;
   const auto e = backward_errors(c, "sm90_bwd", &ran, 7);
-  EXPECT_EQ(ran, "sm90_bwd_d64");
+  EXPECT_EQ(ran, "sm90_bwd_64x128_d64");
   for (double x : e) EXPECT_LE(x, 2e-2);
+}
+
+TEST(BackwardGpu, OneWarpgroupTileKernelMatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd kernel needs an sm_90a device (compute capability 9.0)";
+  check_cases("sm90_bwd_64x64_d64", 400, 64);
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {
@@ -173,7 +183,7 @@ TEST(BackwardGpu, CsrKernelTakesTheRest) {
     SCOPED_TRACE(c.specs[0]);
     std::string ran;
     const auto e = backward_errors(c, "", &ran, 300);
-    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_d64");
+    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_64x128_d64");
     for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
   }
 }
@@ -191,7 +201,7 @@ TEST(BackwardGpu, ForcedTileKernelRefusesWhatItCannotRun) {
   spattn::Problem pr;
   pr.batch = 1, pr.q_heads = pr.kv_heads = 1, pr.q_len = pr.kv_len = 64, pr.head_dim = 64, pr.dtype = DType::bf16;
   spattn::PlanOptions o;
-  o.backward_kernel = "sm90_bwd_d128";  // a head dim the problem does not have
+  o.backward_kernel = "sm90_bwd_64x128_d128";  // a head dim the problem does not have
   EXPECT_THROW(spattn::make_plan(spattn::parse("local(8)"), pr, spattn::Device::cuda(0), o), spattn::Error);
   o.backward_kernel = "sm90_tma_128x128_d64";  // a forward row
   EXPECT_THROW(spattn::make_plan(spattn::parse("local(8)"), pr, spattn::Device::cuda(0), o), spattn::Error);

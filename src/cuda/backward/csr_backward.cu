@@ -219,13 +219,14 @@ PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vect
     const int row = plan::find_kernel(kernel_.c_str());
     if (row < 0 || (plan::kKernels[row].kind != plan::KernelKind::sm90_bwd &&
                     plan::kKernels[row].kind != plan::KernelKind::cuda_csr_bwd))
-      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
-                  "sm90_bwd_d64, sm90_bwd_d128, cuda_csr_bwd)");
+      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd or " +
+                  "a row of it, cuda_csr_bwd)");
     if (plan::kKernels[row].head_dim && plan::kKernels[row].head_dim != problem_.head_dim)
       throw Error("backward kernel '" + kernel_ + "' runs head dim " + std::to_string(plan::kKernels[row].head_dim) +
                   ", the problem has " + std::to_string(problem_.head_dim));
-    if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) kernel_ = plan::kind_name(plan::KernelKind::sm90_bwd);
+    if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) tile_row_ = row;
   }
+  if (tile_row_ < 0) tile_row_ = TileBackward::default_row(problem_.head_dim);
 }
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
@@ -237,11 +238,12 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   const bool want_csr = kernel_ == "cuda_csr_bwd";
   std::string why;
   if (!want_csr) {
-    why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+    why = tile_row_ < 0 ? "no sm90_bwd row for head dim " + std::to_string(p.head_dim)
+                        : TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
     if (why.empty()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!tile_[i]) tile_[i] = std::make_unique<TileBackward>(patterns_[i], p);
+        if (!tile_[i]) tile_[i] = std::make_unique<TileBackward>(patterns_[i], p, tile_row_);
       }
       tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       last_row_ = tile_[i]->kernel_row();

@@ -13,9 +13,18 @@
 
 namespace spattn::cuda {
 
-TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem) : problem_(problem) {
+int TileBackward::default_row(int64_t head_dim) {
+  for (int i = 0; i < plan::kNumKernels; ++i)
+    if (plan::kKernels[i].kind == plan::KernelKind::sm90_bwd && plan::kKernels[i].head_dim == head_dim) return i;
+  return -1;
+}
+
+TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem, int row)
+    : problem_(problem), row_(row) {
+  if (row < 0 || plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].head_dim != problem.head_dim)
+    throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
   const plan::Analysis an = plan::analyze(pattern);
-  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, 128, -1, false);
+  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false);
   const plan::KeyMajorPlan km = plan::key_major(plan_);
   nbitmask_ = int64_t(km.masks.size()) / km.block_n;
   col_offsets_ = DeviceBuffer::upload(km.col_offsets);
@@ -59,9 +68,7 @@ std::string TileBackward::refusal(const Problem& p, const TensorView& q, const T
   return "";
 }
 
-int TileBackward::kernel_row() const {
-  return plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(problem_.head_dim));
-}
+int TileBackward::kernel_row() const { return row_; }
 
 std::string TileBackward::explain() const {
   std::ostringstream s;
@@ -71,9 +78,9 @@ std::string TileBackward::explain() const {
 }
 
 namespace {
-template <int D, bool kBf16>
+template <int BN, int D, bool kBf16>
 void launch_tiles(const bwd::BwdParams& p, cudaStream_t s) {
-  using Tr = bwd::BwdTraits<D, kBf16>;
+  using Tr = bwd::BwdTraits<BN, D, kBf16>;
   using Elem = typename Tr::Elem;
   auto* kernel = bwd::tile_bwd_kernel<Tr>;
   SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
@@ -86,6 +93,23 @@ void launch_tiles(const bwd::BwdParams& p, cudaStream_t s) {
   const int64_t threads = rows * (D / 2);
   bwd::bwd_finish_kernel<Elem, kBf16><<<unsigned((threads + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward finish");
+}
+
+// The sm90_bwd rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched.
+template <int... I>
+void launch_row(int row, bool bf16, const bwd::BwdParams& p, cudaStream_t s, std::integer_sequence<int, I...>) {
+  bool done = false;
+  auto one = [&](auto ic) {
+    constexpr plan::KernelConfig c = plan::kKernels[decltype(ic)::value];
+    if constexpr (c.kind == plan::KernelKind::sm90_bwd) {
+      if (decltype(ic)::value == row) {
+        bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, s) : launch_tiles<c.block_n, c.head_dim, false>(p, s);
+        done = true;
+      }
+    }
+  };
+  (one(std::integral_constant<int, I>{}), ...);
+  if (!done) throw Error("backward tiles: kernel-table row " + std::to_string(row) + " is not an sm90_bwd row");
 }
 }  // namespace
 
@@ -118,9 +142,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   p.masks = masks_.get<unsigned long long>(), p.order = order_.get<int32_t>();
   p.k_tiles = int(plan_.k_tiles);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool bf16 = q.dtype == DType::bf16;
-  if (pr.head_dim == 64) return bf16 ? launch_tiles<64, true>(p, s) : launch_tiles<64, false>(p, s);
-  return bf16 ? launch_tiles<128, true>(p, s) : launch_tiles<128, false>(p, s);
+  launch_row(row_, q.dtype == DType::bf16, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
 }
 
 }  // namespace spattn::cuda

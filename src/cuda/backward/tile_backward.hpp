@@ -12,10 +12,12 @@ namespace spattn::cuda {
 
 class TileBackward {
  public:
-  // Builds the 64 x 128 tile plan of `pattern` (residue permutation chosen as for the forward), transposes it
-  // key-major and uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq'
-  // the query length rounded up to whole tiles per residue group; lse and delta rows).
-  TileBackward(const BoundPattern& pattern, const Problem& problem);
+  // Builds the tile plan of `pattern` for kernel-table row `row` (an sm90_bwd row of the problem's head dim: 64
+  // queries x its block_n keys; residue permutation chosen as for the forward), transposes it key-major and
+  // uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
+  // rounded up to whole tiles per residue group; lse and delta rows).
+  TileBackward(const BoundPattern& pattern, const Problem& problem, int row);
+  static int default_row(int64_t head_dim);  // the first sm90_bwd row of that head dim; -1 where none
 
   // Why the tile kernel cannot run these tensors on the current device ("" where it can): an sm_90a device,
   // bf16 / fp16 everywhere, head dim 64 or 128 (dv equal), head dims contiguous, q / k / v / dout rows 16-byte
@@ -29,11 +31,12 @@ class TileBackward {
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
 
-  int kernel_row() const;  // plan/kernels.hpp: sm90_bwd_d64 or sm90_bwd_d128
+  int kernel_row() const;  // plan/kernels.hpp
   std::string explain() const;
 
  private:
   Problem problem_;
+  int row_ = -1;
   plan::BlockPlan plan_;  // the forward-order plan (its entries are kept for explain; the device has them key-major)
   int64_t nbitmask_ = 0;
   DeviceBuffer col_offsets_, entries_, masks_, order_;

@@ -1,6 +1,6 @@
 // cuda/backward/tile_bwd.cuh — the tensor-core backward pass over a key-major tile plan (sm_90a, wgmma).
 //
-// FlashAttention-2/3's structure over the plan's tiles (plan/key_plan.hpp): one CTA per (key tile of 128 keys,
+// FlashAttention-2/3's structure over the plan's tiles (plan/key_plan.hpp): one CTA per (key tile of BN keys,
 // batch, kv head) keeps its K and V tile and its dK, dV accumulators on chip and walks the query tiles (64 rows)
 // that visit the key tile, for every query head of its group (GQA: dK, dV summed over the group in registers):
 //   S^T  = K Q^T            wgmma SS (K and Q K-major)          } each warpgroup: its 64 keys x the 64 queries
@@ -52,9 +52,12 @@ struct BwdParams {
   int k_tiles;
 };
 
-template <int D_, bool kBf16_>
+// BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
+// and dQ); BN = 64: one warpgroup, dQ over its own keys, two CTAs an SM (each dQ element gets twice the atomics).
+template <int BN_, int D_, bool kBf16_>
 struct BwdTraits {
-  static constexpr int BM = 64, BN = 128, D = D_, kThreads = 256;
+  static constexpr int BM = 64, BN = BN_, D = D_, kThreads = 2 * BN;
+  static constexpr int kMinBlocks = BN == 64 ? 2 : 1;
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kKV = BN * D * 2;  // a K or V tile
   static constexpr int kQ = BM * D * 2;   // a Q or dO tile
@@ -203,7 +206,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     const int h = hk * p.group + i / ne;
     const int4 e = __ldg(&p.entries[e0 + i % ne]);
     const int q0 = e.x * BM;
-    unsigned long long mw[2] = {~0ull, ~0ull};
+    unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
       mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
@@ -231,7 +234,34 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     fence_regs(s);
     fence_regs(dp);
 
-    // ---- P^T, dS^T ----
+    // ---- mask (partial tiles: S^T = -inf where not kept), P^T, dS^T ----
+    if (e.y == -2) {
+      // Band: kept iff e.z <= kp - qp <= e.w. Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past
+      // kvalid keys); a score's test is one subtraction and one unsigned compare (as the forward's band mask).
+      unsigned first[2], width[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
+        const int a = int(max(d0 - e.w, int64_t(0))), z = kr0 + 8 * hh < kvalid ? int(min(d0 - e.z, int64_t(BM - 1))) : -1;
+        first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
+        width[hh] = z >= a ? unsigned(z - a) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int ee = 0; ee < 2; ++ee)
+            if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
+    } else if (e.y >= 0) {
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int ee = 0; ee < 2; ++ee)
+            if (!((mw[hh] >> (8 * j + cb + ee)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
+    }
     const float* lse_s = rows_f + st * 2 * BM;
     const float* dl_s = lse_s + BM;
 #pragma unroll
@@ -242,15 +272,8 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int ee = 0; ee < 2; ++ee) {
-          const int idx = 4 * j + 2 * hh + ee, qc = 8 * j + cb + ee, kr = kr0 + 8 * hh;
-          bool kept = true;
-          if (e.y == -2) {
-            const int64_t d = int64_t(k0 + kr) - int64_t(q0 + qc);
-            kept = d >= e.z && d <= e.w && kr < kvalid;
-          } else if (e.y >= 0) {
-            kept = (mw[hh] >> qc) & 1ull;
-          }
-          const float pv = kept ? ex2_ftz(fmaf(s[idx], sl2, -(ee ? l2.y : l2.x))) : 0.f;
+          const int idx = 4 * j + 2 * hh + ee;
+          const float pv = ex2_ftz(fmaf(s[idx], sl2, -(ee ? l2.y : l2.x)));  // 0 where masked (-inf)
           s[idx] = pv;
           dp[idx] = pv * (dp[idx] - (ee ? dl.y : dl.x));
         }
@@ -283,28 +306,30 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + sw_off<BN>(kr0 + 8 * hh, j) + 2 * cb), "r"(da[kk][x]));
       }
     fence_proxy_async();
-    named_sync(1, NT);  // both warpgroups' dS^T stored
+    named_sync(1, NT);  // every warpgroup's dS^T stored
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
-    float dq[D / 4];
+    constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
+    float dq[kDQ / 2];
     fence_regs(dq);
     wgmma_fence();
     {
       const uint32_t a_lo = desc_lo(s_ds, BN * 128);
-      // K MN-major: columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
-      const uint32_t b_lo = desc_lo(s_k + (D == 128 ? wg * BN * 128 : wg * 64), BN * 128);
+      // K MN-major: BN = 128, columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns
+      // in. BN = 64: every column.
+      const uint32_t b_lo = desc_lo(s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), BN * 128);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wg_ops::Op<D / 2, kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128), desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+        wg_ops::Op<kDQ, kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128), desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
     fence_regs(dv);
     fence_regs(dk);
-    float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * (D / 2);
+    float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j)
+    for (int j = 0; j < kDQ / 8; ++j)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
         red_add_v2(acc + int64_t(rw + 8 * hh) * D + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
@@ -328,7 +353,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
 }
 
 template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!fused::kWgmmaAvailable) {
     __trap();
