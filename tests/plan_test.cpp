@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "plan/block_plan.hpp"
+#include "plan/kernels.hpp"
+#include "plan/key_plan.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -113,3 +115,60 @@ TEST(BlockPlan, BandRows) {
 }
 
 }  // namespace
+
+// The backward's key-major plan is the forward plan's entries transposed: every (query tile, key tile) entry once,
+// its kind and band bounds kept, each bitmask transposed bit for bit (key c's word, bit r = query row r).
+TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
+  for (const char* spec : {"local(40)", "causal", "longformer(40, 4)", "random(5, seed=3) | local(2)", "dilated(20, 3)",
+                           "bigbird(16, 1, 1, 1, seed=1)"})
+    for (int bn : {64, 128}) {
+      SCOPED_TRACE(std::string(spec) + " bn " + std::to_string(bn));
+      const spattn::BoundPattern pat = spattn::parse(spec).bind(300, 333);
+      const spattn::plan::BlockPlan fp = spattn::plan::build_block_plan(pat, 64, bn);
+      const spattn::plan::KeyMajorPlan km = spattn::plan::key_major(fp);
+      ASSERT_EQ(km.entries.size(), fp.entries.size());
+      ASSERT_EQ(int64_t(km.col_offsets.size()), fp.k_tiles + 1);
+      int64_t found = 0;
+      for (int64_t qt = 0; qt < fp.q_tiles; ++qt)
+        for (int64_t i = fp.row_offsets[size_t(qt)]; i < fp.row_offsets[size_t(qt) + 1]; ++i) {
+          const spattn::plan::TileEntry& e = fp.entries[size_t(i)];
+          for (int64_t j = km.col_offsets[size_t(e.kt)]; j < km.col_offsets[size_t(e.kt) + 1]; ++j) {
+            const spattn::plan::TileEntry& t = km.entries[size_t(j)];
+            if (t.kt != qt) continue;
+            ++found;
+            EXPECT_EQ(t.mask < 0, e.mask < 0);
+            if (e.mask == spattn::plan::kBand) EXPECT_TRUE(t.mask == e.mask && t.lo == e.lo && t.hi == e.hi);
+            if (e.mask >= 0)
+              for (int r = 0; r < 64; ++r)
+                for (int c = 0; c < bn; ++c) {
+                  const uint64_t fw = fp.masks[size_t(e.mask * fp.words_per_mask() + (r * bn + c) / 64)];
+                  const uint64_t tw = km.masks[size_t(t.mask) * size_t(bn) + size_t(c)];
+                  ASSERT_EQ((fw >> ((r * bn + c) % 64)) & 1, (tw >> r) & 1) << "row " << r << " key " << c;
+                }
+          }
+        }
+      EXPECT_EQ(found, int64_t(fp.entries.size()));
+      ASSERT_EQ(int64_t(km.order.size()), fp.k_tiles);
+      for (size_t i = 1; i < km.order.size(); ++i) {  // most entries first
+        auto len = [&](int32_t kt) { return km.col_offsets[size_t(kt) + 1] - km.col_offsets[size_t(kt)]; };
+        EXPECT_GE(len(km.order[i - 1]), len(km.order[i]));
+      }
+    }
+  EXPECT_THROW(spattn::plan::key_major(spattn::plan::build_block_plan(spattn::parse("causal").bind(300), 128, 128)),
+               spattn::Error);
+}
+
+// Wide (128-key) backward tiles where keys are seen by many queries (causal), narrow ones for bands.
+TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
+  using spattn::plan::kKernels;
+  const int causal = spattn::plan::choose_backward_row(spattn::parse("causal").bind(16384), 64);
+  const int local = spattn::plan::choose_backward_row(spattn::parse("local(256)").bind(16384), 64);
+  ASSERT_GE(causal, 0);
+  ASSERT_GE(local, 0);
+  EXPECT_EQ(kKernels[causal].block_n, 128);
+  EXPECT_EQ(kKernels[local].block_n, 64);
+  const int d128 = spattn::plan::choose_backward_row(spattn::parse("local(256)").bind(16384), 128);
+  ASSERT_GE(d128, 0);
+  EXPECT_EQ(kKernels[d128].head_dim, 128);
+  EXPECT_EQ(spattn::plan::choose_backward_row(spattn::parse("causal").bind(64), 96), -1);
+}

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "plan/kernels.hpp"
 #include "spattn/error.hpp"
 
 namespace spattn::plan {
@@ -52,6 +53,18 @@ KeyMajorPlan key_major(const BlockPlan& plan) {
            out.col_offsets[size_t(b) + 1] - out.col_offsets[size_t(b)];
   });
   return out;
+}
+
+int choose_backward_row(const BoundPattern& pattern, int64_t head_dim) {
+  const bool wide = pattern.nnz() >= kBwdWideQueriesPerKey * pattern.k_len();
+  int first = -1;
+  for (int i = 0; i < kNumKernels; ++i) {
+    const KernelConfig& c = kKernels[i];
+    if (c.kind != KernelKind::sm90_bwd || c.head_dim != head_dim) continue;
+    if (first < 0) first = i;
+    if (c.block_n == (wide ? 128 : 64)) return i;
+  }
+  return first;
 }
 
 }  // namespace spattn::plan

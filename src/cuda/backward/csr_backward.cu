@@ -9,6 +9,7 @@
 
 #include "cuda/common/check.hpp"
 #include "plan/kernels.hpp"
+#include "plan/key_plan.hpp"
 #include "spattn/format.hpp"
 
 namespace spattn::cuda {
@@ -226,7 +227,7 @@ PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vect
                   ", the problem has " + std::to_string(problem_.head_dim));
     if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) tile_row_ = row;
   }
-  if (tile_row_ < 0) tile_row_ = TileBackward::default_row(problem_.head_dim);
+
 }
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
@@ -238,12 +239,13 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   const bool want_csr = kernel_ == "cuda_csr_bwd";
   std::string why;
   if (!want_csr) {
-    why = tile_row_ < 0 ? "no sm90_bwd row for head dim " + std::to_string(p.head_dim)
-                        : TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+    why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
     if (why.empty()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!tile_[i]) tile_[i] = std::make_unique<TileBackward>(patterns_[i], p, tile_row_);
+        if (!tile_[i])
+          tile_[i] = std::make_unique<TileBackward>(
+              patterns_[i], p, tile_row_ >= 0 ? tile_row_ : plan::choose_backward_row(patterns_[i], p.head_dim));
       }
       tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       last_row_ = tile_[i]->kernel_row();

@@ -66,7 +66,7 @@ class PatternsBackward {
   std::vector<int> of_head_;
   Problem problem_;
   std::string kernel_;
-  int tile_row_ = -1;  // the sm90_bwd row: forced, else the first of the head dim
+  int tile_row_ = -1;  // a forced sm90_bwd row; -1: plan::choose_backward_row
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<CsrBackward>> csr_;
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;

@@ -13,12 +13,6 @@
 
 namespace spattn::cuda {
 
-int TileBackward::default_row(int64_t head_dim) {
-  for (int i = 0; i < plan::kNumKernels; ++i)
-    if (plan::kKernels[i].kind == plan::KernelKind::sm90_bwd && plan::kKernels[i].head_dim == head_dim) return i;
-  return -1;
-}
-
 TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem, int row)
     : problem_(problem), row_(row) {
   if (row < 0 || plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].head_dim != problem.head_dim)

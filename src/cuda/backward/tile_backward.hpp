@@ -17,7 +17,6 @@ class TileBackward {
   // uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
   // rounded up to whole tiles per residue group; lse and delta rows).
   TileBackward(const BoundPattern& pattern, const Problem& problem, int row);
-  static int default_row(int64_t head_dim);  // the first sm90_bwd row of that head dim; -1 where none
 
   // Why the tile kernel cannot run these tensors on the current device ("" where it can): an sm_90a device,
   // bf16 / fp16 everywhere, head dim 64 or 128 (dv equal), head dims contiguous, q / k / v / dout rows 16-byte
