@@ -69,6 +69,8 @@ struct BwdTraits {
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
+inline constexpr int kFullEntry = -1;  // plan::kFull
+
 namespace detail {
 using namespace ::spattn::cuda::ptx;
 using fused::detail::desc_lo;
@@ -173,9 +175,13 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   cp_async_commit();
 
   // Step i: query head hk * group + i / ne, entry i % ne.
-  auto load_step = [&](int i, int st) {
+  // Entries are read two steps ahead (e1: step i + 1's, whose tiles step i loads; e2: step i + 2's), so neither
+  // the loads' addresses nor the masks wait on a global read.
+  auto entry = [&](int i) { return i < n ? __ldg(&p.entries[e0 + i % ne]) : make_int4(0, kFullEntry, 0, 0); };
+  int4 e1 = entry(0), e2 = entry(1);
+  auto load_step = [&](int i, int st, int qt) {
     const int h = hk * p.group + i / ne;
-    const int q0 = __ldg(&p.entries[e0 + i % ne].x) * BM;
+    const int q0 = qt * BM;
     const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
     const char* dg = static_cast<const char*>(p.dout) + 2 * (int64_t(b) * p.do_sb + int64_t(h) * p.do_sh);
     load_tile<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
@@ -186,7 +192,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     }
     cp_async_commit();
   };
-  if (n > 0) load_step(0, 0);
+  if (n > 0) load_step(0, 0, e1.x);
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -202,9 +208,11 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
-    if (i + 1 < n) load_step(i + 1, st ^ 1);
+    const int4 e = e1;
+    e1 = e2;
+    e2 = entry(i + 2);
+    if (i + 1 < n) load_step(i + 1, st ^ 1, e1.x);
     const int h = hk * p.group + i / ne;
-    const int4 e = __ldg(&p.entries[e0 + i % ne]);
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {
