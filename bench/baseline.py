@@ -55,10 +55,13 @@ def with_meta(text, block):
 
 
 def kind(doc):
-    """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda) or cpu (spattn bench --device cpu)."""
+    """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu) or backward
+    (bench/bwd_bench.py)."""
+    if doc.get("kind") == "backward":
+        return "backward"
     if doc.get("machine", {}).get("device") == "cpu":
         return "cpu"
-    impls = {r["impl"] for r in doc["rows"]}
+    impls = {r.get("impl") for r in doc["rows"]}
     if "spattn:sddmm" in impls:
         return "unfused"
     if "flex_attention" in impls or "sdpa_cudnn" in impls:
@@ -175,7 +178,22 @@ def plot_cpu(doc, png):
     _finish(plt, fig, ax, f"{m['cpu']}, {m['threads']} threads, {m['kernels']}, {_shape(rows[0])}", png, fontsize=8)
 
 
-PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu}
+def plot_backward(doc, png):
+    """Ours and FlexAttention's backward per case (bwd_bench.py)."""
+    plt = _pyplot()
+    rows = doc["rows"]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.9), 4.5))
+    ax.bar([i - 0.2 for i in x], [r["tflops"] for r in rows], 0.4, label="spattn backward")
+    ax.bar([i + 0.2 for i in x], [r.get("flex_tflops", 0) for r in rows], 0.4, label="FlexAttention backward")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([f"{r['pattern']}\nD={r['D']}" for r in rows], fontsize=8)
+    ax.set_ylabel("effective TFLOP/s (2.5x the forward's kept-score FLOPs)")
+    r0 = rows[0]
+    _finish(plt, fig, ax, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}, L={r0['L']}", png, fontsize=8)
+
+
+PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward}
 
 
 def plot(doc, png):

@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--baseline", default="", help="also write bench/baselines/NAME.json (+ .png) through baseline.py")
     args = ap.parse_args()
     lib = Lib(args.lib)
     L_ = lib.lib
@@ -140,8 +141,16 @@ def main():
     sp = [r["speedup"] for r in rows if "speedup" in r]
     if sp:
         print(f"# geomean flex/ours {math.exp(sum(math.log(x) for x in sp) / len(sp)):.3f} over {len(sp)} cases")
+    doc = {"kind": "backward", "machine": {"gpu": dev, "command": "python3 bench/bwd_bench.py " + " ".join(sys.argv[1:])},
+           "rows": rows}
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": dev, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    if args.baseline:
+        import subprocess
+        src = args.json or "/tmp/bwd_bench.json"
+        Path(src).write_text(json.dumps(doc, indent=1))
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "baseline.py"), src, args.baseline],
+                       check=True)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,25 @@ def cpu(name, doc):
     return out
 
 
-TABLES = {"fused": fused, "unfused": unfused, "cpu": cpu}
+def backward(name, doc):
+    rows = doc["rows"]
+    r0 = rows[0]
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}, L={r0['L']}; backward "
+                              f"TFLOP/s count 2.5x the forward's kept-score FLOPs"), "",
+           row(["pattern", "D", "kernel", "ours ms", "ours TFLOP/s", "Flex ms", "Flex TFLOP/s", "ratio"]), rule(8)]
+    for r in rows:
+        out.append(row([r["pattern"], str(r["D"]), r["kernel"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
+                        f"{r['flex_ms']:.3f}" if "flex_ms" in r else "", f"{r['flex_tflops']:.1f}" if "flex_ms" in r
+                        else "", f"{r['speedup']:.2f}" if "speedup" in r else ""]))
+    sp = [r["speedup"] for r in rows if "speedup" in r]
+    if sp:
+        out += ["", f"Geomean over these cases: {math.exp(sum(math.log(x) for x in sp) / len(sp)):.2f}x FlexAttention's "
+                    f"backward; ours and Flex's gradients differ by <= {e(max(r['diff_vs_flex'] for r in rows if 'speedup' in r))} "
+                    f"(relative)."]
+    return out
+
+
+TABLES = {"fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward}
 
 
 def block(path):
@@ -167,7 +185,10 @@ def main():
     files = {os.path.splitext(os.path.basename(p))[0]: p for p in sorted(glob.glob(os.path.join(args.baselines, "*.json")))}
     if not (args.write or args.check):
         for name, path in files.items():
-            print(f"<!-- tables:{name} -->\n{block(path)}<!-- /tables:{name} -->\n")
+            try:
+                print(f"<!-- tables:{name} -->\n{block(path)}<!-- /tables:{name} -->\n")
+            except (ValueError, KeyError) as ex:  # an A/B record (bench/ab.py), not a bench baseline
+                print(f"# {name}: no table ({ex!r})\n")
         return 0
     with open(args.readme) as f:
         text = f.read()
