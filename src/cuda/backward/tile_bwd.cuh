@@ -80,6 +80,11 @@ using fused::detail::pack2;
 using fused::detail::plan_token;
 using fused::detail::sw_off;
 
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
   SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
 }
@@ -155,7 +160,6 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV, s_ds = s_k + Tr::kOffDS;
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
-  const float* rows_f = reinterpret_cast<const float*>(smem + Tr::kOffRows);  // stage s: lse2 [s*128, +64), delta
   const uint32_t s_rows = s_k + Tr::kOffRows;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -203,11 +207,26 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const float sl2 = p.scale_log2;
   const int kvalid = key_valid(p, k0);
 
+  constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
+  float dq[kDQ / 2];
+  float* dq_prev = nullptr;  // the previous step's dQ rows (this warpgroup's columns), added after this step's fence
+  // dQ's atomics (red.global.add.v2: this thread's two rows, two columns of each 8-column block). Issued after the
+  // step's fence: fence.proxy.async waits for every outstanding memory access of the thread (MEMBAR.ALL.CTA in
+  // the SASS), and red's round trip there had been the kernel's largest stall (ncu source counters, local).
+  auto add_dq = [&](float* acc) {
+#pragma unroll
+    for (int j = 0; j < kDQ / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        red_add_v2(acc + int64_t(rw + 8 * hh) * D + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+  };
+
   for (int i = 0; i < n; ++i) {
     const int st = i & 1;
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
+    if (dq_prev != nullptr) add_dq(dq_prev);
     const int4 e = e1;
     e1 = e2;
     e2 = entry(i + 2);
@@ -270,12 +289,11 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
           for (int ee = 0; ee < 2; ++ee)
             if (!((mw[hh] >> (8 * j + cb + ee)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
     }
-    const float* lse_s = rows_f + st * 2 * BM;
-    const float* dl_s = lse_s + BM;
+    const uint32_t lse_s = s_rows + uint32_t(st) * 2 * BM * 4, dl_s = lse_s + BM * 4;  // ld.shared, not generic
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse_s + 8 * j + cb);
-      const float2 dl = *reinterpret_cast<const float2*>(dl_s + 8 * j + cb);
+      const float2 l2 = ld_shared_f2(lse_s + 4 * (8 * j + cb));
+      const float2 dl = ld_shared_f2(dl_s + 4 * (8 * j + cb));
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -317,8 +335,6 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     named_sync(1, NT);  // every warpgroup's dS^T stored
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
-    constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
-    float dq[kDQ / 2];
     fence_regs(dq);
     wgmma_fence();
     {
@@ -335,14 +351,10 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     fence_regs(dq);
     fence_regs(dv);
     fence_regs(dk);
-    float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
-#pragma unroll
-    for (int j = 0; j < kDQ / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        red_add_v2(acc + int64_t(rw + 8 * hh) * D + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+    dq_prev = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
   }
   cp_async_wait<0>();
+  if (dq_prev != nullptr) add_dq(dq_prev);
 
   // ---- epilogue: dK (times the softmax scale), dV at the keys' tokens ----
 #pragma unroll
