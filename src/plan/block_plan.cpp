@@ -735,16 +735,17 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
 
 // The mapped candidates (a neighborhood grid of 2 or 3 axes): for each cp.async shape at `head_dim` (a forced
 // shape: that one), the query and key boxes of least cost by the grid's windows (tile_map.hpp, best_boxes; priced
-// by the cp.async row: the TMA rows load affine rows), unless they tile in row-major order anyway.
-std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, int block_m, int block_n) {
+// by the cp.async row: the TMA rows load affine rows), unless they tile in row-major order anyway. forced
+// (tile_map 1): grids of one axis too, and maps that are the identity (tests run the mapped kernels on them).
+std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, int block_m, int block_n, bool forced) {
   std::vector<Candidate> out;
-  if (!an.grid || grid_axes_used(*an.grid) < 2) return out;
+  if (!an.grid || grid_axes_used(*an.grid) < (forced ? 1 : 2)) return out;
   for (const Candidate& c : candidates(head_dim, 1, false)) {
     if (block_m > 0 && (c.block_m != block_m || c.block_n != block_n)) continue;
     const BoxChoice b = best_boxes(*an.grid, c.block_m, c.block_n, c.row->partial_cost);
     if (!b.ok) continue;
     const GridTiling q = GridTiling::of(*an.grid, b.q), k = GridTiling::of(*an.grid, b.k);
-    if (q.identity() && k.identity()) continue;
+    if (q.identity() && k.identity() && !forced) continue;
     Candidate m = c;
     m.maps = std::make_shared<const Maps>(q, k);
     out.push_back(std::move(m));
@@ -767,7 +768,7 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
   for (int pd : d > 1 ? std::vector<int>{1, d} : std::vector<int>{1})
     for (const Candidate& c : candidates(head_dim, pd, tma)) cands.push_back(c);
   if (tile_map != 0)
-    for (Candidate& c : mapped_candidates(an, head_dim, 0, 0)) cands.push_back(std::move(c));
+    for (Candidate& c : mapped_candidates(an, head_dim, 0, 0, tile_map == 1)) cands.push_back(std::move(c));
   estimate_costs(pat, cands);
   std::vector<ShapeCost> out;
   for (const Candidate& c : cands)
@@ -783,14 +784,13 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     throw Error("block plan: tile_map must be -1 (chosen), 0 (never) or 1 (always), got " + std::to_string(tile_map));
   const bool forced = block_m > 0 && block_n > 0;
   std::vector<Candidate> mapped;
-  if (tile_map != 0 && perm_d < 1) mapped = mapped_candidates(an, head_dim, block_m, block_n);
+  if (tile_map != 0 && perm_d < 1) mapped = mapped_candidates(an, head_dim, block_m, block_n, tile_map == 1);
   if (tile_map == 1 && (perm_d >= 1 || mapped.empty()))
     throw Error("block plan: tile_map 1 (multi-dimensional tiles) for '" + pat.spec() + "' at head dim " +
                 std::to_string(head_dim) + (forced ? ", tiles " + std::to_string(block_m) + "x" + std::to_string(block_n) : "") +
                 ": " + (perm_d >= 1 ? "a permutation is forced (perm_d " + std::to_string(perm_d) + ")"
                         : !an.grid ? std::string("the pattern has no neighborhood grid")
-                        : grid_axes_used(*an.grid) < 2 ? std::string("its neighborhood grid has fewer than 2 axes longer than 1")
-                                                       : std::string("no box of the tile sizes fits its grid, or the boxes are row-major")));
+                                   : std::string("no box of the tile sizes fits its grid")));
   std::vector<int> perms;
   if (perm_d >= 1) {
     perms = {perm_d};

@@ -116,8 +116,8 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // device, TMA allowed), which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) at head
 // dim 64 there the plan is 192x128 for the band kernel. tile_map: where the pattern has a neighborhood grid of 2
 // or 3 axes (analysis.grid), mapped candidates too, one per cp.async shape with the query and key boxes of least
-// cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those (Error where the
-// pattern has no such grid or a permutation is forced).
+// cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those, for grids of one
+// axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced).
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
                             int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1);
 
