@@ -13,6 +13,7 @@
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler: the bench dlopens the library into PyTorch (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$ROOT/scripts/gpu_lib.sh"
 OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
 mkdir -p "$OUTD"
 OUTD=$(cd "$OUTD" && pwd)
@@ -25,22 +26,10 @@ fail() { echo "FAILED: $1"; rc=1; }
 
 if [ -z "$BUILD" ]; then
   BUILD=$ROOT/build-nbhd
-  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-  case "${cc%.*}" in
-    9) ARCH=90a-real ;;
-    10 | 12) ARCH=${cc/./}a-real ;;
-    "") echo "neighborhood.sh: no GPU found (nvidia-smi)"; exit 2 ;;
-    *) ARCH=${cc/./}-real ;;
-  esac
+  ARCH=$(gpu_arch)
+  [ -n "$ARCH" ] || { echo "neighborhood.sh: no GPU found (nvidia-smi)"; exit 2; }
   nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUTD/nbhd_machine.txt"
-  extra=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
-  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
-    if [ -d "$ROOT/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
-      cmake -S "$ROOT/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
-        -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "neighborhood.sh: gtest build failed"
-    fi
-    [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
-  fi
+  mapfile -t extra < <(standalone_cmake_args "$ROOT")
   echo "== nbhd: configure + build for $ARCH ($(elapsed)s)"
   # -Xptxas -v: every kernel's registers and spills in the build log (the mapped instantiations: Traits<..., true>)
   if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
@@ -73,8 +62,10 @@ run_test() {  # run_test NAME TIMEOUT [gtest args]
   shift 2
   if [ ! -x "$T/$name" ]; then fail "no $T/$name"; return; fi
   timeout "$limit" "$T/$name" "$@" >"$OUTD/nbhd_$name.log" 2>&1 || fail "$name (rc $?)"
-  echo "$name: $(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUTD/nbhd_$name.log" | tr '\n' ' ')"
+  echo "$name: $(grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?" "$OUTD/nbhd_$name.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual" "$OUTD/nbhd_$name.log" | head -30
+  # On the GPU machine a skipped test did not run: a failure of this check.
+  if grep -qE "^\[  SKIPPED \] [0-9]+ tests?" "$OUTD/nbhd_$name.log"; then fail "$name skipped tests"; fi
 }
 run_test tile_map_test 120
 run_test neighborhood_test 300
@@ -85,7 +76,7 @@ if command -v compute-sanitizer >/dev/null && [ -x "$T/neighborhood_test" ]; the
   timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/neighborhood_test" \
     --gtest_filter='NeighborhoodGpuSmall.MappedPlansForSanitizers:Mapped/NeighborhoodGpu.MatchesReference/5' \
     >"$OUTD/nbhd_memcheck.log" 2>&1 || fail "memcheck (rc $?)"
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUTD/nbhd_memcheck.log" | head -5
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) +\] [0-9]+ tests?" "$OUTD/nbhd_memcheck.log" | head -5
 else
   fail "compute-sanitizer missing"
 fi

@@ -9,6 +9,7 @@
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$ROOT/scripts/gpu_lib.sh"
 OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
 mkdir -p "$OUTD"
 OUTD=$(cd "$OUTD" && pwd)
@@ -18,22 +19,10 @@ elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
 rc=0
 if [ -z "$BUILD" ]; then
   BUILD=$ROOT/build-tsvd
-  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-  case "${cc%.*}" in
-    9) ARCH=90a-real ;;
-    10 | 12) ARCH=${cc/./}a-real ;;
-    "") echo "tsvd.sh: no GPU found (nvidia-smi)"; exit 2 ;;
-    *) ARCH=${cc/./}-real ;;
-  esac
+  ARCH=$(gpu_arch)
+  [ -n "$ARCH" ] || { echo "tsvd.sh: no GPU found (nvidia-smi)"; exit 2; }
   nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUTD/tsvd_machine.txt"
-  extra=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
-  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
-    if [ -d "$ROOT/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
-      cmake -S "$ROOT/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
-        -DBUILD_GMOCK=OFF >/dev/null && ninja -C /tmp/gtest-build install >/dev/null || echo "tsvd.sh: gtest build failed"
-    fi
-    [ -d /tmp/gtest-install ] && extra+=(-DGTest_ROOT=/tmp/gtest-install)
-  fi
+  mapfile -t extra < <(standalone_cmake_args "$ROOT")
   echo "== tsvd: configure + build for $ARCH ($(elapsed))"
   if ! { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
            -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${extra[@]}" >"$OUTD/tsvd_build.log" 2>&1 &&

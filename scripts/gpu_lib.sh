@@ -1,0 +1,30 @@
+# scripts/gpu_lib.sh — sourced by the GPU scripts that configure a build of their own (scripts/gpu_check.d/*.sh run
+# standalone): the CUDA architecture of the GPU found, and the CMake arguments such a build takes.
+
+# CMAKE_CUDA_ARCHITECTURES for the first GPU nvidia-smi reports (arch-specific targets on Hopper and newer: wgmma,
+# TMA); nothing where there is no GPU.
+gpu_arch() {
+  local cc
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  case "${cc%.*}" in
+    "") ;;
+    9) echo 90a-real ;;
+    10 | 12) echo "${cc/./}a-real" ;;
+    *) echo "${cc/./}-real" ;;
+  esac
+}
+
+# standalone_cmake_args ROOT: one a line, the arguments of such a build: nvcc's C++20 flag (CMake before 3.28 lacks
+# it) and GoogleTest from /tmp/gtest-install, built there from ROOT/.gtest/ where the machine has no GoogleTest.
+standalone_cmake_args() {
+  local root=$1
+  echo -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
+  echo -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
+  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
+    if [ -d "$root/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
+      { cmake -S "$root/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
+          -DBUILD_GMOCK=OFF && ninja -C /tmp/gtest-build install; } >/dev/null 2>&1 || echo "GoogleTest build from .gtest/ failed" >&2
+    fi
+    [ -d /tmp/gtest-install ] && echo -DGTest_ROOT=/tmp/gtest-install
+  fi
+}
