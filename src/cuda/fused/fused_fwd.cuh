@@ -110,6 +110,8 @@ __device__ __forceinline__ int plan_token(int p, int perm_d, int group) {
 template <int ROWS, int D, int NT>
 struct MappedRows {
   static constexpr int CH = D / 8, J = ROWS * CH / NT;
+  static_assert((ROWS * CH) % NT == 0, "tile copy splits evenly");
+  static_assert((NT / CH) % 8 == 0, "each thread keeps its swizzle phase from copy to copy");
   int tok[J];
   __device__ __forceinline__ MappedRows(const int32_t* map, int p0, int tid) {
 #pragma unroll
