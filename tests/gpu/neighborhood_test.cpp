@@ -54,7 +54,7 @@ const Case kCases[] = {
      2304, 1, 2, 1, 64, bf, 1},
     {"3-D suite-like (causal 7x7x7), fp16", "neighborhood(dims=(8, 16, 16), kernel=7, causal=(1, 0, 0))", 2048, 1, 2, 2, 64, fp},
     {"1-D forced map: residue groups of unequal size", "neighborhood(kernel=9, dilation=3)", 1001, 1, 2, 2, 64, fp, 1},
-    {"1-D forced map: the identity through the gather", "neighborhood(kernel=33)", 700, 1, 2, 2, 128, bf, 1},
+    {"1-D forced map: row-major order, padded to whole tiles", "neighborhood(kernel=33)", 700, 1, 2, 2, 128, bf, 1},
     {"union with global rows and columns: one tile list, the grid guides the boxes",
      "neighborhood(dims=(40, 40), kernel=7) | global(0:4)", 1600, 1, 2, 2, 64, bf, 1},
     {"union as a compound plan: the tiles part mapped, merged with the others", "neighborhood(dims=(40, 40), kernel=7) | global(0:4)",
