@@ -1,7 +1,7 @@
 // Neighborhood patterns on the fused GPU engine with multi-dimensional tiles (issue 23): mapped plans (query and key
 // tiles as boxes of the token grid, rows gathered through the plan's map, O and LSE stored at the mapped tokens)
 // against the fp64 reference engine, with outputs poisoned first (an unwritten row or a padding row written over a
-// real one fails). 1-D (forced map: residue groups, and the identity), 2-D and 3-D grids, dilation with groups of
+// real one fails). 1-D (forced map: residue groups, and row-major order), 2-D and 3-D grids, dilation with groups of
 // unequal size, causal axes, sides off the box sizes, D 64 and 128, bf16 and fp16, GQA, every cp.async tile shape and
 // the mma.sync kernel, a union with other terms (one tile list, and a compound plan whose tiles part is mapped).
 #include <cuda_runtime.h>
