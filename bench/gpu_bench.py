@@ -75,10 +75,10 @@ class Lib:
 
 # bench shape variants (SHAPE:VARIANT) -> spattn::PlanOptions: cp cp.async kernels, p / np persistent or one item a
 # CTA, b / nb band kernel or not, ns / s3 / ss never split the band kernel's last items, 3 parts each over the keys,
-# or as single slabs, nc one tile list (no compound plan)
+# or as single slabs, nc one tile list (no compound plan), nm / m neighborhoods without / with a tile map (issue 23)
 VARIANTS = {"": "", "cp": "kernel=sm90_cp", "p": "persistent=1", "np": "persistent=0", "b": "kernel=sm90_band",
             "nb": "kernel=sm90_tma", "ns": "kernel=sm90_band,split=0", "s3": "kernel=sm90_band,split=3",
-            "ss": "kernel=sm90_band,split=1", "nc": "compound=0"}
+            "ss": "kernel=sm90_band,split=1", "nc": "compound=0", "nm": "tile_map=0", "m": "tile_map=1"}
 PROBLEM = {"batch": 2, "heads": 16}  # main() sets them from --batch / --heads
 
 
@@ -130,11 +130,45 @@ class Fused:
 # ---------------------------------------------------------------------------------------------------- the suite
 
 
+def neighborhood_mask(dims, kernel, dilation=None, causal=None):
+    """FlexAttention mask_mod of neighborhood(dims=, kernel=, dilation=, causal=), written from PATTERNS.md
+    ("Neighborhood attention"): on every axis the key's coordinate lies in the query's window."""
+    na = len(dims)
+    dilation = dilation or (1,) * na
+    causal = causal or (0,) * na
+
+    def axis_in(i, j, n, K, d, c):
+        g, p, t = i % d, i // d, j // d
+        same = (j % d) == g
+        if c:
+            return same & (t <= p) & (t > p - K)
+        ng = (n - 1 - g) // d + 1
+        s = torch.minimum(torch.clamp(p - K // 2, min=0), ng - K)
+        return same & (t >= s) & (t < s + K)
+
+    def coords(x):
+        cs = []
+        for n in reversed(dims):
+            cs.append(x % n)
+            x = x // n
+        return cs[::-1]
+
+    def mask_mod(b, h, q, k):
+        qc, kc = coords(q), coords(k)
+        m = axis_in(qc[0], kc[0], dims[0], kernel[0], dilation[0], causal[0])
+        for a in range(1, na):
+            m = m & axis_in(qc[a], kc[a], dims[a], kernel[a], dilation[a], causal[a])
+        return m
+
+    return mask_mod
+
+
 def suite(L):
     """(name, spec, mask_mod or None (None: precomputed boolean tensor from the library), head dims)."""
     w = 256
     n = int(math.isqrt(L))
     K = 13
+    d3 = (max(1, L // 1024), 32, 32)  # na3d: 16 x 32 x 32 at L = 16384
 
     def local(b, h, q, k):
         return (q - k).abs() <= w
@@ -155,12 +189,6 @@ def suite(L):
     def dense(b, h, q, k):
         return q >= 0
 
-    def na2d(b, h, q, k):
-        qi, qj, ki, kj = q // n, q % n, k // n, k % n
-        si = (qi - K // 2).clamp(0, n - K)
-        sj = (qj - K // 2).clamp(0, n - K)
-        return (ki >= si) & (ki < si + K) & (kj >= sj) & (kj < sj + K)
-
     r = 205 if L <= 4096 else 820
     r_sparse = L // 200  # 0.5%: tens of keys a row
     return [
@@ -172,10 +200,16 @@ def suite(L):
         ("dense", "dense", dense, (128, 64)),
         ("fixed", "sparse_fixed(128)", fixed, (64,)),
         ("random", f"random({r}, seed=0)", None, (64,)),
-        ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", na2d, (64,)),
+        ("na2d", f"neighborhood(dims=({n},{n}), kernel={K})", neighborhood_mask((n, n), (K, K)), (64,)),
         # compound plans (issue 24): a band with a few scattered keys a row, and sparse random rows
         ("bandrand", "local(256) | random(4, seed=1)", None, (64,)),
         ("sprandom", f"random({r_sparse}, seed=0)", None, (64,)),
+        # neighborhoods (issue 23): 1-D, 2-D dilated (64 x 64 at L = 4096), 3-D with a causal first axis; 2-D and 3-D
+        # run in multi-dimensional tiles through a tile map (variant :nm, the row-major plan in the same process)
+        ("na2d_dil", f"neighborhood(dims=({n},{n}), kernel=7, dilation=2)", neighborhood_mask((n, n), (7, 7), (2, 2)), (64,)),
+        ("na3d", f"neighborhood(dims=({d3[0]},{d3[1]},{d3[2]}), kernel=7, causal=(1,0,0))",
+         neighborhood_mask(d3, (7, 7, 7), None, (1, 0, 0)), (64,)),
+        ("na1d", "neighborhood(kernel=257)", neighborhood_mask((L,), (257,)), (64,)),
     ]
 
 

@@ -447,25 +447,27 @@ TEST(CpuFused, RandomHeavyPackedOnWorkerThreads) {
   EXPECT_EQ(a.o, b.o);
 }
 
-// 2-D neighborhoods run in 2-D query tiles (pixel boxes through the plan's row map): grids narrower than a
-// tile, image heights not a multiple of the box, windows touching every edge, causal and dilated axes.
-TEST(CpuFused, NeighborhoodTwoDimensionalTiles) {
+// Neighborhoods of 2 and 3 axes run in query tiles that are boxes of the grid (plan/tile_map.hpp): grids narrower
+// than a tile, sides not a multiple of the box, windows touching every edge, causal and dilated axes (groups of
+// unequal size), a union with another term (the grid then guides the boxes only).
+TEST(CpuFused, NeighborhoodBoxTiles) {
   struct Shape {
     const char* spec;
     int64_t L;
-    bool grid;  // the plan is expected to use 2-D tiles
   };
   for (Isa isa : isas())
-    for (const Shape& sh : {Shape{"neighborhood(dims=(7, 13), kernel=5)", 91, true},
-                            Shape{"neighborhood(dims=(13, 7), kernel=(3, 5))", 91, true},
-                            Shape{"neighborhood(dims=(7, 13), kernel=7)", 91, true},
-                            Shape{"neighborhood(dims=(33, 50), kernel=13)", 1650, true},
-                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(1, 0))", 399, true},
-                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(0, 1))", 399, false},
-                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=1)", 399, false},
-                            Shape{"neighborhood(dims=(21, 19), kernel=(5, 3), dilation=(2, 1))", 399, true},
-                            Shape{"neighborhood(dims=(21, 19), kernel=3, dilation=(1, 2))", 399, false},
-                            Shape{"neighborhood(dims=(21, 19), kernel=5) | global(0:2)", 399, false}}) {
+    for (const Shape& sh : {Shape{"neighborhood(dims=(7, 13), kernel=5)", 91},
+                            Shape{"neighborhood(dims=(13, 7), kernel=(3, 5))", 91},
+                            Shape{"neighborhood(dims=(7, 13), kernel=7)", 91},
+                            Shape{"neighborhood(dims=(33, 50), kernel=13)", 1650},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(1, 0))", 399},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=(0, 1))", 399},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5, causal=1)", 399},
+                            Shape{"neighborhood(dims=(21, 19), kernel=(5, 3), dilation=(2, 1))", 399},
+                            Shape{"neighborhood(dims=(21, 19), kernel=3, dilation=(1, 2))", 399},
+                            Shape{"neighborhood(dims=(21, 19), kernel=5) | global(0:2)", 399},
+                            Shape{"neighborhood(dims=(5, 9, 11), kernel=3)", 495},
+                            Shape{"neighborhood(dims=(6, 7, 9), kernel=(3, 3, 5), dilation=(1, 2, 1), causal=(1, 0, 0))", 378}}) {
       Case c;
       c.specs = {sh.spec};
       c.Lq = c.Lk = sh.L;
@@ -476,11 +478,14 @@ TEST(CpuFused, NeighborhoodTwoDimensionalTiles) {
       Options opt;
       opt.isa = isa;
       const spattn::cpu::FusedPlan plan({Pattern::parse(sh.spec).bind(sh.L)}, p, opt);
-      if (sh.grid) {
-        EXPECT_GT(plan.stats().grid_width, 0) << sh.spec << ": " << plan.describe();
-        EXPECT_EQ(plan.stats().tile_h * plan.stats().tile_w, plan.stats().tile_rows) << sh.spec;
-      }
+      EXPECT_NE(plan.stats().boxes, "") << sh.spec << ": " << plan.describe();
+      EXPECT_EQ(plan.stats().tile_box.volume(), plan.stats().tile_rows) << sh.spec << ": " << plan.describe();
     }
+  // A grid of one axis longer than 1 keeps runs of consecutive tokens.
+  Problem p;
+  p.q_heads = p.kv_heads = 1, p.q_len = p.kv_len = 300, p.head_dim = 64;
+  const spattn::cpu::FusedPlan one({Pattern::parse("neighborhood(dims=(1, 300), kernel=(1, 9))").bind(300)}, p);
+  EXPECT_EQ(one.stats().boxes, "") << one.describe();
 }
 
 // A plan is reusable across calls and inputs.

@@ -1,7 +1,9 @@
 // spattn/pattern.hpp — the pattern language of PATTERNS.md: parse, bind to lengths, predicate, rows.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +26,25 @@ struct Run {
 // The keys of one query row, as runs. Guarantees: no key appears twice; runs are ordered by start;
 // intervals (stride 1) neither overlap nor touch one another. Strided runs may interleave with other runs.
 using RowRuns = std::vector<Run>;
+
+// The token grid of a pattern's neighborhood atoms (PATTERNS.md, "Neighborhood attention"), for the tilers that
+// lay tokens out in multi-dimensional boxes (src/plan/tile_map.hpp). Axes are row-major: token
+// (c0 * dims[1] + c1) * dims[2] + c2 for 3 axes. A kept key of any atom lies in its query's residue group
+// (coordinate mod dilation) on every axis, for the grid's dilation (the gcd of the atoms').
+struct NeighborhoodGrid {
+  int naxes = 0;                             // 1 to 3
+  std::array<int64_t, 3> dims{1, 1, 1};      // axis sizes (the first naxes); their product is the length
+  std::array<int64_t, 3> dilation{1, 1, 1};  // per axis, the gcd of the atoms' dilations
+  // The pattern is one neighborhood atom: (q, k) is kept iff on every axis k's coordinate lies in window(axis,
+  // q's coordinate). Otherwise (other terms, several atoms) the windows are the first atom's and only guide the
+  // choice of a box shape.
+  bool exact = false;
+  // The first atom's window of coordinate i on `axis`: its kept coordinates, as a run.
+  Run window(int axis, int64_t i) const;
+
+  std::array<int64_t, 3> kernel{1, 1, 1}, atom_dilation{1, 1, 1};  // the first atom's (window())
+  std::array<bool, 3> causal{false, false, false};
+};
 
 namespace detail {
 struct Node;       // parsed spec (length independent)
@@ -97,6 +118,9 @@ class BoundPattern {
   //   general    anything else.
   enum class Shape { general, columns, rows, scattered };
   Shape shape() const;
+  // The grid of the spec's neighborhood atoms (outside blocked, whose atoms see blocks): present where it has at
+  // least one and all of them lay tokens on the same dims; none for explicit patterns.
+  std::optional<NeighborhoodGrid> neighborhood_grid() const;
 
  private:
   friend class Pattern;

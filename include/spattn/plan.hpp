@@ -6,7 +6,7 @@
 //   std::cout << plan.explain();                  // the analysis, the engine and kernel chosen, and why
 //   plan.forward(q, k, v, o, lse, stream);        // TensorViews; no hidden allocation; relaunchable
 //
-// make_plan analyses each distinct pattern once (plan/analysis: keys a row, band rows, residue strides, 2-D
+// make_plan analyses each distinct pattern once (plan/analysis: keys a row, band rows, residue strides, neighborhood
 // grids), hands the analysis to the engine's tiler, and picks a kernel from the one kernel table
 // (plan/kernels.hpp). The plan is immutable and reusable; forward() checks every tensor against the problem the
 // plan was built for and throws spattn::Error naming the tensor, the dimension and both values on a mismatch.
@@ -68,6 +68,10 @@ struct PlanOptions {
   std::string kernel;
   int block_m = 0, block_n = 0;  // fused GPU tile shape (0: chosen)
   int perm_d = -1;               // residue permutation (-1: chosen, 1: none)
+  // Neighborhood patterns of 2-3 axes on the fused GPU engine: query and key tiles as boxes of the token grid
+  // through a row map (multi-dimensional tiles): -1 chosen by predicted cost, 0 never, 1 always (refused without
+  // such a grid). Mapped plans run on the cp.async / mma.sync kernels.
+  int tile_map = -1;
   // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
   // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys).
   int persistent = -1, split = -1;

@@ -12,7 +12,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
 mkdir -p "$OUTD"
 OUTD=$(cd "$OUTD" && pwd)
-. "$ROOT/scripts/gpu_build.sh"
+source "$ROOT/scripts/gpu_lib.sh"
 BUILD=${SPATTN_BUILD:-}
 rc=0
 if [ -z "$BUILD" ]; then

@@ -9,10 +9,10 @@
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+source "$ROOT/scripts/gpu_lib.sh"
 OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
 mkdir -p "$OUTD"
 OUTD=$(cd "$OUTD" && pwd)
-. "$ROOT/scripts/gpu_build.sh"
 BUILD=${SPATTN_BUILD:-}
 rc=0
 if [ -z "$BUILD" ]; then

@@ -43,7 +43,7 @@ int64_t parse_int(std::string_view key, std::string_view text) {
   return v;
 }
 
-// "key=value,key=value": engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound.
+// "key=value,key=value": engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound, tile_map.
 spattn::PlanOptions parse_options(const char* text) {
   spattn::PlanOptions o;
   std::string_view rest = text ? text : "";
@@ -65,10 +65,11 @@ spattn::PlanOptions parse_options(const char* text) {
     else if (key == "split") o.split = int(parse_int(key, val));
     else if (key == "compound") o.compound = int(parse_int(key, val));
     else if (key == "backward_kernel") o.backward_kernel = std::string(val);
+    else if (key == "tile_map") o.tile_map = int(parse_int(key, val));
     else
       throw spattn::Error("option '" + std::string(key) +
-                          "': expected engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound or "
-                          "backward_kernel");
+                          "': expected engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound, "
+                          "tile_map or backward_kernel");
   }
   return o;
 }
@@ -90,7 +91,7 @@ const char* spattn_last_error(void) { return g_last_error.c_str(); }
 // Plans `spec` for one problem on `device` (-1: the CPU, i >= 0: CUDA device i). dtype: 0 bf16, 1 fp16, 2 fp32.
 // scale: 0 = 1/sqrt(head_dim). options: null or "key=value,...": engine (auto, cpu, cuda_fused, cuda_unfused,
 // reference), kernel (a kernel-table row or kind: sm80, sm90_cp, sm90_tma, sm90_band, sm90_band_rmax), threads,
-// block_m, block_n, perm_d, persistent, split, compound (parse_options above).
+// block_m, block_n, perm_d, persistent, split, compound, tile_map (parse_options above).
 int spattn_plan_create(const char* spec, int device, int dtype, int64_t batch, int64_t q_heads, int64_t kv_heads,
                        int64_t q_len, int64_t k_len, int64_t head_dim, double scale, const char* options, void** out) {
   if (!spec || !out) return fail("spattn_plan_create: null argument");

@@ -174,8 +174,8 @@ struct PatternPlan {
   std::vector<int64_t> res_pass_off;  // per tile: offset into res_pass, -1: none
   bool residue_heavy = false;
   int perm = 1;
-  int64_t grid_width = 0;
-  int tile_h = 0, tile_w = 0;
+  std::string boxes;  // query tiles as grid boxes (PlanStats::boxes)
+  plan::TileBox tile_box;
 };
 
 // Plan space: with d > 1, group g = t % d holds tokens g, g + d, ...; key plan position g * gk + t / d.
@@ -471,8 +471,10 @@ int32_t choose_key_pass(int64_t lk, int64_t row_floats) {
   return lk > pass * 3 / 2 ? int32_t(pass) : 0;
 }
 
-// A 2-D neighborhood (na2d, analysis.grid) runs TY x TX pixel-box query tiles instead of 1 x M runs of one image
-// row: for a 13 x 13 window and M = 32, the union of a tile's keys goes from 13 x 44 = 572 to 16 x 20 = 320.
+// A neighborhood grid of 2 or 3 axes (analysis.grid) runs boxes of M tokens as query tiles (plan/tile_map.hpp: the
+// box whose windows cover the fewest keys per query, key "boxes" of one key) instead of runs of consecutive tokens:
+// for a 13 x 13 window and M = 32, the union of a tile's keys goes from 13 x 44 = 572 (1 x 32) to 16 x 20 = 320
+// (4 x 8). Dilation groups are boxed apart, so a box's queries share their windows' lattice.
 PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an, const KernelSet& ks,
                                int64_t row_floats, int threads, int& perm_out) {
   const int64_t lq = pat.q_len(), lk = pat.k_len();
@@ -480,37 +482,25 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an
   const int d = lk > 0 && lq > 0 ? an.permutation(plan::kMaxCpuPermutation) : 1;
   perm_out = d;
   const Space sp{d, lq, lk, ceil_div(lk, d)};
-  // Query order: group by residue, tiles of M rows inside a group.
+  // Query order: group by residue, tiles of M rows inside a group (or grid boxes).
   std::vector<int32_t> qidx;
   std::vector<std::pair<int64_t, int32_t>> tile_rows;  // (q_off, rows)
   qidx.reserve(size_t(lq));
-  const plan::Grid grid = d == 1 && lq > 0 && lk > 0 ? an.grid : plan::Grid{};
-  int64_t grid_ty = 0;
-  if (grid.width > 0) {
-    // 2-D query tiles: TY x TX boxes (TY * TX = M) minimising the keys a box covers per query.
-    const int64_t P = grid.width, rows_img = ceil_div(lq, P);
-    int64_t ty = 1;
-    double best = 0;
-    for (int64_t y = 1; y <= M; y *= 2) {
-      const int64_t x = M / y;
-      if (x > P && y > 1) continue;
-      const double c = double(std::min(y, rows_img) + grid.ky - 1) * double(std::min(x, P) + grid.kx - 1) /
-                       double(std::min(y, rows_img) * std::min(x, P));
-      if (y == 1 || c < best) best = c, ty = y;
+  plan::BoxChoice box;
+  if (lq > 0 && lk > 0 && an.grid && plan::grid_axes_used(*an.grid) >= 2) box = plan::best_boxes(*an.grid, M, 1, 1.0);
+  std::string boxes;
+  if (box.ok) {
+    const plan::GridTiling tiling = plan::GridTiling::of(*an.grid, box.q);
+    boxes = tiling.describe();
+    const std::vector<int32_t> map = tiling.map();
+    for (size_t p0 = 0; p0 < map.size(); p0 += size_t(M)) {  // a box's tokens, padding dropped
+      const int64_t start = int64_t(qidx.size());
+      for (size_t p = p0; p < p0 + size_t(M); ++p)
+        if (map[p] >= 0) qidx.push_back(map[p]);
+      tile_rows.push_back({start, int32_t(int64_t(qidx.size()) - start)});  // every box holds a token
     }
-    const int64_t tx = M / ty;
-    grid_ty = ty;
-    for (int64_t y0 = 0; y0 < rows_img; y0 += ty)
-      for (int64_t x0 = 0; x0 < P; x0 += tx) {
-        const int64_t start = int64_t(qidx.size());
-        for (int64_t y = y0; y < std::min(y0 + ty, rows_img); ++y)
-          for (int64_t x = x0; x < std::min(x0 + tx, P); ++x)
-            if (y * P + x < lq) qidx.push_back(int32_t(y * P + x));
-        const int64_t n = int64_t(qidx.size()) - start;
-        if (n > 0) tile_rows.push_back({start, int32_t(n)});
-      }
   }
-  for (int64_t g = 0; g < d && grid.width == 0; ++g) {
+  for (int64_t g = 0; g < d && !box.ok; ++g) {
     const int64_t start = int64_t(qidx.size());
     for (int64_t t = g; t < lq; t += d) qidx.push_back(int32_t(t));
     const int64_t n = int64_t(qidx.size()) - start;
@@ -561,7 +551,7 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an
   if (nmasks > int64_t(std::numeric_limits<int32_t>::max()))
     throw Error("pattern '" + pat.spec() + "' needs too many row masks for the fused CPU plan");
   plan.perm = d;
-  if (grid.width > 0) plan.grid_width = grid.width, plan.tile_h = int(grid_ty), plan.tile_w = int(M / grid_ty);
+  if (box.ok) plan.boxes = boxes, plan.tile_box = box.q;
   plan.residue_heavy = kResidueCost * double(plan.residue_nnz) > double(plan.dense_scores);
   for (int64_t t = 0; t < ntiles; t += g) plan.group.push_back(int32_t(t));
   plan.group.push_back(int32_t(ntiles));
@@ -829,7 +819,7 @@ FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& p
     im.stats.dense_scores += pl.dense_scores;
     im.stats.masked_scores += pl.masked_scores;
     im.stats.residue_nnz += pl.residue_nnz;
-    if (pl.grid_width > 0) im.stats.grid_width = pl.grid_width, im.stats.tile_h = pl.tile_h, im.stats.tile_w = pl.tile_w;
+    if (!pl.boxes.empty()) im.stats.boxes = pl.boxes, im.stats.tile_box = pl.tile_box;
   }
   {
     struct Keyed {
@@ -868,7 +858,7 @@ std::string FusedPlan::describe() const {
   const double nnz = double(std::max<int64_t>(s.nnz, 1));
   os << "fused cpu plan: isa " << s.isa << ", " << s.tiles << " tiles of " << s.tile_rows << " rows";
   if (s.permutation > 1) os << ", residue groups d=" << s.permutation;
-  if (s.grid_width > 0) os << " (2-D: " << s.tile_h << " x " << s.tile_w << " boxes of a width-" << s.grid_width << " grid)";
+  if (!s.boxes.empty()) os << " (" << s.boxes << ")";
   os << "; dense scores " << s.dense_scores << " (" << s.masked_scores << " masked), residue " << s.residue_nnz
      << "; computed/nnz " << double(s.dense_scores + s.residue_nnz) / nnz << "; built in " << s.build_ms << " ms";
   return os.str();
@@ -925,8 +915,9 @@ uint64_t FusedPlan::fingerprint() const {
   for (int p : im.plan_of_head) mix(uint64_t(p));
   for (const Impl::Item& it : im.items) mix(uint64_t(it.bh) << 40 ^ uint64_t(it.plan) << 20 ^ uint64_t(it.group));
   const PlanStats& s = im.stats;
-  for (int64_t v : {s.tiles, int64_t(s.tile_rows), int64_t(s.permutation), s.grid_width, int64_t(s.tile_h),
-                    int64_t(s.tile_w), s.nnz, s.dense_scores, s.masked_scores, s.residue_nnz})
+  for (int64_t v : {s.tiles, int64_t(s.tile_rows), int64_t(s.permutation), int64_t(s.tile_box.side[0]),
+                    int64_t(s.tile_box.side[1]), int64_t(s.tile_box.side[2]), s.nnz, s.dense_scores, s.masked_scores,
+                    s.residue_nnz})
     mix(uint64_t(v));
   return h;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "plan/analysis.hpp"
+#include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -36,8 +37,10 @@ struct PlanStats {
   int64_t tiles = 0;          // query tiles per head (per pattern)
   int tile_rows = 0;          // query rows per tile
   int permutation = 1;        // residue grouping d (dilated/strided patterns run in d groups), 1: none
-  int64_t grid_width = 0;     // 2-D query tiles (neighborhood): image rows of this many tokens, 0: none
-  int tile_h = 0, tile_w = 0;  // ... cut into tile_h x tile_w pixel boxes (tile_h * tile_w = tile_rows)
+  // Query tiles as boxes of a neighborhood grid (plan/tile_map.hpp; tile_box.volume() == tile_rows): their
+  // description ("4x8 boxes of a 33x50 grid"), empty where tiles are runs of consecutive (or residue) tokens.
+  std::string boxes;
+  plan::TileBox tile_box;
   int64_t nnz = 0;            // kept (q, k) per head, summed over distinct patterns
   int64_t dense_scores = 0;   // scores computed in dense key blocks (tile rows x block keys)
   int64_t masked_scores = 0;  // of which in blocks that carry a row mask

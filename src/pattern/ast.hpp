@@ -60,4 +60,7 @@ void normalize(RowRuns& runs);                                       // any runs
 void intersect(const RowRuns& a, const RowRuns& b, RowRuns& out);    // normalised inputs -> normalised
 bool run_has(const Run& r, int64_t k);
 
+// The window of coordinate i on one axis of a neighborhood (PATTERNS.md): axis size n, kernel K, dilation d.
+Run neighborhood_window(int64_t n, int64_t K, int64_t d, bool causal, int64_t i);
+
 }  // namespace spattn::detail

@@ -545,24 +545,30 @@ struct BlockedB : BoundNode {
   }
 };
 
+}  // namespace
+
+Run neighborhood_window(int64_t n, int64_t K, int64_t d, bool causal, int64_t i) {
+  const int64_t g = i % d, p = i / d;
+  const int64_t ng = (n - 1 - g) / d + 1;
+  int64_t t0, cnt;
+  if (causal) {
+    t0 = std::max<int64_t>(0, p - K + 1);
+    cnt = p - t0 + 1;
+  } else {
+    t0 = std::clamp<int64_t>(p - K / 2, 0, ng - K);
+    cnt = K;
+  }
+  return {g + t0 * d, d, cnt};
+}
+
+namespace {
+
 struct NeighborhoodB : BoundNode {
   int naxes = 1;
   std::array<int64_t, 3> n{1, 1, 1}, K{1, 1, 1}, d{1, 1, 1};
   std::array<bool, 3> causal{false, false, false};
   // The window of coordinate i on axis ax as an affine run of coordinates.
-  Run window(int ax, int64_t i) const {
-    const int64_t g = i % d[ax], p = i / d[ax];
-    const int64_t ng = (n[ax] - 1 - g) / d[ax] + 1;
-    int64_t t0, cnt;
-    if (causal[ax]) {
-      t0 = std::max<int64_t>(0, p - K[ax] + 1);
-      cnt = p - t0 + 1;
-    } else {
-      t0 = std::clamp<int64_t>(p - K[ax] / 2, 0, ng - K[ax]);
-      cnt = K[ax];
-    }
-    return {g + t0 * d[ax], d[ax], cnt};
-  }
+  Run window(int ax, int64_t i) const { return neighborhood_window(n[ax], K[ax], d[ax], causal[ax], i); }
   void coords(int64_t x, int64_t* c) const {
     for (int ax = naxes - 1; ax >= 0; --ax) {
       c[ax] = x % n[ax];

@@ -1,5 +1,6 @@
 // pattern/terms.cpp — a bound pattern's union terms (BoundPattern::union_terms), their union and their shape: what
 // the planner's split (plan/parts.hpp) reads of the spec.
+#include <numeric>
 #include <string>
 
 #include "pattern/ast.hpp"
@@ -99,6 +100,13 @@ void flatten(const NodePtr& n, std::vector<NodePtr>& out) {
   out.push_back(n);
 }
 
+// The neighborhood atoms of a spec (not inside blocked: its atoms see blocks, not tokens).
+void neighborhood_atoms(const Node& n, std::vector<const Node*>& out) {
+  if (n.kind == Kind::Neighborhood) out.push_back(&n);
+  if (n.kind == Kind::Blocked) return;
+  for (auto& c : n.children) neighborhood_atoms(*c, out);
+}
+
 bool has_random(const Node& n) {
   if (n.kind == Kind::Random) return true;
   if (n.kind == Kind::Blocked) return false;  // random blocks cluster
@@ -156,6 +164,40 @@ BoundPattern::Shape BoundPattern::shape() const {
     case Kind::GlobalRows: return Shape::rows;
     default: return has_random(*node_) ? Shape::scattered : Shape::general;
   }
+}
+
+std::optional<NeighborhoodGrid> BoundPattern::neighborhood_grid() const {
+  if (!node_) return std::nullopt;
+  std::vector<const Node*> atoms;
+  neighborhood_atoms(*node_, atoms);
+  if (atoms.empty()) return std::nullopt;
+  NeighborhoodGrid g;
+  const Node& first = *atoms[0];
+  g.naxes = first.naxes;
+  g.exact = atoms.size() == 1 && node_.get() == &first;
+  for (int ax = 0; ax < g.naxes; ++ax) {
+    const size_t a = size_t(ax);
+    g.dims[a] = first.dims[a] ? first.dims[a] : q_len_;  // dims omitted (1-D): the length (bind checked it)
+    g.dilation[a] = g.atom_dilation[a] = first.dilation[a];
+    g.kernel[a] = first.kernel[a];
+    g.causal[a] = first.causal[a];
+  }
+  for (const Node* n : atoms) {
+    if (n->naxes != g.naxes) return std::nullopt;
+    for (size_t a = 0; a < size_t(g.naxes); ++a) {
+      if ((n->dims[a] ? n->dims[a] : q_len_) != g.dims[a]) return std::nullopt;
+      g.dilation[a] = std::gcd(g.dilation[a], n->dilation[a]);
+    }
+  }
+  return g;
+}
+
+Run NeighborhoodGrid::window(int axis, int64_t i) const {
+  if (axis < 0 || axis >= naxes || i < 0 || i >= dims[size_t(axis)])
+    throw Error("neighborhood grid: coordinate " + std::to_string(i) + " on axis " + std::to_string(axis) +
+                " is outside the grid");
+  const size_t a = size_t(axis);
+  return detail::neighborhood_window(dims[a], kernel[a], atom_dilation[a], causal[a], i);
 }
 
 }  // namespace spattn

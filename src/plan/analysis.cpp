@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/parallel.hpp"
+#include "plan/tile_map.hpp"
 #include "spattn/format.hpp"
 
 namespace spattn::plan {
@@ -48,34 +49,6 @@ int64_t residue_stride(const BoundPattern& pat) {
   return g >= 2 ? g : 1;
 }
 
-Grid detect_grid(const BoundPattern& pat) {
-  const int64_t lq = pat.q_len();
-  Grid g;
-  RowRuns runs;
-  for (int64_t q : {lq / 2, lq / 3, (2 * lq) / 3}) {
-    if (q < 0 || q >= lq) return {};
-    pat.row(q, runs);
-    int64_t len = -1, prev = -1, gap = -1, n = 0;
-    for (const Run& r : runs) {
-      if (r.count > 1 && r.stride != 1) return {};
-      if (len < 0) len = r.count;
-      if (r.count != len) return {};
-      if (prev >= 0) {
-        if (gap < 0) gap = r.start - prev;
-        if (r.start - prev != gap) return {};
-      }
-      prev = r.start;
-      ++n;
-    }
-    if (n < 3 || len < 2 || gap <= len) return {};
-    if (g.width && g.width != gap) return {};
-    g.width = gap;
-    g.ky = std::max(g.ky, n);
-    g.kx = std::max(g.kx, len);
-  }
-  return g;
-}
-
 // One thread's share of the row walk.
 struct Part {
   int64_t nnz = 0, empty = 0, dense = 0;
@@ -94,7 +67,7 @@ Analysis analyze(const BoundPattern& pat) {
   a.k_len = lk;
   if (lq > 0 && lk > 0) {
     a.residue = residue_stride(pat);
-    a.grid = detect_grid(pat);
+    a.grid = pat.neighborhood_grid();
   }
   // Rows' first and last keys where every row is one interval (band check, second pass).
   std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
@@ -166,7 +139,7 @@ std::string Analysis::describe() const {
     << mean_row() << "), " << empty_rows << " empty rows, " << dense_rows << " dense rows";
   if (band.ok) s << ", band rows [" << band.lo << ", " << band.hi << "]";
   if (residue > 1) s << ", residue stride " << residue;
-  if (grid.width > 0) s << ", 2-D grid of width " << grid.width << " (" << grid.ky << "x" << grid.kx << " windows)";
+  if (grid) s << ", neighborhood " << describe_grid(*grid);
   s << "; analysed in " << ms << " ms";
   return s.str();
 }

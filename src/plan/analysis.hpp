@@ -2,9 +2,10 @@
 //
 // One analysis per (pattern, lengths), computed once by make_plan and handed to every backend's tiler:
 // the CPU tile builder (src/cpu/fused.cpp) and the GPU tile planner (plan/block_plan.hpp) read their
-// permutation, 2-D grid and band rows from here instead of sampling the pattern themselves.
+// permutation, neighborhood grid and band rows from here instead of sampling the pattern themselves.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "spattn/pattern.hpp"
@@ -19,11 +20,6 @@ struct BandRows {
   int32_t lo = 0, hi = 0;
 };
 
-// A 2-D neighborhood layout: rows whose keys are >= 3 intervals of one length kx >= 2, their starts a constant
-// width > kx apart (image rows of that width), ky intervals at most. width 0: not a grid.
-struct Grid {
-  int64_t width = 0, ky = 0, kx = 0;
-};
 
 struct Analysis {
   int64_t q_len = 0, k_len = 0;
@@ -36,7 +32,9 @@ struct Analysis {
   // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use
   // (kernel table: kMaxGpuPermutation, kMaxCpuPermutation).
   int64_t residue = 1;
-  Grid grid;                              // 2-D neighborhood tiles (grid.width > 0)
+  // The token grid of the spec's neighborhood atoms (BoundPattern::neighborhood_grid): the tilers' multi-
+  // dimensional boxes (plan/tile_map.hpp) for the GPU plan's tile map and the CPU engine's query tiles.
+  std::optional<NeighborhoodGrid> grid;
   double ms = 0;                          // time to analyse
 
   double density() const { return q_len && k_len ? double(nnz) / (double(q_len) * double(k_len)) : 0.0; }

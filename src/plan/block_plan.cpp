@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <sstream>
@@ -22,11 +23,38 @@ constexpr int64_t kPosInf = (int64_t(1) << 30);
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// A mapped plan space (tile_map.hpp): the maps, the key map's inverse and what map_run needs of the key grid.
+struct Maps {
+  GridTiling q, k;
+  std::vector<int32_t> qmap, kmap;
+  std::vector<int32_t> kpos;   // token -> key plan position
+  std::vector<char> kwhole;    // per key tile: no padding position
+  int64_t n2 = 1, d2 = 1, s2 = 1;  // the key grid's last axis: size, dilation, box side
+
+  Maps(const GridTiling& q_, const GridTiling& k_) : q(q_), k(k_), qmap(q_.map()), kmap(k_.map()) {
+    const int64_t bn = k.box.volume();
+    kpos.assign(size_t(k.tokens()), -1);
+    kwhole.assign(kmap.size() / size_t(bn), 1);
+    for (size_t p = 0; p < kmap.size(); ++p) {
+      if (kmap[p] >= 0) kpos[size_t(kmap[p])] = int32_t(p);
+      else kwhole[p / size_t(bn)] = 0;
+    }
+    n2 = k.dims[2], d2 = k.dilation[2], s2 = k.box.side[2];
+  }
+};
+
 // The plan-space geometry shared by the builder and the cost estimate.
 struct Space {
   int bm, bn, d;
   int64_t lq, lk, q_group, k_group, q_tiles, k_tiles;
+  const Maps* m = nullptr;  // mapped plan space (d is 1)
 
+  Space(int64_t lq_, int64_t lk_, int bm_, int bn_, const Maps& maps) : bm(bm_), bn(bn_), d(1), lq(lq_), lk(lk_), m(&maps) {
+    q_group = int64_t(maps.qmap.size());
+    k_group = int64_t(maps.kmap.size());
+    q_tiles = q_group / bm;
+    k_tiles = k_group / bn;
+  }
   Space(int64_t lq_, int64_t lk_, int bm_, int bn_, int d_) : bm(bm_), bn(bn_), d(d_), lq(lq_), lk(lk_) {
     if (d == 1) {
       q_group = lq;
@@ -41,11 +69,14 @@ struct Space {
     }
   }
   int64_t q_token(int64_t p) const {
+    if (m) return BlockPlan::mapped_token(m->qmap, p, lq);
     if (d == 1) return p;
     const int64_t g = p / q_group;
     return g + (p - g * q_group) * d;
   }
-  // Number of valid keys at the start of key tile kt (invalid keys of a tile are always a suffix).
+  // Key tile kt holds no padding position (a full tile must: the kernels run it unmasked).
+  bool k_whole(int64_t kt) const { return m ? m->kwhole[size_t(kt)] != 0 : k_valid(kt) == bn; }
+  // Number of valid keys at the start of key tile kt (invalid keys of a tile are always a suffix). Unmapped only.
   int64_t k_valid(int64_t kt) const {
     const int64_t k0 = kt * bn;
     if (d == 1) return std::clamp<int64_t>(lk - k0, 0, bn);
@@ -55,6 +86,7 @@ struct Space {
   }
   // Appends the plan-space runs of a token-space run.
   void map_run(const Run& r, std::vector<Run>& out) const {
+    if (m) return map_run_mapped(r, out);
     if (d == 1) {
       out.push_back(r);
       return;
@@ -74,6 +106,22 @@ struct Space {
         const int64_t t = r.start + i * r.stride;
         out.push_back({(t % d) * k_group + t / d, 1, 1});
       }
+    }
+  }
+  // Mapped: a run along the key grid's last axis at its dilation (a neighborhood row's runs) steps one offset a
+  // key inside a box, so it maps to one plan interval per box it crosses; other runs map key by key.
+  void map_run_mapped(const Run& r, std::vector<Run>& out) const {
+    const bool along = r.stride == m->d2;
+    for (int64_t t = r.start, left = r.count; left > 0;) {
+      int64_t len = 1;
+      if (along && left > 1) {
+        const int64_t c = t % m->n2;                 // last-axis coordinate
+        const int64_t o = (c / m->d2) % m->s2;       // offset in the box
+        len = std::min({left, m->s2 - o, (m->n2 - 1 - c) / m->d2 + 1});
+      }
+      out.push_back({m->kpos[size_t(t)], 1, len});
+      t += len * r.stride;
+      left -= len;
     }
   }
 };
@@ -147,7 +195,7 @@ struct TileScratch {
   }
   // Every valid (q, k) of key tile kt is kept.
   bool full(int64_t kt, int64_t valid_rows, const Space& sp) const {
-    return count[size_t(kt)] == valid_rows * sp.bn && sp.k_valid(kt) == sp.bn;
+    return count[size_t(kt)] == valid_rows * sp.bn && sp.k_whole(kt);
   }
 };
 
@@ -173,7 +221,7 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
       continue;
     }
     ++valid;
-    if (sp.d == 1) {
+    if (sp.d == 1 && !sp.m) {
       pat.row(q, out);
       nnz += count_keys(out);
     } else {
@@ -247,22 +295,28 @@ std::string BlockPlan::describe() const {
   std::ostringstream s;
   s << "block " << block_m << "x" << block_n << ", perm_d " << perm_d << ", " << q_tiles << "x" << k_tiles
     << " tiles, " << nentries() << " visited (" << n_full << " full, " << n_band << " band, " << n_bitmask
-    << " bitmask), nnz " << nnz << ", waste " << waste();
+    << " bitmask), nnz " << nnz << ", waste " << waste() << " (kept " << kept_fraction() << " of visited scores)";
+  if (mapped())
+    s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles " << k_tiling.box.str(k_tiling.naxes)
+      << " (" << q_map.size() - size_t(q_len) << " + " << k_map.size() - size_t(k_len)
+      << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
   if (band) s << ", band rows [" << band_lo << ", " << band_hi << "]";
   s << ", built in " << build_ms << " ms";
+  if (!choice.empty()) s << "; " << choice;
   return s.str();
 }
 
 namespace {
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
-BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis) {
+// maps: a mapped plan space (then d is 1 and bm, bn the boxes' volumes).
+BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))  // for_each_tile_span shifts by bn
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
                 std::to_string(bn));
   if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
   if (pat.q_len() <= 0 || pat.k_len() <= 0) throw Error("block plan: empty lengths");
-  const Space sp(pat.q_len(), pat.k_len(), bm, bn, d);
+  const Space sp = maps ? Space(pat.q_len(), pat.k_len(), bm, bn, *maps) : Space(pat.q_len(), pat.k_len(), bm, bn, d);
   if (sp.q_tiles >= INT32_MAX || sp.k_tiles >= INT32_MAX) throw Error("block plan: too many tiles");
 
   BlockPlan plan;
@@ -276,6 +330,12 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   plan.q_tiles = sp.q_tiles;
   plan.k_tiles = sp.k_tiles;
   plan.row_offsets.assign(size_t(sp.q_tiles) + 1, 0);
+  if (maps) {
+    plan.q_map = maps->qmap;
+    plan.k_map = maps->kmap;
+    plan.q_tiling = maps->q;
+    plan.k_tiling = maps->k;
+  }
 
   const int words = bm * bn / 64, row_words = bn / 64;
   // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
@@ -316,7 +376,8 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
       // Many short runs (a random tile: ~800 a row, a run every few keys) are set as bits of one row at a time
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
-      const bool scattered = !general_paths_only() && nruns * 8 >= out.nnz - nnz0 && nruns * 4 >= int64_t(bm) * sp.k_tiles;
+      // (Not in a mapped space: its rows' runs come in any order, and padding rows sit anywhere in a tile.)
+      const bool scattered = !sp.m && !general_paths_only() && nruns * 8 >= out.nnz - nnz0 && nruns * 4 >= int64_t(bm) * sp.k_tiles;
       int64_t npartial = 0;
       if (scattered) {
         if (blocks.empty()) {
@@ -399,7 +460,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
         if (s >= 0) {
           const uint64_t* m = scattered ? blocks.data() + size_t(kt) * stride : pmask.data() + size_t(s) * stride;
           int64_t lo, hi;
-          if (detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi, band_scratch)) {
+          if (!sp.m && detect_band(m, sp, qt, kt, sp.k_valid(kt), lo, hi, band_scratch)) {
             e.mask = kBand;
             e.lo = int32_t(lo);
             e.hi = int32_t(hi);
@@ -456,7 +517,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
            plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
-  if (d == 1) {
+  if (d == 1 && !maps) {
     const BandRows br = analysis ? analysis->band : analyze(pat).band;
     plan.band = br.ok;
     plan.band_lo = br.lo;
@@ -469,6 +530,29 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
 
 BlockPlan build_block_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis) {
   return build_plan(pat, bm, bn, d, analysis);
+}
+
+namespace {
+// Checks a pair of tilings against the pattern (build_block_plan's mapped form).
+void check_tilings(const BoundPattern& pat, const GridTiling& q, const GridTiling& k) {
+  for (const GridTiling* t : {&q, &k}) {
+    const char* what = t == &q ? "query" : "key";
+    const int64_t len = t == &q ? pat.q_len() : pat.k_len();
+    if (t->tokens() != len)
+      throw Error(std::string("block plan: the ") + what + " tiling's grid (" + t->describe() + ") holds " +
+                  std::to_string(t->tokens()) + " tokens, the pattern's " + what + " length is " + std::to_string(len));
+    const int64_t v = t->box.volume();
+    if (v != 64 && v != 128)
+      throw Error(std::string("block plan: ") + what + " boxes must hold 64 or 128 tokens (the tile sizes), " +
+                  t->box.str(3) + " holds " + std::to_string(v));
+  }
+}
+}  // namespace
+
+BlockPlan build_block_plan(const BoundPattern& pat, const GridTiling& q, const GridTiling& k) {
+  check_tilings(pat, q, k);
+  const Maps maps(q, k);
+  return build_plan(pat, int(q.box.volume()), int(k.box.volume()), 1, nullptr, &maps);
 }
 
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
@@ -496,12 +580,19 @@ int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
 }
 
 namespace {
-// A candidate: a tile shape priced by its kernel-table row.
+// A candidate: a tile shape (and tile map) priced by its kernel-table row.
 struct Candidate {
   int block_m, block_n, d;
   const KernelConfig* row;
+  std::shared_ptr<const Maps> maps;  // a mapped candidate (d is 1)
   double cost = 0;
+  double kept = 0;  // sampled: kept scores over the visited tiles' scores
 };
+
+Space space_of(const BoundPattern& pat, const Candidate& c) {
+  return c.maps ? Space(pat.q_len(), pat.k_len(), c.block_m, c.block_n, *c.maps)
+                : Space(pat.q_len(), pat.k_len(), c.block_m, c.block_n, c.d);
+}
 
 // The query tiles a candidate's estimate samples: 48 spread evenly (all where there are fewer).
 int64_t estimate_samples(const Space& sp) { return std::min<int64_t>(sp.q_tiles, 48); }
@@ -509,36 +600,40 @@ int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
   return samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
 }
 
-// The cost of visiting a sample's touched key tiles (full[j]: the j-th touched is full), summed in the order
-// the tiles were touched, scaled to all query tiles.
-double sample_cost(const Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full) {
-  double cost = 0;
+// Prices a candidate from its samples: the cost of visiting a sample's touched key tiles (full[j]: the j-th
+// touched is full), summed in the order the tiles were touched, scaled to all query tiles; and the kept fraction
+// of the samples' visited scores (nnz: their kept scores).
+void price(Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full, int64_t nnz) {
+  double cost = 0, area = 0;
   for (const std::vector<char>& f : full)
-    for (char is_full : f) cost += double(c.block_m) * c.block_n * (is_full ? 1.0 : c.row->partial_cost);
-  return cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(int64_t(full.size()), 1));
+    for (char is_full : f) {
+      cost += double(c.block_m) * c.block_n * (is_full ? 1.0 : c.row->partial_cost);
+      area += double(c.block_m) * c.block_n;
+    }
+  c.cost = cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(int64_t(full.size()), 1));
+  c.kept = area > 0 ? double(nnz) / area : 0.0;
 }
 
 // Predicted cost of a candidate from a sample of query tiles (no bitmasks built).
-double estimate_cost(const BoundPattern& pat, const Candidate& c) {
-  const int bm = c.block_m, bn = c.block_n;
-  const Space sp(pat.q_len(), pat.k_len(), bm, bn, c.d);
+void estimate_cost(const BoundPattern& pat, Candidate& c) {
+  const Space sp = space_of(pat, c);
   const int64_t samples = estimate_samples(sp);
   TileScratch scr(sp.k_tiles);
   RowRuns tmp;
   std::vector<RowRuns> rows;
   std::vector<std::vector<char>> full(static_cast<size_t>(samples));
+  int64_t nnz = 0;
   for (int64_t i = 0; i < samples; ++i) {
     const int64_t qt = sampled_tile(sp, samples, i);
-    int64_t nnz = 0;
     int64_t nruns = 0;
     const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, nnz);
-    scr.count_runs(rows, bn);
+    scr.count_runs(rows, c.block_n);
     for (int64_t kt : scr.touched()) {
       full[size_t(i)].push_back(scr.full(kt, valid_rows, sp));
       scr.count[size_t(kt)] = 0;
     }
   }
-  return sample_cost(c, sp, full);
+  price(c, sp, full, nnz);
 }
 
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
@@ -549,12 +644,12 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
   const int threads = plan_thread_cap();
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
-    if (cands[i].d == 1 && !general_paths_only()) shared.push_back(i);
+    if (cands[i].d == 1 && !cands[i].maps && !general_paths_only()) shared.push_back(i);
   std::vector<size_t> alone;
   for (size_t i = 0; i < cands.size(); ++i)
     if (std::find(shared.begin(), shared.end(), i) == shared.end()) alone.push_back(i);
   common::parallel_for(int64_t(alone.size()), int(std::min<int64_t>(int64_t(alone.size()), threads)),
-                       [&](int64_t i, int) { cands[alone[size_t(i)]].cost = estimate_cost(pat, cands[alone[size_t(i)]]); });
+                       [&](int64_t i, int) { estimate_cost(pat, cands[alone[size_t(i)]]); });
   if (shared.empty()) return;
   const int64_t lq = pat.q_len();
   struct Sample {
@@ -564,12 +659,14 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
   };
   std::vector<Space> spaces;
   std::vector<std::vector<std::vector<char>>> full(shared.size());
+  std::vector<std::vector<int64_t>> nnz(shared.size());  // per sample (a sample is one thread's)
   std::vector<Sample> tiles;
   for (size_t s = 0; s < shared.size(); ++s) {
     const Candidate& c = cands[shared[s]];
     spaces.emplace_back(lq, pat.k_len(), c.block_m, c.block_n, 1);
     const int64_t samples = estimate_samples(spaces.back());
     full[s].resize(size_t(samples));
+    nnz[s].assign(size_t(samples), 0);
     for (int64_t i = 0; i < samples; ++i) {
       const int64_t qt = sampled_tile(spaces.back(), samples, i);
       tiles.push_back({qt * c.block_m, std::min(lq, (qt + 1) * c.block_m), s, i});
@@ -595,11 +692,13 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     RowRuns runs;
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
       pat.row(q, runs);
+      const int64_t row_nnz = count_keys(runs);
       for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
         const Sample& tile = tiles[j];
         if (q >= tile.end) continue;
         TileScratch& ts = scr[tile.cand];
         ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        nnz[tile.cand][size_t(tile.i)] += row_nnz;
         if (q + 1 < tile.end) continue;
         const Space& sp = spaces[tile.cand];
         std::vector<char>& f = full[tile.cand][size_t(tile.i)];
@@ -611,7 +710,11 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
       }
     }
   });
-  for (size_t s = 0; s < shared.size(); ++s) cands[shared[s]].cost = sample_cost(cands[shared[s]], spaces[s], full[s]);
+  for (size_t s = 0; s < shared.size(); ++s) {
+    int64_t n = 0;
+    for (int64_t x : nnz[s]) n += x;
+    price(cands[shared[s]], spaces[s], full[s], n);
+  }
 }
 
 // The shapes the fused GPU rows offer at `head_dim`, in table order, each priced by its TMA row where `tma`
@@ -624,27 +727,70 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
     auto same = std::find_if(out.begin(), out.end(), [&](const Candidate& c) {
       return c.block_m == r.block_m && c.block_n == r.block_n;
     });
-    if (same == out.end()) out.push_back({r.block_m, r.block_n, d, &r});
+    if (same == out.end()) out.push_back({r.block_m, r.block_n, d, &r, nullptr});
     else if (ws) same->row = &r;
   }
   return out;
 }
+
+// The mapped candidates (a neighborhood grid of 2 or 3 axes): for each cp.async shape at `head_dim` (a forced
+// shape: that one), the query and key boxes of least cost by the grid's windows (tile_map.hpp, best_boxes; priced
+// by the cp.async row: the TMA rows load affine rows), unless they tile in row-major order anyway. forced
+// (tile_map 1): grids of one axis too, and maps that are the identity (tests run the mapped kernels on them).
+std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, int block_m, int block_n, bool forced) {
+  std::vector<Candidate> out;
+  if (!an.grid || grid_axes_used(*an.grid) < (forced ? 1 : 2)) return out;
+  for (const Candidate& c : candidates(head_dim, 1, false)) {
+    if (block_m > 0 && (c.block_m != block_m || c.block_n != block_n)) continue;
+    const BoxChoice b = best_boxes(*an.grid, c.block_m, c.block_n, c.row->partial_cost);
+    if (!b.ok) continue;
+    const GridTiling q = GridTiling::of(*an.grid, b.q), k = GridTiling::of(*an.grid, b.k);
+    if (q.identity() && k.identity() && !forced) continue;
+    Candidate m = c;
+    m.maps = std::make_shared<const Maps>(q, k);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string candidate_name(const Candidate& c) {
+  std::string s = std::to_string(c.block_m) + "x" + std::to_string(c.block_n);
+  if (c.d > 1) s += " perm_d " + std::to_string(c.d);
+  if (c.maps) s += " map " + c.maps->q.box.str(c.maps->q.naxes) + "/" + c.maps->k.box.str(c.maps->k.naxes);
+  return s;
+}
 }  // namespace
 
-std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis& an, int64_t head_dim, bool tma) {
+std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis& an, int64_t head_dim, bool tma,
+                                         int tile_map) {
   std::vector<Candidate> cands;
   const int d = an.permutation(kMaxGpuPermutation);
   for (int pd : d > 1 ? std::vector<int>{1, d} : std::vector<int>{1})
     for (const Candidate& c : candidates(head_dim, pd, tma)) cands.push_back(c);
+  if (tile_map != 0)
+    for (Candidate& c : mapped_candidates(an, head_dim, 0, 0, tile_map == 1)) cands.push_back(std::move(c));
   estimate_costs(pat, cands);
   std::vector<ShapeCost> out;
-  for (const Candidate& c : cands) out.push_back({c.block_m, c.block_n, c.d, c.cost});
+  for (const Candidate& c : cands)
+    out.push_back({c.block_m, c.block_n, c.d, c.cost, c.kept, c.maps != nullptr, c.maps ? c.maps->q.box : TileBox{},
+                   c.maps ? c.maps->k.box : TileBox{}});
   return out;
 }
 
 BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
-                            int perm_d, bool tma) {
+                            int perm_d, bool tma, int tile_map) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (tile_map < -1 || tile_map > 1)
+    throw Error("block plan: tile_map must be -1 (chosen), 0 (never) or 1 (always), got " + std::to_string(tile_map));
+  const bool forced = block_m > 0 && block_n > 0;
+  std::vector<Candidate> mapped;
+  if (tile_map != 0 && perm_d < 1) mapped = mapped_candidates(an, head_dim, block_m, block_n, tile_map == 1);
+  if (tile_map == 1 && (perm_d >= 1 || mapped.empty()))
+    throw Error("block plan: tile_map 1 (multi-dimensional tiles) for '" + pat.spec() + "' at head dim " +
+                std::to_string(head_dim) + (forced ? ", tiles " + std::to_string(block_m) + "x" + std::to_string(block_n) : "") +
+                ": " + (perm_d >= 1 ? "a permutation is forced (perm_d " + std::to_string(perm_d) + ")"
+                        : !an.grid ? std::string("the pattern has no neighborhood grid")
+                                   : std::string("no box of the tile sizes fits its grid")));
   std::vector<int> perms;
   if (perm_d >= 1) {
     perms = {perm_d};
@@ -656,33 +802,39 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
   // warpgroups (bench/LOG.md).
-  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && an.band.ok &&
+  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 && an.band.ok &&
                          find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
   int bm = 192, bn = 128, bd = 1;
-  if (!band_plan && block_m > 0 && block_n > 0) {
-    bm = block_m, bn = block_n, bd = perms[0];
-    if (perms.size() > 1) {  // a forced shape: still choose the permutation
-      std::vector<Candidate> cands;
+  std::shared_ptr<const Maps> maps;
+  std::string choice;
+  if (!band_plan) {
+    std::vector<Candidate> cands;
+    if (tile_map != 1)
       for (int d : perms)
         for (const Candidate& c : candidates(head_dim, d, tma))
-          if (c.block_m == bm && c.block_n == bn) cands.push_back(c);
-      estimate_costs(pat, cands);
-      double best = 0;
-      for (Candidate& c : cands)
-        if (&c == &cands[0] || c.cost < best) best = c.cost, bd = c.d;
-    }
-  } else if (!band_plan) {
-    std::vector<Candidate> cands;
-    for (int d : perms)
-      for (const Candidate& c : candidates(head_dim, d, tma)) cands.push_back(c);
-    if (cands.empty())
+          if (!forced || (c.block_m == block_m && c.block_n == block_n)) cands.push_back(c);
+    for (Candidate& c : mapped) cands.push_back(std::move(c));
+    if (forced) bm = block_m, bn = block_n, bd = perms[0];  // also where no row has the shape (can_implement says so)
+    if (cands.empty() && !forced)
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
-    estimate_costs(pat, cands);
-    double best = 0;
-    for (const Candidate& c : cands)  // in order: ties keep the earlier candidate
-      if (&c == &cands[0] || c.cost < best) best = c.cost, bm = c.block_m, bn = c.block_n, bd = c.d;
+    if (cands.size() > 1) {
+      estimate_costs(pat, cands);
+      std::ostringstream why;
+      why << "chosen by predicted cost per kept score among";
+      for (const Candidate& c : cands)
+        why << (&c == &cands[0] ? " " : ", ") << candidate_name(c) << " " << c.cost / double(std::max<int64_t>(an.nnz, 1))
+            << " (kept " << c.kept << ")";
+      choice = why.str();
+    }
+    if (!cands.empty()) {
+      size_t best = 0;
+      for (size_t i = 1; i < cands.size(); ++i)  // in order: ties keep the earlier candidate
+        if (cands[i].cost < cands[best].cost) best = i;
+      bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
+    }
   }
-  BlockPlan p = build_plan(pat, bm, bn, bd, &an);
+  BlockPlan p = build_plan(pat, bm, bn, bd, &an, maps.get());
+  p.choice = choice;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

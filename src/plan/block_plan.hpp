@@ -14,13 +14,21 @@
 // (KERNELS.md section 1/2: permute so that affine rows become dense tiles). The kernel gathers rows through
 // this map in its loads (cp.async takes one row address per 16-byte chunk anyway), so no tensor is permuted.
 //
-// Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains().
+// Mapped plan space (neighborhood patterns of 2 or 3 axes, plan/tile_map.hpp): plan positions are tokens in
+// tile-major order, query tiles boxes of tokens (8x16, 4x4x8, ...) and key tiles boxes too, through a general map
+// (q_map / k_map: plan position -> token, -1 for padding) that the kernels gather rows through, one index a row.
+// Padding may sit anywhere in a tile, so mapped plans have full and bitmask entries only (no band entries) and run
+// on the cp.async and mma.sync kernels only (the TMA and band kernels load affine rows by tensor maps).
+//
+// Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains() (mapped:
+// plus O(L) for the maps).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "plan/analysis.hpp"
+#include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 
 namespace spattn::plan {
@@ -50,19 +58,28 @@ struct BlockPlan {
   bool band = false;
   int32_t band_lo = 0, band_hi = 0;
   int64_t n_full = 0, n_band = 0, n_bitmask = 0;
+  // Mapped plan space (see above; perm_d is 1, q_group / k_group the maps' lengths): empty maps where unmapped.
+  std::vector<int32_t> q_map, k_map;
+  GridTiling q_tiling, k_tiling;  // the boxes of query and key tiles (mapped plans)
+  std::string choice;             // choose_block_plan's candidates and costs, for explain (empty: built directly)
   double build_ms = 0;
 
+  bool mapped() const { return !q_map.empty(); }
   int64_t words_per_mask() const { return int64_t(block_m) * block_n / 64; }
   int64_t nentries() const { return int64_t(entries.size()); }
-  // Visited tile area over nnz: 1.0 means no computed score is wasted.
+  // Visited tile area over nnz: 1.0 means no computed score is wasted; kept_fraction() is its inverse.
   double waste() const { return nnz ? double(nentries()) * block_m * block_n / double(nnz) : 0.0; }
+  double kept_fraction() const { return nentries() ? double(nnz) / (double(nentries()) * block_m * block_n) : 0.0; }
   // Plan-space position -> token (or a value >= len for padding).
-  int64_t q_token(int64_t p) const { return token(p, q_group); }
-  int64_t k_token(int64_t p) const { return token(p, k_group); }
+  int64_t q_token(int64_t p) const { return mapped() ? mapped_token(q_map, p, q_len) : token(p, q_group); }
+  int64_t k_token(int64_t p) const { return mapped() ? mapped_token(k_map, p, k_len) : token(p, k_group); }
   int64_t token(int64_t p, int64_t group) const {
     if (perm_d == 1) return p;
     const int64_t g = p / group, j = p - g * group;
     return g + j * perm_d;
+  }
+  static int64_t mapped_token(const std::vector<int32_t>& map, int64_t p, int64_t len) {
+    return map[size_t(p)] < 0 ? len : map[size_t(p)];
   }
   std::string describe() const;
 };
@@ -76,11 +93,14 @@ int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i);
 // `analysis`: analyze(pattern) where the caller has it (its band rows), else computed here.
 BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n, int perm_d = 1,
                            const Analysis* analysis = nullptr);
+// A mapped plan: query tiles are the boxes of q_tiling, key tiles those of k_tiling (tilings of the pattern's
+// token grid, GridTiling::of; boxes of 64 or 128 tokens: the tile sizes). Throws Error naming what does not fit.
+BlockPlan build_block_plan(const BoundPattern& pattern, const GridTiling& q_tiling, const GridTiling& k_tiling);
 
 // Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
 // permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
+  return plan.band && !plan.mapped() && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
          plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }
 // Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense
@@ -92,19 +112,25 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 
 // Chooses the tile shape and permutation with the least predicted cost among the fused GPU rows of the kernel
 // table (plan/kernels.hpp: their shapes and costs) and returns the plan built with them. block_m / block_n > 0
-// force a shape, perm_d >= 1 a permutation. tma: the sm_90a TMA rows are available (sm_90a device, TMA allowed),
-// which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) at head dim 64 there the
-// plan is 192x128 for the band kernel.
+// force a shape, perm_d >= 1 a permutation (and no tile map). tma: the sm_90a TMA rows are available (sm_90a
+// device, TMA allowed), which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) at head
+// dim 64 there the plan is 192x128 for the band kernel. tile_map: where the pattern has a neighborhood grid of 2
+// or 3 axes (analysis.grid), mapped candidates too, one per cp.async shape with the query and key boxes of least
+// cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those, for grids of one
+// axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced).
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
-                            int block_n = 0, int perm_d = -1, bool tma = false);
+                            int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1);
 
 // The predicted cost of each tile shape that choose_block_plan weighs when nothing is forced (before the band
-// kernel's rule), in its order: for tests and explain.
+// kernel's rule), in its order: for tests and explain. kept: the sampled fraction of visited scores kept.
 struct ShapeCost {
   int block_m, block_n, perm_d;
   double cost;
+  double kept = 0;
+  bool mapped = false;  // a tile map (boxes q_box / k_box of the grid)
+  TileBox q_box, k_box;
 };
 std::vector<ShapeCost> block_shape_costs(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
-                                         bool tma = false);
+                                         bool tma = false, int tile_map = -1);
 
 }  // namespace spattn::plan

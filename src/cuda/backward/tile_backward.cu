@@ -18,7 +18,9 @@ TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem, 
   if (row < 0 || plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
   const plan::Analysis an = plan::analyze(pattern);
-  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false);
+  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
+  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false, 0);
+  if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");
   const plan::KeyMajorPlan km = plan::key_major(plan_);
   nbitmask_ = int64_t(km.masks.size()) / km.block_n;
   col_offsets_ = DeviceBuffer::upload(km.col_offsets);

@@ -42,6 +42,7 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   f.block_m = o.block_m;
   f.block_n = o.block_n;
   f.perm_d = o.perm_d;
+  f.tile_map = o.tile_map;
   f.persistent = o.persistent;
   f.split = o.split;
   *want_row = -1;
@@ -64,6 +65,7 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
   *want_kind = int(kind);
   f.force_sm80 = kind == KernelKind::sm80_mma;
   f.tma = kind != KernelKind::sm90_cp;
+  if (kind == KernelKind::sm90_tma || is_band(kind)) f.tile_map = 0;  // they load affine rows (no tile map)
   f.band = is_band(kind) ? 1 : 0;
   f.running_max = kind == KernelKind::sm90_band_rmax ? 1 : 0;
   return f;

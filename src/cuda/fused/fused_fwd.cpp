@@ -122,6 +122,8 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
     std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
     masks_ = upload(m, "upload plan bitmasks");
     order_ = upload(host_.order, "upload plan order");
+    q_map_ = upload(host_.q_map, "upload plan query map");  // empty (null) where the plan is not mapped
+    k_map_ = upload(host_.k_map, "upload plan key map");
     // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
     if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
       split_cap_ = device_info(device_).sms;
@@ -134,6 +136,8 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
     cudaFree(entries_);
     cudaFree(masks_);
     cudaFree(order_);
+    cudaFree(q_map_);
+    cudaFree(k_map_);
     cudaFree(split_ws_);
     cudaFree(work_counter_);
     throw;
@@ -148,6 +152,8 @@ DevicePlan::~DevicePlan() {
   cudaFree(entries_);
   cudaFree(masks_);
   cudaFree(order_);
+  cudaFree(q_map_);
+  cudaFree(k_map_);
 }
 
 Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Params* params) {
@@ -177,8 +183,11 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
     return Status::fail("fused kernel: no kernel for tiles " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n) +
                         " at head dim " + std::to_string(pr.head_dim) +
                         (row >= 0 ? std::string(" (plan chose ") + plan::kKernels[row].name + ")" : std::string()));
-  if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)
+  if (int64_t(hp.perm_d) * std::max(hp.q_group, hp.k_group) >= (int64_t(1) << 31) - 256)  // mapped: the maps' lengths
     return Status::fail("fused kernel: lengths must stay below 2^31");
+  if (hp.mapped() && (plan::kKernels[row].kind != plan::KernelKind::sm90_cp && plan::kKernels[row].kind != plan::KernelKind::sm80_mma))
+    return Status::fail(std::string("fused kernel: a mapped plan (tile map) runs on the cp.async and mma.sync kernels only, not ") +
+                        plan::kKernels[row].name);
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
     return Status::fail("fused kernel: too many query tiles x heads for one grid");
   try {
@@ -263,6 +272,8 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.perm_d = hp.perm_d;
   k.q_group = int(hp.q_group);
   k.k_group = int(hp.k_group);
+  k.q_map = plan.q_map();
+  k.k_map = plan.k_map();
   const double scale = pr.softmax_scale();
   k.scale = float(scale);
   k.scale_log2 = float(scale * 1.4426950408889634);
@@ -424,7 +435,7 @@ int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc,
   using plan::KernelKind;
   const int d = int(head_dim);
   if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);
-  if (o.tma && hp.perm_d == 1) {
+  if (o.tma && hp.perm_d == 1 && !hp.mapped()) {  // the TMA and band kernels load affine rows by tensor maps
     if (plan::band_kernel_runs(hp, head_dim, o.band)) {
       const bool rmax = o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp);
       const int row = plan::find_kernel(rmax ? KernelKind::sm90_band_rmax : KernelKind::sm90_band, hp.block_m, hp.block_n, d);

@@ -27,10 +27,13 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_>
+// kMapped_: the instantiation for mapped plans (FusedParams::q_map / k_map set: multi-dimensional tiles), whose
+// loads gather each row through the map; the affine instantiations keep their code (the map's index registers
+// cost the 64x64 kernel 128 -> 164 registers in one instantiation for both).
+template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_, bool kMapped_ = false>
 struct Traits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
-  static constexpr bool kBf16 = kBf16_, kSm90 = kSm90_;
+  static constexpr bool kBf16 = kBf16_, kSm90 = kSm90_, kMapped = kMapped_;
   static_assert(BM == 64 || BM == 128, "query tile is 64 or 128 rows");
   static_assert(BN == 64 || BN == 128, "key tile is 64 or 128 keys");
   static_assert(D == 64 || D == 128, "head dim is 64 or 128");
@@ -101,14 +104,43 @@ __device__ __forceinline__ int plan_token(int p, int perm_d, int group) {
   return g + (p - g * group) * perm_d;
 }
 
-// Gathers ROWS rows (plan positions p0...) of a [.., L, .., D] tensor into a swizzled tile; rows whose token
-// is out of range are zero-filled (never read from memory).
+// Mapped plans (FusedParams::q_map / k_map): the tokens of this thread's rows of a ROWS-row tile at plan positions
+// p0... (each row's CH threads read the same index; -1: padding), and their copy into a swizzled tile with the fast
+// path's fixed shared-memory strides (padding zero-filled). K and V tiles share one read of the map.
 template <int ROWS, int D, int NT>
+struct MappedRows {
+  static constexpr int CH = D / 8, J = ROWS * CH / NT;
+  static_assert((ROWS * CH) % NT == 0, "tile copy splits evenly");
+  static_assert((NT / CH) % 8 == 0, "each thread keeps its swizzle phase from copy to copy");
+  int tok[J];
+  __device__ __forceinline__ MappedRows(const int32_t* map, int p0, int tid) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) tok[j] = __ldg(map + p0 + tid / CH + j * (NT / CH));
+  }
+  __device__ __forceinline__ void copy(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int len, int tid) const {
+    const int ch = tid % CH;
+    const uint32_t dst = sdst + sw_off<ROWS>(tid / CH, ch);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const bool ok = unsigned(tok[j]) < unsigned(len);
+      cp_async16(dst + j * (NT / CH) * 128, gbase + (ok ? int64_t(tok[j]) * row_stride_bytes + ch * 16 : 0), ok ? 16 : 0);
+    }
+  }
+};
+
+// Gathers ROWS rows (plan positions p0...) of a [.., L, .., D] tensor into a swizzled tile; rows whose token
+// is out of range are zero-filled (never read from memory). kMapped: a mapped plan's rows through `map`; else the
+// affine perm_d layout.
+template <int ROWS, int D, int NT, bool kMapped = false>
 __device__ __forceinline__ void load_tile(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int p0, int len,
-                                          int perm_d, int group, int tid) {
+                                          int perm_d, int group, int tid, const int32_t* map = nullptr) {
   constexpr int CH = D / 8;
   static_assert((ROWS * CH) % NT == 0, "tile copy splits evenly");
   static_assert((NT / CH) % 8 == 0, "each thread keeps its swizzle phase from copy to copy");
+  if constexpr (kMapped) {
+    MappedRows<ROWS, D, NT>(map, p0, tid).copy(sdst, gbase, row_stride_bytes, len, tid);
+    return;
+  }
   // A tile never straddles two residue groups (the plan pads groups to whole tiles), so its tokens are affine
   // in the row: t0 + row * perm_d.
   const int t0 = plan_token(p0, perm_d, group);
@@ -329,15 +361,18 @@ __device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum,
     p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l > 0.f ? row_max * p.scale + __logf(l) : -INFINITY;
   return l > 0.f ? 1.f / l : 0.f;
 }
-// Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped.
-template <int D, class Elem, bool kBf16>
+// Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped. kMapped: a mapped
+// plan (p.q_map: the rows' tokens), else the affine layout.
+template <int D, class Elem, bool kBf16, bool kMapped = false>
 __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o)[D / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], int b, int h, int q0, int r0, int cb, int lane) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int tok = plan_token(q0 + r0 + 8 * hh, p.perm_d, p.q_group);
-    const float inv = row_finish(p, row_sum[hh], row_max[hh], b, h, tok, (lane & 3) == 0 && tok < p.q_len);
-    if (tok < p.q_len) {
+    const int pos = q0 + r0 + 8 * hh;
+    const int tok = kMapped ? __ldg(p.q_map + pos) : plan_token(pos, p.perm_d, p.q_group);
+    const bool in = kMapped ? unsigned(tok) < unsigned(p.q_len) : tok < p.q_len;  // padding: -1 (mapped) or >= Lq
+    const float inv = row_finish(p, row_sum[hh], row_max[hh], b, h, tok, (lane & 3) == 0 && in);
+    if (in) {
       Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
@@ -453,6 +488,17 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
 
+  // Mapped plans: the K and V tiles (ROWS keys at plan position p0; V at sk + tile bytes) from one read of the map,
+  // each its own cp.async group where `commit`.
+  auto load_kv_mapped = [&](auto rows_c, auto nt_c, uint32_t sk, int p0, bool commit) {
+    const MappedRows<decltype(rows_c)::value, D, decltype(nt_c)::value> rows(p.k_map, p0, tid);
+    rows.copy(sk, kg, p.k_sl * 2, p.k_len, tid);
+    if (commit) cp_async_commit();
+    rows.copy(sk + Tr::kTileBytes, vg, p.v_sl * 2, p.k_len, tid);
+    if (commit) cp_async_commit();
+  };
+  using Rows64 = std::integral_constant<int, 64>;
+  using RowsBN = std::integral_constant<int, BN>;
   auto load_kv = [&](int i, int stage) {
     const int x = __ldg(&p.entries[e_begin + i].x);
     const int kt = x & kKtMask;
@@ -461,6 +507,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       const int half = int(unsigned(x) >> kHalfShift);
       if (half) {  // narrow entry: only the 64-key half with kept keys, at the start of the stage
         const int p0 = kt * BN + 64 * (half - 1);
+        if constexpr (Tr::kMapped) return load_kv_mapped(Rows64{}, std::integral_constant<int, NT>{}, sk, p0, true);
         load_tile<64, D, NT>(sk, kg, p.k_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
         cp_async_commit();
         load_tile<64, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
@@ -468,6 +515,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         return;
       }
     }
+    if constexpr (Tr::kMapped) return load_kv_mapped(RowsBN{}, std::integral_constant<int, NT>{}, sk, kt * BN, true);
     load_tile<BN, D, NT>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
     cp_async_commit();
     load_tile<BN, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
@@ -485,8 +533,12 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     if (j >= S) mbar_wait(bar_empty + 8 * st, ((j / S) - 1) & 1);
     const int kt = __ldg(&p.entries[e_begin + j].x) & kKtMask;
     const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
-    load_tile<BN, D, 128>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
-    load_tile<BN, D, 128>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    if constexpr (Tr::kMapped) {
+      load_kv_mapped(RowsBN{}, std::integral_constant<int, 128>{}, sk, kt * BN, false);
+    } else {
+      load_tile<BN, D, 128>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+      load_tile<BN, D, 128>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
+    }
     mbar_arrive_copies(bar_full + 8 * st);
   };
 
@@ -498,7 +550,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       }
     }
     __syncthreads();
-    if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    if (n > 0) load_tile<BM, D, NT, Tr::kMapped>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid, p.q_map);
     cp_async_commit();
     if (wg == 0)
       for (int j = 0; j < S - 2 && j < n; ++j) issue(j);
@@ -509,7 +561,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     turns.start();  // warpgroup 0 takes the first S = QK^T turn
   } else {
     // Prologue: Q, then the first S-1 key tiles (empty groups keep the wait counts uniform).
-    if (n > 0) load_tile<BM, D, NT>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    if (n > 0) load_tile<BM, D, NT, Tr::kMapped>(s_q, qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid, p.q_map);
     cp_async_commit();
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) {
@@ -695,7 +747,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   }
 
   // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----
-  tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+  tile_store<D, typename Tr::Elem, kBf16, Tr::kMapped>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
 }
 
 template <class Tr>

@@ -41,6 +41,8 @@ class DevicePlan {
   const int4* entries() const { return entries_; }
   const unsigned long long* masks() const { return masks_; }
   const int32_t* order() const { return order_; }
+  const int32_t* q_map() const { return q_map_; }  // mapped plans' maps (BlockPlan::q_map / k_map), else null
+  const int32_t* k_map() const { return k_map_; }
   double upload_ms() const { return upload_ms_; }
   int64_t narrow_entries() const { return narrow_; }  // entries run as one 64-key half (64x128 plans)
   // The TMA kernels' work-item counter: left zero by every launch (the kernels reset it), so runs of one plan on
@@ -63,6 +65,8 @@ class DevicePlan {
   int4* entries_ = nullptr;
   unsigned long long* masks_ = nullptr;
   int32_t* order_ = nullptr;
+  int32_t* q_map_ = nullptr;
+  int32_t* k_map_ = nullptr;
   int* work_counter_ = nullptr;
   float* split_ws_ = nullptr;
   int split_cap_ = 0;

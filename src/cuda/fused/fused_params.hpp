@@ -24,6 +24,10 @@ struct FusedParams {
   int batch, q_heads, group;  // group = Hq / Hkv
   int q_len, k_len;
   int perm_d, q_group, k_group;  // plan space (see plan/block_plan.hpp)
+  // Mapped plan space (plan/block_plan.hpp; cp.async and mma.sync kernels only): plan position -> token, -1 for
+  // padding ([q_tiles * BM], [k_tiles * BN], DevicePlan-owned). Null: the affine perm_d layout above.
+  const int32_t* q_map;
+  const int32_t* k_map;
   float scale_log2;              // softmax scale * log2(e)
   float scale;                   // softmax scale
   const int64_t* row_offsets;    // [q_tiles + 1]

@@ -65,6 +65,10 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
     if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax>, Kind::kBand>(p, stream));
     return int(launch_one<BandTraits<192, false, kRunningMax>, Kind::kBand>(p, stream));
   } else if constexpr ((kSm90 && c.kind == KernelKind::sm90_cp) || (!kSm90 && c.kind == KernelKind::sm80_mma)) {
+    if (p.kernel.q_map != nullptr) {  // a mapped plan (tile map): the instantiation that gathers through the map
+      if (p.bf16) return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, true, kSm90, true>>(p, stream));
+      return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, false, kSm90, true>>(p, stream));
+    }
     if (p.bf16) return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, true, kSm90>>(p, stream));
     return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, false, kSm90>>(p, stream));
   } else {

@@ -1,0 +1,55 @@
+# scripts/gpu_lib.sh — sourced by the GPU scripts that configure a build of their own (scripts/gpu_check.d/*.sh run
+# standalone): the CUDA architecture of the GPU found, the CMake arguments such a build takes, the build itself, and
+# `elapsed` (time since sourcing).
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+
+# CMAKE_CUDA_ARCHITECTURES for the first GPU nvidia-smi reports (arch-specific targets on Hopper and newer: wgmma,
+# TMA); nothing where there is no GPU.
+gpu_arch() {
+  local cc
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  case "${cc%.*}" in
+    "") ;;
+    9) echo 90a-real ;;
+    10 | 12) echo "${cc/./}a-real" ;;
+    *) echo "${cc/./}-real" ;;
+  esac
+}
+
+# standalone_cmake_args ROOT: one a line, the arguments of such a build: nvcc's C++20 flag (CMake before 3.28 lacks
+# it) and GoogleTest from /tmp/gtest-install, built there from ROOT/.gtest/ where the machine has no GoogleTest.
+standalone_cmake_args() {
+  local root=$1
+  echo -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
+  echo -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
+  if ! ls /usr/lib/x86_64-linux-gnu/libgtest* /usr/local/lib/libgtest* >/dev/null 2>&1; then
+    if [ -d "$root/.gtest" ] && [ ! -d /tmp/gtest-install ]; then
+      { cmake -S "$root/.gtest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/tmp/gtest-install \
+          -DBUILD_GMOCK=OFF && ninja -C /tmp/gtest-build install; } >/dev/null 2>&1 || echo "GoogleTest build from .gtest/ failed" >&2
+    fi
+    [ -d /tmp/gtest-install ] && echo -DGTest_ROOT=/tmp/gtest-install
+  fi
+}
+
+# gpu_build BUILD LOG TARGET...: configure Release (Ninja, shared libs, CUDA) for the GPU found, with
+# standalone_cmake_args, and build the targets; the log in LOG. 2 where there is no GPU, 1 where the build fails.
+gpu_build() {
+  local build=$1 log=$2 root arch
+  shift 2
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  arch=$(gpu_arch)
+  [ -n "$arch" ] || { echo "gpu_build: no GPU found (nvidia-smi)"; return 2; }
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv >"$log" 2>&1
+  local extra
+  mapfile -t extra < <(standalone_cmake_args "$root")
+  echo "== configure + build for $arch"
+  if ! { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
+           -DCMAKE_CUDA_ARCHITECTURES="$arch" "${extra[@]}" >>"$log" 2>&1 &&
+         ninja -C "$build" -j"$(nproc)" "$@" >>"$log" 2>&1; }; then
+    grep -B2 -A8 -E "error|FAILED" "$log" | head -40
+    echo "gpu_build: build failed"
+    return 1
+  fi
+  echo "built"
+}

@@ -1,0 +1,141 @@
+// Neighborhood patterns on the fused GPU engine with multi-dimensional tiles (issue 23): mapped plans (query and key
+// tiles as boxes of the token grid, rows gathered through the plan's map, O and LSE stored at the mapped tokens)
+// against the fp64 reference engine, with outputs poisoned first (an unwritten row or a padding row written over a
+// real one fails). 1-D (forced map: residue groups, and row-major order), 2-D and 3-D grids, dilation with groups of
+// unequal size, causal axes, sides off the box sizes, D 64 and 128, bf16 and fp16, GQA, every cp.async tile shape and
+// the mma.sync kernel, a union with other terms (one tile list, and a compound plan whose tiles part is mapped).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu/plan_run.hpp"
+#include "gpu/require_gpu.hpp"
+#include "plan/kernels.hpp"
+#include "spattn/device.hpp"
+#include "spattn/plan.hpp"
+
+namespace {
+
+using spattn::DType;
+using spattn::test::problem;
+using spattn::test::run_vs_reference;
+
+struct Case {
+  const char* what;  // the failure it guards against
+  const char* spec;
+  int64_t L, B, H, HK, D;
+  DType dt;
+  int tile_map = -1;           // PlanOptions::tile_map (-1: the planner must choose the map itself)
+  const char* kernel = "";     // PlanOptions::kernel
+  int block_m = 0, block_n = 0;
+  int compound = -1;           // PlanOptions::compound
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << c.what << " [" << c.spec << " L" << c.L << " B" << c.B << " H" << c.H << "/" << c.HK << " D" << c.D << " "
+            << spattn::dtype_name(c.dt) << " tile_map " << c.tile_map << (c.kernel[0] ? " kernel " : "") << c.kernel
+            << (c.block_m ? " " + std::to_string(c.block_m) + "x" + std::to_string(c.block_n) : "")
+            << (c.compound >= 0 ? " compound " + std::to_string(c.compound) : "") << "]";
+}
+
+constexpr DType bf = DType::bf16, fp = DType::f16;
+const Case kCases[] = {
+    {"2-D chosen map, 13x13 windows", "neighborhood(dims=(48, 48), kernel=13)", 2304, 2, 2, 2, 64, bf},
+    {"2-D sides off the boxes (padding rows and keys), GQA", "neighborhood(dims=(37, 41), kernel=7)", 1517, 1, 4, 2, 64, bf, 1},
+    {"2-D dilation, unequal groups, D128 fp16", "neighborhood(dims=(45, 51), kernel=(5, 7), dilation=(2, 3))", 2295, 1, 2, 2, 128,
+     fp, 1},
+    {"2-D causal axis 0, GQA 4:1 fp16", "neighborhood(dims=(30, 34), kernel=(5, 9), causal=(1, 0))", 1020, 2, 4, 1, 64, fp, 1},
+    {"2-D causal axis 1", "neighborhood(dims=(33, 30), kernel=7, causal=(0, 1))", 990, 1, 2, 2, 128, bf, 1},
+    {"2-D grid narrower than a box side", "neighborhood(dims=(3, 17), kernel=3)", 51, 1, 2, 2, 64, bf, 1},
+    {"3-D", "neighborhood(dims=(6, 20, 22), kernel=(3, 5, 7))", 2640, 1, 2, 2, 128, bf, 1},
+    {"3-D causal first axis, dilation", "neighborhood(dims=(8, 16, 18), kernel=(3, 3, 5), dilation=(1, 2, 2), causal=(1, 0, 0))",
+     2304, 1, 2, 1, 64, bf, 1},
+    {"3-D suite-like (causal 7x7x7), fp16", "neighborhood(dims=(8, 16, 16), kernel=7, causal=(1, 0, 0))", 2048, 1, 2, 2, 64, fp},
+    {"1-D forced map: residue groups of unequal size", "neighborhood(kernel=9, dilation=3)", 1001, 1, 2, 2, 64, fp, 1},
+    {"1-D forced map: row-major order, padded to whole tiles", "neighborhood(kernel=33)", 700, 1, 2, 2, 128, bf, 1},
+    {"union with global rows and columns: one tile list, the grid guides the boxes",
+     "neighborhood(dims=(40, 40), kernel=7) | global(0:4)", 1600, 1, 2, 2, 64, bf, 1},
+    {"union as a compound plan: the tiles part mapped, merged with the others", "neighborhood(dims=(40, 40), kernel=7) | global(0:4)",
+     1600, 2, 4, 2, 64, fp, 1, "", 0, 0, 1},
+    // Every cp.async shape's mapped instantiation (64x128 with half-width entries), and the mma.sync kernel.
+    {"forced 64x128 tiles", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 2, 64, bf, 1, "", 64, 128},
+    {"forced 128x128 tiles", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 2, 64, fp, 1, "", 128, 128},
+    {"forced 64x64 tiles", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 2, 64, bf, 1, "", 64, 64},
+    {"forced 128x128 tiles D128", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 1, 128, bf, 1, "", 128, 128},
+    {"forced 64x64 tiles D128", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 2, 128, fp, 1, "", 64, 64},
+    {"sm80 kernel, mapped", "neighborhood(dims=(40, 36), kernel=(7, 5), dilation=(2, 1))", 1440, 1, 2, 2, 64, bf, 1, "sm80"},
+    {"sm80 kernel, mapped D128", "neighborhood(dims=(20, 18, 4), kernel=3)", 1440, 1, 2, 2, 128, fp, 1, "sm80"},
+};
+
+class NeighborhoodGpu : public ::testing::TestWithParam<Case> {};
+INSTANTIATE_TEST_SUITE_P(Mapped, NeighborhoodGpu, ::testing::ValuesIn(kCases));
+
+TEST_P(NeighborhoodGpu, MatchesReference) {
+  REQUIRE_GPU();
+  const Case& c = GetParam();
+  SCOPED_TRACE(::testing::PrintToString(c));
+  spattn::PlanOptions o;
+  o.tile_map = c.tile_map;
+  o.kernel = c.kernel;
+  o.block_m = c.block_m, o.block_n = c.block_n;
+  o.compound = c.compound;
+  const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+  const spattn::Plan plan = spattn::make_plan(pats, problem(c.B, c.H, c.HK, c.L, c.D, c.dt), spattn::Device::cuda(0), o);
+  const std::string ex = plan.explain();
+  EXPECT_NE(ex.find("tile map: query tiles"), std::string::npos) << "the plan must be mapped: " << ex;
+  double lse_err = 0;
+  const double rel = run_vs_reference(plan, pats, c.dt, 17, &lse_err);
+  EXPECT_LE(rel, 1e-2) << ex;
+  EXPECT_LE(lse_err, 2e-2) << ex;
+  const std::string ran = plan.last_kernel();
+  EXPECT_TRUE(ran.rfind("sm90_cp_", 0) == 0 || ran.rfind("sm80_", 0) == 0) << "mapped plans run the cp.async or mma.sync kernels: " << ran;
+  if (c.kernel[0]) EXPECT_EQ(ran.rfind(std::string(c.kernel) + "_", 0), 0u) << ran;
+  if (c.block_m) EXPECT_NE(ran.find(std::to_string(c.block_m) + "x" + std::to_string(c.block_n)), std::string::npos) << ran;
+  std::printf("  %s: rel err %.2e, lse err %.2e, %s\n", c.what, rel, lse_err, ran.c_str());
+}
+
+// Small mapped plans for compute-sanitizer (scripts/gpu_check.d/neighborhood.sh): padding rows and keys in most
+// tiles, both head dims, a half-width 64x128 plan.
+TEST(NeighborhoodGpuSmall, MappedPlansForSanitizers) {
+  REQUIRE_GPU();
+  for (auto [spec, L, D, bm, bn] : {std::tuple{"neighborhood(dims=(11, 13), kernel=(5, 3), dilation=(2, 1))", 143, 64, 64, 128},
+                                    std::tuple{"neighborhood(dims=(5, 6, 7), kernel=3, causal=(1, 0, 0))", 210, 128, 0, 0}}) {
+    SCOPED_TRACE(spec);
+    spattn::PlanOptions o;
+    o.tile_map = 1;
+    o.block_m = bm, o.block_n = bn;
+    const std::vector<spattn::Pattern> pats{spattn::parse(spec)};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 1, L, D, bf), spattn::Device::cuda(0), o);
+    EXPECT_LE(run_vs_reference(plan, pats, bf, 5), 1e-2) << plan.explain();
+  }
+}
+
+// A forced TMA or band kernel plans without a tile map (those kernels load affine rows) and still computes the
+// pattern; tile_map 1 with a pattern that has no grid is refused with the reason.
+TEST(NeighborhoodGpuSmall, ForcedAffineKernelsAndRefusals) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  const std::vector<spattn::Pattern> pats{spattn::parse("neighborhood(dims=(32, 32), kernel=9)")};
+  if (major == 9) {
+    spattn::PlanOptions o;
+    o.kernel = "sm90_tma";
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 2, 1024, 64, bf), spattn::Device::cuda(0), o);
+    EXPECT_EQ(plan.explain().find("tile map"), std::string::npos) << plan.explain();
+    EXPECT_LE(run_vs_reference(plan, pats, bf, 3), 1e-2);
+    EXPECT_EQ(plan.last_kernel().rfind("sm90_tma_", 0), 0u) << plan.last_kernel();
+  }
+  spattn::PlanOptions o;
+  o.tile_map = 1;
+  try {
+    spattn::make_plan(spattn::parse("local(20)"), problem(1, 2, 2, 512, 64, bf), spattn::Device::cuda(0), o);
+    ADD_FAILURE() << "tile_map 1 without a neighborhood grid must be refused";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no neighborhood grid"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

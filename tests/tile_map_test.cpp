@@ -1,0 +1,340 @@
+// Multi-dimensional tiles of neighborhood patterns (src/plan/tile_map.hpp) and the GPU tile plans built over them
+// (plan/block_plan.hpp, mapped plan space), on the CPU: the maps are bijections on the tokens, a plan's entries
+// cover exactly the pattern's kept pairs (each in one visited tile, kept by its entry's mask, padding never kept),
+// the per-axis scores the box choice uses are the plan's own counts, and the planner picks mapped plans where
+// they pay and says so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "plan/analysis.hpp"
+#include "plan/block_plan.hpp"
+#include "plan/tile_map.hpp"
+#include "spattn/pattern.hpp"
+
+namespace {
+
+using spattn::BoundPattern;
+using spattn::NeighborhoodGrid;
+using spattn::plan::BlockPlan;
+using spattn::plan::GridTiling;
+using spattn::plan::TileBox;
+
+BoundPattern bind(const std::string& spec) {
+  // Length: the product of the dims (every spec below gives dims, or is 1-D with a length after '@').
+  const size_t at = spec.find('@');
+  if (at != std::string::npos) return spattn::parse(spec.substr(0, at)).bind(std::stoll(spec.substr(at + 1)));
+  const size_t d = spec.find("dims=(");
+  int64_t n = 1;
+  for (size_t i = d + 6; spec[i] != ')';) {
+    char* end = nullptr;
+    n *= std::strtoll(spec.c_str() + i, &end, 10);
+    i = size_t(end - spec.c_str());
+    while (spec[i] == ',' || spec[i] == ' ') ++i;
+  }
+  return spattn::parse(spec).bind(n);
+}
+
+// Every plan position maps to a token or -1, every token appears once, every tile holds a token.
+void expect_bijection(const std::vector<int32_t>& map, int64_t len, int tile, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(map.size() % size_t(tile), 0u);
+  std::vector<int> seen(size_t(len), 0);
+  for (int32_t t : map) {
+    ASSERT_TRUE(t >= -1 && t < len) << t;
+    if (t >= 0) ++seen[size_t(t)];
+  }
+  for (int64_t t = 0; t < len; ++t) ASSERT_EQ(seen[size_t(t)], 1) << "token " << t;
+  for (size_t p0 = 0; p0 < map.size(); p0 += size_t(tile))
+    EXPECT_TRUE(std::any_of(map.begin() + long(p0), map.begin() + long(p0 + size_t(tile)), [](int32_t t) { return t >= 0; }))
+        << "tile at " << p0 << " holds only padding";
+}
+
+// The plan's entries keep exactly the pattern's pairs: each kept (q, k) lies in one visited tile whose entry keeps
+// it, no entry keeps a pair the pattern drops or a padding position, full tiles hold no padding key, key tiles of
+// a query tile ascend. Mapped plans have no band entries.
+void expect_covers(const BoundPattern& pat, const BlockPlan& p) {
+  SCOPED_TRACE(p.describe());
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  if (p.mapped()) {
+    expect_bijection(p.q_map, lq, p.block_m, "q_map");
+    expect_bijection(p.k_map, lk, p.block_n, "k_map");
+    EXPECT_EQ(p.n_band, 0) << "mapped plans have no band entries";
+    EXPECT_EQ(p.perm_d, 1);
+    EXPECT_FALSE(p.band);
+  }
+  if (p.mapped()) {
+    ASSERT_EQ(p.q_tiles * p.block_m, int64_t(p.q_map.size()));
+    ASSERT_EQ(p.k_tiles * p.block_n, int64_t(p.k_map.size()));
+  }
+  std::vector<uint8_t> kept(size_t(lq * lk), 0);
+  int64_t wrong = 0, padding_kept = 0, full_padding = 0;
+  for (int64_t qt = 0; qt < p.q_tiles; ++qt) {
+    int32_t prev = -1;
+    for (int64_t i = p.row_offsets[size_t(qt)]; i < p.row_offsets[size_t(qt) + 1]; ++i) {
+      const spattn::plan::TileEntry& e = p.entries[size_t(i)];
+      EXPECT_GT(e.kt, prev) << "key tiles of query tile " << qt << " ascend";
+      prev = e.kt;
+      for (int r = 0; r < p.block_m; ++r) {
+        const int64_t qp = qt * p.block_m + r, q = p.q_token(qp);
+        for (int c = 0; c < p.block_n; ++c) {
+          const int64_t kp = int64_t(e.kt) * p.block_n + c, k = p.k_token(kp);
+          bool keep;
+          if (e.mask == spattn::plan::kFull) {
+            keep = true;
+            full_padding += k >= lk;
+          } else if (e.mask == spattn::plan::kBand) {
+            keep = e.lo <= kp - qp && kp - qp <= e.hi;
+          } else {
+            const uint64_t* m = p.masks.data() + size_t(e.mask) * size_t(p.words_per_mask());
+            const int64_t bit = int64_t(r) * p.block_n + c;
+            keep = (m[bit / 64] >> (bit % 64)) & 1;
+            padding_kept += keep && (q >= lq || k >= lk);  // the kernels load zeros there: never keep them
+          }
+          if (!keep || q >= lq || k >= lk) continue;
+          wrong += !pat.contains(q, k);
+          ++kept[size_t(q * lk + k)];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "pairs kept that the pattern drops";
+  EXPECT_EQ(padding_kept, 0) << "bitmask bits on padding positions";
+  EXPECT_EQ(full_padding, 0) << "full tiles holding padding keys";
+  int64_t missing = 0, twice = 0, nnz = 0;
+  for (int64_t q = 0; q < lq; ++q)
+    for (int64_t k = 0; k < lk; ++k) {
+      const bool in = pat.contains(q, k);
+      nnz += in;
+      missing += in && kept[size_t(q * lk + k)] == 0;
+      twice += kept[size_t(q * lk + k)] > 1;
+    }
+  EXPECT_EQ(missing, 0) << "kept pairs no entry keeps";
+  EXPECT_EQ(twice, 0) << "pairs kept by two entries";
+  EXPECT_EQ(p.nnz, nnz);
+}
+
+const std::vector<std::string> kSpecs = {
+    // 1-D (mapped only when forced through tilings: the planner's permutation covers them)
+    "neighborhood(kernel=7)@300", "neighborhood(kernel=5, dilation=3)@301", "neighborhood(kernel=9, causal=1)@257",
+    // 2-D: sides off the box sizes, windows at every edge, dilation with unequal groups, causal axes
+    "neighborhood(dims=(37, 41), kernel=7)", "neighborhood(dims=(40, 48), kernel=13)",
+    "neighborhood(dims=(23, 29), kernel=(5, 3), dilation=(2, 3))", "neighborhood(dims=(30, 33), kernel=5, causal=(1, 0))",
+    "neighborhood(dims=(30, 33), kernel=(3, 7), causal=(0, 1))", "neighborhood(dims=(19, 45), kernel=4, causal=1, dilation=(1, 2))",
+    "neighborhood(dims=(9, 200), kernel=(3, 11))", "neighborhood(dims=(3, 17), kernel=3)",
+    // 3-D
+    "neighborhood(dims=(5, 9, 11), kernel=3)", "neighborhood(dims=(6, 7, 9), kernel=(3, 3, 5), dilation=(1, 2, 1), causal=(1, 0, 0))",
+    "neighborhood(dims=(4, 12, 16), kernel=(3, 5, 5), dilation=(1, 2, 3))", "neighborhood(dims=(8, 8, 8), kernel=(7, 3, 3), causal=(1, 0, 0))",
+    // a union (the grid guides the boxes; the plan still keeps exactly the union's pairs)
+    "neighborhood(dims=(20, 30), kernel=5) | global(0:3)", "neighborhood(dims=(20, 30), kernel=5) & causal",
+};
+
+TEST(TileMap, MapsAreBijectionsAndPlansCoverThePattern) {
+  for (const std::string& spec : kSpecs) {
+    SCOPED_TRACE(spec);
+    const BoundPattern pat = bind(spec);
+    const auto grid = pat.neighborhood_grid();
+    ASSERT_TRUE(grid.has_value());
+    for (auto [bm, bn] : {std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}}) {
+      const auto qb = spattn::plan::tile_boxes(*grid, bm), kb = spattn::plan::tile_boxes(*grid, bn);
+      if (qb.empty() || kb.empty()) continue;
+      // The best boxes, and the most elongated ones of each (first and last in tile_boxes' order).
+      const auto best = spattn::plan::best_boxes(*grid, bm, bn, 1.1);
+      ASSERT_TRUE(best.ok);
+      for (auto [q, k] : {std::pair{best.q, best.k}, std::pair{qb.front(), kb.back()}, std::pair{qb.back(), kb.front()}}) {
+        SCOPED_TRACE(q.str(3) + " / " + k.str(3));
+        const GridTiling qt = GridTiling::of(*grid, q), ktl = GridTiling::of(*grid, k);
+        const BlockPlan p = spattn::plan::build_block_plan(pat, qt, ktl);
+        ASSERT_TRUE(p.mapped());
+        expect_covers(pat, p);
+        // The box choice's per-axis counts are the plan's own (exact for a lone neighborhood atom).
+        if (grid->exact) {
+          const auto s = spattn::plan::tiling_scores(*grid, q, k);
+          EXPECT_DOUBLE_EQ(s.kept, double(p.nnz));
+          EXPECT_DOUBLE_EQ(s.visited, double(p.nentries()) * bm * bn);
+          EXPECT_DOUBLE_EQ(s.full, double(p.n_full) * bm * bn);
+        }
+      }
+    }
+  }
+}
+
+TEST(TileMap, ChosenPlansCoverThePattern) {
+  for (const std::string& spec : kSpecs) {
+    SCOPED_TRACE(spec);
+    const BoundPattern pat = bind(spec);
+    const auto an = spattn::plan::analyze(pat);
+    for (int64_t hd : {64, 128})
+      for (int tile_map : {-1, 1}) {
+        const BlockPlan p = spattn::plan::choose_block_plan(pat, an, hd, 0, 0, -1, true, tile_map);
+        if (tile_map == 1) EXPECT_TRUE(p.mapped());
+        if (tile_map == -1 && spattn::plan::grid_axes_used(*an.grid) < 2) EXPECT_FALSE(p.mapped()) << "1-D: no map unless forced";
+        expect_covers(pat, p);
+      }
+  }
+}
+
+TEST(TileMap, ThreadsBuildTheSamePlan) {
+  const BoundPattern pat = bind("neighborhood(dims=(23, 29), kernel=(5, 3), dilation=(2, 3))");
+  const auto grid = *pat.neighborhood_grid();
+  const GridTiling q = GridTiling::of(grid, TileBox{{1, 8, 8}}), k = GridTiling::of(grid, TileBox{{1, 8, 16}});
+  setenv("SPATTN_PLAN_THREADS", "1", 1);
+  const BlockPlan one = spattn::plan::build_block_plan(pat, q, k);
+  unsetenv("SPATTN_PLAN_THREADS");
+  const BlockPlan many = spattn::plan::build_block_plan(pat, q, k);
+  EXPECT_EQ(one.row_offsets, many.row_offsets);
+  EXPECT_EQ(one.masks, many.masks);
+  ASSERT_EQ(one.entries.size(), many.entries.size());
+  for (size_t i = 0; i < one.entries.size(); ++i)
+    EXPECT_TRUE(one.entries[i].kt == many.entries[i].kt && one.entries[i].mask == many.entries[i].mask) << i;
+}
+
+TEST(TileMap, MapOrder) {
+  // 2-D, 5 x 6 grid, dilation (2, 1), 2 x 4 boxes: group 0 has rows 0, 2, 4 (3 rows, padded to 4), group 1 rows
+  // 1, 3 (2); columns 0-5 padded to 8. Plan positions: group 0's boxes (2 x 2 of them), then group 1's (1 x 2).
+  NeighborhoodGrid g;
+  g.naxes = 2;
+  g.dims = {5, 6, 1};
+  g.dilation = {2, 1, 1};
+  const GridTiling t = GridTiling::of(g, TileBox{{1, 2, 4}});
+  EXPECT_EQ(t.length(), (4 + 2) * 8);
+  const std::vector<int32_t> m = t.map();
+  const std::vector<int32_t> want = {
+      0, 1, 2, 3, 12, 13, 14, 15,       // group 0, box (0, 0): rows 0 and 2, columns 0-3
+      4, 5, -1, -1, 16, 17, -1, -1,     // box (0, 1): columns 4-5 (6-7 padding)
+      24, 25, 26, 27, -1, -1, -1, -1,   // box (1, 0): row 4 (the box's second row is padding)
+      28, 29, -1, -1, -1, -1, -1, -1,   // box (1, 1)
+      6, 7, 8, 9, 18, 19, 20, 21,       // group 1, box (0, 0): rows 1 and 3
+      10, 11, -1, -1, 22, 23, -1, -1};  // box (0, 1)
+  EXPECT_EQ(m, want);
+  EXPECT_FALSE(t.identity());
+  EXPECT_EQ(t.describe(), "2x4 boxes of a 5x6 grid, dilation 2x1");
+  // Boxes of whole rows, no dilation, no padding: tile-major order is row-major order.
+  g.dilation = {1, 1, 1};
+  g.dims = {4, 32, 1};
+  const GridTiling rows = GridTiling::of(g, TileBox{{1, 2, 32}});
+  EXPECT_TRUE(rows.identity());
+  std::vector<int32_t> iota(128);
+  std::iota(iota.begin(), iota.end(), 0);
+  EXPECT_EQ(rows.map(), iota);
+  EXPECT_FALSE(GridTiling::of(g, TileBox{{1, 4, 16}}).identity());
+}
+
+TEST(TileMap, GridOfTheSpec) {
+  {
+    const auto g = spattn::parse("neighborhood(dims=(6, 16), kernel=3, dilation=(2, 4))").bind(96).neighborhood_grid();
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->naxes, 2);
+    EXPECT_EQ(g->dims[0], 6);
+    EXPECT_EQ(g->dims[1], 16);
+    EXPECT_EQ(g->dilation[1], 4);
+    EXPECT_TRUE(g->exact);
+  }
+  {  // several atoms on one grid: the gcd of their dilations; not exact
+    const auto g = spattn::parse("neighborhood(dims=(6, 16), kernel=3, dilation=(2, 4)) | neighborhood(dims=(6, 16), kernel=1, dilation=(3, 2))")
+                       .bind(96)
+                       .neighborhood_grid();
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->dilation[0], 1);
+    EXPECT_EQ(g->dilation[1], 2);
+    EXPECT_FALSE(g->exact);
+  }
+  EXPECT_EQ(spattn::parse("neighborhood(kernel=5)").bind(100).neighborhood_grid()->dims[0], 100) << "dims omitted: L";
+  EXPECT_FALSE(spattn::parse("neighborhood(dims=(6, 8), kernel=3) | neighborhood(dims=(8, 6), kernel=3)").bind(48).neighborhood_grid())
+      << "atoms on different grids";
+  EXPECT_FALSE(spattn::parse("blocked(4, neighborhood(dims=(4, 4), kernel=3))").bind(64).neighborhood_grid())
+      << "atoms inside blocked see blocks";
+  EXPECT_FALSE(spattn::parse("local(5)").bind(64).neighborhood_grid());
+  EXPECT_FALSE(BoundPattern::from_rows(2, 2, {0, 1, 2}, {0, 1}).neighborhood_grid());
+  // The windows are the pattern's: for an exact grid, (q, k) is kept iff every axis window holds k's coordinate.
+  const BoundPattern pat = bind("neighborhood(dims=(6, 7, 9), kernel=(3, 3, 5), dilation=(1, 2, 1), causal=(1, 0, 0))");
+  const auto g = *pat.neighborhood_grid();
+  int64_t mismatches = 0;
+  for (int64_t q = 0; q < pat.q_len(); q += 5)
+    for (int64_t k = 0; k < pat.k_len(); ++k) {
+      const int64_t cq[3] = {q / 63, q / 9 % 7, q % 9}, ck[3] = {k / 63, k / 9 % 7, k % 9};
+      bool in = true;
+      for (int a = 0; a < 3; ++a) {
+        const spattn::Run w = g.window(a, cq[a]);
+        in = in && ck[a] >= w.start && ck[a] <= w.last() && (ck[a] - w.start) % w.stride == 0;
+      }
+      mismatches += in != pat.contains(q, k);
+    }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_THROW(g.window(3, 0), spattn::Error);
+}
+
+TEST(TileMap, BadTilingsSayWhy) {
+  const BoundPattern pat = bind("neighborhood(dims=(16, 16), kernel=3)");
+  const auto g = *pat.neighborhood_grid();
+  auto msg = [&](const GridTiling& q, const GridTiling& k) {
+    try {
+      spattn::plan::build_block_plan(pat, q, k);
+    } catch (const spattn::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const GridTiling ok = GridTiling::of(g, TileBox{{1, 8, 8}});
+  EXPECT_NE(msg(GridTiling::of(g, TileBox{{1, 4, 8}}), ok).find("query boxes must hold 64 or 128 tokens"), std::string::npos);
+  NeighborhoodGrid other = g;
+  other.dims = {16, 17, 1};
+  EXPECT_NE(msg(ok, GridTiling::of(other, TileBox{{1, 8, 8}})).find("holds 272 tokens, the pattern's key length is 256"),
+            std::string::npos);
+  EXPECT_THROW(GridTiling::of(g, TileBox{{1, 0, 8}}), spattn::Error);
+  const auto an = spattn::plan::analyze(spattn::parse("local(5)").bind(256));
+  try {
+    spattn::plan::choose_block_plan(spattn::parse("local(5)").bind(256), an, 64, 0, 0, -1, false, 1);
+    ADD_FAILURE() << "tile_map 1 without a grid must be refused";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no neighborhood grid"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 64, 0, 0, 1, false, 1), spattn::Error)
+      << "tile_map 1 with a forced permutation";
+  EXPECT_THROW(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 64, 0, 0, -1, false, 2), spattn::Error);
+}
+
+// The planner takes the tile map for 2-D and 3-D neighborhoods where it keeps more of the scores it visits, and
+// says so (explain: the candidates, their costs and kept fractions); never for a pattern without a grid, and not
+// when told not to. A key tile is full only where its box fits the intersection of the query box's windows
+// (query side + key side - 1 <= window on every axis): with 13x13 windows and 64-token boxes none is, with 31x31
+// a quarter are. Kept fractions (H100 suite shapes, head dim 64): na2d 0.10 -> 0.34, na2d_dil 0.096 -> 0.14, na3d
+// 0.14 -> 0.26; a box of 64 queries covers at least (8 + 6)^2 keys of 7x7 windows, so 0.25 is the most there.
+TEST(TileMap, PlannerChoosesMappedTilesAndSaysWhy) {
+  struct C {
+    const char* spec;
+    int64_t L;
+    double min_gain;      // kept fraction, mapped over row-major (or residue) tiles
+    double min_full;      // full tiles' share of the visited ones
+  } const cases[] = {{"neighborhood(dims=(128, 128), kernel=13)", 16384, 3.0, 0.0},
+                     {"neighborhood(dims=(64, 64), kernel=7, dilation=2)", 4096, 1.3, 0.0},
+                     {"neighborhood(dims=(16, 32, 32), kernel=7, causal=(1, 0, 0))", 16384, 1.6, 0.0},
+                     {"neighborhood(dims=(96, 96), kernel=31)", 9216, 1.8, 0.2}};
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const BoundPattern pat = spattn::parse(c.spec).bind(c.L);
+    const auto an = spattn::plan::analyze(pat);
+    const BlockPlan mapped = spattn::plan::choose_block_plan(pat, an, 64, 0, 0, -1, true);
+    const BlockPlan plain = spattn::plan::choose_block_plan(pat, an, 64, 0, 0, -1, true, 0);
+    ASSERT_TRUE(mapped.mapped()) << mapped.describe();
+    EXPECT_FALSE(plain.mapped());
+    std::printf("  %s\n    mapped: %s\n    plain:  %s\n", c.spec, mapped.describe().c_str(), plain.describe().c_str());
+    EXPECT_GT(mapped.kept_fraction(), c.min_gain * plain.kept_fraction());
+    EXPECT_GE(double(mapped.n_full), c.min_full * double(mapped.nentries()));
+    const std::string ex = mapped.describe();
+    for (const char* want : {"tile map: query tiles", "kept ", "chosen by predicted cost per kept score", " map "})
+      EXPECT_NE(ex.find(want), std::string::npos) << want;
+  }
+  const BoundPattern loc = spattn::parse("local(100)").bind(2000);
+  EXPECT_FALSE(spattn::plan::choose_block_plan(loc, spattn::plan::analyze(loc), 64).mapped());
+  // A narrow grid: image rows of 41 tokens make a 64-token run nearly a box already, and boxes pad 37 x 41 to
+  // 40 x 48: the row-major plan keeps more (0.15 against 0.10) and is chosen.
+  const BoundPattern narrow = bind("neighborhood(dims=(37, 41), kernel=7)");
+  EXPECT_FALSE(spattn::plan::choose_block_plan(narrow, spattn::plan::analyze(narrow), 64).mapped());
+}
+
+}  // namespace
