@@ -33,7 +33,8 @@ standalone_cmake_args() {
 }
 
 # gpu_build BUILD LOG TARGET...: configure Release (Ninja, shared libs, CUDA) for the GPU found, with
-# standalone_cmake_args, and build the targets; the log in LOG. 2 where there is no GPU, 1 where the build fails.
+# standalone_cmake_args (and $SPATTN_EXTRA_CMAKE), and build the targets; the log in LOG. 2 where there is no GPU, 1
+# where the build fails.
 gpu_build() {
   local build=$1 log=$2 root arch
   shift 2
@@ -45,7 +46,7 @@ gpu_build() {
   mapfile -t extra < <(standalone_cmake_args "$root")
   echo "== configure + build for $arch"
   if ! { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DSPATTN_CUDA=ON \
-           -DCMAKE_CUDA_ARCHITECTURES="$arch" "${extra[@]}" >>"$log" 2>&1 &&
+           -DCMAKE_CUDA_ARCHITECTURES="$arch" "${extra[@]}" ${SPATTN_EXTRA_CMAKE:-} >>"$log" 2>&1 &&
          ninja -C "$build" -j"$(nproc)" "$@" >>"$log" 2>&1; }; then
     grep -B2 -A8 -E "error|FAILED" "$log" | head -40
     echo "gpu_build: build failed"

@@ -108,6 +108,19 @@ class CudaFusedBackend final : public Backend {
         r.compound.emplace(std::move(split), one, f);
       else
         r.fused.emplace(p.patterns[i], problem.head_dim, f, &p.analyses[i]);
+      if (want_kind >= 0 && want_row < 0 && !o.block_m && r.fused && r.kernel_row() >= 0 &&
+          int(kKernels[r.kernel_row()].kind) != want_kind && !is_band(KernelKind(want_kind))) {
+        // A kind forced (sm90_tma, sm90_cp, sm80) whose shapes the planner did not pick: plan with the kind's first
+        // row of this head dim instead (the table lists each kind's rows best first).
+        for (int k = 0; k < kNumKernels; ++k)
+          if (int(kKernels[k].kind) == want_kind && kKernels[k].head_dim == problem.head_dim) {
+            FusedOptions g = f;
+            g.block_m = kKernels[k].block_m, g.block_n = kKernels[k].block_n;
+            r.fused.reset();
+            r.fused.emplace(p.patterns[i], problem.head_dim, g, &p.analyses[i]);
+            break;
+          }
+      }
       const int row = r.kernel_row();
       const bool ok = row >= 0 && (want_row < 0 || row == want_row) && (want_kind < 0 || int(kKernels[row].kind) == want_kind);
       if (!ok)
