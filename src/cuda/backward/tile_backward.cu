@@ -6,7 +6,8 @@
 #include "cuda/backward/tile_bwd.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
-#include "cuda/fused/launch.cuh"  // raise_smem_limit
+#include "cuda/fused/fused_fwd.hpp"  // encode_tmap
+#include "cuda/fused/launch.cuh"     // raise_smem_limit
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
@@ -75,10 +76,10 @@ std::string TileBackward::explain() const {
 
 namespace {
 template <int BN, int D, bool kBf16>
-void launch_tiles(const bwd::BwdParams& p, cudaStream_t s) {
+void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
   using Tr = bwd::BwdTraits<BN, D, kBf16>;
   using Elem = typename Tr::Elem;
-  auto* kernel = bwd::tile_bwd_kernel<Tr>;
+  auto* kernel = tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>;
   SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
   bwd::bwd_prep_kernel<Elem><<<unsigned((rows * 32 + 255) / 256), 256, 0, s>>>(p);
@@ -93,13 +94,14 @@ void launch_tiles(const bwd::BwdParams& p, cudaStream_t s) {
 
 // The sm90_bwd rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched.
 template <int... I>
-void launch_row(int row, bool bf16, const bwd::BwdParams& p, cudaStream_t s, std::integer_sequence<int, I...>) {
+void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStream_t s,
+                std::integer_sequence<int, I...>) {
   bool done = false;
   auto one = [&](auto ic) {
     constexpr plan::KernelConfig c = plan::kKernels[decltype(ic)::value];
     if constexpr (c.kind == plan::KernelKind::sm90_bwd) {
       if (decltype(ic)::value == row) {
-        bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, s) : launch_tiles<c.block_n, c.head_dim, false>(p, s);
+        bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, tma, s) : launch_tiles<c.block_n, c.head_dim, false>(p, tma, s);
         done = true;
       }
     }
@@ -138,7 +140,10 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   p.masks = masks_.get<unsigned long long>(), p.order = order_.get<int32_t>();
   p.k_tiles = int(plan_.k_tiles);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  launch_row(row_, q.dtype == DType::bf16, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
+  // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
+  const bool tma = plan_.perm_d == 1 && fused::encode_tmap(p.tmap_q, q, 64) && fused::encode_tmap(p.tmap_do, dout, 64);
+  last_tma_ = tma;
+  launch_row(row_, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
 }
 
 }  // namespace spattn::cuda

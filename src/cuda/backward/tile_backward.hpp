@@ -31,6 +31,7 @@ class TileBackward {
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
 
   int kernel_row() const;  // plan/kernels.hpp
+  bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
   std::string explain() const;
 
  private:
@@ -40,6 +41,7 @@ class TileBackward {
   int64_t nbitmask_ = 0;
   DeviceBuffer col_offsets_, entries_, masks_, order_;
   DeviceBuffer dq_acc_, lse2_, delta_;
+  mutable bool last_tma_ = false;
 };
 
 }  // namespace spattn::cuda

@@ -50,6 +50,9 @@ struct BwdParams {
   const unsigned long long* masks;
   const int32_t* order;
   int k_tiles;
+  // The TMA variant (tile_bwd_kernel<Tr, true>: identity plans whose q and dout admit tensor maps): q's and dout's
+  // maps ({D, L, H, B}, boxes of 64 elements x 64 rows, 128-byte swizzle).
+  fused::TensorMapBytes tmap_q, tmap_do;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -65,7 +68,9 @@ struct BwdTraits {
   static constexpr int kOffV = kKV, kOffStage = 2 * kKV;  // stage s: Q at kOffStage + 2 s kQ, dO after it
   static constexpr int kOffDS = kOffStage + 4 * kQ;
   static constexpr int kOffRows = kOffDS + kDS;  // stage s: lse2 at + 2 s BM * 4, delta after it
-  static constexpr int kSmemBytes = kOffRows + 4 * BM * 4 + 1024;
+  static constexpr int kOffBar = kOffRows + 4 * BM * 4;  // the TMA variant's two stages' mbarriers
+  static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;  // Q, dO, lse2, delta of a step
+  static constexpr int kSmemBytes = kOffBar + 16 + 1024;
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
@@ -148,7 +153,10 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
   *reinterpret_cast<uint32_t*>(dst) = pack2<kBf16>(a.x * p.scale, a.y * p.scale);
 }
 
-template <class Tr>
+// kTma: a step's Q, dO, lse and delta come by TMA (one thread issues them, completing on the stage's mbarrier):
+// no cp.async issue work, and no fence.proxy.async at the top of each step (wgmma reads what the async proxy wrote).
+// Else by cp.async through the plan's row map (residue groups too).
+template <class Tr, bool kTma>
 __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   using namespace detail;
   namespace wg_ops = ::spattn::cuda::fused::wgmma;
@@ -161,6 +169,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
   const uint32_t s_rows = s_k + Tr::kOffRows;
+  const uint32_t s_bar = s_k + Tr::kOffBar;  // + 8 * stage (kTma)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bhk_count = p.batch * p.kv_heads;
@@ -174,9 +183,17 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
 
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
+  if constexpr (kTma) {
+    if (tid == 0) {
+      mbar_init(s_bar, 1);
+      mbar_init(s_bar + 8, 1);
+      fence_mbar_init();
+    }
+  }
   load_tile<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
   load_tile<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
   cp_async_commit();
+  if constexpr (kTma) __syncthreads();  // the mbarriers initialized before thread 0's first copy completes on one
 
   // Step i: query head hk * group + i / ne, entry i % ne.
   // Entries are read two steps ahead (e1: step i + 1's, whose tiles step i loads; e2: step i + 2's), so neither
@@ -186,6 +203,19 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   auto load_step = [&](int i, int st, int qt) {
     const int h = hk * p.group + i / ne;
     const int q0 = qt * BM;
+    if constexpr (kTma) {  // thread 0 only
+      const uint32_t bar = s_bar + 8 * st;
+      mbar_expect_tx(bar, Tr::kStepBytes);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load_4d(s_q(st) + c * BM * 128, &p.tmap_q, bar, 64 * c, q0, h, b);
+        tma_load_4d(s_do(st) + c * BM * 128, &p.tmap_do, bar, 64 * c, q0, h, b);
+      }
+      const int64_t row = (int64_t(b) * p.q_heads + h) * p.qp + q0;
+      bulk_load(s_rows + uint32_t(st) * 2 * BM * 4, p.lse2 + row, BM * 4, bar);
+      bulk_load(s_rows + uint32_t(st) * 2 * BM * 4 + BM * 4, p.delta + row, BM * 4, bar);
+      return;
+    }
     const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
     const char* dg = static_cast<const char*>(p.dout) + 2 * (int64_t(b) * p.do_sb + int64_t(h) * p.do_sh);
     load_tile<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
@@ -196,7 +226,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     }
     cp_async_commit();
   };
-  if (n > 0) load_step(0, 0, e1.x);
+  if (n > 0 && (!kTma || tid == 0)) load_step(0, 0, e1.x);
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -223,14 +253,23 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
 
   for (int i = 0; i < n; ++i) {
     const int st = i & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
-    if (dq_prev != nullptr) add_dq(dq_prev);
+    if constexpr (kTma) {
+      if (i == 0) {  // K and V (cp.async)
+        cp_async_wait<0>();
+        fence_proxy_async();
+      }
+      mbar_wait(s_bar + 8 * st, (i >> 1) & 1);
+      __syncthreads();  // everyone done with step i - 1 (its stage, s_ds); K and V visible
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
+      if (dq_prev != nullptr) add_dq(dq_prev);
+    }
     const int4 e = e1;
     e1 = e2;
     e2 = entry(i + 2);
-    if (i + 1 < n) load_step(i + 1, st ^ 1, e1.x);
+    if (i + 1 < n && (!kTma || tid == 0)) load_step(i + 1, st ^ 1, e1.x);
     const int h = hk * p.group + i / ne;
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
@@ -333,6 +372,10 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       }
     fence_proxy_async();
     named_sync(1, NT);  // every warpgroup's dS^T stored
+    // The TMA variant's only fence is the one above: the previous step's atomics go right after it, a step before
+    // it comes again.
+    if constexpr (kTma)
+      if (dq_prev != nullptr) add_dq(dq_prev);
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
     fence_regs(dq);
@@ -372,13 +415,13 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   }
 }
 
-template <class Tr>
+template <class Tr, bool kTma>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!fused::kWgmmaAvailable) {
     __trap();
   } else {
-    tile_bwd_body<Tr>(p);
+    tile_bwd_body<Tr, kTma>(p);
   }
 #endif
 }

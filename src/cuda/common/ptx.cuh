@@ -219,6 +219,13 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory"));
 }
+// `bytes` (a multiple of 16, 16-byte aligned ends) of global memory into shared memory at `dst`, completing on `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  SPATTN_SM90A_ONLY(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+      "r"(bytes), "r"(bar)
+      : "memory"));
+}
 // A box of shared memory at `src` to the 4-D tensor map (elements past the tensor's end are dropped), in this
 // thread's bulk async-group; bulk_commit() closes the group, bulk_wait_all() waits for every group (kRead: only
 // until the sources have been read and may be rewritten).

@@ -46,8 +46,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// The tensor map of a [B, L, H, D] view ({D, L, H, B}; boxes of 64 elements x `rows`, 128-byte swizzle, rows
-// past L zero-filled). False where the driver refuses it (strides, alignment).
+// The tensor maps of q, k and v for the TMA and band kernels (K/V boxes of `kv_rows` rows: the key tile, or the
+// band kernel's 64-key chunk); false where the driver's rules refuse one (strides, alignment).
+bool encode_qkv(const FusedFwd::Arguments& a, int q_rows, int kv_rows, FusedParams& k) {
+  return encode_tmap(k.tmap_q, a.q, q_rows) && encode_tmap(k.tmap_k, a.k, kv_rows) && encode_tmap(k.tmap_v, a.v, kv_rows);
+}
+}  // namespace
+
+// See fused_fwd.hpp.
 bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
   const auto fn = encode_fn();
   if (!fn) return false;
@@ -70,12 +76,6 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
   return true;
 }
 
-// The tensor maps of q, k and v for the TMA and band kernels (K/V boxes of `kv_rows` rows: the key tile, or the
-// band kernel's 64-key chunk); false where the driver's rules refuse one (strides, alignment).
-bool encode_qkv(const FusedFwd::Arguments& a, int q_rows, int kv_rows, FusedParams& k) {
-  return encode_tmap(k.tmap_q, a.q, q_rows) && encode_tmap(k.tmap_k, a.k, kv_rows) && encode_tmap(k.tmap_v, a.v, kv_rows);
-}
-}  // namespace
 
 // Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
 static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
