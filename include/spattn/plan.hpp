@@ -69,7 +69,9 @@ struct PlanOptions {
   int block_m = 0, block_n = 0;  // fused GPU tile shape (0: chosen)
   int perm_d = -1;               // residue permutation (-1: chosen, 1: none)
   // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
-  // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys).
+  // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys). The CPU
+  // engine's backward: each (batch, kv head) group cut into `split` slices with their own dK / dV partials
+  // (0 or 1: none).
   int persistent = -1, split = -1;
   // Compound plans (parts run by their own kernels, merged through the LSE; `explain` lists them): -1 chosen by
   // the planner's rules (plan/parts.hpp), 0 never (one tile list), 1 every column, row and scattered term split
@@ -101,12 +103,19 @@ class Plan {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
   // dQ, dK, dV (overwritten) from dout [B, Lq, Hq, Dv]. CPU engines: dq/dk/dv fp32 or fp64, q/k/v/dout any
-  // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: every tensor
-  // in the plan's dtype, o and lse from the forward required; a CUDA-core pass over the pattern's CSR and its
-  // transpose (deterministic, no atomics; built at the first call), not yet the tensor-core backward.
+  // dtype; o (any dtype) and lse (fp32 or fp64) from the forward, or null data. cpu_fused: the fused backward
+  // (FlashAttention-2's on the forward's tiles, fp32 accumulation, all cores); with o or lse missing it runs the
+  // forward first; groups meeting a non-finite value are redone in fp64. reference: the fp64 oracle, the softmax
+  // recomputed from q and k (o and lse ignored). GPU engines: every tensor in the plan's dtype, o and lse from the
+  // forward required; a CUDA-core pass over the pattern's CSR and its transpose (deterministic, no atomics; built
+  // at the first call), not yet the tensor-core backward.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;
+  // What the last backward ran ("" before the first): "reference"; "cpu_fused_<isa>" followed, where they
+  // apply, by "; split N" (slices per (batch, kv head) with dK/dV partials), "; fp64 for G of N groups" and
+  // "; forward recomputed"; "csr_backward" on the GPU engines.
+  std::string last_backward() const;
 
   struct Impl;
   explicit Plan(std::unique_ptr<Impl> impl);  // make_plan's

@@ -32,6 +32,7 @@ class Backend {
                         const TensorView& dv, Stream stream) const = 0;
   virtual std::string kernel() const = 0;       // the chosen kernel-table row (its name)
   virtual std::string last_kernel() const = 0;  // the row the last forward launched, "" before one
+  virtual std::string last_backward() const { return ""; }  // what the last backward ran, "" before one
   virtual std::string explain() const = 0;      // tiles, waste, predicted cost, build time
 };
 
