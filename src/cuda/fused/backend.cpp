@@ -2,6 +2,7 @@
 // per-head patterns run head by head through views of the caller's tensors (no copies).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <optional>
 #include <sstream>
 
@@ -134,7 +135,9 @@ class CudaFusedBackend final : public Backend {
                 const TensorView& dv, Stream stream) const override {
     DeviceScope scope(device_);
     bwd_.run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+    bwd_ran_ = true;
   }
+  std::string last_backward() const override { return bwd_ran_ ? "csr_backward" : ""; }
   std::string kernel() const override {
     const int row = attn_[0].kernel_row();
     return row >= 0 ? kKernels[row].name : "none";
@@ -155,6 +158,7 @@ class CudaFusedBackend final : public Backend {
   std::vector<int> of_head_;
   std::vector<PatternRun> attn_;
   cuda::PatternsBackward bwd_;
+  mutable std::atomic<bool> bwd_ran_{false};
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // (unfused::Plan), its attention workspace owned by the backend.
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cuda/backward/csr_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
@@ -44,7 +46,9 @@ class CudaUnfusedBackend final : public Backend {
                 const TensorView& dv, Stream stream) const override {
     DeviceScope scope(device_);
     bwd_.run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+    bwd_ran_ = true;
   }
+  std::string last_backward() const override { return bwd_ran_ ? "csr_backward" : ""; }
   std::string kernel() const override { return "cuda_unfused"; }
   std::string last_kernel() const override { return ran_ ? "cuda_unfused" : ""; }
   std::string explain() const override { return "cuda unfused (SDDMM -> softmax -> SpMM): " + plan_->explain(); }
@@ -56,6 +60,7 @@ class CudaUnfusedBackend final : public Backend {
   void* workspace_ = nullptr;
   mutable bool ran_ = false;
   cuda::PatternsBackward bwd_;
+  mutable std::atomic<bool> bwd_ran_{false};
 };
 
 }  // namespace
