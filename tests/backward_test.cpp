@@ -399,54 +399,59 @@ TEST(Backward, ReferenceEngineRunsTheOracle) {
 // element by element. Also a -inf key element (scores of -inf weigh 0 and +inf poison the row in the forward pass;
 // dq = dS K meets 0 * -inf), a query whose every score is -inf; and finite inputs whose scores pass fp32's range
 // (plant 3: the fp32 scores overflow, the reference's gradients are finite) or reach where fp32 cannot recompute
-// P from the LSE (plant 4: scores near 3e5 put P 2% off). The plants are in kv head 0: its group is redone in fp64
-// (as the reference, to 1e-9), kv head 1's stays on the fp32 kernel.
+// P from the LSE (plant 4: scores near 3e5 put P 2% off); and a NaN in dO (plant 5: O and the LSE stay finite, only
+// the gradients show it). The plants are in kv head 0: its group is redone in fp64
+// (as the reference, to 1e-9), kv head 1's stays on the fp32 kernel. Inputs in fp64 (converted, packed) and in
+// fp32 (read in place where they can be).
 TEST(Backward, NonFiniteInputsAsTheReference) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  const Case c{{"local(4) | random(3, seed=2)"}, 1, 2, 2, 60, 60, 8, 8, 0};
+  const Case c{{"local(4) | random(3, seed=2)"}, 1, 2, 2, 60, 60, 16, 16, 0};
   const auto pr = problem_of(c);
-  for (int plant = 0; plant < 5; ++plant) {
-    SCOPED_TRACE(plant);
-    Inputs in(pr, 11);
-    const TensorView& q = in.q.view;
-    const TensorView& k = in.k.view;
-    if (plant == 0) k.store(0, 10, 0, 3, nan);
-    if (plant == 1) k.store(0, 20, 0, 0, -inf);
-    if (plant == 2) {  // row 30 of head 0: every score -inf
-      for (int64_t l = 0; l < c.Lk; ++l) k.store(0, l, 0, 0, -1.0);
-      q.store(0, 30, 0, 0, inf);
-      for (int64_t d = 1; d < c.D; ++d) q.store(0, 30, 0, d, 0.0);
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (int plant = 0; plant < 6; ++plant) {
+      SCOPED_TRACE(std::to_string(plant) + " " + std::string(spattn::dtype_name(dt)));
+      Inputs in(pr, 11, dt);
+      const TensorView& q = in.q.view;
+      const TensorView& k = in.k.view;
+      if (plant == 0) k.store(0, 10, 0, 3, nan);
+      if (plant == 1) k.store(0, 20, 0, 0, -inf);
+      if (plant == 2) {  // row 30 of head 0: every score -inf
+        for (int64_t l = 0; l < c.Lk; ++l) k.store(0, l, 0, 0, -1.0);
+        q.store(0, 30, 0, 0, inf);
+        for (int64_t d = 1; d < c.D; ++d) q.store(0, 30, 0, d, 0.0);
+      }
+      if (plant == 3)  // a score near 1e40 (fp32 ends at 3.4e38) from finite fp32 inputs
+        for (int64_t d = 0; d < c.D; ++d) {
+          const double x = k.load(0, 31, 0, d);
+          q.store(0, 30, 0, d, 1e20 * x);
+          k.store(0, 31, 0, d, 1e20 * x);
+        }
+      if (plant == 4)  // scores near 3e5: fp32 has no exact P there (its spacing is 2^-5); no overflow
+        for (int64_t d = 0; d < c.D; ++d) q.store(0, 30, 0, d, 1e5 * k.load(0, 31, 0, d));
+      if (plant == 5) in.dout.view.store(0, 30, 0, 2, nan);  // the forward (and its LSE) sees nothing of it
+      const Grads want = reference_grads(c, in);
+      BwdRun r;
+      r.grad_dtype = DType::f64;
+      std::string ran;
+      const Grads got = plan_grads(c, in, r, &ran);
+      EXPECT_NE(ran.find("fp64 for 1 of 2 groups"), std::string::npos) << ran;
+      int64_t nans = 0;
+      for (auto [a, b] : {std::pair{&got.dq, &want.dq}, {&got.dk, &want.dk}, {&got.dv, &want.dv}}) {
+        const std::vector<double> x = a->values(), y = b->values();
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(std::isnan(x[i]), std::isnan(y[i])) << "element " << i;
+          nans += std::isnan(y[i]);
+          if (!std::isnan(y[i])) ASSERT_NEAR(x[i], y[i], kTolF32 * std::max(1.0, std::abs(y[i])));
+        }
+      }
+      if (plant < 3 || plant == 5) EXPECT_GT(nans, 0) << "each plant poisons some gradient (a -inf in K: dq = dS K meets 0 * -inf)";
+      // Head 0's group to 1e-9: it ran in fp64.
+      for (int64_t l = 0; l < c.Lq; ++l)
+        for (int64_t d = 0; d < c.D; ++d) {
+          const double x = got.dq.view.load(0, l, 0, d), y = want.dq.view.load(0, l, 0, d);
+          if (!std::isnan(y)) ASSERT_NEAR(x, y, 1e-9 * std::max(1.0, std::abs(y))) << "row " << l;
+        }
     }
-    if (plant == 3)  // a score near 1e40 (fp32 ends at 3.4e38) from finite fp32 inputs
-      for (int64_t d = 0; d < c.D; ++d) {
-        const double x = k.load(0, 31, 0, d);
-        q.store(0, 30, 0, d, 1e20 * x);
-        k.store(0, 31, 0, d, 1e20 * x);
-      }
-    if (plant == 4)  // scores near 3e5: fp32 has no exact P there (its spacing is 2^-5); no overflow
-      for (int64_t d = 0; d < c.D; ++d) q.store(0, 30, 0, d, 1e5 * k.load(0, 31, 0, d));
-    const Grads want = reference_grads(c, in);
-    BwdRun r;
-    r.grad_dtype = DType::f64;
-    std::string ran;
-    const Grads got = plan_grads(c, in, r, &ran);
-    EXPECT_NE(ran.find("fp64 for 1 of 2 groups"), std::string::npos) << ran;
-    int64_t nans = 0;
-    for (auto [a, b] : {std::pair{&got.dq, &want.dq}, {&got.dk, &want.dk}, {&got.dv, &want.dv}}) {
-      const std::vector<double> x = a->values(), y = b->values();
-      for (size_t i = 0; i < y.size(); ++i) {
-        ASSERT_EQ(std::isnan(x[i]), std::isnan(y[i])) << "element " << i;
-        nans += std::isnan(y[i]);
-        if (!std::isnan(y[i])) ASSERT_NEAR(x[i], y[i], kTolF32 * std::max(1.0, std::abs(y[i])));
-      }
-    }
-    if (plant < 3) EXPECT_GT(nans, 0) << "each plant poisons some gradient (a -inf in K: dq = dS K meets 0 * -inf)";
-    // Head 0's group to 1e-9: it ran in fp64.
-    for (int64_t l = 0; l < c.Lq; ++l)
-      for (int64_t d = 0; d < c.D; ++d) {
-        const double x = got.dq.view.load(0, l, 0, d), y = want.dq.view.load(0, l, 0, d);
-        if (!std::isnan(y)) ASSERT_NEAR(x, y, 1e-9 * std::max(1.0, std::abs(y))) << "row " << l;
-      }
   }
 }
 

@@ -13,8 +13,9 @@ namespace spattn::cpu {
 // (batch, kv head) groups listed (b * Hkv + hk; every group when empty): dk / dv of that kv head and dq of the
 // query heads that share it. Each row's kept keys come from BoundPattern::row (O(nnz * D) a head, never Lq x Lk);
 // the softmax is recomputed in fp64 from q and k, so neither O nor the LSE is needed, and a NaN or infinity
-// propagates as in the reference backward (spattn/reference.hpp). FusedPlan::backward runs it for the groups whose
-// inputs are not all finite or whose fp32 gradients overflowed (fused_backward.cpp). Work: one task per group on
+// propagates as in the reference backward (spattn/reference.hpp). FusedPlan::backward runs it for the groups its fp32
+// kernels cannot finish: non-finite gradients (non-finite inputs, scores past fp32's range), or an LSE past 2^14
+// (fused_backward.cpp). Work: one task per group on
 // `threads` workers (0: all), each owning its rows (no atomics).
 void exact_backward(const std::vector<BoundPattern>& patterns, const Problem& problem, const TensorView& q,
                     const TensorView& k, const TensorView& v, const TensorView& dout, const TensorView& dq,

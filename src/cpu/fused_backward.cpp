@@ -13,11 +13,12 @@
 // slices of about equal cost, each with its own partial dK / dV, added in slice order at the end (so the result
 // depends on the thread count, not on the scheduling).
 //
-// Phases, in one parallel region: (1) pack Q, dO, K, V to fp32 rows padded to whole vectors, noting groups with a
-// non-finite input; delta and the LSE in base 2 per query row; (2) the tasks, most expensive first; (3) the slices'
-// partials added and dQ converted where the caller's is fp64. Groups that met a non-finite input, or whose
-// gradients are not finite in fp32 (scores past fp32's range), are then recomputed in fp64 (cpu/backward.hpp):
-// PATTERNS.md's semantics for non-finite values, as the forward's row redo.
+// Phases, in one parallel region: (1) pack K and V (and Q, dO where they cannot be read in place) to fp32 rows
+// padded to whole vectors; delta and the LSE in base 2 per query row; (2) the tasks, most expensive first; (3) the
+// slices' partials added and dQ converted where the caller's is fp64. Groups whose fp32 gradients are not all finite
+// (a NaN or infinity among the inputs they read reaches them: the kernels compute masked entries too, so more
+// often than in the reference, never less), or with a row whose LSE is past what fp32 recomputes P from, are then
+// recomputed in fp64 (cpu/backward.hpp): PATTERNS.md's semantics for non-finite values, as the forward's row redo.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -51,7 +52,11 @@ bool finite_floats(const float* x, int64_t n) {
 // n fp32 values into row (b, l, h) of an f32 or f64 view (src null: zeros). False if a value is not finite.
 bool store_row(const TensorView& t, int64_t b, int64_t l, int64_t h, const float* src, int64_t n) {
   const int64_t off = t.offset(b, l, h, 0), inc = t.stride[3];
-  if (t.dtype == DType::f32) {
+  if (t.dtype == DType::f32 && inc == 1) {
+    float* d = static_cast<float*>(t.data) + off;
+    if (src) std::memcpy(d, src, size_t(n) * sizeof(float));
+    else std::memset(d, 0, size_t(n) * sizeof(float));
+  } else if (t.dtype == DType::f32) {
     float* d = static_cast<float*>(t.data) + off;
     for (int64_t i = 0; i < n; ++i) d[i * inc] = src ? src[i] : 0.f;
   } else {
@@ -81,6 +86,17 @@ std::vector<std::pair<int32_t, int32_t>> tile_key_ranges(const PatternPlan& pl) 
         }
   }
   return out;
+}
+
+// The calling thread's buffers, kept across calls (growing only): allocated per call, their pages were faulted in
+// on every call (sparse_fixed(128), L = 4096: ~15% of the backward in the kernel's page-fault and brk paths).
+// The packed K/V and Q/dO on huge pages, as the forward's K/V (fused.cpp: rows read at scattered tokens).
+struct BwdBuffers {
+  AlignedFloats qd{{}, 0, nullptr, true}, kv{{}, 0, nullptr, true}, lse2, delta, o, lse, dq, partials;
+};
+BwdBuffers& bwd_buffers() {
+  thread_local BwdBuffers b;
+  return b;
 }
 
 // Slices per group: the fewest that bring the busiest thread's share within 2% of the mean (groups of equal cost,
@@ -144,25 +160,33 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   });
 
   // O and the LSE: the caller's, or the forward's now.
-  AlignedFloats obuf, lbuf;
+  BwdBuffers& buf = bwd_buffers();
   TensorView ov = o, lv = lse;
   if (!given) {
-    obuf.resize(B * Lq * H * Dv);
-    lbuf.resize(B * H * Lq);
-    ov = TensorView::contiguous(obuf.ptr, DType::f32, {B, Lq, H, Dv});
-    lv = TensorView::contiguous(lbuf.ptr, DType::f32, {B, H, Lq, 1});
+    buf.o.resize(B * Lq * H * Dv);
+    buf.lse.resize(B * H * Lq);
+    ov = TensorView::contiguous(buf.o.ptr, DType::f32, {B, Lq, H, Dv});
+    lv = TensorView::contiguous(buf.lse.ptr, DType::f32, {B, H, Lq, 1});
     run(q, k, v, ov, lv, options);
     stats.recomputed = true;
   }
 
   const int64_t W = ks.width;
   const int64_t DP = (D + W - 1) / W * W, DVP = (Dv + W - 1) / W * W, group = H / HK, G = B * HK;
-  // Packed inputs, as the forward packs K and V (pack_kv_rows): a key's K row then its V row [B][HK][Lk][DP + DVP],
-  // a query's Q row then its dO row [B][H][Lq][DP + DVP]; per query row lse2 and delta [B][H][Lq]. (Packing costs
-  // ~1% of a band's backward; the kernel then reads whole padded rows.)
+  // K and V packed as the forward packs them (pack_kv_rows): a key's K row then its V row, [B][HK][Lk][DP + DVP].
+  // The backward reads each K / V row in three products (the forward in two): packed beat in place ([B, L, H, D],
+  // rows 1 KiB apart) on every suite pattern but one (L = 4096, H = 4, D = 64, alternated in one process: local
+  // 14.6 vs 15.4 ms, causal 99.3 vs 108.3, na2d 18.5 vs 20.1, longformer, bigbird, dilated 4-6%; fixed 12.1 vs
+  // 11.8). Q and dO, read once per tile, in place where fp32 with unit inner stride and rows of whole vectors
+  // (packed the same way, no faster: local 30.3 vs 30.3 ms, fixed 13.1 vs 13.1), else packed: a query's Q row then
+  // its dO row, [B][H][Lq][DP + DVP]. Per query row, lse2 and delta [B][H][Lq].
   const int64_t ld = DP + DVP;
-  AlignedFloats qdb, kvb, l2b, deltab;
-  qdb.resize(B * H * Lq * ld), kvb.resize(B * HK * Lk * ld), l2b.resize(B * H * Lq), deltab.resize(B * H * Lq);
+  auto direct = [&](const TensorView& t, int64_t dim) { return t.dtype == DType::f32 && t.stride[3] == 1 && dim % W == 0; };
+  const bool pack_qd = !direct(q, D) || !direct(dout, Dv);
+  AlignedFloats &qdb = buf.qd, &kvb = buf.kv, &l2b = buf.lse2, &deltab = buf.delta;
+  if (pack_qd) qdb.resize(B * H * Lq * ld);
+  kvb.resize(B * HK * Lk * ld);
+  l2b.resize(B * H * Lq), deltab.resize(B * H * Lq);
   std::unique_ptr<std::atomic<bool>[]> bad(new std::atomic<bool>[size_t(G)]);
   for (int64_t g = 0; g < G; ++g) bad[size_t(g)].store(false, std::memory_order_relaxed);
 
@@ -218,7 +242,7 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
       if (S > 1) partial_per_b += int64_t(sl.nkeys) * (DP + DVP);
     }
   }
-  AlignedFloats partials;
+  AlignedFloats& partials = buf.partials;
   if (S > 1) partials.resize(B * partial_per_b);
   struct Task {
     int64_t g;
@@ -232,12 +256,11 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   });
 
   // dQ straight into the caller's fp32 view, or into fp32 rows converted at the end.
-  AlignedFloats dqbuf;
   float* dqp = static_cast<float*>(dq.data);
   int64_t dq_sb = dq.stride[0], dq_ld = dq.stride[1], dq_sh = dq.stride[2], dq_inc = dq.stride[3];
   if (dq.dtype != DType::f32) {
-    dqbuf.resize(B * Lq * H * D);
-    dqp = dqbuf.ptr;
+    buf.dq.resize(B * Lq * H * D);
+    dqp = buf.dq.ptr;
     dq_sb = Lq * H * D, dq_ld = H * D, dq_sh = D, dq_inc = 1;
   }
 
@@ -250,39 +273,29 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   std::atomic<int64_t> next_pack{0}, next_task{0}, next_reduce{0};
   common::Barrier barrier(nthreads);
 
-  // Tokens [l0, l1) of batch b of two views (K and V, or Q and dO) into `dst`; a row that is not finite marks its
-  // group (heads: the views' heads per group).
-  auto pack_rows = [&](const TensorView& x, const TensorView& y, float* dst, int64_t b, int64_t l0, int64_t heads_per) {
-    const int64_t L = x.shape[1], heads = x.shape[2], l1 = std::min(L, l0 + kPackRows);
-    pack_kv_rows(x, y, dst, DP, DVP, b, l0, l1);
-    for (int64_t l = l0; l < l1; ++l)
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* r = dst + ((b * heads + h) * L + l) * ld;
-        if (!finite_floats(r, D) || !finite_floats(r + DP, Dv))
-          bad[size_t(b * HK + h / heads_per)].store(true, std::memory_order_relaxed);
-      }
-  };
+  // Packing (where asked) and each query row's lse2 and delta, tokens [l0, l0 + kPackRows) of a batch element.
   auto pack = [&](int64_t i) {
     if (i < kv_tasks) {
-      const int64_t per_b = (Lk + kPackRows - 1) / kPackRows;
-      return pack_rows(k, v, kvb.ptr, i / per_b, (i % per_b) * kPackRows, 1);
+      const int64_t per_b = (Lk + kPackRows - 1) / kPackRows, l0 = (i % per_b) * kPackRows;
+      return pack_kv_rows(k, v, kvb.ptr, DP, DVP, i / per_b, l0, std::min(Lk, l0 + kPackRows));
     }
     i -= kv_tasks;
     const int64_t per_b = (Lq + kPackRows - 1) / kPackRows, b = i / per_b, l0 = (i % per_b) * kPackRows;
-    pack_rows(q, dout, qdb.ptr, b, l0, group);
-    float* row = scratch_buffer().ptr;  // an O row
+    if (pack_qd) pack_kv_rows(q, dout, qdb.ptr, DP, DVP, b, l0, std::min(Lq, l0 + kPackRows));
+    float* orow = scratch_buffer().ptr;  // an O row, then a dO row
+    float* drow = orow + DVP;
     for (int64_t l = l0; l < std::min(Lq, l0 + kPackRows); ++l)
       for (int64_t h = 0; h < H; ++h) {
-        const float* dr = qdb.ptr + ((b * H + h) * Lq + l) * ld + DP;
-        convert_row(ov, b, l, h, row, Dv);
+        convert_row(ov, b, l, h, orow, Dv);
+        convert_row(dout, b, l, h, drow, Dv);
         float delta = 0;
-        for (int64_t c = 0; c < Dv; ++c) delta += dr[c] * row[c];
+        for (int64_t c = 0; c < Dv; ++c) delta += drow[c] * orow[c];
         const double ls = lv.load(b, h, l, 0) * 1.4426950408889634;
         const bool no_key = ls == -std::numeric_limits<double>::infinity();
         l2b.ptr[(b * H + h) * Lq + l] = no_key ? std::numeric_limits<float>::infinity() : float(ls);  // no key: P = 0
         deltab.ptr[(b * H + h) * Lq + l] = delta;
         // An LSE past 2^14 in magnitude (base 2) leaves P = exp2(s - lse2) a relative error of fp32's spacing there,
-        // 2^-10 and more (scores of 3e5 gave P 2% off): such rows, like non-finite ones, go to fp64.
+        // 2^-10 and more (scores of 3e5 gave P 2% off): such rows go to fp64, as do NaN and +inf.
         if (!(no_key || std::abs(ls) < 16384.0))
           bad[size_t(b * HK + h / group)].store(true, std::memory_order_relaxed);
       }
@@ -316,7 +329,13 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
       const int64_t bh = b * H + u.h;
       const PatternPlan& pl = im.plans[size_t(im.plan_of_head[size_t(u.h)])];
       const KeyStore& st = pl.stores[size_t(pl.tiles[size_t(u.tile)].store)];
-      a.q = qdb.ptr + bh * Lq * ld, a.dout = a.q + DP, a.q_ld = ld;
+      if (pack_qd) {
+        a.q = qdb.ptr + bh * Lq * ld, a.q_ld = ld;
+        a.dout = a.q + DP, a.dout_ld = ld;
+      } else {
+        a.q = static_cast<const float*>(q.data) + b * q.stride[0] + u.h * q.stride[2], a.q_ld = q.stride[1];
+        a.dout = static_cast<const float*>(dout.data) + b * dout.stride[0] + u.h * dout.stride[2], a.dout_ld = dout.stride[1];
+      }
       a.lse2 = l2b.ptr + bh * Lq, a.delta = deltab.ptr + bh * Lq;
       a.dq = dqp + b * dq_sb + u.h * dq_sh;
       a.tile = &pl.refs[size_t(u.tile)];
@@ -368,7 +387,7 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
 
   parallel_for(nthreads, nthreads, [&](int64_t, int) {
     AlignedFloats& scr = scratch_buffer();
-    if (scr.cap < std::max(sfloats, DP + DVP) + 16) scr.resize(std::max(sfloats, DP + DVP));
+    if (scr.cap < std::max(sfloats, 2 * DVP) + 16) scr.resize(std::max(sfloats, 2 * DVP));
     for (int64_t i; (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < kv_tasks + q_tasks;) pack(i);
     barrier.wait();
     for (int64_t i; (i = next_task.fetch_add(1, std::memory_order_relaxed)) < int64_t(tasks.size());) run_task(tasks[size_t(i)]);

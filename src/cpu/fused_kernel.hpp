@@ -87,10 +87,10 @@ struct BwdTileArgs {
   int64_t D, Dv, DP, DVP;
   float qscale;  // softmax scale * log2(e): scores in base 2, as lse2
   float scale;   // softmax scale: dS = P (dP - delta) gives dQ = scale dS K and dK = scale dS^T Q
-  // Q and dO of this (b, h): row t at q + t * q_ld (DP floats), dout + t * q_ld (DVP floats).
+  // Q and dO of this (b, h): row t at q + t * q_ld (DP floats), dout + t * dout_ld (DVP floats).
   const float* q;
   const float* dout;
-  int64_t q_ld;
+  int64_t q_ld, dout_ld;
   // Per query row t of this (b, h): lse2[t] = the forward's LSE * log2(e) (+inf for a row with no key, so its
   // P is 0), delta[t] = rowsum(dO * O).
   const float* lse2;

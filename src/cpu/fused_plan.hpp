@@ -38,7 +38,7 @@ struct Options {
 struct BackwardStats {
   std::string isa;
   int64_t groups = 0;        // (batch, kv head) groups
-  int64_t exact_groups = 0;  // of which redone in fp64 (cpu/backward.hpp): non-finite inputs or fp32 overflow
+  int64_t exact_groups = 0;  // of which redone in fp64 (cpu/backward.hpp): non-finite values, fp32's range
   int split = 1;             // slices per group
   bool recomputed = false;   // O or the LSE was not given: the forward ran first
   // "cpu_fused_avx512", then where they apply "; split 2", "; fp64 for 1 of 4 groups", "; forward recomputed".
@@ -81,8 +81,9 @@ class FusedPlan {
   // The gradients of run() (fused_backward.cpp): dq [B, Lq, Hq, D], dk [B, Lk, Hkv, D], dv [B, Lk, Hkv, Dv] fp32
   // or fp64 (overwritten) from dout [B, Lq, Hq, Dv]; q/k/v/dout fp32, fp16, bf16 or fp64 (converted to fp32), any
   // strides. o [B, Lq, Hq, Dv] (any dtype) and lse [B, Hq, Lq, 1] (fp32 or fp64) from the forward; where either
-  // has a null data pointer, run() computes both first. fp32 accumulation; a (batch, kv head) group whose inputs are
-  // not all finite, or whose fp32 gradients are not, is recomputed in fp64 (the reference's semantics for them).
+  // has a null data pointer, run() computes both first. fp32 accumulation; a (batch, kv head) group whose fp32
+  // gradients are not all finite (non-finite inputs, scores past fp32's range) or with an LSE past 2^14 (base 2) is
+  // recomputed in fp64 (the reference's semantics for non-finite values).
   BackwardStats backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                          const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                          const TensorView& dv, const Options& options = {}) const;
