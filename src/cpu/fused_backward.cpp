@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -221,12 +222,12 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
     const auto& uc = unit_cost[size_t(hk)];
     const double total = std::accumulate(uc.begin(), uc.end(), 0.0);
     int64_t u = 0;
-    double run = 0;
+    double done = 0;  // cost of the units in earlier slices
     for (int s = 0; s < S; ++s) {
       Slice& sl = slices[size_t(hk * S + s)];
       sl.begin = u;
       const double bound = total * (s + 1) / S;
-      while (u < int64_t(uc.size()) && (s + 1 == S || run + 0.5 * uc[size_t(u)] <= bound)) run += uc[size_t(u++)];
+      while (u < int64_t(uc.size()) && (s + 1 == S || done + 0.5 * uc[size_t(u)] <= bound)) done += uc[size_t(u++)];
       sl.end = u;
       int32_t lo = std::numeric_limits<int32_t>::max(), hi = -1;
       sl.cost = 0;
@@ -385,17 +386,37 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
       for (int64_t h = 0; h < H; ++h) store_row(dq, b, l, h, dqp + b * dq_sb + l * dq_ld + h * dq_sh, D);
   };
 
+  // A thread that throws (an allocation) still meets the barriers, doing no more work; the first error is rethrown
+  // after the region (parallel_for's own rethrow would come after the others had waited forever).
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto guarded = [&](auto&& phase) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    try {
+      phase();
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
   parallel_for(nthreads, nthreads, [&](int64_t, int) {
-    AlignedFloats& scr = scratch_buffer();
-    if (scr.cap < std::max(sfloats, 2 * DVP) + 16) scr.resize(std::max(sfloats, 2 * DVP));
-    for (int64_t i; (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < kv_tasks + q_tasks;) pack(i);
+    guarded([&] {
+      AlignedFloats& scr = scratch_buffer();
+      if (scr.cap < std::max(sfloats, 2 * DVP) + 16) scr.resize(std::max(sfloats, 2 * DVP));
+      for (int64_t i; !failed && (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < kv_tasks + q_tasks;) pack(i);
+    });
     barrier.wait();
-    for (int64_t i; (i = next_task.fetch_add(1, std::memory_order_relaxed)) < int64_t(tasks.size());) run_task(tasks[size_t(i)]);
+    guarded([&] {
+      for (int64_t i; !failed && (i = next_task.fetch_add(1, std::memory_order_relaxed)) < int64_t(tasks.size());)
+        run_task(tasks[size_t(i)]);
+    });
     if (reduce_tasks + dq_tasks == 0) return;
     barrier.wait();
-    for (int64_t i; (i = next_reduce.fetch_add(1, std::memory_order_relaxed)) < reduce_tasks + dq_tasks;)
-      i < reduce_tasks ? reduce(i) : convert_dq(i - reduce_tasks);
+    guarded([&] {
+      for (int64_t i; !failed && (i = next_reduce.fetch_add(1, std::memory_order_relaxed)) < reduce_tasks + dq_tasks;)
+        i < reduce_tasks ? reduce(i) : convert_dq(i - reduce_tasks);
+    });
   });
+  if (error) std::rethrow_exception(error);
 
   std::vector<int64_t> exact;
   for (int64_t g = 0; g < G; ++g)
