@@ -38,7 +38,8 @@ namespace {
 
 constexpr int64_t kPackRows = 128;    // tokens a pack task (every head of them: the inputs read front to back)
 constexpr int64_t kReduceRows = 256;  // keys a reduce task
-constexpr int kMaxSplit = 8;
+constexpr int kMaxSplit = 64;
+constexpr double kMaxPartialBytes = double(int64_t(1) << 29);  // the slices' dK / dV partials, at most (512 MiB)
 
 bool finite_floats(const float* x, int64_t n) {
   uint32_t bad = 0;
@@ -100,13 +101,17 @@ BwdBuffers& bwd_buffers() {
   return b;
 }
 
-// Slices per group: the fewest that bring the busiest thread's share within 2% of the mean (groups of equal cost,
-// dynamic scheduling: G * S tasks on T threads take ceil(G S / T) / S group-times; each slice adds a partial's
-// zeroing and reduction).
-int choose_split(int64_t groups, int threads, int64_t units_per_group) {
+// Slices per group: the count with the least predicted time (groups of equal cost, dynamic scheduling: G * S tasks
+// on T threads take ceil(G S / T) / S group-times, and each slice adds ~2% for its partial's zeroing and reduction:
+// measured, 4 groups on 2 threads ran fastest whole, 1 group 1.8-1.9x faster in 2 slices than whole, 2 to 8 slices
+// within 4%). At most one slice per unit, and partials of at most kMaxPartialBytes (`slice_bytes`: one slice's, at
+// most).
+int choose_split(int64_t groups, int threads, int64_t units_per_group, double slice_bytes) {
   int best = 1;
   double best_t = std::numeric_limits<double>::infinity();
-  for (int s = 1; s <= kMaxSplit && s <= std::max<int64_t>(units_per_group, 1); ++s) {
+  for (int s = 1; s <= kMaxSplit && s <= std::max<int64_t>(units_per_group, 1) &&
+                  (s == 1 || double(groups) * s * slice_bytes <= kMaxPartialBytes);
+       ++s) {
     const double t = double((groups * s + threads - 1) / threads) / s * (1.0 + 0.02 * (s - 1));
     if (t < best_t - 1e-9) best_t = t, best = s;
   }
@@ -208,7 +213,7 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
     }
     max_units = std::max<int64_t>(max_units, int64_t(units[size_t(hk)].size()));
   }
-  const int S = options.split > 0 ? options.split : choose_split(G, threads, max_units);
+  const int S = options.split > 0 ? options.split : choose_split(G, threads, max_units, double(Lk) * double(DP + DVP) * 4);
   stats.split = S;
   struct Slice {
     int64_t begin, end;  // units
