@@ -73,7 +73,9 @@ struct PlanOptions {
   // such a grid). Mapped plans run on the cp.async / mma.sync kernels.
   int tile_map = -1;
   // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
-  // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys).
+  // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys). The CPU
+  // engine's backward: each (batch, kv head) group cut into `split` slices with their own dK / dV partials
+  // (0 or 1: none).
   int persistent = -1, split = -1;
   // Compound plans (parts run by their own kernels, merged through the LSE; `explain` lists them): -1 chosen by
   // the planner's rules (plan/parts.hpp), 0 never (one tile list), 1 every column, row and scattered term split
@@ -101,7 +103,6 @@ class Plan {
   std::string kernel() const;     // the kernel-table row the plan chose (per-head plans: the first head's)
   std::string last_kernel() const;  // the row the last forward launched ("" before the first); it differs
                                     // from kernel() only where the tensors' strides admit no tensor map
-  std::string last_backward_kernel() const;  // the row the last backward launched ("" before the first)
   // What was chosen and why: the pattern analysis, engine, kernel, tiles, predicted cost, plan time.
   std::string explain() const;
 
@@ -110,14 +111,21 @@ class Plan {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
   // dQ, dK, dV (overwritten) from dout [B, Lq, Hq, Dv]. CPU engines: dq/dk/dv fp32 or fp64, q/k/v/dout any
-  // dtype, the softmax recomputed in fp64 from q and k (o and lse may have null data). GPU engines: every tensor
-  // in the plan's dtype, o and lse from the forward required. On an sm_90a device with bf16 / fp16 at head dim 64
-  // or 128: tensor-core tiles, key-major (dK, dV on chip; dQ added up by fp32 atomics, so not bit-reproducible);
-  // elsewhere (or PlanOptions::backward_kernel "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's
-  // CSR and its transpose. Built at the first call; runs of one plan's backward share scratch: one stream at a time.
+  // dtype; o (any dtype) and lse (fp32 or fp64) from the forward, or null data. cpu_fused: the fused backward
+  // (FlashAttention-2's on the forward's tiles, fp32 accumulation, all cores); with o or lse missing it runs the
+  // forward first; groups meeting a non-finite value are redone in fp64. reference: the fp64 oracle, the softmax
+  // recomputed from q and k (o and lse ignored). GPU engines: every tensor in the plan's dtype, o and lse from the
+  // forward required. On an sm_90a device with bf16 / fp16 at head dim 64 or 128: tensor-core tiles, key-major (dK,
+  // dV on chip; dQ added up by fp32 atomics, so not bit-reproducible); elsewhere (or PlanOptions::backward_kernel
+  // "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's CSR and its transpose. Built at the first
+  // call; runs of one plan's backward share scratch: one stream at a time.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;
+  // What the last backward ran ("" before the first): "reference"; "cpu_fused_<isa>" followed, where they
+  // apply, by "; split N" (slices per (batch, kv head) with dK/dV partials), "; fp64 for G of N groups" and
+  // "; forward recomputed"; on the GPU engines the kernel-table row (sm90_bwd_64x64_d64, ..., cuda_csr_bwd).
+  std::string last_backward_kernel() const;
 
   struct Impl;
   explicit Plan(std::unique_ptr<Impl> impl);  // make_plan's

@@ -111,6 +111,10 @@ struct Problem {
   void validate() const;
   // Checks a view against an expected shape; `what` names the tensor in the error ("q", "k", ...).
   static void check_view(const TensorView& t, std::string_view what, std::array<int64_t, 4> shape);
+  // check_view of every tensor of a backward pass: q, k, v, dout and the gradients dq, dk, dv; and the gradients'
+  // dtype (fp32 or fp64: the CPU engines'), where `cpu_grads`.
+  void check_backward_views(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                            const TensorView& dq, const TensorView& dk, const TensorView& dv, bool cpu_grads) const;
 };
 
 }  // namespace spattn

@@ -179,7 +179,8 @@ class Plan:
                  dv: Any = None, layout: str = "blhd", stream: Optional[int] = None) -> Tuple[Any, Any, Any]:
         """dQ, dK, dV from dout (the gradient of O), for the forward's O and LSE (same layouts as forward).
 
-        The CPU engines recompute the softmax in fp64 from q and k: o and lse may be None there. dq/dk/dv are
+        On the CPU o and lse may be None: the fused engine then runs the forward first (its backward accumulates in
+        fp32, from the LSE), the reference engine recomputes the softmax in fp64 from q and k. dq/dk/dv are
         written when given, else allocated like ``q`` in ``grad_dtype`` (float32 on the CPU, float64 for float64
         problems). Returns (dq, dk, dv).
         """

@@ -257,10 +257,7 @@ void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& 
   const Impl& im = impl_of(impl_);
   const Problem& pr = im.problem;
   check_inputs(im, q, k, v, o, lse, true);
-  Problem::check_view(dout, "dout", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
-  Problem::check_view(dq, "dq", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
-  Problem::check_view(dk, "dk", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
-  Problem::check_view(dv, "dv", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
+  pr.check_backward_views(q, k, v, dout, dq, dk, dv, im.device.kind == Device::Kind::cpu);
   im.backend->backward(q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
 

@@ -86,6 +86,23 @@ void Problem::check_view(const TensorView& t, std::string_view what, std::array<
   if (numel > 0 && !t.data) throw Error(std::string(what) + " has no data pointer");
 }
 
+void Problem::check_backward_views(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                                   const TensorView& dv, bool cpu_grads) const {
+  check_view(q, "q", {batch, q_len, q_heads, head_dim});
+  check_view(k, "k", {batch, kv_len, kv_heads, head_dim});
+  const int64_t value = this->dv();  // (the parameter dv hides the member)
+  check_view(v, "v", {batch, kv_len, kv_heads, value});
+  check_view(dout, "dout", {batch, q_len, q_heads, value});
+  check_view(dq, "dq", {batch, q_len, q_heads, head_dim});
+  check_view(dk, "dk", {batch, kv_len, kv_heads, head_dim});
+  check_view(dv, "dv", {batch, kv_len, kv_heads, value});
+  for (auto [t, name] : {std::pair{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
+    if (cpu_grads && t->dtype != DType::f32 && t->dtype != DType::f64)
+      throw Error(std::string("gradient ") + name + " must be fp32 or fp64 on the CPU, got " +
+                  std::string(dtype_name(t->dtype)));
+}
+
 int64_t checked_bytes(std::string_view what, const std::vector<int64_t>& dims, int64_t elem_bytes) {
   int64_t n = elem_bytes;
   bool overflow = false, negative = false;

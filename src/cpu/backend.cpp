@@ -1,9 +1,10 @@
 // cpu/backend.cpp — the CPU engines behind spattn::Plan: the fused CPU kernel and the fp64 reference.
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
-#include "cpu/backward.hpp"
 #include "cpu/compound.hpp"
 #include "cpu/fused_plan.hpp"
 #include "plan/backend.hpp"
@@ -44,9 +45,10 @@ std::optional<cpu::CompoundPlan> compound_of(const Planned& p, const Problem& pr
 class CpuBackend final : public Backend {
  public:
   CpuBackend(const Planned& p, const Problem& problem, const PlanOptions& o)
-      : options_{o.threads, parse_isa(o.kernel)}, problem_(problem), pats_(per_head(p, p.patterns)),
+      : options_{o.threads, parse_isa(o.kernel), o.split < 0 ? 0 : std::max(1, o.split)}, problem_(problem),
+        pats_(per_head(p, p.patterns)), analyses_(per_head(p, p.analyses)),
         compound_(compound_of(p, problem, o, options_)) {
-    if (!compound_) plan_.emplace(pats_, problem, options_, per_head(p, p.analyses));
+    if (!compound_) plan_.emplace(pats_, problem, options_, analyses_);
   }
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -57,24 +59,39 @@ class CpuBackend final : public Backend {
       plan_->run(q, k, v, o, lse, options_);
     ran_.store(true, std::memory_order_relaxed);
   }
-  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView&, const TensorView&,
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 Stream) const override {
-    cpu::attention_backward(pats_, problem_, q, k, v, dout, dq, dk, dv, options_.threads);
+    // A compound plan's backward runs on one tile list over the whole pattern, planned at the first call: with the
+    // merged LSE every part's P is exact (KERNELS.md section 4), so the parts need no backward of their own.
+    if (compound_) std::call_once(bwd_once_, [&] { bwd_plan_.emplace(pats_, problem_, options_, analyses_); });
+    const cpu::FusedPlan& plan = compound_ ? *bwd_plan_ : *plan_;
+    const std::string ran = plan.backward(q, k, v, o, lse, dout, dq, dk, dv, options_).describe();
+    std::lock_guard<std::mutex> lock(mu_);
+    last_backward_ = ran;
   }
   std::string kernel() const override {
     return std::string("cpu_fused_") + (compound_ ? compound_->stats() : plan_->stats()).isa;
   }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
+  std::string last_backward_kernel() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_backward_;
+  }
   std::string explain() const override { return "cpu fused: " + (compound_ ? compound_->describe() : plan_->describe()); }
 
  private:
   cpu::Options options_;
   Problem problem_;
   std::vector<BoundPattern> pats_;
+  std::vector<Analysis> analyses_;
   std::optional<cpu::CompoundPlan> compound_;
   std::optional<cpu::FusedPlan> plan_;
   mutable std::atomic<bool> ran_{false};
+  mutable std::once_flag bwd_once_;
+  mutable std::optional<cpu::FusedPlan> bwd_plan_;  // compound plans: the backward's tile list
+  mutable std::mutex mu_;
+  mutable std::string last_backward_;
 };
 
 class ReferenceBackend final : public Backend {
@@ -90,15 +107,17 @@ class ReferenceBackend final : public Backend {
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 Stream) const override {
     cpu::reference_attention_backward(pats_, problem_, q, k, v, dout, dq, dk, dv);
+    ran_backward_.store(true, std::memory_order_relaxed);
   }
   std::string kernel() const override { return "reference"; }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
+  std::string last_backward_kernel() const override { return ran_backward_.load(std::memory_order_relaxed) ? kernel() : ""; }
   std::string explain() const override { return "reference: fp64, every (q, k) tested by the pattern's predicate"; }
 
  private:
   Problem problem_;
   std::vector<BoundPattern> pats_;
-  mutable std::atomic<bool> ran_{false};
+  mutable std::atomic<bool> ran_{false}, ran_backward_{false};
 };
 
 }  // namespace

@@ -9,19 +9,17 @@
 
 namespace spattn::cpu {
 
-void attention_backward(const std::vector<BoundPattern>& patterns, const Problem& p, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& dout, const TensorView& dq,
-                        const TensorView& dk, const TensorView& dv, int threads) {
+void exact_backward(const std::vector<BoundPattern>& patterns, const Problem& p, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& dout, const TensorView& dq,
+                    const TensorView& dk, const TensorView& dv, int threads, const std::vector<int64_t>& groups) {
   const int64_t B = p.batch, Lq = p.q_len, Lk = p.kv_len, H = p.q_heads, HK = p.kv_heads, D = p.head_dim, Dv = p.dv();
-  for (const TensorView* t : {&dq, &dk, &dv})
-    if (t->dtype != DType::f32 && t->dtype != DType::f64)
-      throw Error("cpu backward: gradients dq, dk and dv must be fp32 or fp64, got " + std::string(dtype_name(t->dtype)));
   const double scale = p.softmax_scale();
-  const int64_t group = H / HK, tasks = B * HK;
+  const int64_t group = H / HK, tasks = groups.empty() ? B * HK : int64_t(groups.size());
   const int nthreads = int(std::clamp<int64_t>(threads > 0 ? threads : int64_t(std::thread::hardware_concurrency()), 1,
                                                std::max<int64_t>(tasks, 1)));
   common::parallel_for(tasks, nthreads, [&](int64_t task, int) {
-    const int64_t b = task / HK, hk = task % HK;
+    const int64_t g = groups.empty() ? task : groups[size_t(task)];
+    const int64_t b = g / HK, hk = g % HK;
     // This kv head's K and V as fp64 rows, and its gradient accumulators.
     std::vector<double> kk(size_t(Lk * D)), vv(size_t(Lk * Dv)), gk(size_t(Lk * D), 0.0), gv(size_t(Lk * Dv), 0.0);
     for (int64_t j = 0; j < Lk; ++j) {

@@ -42,6 +42,7 @@
 
 #include "cpu/fused_kernel.hpp"
 #include "common/parallel.hpp"
+#include "cpu/fused_internal.hpp"
 #include "cpu/fused_plan.hpp"
 #include "cpu/softmax_row.hpp"
 #include "plan/analysis.hpp"
@@ -50,7 +51,6 @@
 namespace spattn::cpu {
 
 using common::parallel_for;
-using common::spin_until;
 
 namespace fused {
 namespace {
@@ -85,68 +85,6 @@ bool cpu_has(Isa isa) {
   return false;
 }
 
-int resolve_threads(int threads) {
-  if (threads > 0) return threads;
-  if (threads < 0) throw Error("threads must be >= 0 (0: all hardware threads), got " + std::to_string(threads));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-// ---- the plan of one pattern ------------------------------------------------------------------------------
-struct TileInfo {
-  int64_t q_off;  // into qidx
-  int32_t rows;
-  int32_t store;  // its KeyStore
-  int64_t blk_begin, blk_end;
-  int64_t res;  // into res_off / res_cnt (rows entries), -1: no residue
-  double cost;
-};
-
-// A std::allocator that leaves new elements of trivial types uninitialised (resize() writes nothing).
-// Blocks of 2 MiB or more are 2 MiB aligned and advised for transparent huge pages (Linux): a random plan's
-// residue keys are written once, and 4 KiB pages made a page fault per thousand keys.
-template <class T>
-struct KeyAlloc : std::allocator<T> {
-  static constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(2) << 20;
-  T* allocate(size_t n) {
-    const size_t bytes = n * sizeof(T);
-    if (bytes < kHugeFrom) return std::allocator<T>::allocate(n);
-    void* mem = nullptr;
-    if (posix_memalign(&mem, kHuge, (bytes + kHuge - 1) / kHuge * kHuge) != 0) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    madvise(mem, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
-#endif
-    return static_cast<T*>(mem);
-  }
-  void deallocate(T* p, size_t n) noexcept {
-    if (n * sizeof(T) < kHugeFrom) std::allocator<T>::deallocate(p, n);
-    else std::free(p);
-  }
-  template <class U>
-  struct rebind {
-    using other = KeyAlloc<U>;
-  };
-  KeyAlloc() = default;
-  template <class U>
-  KeyAlloc(const KeyAlloc<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
-
-// The keys of the dense blocks, their row masks and the residue keys of a run of whole work items (the tiles
-// one build task made): each task's stay where it wrote them rather than being copied into one array
-// (random(820) at L = 16384 has 54 MB of residue keys; copying them was a quarter of its plan time).
-struct KeyStore {
-  std::vector<int32_t> keys;
-  std::vector<uint32_t> masks;
-  std::vector<int32_t, KeyAlloc<int32_t>> res_keys;  // each row's list padded to a multiple of the vector width
-};
-
 // What one build task makes: tiles with their blocks and residue rows, offsets local to the part.
 struct PlanPart {
   std::vector<TileInfo> tiles;
@@ -155,27 +93,6 @@ struct PlanPart {
   std::vector<int32_t> res_cnt;
   KeyStore store;
   int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0, residue_runs = 0;
-};
-
-struct PatternPlan {
-  std::vector<int32_t> qidx;
-  std::vector<TileInfo> tiles;
-  std::vector<KeyBlock> blocks;   // KeyBlock::keys / ::mask: offsets into the tile's store (keys / masks)
-  std::vector<int64_t> res_off;   // per tile row with residue: offset into its tile's store's res_keys
-  std::vector<int32_t> res_cnt;   // its key count
-  std::vector<KeyStore> stores;   // the work items of one store are whole groups (below)
-  int64_t dense_scores = 0, masked_scores = 0, residue_nnz = 0, residue_runs = 0;
-  // Work items: groups of consecutive tiles [group[i], group[i + 1]). Residue-heavy plans (random) group
-  // kMaxGroup tiles so the kernel can run their residue in key passes that stay in L2.
-  std::vector<int32_t> group;
-  std::vector<TileRef> refs;  // [tiles], pointing into the vectors above
-  int32_t key_pass = 0, npass = 0;  // residue key passes (grouped plans over long key ranges)
-  std::vector<int32_t> res_pass;    // [residue rows][npass] ends, see TileRef::res_pass
-  std::vector<int64_t> res_pass_off;  // per tile: offset into res_pass, -1: none
-  bool residue_heavy = false;
-  int perm = 1;
-  std::string boxes;  // query tiles as grid boxes (PlanStats::boxes)
-  plan::TileBox tile_box;
 };
 
 // Plan space: with d > 1, group g = t % d holds tokens g, g + d, ...; key plan position g * gk + t / d.
@@ -601,7 +518,55 @@ PatternPlan build_pattern_plan(const BoundPattern& pat, const plan::Analysis& an
   return plan;
 }
 
-// Row (b, l, h) of a [B, L, H, D] view as fp32: D values to out[0, D), zeros to out[D, width).
+// fp32 copy of a [B, L, H, D] view: rows of `ld` floats at dst + ((b * H + h) * L + l) * ld (head_major) or
+// dst + ((b * L + l) * H + h) * ld, the D values then zeros up to `width`.
+void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int threads) {
+  const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2];
+  parallel_for(B * H, threads, [&](int64_t bh, int) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t l = 0; l < L; ++l)
+      convert_row(t, b, l, h, head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld, width);
+  });
+}
+
+// Per calling thread, the packed K/V of the last call's size (reused by the next call).
+AlignedFloats& kv_pack_buffer() {
+  thread_local AlignedFloats buf{{}, 0, nullptr, true};
+  return buf;
+}
+
+// Row t of (b, h) in fp64 from its keys, written to o (and lse): the rows the kernel hands back (TileArgs::redo).
+void exact_row(const BoundPattern& pat, const Problem& p, const TensorView& q, const TensorView& k,
+               const TensorView& v, const TensorView& o, const TensorView& lse, int64_t b, int64_t h, int64_t t) {
+  thread_local std::vector<int64_t> keys;
+  thread_local std::vector<double> s, qrow, acc;
+  const int64_t D = p.head_dim, Dv = p.dv(), hk = h / (p.q_heads / p.kv_heads);
+  const double scale = p.softmax_scale();
+  pat.row_keys(t, keys);
+  qrow.resize(size_t(D));
+  for (int64_t d = 0; d < D; ++d) qrow[size_t(d)] = q.load(b, t, h, d);
+  s.resize(keys.size());
+  for (size_t j = 0; j < keys.size(); ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += qrow[size_t(d)] * k.load(b, keys[j], hk, d);
+    s[j] = dot * scale;
+  }
+  const double l = softmax_row(s);
+  acc.assign(size_t(Dv), 0.0);
+  for (size_t j = 0; j < keys.size(); ++j)
+    for (int64_t d = 0; d < Dv; ++d) acc[size_t(d)] += s[j] * v.load(b, keys[j], hk, d);
+  for (int64_t d = 0; d < Dv; ++d) o.store(b, t, h, d, acc[size_t(d)]);
+  if (lse.data) lse.store(b, h, t, 0, l);
+}
+
+}  // namespace
+
+int resolve_threads(int threads) {
+  if (threads > 0) return threads;
+  if (threads < 0) throw Error("threads must be >= 0 (0: all hardware threads), got " + std::to_string(threads));
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 void convert_row(const TensorView& t, int64_t b, int64_t l, int64_t h, float* out, int64_t width) {
   const int64_t D = t.shape[3];
   const int64_t off = t.offset(b, l, h, 0);
@@ -632,19 +597,6 @@ void convert_row(const TensorView& t, int64_t b, int64_t l, int64_t h, float* ou
   for (int64_t d = D; d < width; ++d) out[d] = 0.f;
 }
 
-// fp32 copy of a [B, L, H, D] view: rows of `ld` floats at dst + ((b * H + h) * L + l) * ld (head_major) or
-// dst + ((b * L + l) * H + h) * ld, the D values then zeros up to `width`.
-void pack_f32(const TensorView& t, float* dst, bool head_major, int64_t ld, int64_t width, int threads) {
-  const int64_t B = t.shape[0], L = t.shape[1], H = t.shape[2];
-  parallel_for(B * H, threads, [&](int64_t bh, int) {
-    const int64_t b = bh / H, h = bh % H;
-    for (int64_t l = 0; l < L; ++l)
-      convert_row(t, b, l, h, head_major ? dst + ((b * H + h) * L + l) * ld : dst + ((b * L + l) * H + h) * ld, width);
-  });
-}
-
-// K and V rows [l0, l1) of batch b into the packed [B][HK][Lk][DP + DVP] buffer (a key's K row, then its V
-// row). Token-major: each input is read front to back, every head of a token from one stretch of memory.
 void pack_kv_rows(const TensorView& k, const TensorView& v, float* dst, int64_t DP, int64_t DVP, int64_t b,
                   int64_t l0, int64_t l1) {
   const int64_t HK = k.shape[2], Lk = k.shape[1], ld = DP + DVP;
@@ -656,80 +608,11 @@ void pack_kv_rows(const TensorView& k, const TensorView& v, float* dst, int64_t 
     }
 }
 
-// A float buffer, 64-byte aligned, not initialised; reuse() keeps its storage across calls (growing only), so
-// per-call copies do not pay page faults and zero fill again.
-// huge: 2 MiB aligned and advised for transparent huge pages (Linux), for buffers read at scattered rows: the
-// packed K/V of random(205) at L = 4096 spans 512 pages of 4 KiB per head, and every score's row is a data-TLB
-// miss in the first level.
-struct AlignedFloats {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], Free> store;
-  int64_t cap = 0;
-  float* ptr = nullptr;
-  bool huge = false;
-  void resize(int64_t n) {
-    if (n + 16 > cap) {
-      store.reset();
-      const size_t bytes = size_t(n + 16) * sizeof(float);
-      constexpr size_t kHuge = size_t(2) << 20;
-      void* mem = nullptr;
-      if (huge && bytes >= kHuge) {
-        const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-        if (posix_memalign(&mem, kHuge, rounded) == 0) {
-#ifdef MADV_HUGEPAGE
-          madvise(mem, rounded, MADV_HUGEPAGE);
-#endif
-        } else {
-          mem = nullptr;
-        }
-      }
-      if (!mem && posix_memalign(&mem, 64, bytes) != 0) throw std::bad_alloc();
-      store.reset(static_cast<float*>(mem));
-      cap = n + 16;
-    }
-    ptr = store.get();
-  }
-};
-
-// Per calling thread, the packed K/V of the last call's size (reused by the next call).
-AlignedFloats& kv_pack_buffer() {
-  thread_local AlignedFloats buf{{}, 0, nullptr, true};
-  return buf;
-}
-
-// Per thread (the caller and the kept workers), the kernels' scratch, kept across calls.
 AlignedFloats& scratch_buffer() {
   thread_local AlignedFloats buf;
   return buf;
 }
 
-// Row t of (b, h) in fp64 from its keys, written to o (and lse): the rows the kernel hands back (TileArgs::redo).
-void exact_row(const BoundPattern& pat, const Problem& p, const TensorView& q, const TensorView& k,
-               const TensorView& v, const TensorView& o, const TensorView& lse, int64_t b, int64_t h, int64_t t) {
-  thread_local std::vector<int64_t> keys;
-  thread_local std::vector<double> s, qrow, acc;
-  const int64_t D = p.head_dim, Dv = p.dv(), hk = h / (p.q_heads / p.kv_heads);
-  const double scale = p.softmax_scale();
-  pat.row_keys(t, keys);
-  qrow.resize(size_t(D));
-  for (int64_t d = 0; d < D; ++d) qrow[size_t(d)] = q.load(b, t, h, d);
-  s.resize(keys.size());
-  for (size_t j = 0; j < keys.size(); ++j) {
-    double dot = 0;
-    for (int64_t d = 0; d < D; ++d) dot += qrow[size_t(d)] * k.load(b, keys[j], hk, d);
-    s[j] = dot * scale;
-  }
-  const double l = softmax_row(s);
-  acc.assign(size_t(Dv), 0.0);
-  for (size_t j = 0; j < keys.size(); ++j)
-    for (int64_t d = 0; d < Dv; ++d) acc[size_t(d)] += s[j] * v.load(b, keys[j], hk, d);
-  for (int64_t d = 0; d < Dv; ++d) o.store(b, t, h, d, acc[size_t(d)]);
-  if (lse.data) lse.store(b, h, t, 0, l);
-}
-
-}  // namespace
 }  // namespace fused
 
 // ---- public API ---------------------------------------------------------------------------------------------
@@ -748,22 +631,6 @@ Isa best_isa() {
   if (fused::cpu_has(Isa::avx2) && fused::avx2::kernels().run_tile) return Isa::avx2;
   return Isa::generic;
 }
-
-struct FusedPlan::Impl {
-  Problem problem;
-  std::vector<BoundPattern> patterns;  // one for all heads or one per query head (rows redone in fp64)
-  const fused::KernelSet* ks = nullptr;
-  std::vector<fused::PatternPlan> plans;
-  std::vector<int> plan_of_head;  // [Hq]
-  struct Item {
-    int32_t bh, plan, group;
-  };
-  // Work items (batch x head, tile): most expensive first (longest-processing-time order), and among tiles of
-  // about the same cost (within a factor sqrt 2) head by head, tile by tile, so the threads share one head's
-  // K/V in cache and neighbouring tiles share keys.
-  std::vector<Item> items;
-  PlanStats stats;
-};
 
 FusedPlan::FusedPlan(const std::vector<BoundPattern>& patterns, const Problem& problem, const Options& options,
                      const std::vector<plan::Analysis>& analyses)
@@ -1052,7 +919,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
   // prefetch that item's first Q rows). (Packing in its own regions, K then V, head by head, took 1.1-2.4 ms
   // of a 21-26 ms call.)
   std::atomic<int64_t> next_pack{0};
-  std::atomic<int> packed{0};
+  common::Barrier packed(nthreads);
   parallel_for(nthreads, nthreads, [&](int64_t, [[maybe_unused]] int t) {
     if (pack_tasks > 0) {
       const int64_t per_b = (Lk + kPackRows - 1) / kPackRows;
@@ -1060,10 +927,7 @@ void FusedPlan::run(const TensorView& q, const TensorView& k, const TensorView& 
         const int64_t l0 = (i % per_b) * kPackRows;
         fused::pack_kv_rows(k, v, kv.ptr, DP, DVP, i / per_b, l0, std::min(Lk, l0 + kPackRows));
       }
-      if (packed.fetch_add(1, std::memory_order_acq_rel) + 1 == nthreads) packed.notify_all();
-      for (int v; (v = packed.load(std::memory_order_acquire)) < nthreads;)
-        if (!spin_until([&] { return packed.load(std::memory_order_acquire) == nthreads; }))
-          packed.wait(v, std::memory_order_acquire);
+      packed.wait();
     }
 #ifdef SPATTN_FUSED_PROF
     if (t < 8) prof_beg[t] = prof_ms(), prof_cpu[t] = sched_getcpu();

@@ -81,6 +81,43 @@ inline constexpr int kMaxGroup = 8;  // tiles per work item at most
 
 using TileFn = void (*)(const TileArgs&);
 
+// The backward of one (batch, query head, query tile) (fused_backward.cpp, fused_bwd_kernels.inc). Every input is
+// packed fp32 by the time it gets here, rows zero padded to whole vectors.
+struct BwdTileArgs {
+  int64_t D, Dv, DP, DVP;
+  float qscale;  // softmax scale * log2(e): scores in base 2, as lse2
+  float scale;   // softmax scale: dS = P (dP - delta) gives dQ = scale dS K and dK = scale dS^T Q
+  // Q and dO of this (b, h): row t at q + t * q_ld (DP floats), dout + t * dout_ld (DVP floats).
+  const float* q;
+  const float* dout;
+  int64_t q_ld, dout_ld;
+  // Per query row t of this (b, h): lse2[t] = the forward's LSE * log2(e) (+inf for a row with no key, so its
+  // P is 0), delta[t] = rowsum(dO * O).
+  const float* lse2;
+  const float* delta;
+  // K / V of this (b, hk): row t at k + t * k_ld (DP floats), v + t * v_ld (DVP floats).
+  const float* k;
+  int64_t k_ld;
+  const float* v;
+  int64_t v_ld;
+  // dK / dV accumulators (fp32, added to): key t's rows at gk + (t - key0) * DP, gv + (t - key0) * DVP; every key
+  // the tile keeps lies in the accumulators' range.
+  float* gk;
+  float* gv;
+  int32_t key0;
+  // dQ of this (b, h): element (t, d) at dq[t * dq_ld + d * dq_inc], written (a query row is in one tile).
+  float* dq;
+  int64_t dq_ld, dq_inc;
+  const struct TileRef* tile;
+  const int32_t* keys;
+  const uint32_t* masks;
+  const int32_t* res_keys;
+  float* scratch;      // bwd_scratch_floats() floats, 64-byte aligned, private to the calling thread
+  int32_t* nonfinite;  // set to 1 where a dQ value written is not finite (the caller redoes the group in fp64)
+};
+
+using BwdTileFn = void (*)(const BwdTileArgs&);
+
 // One ISA's kernel set. tile_rows: query rows per tile (a multiple of the vector width, <= 32 so a row
 // mask fits a uint32). block_keys: keys per dense block the planner should emit.
 struct KernelSet {
@@ -91,6 +128,8 @@ struct KernelSet {
   TileFn run_tile;
   // Scratch floats one thread needs for given D, Dv (groups of up to kMaxGroup tiles).
   int64_t (*scratch_floats)(int64_t D, int64_t Dv);
+  BwdTileFn run_bwd_tile;  // the backward of one tile
+  int64_t (*bwd_scratch_floats)(int64_t D, int64_t Dv);
 };
 
 namespace avx512 { const KernelSet& kernels(); }

@@ -30,6 +30,20 @@ Isa best_isa();
 struct Options {
   int threads = 0;  // worker threads; 0: all hardware threads
   Isa isa = Isa::automatic;
+  // Backward: slices per (batch, kv head) group, each with its own dK / dV partials added at the end (0: chosen,
+  // 1: none; for tests and benchmarks).
+  int split = 0;
+};
+
+// What one FusedPlan::backward call ran.
+struct BackwardStats {
+  std::string isa;
+  int64_t groups = 0;        // (batch, kv head) groups
+  int64_t exact_groups = 0;  // of which redone in fp64 (cpu/backward.hpp): non-finite values, fp32's range
+  int split = 1;             // slices per group
+  bool recomputed = false;   // O or the LSE was not given: the forward ran first
+  // "cpu_fused_avx512", then where they apply "; split 2", "; fp64 for 1 of 4 groups", "; forward recomputed".
+  std::string describe() const;
 };
 
 // What a plan holds, for explain/bench output.
@@ -67,6 +81,15 @@ class FusedPlan {
   // fp32/fp16/bf16 and need not equal problem.dtype).
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const Options& options = {}) const;
+  // The gradients of run() (fused_backward.cpp): dq [B, Lq, Hq, D], dk [B, Lk, Hkv, D], dv [B, Lk, Hkv, Dv] fp32
+  // or fp64 (overwritten) from dout [B, Lq, Hq, Dv]; q/k/v/dout fp32, fp16, bf16 or fp64 (converted to fp32), any
+  // strides. o [B, Lq, Hq, Dv] (any dtype) and lse [B, Hq, Lq, 1] (fp32 or fp64) from the forward; where either
+  // has a null data pointer, run() computes both first. fp32 accumulation; a (batch, kv head) group whose fp32
+  // gradients are not all finite (non-finite inputs, scores past fp32's range) or with an LSE past 2^14 (base 2) is
+  // recomputed in fp64 (the reference's semantics for non-finite values).
+  BackwardStats backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                         const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                         const TensorView& dv, const Options& options = {}) const;
 
   const Problem& problem() const;
   const PlanStats& stats() const;

@@ -78,15 +78,7 @@ void reference_attention_backward(const std::vector<BoundPattern>& patterns, con
   const int64_t B = p.batch, Lq = p.q_len, Lk = p.kv_len, H = p.q_heads, HK = p.kv_heads, D = p.head_dim, Dv = p.dv();
   if (patterns.size() != 1 && int64_t(patterns.size()) != H)
     throw Error("expected 1 pattern or one per query head (" + std::to_string(H) + "), got " + std::to_string(patterns.size()));
-  Problem::check_view(q, "q", {B, Lq, H, D});
-  Problem::check_view(k, "k", {B, Lk, HK, D});
-  Problem::check_view(v, "v", {B, Lk, HK, Dv});
-  Problem::check_view(dout, "dout", {B, Lq, H, Dv});
-  Problem::check_view(dq, "dq", {B, Lq, H, D});
-  Problem::check_view(dk, "dk", {B, Lk, HK, D});
-  Problem::check_view(dv, "dv", {B, Lk, HK, Dv});
-  for (const TensorView* t : {&dq, &dk, &dv})
-    if (t->dtype != DType::f32 && t->dtype != DType::f64) throw Error("reference gradients must be fp32 or fp64");
+  p.check_backward_views(q, k, v, dout, dq, dk, dv, true);
   const double scale = p.softmax_scale();
   const int64_t group = H / HK;
   // One task per (b, kv head): it owns dk and dv of that head and dq of the query heads that share it.

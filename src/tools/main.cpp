@@ -42,10 +42,14 @@ const char* kRunUsage =
     "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
     "                  [--dim D] [--value-dim DV] [--dtype fp32|fp16|bf16] [--seed S] [--scale X]\n"
     "                  [--q q.npy --k k.npy --v v.npy] [--out o.npy] [--lse lse.npy]\n"
+    "                  [--do do.npy] [--dq dq.npy] [--dk dk.npy] [--dv dv.npy]\n"
     "                  [--impl " SPATTN_CPU_IMPLS "] [--device cpu|cuda] [--threads N]\n"
     "Attention on random inputs (from --seed) of the given shape, or on q, k, v from .npy files (float32 or\n"
     "float16, [B, L, H, D]; the shape and dtype then come from the files). O is written as float32 [B, L, H, Dv],\n"
-    "the log-sum-exp as float32 [B, H, L]. With no arguments: a small Longformer-style default.\n";
+    "the log-sum-exp as float32 [B, H, L]. With no arguments: a small Longformer-style default.\n"
+    "--dq, --dk, --dv: the gradients of O's loss <dO, O> through Plan::backward on the same device and --impl,\n"
+    "written as float32 laid out as q, k and v; dO from --do ([B, L, H, Dv]; random from --seed with random\n"
+    "inputs). The timing line then adds the backward's (effective GFLOP/s count 2 nnz (3 D + 2 Dv) a head).\n";
 
 const char* kMaskUsage =
     "usage: spattn mask --pattern SPEC (--len L | --q-len A --k-len B)\n"
@@ -238,7 +242,7 @@ int cmd_info(int argc, char** argv) {
 int cmd_run(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"pattern", "len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype", "seed", "scale", "q", "k", "v",
-          "out", "lse", "impl", "device", "threads"},
+          "out", "lse", "do", "dq", "dk", "dv", "impl", "device", "threads"},
          {});
   const bool defaults = argc == 2;
   RunOptions o;
@@ -257,6 +261,10 @@ int cmd_run(int argc, char** argv) {
   o.v_path = a.str("v");
   o.out_path = a.str("out");
   o.lse_path = a.str("lse");
+  o.do_path = a.str("do");
+  o.dq_path = a.str("dq");
+  o.dk_path = a.str("dk");
+  o.dv_path = a.str("dv");
   o.impl = a.str("impl", "auto");
   o.device = a.str("device", "cpu");
   o.threads = int(a.integer("threads", 0));

@@ -118,6 +118,19 @@ int run_attention(const RunOptions& o) {
   }
   p.validate();
   check_host_memory(p);
+  // The backward: dO from --do (or random, as random inputs are) when a gradient is asked for.
+  const bool grads = !o.dq_path.empty() || !o.dk_path.empty() || !o.dv_path.empty();
+  if (!o.do_path.empty() && !grads)
+    throw Error("--do (the gradient of O) is for --dq, --dk and --dv: give at least one of them");
+  if (grads && from_files && o.do_path.empty())
+    throw Error("--dq, --dk and --dv need --do (the gradient of O, [B, L, H, Dv]) with .npy inputs");
+  HostTensor dout;
+  if (!o.do_path.empty()) {
+    dout = from_npy(o.do_path, "do");
+    const std::vector<int64_t> want{p.batch, p.q_len, p.q_heads, p.dv()};
+    const std::vector<int64_t> got(dout.view.shape.begin(), dout.view.shape.end());
+    if (got != want) throw Error("do '" + o.do_path + "' has shape " + shape_str(got) + "; O is " + shape_str(want));
+  }
   if (o.device != "cpu" && o.device != "cuda") throw Error("unknown device '" + o.device + "' (use cpu or cuda)");
   if (o.device == "cpu" && o.impl != "auto" && o.impl != "fused" && o.impl != "reference")
     throw Error("unknown --impl '" + o.impl + "' for --device cpu (use " SPATTN_CPU_IMPLS ")");
@@ -129,6 +142,7 @@ int run_attention(const RunOptions& o) {
     q = random_tensor(p.dtype, {p.batch, p.q_len, p.q_heads, p.head_dim}, rng);
     k = random_tensor(p.dtype, {p.batch, p.kv_len, p.kv_heads, p.head_dim}, rng);
     v = random_tensor(p.dtype, {p.batch, p.kv_len, p.kv_heads, p.dv()}, rng);
+    if (grads && o.do_path.empty()) dout = random_tensor(p.dtype, {p.batch, p.q_len, p.q_heads, p.dv()}, rng);
   }
   std::vector<float> out(size_t(p.batch * p.q_len * p.q_heads * p.dv()));
   std::vector<float> lse(size_t(p.batch * p.q_heads * p.q_len));
@@ -140,16 +154,33 @@ int run_attention(const RunOptions& o) {
                : o.impl == "fused" ? (o.device == "cuda" ? Engine::cuda_fused : Engine::cpu_fused)
                : o.impl == "unfused" ? Engine::cuda_unfused
                                      : parse_engine(o.impl);
+  std::vector<float> gq, gk, gv;
+  RunBackward bwd;
+  if (grads) {
+    gq.resize(size_t(p.batch * p.q_len * p.q_heads * p.head_dim));
+    gk.resize(size_t(p.batch * p.kv_len * p.kv_heads * p.head_dim));
+    gv.resize(size_t(p.batch * p.kv_len * p.kv_heads * p.dv()));
+    bwd.dout = dout.view, bwd.dq = gq.data(), bwd.dk = gk.data(), bwd.dv = gv.data();
+  }
   double secs = 0;
   std::string engine;
   if (o.device == "cuda") {
-    secs = run_cuda(pat, p, q.view, k.view, v.view, out.data(), lse.data(), opt, &engine);
+    secs = run_cuda(pat, p, q.view, k.view, v.view, out.data(), lse.data(), opt, &engine, grads ? &bwd : nullptr);
   } else {
     const Plan plan = make_plan(pat, p, Device::cpu(), opt);  // planned once, outside the timed call
     engine = std::string(engine_name(plan.engine())) + " (" + plan.kernel() + ")";
     const auto t0 = std::chrono::steady_clock::now();
     plan.forward(q.view, k.view, v.view, ov, lv);
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (grads) {
+      const auto t1 = std::chrono::steady_clock::now();
+      plan.backward(q.view, k.view, v.view, ov, lv, dout.view,
+                    TensorView::contiguous(gq.data(), DType::f32, {p.batch, p.q_len, p.q_heads, p.head_dim}),
+                    TensorView::contiguous(gk.data(), DType::f32, {p.batch, p.kv_len, p.kv_heads, p.head_dim}),
+                    TensorView::contiguous(gv.data(), DType::f32, {p.batch, p.kv_len, p.kv_heads, p.dv()}));
+      bwd.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      bwd.engine = plan.last_backward_kernel();
+    }
   }
   auto write = [](const std::string& path, const float* data, const std::vector<int64_t>& shape, const char* what) {
     write_npy(path, data, shape);
@@ -157,6 +188,9 @@ int run_attention(const RunOptions& o) {
   };
   if (!o.out_path.empty()) write(o.out_path, out.data(), {p.batch, p.q_len, p.q_heads, p.dv()}, "O [B, L, H, Dv] =");
   if (!o.lse_path.empty()) write(o.lse_path, lse.data(), {p.batch, p.q_heads, p.q_len}, "log-sum-exp [B, H, L] =");
+  if (!o.dq_path.empty()) write(o.dq_path, gq.data(), {p.batch, p.q_len, p.q_heads, p.head_dim}, "dQ [B, L, H, D] =");
+  if (!o.dk_path.empty()) write(o.dk_path, gk.data(), {p.batch, p.kv_len, p.kv_heads, p.head_dim}, "dK [B, L, HK, D] =");
+  if (!o.dv_path.empty()) write(o.dv_path, gv.data(), {p.batch, p.kv_len, p.kv_heads, p.dv()}, "dV [B, L, HK, Dv] =");
   if (o.verbose) {
     const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
     const double flops = 2.0 * double(nnz) * double(p.head_dim + p.dv()) * double(p.batch * p.q_heads);
@@ -166,6 +200,12 @@ int run_attention(const RunOptions& o) {
     std::printf("  nnz %lld per head (density %.3f%%)  time %.3f ms  effective %.2f GFLOP/s\n", (long long)nnz,
                 p.q_len && p.kv_len ? 100.0 * double(nnz) / (double(p.q_len) * double(p.kv_len)) : 0.0, secs * 1e3,
                 secs > 0 ? flops / secs / 1e9 : 0.0);
+    if (grads) {
+      // S, dP, dV, dK, dQ: 2 * nnz * (3 D + 2 Dv) a head (10 * nnz * D where Dv = D, 2.5x the forward's).
+      const double bflops = 2.0 * double(nnz) * double(3 * p.head_dim + 2 * p.dv()) * double(p.batch * p.q_heads);
+      std::printf("  backward %s  time %.3f ms  effective %.2f GFLOP/s\n", bwd.engine.c_str(), bwd.seconds * 1e3,
+                  bwd.seconds > 0 ? bflops / bwd.seconds / 1e9 : 0.0);
+    }
   }
   return 0;
 }

@@ -17,3 +17,28 @@ execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "run --q/--k/--v with matching shape options: rc ${rc}, stderr '${err}'")
 endif()
+# The backward: --dq / --dk / --dv say what they wrote (random dO with random inputs); with .npy inputs they need
+# --do, and --do alone (no gradient asked) is refused, each naming the options.
+execute_process(COMMAND ${SPATTN} run --len 16 --heads 2 --kv-heads 1 --dim 8 --dq ${WORK}/dq.npy --dv ${WORK}/dv.npy
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "wrote [^\n]*dq\\.npy: dQ \\[B, L, H, D\\] = \\[1, 16, 2, 8\\] float32"
+   OR NOT out MATCHES "wrote [^\n]*dv\\.npy: dV \\[B, L, HK, Dv\\] = \\[1, 16, 1, 8\\] float32"
+   OR NOT out MATCHES "backward cpu_fused_")
+  message(FATAL_ERROR "run --dq --dv: rc ${rc}, stdout '${out}', stderr '${err}'")
+endif()
+execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${WORK}/x.npy --dq ${WORK}/dq.npy
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--dq, --dk and --dv need --do \\(the gradient of O")
+  message(FATAL_ERROR "run --q/--k/--v --dq without --do: rc ${rc}, stdout '${out}', stderr '${err}'")
+endif()
+execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${WORK}/x.npy --do ${WORK}/dq.npy
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--do \\(the gradient of O\\) is for --dq, --dk and --dv")
+  message(FATAL_ERROR "run --do alone: rc ${rc}, stdout '${out}', stderr '${err}'")
+endif()
+execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${WORK}/x.npy --do ${WORK}/dv.npy
+                        --dq ${WORK}/dq2.npy
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "do '[^']*dv\\.npy' has shape \\[1, 16, 1, 8\\]; O is \\[1, 16, 2, 8\\]")
+  message(FATAL_ERROR "run --do of the wrong shape: rc ${rc}, stdout '${out}', stderr '${err}'")
+endif()

@@ -123,6 +123,7 @@ const std::vector<Case>& cases() {
       {{"local(9)", "causal", "local(9)"}, DType::bf16, 1, 3, 3, 200, 200, 64, false},  // per-head patterns
       {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                   // [B, H, L, D] views, GQA
       {{"dense"}, DType::f16, 1, 4, 1, 129, 129, 64, true},                          // group 4
+      {{"neighborhood(dims=(16,20), kernel=5)"}, DType::bf16, 1, 2, 2, 320, 320, 64, false},  // 2-D windows
   };
   return c;
 }

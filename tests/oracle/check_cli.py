@@ -6,8 +6,9 @@
 Checks `spattn mask` dumps (every atom and preset, awkward lengths, random rows at
 edge counts, random nested specs, neighborhood 1-D/2-D/3-D, lengths up to 4096),
 `spattn run --impl reference --device cpu` outputs against a float64 reference (GQA,
-fully masked rows, cross attention), and error paths (malformed specs, bad npy
-inputs, missing files).
+fully masked rows, cross attention), the gradients of `spattn run --dq --dk --dv`
+(--impl reference and fused) against the oracle's, and error paths (malformed
+specs, bad npy inputs, missing files).
 
 Prints one line per failure and ends with a line `N passed, M failed`.
 Exit status 0 only if every check passed.  Random specs come from a seeded RNG;
@@ -238,6 +239,52 @@ class Checker:
             rel = num / den if den > 0 else num
             if not rel <= 1e-6:
                 problems.append(f"LSE relative error {rel:.3g} > 1e-6")
+        if problems:
+            self.fail(f"{what}: {'; '.join(problems)}")
+        else:
+            self.ok(what)
+
+    def check_run_grads(self, spec: str, Lq: int, Lk: int | None, B: int, H: int, HK: int, D: int, seed: int,
+                        impl: str):
+        """`spattn run --do --dq --dk --dv --impl IMPL` against the oracle's gradients (float64, from the dense mask)."""
+        Lk_ = Lq if Lk is None else Lk
+        what = f"run grads [{impl}] Lq={Lq} Lk={Lk_} B={B} H={H} HK={HK} D={D} spec={spec!r}"
+        m = po.mask(spec, Lq, Lk_)
+        rng = np.random.default_rng(seed)
+        arrays = {"q": rng.standard_normal((B, Lq, H, D)), "k": rng.standard_normal((B, Lk_, HK, D)),
+                  "v": rng.standard_normal((B, Lk_, HK, D)), "do": rng.standard_normal((B, Lq, H, D))}
+        paths = {n: os.path.join(self.tmp, f"g{n}.npy") for n in ("q", "k", "v", "do", "dq", "dk", "dv")}
+        for n, a in arrays.items():
+            arrays[n] = a.astype(np.float32)
+            np.save(paths[n], arrays[n])
+        for n in ("dq", "dk", "dv"):
+            if os.path.exists(paths[n]):
+                os.remove(paths[n])
+        args = ["run", "--pattern", spec, "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--do", paths["do"],
+                "--dq", paths["dq"], "--dk", paths["dk"], "--dv", paths["dv"], "--impl", impl, "--device", "cpu"]
+        rc, out, err = self.call(args)
+        c = self.crashed(rc, err)
+        if c or rc != 0:
+            self.fail(f"{what}: {c or f'exit {rc}'}; stderr={short(err)!r}")
+            return
+        want = po.attention_grads(arrays["q"], arrays["k"], arrays["v"], arrays["do"], m, None, HK)
+        # fp32 out of an fp64 reference: ~1e-7; the fused backward accumulates in fp32.
+        tol = 1e-6 if impl == "reference" else 1e-5
+        problems = []
+        for name, ref in zip(("dq", "dk", "dv"), want):
+            try:
+                got = np.load(paths[name])
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"cannot read {name}: {e}")
+                continue
+            if got.dtype != np.float32 or got.shape != ref.shape:
+                problems.append(f"{name} is {got.dtype} {got.shape}, expected float32 {ref.shape}")
+                continue
+            den = np.linalg.norm(ref)
+            num = np.linalg.norm(np.nan_to_num(got.astype(np.float64) - ref, nan=1e30, posinf=1e30, neginf=1e30))
+            rel = num / den if den > 0 else num
+            if not rel <= tol:
+                problems.append(f"{name} relative error {rel:.3g} > {tol:g}")
         if problems:
             self.fail(f"{what}: {'; '.join(problems)}")
         else:
@@ -748,6 +795,15 @@ def main(argv=None) -> int:
     # 5. attention through `spattn run`
     for i, (spec, Lq, Lk, B, H, HK, D) in enumerate(self_attn_run_cases(rng, quick)):
         ck.check_run(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31))
+    # gradients through `spattn run --dq --dk --dv`, both CPU implementations
+    grad_cases = [("longformer(5, 2)", 40, None, 1, 4, 2, 16), ("causal & global_rows(3:30)", 33, None, 2, 2, 1, 8),
+                  ("local(left=4, right=1) | random(2, seed=9)", 20, 37, 1, 2, 2, 32)]
+    if not quick:
+        grad_cases += [("neighborhood(dims=(8,8), kernel=3)", 64, None, 1, 2, 1, 64),
+                       ("dilated(6, 3) | global(0)", 100, None, 2, 4, 1, 24)]
+    for spec, Lq, Lk, B, H, HK, D in grad_cases:
+        for impl in ("reference", "fused"):
+            ck.check_run_grads(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31), impl=impl)
     # run error paths
     ck.run_error("q head dim != --dim", (1, 8, 2, 16), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
     ck.run_error("k has wrong kv-heads", (1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)

@@ -733,6 +733,35 @@ def attention(q, k, v, mask, scale=None, Hkv=None):
     return O, LSE
 
 
+def attention_grads(q, k, v, dout, mask, scale=None, Hkv=None):
+    """float64 gradients of attention(q, k, v, mask) for the loss <dout, O>, written out from the definition:
+    dQ [B,Lq,H,D], dK [B,Lk,HK,D], dV [B,Lk,HK,Dv] (dK, dV summed over the query heads of a group). A fully masked
+    row contributes nothing."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    mask = np.asarray(mask, dtype=bool)
+    B, Lq, H, D = q.shape
+    Hkv = k.shape[2] if Hkv is None else Hkv
+    g = H // Hkv
+    s = 1.0 / np.sqrt(D) if scale is None else scale
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            hk = h // g
+            S = np.where(mask, s * q[b, :, h] @ k[b, :, hk].T, -np.inf)
+            mx = np.max(S, axis=1, keepdims=True, initial=-np.inf)
+            mx = np.where(np.isfinite(mx), mx, 0)
+            E = np.where(mask, np.exp(S - mx), 0)
+            den = E.sum(axis=1, keepdims=True)
+            P = np.divide(E, den, out=np.zeros_like(E), where=den > 0)
+            dO = dout[b, :, h]
+            dv[b, :, hk] += P.T @ dO
+            dP = dO @ v[b, :, hk].T
+            dS = P * (dP - (dP * P).sum(axis=1, keepdims=True))
+            dq[b, :, h] = s * dS @ k[b, :, hk]
+            dk[b, :, hk] += s * dS.T @ q[b, :, h]
+    return dq, dk, dv
+
+
 # ----------------------------------------------------------------------------- self-test
 
 def _rows(spec, Lq, Lk=None):

@@ -2,6 +2,7 @@
 // per-head patterns run head by head through views of the caller's tensors (no copies).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <optional>
 #include <sstream>
 

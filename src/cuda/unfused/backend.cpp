@@ -2,6 +2,8 @@
 // (unfused::Plan), its attention workspace owned by the backend.
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cuda/backward/csr_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
