@@ -158,11 +158,11 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
                spattn::Error);
 }
 
-// Wide (128-key) backward tiles where keys are seen by many queries (causal), narrow ones for bands.
+// Wide (128-key) backward tiles, narrow (64) ones for residue-permuted plans (cp.async steps).
 TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   using spattn::plan::kKernels;
   const int causal = spattn::plan::choose_backward_row(spattn::parse("causal").bind(16384), 64);
-  const int local = spattn::plan::choose_backward_row(spattn::parse("local(256)").bind(16384), 64);
+  const int local = spattn::plan::choose_backward_row(spattn::parse("dilated(256, 2)").bind(16384), 64);
   ASSERT_GE(causal, 0);
   ASSERT_GE(local, 0);
   EXPECT_EQ(kKernels[causal].block_n, 128);

@@ -17,7 +17,7 @@ BUILD=${SPATTN_BUILD:-}
 rc=0
 if [ -z "$BUILD" ]; then
   BUILD=$ROOT/build-bwd
-  gpu_build "$BUILD" "$OUTD/bwd_build.log" spattn backward_gpu_test || exit 1
+  gpu_build "$BUILD" "$OUTD/bwd_build.log" spattn spattn_cli backward_gpu_test || exit 1
 fi
 
 echo "== backward: GPU tests ($(elapsed))"
@@ -32,6 +32,27 @@ for tool in memcheck racecheck; do
   echo "$tool: rc $r; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/bwd_$tool.log" | head -1)"
   [ $r -eq 0 ] || rc=1
 done
+
+echo "== backward: spattn run --dq --dk --dv on the GPU against the CPU reference ($(elapsed))"
+for spec in "local(20)" "causal" "dilated(10, 3)"; do
+  for dev in "cuda fused" "cpu reference"; do
+    set -- $dev
+    "$BUILD/spattn" run --pattern "$spec" --len 300 --heads 4 --kv-heads 2 --dim 64 --dtype bf16 --seed 5 --device "$1" \
+      --impl "$2" --dq "$OUTD/g_$1_dq.npy" --dk "$OUTD/g_$1_dk.npy" --dv "$OUTD/g_$1_dv.npy" >"$OUTD/g_$1.log" 2>&1 || rc=1
+  done
+  python3 - "$OUTD" "$spec" <<'PY' || rc=1
+import sys, numpy as np
+d, spec = sys.argv[1], sys.argv[2]
+errs = []
+for g in ("dq", "dk", "dv"):
+    a, b = np.load(f"{d}/g_cuda_{g}.npy"), np.load(f"{d}/g_cpu_{g}.npy")
+    errs.append(float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)))
+print(f"{spec}: rel err dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e}")
+sys.exit(0 if max(errs) <= 2e-2 else 1)
+PY
+done
+grep -h "backward" "$OUTD/g_cuda.log" | head -2
+rm -f "$OUTD"/g_*.npy
 
 if [ "${BWD_SKIP_BENCH:-0}" != 1 ]; then
   echo "== backward: bench ($(elapsed))"

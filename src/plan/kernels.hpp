@@ -90,11 +90,10 @@ inline constexpr int64_t kMaxCpuPermutation = 4096;
 inline constexpr int64_t kScatteredMaxFill = 64;
 inline constexpr int64_t kPartsMaxFraction = 8;
 
-// The backward's tiles (sm90_bwd rows, 64 queries a step): at head dim 64, 128 keys a CTA (two warpgroups) where the
-// keys are seen by this many queries or more on average, else 64 (one warpgroup, two CTAs an SM). H100, L=16384:
-// causal (8192 a key) 10.1 vs 11.6 ms, bigbird 1.60 vs 1.66; local(256) (513) 1.23 vs 1.21, longformer 1.45 vs
-// 1.39, dilated 1.29 vs 1.25.
-inline constexpr int64_t kBwdWideQueriesPerKey = 2048;
+// The backward's tiles (sm90_bwd rows, 64 queries a step) at head dim 64: 128 keys a CTA (two warpgroups), but 64
+// (one warpgroup, two CTAs an SM) for residue-permuted plans, whose steps load by cp.async rather than TMA. H100,
+// L=16384, TMA steps: local 1.09 vs 1.13 ms, bigbird 1.50 vs 1.67, causal 8.2 vs 9.4 (before TMA), longformer 1.31
+// vs 1.29; cp.async steps: dilated 1.29 vs 1.25.
 
 // The band kernel runs a slab's later steps against the running maximum where the slabs average this many
 // 64-key chunks or more (H100: causal +4% at L=16384, +2% at 4096; local(256), 9 chunks, -1.3 to -2.5%).

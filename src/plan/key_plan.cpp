@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/error.hpp"
 
@@ -56,7 +57,7 @@ KeyMajorPlan key_major(const BlockPlan& plan) {
 }
 
 int choose_backward_row(const BoundPattern& pattern, int64_t head_dim) {
-  const bool wide = pattern.nnz() >= kBwdWideQueriesPerKey * pattern.k_len();
+  const bool wide = analyze(pattern).permutation(kMaxGpuPermutation) <= 1;
   int first = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];

@@ -160,7 +160,7 @@ TEST(BackwardGpu, SmallCaseForSanitizers) {
   const Case c{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false};
   std::string ran;
   const auto e = backward_errors(c, "sm90_bwd", &ran, 7);
-  EXPECT_EQ(ran, "sm90_bwd_64x64_d64");  // the planner's row here (plan::choose_backward_row)
+  EXPECT_EQ(ran, "sm90_bwd_64x128_d64");  // the planner's row here (plan::choose_backward_row)
   for (double x : e) EXPECT_LE(x, 2e-2);
 }
 
@@ -192,7 +192,7 @@ TEST(BackwardGpu, CsrKernelTakesTheRest) {
     SCOPED_TRACE(c.specs[0]);
     std::string ran;
     const auto e = backward_errors(c, "", &ran, 300);
-    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_64x64_d64");
+    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_64x128_d64");
     for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
   }
 }
