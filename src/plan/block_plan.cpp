@@ -315,7 +315,6 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
                 std::to_string(bn));
   if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
-  if (pat.q_len() <= 0 || pat.k_len() <= 0) throw Error("block plan: empty lengths");
   const Space sp = maps ? Space(pat.q_len(), pat.k_len(), bm, bn, *maps) : Space(pat.q_len(), pat.k_len(), bm, bn, d);
   if (sp.q_tiles >= INT32_MAX || sp.k_tiles >= INT32_MAX) throw Error("block plan: too many tiles");
 

@@ -12,6 +12,7 @@
 #include "cuda/fused/fused_fwd.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/common/empty_backend.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
 #include "plan/parts.hpp"
@@ -181,6 +182,13 @@ class CudaFusedBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_fused_backend(const Planned& p, const Problem& problem, int device,
                                                  const PlanOptions& options) {
+  if (cuda::empty_problem(problem)) {
+    // Nothing to run, but the options are checked as for any problem (a misspelt kernel is refused either way).
+    int row = -1, kind = -1;
+    fused_options(options, &row, &kind);
+    const cuda::PatternsBackward backward_check(p.patterns, p.of_head, problem, options.backward_kernel);
+    return cuda::make_empty_backend(problem, device, "cuda_fused");
+  }
   return std::make_unique<CudaFusedBackend>(p, problem, device, options);
 }
 
