@@ -61,7 +61,8 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
     for (KernelKind k : {KernelKind::sm80_mma, KernelKind::sm90_cp, KernelKind::sm90_tma, KernelKind::sm90_band,
                          KernelKind::sm90_band_rmax})
       if (o.kernel == kind_name(k)) kind = k, found = true;
-    if (!found) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel of the kernel table (plan/kernels.hpp)");
+    if (!found) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel: give a kind (sm80, sm90_cp, sm90_tma, " +
+                            "sm90_band, sm90_band_rmax) or a kernel's name such as sm90_tma_128x128_d64");
   }
   if (!is_gpu_fused(kind)) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel");
   *want_kind = int(kind);
