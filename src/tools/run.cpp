@@ -1,6 +1,6 @@
 // `spattn run`: attention on .npy or random inputs through the chosen implementation.
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
