@@ -335,6 +335,12 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     plan.q_tiling = maps->q;
     plan.k_tiling = maps->k;
   }
+  if (sp.lq == 0 || sp.lk == 0) {  // an empty problem: its query tiles (none where Lq = 0) visit no key tile
+    plan.order.resize(size_t(sp.q_tiles));
+    std::iota(plan.order.begin(), plan.order.end(), 0);
+    plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return plan;
+  }
 
   const int words = bm * bn / 64, row_words = bn / 64;
   // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
