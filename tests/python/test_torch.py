@@ -122,6 +122,34 @@ def test_opcheck_forward():
         torch.library.opcheck(torch.ops.spattn.sparse_attention.default, args)
 
 
+def test_nograd_operator_serves_calls_without_gradients():
+    """Calls that need no gradient run spattn::sparse_attention_nograd (no custom_op wrapper), with the same result;
+    calls that need one run the autograd operator."""
+    q, k, v = qkv(B=1, L=16, H=2, HK=1, D=8)
+    torch.library.opcheck(torch.ops.spattn.sparse_attention_nograd.default, (q, k, v, "local(2)", ""))
+    seen = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        o = st.sparse_attention(q, k, v, "local(2)")
+    assert any("sparse_attention_nograd" in f for f in seen), seen
+    seen.clear()
+    qg = q.clone().requires_grad_()
+    with Spy():
+        og = st.sparse_attention(qg, k, v, "local(2)")
+    assert not any("sparse_attention_nograd" in f for f in seen), seen
+    torch.testing.assert_close(o, og.detach())
+    with torch.no_grad():
+        seen.clear()
+        with Spy():
+            st.SparseAttention("local(2)", layout="blhd")(qg, k, v)
+        assert any("sparse_attention_nograd" in f for f in seen), seen
+
+
 def test_opcheck_with_autograd():
     need_backward()
     q, k, v = qkv(B=1, L=16, H=2, HK=1, D=8, grad=True)
