@@ -54,7 +54,7 @@ def _spec(pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]]) -> str:
 
 
 def _options(layout: str = "blhd", scale: Optional[float] = None, engine: Optional[str] = None,
-             kernel: Optional[str] = None, threads: Optional[int] = None) -> str:
+             kernel: Optional[str] = None, threads: Optional[int] = None, tile_map: Optional[int] = None) -> str:
     """The op's `options` string: what is not a tensor or the pattern, as "key=value,..." (defaults left out)."""
     parts = []
     if layout != "blhd":
@@ -67,6 +67,8 @@ def _options(layout: str = "blhd", scale: Optional[float] = None, engine: Option
         parts.append(f"kernel={kernel}")
     if threads:
         parts.append(f"threads={int(threads)}")
+    if tile_map is not None and int(tile_map) != -1:
+        parts.append(f"tile_map={int(tile_map)}")
     return ",".join(parts)
 
 
@@ -74,9 +76,9 @@ def _parse_options(options: str) -> dict:
     out: dict = {"layout": "blhd", "scale": None}
     for item in filter(None, options.split(",")):
         name, eq, value = item.partition("=")
-        if not eq or name not in ("layout", "scale", "engine", "kernel", "threads"):
-            raise Error(f"option '{item}': expected layout=, scale=, engine=, kernel= or threads=")
-        out[name] = float(value) if name == "scale" else int(value) if name == "threads" else value
+        if not eq or name not in ("layout", "scale", "engine", "kernel", "threads", "tile_map"):
+            raise Error(f"option '{item}': expected layout=, scale=, engine=, kernel=, threads= or tile_map=")
+        out[name] = float(value) if name == "scale" else int(value) if name in ("threads", "tile_map") else value
     return out
 
 
@@ -243,16 +245,16 @@ def _needs_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *,
                      scale: Optional[float] = None, return_lse: bool = False, layout: str = "blhd",
                      engine: Optional[str] = None, kernel: Optional[str] = None,
-                     threads: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                     threads: Optional[int] = None, tile_map: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """softmax(scale * Q K^T over the pattern's pairs) V, differentiable in q, k and v.
 
     q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] with ``layout="blhd"`` (the default), or
     [B, H, L, D] with ``layout="bhld"`` (F.scaled_dot_product_attention's); Hq % Hkv == 0 (GQA). pattern: a
-    spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads: plan
-    options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
+    spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads / tile_map:
+    plan options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
     """
     op = _op if _needs_grad(q, k, v) or torch.compiler.is_compiling() else _op_nograd
-    o, lse = op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads))
+    o, lse = op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads, tile_map))
     return (o, lse) if return_lse else o
 
 
@@ -265,10 +267,10 @@ class SparseAttention(torch.nn.Module):
 
     def __init__(self, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *, scale: Optional[float] = None,
                  layout: str = "bhld", engine: Optional[str] = None, kernel: Optional[str] = None,
-                 threads: Optional[int] = None) -> None:
+                 threads: Optional[int] = None, tile_map: Optional[int] = None) -> None:
         super().__init__()
         self.pattern = _spec(pattern)
-        self.options = _options(layout, scale, engine, kernel, threads)
+        self.options = _options(layout, scale, engine, kernel, threads, tile_map)
         _parse_options(self.options)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
