@@ -10,7 +10,8 @@ short and what is measured is the path around it. Each round times, back to back
   core         spattn._core.Plan.forward from Python, outputs preallocated (the binding and DLPack import)
   plan         spattn.Plan.forward on numpy / torch arrays, allocating O
   attention    spattn.attention (plan cache look-up, allocation)
-  op           spattn.torch.sparse_attention (torch.library custom op: dispatch, plan cache, allocation)
+  op           spattn.torch.sparse_attention without autograd (the spattn::sparse_attention_nograd operator:
+               dispatch, plan cache, allocation)
   op_autograd  the same with q requiring grad (records the autograd node; forward only)
 
 and reports, per path, the median over rounds of the mean time per call and its excess over `cpp`. On CUDA the

@@ -116,6 +116,61 @@ TEST(BlockPlan, BandRows) {
       << "permuted plans are not band plans";
 }
 
+TEST(BlockPlan, ShiftedWindowRows) {
+  // 1-D neighborhoods keep W keys a row, the window shifted inside the keys at either end (PATTERNS.md): not one
+  // diagonal band, but a band with two clamps (Analysis::window; BlockPlan::band_shifted), which the band kernel runs.
+  struct C {
+    std::string spec;
+    int64_t lq, lk;
+    bool window;
+    int32_t lo, hi;
+  };
+  const std::vector<C> cases = {
+      {"neighborhood(kernel=257)", 16384, 16384, true, -128, 128},  // the suite's na1d
+      {"neighborhood(kernel=257)", 1000, 1000, true, -128, 128},
+      {"neighborhood(kernel=8)", 300, 300, true, -4, 3},  // even kernel: K/2 before the query, K/2 - 1 after
+      {"neighborhood(kernel=257)", 258, 258, true, -128, 128},  // two unclamped rows... none: 258 - 257 = 1
+      {"neighborhood(kernel=9, causal=1)", 500, 500, false, 0, 0},  // a plain band (Analysis::band)
+      {"neighborhood(kernel=5, dilation=3)", 301, 301, false, 0, 0},  // strided rows: the residue permutation's
+      {"neighborhood(kernel=257) | global(0:4)", 1000, 1000, false, 0, 0},
+      {"local(100)", 1000, 1000, false, 0, 0},  // band rows
+      {"neighborhood(kernel=300)", 300, 300, false, 0, 0},  // every row every key: dense, a band
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec + " L=" + std::to_string(c.lq));
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto an = spattn::plan::analyze(b);
+    if (c.lq == 258) {  // rows 0-128 keep keys 0-256, 129-257 keys 1-257: no row is an unclamped window
+      EXPECT_FALSE(an.window.ok);
+      continue;
+    }
+    EXPECT_EQ(an.window.ok, c.window);
+    EXPECT_FALSE(an.window.ok && an.band.ok) << "a window only where the rows are no plain band";
+    if (!c.window || !an.window.ok) continue;
+    EXPECT_EQ(an.window.lo, c.lo);
+    EXPECT_EQ(an.window.hi, c.hi);
+    EXPECT_NE(an.describe().find("window rows"), std::string::npos) << an.describe();
+    // The plan's rows (band_first ... band_last) are the pattern's, everywhere.
+    const auto p = spattn::plan::build_block_plan(b, 192, 128, 1, &an);
+    EXPECT_TRUE(p.band && p.band_shifted && p.band_lo == c.lo && p.band_hi == c.hi) << p.describe();
+    int64_t mismatches = 0;
+    for (int64_t q = 0; q < c.lq; q += (q < 300 || q > c.lq - 300 ? 1 : 37))
+      for (int64_t k = 0; k < c.lk; ++k) mismatches += b.contains(q, k) != (k >= p.band_first(q) && k <= p.band_last(q));
+    EXPECT_EQ(mismatches, 0);
+    // The planner gives window rows the band kernel's 192x128 plan on sm_90a at head dim 64, as it does band rows.
+    const auto chosen = spattn::plan::choose_block_plan(b, an, 64, 0, 0, -1, true);
+    EXPECT_TRUE(chosen.band && chosen.band_shifted && chosen.block_m == 192) << chosen.describe();
+    EXPECT_TRUE(spattn::plan::band_kernel_runs(chosen, 64, -1)) << chosen.describe();
+  }
+  // Plain bands keep their meaning: band_first / band_last are the clipped band.
+  const auto loc = spattn::parse("local(10)").bind(100);
+  const auto lp = spattn::plan::build_block_plan(loc, 192, 128, 1);
+  EXPECT_TRUE(lp.band && !lp.band_shifted);
+  EXPECT_EQ(lp.band_first(3), 0);
+  EXPECT_EQ(lp.band_last(95), 99);
+  EXPECT_EQ(lp.band_first(50), 40);
+}
+
 }  // namespace
 
 // The backward's key-major plan is the forward plan's entries transposed: every (query tile, key tile) entry once,

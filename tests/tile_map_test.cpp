@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/fused/key_boxes.hpp"  // plain arithmetic: the GPU kernels' key rows, checked here on the CPU
 #include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
 #include "plan/tile_map.hpp"
@@ -161,6 +162,49 @@ TEST(TileMap, MapsAreBijectionsAndPlansCoverThePattern) {
       }
     }
   }
+}
+
+// The map without the map (GridTiling::boxes, what the GPU kernels compute their key rows' tokens from): every box
+// position's token, computed as the kernels do (key_boxes.hpp: a thread's row r0 < step plus row j * step, the
+// upper half of a 128-key box from row 64 on; steps 8, 16 and 32: the kernels' rows a thread apart), is the map's,
+// and padding is padding.
+TEST(TileMap, KeyBoxRowsComputedAsTheKernelsDoAreTheMap) {
+  namespace f = spattn::cuda::fused;
+  int64_t checked = 0;
+  for (const std::string& spec : kSpecs) {
+    SCOPED_TRACE(spec);
+    const BoundPattern pat = bind(spec);
+    const auto grid = *pat.neighborhood_grid();
+    for (int64_t volume : {64, 128})
+      for (const TileBox& box : spattn::plan::tile_boxes(grid, volume)) {
+        SCOPED_TRACE(box.str(3));
+        const GridTiling t = GridTiling::of(grid, box);
+        const std::vector<int32_t> map = t.map();
+        const std::vector<GridTiling::BoxRows> boxes = t.boxes();
+        ASSERT_EQ(int64_t(boxes.size()) * volume, int64_t(map.size()));
+        const int side[3] = {box.side[0], box.side[1], box.side[2]};
+        const int64_t stride[3] = {t.token_stride(0), t.token_stride(1), t.token_stride(2)};
+        const f::KeyBoxes p = f::key_boxes(side, stride);
+        int64_t wrong = 0;
+        for (size_t b = 0; b < boxes.size(); ++b) {
+          const int base = int(boxes[b].base);
+          const int lim = f::box_limits(boxes[b].extent[0], boxes[b].extent[1], boxes[b].extent[2]);
+          for (int step : {8, 16, 32})
+            for (int r = 0; r < volume; ++r) {
+              const bool upper = volume == 128 && r >= 64 && step < 64;  // a half-width entry's rows 64 + ...
+              const int rr = upper ? r - 64 : r, r0 = rr % step, i = (rr - r0) / 8;
+              const f::BoxRow x = f::box_row(p, r0);
+              int tok = base + x.off, l = lim - x.pack;
+              if (upper) tok += p.off8[8], l -= p.pack8[8];
+              const int got = ((l - p.pack8[i]) & f::kBoxInside) == f::kBoxInside ? tok + p.off8[i] : -1;
+              wrong += got != map[b * size_t(volume) + size_t(r)];
+              ++checked;
+            }
+        }
+        EXPECT_EQ(wrong, 0) << "rows whose computed token is not the map's";
+      }
+  }
+  EXPECT_GT(checked, 100000);
 }
 
 TEST(TileMap, ChosenPlansCoverThePattern) {

@@ -213,7 +213,7 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
          head_dim: int = 64, device: Any = "cpu", *, batch: int = 1, dtype: Any = "float32",
          scale: Optional[float] = None, value_dim: Optional[int] = None, engine: str = "auto", kernel: str = "",
          threads: int = 0, block_m: int = 0, block_n: int = 0, perm_d: int = -1, persistent: int = -1,
-         split: int = -1, compound: int = -1) -> Plan:
+         split: int = -1, compound: int = -1, tile_map: int = -1) -> Plan:
     """Plans attention over `pattern` for one problem (spattn::make_plan).
 
     pattern: a spec (``"longformer(256, 32)"``), a spattn.Pattern, one per query head (a list), or a boolean
@@ -224,6 +224,10 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     threads (0: all). block_m, block_n, perm_d, persistent, split: fused GPU tiling (tests and benchmarks).
     compound: -1 the planner splits the pattern into parts where that pays (explain() lists them; the GPU only),
     0 never, 1 every column, row and scattered term (the CPU too).
+    tile_map: neighborhood patterns on the fused GPU engine, query and key tiles as boxes of the token grid (8x16,
+    4x4x8, ...; explain() says "tile map: query tiles ..."): -1 where the planner predicts they pay (2-D and 3-D
+    grids), 0 never (row-major tiles), 1 always (an Error for a pattern without a neighborhood grid). Other engines
+    ignore it.
     """
     dt = _dtype_name(dtype)
     dev = _device_name(device)
@@ -235,7 +239,7 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
                 head_dim=int(head_dim), value_dim=int(value_dim or 0), dtype=dt,
                 scale=float(0.0 if scale is None else scale), device=dev, engine=engine or "auto", kernel=kernel or "",
                 threads=int(threads), block_m=int(block_m), block_n=int(block_n), perm_d=int(perm_d),
-                persistent=int(persistent), split=int(split), compound=int(compound))
+                persistent=int(persistent), split=int(split), compound=int(compound), tile_map=int(tile_map))
     m = _bool_mask(pattern)
     if m is not None:
         if m.shape != (args["q_len"], args["k_len"]):

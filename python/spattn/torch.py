@@ -7,7 +7,8 @@
 
 The operators are ``torch.ops.spattn.sparse_attention`` and ``torch.ops.spattn.sparse_attention_backward``
 (torch.library.custom_op, with fake implementations and a registered autograd formula): torch.compile keeps them
-as single nodes without graph breaks. Plans are built on first use and cached by (pattern, shapes, dtype,
+as single nodes without graph breaks. Eager calls that need no gradient go to ``sparse_attention_nograd``, the same
+forward registered without custom_op's wrapper (less host time a call). Plans are built on first use and cached by (pattern, shapes, dtype,
 device, scale, layout, options). Tensors are read in place through DLPack whatever their strides (a [B, H, L, D]
 tensor is passed as a strided [B, L, H, D] view, no copy); on CUDA the op runs on the current stream.
 
@@ -53,7 +54,7 @@ def _spec(pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]]) -> str:
 
 
 def _options(layout: str = "blhd", scale: Optional[float] = None, engine: Optional[str] = None,
-             kernel: Optional[str] = None, threads: Optional[int] = None) -> str:
+             kernel: Optional[str] = None, threads: Optional[int] = None, tile_map: Optional[int] = None) -> str:
     """The op's `options` string: what is not a tensor or the pattern, as "key=value,..." (defaults left out)."""
     parts = []
     if layout != "blhd":
@@ -66,6 +67,8 @@ def _options(layout: str = "blhd", scale: Optional[float] = None, engine: Option
         parts.append(f"kernel={kernel}")
     if threads:
         parts.append(f"threads={int(threads)}")
+    if tile_map is not None and int(tile_map) != -1:
+        parts.append(f"tile_map={int(tile_map)}")
     return ",".join(parts)
 
 
@@ -73,9 +76,9 @@ def _parse_options(options: str) -> dict:
     out: dict = {"layout": "blhd", "scale": None}
     for item in filter(None, options.split(",")):
         name, eq, value = item.partition("=")
-        if not eq or name not in ("layout", "scale", "engine", "kernel", "threads"):
-            raise Error(f"option '{item}': expected layout=, scale=, engine=, kernel= or threads=")
-        out[name] = float(value) if name == "scale" else int(value) if name == "threads" else value
+        if not eq or name not in ("layout", "scale", "engine", "kernel", "threads", "tile_map"):
+            raise Error(f"option '{item}': expected layout=, scale=, engine=, kernel=, threads= or tile_map=")
+        out[name] = float(value) if name == "scale" else int(value) if name in ("threads", "tile_map") else value
     return out
 
 
@@ -156,8 +159,7 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 # ---- the operators --------------------------------------------------------------------------------------
 # Few arguments on purpose: torch's custom-op autograd wrapper walks the schema once per argument per call
 # (torch/_library/utils.py fill_defaults), so every argument costs host time; `options` carries the rest.
-@torch.library.custom_op("spattn::sparse_attention", mutates_args=())
-def _sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
     e = _entry(pattern, q, k, v, options)
     dev = q.device
     o = torch.empty(e.o_shape, dtype=e.o_dtype, device=dev)
@@ -168,6 +170,11 @@ def _sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: st
         if e.lse_dtype != _lse_dtype(q):
             lse = lse.to(_lse_dtype(q))
     return o, lse
+
+
+@torch.library.custom_op("spattn::sparse_attention", mutates_args=())
+def _sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
+    return _forward_impl(q, k, v, pattern, options)
 
 
 @_sparse_attention.register_fake
@@ -218,20 +225,36 @@ _sparse_attention.register_autograd(_backward, setup_context=_setup_context)
 
 _op = torch.ops.spattn.sparse_attention.default
 
+# The same forward without autograd, for calls that need no gradient (inference; eager only): an operator whose CPU
+# and CUDA kernels are plain Python functions behind the C++ dispatcher, without custom_op's Python wrapper (its
+# argument binding and autograd plumbing took most of a call's host time: bench/python_overhead.py, bench/LOG.md).
+# A real operator all the same: dispatch modes, fake tensors and torch.compile see it (it has a fake kernel).
+_LIB = torch.library.Library("spattn", "FRAGMENT")
+_LIB.define("sparse_attention_nograd(Tensor q, Tensor k, Tensor v, str pattern, str options) -> (Tensor, Tensor)")
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("sparse_attention_nograd", _forward_impl, _key)
+torch.library.register_fake("spattn::sparse_attention_nograd")(_sparse_attention_fake)
+_op_nograd = torch.ops.spattn.sparse_attention_nograd.default
+
+
+def _needs_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
 
 # ---- the public entry points ----------------------------------------------------------------------------
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *,
                      scale: Optional[float] = None, return_lse: bool = False, layout: str = "blhd",
                      engine: Optional[str] = None, kernel: Optional[str] = None,
-                     threads: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                     threads: Optional[int] = None, tile_map: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """softmax(scale * Q K^T over the pattern's pairs) V, differentiable in q, k and v.
 
     q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] with ``layout="blhd"`` (the default), or
     [B, H, L, D] with ``layout="bhld"`` (F.scaled_dot_product_attention's); Hq % Hkv == 0 (GQA). pattern: a
-    spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads: plan
-    options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
+    spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads / tile_map:
+    plan options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
     """
-    o, lse = _op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads))
+    op = _op if _needs_grad(q, k, v) or torch.compiler.is_compiling() else _op_nograd
+    o, lse = op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads, tile_map))
     return (o, lse) if return_lse else o
 
 
@@ -244,14 +267,15 @@ class SparseAttention(torch.nn.Module):
 
     def __init__(self, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *, scale: Optional[float] = None,
                  layout: str = "bhld", engine: Optional[str] = None, kernel: Optional[str] = None,
-                 threads: Optional[int] = None) -> None:
+                 threads: Optional[int] = None, tile_map: Optional[int] = None) -> None:
         super().__init__()
         self.pattern = _spec(pattern)
-        self.options = _options(layout, scale, engine, kernel, threads)
+        self.options = _options(layout, scale, engine, kernel, threads, tile_map)
         _parse_options(self.options)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        o, _ = _op(q, k, v, self.pattern, self.options)
+        op = _op if _needs_grad(q, k, v) or torch.compiler.is_compiling() else _op_nograd
+        o, _ = op(q, k, v, self.pattern, self.options)
         return o
 
     def extra_repr(self) -> str:

@@ -326,13 +326,14 @@ spattn::DType lse_dtype(const spattn::Plan& p) {
 }
 
 spattn::PlanOptions make_options(const std::string& engine, const std::string& kernel, int threads, int block_m,
-                                 int block_n, int perm_d, int persistent, int split, int compound) {
+                                 int block_n, int perm_d, int persistent, int split, int compound, int tile_map) {
   spattn::PlanOptions o;
   o.engine = spattn::parse_engine(engine.empty() ? "auto" : engine);
   o.kernel = kernel;
   o.threads = threads;
   o.block_m = block_m, o.block_n = block_n, o.perm_d = perm_d, o.persistent = persistent, o.split = split;
   o.compound = compound;
+  o.tile_map = tile_map;
   return o;
 }
 
@@ -440,9 +441,9 @@ NB_MODULE(_core, m) {
       [](const std::vector<spattn::Pattern>& patterns, int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len,
          int64_t k_len, int64_t head_dim, int64_t value_dim, const std::string& dtype, double scale,
          const std::string& device, const std::string& engine, const std::string& kernel, int threads, int block_m,
-         int block_n, int perm_d, int persistent, int split, int compound) {
+         int block_n, int perm_d, int persistent, int split, int compound, int tile_map) {
         const spattn::Problem pr = make_problem(batch, heads, kv_heads, q_len, k_len, head_dim, value_dim, dtype, scale);
-        const spattn::PlanOptions o = make_options(engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound);
+        const spattn::PlanOptions o = make_options(engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound, tile_map);
         const spattn::Device dev = spattn::Device::parse(device);
         auto p = std::make_unique<PyPlan>();
         for (const auto& pat : patterns) p->spec += (p->spec.empty() ? "" : "; ") + pat.spec();
@@ -452,7 +453,7 @@ NB_MODULE(_core, m) {
       },
       "patterns"_a, "batch"_a, "heads"_a, "kv_heads"_a, "q_len"_a, "k_len"_a, "head_dim"_a, "value_dim"_a, "dtype"_a,
       "scale"_a, "device"_a, "engine"_a, "kernel"_a, "threads"_a, "block_m"_a, "block_n"_a, "perm_d"_a, "persistent"_a,
-      "split"_a, "compound"_a, nb::rv_policy::take_ownership);
+      "split"_a, "compound"_a, "tile_map"_a, nb::rv_policy::take_ownership);
 
   m.def(
       "make_plan_csr",
@@ -460,13 +461,13 @@ NB_MODULE(_core, m) {
          nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> col_indices, int64_t batch, int64_t heads,
          int64_t kv_heads, int64_t q_len, int64_t k_len, int64_t head_dim, int64_t value_dim, const std::string& dtype,
          double scale, const std::string& device, const std::string& engine, const std::string& kernel, int threads,
-         int block_m, int block_n, int perm_d, int persistent, int split, int compound) {
+         int block_m, int block_n, int perm_d, int persistent, int split, int compound, int tile_map) {
         spattn::Csr csr;
         csr.rows = q_len, csr.cols = k_len;
         csr.row_offsets.assign(row_offsets.data(), row_offsets.data() + row_offsets.shape(0));
         csr.col_indices.assign(col_indices.data(), col_indices.data() + col_indices.shape(0));
         const spattn::Problem pr = make_problem(batch, heads, kv_heads, q_len, k_len, head_dim, value_dim, dtype, scale);
-        const spattn::PlanOptions o = make_options(engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound);
+        const spattn::PlanOptions o = make_options(engine, kernel, threads, block_m, block_n, perm_d, persistent, split, compound, tile_map);
         const spattn::Device dev = spattn::Device::parse(device);
         auto p = std::make_unique<PyPlan>();
         p->spec = "mask (" + std::to_string(q_len) + " x " + std::to_string(k_len) + ", nnz " + std::to_string(csr.nnz()) + ")";
@@ -476,5 +477,5 @@ NB_MODULE(_core, m) {
       },
       "row_offsets"_a, "col_indices"_a, "batch"_a, "heads"_a, "kv_heads"_a, "q_len"_a, "k_len"_a, "head_dim"_a,
       "value_dim"_a, "dtype"_a, "scale"_a, "device"_a, "engine"_a, "kernel"_a, "threads"_a, "block_m"_a, "block_n"_a,
-      "perm_d"_a, "persistent"_a, "split"_a, "compound"_a, nb::rv_policy::take_ownership);
+      "perm_d"_a, "persistent"_a, "split"_a, "compound"_a, "tile_map"_a, nb::rv_policy::take_ownership);
 }

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.d/neighborhood.sh [OUTDIR] — GPU checks of neighborhood attention in multi-dimensional tiles
-# (issue 23): the mapped cp.async / mma.sync kernels' registers and spills, the host tests of the tile maps
-# (tests/tile_map_test.cpp), the GPU tests (tests/gpu/neighborhood_test.cpp: mapped plans against the fp64
-# reference; plan_gpu_test and fused_test for the unmapped kernels the change touched), compute-sanitizer memcheck
-# and synccheck on small mapped plans, and bench/gpu_bench.py's neighborhood cases against FlexAttention in the same
-# process, with the row-major plan (:nm, tile_map=0) beside each: na1d, na2d, na3d at L=16384, na2d_dil (and na2d) at
-# L=4096.
+# scripts/gpu_check.d/neighborhood.sh [OUTDIR] — GPU checks of neighborhood attention (issue 23): the mapped
+# cp.async / mma.sync kernels' and the band kernels' registers and spills, the host tests of the tile maps
+# (tests/tile_map_test.cpp), the GPU tests (tests/gpu/neighborhood_test.cpp: mapped plans, and 1-D windows on the
+# band kernel and the others, against the fp64 reference; plan_gpu_test and fused_test for the unmapped kernels the
+# change touched), compute-sanitizer memcheck and synccheck on small mapped and window plans, and
+# bench/gpu_bench.py's neighborhood cases against FlexAttention in the same process, with the row-major plan (:nm,
+# tile_map=0) beside each: na1d, na2d, na3d at L=16384, na2d_dil (and na2d) at L=4096.
 # Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
 # dir); standalone it configures for the GPU it finds and builds only what it runs into build-nbhd/ (GoogleTest
 # from /tmp/gtest-install or .gtest/ when the machine has none). Under 8 minutes on an H100 host of 16 cores:
@@ -46,14 +46,14 @@ fi
 LIB=$BUILD/libspattn.so
 T=$BUILD/tests
 
-echo "== nbhd: registers and spills of the fused cp.async / mma.sync kernels (mapped: the last template argument true)"
+echo "== nbhd: registers and spills of the fused cp.async / mma.sync kernels (mapped: Traits' last argument true) and the band kernels (shifted windows: BandTraits' last argument true)"
 demangle() { (command -v c++filt >/dev/null && c++filt || cat) | sed 's/spattn::cuda::fused:://g; s/void //; s/(FusedParams)//'; }
 if command -v cuobjdump >/dev/null && [ -f "$LIB" ]; then
   cuobjdump --dump-resource-usage "$LIB" 2>/dev/null |
-    awk '/Function .*fused_fwd_kernel/ {n = $2; sub(/:$/, "", n); getline; print n, $1, $2, $4}' | demangle |
+    awk '/Function .*fused_fwd_(band_)?kernel/ {n = $2; sub(/:$/, "", n); getline; print n, $1, $2, $4}' | demangle |
     tee "$OUTD/nbhd_registers.txt"
 elif [ -f "$OUTD/nbhd_build.log" ]; then  # this script's build: ptxas -v
-  grep -E "Compiling entry|spill|Used [0-9]+ registers" "$OUTD/nbhd_build.log" | grep -A2 "fused_fwd_kernel" |
+  grep -E "Compiling entry|spill|Used [0-9]+ registers" "$OUTD/nbhd_build.log" | grep -A2 -E "fused_fwd_(band_)?kernel" |
     awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)} /spill/ {sp = $0} /Used/ {print n, $5, "registers;", sp}' |
     demangle | tee "$OUTD/nbhd_registers.txt"
 fi
@@ -77,9 +77,9 @@ run_test() {  # run_test NAME TIMEOUT [gtest args]
 }
 run_test tile_map_test 120
 run_test neighborhood_test 300
-grep -E "rel err" "$OUTD/nbhd_neighborhood_test.log" | head -30
+grep -E "rel err" "$OUTD/nbhd_neighborhood_test.log" | head -40
 
-echo "== nbhd: compute-sanitizer memcheck and synccheck on small mapped plans ($(elapsed)s)"
+echo "== nbhd: compute-sanitizer memcheck and synccheck on small mapped and window plans ($(elapsed)s)"
 if command -v compute-sanitizer >/dev/null && [ -x "$T/neighborhood_test" ]; then
   for tool in memcheck synccheck; do
     timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$T/neighborhood_test" \

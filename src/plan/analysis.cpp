@@ -129,6 +129,17 @@ Analysis analyze(const BoundPattern& pat) {
     }
     if (ok) a.band = {true, int32_t(lo), int32_t(hi)};
   }
+  // Shifted window rows: every row W keys (one interval), the same offset lo of every unclamped row's first key.
+  if (single && !a.band.ok && lq > 0 && a.min_row == a.max_row && a.min_row > 0 && a.min_row < lk) {
+    const int64_t w = a.min_row;
+    int64_t wlo = INT64_MIN;
+    for (int64_t q = 0; q < lq && wlo == INT64_MIN; ++q)
+      if (first[size_t(q)] > 0 && first[size_t(q)] < lk - w) wlo = first[size_t(q)] - q;
+    bool ok = wlo != INT64_MIN;
+    for (int64_t q = 0; q < lq && ok; ++q)
+      ok = first[size_t(q)] == std::clamp(q + wlo, int64_t(0), lk - w) && last[size_t(q)] == first[size_t(q)] + w - 1;
+    if (ok) a.window = {true, int32_t(wlo), int32_t(wlo + w - 1)};
+  }
   a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return a;
 }
@@ -138,6 +149,7 @@ std::string Analysis::describe() const {
   s << "nnz " << nnz << " (density " << density() << "), keys a row " << min_row << ".." << max_row << " (mean "
     << mean_row() << "), " << empty_rows << " empty rows, " << dense_rows << " dense rows";
   if (band.ok) s << ", band rows [" << band.lo << ", " << band.hi << "]";
+  if (window.ok) s << ", window rows [" << window.lo << ", " << window.hi << "] shifted inside the keys at the ends";
   if (residue > 1) s << ", residue stride " << residue;
   if (grid) s << ", neighborhood " << describe_grid(*grid);
   s << "; analysed in " << ms << " ms";

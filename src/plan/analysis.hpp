@@ -27,6 +27,10 @@ struct Analysis {
   int64_t empty_rows = 0, dense_rows = 0;  // rows keeping no key, every key
   int64_t min_row = 0, max_row = 0;       // keys a row keeps
   BandRows band;                          // every row one interval on a fixed diagonal band
+  // Shifted window rows, where band is not ok: every row keeps W = hi - lo + 1 keys, from clamp(q + lo, 0, Lk - W) on
+  // (1-D neighborhoods: NATTEN's windows, shifted inside the keys at either end so that every row keeps W; the band
+  // kernel runs them as bands with two clamps). Some row is a window [q + lo, q + hi] inside the keys.
+  BandRows window;
   // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
   // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.
   // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use

@@ -300,7 +300,18 @@ std::string BlockPlan::describe() const {
     s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles " << k_tiling.box.str(k_tiling.naxes)
       << " (" << q_map.size() - size_t(q_len) << " + " << k_map.size() - size_t(k_len)
       << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
-  if (band) s << ", band rows [" << band_lo << ", " << band_hi << "]";
+  if (band) {
+    s << ", band rows [" << band_lo << ", " << band_hi << "]" << (band_shifted ? " shifted inside the keys at the ends" : "");
+    if (block_m == 192) {  // what the band kernel visits: each 64-row slab its own 64-key chunks
+      double area = 0;
+      for (int64_t qs = 0; qs < q_len; qs += 64) {
+        const int64_t a = band_first(qs), z = band_last(std::min(qs + 63, q_len - 1));
+        if (a <= z) area += 64.0 * 64.0 * double(z / 64 - a / 64 + 1);
+      }
+      s << " (the band kernel's 64-row slabs over 64-key chunks keep " << (area > 0 ? double(nnz) / area : 0.0)
+        << " of theirs)";
+    }
+  }
   s << ", built in " << build_ms << " ms";
   if (!choice.empty()) s << "; " << choice;
   return s.str();
@@ -523,8 +534,11 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
            plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
   if (d == 1 && !maps) {
-    const BandRows br = analysis ? analysis->band : analyze(pat).band;
+    Analysis own;
+    if (!analysis) own = analyze(pat), analysis = &own;
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window;
     plan.band = br.ok;
+    plan.band_shifted = !analysis->band.ok && br.ok;
     plan.band_lo = br.lo;
     plan.band_hi = br.hi;
   }
@@ -807,7 +821,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
   // warpgroups (bench/LOG.md).
-  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 && an.band.ok &&
+  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 && (an.band.ok || an.window.ok) &&
                          find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
   int bm = 192, bn = 128, bd = 1;
   std::shared_ptr<const Maps> maps;

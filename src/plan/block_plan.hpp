@@ -23,6 +23,7 @@
 // Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains() (mapped:
 // plus O(L) for the maps).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,10 +54,20 @@ struct BlockPlan {
   std::vector<uint64_t> masks;       // [nbitmask * words_per_mask()]
   std::vector<int32_t> order;        // query tiles, most work first (longest-processing-time order)
   int64_t nnz = 0;                   // kept (q, k) pairs (per head)
-  // Band rows (perm_d 1 only; see band_rows()): every row q keeps exactly the keys k with
-  // band_lo <= k - q <= band_hi and 0 <= k < Lk. The sm_90a band kernel runs such plans by 64-row slabs.
-  bool band = false;
+  // Band rows (perm_d 1 only; Analysis::band): every row q keeps exactly the keys k with
+  // band_lo <= k - q <= band_hi and 0 <= k < Lk; or where band_shifted (Analysis::window: 1-D neighborhoods), the
+  // W = band_hi - band_lo + 1 keys from clamp(q + band_lo, 0, Lk - W) on (windows shifted inside [0, Lk) at the
+  // ends). Either way band_first(q) ... band_last(q). The sm_90a band kernel runs such plans by 64-row slabs.
+  bool band = false, band_shifted = false;
   int32_t band_lo = 0, band_hi = 0;
+  int64_t band_first(int64_t q) const {
+    const int64_t f = std::max<int64_t>(0, q + band_lo);
+    return band_shifted ? std::min<int64_t>(f, k_len - (int64_t(band_hi) - band_lo + 1)) : f;
+  }
+  int64_t band_last(int64_t q) const {
+    const int64_t l = std::min<int64_t>(k_len - 1, q + band_hi);
+    return band_shifted ? std::max<int64_t>(l, int64_t(band_hi) - band_lo) : l;
+  }
   int64_t n_full = 0, n_band = 0, n_bitmask = 0;
   // Mapped plan space (see above; perm_d is 1, q_group / k_group the maps' lengths): empty maps where unmapped.
   std::vector<int32_t> q_map, k_map;
@@ -97,7 +108,7 @@ BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n
 // token grid, GridTiling::of; boxes of 64 or 128 tokens: the tile sizes). Throws Error naming what does not fit.
 BlockPlan build_block_plan(const BoundPattern& pattern, const GridTiling& q_tiling, const GridTiling& k_tiling);
 
-// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows, no
+// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows (shifted or not), no
 // permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
   return plan.band && !plan.mapped() && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
@@ -106,7 +117,8 @@ inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
 // Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense
 // rows, where no row is trimmed and the turn-taking TMA kernel measured 2-3% faster; bench/LOG.md, band kernel v14).
 inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option) {
-  const bool dense_rows = plan.band_lo <= -(plan.q_len - 1) && plan.band_hi >= plan.k_len - 1;
+  const bool dense_rows = (plan.band_lo <= -(plan.q_len - 1) && plan.band_hi >= plan.k_len - 1) ||
+                          (plan.band_shifted && int64_t(plan.band_hi) - plan.band_lo + 1 >= plan.k_len);
   return band_kernel_applies(plan, head_dim) && (option == 1 || (option == -1 && !dense_rows));
 }
 

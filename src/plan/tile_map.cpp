@@ -142,6 +142,33 @@ std::vector<int32_t> GridTiling::map() const {
   return m;
 }
 
+std::vector<GridTiling::BoxRows> GridTiling::boxes() const {
+  std::vector<BoxRows> out;
+  const auto& s = box.side;
+  for (int64_t g0 = 0; g0 < groups(0); ++g0)
+    for (int64_t g1 = 0; g1 < groups(1); ++g1)
+      for (int64_t g2 = 0; g2 < groups(2); ++g2) {
+        const int64_t n[3] = {group_size(0, g0), group_size(1, g1), group_size(2, g2)};
+        const int64_t nb0 = padded(0, g0) / s[0], nb1 = padded(1, g1) / s[1], nb2 = padded(2, g2) / s[2];
+        for (int64_t b0 = 0; b0 < nb0; ++b0)
+          for (int64_t b1 = 0; b1 < nb1; ++b1)
+            for (int64_t b2 = 0; b2 < nb2; ++b2) {
+              const int64_t j[3] = {b0 * s[0], b1 * s[1], b2 * s[2]};  // the box's first coordinates in its group
+              BoxRows r;
+              r.base = ((g0 + j[0] * dilation[0]) * dims[1] + g1 + j[1] * dilation[1]) * dims[2] + g2 + j[2] * dilation[2];
+              for (int a = 0; a < 3; ++a) r.extent[size_t(a)] = int(std::min<int64_t>(s[size_t(a)], n[a] - j[a]));
+              out.push_back(r);
+            }
+      }
+  return out;
+}
+
+int64_t GridTiling::token_stride(int a) const {
+  int64_t st = dilation[size_t(a)];
+  for (int b = a + 1; b < 3; ++b) st *= dims[size_t(b)];
+  return st;
+}
+
 bool GridTiling::identity() const {
   // Tile-major order is row-major order where there is one group per axis and each box spans whole rows of the
   // axes after its first non-1 side, with no padding.

@@ -53,6 +53,16 @@ struct GridTiling {
   // The map is the identity (the box covers whole rows of a grid without dilation or padding: tile-major order is
   // row-major order).
   bool identity() const;
+  // The map without the map: position r of a box has offsets (o0, o1, o2) in it (row-major in the box's sides, which
+  // are powers of two where the kernels use this: bit fields of r), and holds token base + sum o[a] * token_stride(a)
+  // where o[a] < extent[a] on every axis, padding elsewhere. The GPU kernels compute their key rows' tokens so from
+  // each key box's base and extents (one plan entry's two words) instead of reading the map (a dependent load a row).
+  struct BoxRows {
+    int64_t base = 0;                    // the token at offsets (0, 0, 0) (a token: every box's first corner is one)
+    std::array<int, 3> extent{1, 1, 1};  // coordinates that are tokens, per axis: 1 ... side
+  };
+  std::vector<BoxRows> boxes() const;  // in plan order (box b: plan positions b * volume ...); O(boxes)
+  int64_t token_stride(int a) const;   // dilation[a] * the product of the dims after axis a
   std::string describe() const;  // "8x16 boxes of a 128x128 grid" (+ ", dilation 2x2")
 };
 

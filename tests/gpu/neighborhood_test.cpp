@@ -1,9 +1,10 @@
-// Neighborhood patterns on the fused GPU engine with multi-dimensional tiles (issue 23): mapped plans (query and key
-// tiles as boxes of the token grid, rows gathered through the plan's map, O and LSE stored at the mapped tokens)
-// against the fp64 reference engine, with outputs poisoned first (an unwritten row or a padding row written over a
-// real one fails). 1-D (forced map: residue groups, and row-major order), 2-D and 3-D grids, dilation with groups of
-// unequal size, causal axes, sides off the box sizes, D 64 and 128, bf16 and fp16, GQA, every cp.async tile shape and
-// the mma.sync kernel, a union with other terms (one tile list, and a compound plan whose tiles part is mapped).
+// Neighborhood patterns on the fused GPU engine (issue 23) against the fp64 reference engine, with outputs poisoned
+// first (an unwritten row or a padding row written over a real one fails). Mapped plans (query and key tiles as
+// boxes of the token grid, key rows' tokens computed from each key box's geometry, Q rows gathered through the
+// plan's map, O and LSE stored at the mapped tokens): 1-D (forced map: residue groups, and row-major order), 2-D and
+// 3-D grids, dilation with groups of unequal size, causal axes, sides off the box sizes, D 64 and 128, bf16 and
+// fp16, GQA, every cp.async tile shape and the mma.sync kernel, a union with other terms (one tile list, and a
+// compound plan whose tiles part is mapped). 1-D windows shifted at the ends on the band kernel and the others.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -96,10 +97,84 @@ TEST_P(NeighborhoodGpu, MatchesReference) {
   std::printf("  %s: rel err %.2e, lse err %.2e, %s\n", c.what, rel, lse_err, ran.c_str());
 }
 
+// 1-D neighborhoods (issue 23): rows that keep W keys from clamp(q - K/2, 0, L - W) on (windows shifted inside the
+// keys at the ends) are band rows with two clamps (Analysis::window): on sm_90a at head dim 64 the band kernel's
+// shifted instantiation runs them (chosen; forced variants: running-max steps, split items, slabs, one item a CTA),
+// and the other kernels run the same plan through its per-tile entries (TMA, cp.async, mma.sync).
+struct WindowCase {
+  const char* what;
+  const char* spec;
+  int64_t L, B, H, HK;
+  DType dt;
+  const char* kernel = "";  // PlanOptions::kernel ("": chosen, the band kernel on sm_90a)
+  int split = -1, persistent = -1;
+  bool union_ = false;  // a union: a compound plan whose parts run on their own kernels (no kernel expected)
+};
+std::ostream& operator<<(std::ostream& os, const WindowCase& c) {
+  return os << c.what << " [" << c.spec << " L" << c.L << " B" << c.B << " H" << c.H << "/" << c.HK << " "
+            << spattn::dtype_name(c.dt) << (c.kernel[0] ? " kernel " : "") << c.kernel << " split " << c.split
+            << " persistent " << c.persistent << "]";
+}
+const WindowCase kWindowCases[] = {
+    {"na1d chosen: clamped first and last 128 rows, tails", "neighborhood(kernel=257)", 4099, 1, 2, 2, bf},
+    {"even kernel, GQA fp16", "neighborhood(kernel=64)", 2000, 2, 4, 1, fp},
+    {"window almost the whole sequence (most rows clamped)", "neighborhood(kernel=257)", 300, 1, 2, 2, bf},
+    {"narrow window (one or two chunks a slab)", "neighborhood(kernel=5)", 1000, 1, 2, 2, fp},
+    {"long rows, running-max steps", "neighborhood(kernel=1601)", 3001, 1, 2, 2, bf, "sm90_band_rmax"},
+    {"split items: 3 parts", "neighborhood(kernel=257)", 2000, 1, 4, 2, bf, "sm90_band", 3},
+    {"split items: slabs", "neighborhood(kernel=129)", 4099, 2, 8, 4, fp, "sm90_band", 1},
+    {"one item a CTA", "neighborhood(kernel=257)", 2000, 2, 4, 4, bf, "sm90_band", -1, 0},
+    {"the TMA kernel: per-tile entries", "neighborhood(kernel=257)", 2000, 1, 2, 2, bf, "sm90_tma"},
+    {"the cp.async kernel", "neighborhood(kernel=99)", 1500, 1, 2, 2, fp, "sm90_cp"},
+    {"the mma.sync kernel", "neighborhood(kernel=99)", 1500, 1, 2, 2, bf, "sm80"},
+    {"a union with global tokens: the window part of a compound plan", "neighborhood(kernel=257) | global(0:4)", 2000,
+     1, 2, 2, bf, "", -1, -1, true},
+};
+
+class NeighborhoodWindowGpu : public ::testing::TestWithParam<WindowCase> {};
+INSTANTIATE_TEST_SUITE_P(Windows, NeighborhoodWindowGpu, ::testing::ValuesIn(kWindowCases));
+
+TEST_P(NeighborhoodWindowGpu, MatchesReference) {
+  REQUIRE_GPU();
+  const WindowCase& c = GetParam();
+  SCOPED_TRACE(::testing::PrintToString(c));
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  const bool sm90 = major == 9;
+  if (!sm90 && c.kernel[0] && std::string(c.kernel) != "sm80") GTEST_SKIP() << c.kernel << " needs an sm_90a GPU";
+  spattn::PlanOptions o;
+  o.kernel = c.kernel;
+  o.split = c.split;
+  o.persistent = c.persistent;
+  const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+  const spattn::Plan plan = spattn::make_plan(pats, problem(c.B, c.H, c.HK, c.L, 64, c.dt), spattn::Device::cuda(0), o);
+  const std::string ex = plan.explain();
+  double lse_err = 0;
+  const double rel = run_vs_reference(plan, pats, c.dt, 29, &lse_err);
+  EXPECT_LE(rel, 1e-2) << ex;
+  EXPECT_LE(lse_err, 2e-2) << ex;
+  const std::string ran = plan.last_kernel();
+  const bool band_expected = sm90 && !c.union_ && (!c.kernel[0] || std::string(c.kernel).rfind("sm90_band", 0) == 0);
+  if (band_expected) {
+    EXPECT_EQ(ran.rfind(c.kernel[0] ? c.kernel : "sm90_band", 0), 0u) << ran << "; " << ex;
+    EXPECT_NE(ex.find("shifted inside the keys"), std::string::npos) << "the plan's rows are shifted windows: " << ex;
+  } else if (c.kernel[0]) {
+    EXPECT_EQ(ran.rfind(std::string(c.kernel) + "_", 0), 0u) << ran;
+  }
+  std::printf("  %s: rel err %.2e, lse err %.2e, %s\n", c.what, rel, lse_err, ran.c_str());
+}
+
 // Small mapped plans for compute-sanitizer (scripts/gpu_check.d/neighborhood.sh): padding rows and keys in most
-// tiles, both head dims, a half-width 64x128 plan.
+// tiles, both head dims, a half-width 64x128 plan (its upper halves' rows from key box row 64 on); and a shifted-
+// window plan on the band kernel (sm_90a).
 TEST(NeighborhoodGpuSmall, MappedPlansForSanitizers) {
   REQUIRE_GPU();
+  {
+    const std::vector<spattn::Pattern> pats{spattn::parse("neighborhood(kernel=65)")};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 2, 777, 64, bf), spattn::Device::cuda(0));
+    EXPECT_LE(run_vs_reference(plan, pats, bf, 5), 1e-2) << plan.explain();
+  }
   for (auto [spec, L, D, bm, bn] : {std::tuple{"neighborhood(dims=(11, 13), kernel=(5, 3), dilation=(2, 1))", 143, 64, 64, 128},
                                     std::tuple{"neighborhood(dims=(5, 6, 7), kernel=3, causal=(1, 0, 0))", 210, 128, 0, 0}}) {
     SCOPED_TRACE(spec);

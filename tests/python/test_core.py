@@ -196,6 +196,31 @@ def test_errors_name_the_array_and_value():
             spattn.plan("local(2)", 16, 16, 2, 2, 8, device="cuda")
 
 
+def test_tile_map_option():
+    """spattn.plan(..., tile_map=): multi-dimensional tiles of neighborhood patterns on the fused GPU engine (-1 chosen,
+    0 never, 1 always); other engines take and ignore it, and a value outside those is refused on every engine."""
+    spec, L, H, D = "neighborhood(dims=(12, 16), kernel=5)", 192, 2, 64
+    q, k, v = rand(1, L, H, D), rand(1, L, H, D, seed=1), rand(1, L, H, D, seed=2)
+    ro, _ = oracle(q, k, v, spec)
+    for tm in (-1, 0, 1):
+        np.testing.assert_allclose(spattn.plan(spec, L, L, H, H, D, tile_map=tm).forward(q, k, v), ro, rtol=1e-5, atol=2e-6)
+    with pytest.raises(spattn.Error, match=r"tile_map must be -1 \(chosen\), 0 \(never\) or 1 \(always\), got 2"):
+        spattn.plan(spec, L, L, H, H, D, tile_map=2)
+    if not spattn.build_info()["gpus"]:
+        return
+    # On a GPU: tile_map=1 maps the tiles (explain says so), 0 does not; both compute the pattern.
+    torch = pytest.importorskip("torch")
+
+    tq, tk, tv = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in (q, k, v))
+    for tm, mapped in ((1, True), (0, False)):
+        p = spattn.plan(spec, L, L, H, H, D, device="cuda", dtype="bfloat16", tile_map=tm)
+        assert ("tile map: query tiles" in p.explain()) == mapped, p.explain()
+        o = p.forward(tq, tk, tv).float().cpu().numpy()
+        np.testing.assert_allclose(o, ro, rtol=3e-2, atol=3e-2)
+    with pytest.raises(spattn.Error, match="has no neighborhood grid"):
+        spattn.plan("local(5)", L, L, H, H, D, device="cuda", dtype="bfloat16", tile_map=1)
+
+
 def test_cached_attention_plans_are_reused():
     q = rand(1, 16, 1, 8)
     spattn.attention(q, q, q, "local(1)")

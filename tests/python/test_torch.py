@@ -68,6 +68,18 @@ def test_dtypes(dtype):
     torch.testing.assert_close(o.double(), ref, rtol=tol, atol=tol)
 
 
+def test_tile_map_in_the_options_string():
+    """tile_map goes through the op's options string to spattn.plan (the CPU engine ignores it; -1 is left out)."""
+    assert st._options(tile_map=1) == "tile_map=1" and st._options(tile_map=-1) == ""
+    assert st._parse_options("layout=bhld,tile_map=0")["tile_map"] == 0
+    spec = "neighborhood(dims=(5, 8), kernel=3)"
+    q, k, v = qkv()
+    torch.testing.assert_close(st.sparse_attention(q, k, v, spec, tile_map=1), sdpa(q, k, v, spec), rtol=1e-5, atol=2e-6)
+    assert "tile_map=0" in repr(st.SparseAttention(spec, tile_map=0))
+    with pytest.raises(spattn.Error, match="tile_map must be"):
+        st.sparse_attention(q, k, v, spec, tile_map=3)
+
+
 def test_module_is_an_sdpa_drop_in():
     q, k, v = qkv(layout="bhld", HK=4)
     attn = st.SparseAttention("causal & local(6)")
@@ -120,6 +132,34 @@ def test_opcheck_forward():
     for layout in ("blhd", "bhld"):
         args = (q, k, v, "local(2) | global(0)", st._options(layout=layout, scale=0.5))
         torch.library.opcheck(torch.ops.spattn.sparse_attention.default, args)
+
+
+def test_nograd_operator_serves_calls_without_gradients():
+    """Calls that need no gradient run spattn::sparse_attention_nograd (no custom_op wrapper), with the same result;
+    calls that need one run the autograd operator."""
+    q, k, v = qkv(B=1, L=16, H=2, HK=1, D=8)
+    torch.library.opcheck(torch.ops.spattn.sparse_attention_nograd.default, (q, k, v, "local(2)", ""))
+    seen = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        o = st.sparse_attention(q, k, v, "local(2)")
+    assert any("sparse_attention_nograd" in f for f in seen), seen
+    seen.clear()
+    qg = q.clone().requires_grad_()
+    with Spy():
+        og = st.sparse_attention(qg, k, v, "local(2)")
+    assert not any("sparse_attention_nograd" in f for f in seen), seen
+    torch.testing.assert_close(o, og.detach())
+    with torch.no_grad():
+        seen.clear()
+        with Spy():
+            st.SparseAttention("local(2)", layout="blhd")(qg, k, v)
+        assert any("sparse_attention_nograd" in f for f in seen), seen
 
 
 def test_opcheck_with_autograd():
@@ -227,6 +267,22 @@ def test_cuda_forward_matches_sdpa(dtype, layout):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(o.float(), sdpa(q.float(), k.float(), v.float(), "longformer(32, 4)", layout),
                                rtol=tol, atol=tol)
+
+
+@cuda
+@pytest.mark.parametrize("tile_map", [1, 0])
+def test_cuda_neighborhood_tile_map(tile_map):
+    """A 2-D neighborhood in multi-dimensional tiles (tile_map=1) or row-major ones (0), forward and backward."""
+    spec = "neighborhood(dims=(16, 24), kernel=(5, 7))"
+    st.clear_cache()
+    q, k, v = qkv(B=1, L=384, H=2, HK=2, D=64, dtype=torch.bfloat16, device="cuda", grad=True)
+    o = st.sparse_attention(q, k, v, spec, tile_map=tile_map)
+    torch.testing.assert_close(o.float(), sdpa(q.float(), k.float(), v.float(), spec), rtol=2e-2, atol=2e-2)
+    explain = [p.explain() for p in st.cached_plans() if "neighborhood" in p.explain()]
+    assert explain and all(("tile map: query tiles" in e) == (tile_map == 1) for e in explain), explain
+    if not backward_missing("cuda:0"):
+        o.float().sum().backward()
+        assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
 @cuda

@@ -77,10 +77,26 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
 }
 
 
+// FusedParams::kb of a mapped plan's key boxes (zero where unmapped).
+static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
+  k.kb = KeyBoxes{};
+  if (!hp.mapped()) return;
+  const plan::GridTiling& t = hp.k_tiling;
+  int side[3];
+  int64_t stride[3];
+  for (int a = 0; a < 3; ++a) {
+    side[a] = t.box.side[size_t(a)];
+    stride[a] = t.token_stride(a);
+    if (side[a] < 1 || (side[a] & (side[a] - 1)) != 0 || side[a] > 128)
+      throw Error("fused kernel: key box sides must be powers of two up to 128, got " + t.box.str(3));
+  }
+  k.kb = key_boxes(side, stride);
+}
+
 // Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
 static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
   const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
-  const int64_t a = std::max<int64_t>(0, qs + hp.band_lo), z = std::min(hp.k_len - 1, qe + hp.band_hi);
+  const int64_t a = hp.band_first(qs), z = hp.band_last(qe);
   return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
 }
 
@@ -115,6 +131,19 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
               ++narrow_;
             }
           }
+      }
+      // Mapped plans: each entry's key box as its last two words (base token, box_limits of its extents), from
+      // which the kernels compute their rows' tokens (key_boxes.hpp); mapped plans have no band entries, whose
+      // words those are.
+      if (host_.mapped()) {
+        const std::vector<plan::GridTiling::BoxRows> boxes = host_.k_tiling.boxes();
+        if (int64_t(boxes.size()) != host_.k_tiles) throw Error("fused kernel: the key tiling's boxes are not the plan's key tiles");
+        for (plan::TileEntry& e : up) {
+          if (e.mask == plan::kBand) throw Error("fused kernel: a mapped plan with a band entry");
+          const plan::GridTiling::BoxRows& b = boxes[size_t(e.kt & kKtMask)];
+          e.lo = int32_t(b.base);
+          e.hi = box_limits(b.extent[0], b.extent[1], b.extent[2]);
+        }
       }
       SPATTN_CUDA_CHECK(cudaMalloc(&entries_, up.size() * sizeof(int4)));
       SPATTN_CUDA_CHECK(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice));
@@ -274,6 +303,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.k_group = int(hp.k_group);
   k.q_map = plan.q_map();
   k.k_map = plan.k_map();
+  set_key_boxes(hp, k);
   const double scale = pr.softmax_scale();
   k.scale = float(scale);
   k.scale_log2 = float(scale * 1.4426950408889634);
@@ -302,6 +332,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   out.kernel_row = row;
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
+  k.band_shifted = hp.band && hp.band_shifted ? 1 : 0;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (bench/LOG.md, v9).

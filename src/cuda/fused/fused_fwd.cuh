@@ -104,9 +104,10 @@ __device__ __forceinline__ int plan_token(int p, int perm_d, int group) {
   return g + (p - g * group) * perm_d;
 }
 
-// Mapped plans (FusedParams::q_map / k_map): the tokens of this thread's rows of a ROWS-row tile at plan positions
-// p0... (each row's CH threads read the same index; -1: padding), and their copy into a swizzled tile with the fast
-// path's fixed shared-memory strides (padding zero-filled). K and V tiles share one read of the map.
+// Mapped plans: the tokens of this thread's rows of a ROWS-row tile (-1: padding), read from a map (FusedParams::q_map:
+// plan positions p0..., each row's CH threads read the same index) or computed from a key box's geometry
+// (key_boxes.hpp), and their copy into a swizzled tile with the fast path's fixed shared-memory strides (padding
+// zero-filled). K and V tiles share one set of tokens.
 template <int ROWS, int D, int NT>
 struct MappedRows {
   static constexpr int CH = D / 8, J = ROWS * CH / NT;
@@ -116,6 +117,21 @@ struct MappedRows {
   __device__ __forceinline__ MappedRows(const int32_t* map, int p0, int tid) {
 #pragma unroll
     for (int j = 0; j < J; ++j) tok[j] = __ldg(map + p0 + tid / CH + j * (NT / CH));
+  }
+  // A key box's rows from its geometry (key_boxes.hpp), with no load: the box's base token and limits (its entry's
+  // last two words, DevicePlan), from box row 64 on where `upper` (a half-width entry's upper half). The thread's
+  // rows r0 + j * NT/CH (r0 = tid / CH < NT/CH, a power of two, as are the sides) split into bit fields that do not
+  // overlap, so a row's token offset and packed offsets are r0's plus those of row j * NT/CH (off8, pack8).
+  __device__ __forceinline__ MappedRows(const KeyBoxes& kb, int base, int lim, bool upper, int tid) {
+    static_assert(NT / CH >= 8 && (NT / CH) % 8 == 0 && (J - 1) * (NT / CH) < 128, "rows 8i, i < 16 (off8)");
+    const BoxRow r0 = box_row(kb, tid / CH);
+    int t = base + r0.off, l = lim - r0.pack;
+    if (upper) t += kb.off8[8], l -= kb.pack8[8];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int i = j * (NT / CH) / 8;
+      tok[j] = ((l - kb.pack8[i]) & kBoxInside) == kBoxInside ? t + kb.off8[i] : -1;
+    }
   }
   __device__ __forceinline__ void copy(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int len, int tid) const {
     const int ch = tid % CH;
@@ -241,15 +257,18 @@ __device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
 // compile-time constant, one unsigned compare and a select (no per-score arithmetic on the positions).
 // I: the integer type of the bound arithmetic: int64_t where lo / hi may be +-2^30 (plan entries' bounds that
 // never bind), int where the caller keeps |lo|, |hi|, |d0| well inside 32 bits (the band kernel).
+// a_cap, z_floor (shifted window rows, the band kernel): a row's first kept column is at most a_cap (<= BN), its
+// last at least z_floor (>= -1); the defaults never bind.
 template <int BN, class I = int64_t>
-__device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int lane) {
+__device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int lane,
+                                               int a_cap = BN, int z_floor = -1) {
   const int rr = lane >> 2, cb = 2 * (lane & 3);
   unsigned first[2], width[2];  // kept iff (8j + ee) - first <= width (unsigned), per row hh
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const I row = rr + 8 * hh;
-    const int a = int(max(min(I(lo) - d0 + row, I(BN)), I(0))) - cb;             // first kept column - cb
-    const int z = int(min(max(I(hi) - d0 + row, I(-1)), I(kvalid) - 1)) - cb;    // last kept column - cb
+    const int a = int(max(min(I(lo) - d0 + row, I(a_cap)), I(0))) - cb;               // first kept column - cb
+    const int z = int(min(max(I(hi) - d0 + row, I(z_floor)), I(kvalid) - 1)) - cb;    // last kept column - cb
     first[hh] = z >= a ? unsigned(a) : 0x40000000u;  // empty row: nothing kept
     width[hh] = z >= a ? unsigned(z - a) : 0u;
   }
@@ -488,10 +507,10 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
 
-  // Mapped plans: the K and V tiles (ROWS keys at plan position p0; V at sk + tile bytes) from one read of the map,
-  // each its own cp.async group where `commit`.
-  auto load_kv_mapped = [&](auto rows_c, auto nt_c, uint32_t sk, int p0, bool commit) {
-    const MappedRows<decltype(rows_c)::value, D, decltype(nt_c)::value> rows(p.k_map, p0, tid);
+  // Mapped plans: the K and V tiles (ROWS keys of key box e, from box row 64 where `upper`; V at sk + tile bytes) at
+  // tokens computed from the box's geometry (entry words z, w), each its own cp.async group where `commit`.
+  auto load_kv_mapped = [&](auto rows_c, auto nt_c, uint32_t sk, const int4& e, bool upper, bool commit) {
+    const MappedRows<decltype(rows_c)::value, D, decltype(nt_c)::value> rows(p.kb, e.z, e.w, upper, tid);
     rows.copy(sk, kg, p.k_sl * 2, p.k_len, tid);
     if (commit) cp_async_commit();
     rows.copy(sk + Tr::kTileBytes, vg, p.v_sl * 2, p.k_len, tid);
@@ -500,14 +519,16 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   using Rows64 = std::integral_constant<int, 64>;
   using RowsBN = std::integral_constant<int, BN>;
   auto load_kv = [&](int i, int stage) {
-    const int x = __ldg(&p.entries[e_begin + i].x);
+    // Mapped: the whole entry (its key box's geometry); else its key tile.
+    const int4 em = Tr::kMapped ? __ldg(&p.entries[e_begin + i]) : int4{};
+    const int x = Tr::kMapped ? em.x : __ldg(&p.entries[e_begin + i].x);
     const int kt = x & kKtMask;
     const uint32_t sk = s_kv0 + uint32_t(stage) * 2 * Tr::kTileBytes;
     if constexpr (kSm90 && BM == 64 && BN == 128) {
       const int half = int(unsigned(x) >> kHalfShift);
       if (half) {  // narrow entry: only the 64-key half with kept keys, at the start of the stage
         const int p0 = kt * BN + 64 * (half - 1);
-        if constexpr (Tr::kMapped) return load_kv_mapped(Rows64{}, std::integral_constant<int, NT>{}, sk, p0, true);
+        if constexpr (Tr::kMapped) return load_kv_mapped(Rows64{}, std::integral_constant<int, NT>{}, sk, em, half == 2, true);
         load_tile<64, D, NT>(sk, kg, p.k_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
         cp_async_commit();
         load_tile<64, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, p0, p.k_len, p.perm_d, p.k_group, tid);
@@ -515,7 +536,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         return;
       }
     }
-    if constexpr (Tr::kMapped) return load_kv_mapped(RowsBN{}, std::integral_constant<int, NT>{}, sk, kt * BN, true);
+    if constexpr (Tr::kMapped) return load_kv_mapped(RowsBN{}, std::integral_constant<int, NT>{}, sk, em, false, true);
     load_tile<BN, D, NT>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
     cp_async_commit();
     load_tile<BN, D, NT>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
@@ -531,11 +552,12 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   auto issue = [&](int j) {
     const int st = j % S;
     if (j >= S) mbar_wait(bar_empty + 8 * st, ((j / S) - 1) & 1);
-    const int kt = __ldg(&p.entries[e_begin + j].x) & kKtMask;
-    const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
     if constexpr (Tr::kMapped) {
-      load_kv_mapped(RowsBN{}, std::integral_constant<int, 128>{}, sk, kt * BN, false);
+      const int4 e = __ldg(&p.entries[e_begin + j]);
+      load_kv_mapped(RowsBN{}, std::integral_constant<int, 128>{}, s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes, e, false, false);
     } else {
+      const int kt = __ldg(&p.entries[e_begin + j].x) & kKtMask;
+      const uint32_t sk = s_kv0 + uint32_t(st) * 2 * Tr::kTileBytes;
       load_tile<BN, D, 128>(sk, kg, p.k_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
       load_tile<BN, D, 128>(sk + Tr::kTileBytes, vg, p.v_sl * 2, kt * BN, p.k_len, p.perm_d, p.k_group, tid);
     }

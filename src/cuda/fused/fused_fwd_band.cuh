@@ -27,9 +27,14 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, bool kBf16_, bool kRunningMax_ = false>
+template <int BM_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false>
 struct BandTraits {
   static constexpr int BM = BM_, D = 64, kChunk = 64;
+  // Shifted window rows (BlockPlan::band_shifted, 1-D neighborhoods): row q keeps the W = hi - lo + 1 keys from
+  // clamp(q + lo, 0, Lk - W) on, so the rows at either end keep the same window; the chunk ranges, whole chunks and
+  // masks take the two clamps (first key at most Lk - W, last at least W - 1). An instantiation of its own, so
+  // that the plain band's code stays as it was measured.
+  static constexpr bool kShifted = kShifted_;
   // The 128-key steps after a slab's first take their exponentials against the rows' running maxima, without the
   // row-max reduction in front of them (band_softmax_running; LaunchParams::band_running_max): causal +1.4% at
   // L=4096, +3.1% at L=16384; local(256) -1.6% (its short rows: 4-5 steps), so chosen for long rows only.
@@ -297,6 +302,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   const int items = p.q_tiles * bh_count;
   const int work = p.split_first + (items - p.split_first) * p.split_k;  // work ids (split parts counted)
   const int lo = p.band_lo, hi = p.band_hi;
+  // The rows' first and last keys: first(q) = min(max(q + lo, 0), fmax), last(q) = max(min(q + hi, Lk - 1), lmin);
+  // plain bands: clamps that never bind (rows past the band's reach keep nothing: first > last).
+  const int fmax = Tr::kShifted ? p.k_len - (hi - lo + 1) : p.k_len, lmin = Tr::kShifted ? hi - lo : -1;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -341,12 +349,13 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         const bool slab_part = us >= 0 && p.split_slabs;  // part `part` is slab `part` alone
         const int qt = p.order[w / bh_count], bh = w % bh_count;
         const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
-        // Each slab's chunks: keys max(0, first row + lo) ... min(Lk - 1, last row + hi); empty: first > last.
+        // Each slab's chunks: keys first(first row) ... last(last row) (both rise with the row); empty: first > last.
         int cf = 0x7fffffff, cl = -1;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
           const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
-          const int a = max(0, qs + lo), z = min(p.k_len - 1, qe + hi);
+          int a = max(0, qs + lo), z = min(p.k_len - 1, qe + hi);
+          if constexpr (Tr::kShifted) a = min(a, fmax), z = max(z, lmin);
           int f = 1, l = 0;
           if (qs < p.q_len && a <= z && (!slab_part || c == part)) {
             f = a >> 6, l = z >> 6;
@@ -480,17 +489,21 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           for (int kk = 0; kk < W / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + ring(j) * (CB >> 4) + 128 * kk), 1);
         };
         // The slab's chunks u0 ... u0 + un that every row of the slab keeps whole: from the first at or past key
-        // qe + lo to the last ending at or before qs + hi and Lk (floor divisions by shifts; none: u0 past any
-        // chunk). 32-bit bounds: lo / hi are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies).
-        int u0 = max(0, (qe + lo - kp0 + 63) >> 6);
-        const int u1 = (min(qs + hi - 63, p.k_len - 64) - kp0) >> 6;
+        // first(qe) to the last ending at or before last(qs) (floor divisions by shifts; none: u0 past any chunk).
+        // 32-bit bounds: lo / hi are clamped to [-Lq, Lk] and Lq + Lk < 2^30 (band_kernel_applies).
+        int u0 = max(0, ((Tr::kShifted ? min(qe + lo, fmax) : qe + lo) - kp0 + 63) >> 6);
+        const int u1 = Tr::kShifted ? (max(min(qs + hi, p.k_len - 1), lmin) - 63 - kp0) >> 6
+                                    : (min(qs + hi - 63, p.k_len - 64) - kp0) >> 6;
         const unsigned un = u1 >= u0 ? unsigned(u1 - u0) : 0u;
         if (u1 < u0) u0 = 1 << 30;
         // The band predicate on chunk jj of the slab (32 accumulator columns), unless every row keeps all of it.
         auto mask_chunk = [&](float(&s)[32], int jj) {
           if (unsigned(jj - u0) > un) {
             const int kp = kp0 + 64 * jj;
-            tile_mask_band<64, int>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
+            if constexpr (Tr::kShifted)  // first kept column at most fmax - kp, last at least lmin - kp
+              tile_mask_band<64, int>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane, min(fmax - kp, 64), max(lmin - kp, -1));
+            else
+              tile_mask_band<64, int>(s, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, lane);
           }
         };
         using W64 = std::integral_constant<int, 64>;

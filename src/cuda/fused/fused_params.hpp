@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/fused/key_boxes.hpp"
+
 namespace spattn::cuda::fused {
 
 // The bytes of a CUtensorMap (128, 64-byte aligned), so that this header needs no CUDA header.
@@ -25,7 +27,8 @@ struct FusedParams {
   int q_len, k_len;
   int perm_d, q_group, k_group;  // plan space (see plan/block_plan.hpp)
   // Mapped plan space (plan/block_plan.hpp; cp.async and mma.sync kernels only): plan position -> token, -1 for
-  // padding ([q_tiles * BM], [k_tiles * BN], DevicePlan-owned). Null: the affine perm_d layout above.
+  // padding ([q_tiles * BM], [k_tiles * BN], DevicePlan-owned). Null: the affine perm_d layout above. The kernels
+  // read q_map (the Q tile, the epilogue's tokens); their key rows come from kb (below) and the entries.
   const int32_t* q_map;
   const int32_t* k_map;
   float scale_log2;              // softmax scale * log2(e)
@@ -58,6 +61,12 @@ struct FusedParams {
   // warpgroup): trace[0] counts them, event i is trace[4 + 4i ...]: {item | c << 32 | smid << 40 | split slot
   // 13 & 0xffff << 48, start (after the item's Q tile), before the store, after the store} in globaltimer ns.
   unsigned long long* trace;
+  // (Fields added after the kernels' measured versions go here, so that those kernels' parameter offsets, and with
+  // them their code, stay as they were.)
+  int band_shifted;  // band kernel: rows keep the W = band_hi - band_lo + 1 keys from clamp(q + band_lo, 0, Lk - W) on
+  // Mapped plans' key boxes (key_boxes.hpp; set by FusedFwd::to_params): the kernels compute their key rows' tokens
+  // from them and each entry's last two words instead of reading k_map.
+  KeyBoxes kb;
 };
 
 // Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and

@@ -62,6 +62,10 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
   } else if constexpr (kSm90 && plan::is_band(c.kind)) {
     static_assert(c.block_m == 192 && c.head_dim == 64, "the band kernel has 192-row items at head dim 64");
     constexpr bool kRunningMax = c.kind == KernelKind::sm90_band_rmax;
+    if (p.kernel.band_shifted) {  // shifted window rows (1-D neighborhoods): the instantiation with the clamps
+      if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax, true>, Kind::kBand>(p, stream));
+      return int(launch_one<BandTraits<192, false, kRunningMax, true>, Kind::kBand>(p, stream));
+    }
     if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax>, Kind::kBand>(p, stream));
     return int(launch_one<BandTraits<192, false, kRunningMax>, Kind::kBand>(p, stream));
   } else if constexpr ((kSm90 && c.kind == KernelKind::sm90_cp) || (!kSm90 && c.kind == KernelKind::sm80_mma)) {
