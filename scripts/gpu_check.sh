@@ -2,7 +2,7 @@
 # scripts/gpu_check.sh — the GPU check in one command, for a machine with an NVIDIA GPU and no network:
 #   1. configure Release (Ninja, shared libs) for the GPU it finds (sm_90a on Hopper), and build;
 #   2. ctest -L gpu --output-on-failure;
-#   3. compute-sanitizer memcheck and racecheck on a small case of the Multigrain kernels;
+#   3. compute-sanitizer memcheck, racecheck and synccheck on a small case of the Multigrain kernels;
 #   4. spattn bench --device cuda --suite standard --json (Multigrain vs cuSPARSE);
 #   5. every executable scripts/gpu_check.d/*.sh, with SPATTN_BUILD (build dir) and SPATTN_OUT (output dir).
 # Logs and JSON go to the folder given as first argument, else $OUT, else ./out. GoogleTest comes from the
@@ -91,7 +91,7 @@ echo "== compute-sanitizer ($(elapsed))"
 MGTEST=$BUILD/tests/multigrain_test
 if command -v compute-sanitizer >/dev/null && [ -x "$MGTEST" ]; then
   san=0
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     echo "--- $tool" >>"$OUTD/sanitizer.log"
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$MGTEST" --gtest_filter='MultigrainGpu.SmallCase*' \
       >>"$OUTD/sanitizer.log" 2>&1

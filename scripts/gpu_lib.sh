@@ -54,3 +54,35 @@ gpu_build() {
   fi
   echo "built"
 }
+
+# gpu_script_setup OUTDIR DIR LOG TARGET...: the start of a scripts/gpu_check.d script. Sets OUTD (OUTDIR, else
+# $SPATTN_OUT, else ROOT/out; created, absolute) and BUILD: $SPATTN_BUILD (gpu_check.sh's build), else ROOT/DIR,
+# configured and built for TARGETs by gpu_build with its log in OUTD/LOG. Non-zero where that build fails.
+gpu_script_setup() {
+  local arg=$1 dir=$2 log=$3 root
+  shift 3
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  OUTD=${arg:-${SPATTN_OUT:-$root/out}}
+  mkdir -p "$OUTD"
+  OUTD=$(cd "$OUTD" && pwd)
+  BUILD=${SPATTN_BUILD:-}
+  if [ -z "$BUILD" ]; then
+    BUILD=$root/$dir
+    gpu_build "$BUILD" "$OUTD/$log" "$@" || return 1
+  fi
+}
+
+# sanitize_all PREFIX TEST FILTER: compute-sanitizer memcheck, racecheck and synccheck on the GoogleTest executable
+# TEST's cases FILTER, each log in OUTD/PREFIX_TOOL.log and a line each here; non-zero where one reports an error.
+sanitize_all() {
+  local prefix=$1 test=$2 filter=$3 tool r bad=0
+  command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer missing"; return 1; }
+  for tool in memcheck racecheck synccheck; do
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$test" --gtest_filter="$filter" \
+      >"$OUTD/${prefix}_$tool.log" 2>&1
+    r=$?
+    echo "$tool: rc $r; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/${prefix}_$tool.log" | head -1)"
+    [ $r -eq 0 ] || bad=1
+  done
+  return $bad
+}

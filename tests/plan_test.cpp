@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
+#include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -226,4 +228,39 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   ASSERT_GE(d128, 0);
   EXPECT_EQ(kKernels[d128].head_dim, 128);
   EXPECT_EQ(spattn::plan::choose_backward_row(spattn::parse("causal").bind(64), 96), -1);
+}
+
+// Zero lengths: the GPU planner gives an empty plan (no entries, nnz 0) for every tile shape, permutation and
+// choice, the key-major plan and the compound split likewise. They threw "block plan: empty lengths", so make_plan
+// failed on the GPU engines for an empty problem.
+TEST(BlockPlan, EmptyLengths) {
+  for (auto [lq, lk] : {std::pair<int64_t, int64_t>{0, 0}, {0, 300}, {300, 0}})
+    for (const char* spec : {"local(3)", "dilated(4, 3)", "causal", "dense", "longformer(8, 2)", "random(2, seed=1)",
+                             "sparse_fixed(16)"}) {
+      SCOPED_TRACE(std::string(spec) + " " + std::to_string(lq) + " x " + std::to_string(lk));
+      const spattn::BoundPattern pat = spattn::parse(spec).bind(lq, lk);
+      const spattn::plan::Analysis an = spattn::plan::analyze(pat);
+      std::vector<spattn::plan::BlockPlan> plans;
+      for (int bn : {64, 128})
+        for (int d : {1, 3}) plans.push_back(spattn::plan::build_block_plan(pat, 64, bn, d, &an));
+      for (bool tma : {false, true})
+        for (int64_t dim : {64, 128}) plans.push_back(spattn::plan::choose_block_plan(pat, an, dim, 0, 0, -1, tma));
+      for (const spattn::plan::BlockPlan& p : plans) {
+        EXPECT_EQ(p.nnz, 0);
+        EXPECT_EQ(p.nentries(), 0);
+        EXPECT_EQ(p.q_len, lq);
+        EXPECT_EQ(p.k_len, lk);
+        EXPECT_EQ(int64_t(p.row_offsets.size()), p.q_tiles + 1);
+        EXPECT_EQ(int64_t(p.order.size()), p.q_tiles);
+        EXPECT_EQ(p.q_tiles == 0, lq == 0);
+        EXPECT_FALSE(p.describe().empty());
+        if (p.block_m == 64) {
+          const spattn::plan::KeyMajorPlan km = spattn::plan::key_major(p);
+          EXPECT_TRUE(km.entries.empty());
+          EXPECT_EQ(int64_t(km.col_offsets.size()), km.k_tiles + 1);
+        }
+      }
+      EXPECT_FALSE(spattn::plan::block_shape_costs(pat, an, 64, true).empty());
+      for (int mode : {-1, 1}) EXPECT_FALSE(spattn::plan::split_pattern(pat, an, mode).compound());
+    }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.d/fused.sh — GPU checks of the fused block-sparse attention (issue 5):
-#   SASS (HGMMA in the sm_90a kernels), the GPU tests (tests/gpu/fused_test.cpp), compute-sanitizer on a small
-#   case, and the benchmark against FlexAttention / SDPA (bench/gpu_bench.py).
+#   SASS (HGMMA in the sm_90a kernels), the GPU tests (tests/gpu/fused_test.cpp), compute-sanitizer (memcheck,
+#   racecheck, synccheck) on a small case, and the benchmark against FlexAttention / SDPA (bench/gpu_bench.py).
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (build dir) and SPATTN_OUT (output dir). Standalone: with
 # SPATTN_BUILD unset it configures and builds into build-fused/ itself (GoogleTest from .gtest/ if the
 # machine has none). FUSED_BENCH_ARGS adds bench arguments (e.g. "--patterns local,causal --lengths 4096"; with
@@ -45,7 +45,7 @@ echo "== fused: tests"
 if [ -x "$TEST" ]; then
   "$TEST" >"$OUTD/fused_test.log" 2>&1 || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel err|Failure|Expected|Which is|actual|error" "$OUTD/fused_test.log" | head -90
-  echo "== fused: compute-sanitizer (memcheck, racecheck) on a small case"
+  echo "== fused: compute-sanitizer (memcheck, racecheck, synccheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
     # cases 1 (longformer, TMA), 51 (band kernel, tails, split items), 59 (band kernel, empty rows, Lq > Lk) and
     # 69 (band kernel, causal split in 3: parts without chunks), 74 (band kernel, causal slab parts)
@@ -57,6 +57,11 @@ if [ -x "$TEST" ]; then
       --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/74' \
       >"$OUTD/fused_racecheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_racecheck.log"
+    # synccheck: barriers (__syncthreads, named barriers) reached by every thread they wait for
+    compute-sanitizer --tool synccheck --error-exitcode 3 "$TEST" \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/74' \
+      >"$OUTD/fused_synccheck.log" 2>&1 || rc=1
+    tail -3 "$OUTD/fused_synccheck.log"
   fi
 else
   echo "no $TEST"

@@ -3,9 +3,9 @@
 # cp.async / mma.sync kernels' and the band kernels' registers and spills, the host tests of the tile maps
 # (tests/tile_map_test.cpp), the GPU tests (tests/gpu/neighborhood_test.cpp: mapped plans, and 1-D windows on the
 # band kernel and the others, against the fp64 reference; plan_gpu_test and fused_test for the unmapped kernels the
-# change touched), compute-sanitizer memcheck on small mapped and window plans, and bench/gpu_bench.py's
-# neighborhood cases against FlexAttention in the same process, with
-# the row-major plan (:nm, tile_map=0) beside each: na1d, na2d, na3d at L=16384, na2d_dil (and na2d) at L=4096.
+# change touched), compute-sanitizer memcheck and synccheck on small mapped and window plans, and
+# bench/gpu_bench.py's neighborhood cases against FlexAttention in the same process, with the row-major plan (:nm,
+# tile_map=0) beside each: na1d, na2d, na3d at L=16384, na2d_dil (and na2d) at L=4096.
 # Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
 # dir); standalone it configures for the GPU it finds and builds only what it runs into build-nbhd/ (GoogleTest
 # from /tmp/gtest-install or .gtest/ when the machine has none). Under 8 minutes on an H100 host of 16 cores:
@@ -79,12 +79,14 @@ run_test tile_map_test 120
 run_test neighborhood_test 300
 grep -E "rel err" "$OUTD/nbhd_neighborhood_test.log" | head -40
 
-echo "== nbhd: compute-sanitizer memcheck on small mapped and window plans ($(elapsed)s)"
+echo "== nbhd: compute-sanitizer memcheck and synccheck on small mapped and window plans ($(elapsed)s)"
 if command -v compute-sanitizer >/dev/null && [ -x "$T/neighborhood_test" ]; then
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/neighborhood_test" \
-    --gtest_filter='NeighborhoodGpuSmall.MappedPlansForSanitizers:Mapped/NeighborhoodGpu.MatchesReference/5' \
-    >"$OUTD/nbhd_memcheck.log" 2>&1 || fail "memcheck (rc $?)"
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) +\] [0-9]+ tests?" "$OUTD/nbhd_memcheck.log" | head -5
+  for tool in memcheck synccheck; do
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$T/neighborhood_test" \
+      --gtest_filter='NeighborhoodGpuSmall.MappedPlansForSanitizers:Mapped/NeighborhoodGpu.MatchesReference/5' \
+      >"$OUTD/nbhd_$tool.log" 2>&1 || fail "$tool (rc $?)"
+    grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) +\] [0-9]+ tests?" "$OUTD/nbhd_$tool.log" | head -5
+  done
 else
   fail "compute-sanitizer missing"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.d/tsvd.sh [OUTDIR] — GPU checks of TSVD (issue 26): SASS (HMMA in the TSVD kernels), the GPU
 # tests (tests/gpu/tsvd_gpu_test.cpp: the tensor-core, stream-K and gemv kernels against the CPU TSVD matmul, cuSOLVER
-# compression against LAPACK), compute-sanitizer memcheck and racecheck on a small case, and `spattn tsvd bench`
+# compression against LAPACK), compute-sanitizer memcheck, racecheck and synccheck on a small case, and `spattn tsvd bench`
 # (cuBLAS GEMM, SVD-matmul as two cuBLAS GEMMs, TSVD; the issue's shapes at ratios 2, 4, 8) as JSON.
 # Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
 # dir); standalone it configures for the GPU it finds and builds only what it runs into build-tsvd/ (GoogleTest
@@ -10,15 +10,8 @@ set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 source "$ROOT/scripts/gpu_lib.sh"
-OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
-mkdir -p "$OUTD"
-OUTD=$(cd "$OUTD" && pwd)
-BUILD=${SPATTN_BUILD:-}
+gpu_script_setup "${1:-}" build-tsvd tsvd_build.log spattn_cli tsvd_test tsvd_gpu_test || exit 1
 rc=0
-if [ -z "$BUILD" ]; then
-  BUILD=$ROOT/build-tsvd
-  gpu_build "$BUILD" "$OUTD/tsvd_build.log" spattn_cli tsvd_test tsvd_gpu_test || exit 1
-fi
 CLI=$BUILD/spattn
 GTEST=$BUILD/tests/tsvd_gpu_test
 
@@ -41,17 +34,7 @@ else
 fi
 
 echo "== tsvd: compute-sanitizer ($(elapsed))"
-if command -v compute-sanitizer >/dev/null && [ -x "$GTEST" ]; then
-  for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 "$GTEST" --gtest_filter='TsvdGpu.SmallCaseForSanitizers' \
-      >"$OUTD/tsvd_$tool.log" 2>&1
-    r=$?
-    echo "$tool: rc $r; $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/tsvd_$tool.log" | head -1)"
-    [ $r -eq 0 ] || rc=1
-  done
-else
-  echo "compute-sanitizer missing"; rc=1
-fi
+sanitize_all tsvd "$GTEST" 'TsvdGpu.SmallCaseForSanitizers' || rc=1
 
 echo "== tsvd: bench ($(elapsed))"
 # shellcheck disable=SC2086

@@ -326,7 +326,6 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
                 std::to_string(bn));
   if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
-  if (pat.q_len() <= 0 || pat.k_len() <= 0) throw Error("block plan: empty lengths");
   const Space sp = maps ? Space(pat.q_len(), pat.k_len(), bm, bn, *maps) : Space(pat.q_len(), pat.k_len(), bm, bn, d);
   if (sp.q_tiles >= INT32_MAX || sp.k_tiles >= INT32_MAX) throw Error("block plan: too many tiles");
 
@@ -346,6 +345,12 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     plan.k_map = maps->kmap;
     plan.q_tiling = maps->q;
     plan.k_tiling = maps->k;
+  }
+  if (sp.lq == 0 || sp.lk == 0) {  // an empty problem: its query tiles (none where Lq = 0) visit no key tile
+    plan.order.resize(size_t(sp.q_tiles));
+    std::iota(plan.order.begin(), plan.order.end(), 0);
+    plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return plan;
   }
 
   const int words = bm * bn / 64, row_words = bn / 64;

@@ -47,9 +47,11 @@ const char* kRunUsage =
     "Attention on random inputs (from --seed) of the given shape, or on q, k, v from .npy files (float32 or\n"
     "float16, [B, L, H, D]; the shape and dtype then come from the files). O is written as float32 [B, L, H, Dv],\n"
     "the log-sum-exp as float32 [B, H, L]. With no arguments: a small Longformer-style default.\n"
-    "--dq, --dk, --dv: the gradients of O's loss <dO, O> through Plan::backward on the same device and --impl,\n"
+    "--dq, --dk, --dv: the gradients of O's loss <dO, O> by the backward pass on the same device and --impl,\n"
     "written as float32 laid out as q, k and v; dO from --do ([B, L, H, Dv]; random from --seed with random\n"
-    "inputs). The timing line then adds the backward's (effective GFLOP/s count 2 nnz (3 D + 2 Dv) a head).\n";
+    "inputs). The timing line then adds the backward's (effective GFLOP/s count 2 nnz (3 D + 2 Dv) a head).\n"
+    "Without --len (and without .npy inputs) L is 4096, said on stderr. A large run (about a second or more)\n"
+    "prints its stages on stderr as it goes; SPATTN_PROGRESS=1 prints them always, 0 never.\n";
 
 const char* kMaskUsage =
     "usage: spattn mask --pattern SPEC (--len L | --q-len A --k-len B)\n"
@@ -57,8 +59,9 @@ const char* kMaskUsage =
 
 const char* kShowUsage =
     "usage: spattn show --pattern SPEC (--len L | --q-len A --k-len B) (-o mask.png | --ascii) [--size N]\n"
-    "Draws the mask with queries down and keys across: one pixel per (query, key) up to N x N (default 512, or 64\n"
-    "with --ascii), beyond that each pixel shaded by the share of the entries it covers that are kept.\n";
+    "Draws the mask with queries down and keys across: one pixel (or character) per (query, key) up to N x N\n"
+    "(default 512, or 64 with --ascii); beyond that each covers a block of entries and is shaded by the share of\n"
+    "them that is kept, any kept entry visible however large the block. A legend line says what each shade means.\n";
 
 const char* kExplainUsage =
     "usage: spattn explain --pattern SPEC (--len L | --q-len A --k-len B) [--dim D] [--batch B] [--heads H]\n"
@@ -117,6 +120,27 @@ int cmd_mask(int argc, char** argv) {
 }
 
 // ---- show ----
+// The share of kept entries of a picture cell, as a character and as a gray level. Any kept entry shows (a cell of a
+// million entries with one kept is not drawn as empty): ascii by decades of the share, the PNG on a log scale from
+// light gray (1e-4 or less) to near black, black only where every entry is kept.
+char show_char(double kept, double entries) {
+  if (kept <= 0) return '.';
+  if (kept >= entries) return '#';
+  const double d = kept / entries;
+  return d < 1e-3 ? ':' : d < 1e-2 ? '-' : d < 0.1 ? '=' : d < 0.5 ? '+' : '*';
+}
+const char* kShowAsciiLegend =
+    "'.' none kept, ':' under 0.1%, '-' 0.1-1%, '=' 1-10%, '+' 10-50%, '*' over 50%, '#' all kept";
+uint8_t show_gray(double kept, double entries) {
+  if (kept <= 0) return 255;
+  if (kept >= entries) return 0;
+  const double t = std::clamp((std::log10(kept / entries) + 4.0) / 4.0, 0.0, 1.0);  // 1e-4 -> 0, 1 -> 1
+  return uint8_t(std::lround(224.0 - 192.0 * t));                                   // 224 (light) .. 32 (dark)
+}
+const char* kShowPngLegend =
+    "white none kept, black all kept, gray some kept: light for a share of 0.01% or less, darker on a log scale to "
+    "near black at 100%";
+
 int cmd_show(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len", "o", "out", "size"}, {"ascii"});
   int64_t lq = 0, lk = 0;  // (not a structured binding: the lambdas below capture them, which clang 14 refuses)
@@ -125,55 +149,59 @@ int cmd_show(int argc, char** argv) {
   if (lq == 0 || lk == 0)
     throw Error("nothing to draw: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + " (a length is 0)");
   const bool ascii = a.has("ascii");
+  if (a.has("o") && a.has("out")) throw Error("give -o FILE.png or --out FILE.png, not both");
   const std::string out = a.has("o") ? a.str("o") : a.str("out");
   if (!ascii && out.empty()) throw Error("give -o FILE.png or --ascii");
   const int64_t size = a.integer("size", ascii ? 64 : 512);
   if (size < 1 || size > 8192) throw Error("--size must be in [1, 8192], got " + std::to_string(size));
   const int64_t W = std::max<int64_t>(1, std::min(lk, size)), H = std::max<int64_t>(1, std::min(lq, size));
-  // Density of each picture cell: kept entries / entries, accumulated from the row runs.
+  // Kept entries of each picture cell (bins of rows by bins of keys), from the row runs: a run adds to each bin it
+  // spans the number of its keys there, so a long strided run costs its bins, not its keys.
   std::vector<double> kept(size_t(W * H), 0.0);
-  auto col_bin = [&](int64_t k) { return k * W / std::max<int64_t>(lk, 1); };
+  auto col_bin = [&](int64_t k) { return k * W / lk; };
+  auto bin_start = [&](int64_t x) { return (x * lk + W - 1) / W; };  // first key of bin x
   RowRuns runs;
   for (int64_t q = 0; q < lq; ++q) {
-    const int64_t y = q * H / lq;
+    double* cells = &kept[size_t(q * H / lq * W)];
     p.row(q, runs);
     for (const Run& r : runs) {
-      if (r.stride == 1) {
-        for (int64_t k = r.start; k < r.start + r.count;) {
-          const int64_t x = col_bin(k);
-          const int64_t next = std::min(r.start + r.count, ((x + 1) * lk + W - 1) / W);  // first key of the next bin
-          kept[size_t(y * W + x)] += double(std::max<int64_t>(1, next - k));
-          k = std::max(next, k + 1);
-        }
-      } else {
-        for (int64_t t = 0; t < r.count; ++t) kept[size_t(y * W + col_bin(r.start + t * r.stride))] += 1;
+      if (r.count <= 0) continue;
+      const int64_t x0 = col_bin(r.start), x1 = col_bin(r.last());
+      if (r.count <= x1 - x0 + 1) {
+        for (int64_t t = 0; t < r.count; ++t) cells[col_bin(r.start + t * r.stride)] += 1;
+        continue;
+      }
+      for (int64_t x = x0; x <= x1; ++x) {  // keys start + t * stride in [a, b)
+        const int64_t ka = std::max(bin_start(x), r.start), kb = std::min(bin_start(x + 1), r.end());
+        if (ka >= kb) continue;
+        const int64_t t0 = (ka - r.start + r.stride - 1) / r.stride, t1 = (kb - 1 - r.start) / r.stride;
+        if (t1 >= t0) cells[x] += double(t1 - t0 + 1);
       }
     }
   }
-  std::vector<uint8_t> px(size_t(W * H));
-  for (int64_t y = 0; y < H; ++y) {
-    const int64_t rows = (y + 1) * lq / H - y * lq / H;
-    for (int64_t x = 0; x < W; ++x) {
-      const int64_t cols = (x + 1) * lk / W - x * lk / W;
-      const double d = rows * cols > 0 ? kept[size_t(y * W + x)] / double(rows * cols) : 0.0;
-      px[size_t(y * W + x)] = uint8_t(std::lround(255.0 * (1.0 - std::min(1.0, d))));
-    }
-  }
+  auto entries = [&](int64_t y, int64_t x) {
+    return double((y + 1) * lq / H - y * lq / H) * double((x + 1) * lk / W - x * lk / W);
+  };
+  const bool exact = W == lk && H == lq;
+  char scale[160];
+  std::snprintf(scale, sizeof scale, "%lldx%lld cells of up to %lld x %lld entries (queries down, keys across)",
+                (long long)W, (long long)H, (long long)((lq + H - 1) / H), (long long)((lk + W - 1) / W));
   if (ascii) {
-    const char* shades = " .:-=+*#%@";
+    std::string pic;
     for (int64_t y = 0; y < H; ++y) {
-      std::string line;
-      for (int64_t x = 0; x < W; ++x) {
-        const int v = 255 - px[size_t(y * W + x)];
-        line += v == 0 ? '.' : v == 255 ? '#' : shades[1 + v * 8 / 255];
-      }
-      std::cout << line << '\n';
+      for (int64_t x = 0; x < W; ++x) pic += show_char(kept[size_t(y * W + x)], entries(y, x));
+      pic += '\n';
     }
+    std::cout << pic << "legend: " << (exact ? "'#' kept, '.' not kept (one character per entry)" : kShowAsciiLegend)
+              << "; " << scale << "\n";
   }
   if (!out.empty()) {
+    std::vector<uint8_t> px(size_t(W * H));
+    for (int64_t y = 0; y < H; ++y)
+      for (int64_t x = 0; x < W; ++x) px[size_t(y * W + x)] = show_gray(kept[size_t(y * W + x)], entries(y, x));
     write_png_gray(out, int(W), int(H), px);
-    std::cerr << "wrote " << out << " (" << W << "x" << H << ", " << (W == lk && H == lq ? "one pixel per entry" : "shaded by density")
-              << ")\n";
+    std::cerr << "wrote " << out << ": " << scale << "; legend: "
+              << (exact ? "black kept, white not kept (one pixel per entry)" : kShowPngLegend) << "\n";
   }
   return 0;
 }
@@ -271,6 +299,14 @@ int cmd_run(int argc, char** argv) {
   o.verbose = defaults || o.out_path.empty();
   for (const char* f : {"len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype"})
     if (a.has(f)) o.shape_flags.push_back(std::string("--") + f);
+  // Options that would do nothing are refused rather than ignored.
+  const bool files = a.has("q") && a.has("k") && a.has("v");
+  if (files && a.has("seed"))
+    throw Error("--seed draws random inputs; with --q, --k and --v (and --do) nothing is random: drop --seed");
+  if (o.device == "cuda" && a.has("threads"))
+    throw Error("--threads sets the CPU engine's threads; --device cuda does not use it: drop --threads");
+  if (!defaults && !files && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
+    std::fprintf(stderr, "spattn run: no --len given: L = %lld (the default)\n", (long long)o.problem.q_len);
   return run_attention(o);
 }
 

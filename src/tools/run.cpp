@@ -1,6 +1,8 @@
 // `spattn run`: attention on .npy or random inputs through the chosen implementation.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include <unistd.h>
@@ -137,7 +139,26 @@ int run_attention(const RunOptions& o) {
   if (o.device == "cuda" && o.impl != "auto" && o.impl != "fused" && o.impl != "unfused")
     throw Error("unknown --impl '" + o.impl + "' for --device cuda (use " SPATTN_CUDA_IMPLS ")");
   const Pattern pat = Pattern::parse(o.spec);
+  const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
+  // A long run says what it is doing, on stderr (stdout keeps the results): past 1e11 multiply-adds (the CPU kernels
+  // pad rows to 16 floats; about a second on the 2-core VM: local(8192) at L = 65536, D = 64 takes 1.7 s) or 1e8
+  // input values to draw. SPATTN_PROGRESS=1 shows it always, 0 never.
+  const auto t_start = std::chrono::steady_clock::now();
+  const double work = double(p.batch * p.q_heads) * double(nnz) * double(std::max<int64_t>(p.head_dim + p.dv(), 32));
+  const double values = double(p.batch) * (double(p.q_len) * double(p.q_heads) * double(p.head_dim + (grads ? p.dv() : 0)) +
+                                           double(p.kv_len) * double(p.kv_heads) * double(p.head_dim + p.dv()));
+  const char* forced = std::getenv("SPATTN_PROGRESS");
+  const bool progress = forced && (*forced == '0' || *forced == '1') ? *forced == '1'
+                                                                      : work > 1e11 || (!from_files && values > 1e8);
+  auto note = [&](const std::string& what) {
+    if (!progress) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::fprintf(stderr, "spattn run: [%.1f s] %s\n", s, what.c_str());
+  };
+  const int64_t heads = p.batch * p.q_heads;
+  note(std::to_string(nnz) + " kept scores a head, " + std::to_string(heads) + (heads == 1 ? " head" : " heads (batch x heads)"));
   if (!from_files) {
+    note("drawing random inputs");
     std::mt19937_64 rng(o.seed);
     q = random_tensor(p.dtype, {p.batch, p.q_len, p.q_heads, p.head_dim}, rng);
     k = random_tensor(p.dtype, {p.batch, p.kv_len, p.kv_heads, p.head_dim}, rng);
@@ -165,14 +186,18 @@ int run_attention(const RunOptions& o) {
   double secs = 0;
   std::string engine;
   if (o.device == "cuda") {
+    note(grads ? "planning and running the forward and the backward on the GPU" : "planning and running on the GPU");
     secs = run_cuda(pat, p, q.view, k.view, v.view, out.data(), lse.data(), opt, &engine, grads ? &bwd : nullptr);
   } else {
+    note("planning");
     const Plan plan = make_plan(pat, p, Device::cpu(), opt);  // planned once, outside the timed call
     engine = std::string(engine_name(plan.engine())) + " (" + plan.kernel() + ")";
+    note("forward");
     const auto t0 = std::chrono::steady_clock::now();
     plan.forward(q.view, k.view, v.view, ov, lv);
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (grads) {
+      note("backward");
       const auto t1 = std::chrono::steady_clock::now();
       plan.backward(q.view, k.view, v.view, ov, lv, dout.view,
                     TensorView::contiguous(gq.data(), DType::f32, {p.batch, p.q_len, p.q_heads, p.head_dim}),
@@ -182,7 +207,8 @@ int run_attention(const RunOptions& o) {
       bwd.engine = plan.last_backward_kernel();
     }
   }
-  auto write = [](const std::string& path, const float* data, const std::vector<int64_t>& shape, const char* what) {
+  auto write = [&](const std::string& path, const float* data, const std::vector<int64_t>& shape, const char* what) {
+    note("writing " + path);
     write_npy(path, data, shape);
     std::printf("wrote %s: %s %s float32\n", path.c_str(), what, shape_str(shape).c_str());
   };
@@ -191,8 +217,8 @@ int run_attention(const RunOptions& o) {
   if (!o.dq_path.empty()) write(o.dq_path, gq.data(), {p.batch, p.q_len, p.q_heads, p.head_dim}, "dQ [B, L, H, D] =");
   if (!o.dk_path.empty()) write(o.dk_path, gk.data(), {p.batch, p.kv_len, p.kv_heads, p.head_dim}, "dK [B, L, HK, D] =");
   if (!o.dv_path.empty()) write(o.dv_path, gv.data(), {p.batch, p.kv_len, p.kv_heads, p.dv()}, "dV [B, L, HK, Dv] =");
+  note("done");
   if (o.verbose) {
-    const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
     const double flops = 2.0 * double(nnz) * double(p.head_dim + p.dv()) * double(p.batch * p.q_heads);
     std::printf("spattn run: pattern \"%s\"  B=%lld Lq=%lld Lk=%lld H=%lld HK=%lld D=%lld Dv=%lld %s  impl=%s device=%s\n", o.spec.c_str(),
                 (long long)p.batch, (long long)p.q_len, (long long)p.kv_len, (long long)p.q_heads, (long long)p.kv_heads,

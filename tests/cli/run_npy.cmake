@@ -1,6 +1,6 @@
 # ctest -P script: `spattn run` (SPATTN) with files in WORK. --out says what it wrote (it printed nothing); with .npy
 # inputs, a shape option that disagrees with the files is refused, naming it (it was silently ignored); one that
-# agrees is fine.
+# agrees is fine; --seed, which has nothing to draw then, is refused (it was ignored).
 file(MAKE_DIRECTORY ${WORK})
 execute_process(COMMAND ${SPATTN} run --len 16 --heads 2 --dim 8 --out ${WORK}/x.npy
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -16,6 +16,11 @@ execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "run --q/--k/--v with matching shape options: rc ${rc}, stderr '${err}'")
+endif()
+execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${WORK}/x.npy --seed 3
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--seed draws random inputs; with --q, --k and --v \\(and --do\\) nothing is random")
+  message(FATAL_ERROR "run --q/--k/--v --seed: rc ${rc}, stdout '${out}', stderr '${err}'")
 endif()
 # The backward: --dq / --dk / --dv say what they wrote (random dO with random inputs); with .npy inputs they need
 # --do, and --do alone (no gradient asked) is refused, each naming the options.

@@ -173,3 +173,75 @@ TEST(PlanGpu, RefusesTensorsOfAnotherProblem) {
 }
 
 }  // namespace
+
+// Zero lengths on every GPU engine (make_plan failed with "block plan: empty lengths"): no kernel of the engine runs;
+// rows without keys give O = 0 and LSE = -inf, the backward zero gradients (outputs poisoned with NaN first, so an
+// unwritten one fails); per-head patterns and a strided O too; a misspelt kernel is still refused.
+TEST(PlanGpu, EmptyLengths) {
+  REQUIRE_GPU();
+  struct C {
+    spattn::Engine engine;
+    DType dt;
+    int64_t D;
+  } const cases[] = {{spattn::Engine::cuda_fused, DType::bf16, 64}, {spattn::Engine::cuda_fused, DType::f16, 128},
+                     {spattn::Engine::cuda_unfused, DType::f32, 32}, {spattn::Engine::cuda_unfused, DType::bf16, 64}};
+  for (const C& c : cases)
+    for (auto [lq, lk] : {std::pair<int64_t, int64_t>{0, 0}, {0, 5}, {7, 0}, {300, 0}})
+      for (int npat : {1, 3}) {
+        if (npat > 1 && c.engine == spattn::Engine::cuda_unfused) continue;  // one pattern for all heads there
+        SCOPED_TRACE(std::string(spattn::engine_name(c.engine)) + " " + std::string(spattn::dtype_name(c.dt)) + " " +
+                     std::to_string(lq) + " x " + std::to_string(lk) + ", patterns " + std::to_string(npat));
+        spattn::Problem pr = problem(2, 3, 3, 0, c.D, c.dt);
+        pr.q_len = lq, pr.kv_len = lk;
+        std::vector<spattn::Pattern> pats{spattn::parse("local(3)")};
+        if (npat > 1) pats = {spattn::parse("local(3)"), spattn::parse("causal"), spattn::parse("random(2, seed=1)")};
+        spattn::PlanOptions o;
+        o.engine = c.engine;
+        const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0), o);
+        EXPECT_NE(plan.explain().find("nothing to compute"), std::string::npos) << plan.explain();
+        const int es = spattn::dtype_size(c.dt);
+        const std::array<int64_t, 4> qs{2, lq, 3, c.D}, ks{2, lk, 3, c.D};
+        const size_t nq = size_t(2 * lq * 3 * c.D), nk = size_t(2 * lk * 3 * c.D), nl = size_t(2 * 3 * lq);
+        // O strided: [B, Lq, H, D] inside a buffer of twice the head dim.
+        Buf q(nq * es + 1), k(nk * es + 1), v(nk * es + 1), out(2 * nq * es + 1), lse(nl * 4 + 1);
+        Buf dq(nq * es + 1), dk(nk * es + 1), dv(nk * es + 1);
+        ASSERT_EQ(cudaMemset(out.p, 0xFF, 2 * nq * es), cudaSuccess);
+        ASSERT_EQ(cudaMemset(lse.p, 0xFF, nl * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemset(dq.p, 0xFF, nq * es), cudaSuccess);
+        ASSERT_EQ(cudaMemset(dk.p, 0xFF, nk * es), cudaSuccess);
+        ASSERT_EQ(cudaMemset(dv.p, 0xFF, nk * es), cudaSuccess);
+        const TensorView tq = TensorView::contiguous(q.p, c.dt, qs), tk = TensorView::contiguous(k.p, c.dt, ks),
+                         tv = TensorView::contiguous(v.p, c.dt, ks);
+        TensorView to{out.p, c.dt, qs, {lq * 3 * 2 * c.D, 3 * 2 * c.D, 2 * c.D, 1}};
+        const TensorView tl = TensorView::contiguous(lse.p, DType::f32, {2, 3, lq, 1});
+        plan.forward(tq, tk, tv, to, tl);
+        EXPECT_EQ(plan.last_kernel(), "none");
+        plan.backward(tq, tk, tv, to, tl, to, TensorView::contiguous(dq.p, c.dt, qs), TensorView::contiguous(dk.p, c.dt, ks),
+                      TensorView::contiguous(dv.p, c.dt, ks));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint8_t> ho(2 * nq * es), hdq(nq * es), hdk(nk * es), hdv(nk * es);
+        std::vector<float> hl(nl);
+        ASSERT_EQ(cudaMemcpy(ho.data(), out.p, ho.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hl.data(), lse.p, nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hdq.data(), dq.p, hdq.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hdk.data(), dk.p, hdk.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hdv.data(), dv.p, hdv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        to.data = ho.data();
+        for (int64_t b = 0; b < 2; ++b)
+          for (int64_t i = 0; i < lq; ++i)
+            for (int64_t h = 0; h < 3; ++h)
+              for (int64_t d = 0; d < c.D; ++d) ASSERT_EQ(to.load(b, i, h, d), 0.0) << b << " " << i << " " << h << " " << d;
+        if (lq > 0) {  // the other half of each row of the buffer is not O's: left as it was
+          const TensorView gap{ho.data() + c.D * es, c.dt, qs, to.stride};
+          EXPECT_TRUE(std::isnan(gap.load(0, 0, 0, 0)) && std::isnan(gap.load(1, lq - 1, 2, c.D - 1)));
+        }
+        for (float x : hl) ASSERT_EQ(x, -INFINITY);
+        for (auto* g : {&hdq, &hdk, &hdv}) {
+          const TensorView t = TensorView::contiguous(g->data(), c.dt, {1, int64_t(g->size()) / es, 1, 1});
+          for (int64_t i = 0; i < t.shape[1]; ++i) ASSERT_EQ(t.load(0, i, 0, 0), 0.0) << i;
+        }
+        EXPECT_EQ(plan.last_backward_kernel(), "none");
+        o.kernel = "no_such_kernel";
+        EXPECT_THROW(spattn::make_plan(pats, pr, spattn::Device::cuda(0), o), spattn::Error);
+      }
+}

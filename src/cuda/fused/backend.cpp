@@ -12,6 +12,7 @@
 #include "cuda/fused/fused_fwd.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/common/empty_backend.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
 #include "plan/parts.hpp"
@@ -60,7 +61,8 @@ FusedOptions fused_options(const PlanOptions& o, int* want_row, int* want_kind) 
     for (KernelKind k : {KernelKind::sm80_mma, KernelKind::sm90_cp, KernelKind::sm90_tma, KernelKind::sm90_band,
                          KernelKind::sm90_band_rmax})
       if (o.kernel == kind_name(k)) kind = k, found = true;
-    if (!found) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel of the kernel table (plan/kernels.hpp)");
+    if (!found) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel: give a kind (sm80, sm90_cp, sm90_tma, " +
+                            "sm90_band, sm90_band_rmax) or a kernel's name such as sm90_tma_128x128_d64");
   }
   if (!is_gpu_fused(kind)) throw Error("kernel '" + o.kernel + "' is not a fused GPU kernel");
   *want_kind = int(kind);
@@ -181,6 +183,13 @@ class CudaFusedBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_fused_backend(const Planned& p, const Problem& problem, int device,
                                                  const PlanOptions& options) {
+  if (cuda::empty_problem(problem)) {
+    // Nothing to run, but the options are checked as for any problem (a misspelt kernel is refused either way).
+    int row = -1, kind = -1;
+    fused_options(options, &row, &kind);
+    const cuda::PatternsBackward backward_check(p.patterns, p.of_head, problem, options.backward_kernel);
+    return cuda::make_empty_backend(problem, device, "cuda_fused");
+  }
   return std::make_unique<CudaFusedBackend>(p, problem, device, options);
 }
 

@@ -7,6 +7,7 @@
 #include "cuda/backward/csr_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/common/empty_backend.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
 #include "cuda/unfused/unfused.hpp"
@@ -16,15 +17,19 @@ namespace {
 
 using cuda::DeviceScope;
 
+void check_options(const Planned& p, const PlanOptions& o) {
+  if (p.per_head())
+    throw Error("engine cuda_unfused takes one pattern for all heads, got " + std::to_string(p.patterns.size()) +
+                " distinct per-head patterns (use cuda_fused or the CPU)");
+  if (!o.kernel.empty() && o.kernel != "cuda_unfused")
+    throw Error("kernel '" + o.kernel + "' is not the unfused GPU engine's (cuda_unfused)");
+}
+
 class CudaUnfusedBackend final : public Backend {
  public:
   CudaUnfusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
       : problem_(problem), device_(device), bwd_(p.patterns, p.of_head, problem, o.backward_kernel) {
-    if (p.per_head())
-      throw Error("engine cuda_unfused takes one pattern for all heads, got " + std::to_string(p.patterns.size()) +
-                  " distinct per-head patterns (use cuda_fused or the CPU)");
-    if (!o.kernel.empty() && o.kernel != "cuda_unfused")
-      throw Error("kernel '" + o.kernel + "' is not the unfused GPU engine's (cuda_unfused)");
+    check_options(p, o);
     DeviceScope scope(device);
     plan_ = std::make_unique<unfused::Plan>(unfused::Plan::build(p.patterns[0], problem));
     const int64_t bytes = plan_->attention_workspace_size(false);
@@ -69,6 +74,11 @@ class CudaUnfusedBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_unfused_backend(const Planned& p, const Problem& problem, int device,
                                                    const PlanOptions& options) {
+  if (cuda::empty_problem(problem)) {  // nothing to run; the options checked as for any problem
+    check_options(p, options);
+    const cuda::PatternsBackward backward_check(p.patterns, p.of_head, problem, options.backward_kernel);
+    return cuda::make_empty_backend(problem, device, "cuda_unfused");
+  }
   return std::make_unique<CudaUnfusedBackend>(p, problem, device, options);
 }
 
