@@ -218,16 +218,16 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
 // Wide (128-key) backward tiles, narrow (64) ones for residue-permuted plans (cp.async steps).
 TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   using spattn::plan::kKernels;
-  const int causal = spattn::plan::choose_backward_row(spattn::parse("causal").bind(16384), 64);
-  const int local = spattn::plan::choose_backward_row(spattn::parse("dilated(256, 2)").bind(16384), 64);
+  const int causal = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(16384)), 64);
+  const int local = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("dilated(256, 2)").bind(16384)), 64);
   ASSERT_GE(causal, 0);
   ASSERT_GE(local, 0);
   EXPECT_EQ(kKernels[causal].block_n, 128);
   EXPECT_EQ(kKernels[local].block_n, 64);
-  const int d128 = spattn::plan::choose_backward_row(spattn::parse("local(256)").bind(16384), 128);
+  const int d128 = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("local(256)").bind(16384)), 128);
   ASSERT_GE(d128, 0);
   EXPECT_EQ(kKernels[d128].head_dim, 128);
-  EXPECT_EQ(spattn::plan::choose_backward_row(spattn::parse("causal").bind(64), 96), -1);
+  EXPECT_EQ(spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(64)), 96), -1);
 }
 
 // Zero lengths: the GPU planner gives an empty plan (no entries, nnz 0) for every tile shape, permutation and

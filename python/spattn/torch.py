@@ -237,8 +237,10 @@ torch.library.register_fake("spattn::sparse_attention_nograd")(_sparse_attention
 _op_nograd = torch.ops.spattn.sparse_attention_nograd.default
 
 
-def _needs_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+def _forward_op(q: Tensor, k: Tensor, v: Tensor) -> Any:
+    """The autograd operator where a gradient may be needed (or torch.compile traces), else the no-grad one."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _op if needs_grad or torch.compiler.is_compiling() else _op_nograd
 
 
 # ---- the public entry points ----------------------------------------------------------------------------
@@ -253,8 +255,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Patter
     spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads / tile_map:
     plan options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
     """
-    op = _op if _needs_grad(q, k, v) or torch.compiler.is_compiling() else _op_nograd
-    o, lse = op(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads, tile_map))
+    o, lse = _forward_op(q, k, v)(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads, tile_map))
     return (o, lse) if return_lse else o
 
 
@@ -274,8 +275,7 @@ class SparseAttention(torch.nn.Module):
         _parse_options(self.options)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        op = _op if _needs_grad(q, k, v) or torch.compiler.is_compiling() else _op_nograd
-        o, _ = op(q, k, v, self.pattern, self.options)
+        o, _ = _forward_op(q, k, v)(q, k, v, self.pattern, self.options)
         return o
 
     def extra_repr(self) -> str:

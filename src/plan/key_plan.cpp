@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/error.hpp"
 
@@ -56,8 +55,8 @@ KeyMajorPlan key_major(const BlockPlan& plan) {
   return out;
 }
 
-int choose_backward_row(const BoundPattern& pattern, int64_t head_dim) {
-  const bool wide = analyze(pattern).permutation(kMaxGpuPermutation) <= 1;
+int choose_backward_row(const Analysis& analysis, int64_t head_dim) {
+  const bool wide = analysis.permutation(kMaxGpuPermutation) <= 1;
   int first = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
 
 namespace spattn::plan {
@@ -24,8 +25,8 @@ struct KeyMajorPlan {
 // Requires plan.block_m == 64 (one 64-bit word per key of a transposed mask).
 KeyMajorPlan key_major(const BlockPlan& plan);
 
-// The sm90_bwd row of the kernel table for `pattern` at `head_dim` (plan/kernels.hpp: 128 keys a CTA, 64 for residue
-// permutations); -1 where none.
-int choose_backward_row(const BoundPattern& pattern, int64_t head_dim);
+// The sm90_bwd row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
+// (plan/kernels.hpp: 128 keys a CTA, 64 for residue permutations); -1 where none.
+int choose_backward_row(const Analysis& analysis, int64_t head_dim);
 
 }  // namespace spattn::plan

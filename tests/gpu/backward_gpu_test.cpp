@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/plan_run.hpp"
 #include "gpu/require_gpu.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/plan.hpp"
@@ -20,12 +21,7 @@ namespace {
 
 using spattn::DType;
 using spattn::TensorView;
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
-  ~Buf() { cudaFree(p); }
-};
+using spattn::test::Buf;
 
 struct Case {
   std::vector<const char*> specs;

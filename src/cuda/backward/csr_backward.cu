@@ -208,10 +208,10 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
   }
 }
 
-PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem,
-                                   std::string kernel)
-    : patterns_(std::move(patterns)),
-      of_head_(std::move(of_head)),
+PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem, std::string kernel)
+    : patterns_(planned.patterns),
+      analyses_(planned.analyses),
+      of_head_(planned.of_head),
       problem_(problem),
       kernel_(std::move(kernel)),
       csr_(patterns_.size()),
@@ -227,14 +227,13 @@ PatternsBackward::PatternsBackward(std::vector<BoundPattern> patterns, std::vect
                   ", the problem has " + std::to_string(problem_.head_dim));
     if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) tile_row_ = row;
   }
-
 }
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
 
 void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, const TensorView& k,
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
-                               const TensorView& dq, const TensorView& dk, const TensorView& dv, float* delta,
+                               const TensorView& dq, const TensorView& dk, const TensorView& dv, int64_t delta_offset,
                                void* stream) const {
   const bool want_csr = kernel_ == "cuda_csr_bwd";
   std::string why;
@@ -245,7 +244,8 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
         std::lock_guard<std::mutex> lock(mu_);
         if (!tile_[i])
           tile_[i] = std::make_unique<TileBackward>(
-              patterns_[i], p, tile_row_ >= 0 ? tile_row_ : plan::choose_backward_row(patterns_[i], p.head_dim));
+              patterns_[i], analyses_[i], p,
+              tile_row_ >= 0 ? tile_row_ : plan::choose_backward_row(analyses_[i], p.head_dim));
       }
       tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       last_row_ = tile_[i]->kernel_row();
@@ -256,8 +256,11 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!csr_[i]) csr_[i] = std::make_unique<CsrBackward>(patterns_[i]);
+    // The CSR pass's delta scratch, laid out as lse ([B, Hq, Lq], contiguous; per-head runs at their offset).
+    const Problem& a = problem_;
+    if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, a.batch * a.q_heads * a.q_len)) * 4));
   }
-  csr_[i]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta, stream);
+  csr_[i]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, stream);
   last_row_ = plan::find_kernel("cuda_csr_bwd");
 }
 
@@ -265,28 +268,21 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
                            const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                            const TensorView& dv, void* stream) const {
   const Problem& p = problem_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, p.batch * p.q_heads * p.q_len)) * 4));
-  }
   if (!lse.data) throw Error("gpu backward: needs the forward's lse");
   // The CSR pass's delta is laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer.
   if (lse.stride[1] != p.q_len || lse.stride[0] != p.q_heads * p.q_len)
     throw Error("gpu backward: lse must be contiguous fp32 [B, Hq, Lq]");
-  if (patterns_.size() == 1) return run_one(0, p, q, k, v, o, lse, dout, dq, dk, dv, delta_, stream);
+  if (patterns_.size() == 1) return run_one(0, p, q, k, v, o, lse, dout, dq, dk, dv, 0, stream);
   // Per-head patterns: each query head through its pattern on one-head views. dk / dv of a kv head shared by
   // query heads of different patterns would need summing: refused.
   const int64_t group = p.q_heads / p.kv_heads;
   if (group != 1)
     throw Error("gpu backward: per-head patterns with grouped-query attention are not supported yet");
-  const TensorView dl{delta_, DType::f32, {p.batch, p.q_heads, p.q_len, 1}, {p.q_heads * p.q_len, p.q_len, 1, 1}};
   Problem one = p;
   one.q_heads = one.kv_heads = 1;
-  for (int64_t h = 0; h < p.q_heads; ++h) {
-    const TensorView lh = lse.narrow(1, h), dh = dl.narrow(1, h);
-    run_one(size_t(of_head_[size_t(h)]), one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h), lh,
-            dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h), static_cast<float*>(dh.data), stream);
-  }
+  for (int64_t h = 0; h < p.q_heads; ++h)
+    run_one(size_t(of_head_[size_t(h)]), one, q.narrow(2, h), k.narrow(2, h), v.narrow(2, h), o.narrow(2, h),
+            lse.narrow(1, h), dout.narrow(2, h), dq.narrow(2, h), dk.narrow(2, h), dv.narrow(2, h), h * p.q_len, stream);
 }
 
 }  // namespace spattn::cuda

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/backward/tile_backward.hpp"
+#include "plan/backend.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -52,7 +53,8 @@ namespace spattn::cuda {
 // reason). Per-head patterns run head by head on views.
 class PatternsBackward {
  public:
-  PatternsBackward(std::vector<BoundPattern> patterns, std::vector<int> of_head, Problem problem, std::string kernel);
+  // planned: the plan's distinct patterns, their analyses and which one each query head uses (plan/backend.hpp).
+  PatternsBackward(const plan::Planned& planned, Problem problem, std::string kernel);
   ~PatternsBackward();
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
@@ -61,8 +63,9 @@ class PatternsBackward {
  private:
   void run_one(size_t i, const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-               const TensorView& dk, const TensorView& dv, float* delta, void* stream) const;
+               const TensorView& dk, const TensorView& dv, int64_t delta_offset, void* stream) const;
   std::vector<BoundPattern> patterns_;
+  std::vector<plan::Analysis> analyses_;
   std::vector<int> of_head_;
   Problem problem_;
   std::string kernel_;
@@ -70,7 +73,7 @@ class PatternsBackward {
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<CsrBackward>> csr_;
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;
-  mutable float* delta_ = nullptr;
+  mutable float* delta_ = nullptr;  // the CSR pass's scratch, allocated at its first run
   mutable std::atomic<int> last_row_{-1};
 };
 

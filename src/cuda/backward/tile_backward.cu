@@ -8,17 +8,15 @@
 #include "cuda/common/device.hpp"
 #include "cuda/fused/fused_fwd.hpp"  // encode_tmap
 #include "cuda/fused/launch.cuh"     // raise_smem_limit
-#include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 
 namespace spattn::cuda {
 
-TileBackward::TileBackward(const BoundPattern& pattern, const Problem& problem, int row)
+TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an, const Problem& problem, int row)
     : problem_(problem), row_(row) {
   if (row < 0 || plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
-  const plan::Analysis an = plan::analyze(pattern);
   // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
   plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false, 0);
   if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda/common/buffer.hpp"
+#include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
@@ -16,7 +17,7 @@ class TileBackward {
   // queries x its block_n keys; residue permutation chosen as for the forward), transposes it key-major and
   // uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
   // rounded up to whole tiles per residue group; lse and delta rows).
-  TileBackward(const BoundPattern& pattern, const Problem& problem, int row);
+  TileBackward(const BoundPattern& pattern, const plan::Analysis& analysis, const Problem& problem, int row);
 
   // Why the tile kernel cannot run these tensors on the current device ("" where it can): an sm_90a device,
   // bf16 / fp16 everywhere, head dim 64 or 128 (dv equal), head dims contiguous, q / k / v / dout rows 16-byte

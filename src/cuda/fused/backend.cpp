@@ -97,7 +97,7 @@ struct PatternRun {
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p.patterns, p.of_head, problem, o.backward_kernel) {
+      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p, problem, o.backward_kernel) {
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
@@ -187,7 +187,7 @@ std::unique_ptr<Backend> make_cuda_fused_backend(const Planned& p, const Problem
     // Nothing to run, but the options are checked as for any problem (a misspelt kernel is refused either way).
     int row = -1, kind = -1;
     fused_options(options, &row, &kind);
-    const cuda::PatternsBackward backward_check(p.patterns, p.of_head, problem, options.backward_kernel);
+    const cuda::PatternsBackward backward_check(p, problem, options.backward_kernel);
     return cuda::make_empty_backend(problem, device, "cuda_fused");
   }
   return std::make_unique<CudaFusedBackend>(p, problem, device, options);

@@ -28,7 +28,7 @@ void check_options(const Planned& p, const PlanOptions& o) {
 class CudaUnfusedBackend final : public Backend {
  public:
   CudaUnfusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), bwd_(p.patterns, p.of_head, problem, o.backward_kernel) {
+      : problem_(problem), device_(device), bwd_(p, problem, o.backward_kernel) {
     check_options(p, o);
     DeviceScope scope(device);
     plan_ = std::make_unique<unfused::Plan>(unfused::Plan::build(p.patterns[0], problem));
@@ -76,7 +76,7 @@ std::unique_ptr<Backend> make_cuda_unfused_backend(const Planned& p, const Probl
                                                    const PlanOptions& options) {
   if (cuda::empty_problem(problem)) {  // nothing to run; the options checked as for any problem
     check_options(p, options);
-    const cuda::PatternsBackward backward_check(p.patterns, p.of_head, problem, options.backward_kernel);
+    const cuda::PatternsBackward backward_check(p, problem, options.backward_kernel);
     return cuda::make_empty_backend(problem, device, "cuda_unfused");
   }
   return std::make_unique<CudaUnfusedBackend>(p, problem, device, options);
