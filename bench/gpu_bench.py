@@ -80,6 +80,7 @@ VARIANTS = {"": "", "cp": "kernel=sm90_cp", "p": "persistent=1", "np": "persiste
             "nb": "kernel=sm90_tma", "ns": "kernel=sm90_band,split=0", "s3": "kernel=sm90_band,split=3",
             "ss": "kernel=sm90_band,split=1", "nc": "compound=0", "nm": "tile_map=0", "m": "tile_map=1"}
 PROBLEM = {"batch": 2, "heads": 16}  # main() sets them from --batch / --heads
+OPT_IN = {"lfcols", "sinks"}  # suite cases run only when --patterns names them (not in the baselines' suite)
 
 
 class Fused:
@@ -176,6 +177,12 @@ def suite(L):
     def longformer(b, h, q, k):
         return ((q - k).abs() <= w) | (q < 32) | (k < 32)
 
+    def lfcols(b, h, q, k):
+        return ((q - k).abs() <= w) | (k < 32)
+
+    def sinks(b, h, q, k):
+        return ((q - k <= 1024) & (q >= k)) | (k < 4)
+
     def dilated(b, h, q, k):
         d = q - k
         return (d.abs() <= w * 2) & (d % 2 == 0)
@@ -194,6 +201,10 @@ def suite(L):
     return [
         ("local", "local(256)", local, (64,)),
         ("longformer", "longformer(256, 32)", longformer, (64,)),
+        # band rows with a key prefix (the band kernel's prefix chunks): longformer without its global rows, and a
+        # causal window with 4 attention sinks (StreamingLLM)
+        ("lfcols", "local(256) | global_cols(0:32)", lfcols, (64,)),
+        ("sinks", "local(left=1024, right=0) | global_cols(0:4)", sinks, (64,)),
         ("bigbird", "bigbird(64, 1, 2, 3, seed=0)", None, (64,)),
         ("dilated", "dilated(256, 2)", dilated, (64,)),
         ("causal", "causal", causal, (64, 128)),
@@ -320,6 +331,7 @@ def main():
     ap.add_argument("--lengths", default="4096,16384")
     ap.add_argument("--patterns", default="", help="comma list of suite names (default: all)")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--dims", default="", help="comma list of head dims for every pattern (default: each its own)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--no-flex", action="store_true")
@@ -387,9 +399,9 @@ def main():
 
     for L in [int(x) for x in args.lengths.split(",")]:
         for name, spec, mask_mod, dims in suite(L):
-            if wanted and name not in wanted:
+            if (wanted and name not in wanted) or (not wanted and name in OPT_IN):
                 continue
-            for D in dims:
+            for D in ([int(x) for x in args.dims.split(",")] if args.dims else dims):
                 if time.time() - t_start > args.budget_s:
                     print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
                     continue

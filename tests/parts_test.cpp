@@ -67,30 +67,34 @@ const char* kSpecs[] = {
     "global_rows(0:3) | random(2)",
     "dense | random(2)",
     "causal",
+    "local(9) | global(0:3)",                           // longformer's shape: band rows with a key prefix + rows
+    "local(left=12, right=0) | global_cols(0:2) | global_rows(4:7)",
+    "local(30) | global_cols(0:70) | global_rows(0:2)",  // the band overlapping the prefix in most rows
 };
 
 TEST(Parts, CoverThePatternExactly) {
   for (const char* spec : kSpecs)
     for (auto [lq, lk] : {std::pair<int64_t, int64_t>{97, 97}, {64, 150}, {130, 61}})
-      for (int mode : {-1, 1}) {
-        BoundPattern pat;
-        try {
-          pat = spattn::parse(spec).bind(lq, lk);
-        } catch (const spattn::Error&) {
-          continue;  // lengths the spec refuses (document sums, global indices out of range)
+      for (int mode : {-1, 1})
+        for (bool band_kernel : {false, true}) {
+          BoundPattern pat;
+          try {
+            pat = spattn::parse(spec).bind(lq, lk);
+          } catch (const spattn::Error&) {
+            continue;  // lengths the spec refuses (document sums, global indices out of range)
+          }
+          const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode, {band_kernel});
+          SCOPED_TRACE(std::string(spec) + " at " + std::to_string(lq) + "x" + std::to_string(lk) + " mode " +
+                       std::to_string(mode) + (band_kernel ? ", band kernel" : ""));
+          expect_exact_cover(pat, split);
         }
-        const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode);
-        SCOPED_TRACE(std::string(spec) + " at " + std::to_string(lq) + "x" + std::to_string(lk) + " mode " +
-                     std::to_string(mode));
-        expect_exact_cover(pat, split);
-      }
 }
 
 TEST(Parts, SplitsWhatTheRulesSay) {
-  auto kinds = [](const char* spec, int64_t len, int mode = -1) {
+  auto kinds = [](const char* spec, int64_t len, int mode = -1, bool band_kernel = false) {
     const BoundPattern pat = spattn::parse(spec).bind(len);
     std::string s;
-    for (const Part& p : spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode).parts)
+    for (const Part& p : spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), mode, {band_kernel}).parts)
       s += std::string(s.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
     return s;
   };
@@ -106,6 +110,19 @@ TEST(Parts, SplitsWhatTheRulesSay) {
   EXPECT_EQ(kinds("bigbird(64, 1, 1, 1)", 1024), "tiles") << "random blocks cluster";
   EXPECT_EQ(kinds("global_rows(0:4)", 1024), "tiles") << "a rows part alone cannot write the other rows";
   EXPECT_THROW(kinds("local(4)", 64, 2), spattn::Error);
+  // Where the band kernel runs the tiles part: global rows beside band rows (with or without a key prefix) leave
+  // the tiles for a rows part (the band kernel's split over keys), the rest stays one band part.
+  EXPECT_EQ(kinds("longformer(256, 32)", 16384, -1, true), "tiles,rows");
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024, -1, true), "tiles,rows");
+  EXPECT_EQ(kinds("local(64) | global_rows(0:8)", 1024, -1, true), "tiles,rows");
+  EXPECT_EQ(kinds("local(left=64, right=0) | global(0:4)", 1024, -1, true), "tiles,rows") << "sinks, causal window";
+  EXPECT_EQ(kinds("longformer(64, 200)", 1024, -1, true), "tiles") << "more rows than Lq / kPartsMaxFraction";
+  EXPECT_EQ(kinds("local(64) | global_cols(0:200) | global_rows(0:8)", 1024, -1, true), "tiles")
+      << "a prefix too long for the band kernel";
+  EXPECT_EQ(kinds("local(64) | global(0:4, 500)", 1024, -1, true), "tiles") << "rows not one range";
+  EXPECT_EQ(kinds("dilated(8, 3) | global(0:4)", 1024, -1, true), "tiles") << "no band rows";
+  EXPECT_EQ(kinds("local(64) | global_cols(0:8)", 1024, -1, true), "tiles") << "no rows: one band part";
+  EXPECT_EQ(kinds("longformer(64, 8)", 1024, 0, true), "tiles") << "mode 0 never splits";
 }
 
 TEST(Parts, UnionTerms) {

@@ -171,6 +171,57 @@ TEST(BlockPlan, ShiftedWindowRows) {
   EXPECT_EQ(lp.band_first(50), 40);
 }
 
+TEST(BlockPlan, BandRowsWithKeyPrefix) {
+  // Band rows united with keys [0, G) that every row keeps (longformer's local | global_cols, attention sinks):
+  // Analysis::sinks and BlockPlan::band_prefix, which the band kernel runs (the prefix's chunks first in each slab).
+  struct C {
+    std::string spec;
+    int64_t lq, lk;
+    bool sinks;
+    int32_t lo, hi, prefix;
+  };
+  const std::vector<C> cases = {
+      {"local(256) | global_cols(0:32)", 16384, 16384, true, -256, 256, 32},  // the rest of longformer(256, 32)
+      {"local(left=100, right=0) | global_cols(0:4)", 1000, 1000, true, -100, 0, 4},  // causal window, 4 sinks
+      {"local(20) | global_cols(0:50)", 300, 300, true, -20, 20, 50},  // G not a multiple of 64
+      {"local(40) | global_cols(0:70)", 333, 200, true, -40, 40, 70},  // Lq != Lk, the band overlapping the prefix
+      {"local(left=30, right=0) | global_cols(0)", 500, 500, true, -30, 0, 1},
+      {"local(8) | global_cols(0:200)", 1000, 1000, true, -8, 8, 200},  // found; too long for the band kernel
+      {"local(300) | global_cols(0:32)", 300, 300, false, 0, 0, 0},  // every row keeps every key: band rows
+      {"local(20) | global_cols(5:9)", 300, 300, false, 0, 0, 0},  // columns not at key 0
+      {"local(20) | global_cols(0:4, 100)", 300, 300, false, 0, 0, 0},
+      {"longformer(20, 4)", 300, 300, false, 0, 0, 0},  // the global rows keep every key
+      {"local(left=20, right=0) | global_cols(0:4) | global_rows(7)", 300, 300, false, 0, 0, 0},
+      {"dilated(4, 3) | global_cols(0:2)", 300, 300, false, 0, 0, 0},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec + " at " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto an = spattn::plan::analyze(b);
+    EXPECT_EQ(an.sinks.ok, c.sinks) << an.describe();
+    EXPECT_FALSE(an.sinks.ok && (an.band.ok || an.window.ok));
+    if (!c.sinks || !an.sinks.ok) continue;
+    EXPECT_EQ(an.sinks.lo, c.lo);
+    EXPECT_EQ(an.sinks.hi, c.hi);
+    EXPECT_EQ(an.prefix, c.prefix);
+    EXPECT_NE(an.describe().find("key prefix"), std::string::npos) << an.describe();
+    const auto p = spattn::plan::build_block_plan(b, 192, 128, 1, &an);
+    EXPECT_TRUE(p.band && !p.band_shifted && p.band_prefix == c.prefix) << p.describe();
+    // The plan's rows (the prefix and band_first ... band_last) are the pattern's, everywhere.
+    int64_t mismatches = 0;
+    for (int64_t q = 0; q < c.lq; q += (q < 400 || q > c.lq - 400 ? 1 : 37))
+      for (int64_t k = 0; k < c.lk; ++k)
+        mismatches += b.contains(q, k) != (k < p.band_prefix || (k >= p.band_first(q) && k <= p.band_last(q)));
+    EXPECT_EQ(mismatches, 0);
+    const auto chosen = spattn::plan::choose_block_plan(b, an, 64, 0, 0, -1, true);
+    const bool runs = c.prefix <= spattn::plan::kBandPrefixMax;
+    EXPECT_EQ(chosen.block_m == 192 && chosen.band_prefix == c.prefix, runs) << chosen.describe();
+    EXPECT_EQ(spattn::plan::band_kernel_runs(chosen, 64, -1), runs) << chosen.describe();
+    EXPECT_FALSE(spattn::plan::band_kernel_runs(spattn::plan::choose_block_plan(b, an, 128, 0, 0, -1, true), 128, -1))
+        << "head dim 128: no band kernel";
+  }
+}
+
 }  // namespace
 
 // The backward's key-major plan is the forward plan's entries transposed: every (query tile, key tile) entry once,

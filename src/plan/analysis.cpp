@@ -55,6 +55,10 @@ struct Part {
   int64_t min_row = INT64_MAX, max_row = 0;
   int64_t lo = INT64_MAX, hi = INT64_MIN;  // band bounds over the rows that are one interval
   bool single = true;                      // every nonempty row is one interval
+  // Sinks check: every nonempty row one interval, or [0, g) and one interval after it (g the same in every row);
+  // slo: the least k - q of those rows' second intervals.
+  bool sinks = true;
+  int64_t g = -1, slo = INT64_MAX;
 };
 
 }  // namespace
@@ -69,8 +73,10 @@ Analysis analyze(const BoundPattern& pat) {
     a.residue = residue_stride(pat);
     a.grid = pat.neighborhood_grid();
   }
-  // Rows' first and last keys where every row is one interval (band check, second pass).
+  // Rows' first and last keys where every row is one interval (band check, second pass); rows of two intervals
+  // (sinks check): the second interval's, with the first's length in prefix.
   std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
+  std::vector<int32_t> prefix(size_t(lq), 0);
   const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
   const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
   std::vector<Part> parts(size_t(std::max<int64_t>(nchunks, 1)));
@@ -81,7 +87,7 @@ Analysis analyze(const BoundPattern& pat) {
       // While the rows can still be band rows, their runs; after the first row that is not one interval, only
       // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw).
       int64_t n = 0;
-      if (p.single) {
+      if (p.single || p.sinks) {
         pat.row(q, runs);
         for (const Run& r : runs) n += r.count;
       } else {
@@ -92,9 +98,20 @@ Analysis analyze(const BoundPattern& pat) {
       p.dense += n == lk && n > 0;  // (with Lk = 0 a row is empty, not dense)
       p.min_row = std::min(p.min_row, n);
       p.max_row = std::max(p.max_row, n);
-      if (runs.empty() || !p.single) continue;
-      if (runs.size() != 1 || (runs[0].stride != 1 && runs[0].count != 1)) {
+      if (runs.empty() || !(p.single || p.sinks)) continue;
+      auto interval = [](const Run& r) { return r.stride == 1 || r.count == 1; };
+      if (runs.size() == 2 && p.sinks && runs[0].start == 0 && interval(runs[0]) && interval(runs[1]) &&
+          (p.g < 0 || p.g == runs[0].count) && runs[0].count < (int64_t(1) << 30)) {
         p.single = false;
+        p.g = runs[0].count;
+        prefix[size_t(q)] = int32_t(runs[0].count);
+        first[size_t(q)] = runs[1].start;
+        last[size_t(q)] = runs[1].last();
+        p.slo = std::min(p.slo, runs[1].start - q);
+        continue;
+      }
+      if (runs.size() != 1 || !interval(runs[0])) {
+        p.single = p.sinks = false;
         continue;
       }
       first[size_t(q)] = runs[0].start;
@@ -103,8 +120,8 @@ Analysis analyze(const BoundPattern& pat) {
       p.hi = std::max(p.hi, runs[0].last() - q);
     }
   });
-  int64_t lo = INT64_MAX, hi = INT64_MIN;
-  bool single = true;
+  int64_t lo = INT64_MAX, hi = INT64_MIN, g = -1, slo = INT64_MAX;
+  bool single = true, sinks = true;
   a.min_row = lq > 0 ? INT64_MAX : 0;
   for (const Part& p : parts) {
     a.nnz += p.nnz;
@@ -115,6 +132,9 @@ Analysis analyze(const BoundPattern& pat) {
     lo = std::min(lo, p.lo);
     hi = std::max(hi, p.hi);
     single = single && p.single;
+    sinks = sinks && p.sinks && (p.g < 0 || g < 0 || p.g == g);
+    if (p.g >= 0) g = p.g;
+    slo = std::min(slo, p.slo);
   }
   if (lq == 0) a.min_row = 0;
   // Band rows: every row one interval, and exactly the band's clipped interval (a row past the band's reach
@@ -140,6 +160,29 @@ Analysis analyze(const BoundPattern& pat) {
       ok = first[size_t(q)] == std::clamp(q + wlo, int64_t(0), lk - w) && last[size_t(q)] == first[size_t(q)] + w - 1;
     if (ok) a.window = {true, int32_t(wlo), int32_t(wlo + w - 1)};
   }
+  // Band rows with a key prefix [0, g): some row two intervals (so not band rows), whose second gives lo; hi from
+  // the rows' last keys past the prefix; every row then checked against [0, g) united with the band's clipped
+  // interval (one interval where they touch).
+  int64_t shi = INT64_MIN;
+  if (!single && sinks && g > 0)
+    for (int64_t q = 0; q < lq; ++q)
+      if (last[size_t(q)] >= g) shi = std::max(shi, last[size_t(q)] - q);
+  if (!single && sinks && g > 0 && slo <= shi) {
+    const int64_t blo = std::max(slo, -lq), bhi = std::min(shi, lk);
+    bool ok = true;
+    for (int64_t q = 0; q < lq && ok; ++q) {
+      const int64_t s = std::max<int64_t>(0, q + blo), e = std::min(lk - 1, q + bhi);
+      const size_t i = size_t(q);
+      if (s <= e && s > g)  // apart: [0, g) and [s, e]
+        ok = prefix[i] == g && first[i] == s && last[i] == e;
+      else  // one interval [0, max(g - 1, e)]
+        ok = prefix[i] == 0 && first[i] == 0 && last[i] == std::max(g - 1, s <= e ? e : -1);
+    }
+    if (ok) {
+      a.sinks = {true, int32_t(blo), int32_t(bhi)};
+      a.prefix = int32_t(g);
+    }
+  }
   a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return a;
 }
@@ -150,6 +193,7 @@ std::string Analysis::describe() const {
     << mean_row() << "), " << empty_rows << " empty rows, " << dense_rows << " dense rows";
   if (band.ok) s << ", band rows [" << band.lo << ", " << band.hi << "]";
   if (window.ok) s << ", window rows [" << window.lo << ", " << window.hi << "] shifted inside the keys at the ends";
+  if (sinks.ok) s << ", band rows [" << sinks.lo << ", " << sinks.hi << "] with key prefix 0:" << prefix;
   if (residue > 1) s << ", residue stride " << residue;
   if (grid) s << ", neighborhood " << describe_grid(*grid);
   s << "; analysed in " << ms << " ms";

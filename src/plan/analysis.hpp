@@ -31,6 +31,12 @@ struct Analysis {
   // (1-D neighborhoods: NATTEN's windows, shifted inside the keys at either end so that every row keeps W; the band
   // kernel runs them as bands with two clamps). Some row is a window [q + lo, q + hi] inside the keys.
   BandRows window;
+  // Band rows with a key prefix, where band and window are not ok: every row q keeps the keys [0, prefix) and the
+  // band's clipped interval (k - q in [lo, hi], 0 <= k < Lk), and some row keeps the two apart (local(w) |
+  // global_cols(0:G), sliding windows with attention sinks: local(left=w, right=0) | global_cols(0:4)). The band
+  // kernel runs such rows with the prefix's 64-key chunks as extra steps of every slab (BlockPlan::band_prefix).
+  BandRows sinks;
+  int32_t prefix = 0;  // sinks: the prefix's keys
   // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
   // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.
   // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use

@@ -302,11 +302,13 @@ std::string BlockPlan::describe() const {
       << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
   if (band) {
     s << ", band rows [" << band_lo << ", " << band_hi << "]" << (band_shifted ? " shifted inside the keys at the ends" : "");
-    if (block_m == 192) {  // what the band kernel visits: each 64-row slab its own 64-key chunks
+    if (band_prefix > 0) s << " with key prefix 0:" << band_prefix;
+    if (block_m == 192) {  // what the band kernel visits: each 64-row slab its own 64-key chunks (and the prefix's)
       double area = 0;
+      const int64_t pc = band_prefix_chunks();
       for (int64_t qs = 0; qs < q_len; qs += 64) {
-        const int64_t a = band_first(qs), z = band_last(std::min(qs + 63, q_len - 1));
-        if (a <= z) area += 64.0 * 64.0 * double(z / 64 - a / 64 + 1);
+        const int64_t a = std::max(band_first(qs), 64 * pc), z = band_last(std::min(qs + 63, q_len - 1));
+        area += 64.0 * 64.0 * double(pc + (a <= z ? z / 64 - a / 64 + 1 : 0));
       }
       s << " (the band kernel's 64-row slabs over 64-key chunks keep " << (area > 0 ? double(nnz) / area : 0.0)
         << " of theirs)";
@@ -536,11 +538,12 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   if (d == 1 && !maps) {
     Analysis own;
     if (!analysis) own = analyze(pat), analysis = &own;
-    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window;
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
     plan.band = br.ok;
-    plan.band_shifted = !analysis->band.ok && br.ok;
+    plan.band_shifted = !analysis->band.ok && analysis->window.ok;
     plan.band_lo = br.lo;
     plan.band_hi = br.hi;
+    plan.band_prefix = !analysis->band.ok && !analysis->window.ok && br.ok ? analysis->prefix : 0;
   }
   plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
@@ -821,7 +824,8 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
   // warpgroups (bench/LOG.md).
-  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 && (an.band.ok || an.window.ok) &&
+  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 &&
+                         (an.band.ok || an.window.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) &&
                          find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
   int bm = 192, bn = 128, bd = 1;
   std::shared_ptr<const Maps> maps;

@@ -58,8 +58,14 @@ struct BlockPlan {
   // band_lo <= k - q <= band_hi and 0 <= k < Lk; or where band_shifted (Analysis::window: 1-D neighborhoods), the
   // W = band_hi - band_lo + 1 keys from clamp(q + band_lo, 0, Lk - W) on (windows shifted inside [0, Lk) at the
   // ends). Either way band_first(q) ... band_last(q). The sm_90a band kernel runs such plans by 64-row slabs.
+  // band_prefix > 0 (Analysis::sinks: local(w) | global_cols(0:G), windows with attention sinks): every row also
+  // keeps the keys [0, band_prefix); the band kernel visits the prefix's 64-key chunks (band_prefix_chunks()) in
+  // every slab before its band chunks, which then start past them (each key visited once). The entries are the
+  // pattern's own, as for any plan.
   bool band = false, band_shifted = false;
   int32_t band_lo = 0, band_hi = 0;
+  int32_t band_prefix = 0;
+  int64_t band_prefix_chunks() const { return (int64_t(band_prefix) + 63) / 64; }
   int64_t band_first(int64_t q) const {
     const int64_t f = std::max<int64_t>(0, q + band_lo);
     return band_shifted ? std::min<int64_t>(f, k_len - (int64_t(band_hi) - band_lo + 1)) : f;
@@ -108,10 +114,16 @@ BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n
 // token grid, GridTiling::of; boxes of 64 or 128 tokens: the tile sizes). Throws Error naming what does not fit.
 BlockPlan build_block_plan(const BoundPattern& pattern, const GridTiling& q_tiling, const GridTiling& k_tiling);
 
-// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows (shifted or not), no
-// permutation, 192x128 tiles (its work items: three 64-row slabs), head dim 64, Lq + Lk < 2^30.
+// The longest key prefix (BlockPlan::band_prefix) the band kernel takes: each of its 64-key chunks is a 64-key
+// step of every slab, not paired into 128-key steps, so only a few (attention sinks, longformer's global columns).
+inline constexpr int32_t kBandPrefixMax = 128;
+
+// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows (shifted or not, or
+// with a key prefix of at most kBandPrefixMax keys), no permutation, 192x128 tiles (its work items: three 64-row
+// slabs), head dim 64, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
   return plan.band && !plan.mapped() && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
+         plan.band_prefix <= kBandPrefixMax && !(plan.band_prefix > 0 && plan.band_shifted) &&
          plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }
 // Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense

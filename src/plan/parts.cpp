@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/parallel.hpp"
+#include "plan/block_plan.hpp"
 #include "plan/kernels.hpp"
 
 namespace spattn::plan {
@@ -66,7 +67,7 @@ void build_csr(int64_t lq, std::vector<int64_t>& offsets, std::vector<int32_t>& 
 
 }  // namespace
 
-Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode) {
+Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode, const SplitTarget& target) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t lq = pattern.q_len(), lk = pattern.k_len();
   if (mode < -1 || mode > 1)
@@ -125,10 +126,27 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
         ++count;
       }
     const bool one_range = count > 0 && last - first + 1 == count;
-    // The rows part runs each owned row's keys on one CTA (no split over keys yet): slower than the tile kernels'
-    // own scheduling of those rows (longformer at L = 16384, H100: 0.53 ms split against 0.34 whole), so only
-    // when asked (mode 1).
-    if (!one_range || mode < 0) {
+    // Chosen (mode -1) only where the rest runs on the band kernel: band rows, or band rows with a short key prefix
+    // (the rest of longformer: local(w) | global_cols(0:G)), and the rows are few. Else the tile kernels' own
+    // scheduling of those rows is faster (longformer at L = 16384, H100: tiles + columns + rows parts with the
+    // rows on one CTA each 0.53 ms, one tile list 0.34).
+    bool keep = one_range && mode > 0;
+    if (one_range && mode < 0 && target.band_kernel && count * kPartsMaxFraction <= lq) {
+      std::vector<BoundPattern> rest = tiles;
+      rest.insert(rest.end(), columns.begin(), columns.end());
+      rest.insert(rest.end(), scattered.begin(), scattered.end());
+      if (!rest.empty()) {
+        const Analysis an = analyze(BoundPattern::union_of(rest));
+        if (an.band.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) {
+          keep = true;
+          tiles = std::move(rest);
+          columns.clear();
+          all_keys.clear();
+          scattered.clear();
+        }
+      }
+    }
+    if (!keep) {
       tiles.insert(tiles.end(), rows.begin(), rows.end());
       rows.clear();
     } else {

@@ -8,8 +8,12 @@
 //              longformer's global columns, which fill one tile);
 //   rows       global_rows terms (and global's rows) covering one contiguous range: run as dense rows against
 //              every key; such rows keep every key, so this part alone gives their output and the other parts'
-//              values there are replaced, not merged. Only in mode 1 (no split over keys yet: slower than the
-//              tile kernels' own scheduling of those rows);
+//              values there are replaced, not merged. In mode 1; and chosen where the engine has the band kernel
+//              (SplitTarget::band_kernel), the rows are at most Lq / kPartsMaxFraction, and every other term
+//              together is band rows, or band rows with a key prefix (Analysis::sinks: longformer's local |
+//              global_cols(0:G)): then the tiles part (all the other terms) runs on the band kernel and the rows on
+//              the band kernel's split over keys (dense rows, FusedOptions::band 1), instead of all of it as one
+//              tile list on the one-warpgroup kernels;
 //   scattered  random terms keeping at most Lk / kScatteredMaxFill keys a row on average (below about 256 kept
 //              scores a 128 x 128 tile, where a tile costs more than gathering its keys): a CSR part for the
 //              fine-grained kernel;
@@ -54,8 +58,15 @@ struct Split {
   std::string describe() const;
 };
 
+// What runs the parts: band_kernel, whether the tiles part of band rows (with or without a key prefix) runs on the
+// sm_90a band kernel (head dim 64 on an sm_90a device, TMA and the band kernel allowed), and a dense rows part on
+// its split over keys.
+struct SplitTarget {
+  bool band_kernel = false;
+};
+
 // mode: -1 chosen by the rules above; 0 never (one tiles part); 1 every columns, rows and scattered term out of
 // the tiles, whatever its size (tests).
-Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode = -1);
+Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int mode = -1, const SplitTarget& target = {});
 
 }  // namespace spattn::plan

@@ -95,6 +95,109 @@ TEST(PlanGpu, CompoundMatchesReference) {
   }
 }
 
+// Band rows with a key prefix (Analysis::sinks: local | global_cols(0:G), attention sinks) on the band kernel,
+// which runs the prefix's chunks first in every slab; and longformer-like specs split into that tiles part and a
+// rows part of dense rows on the band kernel's split over keys, written over the tiles part's rows. Awkward
+// lengths, G off the chunk size, the band overlapping the prefix, Lq != Lk, GQA, fp16, a split over keys and
+// slab splits of the prefix plans, and head dim 128 (no band kernel: one tile list). Such rows are never empty
+// (every row keeps the prefix).
+TEST(PlanGpu, BandRowsWithKeyPrefix) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const bool sm90a = major == 9 && minor == 0;
+  struct C {
+    const char* spec;
+    int64_t B, H, HK, Lq, Lk, D;
+    DType dt;
+    int split;            // PlanOptions::split
+    const char* kernel;   // Plan::last_kernel on sm_90a (the first part's)
+    const char* parts;    // "" one tile list; else the part kinds explain lists, in order
+    const char* rows_kernel;  // the rows part's kernel (explain), where there is one
+  } const cases[] = {
+      {"local(100) | global_cols(0:32)", 2, 4, 2, 777, 777, 64, DType::bf16, -1, "sm90_band_d64", "", ""},
+      {"local(50) | global_cols(0:70)", 1, 4, 4, 1000, 1000, 64, DType::f16, -1, "sm90_band_d64", "", ""},
+      {"local(left=200, right=0) | global_cols(0:4)", 2, 4, 1, 913, 913, 64, DType::bf16, -1, "sm90_band_d64", "", ""},
+      {"local(left=3000, right=0) | global_cols(0:4)", 1, 2, 2, 4099, 4099, 64, DType::bf16, -1, "sm90_band_d64", "", ""},
+      {"local(40) | global_cols(0:100)", 2, 2, 2, 333, 200, 64, DType::bf16, -1, "sm90_band_d64", "", ""},
+      {"local(30) | global_cols(0:9)", 1, 1, 1, 250, 700, 64, DType::bf16, -1, "sm90_band_d64", "", ""},
+      {"local(100) | global_cols(0:32)", 1, 2, 2, 1100, 1100, 64, DType::bf16, 1, "sm90_band_d64", "", ""},
+      {"local(100) | global_cols(0:32)", 1, 2, 2, 1100, 1100, 64, DType::bf16, 3, "sm90_band_d64", "", ""},
+      {"longformer(100, 20)", 2, 4, 2, 1000, 1000, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
+      {"longformer(256, 32)", 1, 4, 4, 4100, 4100, 64, DType::f16, -1, "sm90_band_d64", "tiles rows", "sm90_band_rmax_d64"},
+      {"local(left=64, right=0) | global(0:4)", 2, 4, 2, 900, 900, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
+      {"local(64) | global_rows(0:8)", 1, 3, 1, 1000, 1000, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
+      {"local(70) | global_cols(0:20) | global_rows(0:13)", 1, 2, 2, 600, 900, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
+      {"longformer(100, 20)", 2, 4, 2, 1000, 1000, 128, DType::bf16, -1, "", "", ""},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + " " + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " D=" +
+                 std::to_string(c.D) + " split " + std::to_string(c.split));
+    spattn::PlanOptions o;
+    o.split = c.split;
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    spattn::Problem pr = problem(c.B, c.H, c.HK, c.Lq, c.D, c.dt);
+    pr.kv_len = c.Lk;
+    const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0), o);
+    const std::string ex = plan.explain();
+    double lse_err = 0;
+    const double rel = run_vs_reference(plan, pats, c.dt, 17, &lse_err);
+    EXPECT_LE(rel, 1e-2) << ex;
+    EXPECT_LE(lse_err, 2e-2) << ex;
+    if (!sm90a) continue;
+    if (*c.kernel) EXPECT_EQ(plan.last_kernel(), c.kernel) << ex;
+    if (!*c.parts) {
+      EXPECT_EQ(ex.find("compound plan"), std::string::npos) << ex;
+      if (c.D == 64) EXPECT_NE(ex.find("key prefix"), std::string::npos) << ex;
+      continue;
+    }
+    ASSERT_NE(ex.find("compound plan"), std::string::npos) << ex;
+    const size_t t = ex.find("\n  tiles ["), r = ex.find("\n  rows [");
+    ASSERT_NE(t, std::string::npos) << ex;
+    ASSERT_NE(r, std::string::npos) << ex;
+    EXPECT_LT(t, r) << "the rows part runs after the tiles part (it replaces their rows)";
+    EXPECT_NE(ex.find(std::string("kernel ") + c.rows_kernel, r), std::string::npos) << ex;
+  }
+  if (!sm90a) return;
+  // The running-max band kernel has no key-prefix instantiation: forced, make_plan refuses it.
+  spattn::PlanOptions o;
+  o.kernel = "sm90_band_rmax";
+  EXPECT_THROW(spattn::make_plan({spattn::parse("local(100) | global_cols(0:32)")}, problem(1, 2, 2, 1000, 64, DType::bf16),
+                                 spattn::Device::cuda(0), o),
+               spattn::Error);
+  // compound = 0: longformer as one tile list (the route before the split), still correct.
+  o = {};
+  o.compound = 0;
+  const std::vector<spattn::Pattern> lf{spattn::parse("longformer(100, 20)")};
+  const spattn::Plan whole = spattn::make_plan(lf, problem(2, 4, 2, 1000, 64, DType::bf16), spattn::Device::cuda(0), o);
+  EXPECT_EQ(whole.explain().find("compound plan"), std::string::npos) << whole.explain();
+  EXPECT_LE(run_vs_reference(whole, lf, DType::bf16, 5), 1e-2) << whole.explain();
+}
+
+// Small prefix-band and longformer-split plans for compute-sanitizer (scripts/gpu_check.d/longformer.sh): the band
+// kernel with a prefix of two chunks, whole and split over keys, and the tiles + rows split.
+TEST(PlanGpu, BandRowsWithKeyPrefixSmall) {
+  REQUIRE_GPU();
+  struct C {
+    const char* spec;
+    int64_t L;
+    int split;
+  } const cases[] = {{"local(40) | global_cols(0:70)", 300, -1}, {"local(40) | global_cols(0:70)", 300, 3},
+                     {"longformer(40, 8)", 400, -1}};
+  for (const C& c : cases) {
+    SCOPED_TRACE(c.spec);
+    spattn::PlanOptions o;
+    o.split = c.split;
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 1, c.L, 64, DType::bf16), spattn::Device::cuda(0), o);
+    double lse_err = 0;
+    EXPECT_LE(run_vs_reference(plan, pats, DType::bf16, 3, &lse_err), 1e-2) << plan.explain();
+    EXPECT_LE(lse_err, 2e-2) << plan.explain();
+  }
+}
+
 TEST(PlanGpu, PerHeadPatterns) {
   REQUIRE_GPU();
   const std::vector<spattn::Pattern> pats{spattn::parse("local(30)"), spattn::parse("causal"), spattn::parse("local(30)"),

@@ -101,12 +101,17 @@ class CudaFusedBackend final : public Backend {
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
+    // Whether a tiles part of band rows runs on the band kernel (fused_fwd.cpp, choose_kernel; block_plan.hpp,
+    // choose_block_plan's band plans): the compound split's rule for dense rows beside band rows.
+    plan::SplitTarget target;
+    target.band_kernel = problem.head_dim == 64 && cuda::device_info(device).sm90a() && f.tma && !f.force_sm80 &&
+                         f.band != 0 && f.block_m <= 0 && f.perm_d <= 1 && f.tile_map != 1;
     Problem one = problem;  // what each pattern's plan runs: all heads, or one head of per-head patterns
     if (p.per_head()) one.q_heads = one.kv_heads = 1;
     for (size_t i = 0; i < p.patterns.size(); ++i) {
       PatternRun r;
       // A forced kernel runs the pattern as one tile list.
-      plan::Split split = split_pattern(p.patterns[i], p.analyses[i], o.kernel.empty() ? o.compound : 0);
+      plan::Split split = split_pattern(p.patterns[i], p.analyses[i], o.kernel.empty() ? o.compound : 0, target);
       if (split.compound())
         r.compound.emplace(std::move(split), one, f);
       else

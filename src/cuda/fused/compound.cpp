@@ -67,7 +67,15 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
     const plan::Part& p = r.part;
     switch (p.kind) {
       case plan::PartKind::tiles: r.attn.emplace(p.pattern, problem.head_dim, options); break;
-      case plan::PartKind::rows: r.attn.emplace(p.pattern, problem.head_dim, sub_options); break;
+      case plan::PartKind::rows: {
+        // Dense rows against every key: few work items (one query tile a head), so the band kernel where it
+        // applies (head dim 64, sm_90a), whose split over keys runs each item in up to 4 parts merged on chip
+        // (FusedOptions::split); the chosen rule would leave dense rows to the TMA kernel, one CTA an item.
+        FusedOptions rows_options = sub_options;
+        rows_options.band = 1;
+        r.attn.emplace(p.pattern, problem.head_dim, rows_options);
+        break;
+      }
       case plan::PartKind::columns: {
         r.attn.emplace(p.pattern, problem.head_dim, sub_options);
         r.keys = DeviceBuffer::upload(p.columns);

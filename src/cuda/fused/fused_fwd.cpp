@@ -93,11 +93,14 @@ static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
   k.kb = key_boxes(side, stride);
 }
 
-// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty.
+// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty. A key
+// prefix's chunks first, then the band's past them.
 static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
   const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
-  const int64_t a = hp.band_first(qs), z = hp.band_last(qe);
-  return qs < hp.q_len && a <= z ? int(z / 64 - a / 64 + 1) : 0;
+  if (qs >= hp.q_len) return 0;
+  const int64_t pc = hp.band_prefix_chunks();
+  const int64_t a = std::max(hp.band_first(qs), 64 * pc), z = hp.band_last(qe);
+  return int(pc + (a <= z ? z / 64 - a / 64 + 1 : 0));
 }
 
 // Whether the band kernel's non-empty slabs average plan::kRunningMaxChunks chunks or more: where its running-max
@@ -333,6 +336,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
   k.band_shifted = hp.band && hp.band_shifted ? 1 : 0;
+  k.band_prefix = hp.band ? hp.band_prefix : 0;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
   // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
   // at D=64 and 128 (bench/LOG.md, v9).
@@ -468,7 +472,8 @@ int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc,
   if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);
   if (o.tma && hp.perm_d == 1 && !hp.mapped()) {  // the TMA and band kernels load affine rows by tensor maps
     if (plan::band_kernel_runs(hp, head_dim, o.band)) {
-      const bool rmax = o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp);
+      // (A key prefix runs on the plain steps only: launch.cuh has no running-max instantiation with it.)
+      const bool rmax = hp.band_prefix == 0 && (o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp));
       const int row = plan::find_kernel(rmax ? KernelKind::sm90_band_rmax : KernelKind::sm90_band, hp.block_m, hp.block_n, d);
       if (row >= 0) return row;
     }

@@ -27,9 +27,16 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false>
+template <int BM_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false, bool kPrefix_ = false>
 struct BandTraits {
   static constexpr int BM = BM_, D = 64, kChunk = 64;
+  // A key prefix (FusedParams::band_prefix, BlockPlan::band_prefix: local(w) | global_cols(0:G), attention sinks):
+  // every live slab first runs the prefix's 64-key chunks as 64-key steps (masked: the prefix's keys, and the band's
+  // where it reaches into them), then its band chunks past them; one online softmax, each key visited once. An
+  // instantiation of its own (plain bands only, not with running maxima or shifted windows), so that the plain
+  // band's code stays as it was measured.
+  static constexpr bool kPrefix = kPrefix_;
+  static_assert(!(kPrefix && (kShifted_ || kRunningMax_)), "band kernel: a key prefix on plain band rows only");
   // Shifted window rows (BlockPlan::band_shifted, 1-D neighborhoods): row q keeps the W = hi - lo + 1 keys from
   // clamp(q + lo, 0, Lk - W) on, so the rows at either end keep the same window; the chunk ranges, whole chunks and
   // masks take the two clamps (first key at most Lk - W, last at least W - 1). An instantiation of its own, so
@@ -158,6 +165,31 @@ __device__ __forceinline__ void band_redo_s(float (&s)[64], uint32_t s_qs, uint3
       mma16816<kBf16>(&s[(2 * j2 + 1) * 4], qf, bf[2], bf[3]);
     }
   }
+}
+
+// A key-prefix chunk's mask (BandTraits::kPrefix): columns below `keep` (the prefix's keys in this chunk) kept in
+// every row, the others by the band predicate (tile_mask_band's, with int bounds).
+template <int BN>
+__device__ __forceinline__ void tile_mask_band_prefix(float (&s)[BN / 2], int d0, int lo, int hi, int kvalid, int keep,
+                                                      int lane) {
+  const int rr = lane >> 2, cb = 2 * (lane & 3);
+  unsigned first[2], width[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = rr + 8 * hh;
+    const int a = max(min(lo - d0 + row, BN), 0) - cb;
+    const int z = min(hi - d0 + row, kvalid - 1) - cb;
+    first[hh] = z >= a ? unsigned(a) : 0x40000000u;
+    width[hh] = z >= a ? unsigned(z - a) : 0u;
+  }
+  const int kb = keep - cb;  // kept in every row: 8j + ee < kb
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee)
+        if (unsigned(8 * j + ee) - first[hh] > width[hh] && 8 * j + ee >= kb) s[4 * j + 2 * hh + ee] = -INFINITY;
 }
 
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
@@ -350,12 +382,18 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         const int qt = p.order[w / bh_count], bh = w % bh_count;
         const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
         // Each slab's chunks: keys first(first row) ... last(last row) (both rise with the row); empty: first > last.
-        int cf = 0x7fffffff, cl = -1;
+        // kPrefix: the band's chunks past the prefix's pc (in every part); live: the slabs this work id runs.
+        int cf = 0x7fffffff, cl = -1, live = 0;
+        const int pc = Tr::kPrefix ? (p.band_prefix + 63) >> 6 : 0;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
           const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
           int a = max(0, qs + lo), z = min(p.k_len - 1, qe + hi);
           if constexpr (Tr::kShifted) a = min(a, fmax), z = max(z, lmin);
+          if constexpr (Tr::kPrefix) {
+            a = max(a, 64 * pc);
+            live |= qs < p.q_len && (!slab_part || c == part) ? 1 << c : 0;
+          }
           int f = 1, l = 0;
           if (qs < p.q_len && a <= z && (!slab_part || c == part)) {
             f = a >> 6, l = z >> 6;
@@ -375,7 +413,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             put(8 + 2 * c, min(cl, get(8 + 2 * c)));
           }
         }
-        const int nch = cl >= cf ? cl - cf + 1 : 0;
+        // kPrefix: the prefix's chunks first (the item's first part only, where a slab is live), then the band's.
+        const int npre = Tr::kPrefix && live && (nparts == 1 || slab_part || part == 0) ? pc : 0;
+        const int nch = npre + (cl >= cf ? cl - cf + 1 : 0);
+        if constexpr (Tr::kPrefix) put(14, npre), put(15, live);
         put(0, w), put(1, b), put(2, h), put(3, hk), put(4, q0), put(5, cf), put(6, nch);
         put(13, nparts == 1 ? -1 : slab_part ? -2 - part : (us << 4) | (part << 2) | (nparts - 1));
         if (nch == 0) {
@@ -387,7 +428,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         for (int j = 0; j < nch; ++j, ++g) {
           const int st = int(g % S);
           if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
-          const int x = cf + j;
+          const int x = Tr::kPrefix ? (j < npre ? j : cf + j - npre) : cf + j;
           const uint32_t off = uint32_t(st) * CB, full = bar_full + 8 * st;
           mbar_expect_tx(full, st == 0 ? 4 * CB : 2 * CB);
           tma_load_4d(s_k0 + off, &p.tmap_k, full, 0, x * 64, hk, b);
@@ -399,7 +440,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           int users = 0;
 #pragma unroll
           for (int c = 0; c < C; ++c)
-            users += (get(7 + 2 * c) <= x && x <= get(8 + 2 * c)) ? 1 : 0;
+            users += (Tr::kPrefix && j < npre ? (live >> c) & 1 : (get(7 + 2 * c) <= x && x <= get(8 + 2 * c))) ? 1 : 0;
           // This phase of `empty` began when the wait above returned: the arrivals count for chunk g.
           if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
         }
@@ -447,23 +488,28 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const int b = get(1), h = get(2), q0 = get(4), cf = get(5), nch = get(6), split = get(13);
       const int sf = get(7 + 2 * c), sle = get(8 + 2 * c);
       const int m = sle >= sf ? sle - sf + 1 : 0;  // this slab's chunks
-      // Every consumer takes as many turns an item as the item's busiest slab has S issues ((chunks + 1) / 2),
-      // the ones past its own without work, so that the turn order stays the same across items.
+      // kPrefix: the prefix's chunks this slab runs first (64-key steps), at ring index g on; its band's after them.
+      const int npre = Tr::kPrefix ? get(14) : 0, live = Tr::kPrefix ? get(15) : 0;
+      const int mp = (live >> c) & 1 ? npre : 0;
+      // Every consumer takes as many turns an item as the item's busiest slab has S issues ((chunks + 1) / 2, and
+      // a prefix's chunks one each), the ones past its own without work, so that the turn order stays the same
+      // across items.
       int n_turns = 0;
 #pragma unroll
       for (int x = 0; x < C; ++x) {
         const int fx = get(7 + 2 * x), lx = get(8 + 2 * x);
-        n_turns = max(n_turns, lx >= fx ? (lx - fx + 2) >> 1 : 0);
+        n_turns = max(n_turns, (lx >= fx ? (lx - fx + 2) >> 1 : 0) + ((live >> x) & 1 ? npre : 0));
       }
+      const unsigned jp = Tr::kPrefix ? __shfl_sync(0xffffffffu, g, 0) : 0u;  // ring index of the prefix's first chunk
       // Ring index of its first chunk, broadcast from lane 0 so that the compiler knows it is warp-uniform:
       // the chunk descriptors are then computed in uniform registers (no per-descriptor R2UR).
-      const unsigned j0 = __shfl_sync(0xffffffffu, g + unsigned(sf - cf), 0);
+      const unsigned j0 = __shfl_sync(0xffffffffu, g + unsigned(npre) + unsigned(sf - cf), 0);
       g += unsigned(nch);
       float o[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
       float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-      if (m == 0) {
+      if (m == 0 && mp == 0) {
         mbar_arrive(bar_qempty + 8 * qb);
       } else {
         float sacc[64];
@@ -516,6 +562,40 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           mask_chunk(s_hi, jj + 1);
         };
         auto p64 = [&]() -> uint32_t(&)[4][4] { return *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]); };
+        if constexpr (Tr::kPrefix) {
+          // The prefix's chunks (keys 64i ... 64i + 63, ring index jp + i): 64-key steps before the band's, masked
+          // to the prefix's keys and the band's where it reaches into them.
+          for (int i = 0; i < mp; ++i) {
+            const unsigned jr = jp + unsigned(i), st = jr & unsigned(S - 1);
+            mbar_wait(bar_full + 8 * st, int((jr / S) & 1));
+            fence_regs(s_lo);
+            turns.wait();
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+              wgmma::Op<64, kBf16>::ss(s_lo, desc_of_lo(q_lo + 2 * kk), desc_of_lo(k_lo + st * (CB >> 4) + 2 * kk), kk > 0 ? 1 : 0);
+            wgmma_commit();
+            turns.pass();
+            wgmma_wait<0>();
+            fence_regs(s_lo);
+            if (m == 0 && i == mp - 1) mbar_arrive(bar_qempty + 8 * qb);  // no band step: every S of the item done
+            const int kp = 64 * i;
+            tile_mask_band_prefix<64>(s_lo, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, p.band_prefix - kp, lane);
+            tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
+            tile_rescale<D>(o, alpha);
+            tile_to_p<64, kBf16>(s_lo, p64());
+            fence_regs(o);
+            fence_regs(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 64 / 16; ++kk)
+              wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + st * (CB >> 4) + 128 * kk), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            mbar_arrive(bar_empty + 8 * st);
+          }
+        }
         const int np = m >> 1;
         if (np > 0) {
           // chunks 0 and 1: S only
@@ -616,7 +696,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           release(j);
         }
       }
-      for (int t = (m + 1) >> 1; t < n_turns; ++t) {  // the busiest slab's turns past this slab's own
+      for (int t = mp + ((m + 1) >> 1); t < n_turns; ++t) {  // the busiest slab's turns past this slab's own
         turns.wait();
         turns.pass();
       }

@@ -67,6 +67,9 @@ struct FusedParams {
   // Mapped plans' key boxes (key_boxes.hpp; set by FusedFwd::to_params): the kernels compute their key rows' tokens
   // from them and each entry's last two words instead of reading k_map.
   KeyBoxes kb;
+  // Band kernel: every row also keeps the keys [0, band_prefix) (BlockPlan::band_prefix; 0: none); its chunks are
+  // steps of every slab before the band's, whose chunks then start past them.
+  int band_prefix;
 };
 
 // Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and

@@ -66,6 +66,14 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
       if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax, true>, Kind::kBand>(p, stream));
       return int(launch_one<BandTraits<192, false, kRunningMax, true>, Kind::kBand>(p, stream));
     }
+    if constexpr (!kRunningMax) {
+      if (p.kernel.band_prefix > 0) {  // band rows with a key prefix: the instantiation that runs its chunks first
+        if (p.bf16) return int(launch_one<BandTraits<192, true, false, false, true>, Kind::kBand>(p, stream));
+        return int(launch_one<BandTraits<192, false, false, false, true>, Kind::kBand>(p, stream));
+      }
+    } else if (p.kernel.band_prefix > 0) {
+      return int(cudaErrorInvalidConfiguration);  // no running-max instantiation with a key prefix
+    }
     if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax>, Kind::kBand>(p, stream));
     return int(launch_one<BandTraits<192, false, kRunningMax>, Kind::kBand>(p, stream));
   } else if constexpr ((kSm90 && c.kind == KernelKind::sm90_cp) || (!kSm90 && c.kind == KernelKind::sm80_mma)) {
