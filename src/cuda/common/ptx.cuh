@@ -42,6 +42,16 @@ __device__ __forceinline__ unsigned smid() {
 }
 
 // ---- math -------------------------------------------------------------------------------------------------
+// max(a, b) that returns NaN where either is NaN (fmaxf returns the other): one FMNMX.NAN (sm_80+).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+#else
+  return a != a || b != b ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
 // 2^x in one MUFU.EX2 (exp2f adds a range fix-up around it); subnormal results flush to 0, 2^-inf = 0.
 __device__ __forceinline__ float ex2_ftz(float x) {
   float y;

@@ -371,14 +371,16 @@ __device__ __forceinline__ void tile_rescale(float (&o)[D / 2], const float (&al
 }
 // Row hh's softmax denominator (the sum over the 4 threads holding the row) and its reciprocal (0 for a row that
 // kept no key); with p.lse, lane 0 of the quad writes the row's LSE at token tok. Shared by the epilogues.
+// A NaN or +inf score makes l NaN (fmaxf skips NaN in the row max, the exponential keeps it; +inf - +inf is NaN):
+// LSE and 1 / l are then NaN, so the row's O and LSE are NaN (PATTERNS.md); only l == 0 is a row with no key.
 __device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum, float row_max, int b, int h, int tok,
                                             bool write_lse) {
   float l = row_sum;
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (write_lse && p.lse != nullptr)
-    p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l > 0.f ? row_max * p.scale + __logf(l) : -INFINITY;
-  return l > 0.f ? 1.f / l : 0.f;
+    p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l == 0.f ? -INFINITY : row_max * p.scale + __logf(l);
+  return l == 0.f ? 0.f : 1.f / l;
 }
 // Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped. kMapped: a mapped
 // plan (p.q_map: the rows' tokens), else the affine layout.

@@ -105,7 +105,9 @@ __global__ void __launch_bounds__(kWarps * 32) scattered_kernel(ScatteredParams 
   for (int e = 0; e < E; ++e) qf[e] *= p.scale_log2;
   const char* kbase = static_cast<const char*>(p.k.data) + (b * p.k.sb + hk * p.k.sh + s * E) * es;
   const char* vbase = static_cast<const char*>(p.v.data) + (b * p.v.sb + hk * p.v.sh + s * E) * es;
-  auto key_at = [&](int j) -> int64_t { return j < n ? p.cols[beg + j] : 0; };
+  // A slot past the row's end loads the row's last key (scored -inf, weighed 0): not another key, whose NaN or
+  // infinity in V would reach this row as 0 * NaN. A row with no key loads key 0 and writes O = 0 (below).
+  auto key_at = [&](int j) -> int64_t { return n > 0 ? p.cols[beg + min(j, n - 1)] : 0; };
   const int steps = (nmax + 1) / 2;
   int64_t kn0 = key_at(0), kn1 = key_at(1);  // step 0's keys
   uint4 kc0[W], kc1[W], vc0[W], vc1[W];
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) scattered_kernel(ScatteredParams 
     return;
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] *= inv;
+  for (int e = 0; e < E; ++e) acc[e] = n == 0 ? 0.f : acc[e] * inv;  // no key: 0, not 0 * (key 0's V)
   store_row<T, E>(orow, acc);
   if (s == 0) *lse = lse_part;
 }

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
     const int64_t q = int64_t(tile) * kAttTileRows + r0 + half * 8;
     if (q >= a.shape.Lq) continue;
     const float l = half ? l1 : l0, m = half ? m1 : m0;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l == 0.f ? 0.f : 1.f / l;  // a NaN l (NaN or +inf score): O NaN
     T* orow = static_cast<T*>(const_cast<void*>(a.o.data)) + b * a.o.sb + q * a.o.sl + h * a.o.sh;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(256, D == 64 ? 2 : 1) attention_fine_tc_kernel
       *reinterpret_cast<uint32_t*>(orow + c) = *reinterpret_cast<uint32_t*>(pair);
     }
     if (a.lse && lane % 4 == 0)
-      a.lse[bh * a.shape.Lq + q] = l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -CUDART_INF_F;
+      a.lse[bh * a.shape.Lq + q] = l == 0.f ? -CUDART_INF_F : (m + log2f(l)) * 0.6931471805599453f;
   }
 }
 

@@ -79,7 +79,13 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   };
 
   float m = -CUDART_INF_F, l = 0.f;
+  // Chunk maxima propagate NaN (max_nan): a chunk holding a kept NaN (a NaN or +inf - +inf score) makes l NaN, so
+  // the row's LSE and P are NaN (fmaxf would skip it, and a chunk of NaNs alone would look empty).
   auto absorb = [&](float mx, auto&& sum_with) {  // a chunk with max mx (scaled, log2 domain)
+    if (mx != mx) {
+      l = CUDART_NAN_F;
+      return;
+    }
     if (mx == -CUDART_INF_F) return;
     if (mx > m) {
       l *= exp2f(m - mx);
@@ -102,7 +108,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
 #pragma unroll
         for (int e = 0; e < EPL; ++e) {
           v[i][e] *= sl2;
-          if ((kb[i] >> e) & 1) mx = fmaxf(mx, v[i][e]);
+          if ((kb[i] >> e) & 1) mx = max_nan(mx, v[i][e]);
         }
       absorb(mx, [&](float mm) {
         float t = 0.f;
@@ -121,7 +127,7 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
       for (int j = 0; j < CH; ++j) {
         const int64_t i = i0 + j * 32 + lane;
         v[j] = i < flast ? Num<T>::to(Sf[i]) * sl2 : -CUDART_INF_F;
-        mx = fmaxf(mx, v[j]);
+        mx = max_nan(mx, v[j]);
       }
       absorb(mx, [&](float mm) {
         float t = 0.f;
@@ -134,10 +140,10 @@ __global__ void __launch_bounds__(256) softmax_kernel(const CompoundSoftmax::Arg
   float M = m;
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float L = M == -CUDART_INF_F ? 0.f : l * exp2f(m - M);
+  float L = M == -CUDART_INF_F ? l : l * exp2f(m - M);  // M = -inf: every l is 0 or NaN
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
-  const float lse2 = L > 0.f ? M + log2f(L) : -CUDART_INF_F;  // log2 of the row's sum of 2^(x * scale * log2 e)
+  const float lse2 = L == 0.f ? -CUDART_INF_F : M + log2f(L);  // log2 of the row's sum of 2^(x * scale * log2 e); NaN stays
 
   if (valid && lane == 0 && a.lse2) a.lse2[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? CUDART_INF_F : lse2;
   if (valid && lane == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
@@ -210,7 +216,11 @@ __global__ void __launch_bounds__(BS * BS / 8, BS == 64 ? 1 : (NREG <= 16 ? 4 : 
   auto ld = [&](int i) { return *reinterpret_cast<const uint4*>(Sc + int64_t(i) * bb); };
 
   float m = -CUDART_INF_F, l = 0.f;
-  auto absorb = [&](float mx, auto&& sum_with) {  // a group of values with max mx (scaled, log2 domain)
+  auto absorb = [&](float mx, auto&& sum_with) {  // a group of values with max mx (scaled, log2 domain); NaN: l NaN
+    if (mx != mx) {
+      l = CUDART_NAN_F;
+      return;
+    }
     if (mx == -CUDART_INF_F) return;
     if (mx > m) {
       l *= exp2f(m - mx);
@@ -229,7 +239,7 @@ __global__ void __launch_bounds__(BS * BS / 8, BS == 64 ? 1 : (NREG <= 16 ? 4 : 
       const unsigned k = kb(i);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        if ((k >> e) & 1u) mx = fmaxf(mx, f[e] * sl2);
+        if ((k >> e) & 1u) mx = max_nan(mx, f[e] * sl2);
     }
     absorb(mx, [&](float mm) {
       float t = 0.f;
@@ -278,7 +288,7 @@ __global__ void __launch_bounds__(BS * BS / 8, BS == 64 ? 1 : (NREG <= 16 ? 4 : 
     for (int j = 0; j < 4; ++j) {
       const int64_t i = i0 + j * G + v;
       x[j] = i < flast ? Num<T>::to(Sf[i]) * sl2 : -CUDART_INF_F;
-      mx = fmaxf(mx, x[j]);
+      mx = max_nan(mx, x[j]);
     }
     absorb(mx, [&](float mm) {
       float t = 0.f;
@@ -291,10 +301,10 @@ __global__ void __launch_bounds__(BS * BS / 8, BS == 64 ? 1 : (NREG <= 16 ? 4 : 
   float M = m;
 #pragma unroll
   for (int o = G / 2; o > 0; o /= 2) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float L = M == -CUDART_INF_F ? 0.f : l * exp2f(m - M);
+  float L = M == -CUDART_INF_F ? l : l * exp2f(m - M);  // M = -inf: every l is 0 or NaN
 #pragma unroll
   for (int o = G / 2; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
-  const float lse2 = L > 0.f ? M + log2f(L) : -CUDART_INF_F;
+  const float lse2 = L == 0.f ? -CUDART_INF_F : M + log2f(L);
   if (valid && v == 0 && a.lse2) a.lse2[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? CUDART_INF_F : lse2;
   if (valid && v == 0 && a.lse) a.lse[bh * a.shape.Lq + q] = lse2 == -CUDART_INF_F ? lse2 : lse2 * 0.6931471805599453f;
   if (!a.p_coarse && !a.p_fine) return;  // LSE only
@@ -460,9 +470,9 @@ __global__ void __launch_bounds__(256, 4) tile_softmax_kernel(const TileSoftmax:
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
     float lse2 = -CUDART_INF_F;
-    if (m != -CUDART_INF_F) {
+    if (l != 0.f) {  // not l > 0: a NaN score (skipped by fmaxf, m -inf where all are NaN) makes l and P NaN
       lse2 = ms + log2f(l);
-      const float inv = 1.f / l;  // l >= 1: the max contributes 2^0
+      const float inv = 1.f / l;  // l >= 1 where finite: the max contributes 2^0
 #pragma unroll
       for (int k = 0; k < K; ++k)
         if (16 * k < nw) {
