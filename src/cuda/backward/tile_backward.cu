@@ -80,13 +80,12 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
   auto* kernel = tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>;
   SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
-  bwd::bwd_prep_kernel<Elem><<<unsigned((rows * 32 + 255) / 256), 256, 0, s>>>(p);
+  bwd::bwd_prep_kernel<Elem, kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward prep");
   const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
-  const int64_t threads = rows * (D / 2);
-  bwd::bwd_finish_kernel<Elem, kBf16><<<unsigned((threads + 255) / 256), 256, 0, s>>>(p);
+  bwd::bwd_finish_kernel<Elem, kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward finish");
 }
 

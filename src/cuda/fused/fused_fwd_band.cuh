@@ -611,6 +611,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           fence_regs(sacc);
           mask_pair(0);
           tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+          // kPrefix: O already holds the prefix's chunks (without a prefix it is 0 here: nothing to rescale).
+          if constexpr (Tr::kPrefix)
+            if (mp > 0) tile_rescale<D>(o, alpha);
           tile_to_p<128, kBf16>(sacc, pa);
           // kRunningMax: every row of the warp has a key (a finite maximum) after the first step; else the exact step.
           bool running = Tr::kRunningMax && __all_sync(0xffffffffu, row_max[0] != -INFINITY && row_max[1] != -INFINITY);
