@@ -55,7 +55,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
     ap.add_argument("--lengths", default="16384")
-    ap.add_argument("--patterns", default="local,longformer,bigbird,dilated,causal,fixed,na2d")
+    ap.add_argument("--patterns", default="local,longformer,bigbird,dilated,causal,fixed,na2d",
+                    help="suite names; name:D runs that head dim only (else every --dims)")
     ap.add_argument("--dims", default="64")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
@@ -83,9 +84,10 @@ def main():
     rows = []
     for L in (int(x) for x in args.lengths.split(",")):
         cases = {c[0]: c for c in suite(L)}
-        for name in args.patterns.split(","):
+        for entry in args.patterns.split(","):
+            name, _, dpin = entry.partition(":")  # "name:D" runs that head dim only
             _, spec, mod, _dims = cases[name]
-            for D in (int(x) for x in args.dims.split(",")):
+            for D in ([int(dpin)] if dpin else [int(x) for x in args.dims.split(",")]):
                 torch.manual_seed(0)
                 q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
