@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.d/tsvd.sh [OUTDIR] — GPU checks of TSVD (issue 26): SASS (HMMA in the TSVD kernels), the GPU
-# tests (tests/gpu/tsvd_gpu_test.cpp: the tensor-core, stream-K and gemv kernels against the CPU TSVD matmul, cuSOLVER
+# scripts/gpu_check.d/tsvd.sh [OUTDIR] — GPU checks of TSVD (issue 26): SASS (HMMA / HGMMA in the TSVD kernels), the GPU
+# tests (tests/gpu/tsvd_gpu_test.cpp: the tensor-core, stream-K, gemv and wgmma kernels against the CPU TSVD matmul, cuSOLVER
 # compression against LAPACK), compute-sanitizer memcheck, racecheck and synccheck on a small case, and `spattn tsvd bench`
 # (cuBLAS GEMM, SVD-matmul as two cuBLAS GEMMs, TSVD; the issue's shapes at ratios 2, 4, 8) as JSON.
 # Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
@@ -18,8 +18,9 @@ GTEST=$BUILD/tests/tsvd_gpu_test
 echo "== tsvd: SASS"
 if command -v cuobjdump >/dev/null; then
   lib=$(ls "$BUILD"/libspattn.so "$BUILD"/libspattn.a 2>/dev/null | head -1)
-  cuobjdump --dump-sass "$lib" 2>/dev/null | awk '/Function :/ {f = ($0 ~ /tsvd/)} f && /HMMA/ {n++} END {print "HMMA instructions in the TSVD kernels: " n+0}'
-  cuobjdump --dump-resource-usage "$lib" 2>/dev/null | grep -A1 -E "tsvd_(mma|gemv)" | grep -oE "REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+" |
+  cuobjdump --dump-sass "$lib" 2>/dev/null | awk '/Function :/ {f = ($0 ~ /tsvd/)} f && /HMMA/ {n++} f && /HGMMA/ {w++}
+    END {print "HMMA instructions in the TSVD kernels: " n+0 ", HGMMA (wgmma): " w+0}'
+  cuobjdump --dump-resource-usage "$lib" 2>/dev/null | grep -A1 -E "tsvd_(mma|gemv|wgmma)" | grep -oE "REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+" |
     paste -sd' ' | sed 's/^/registers, stack, local (spills) per TSVD kernel: /'
 fi
 

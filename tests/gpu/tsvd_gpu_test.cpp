@@ -25,6 +25,11 @@ namespace {
     if (spattn::list_gpus(&why).empty()) GTEST_SKIP() << why; \
   } while (0)
 
+bool sm90a() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+}
+
 float round16(float v, DType t) { return t == DType::bf16 ? spattn::bf16_to_float(spattn::float_to_bf16(v)) : spattn::half_to_float(spattn::float_to_half(v)); }
 
 // Random factors with one rank, already rounded to `t` (so the CPU reference sees what the GPU sees).
@@ -81,6 +86,7 @@ class TsvdGpuSuite : public ::testing::TestWithParam<Case> {};
 TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
   REQUIRE_GPU();
   const Case c = GetParam();
+  if (std::string(c.kernel) == "wgmma" && !sm90a()) GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU (compute capability 9.0)";
   const TsvdFactors f = random_factors(c.k, c.n, c.tile_k, c.tile_n, c.rank, c.dtype, uint64_t(c.m * 7 + c.rank));
   std::mt19937_64 rng(uint64_t(c.k));
   std::normal_distribution<float> nd;
@@ -119,17 +125,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"M = 1 gemv, tile 256, splits with fixup", 1, 2048, 1024, 256, 256, 64, "gemv", DType::bf16},
         Case{"M = 1 gemv, tile 64 and rank 4 padded to 16", 1, 1024, 512, 64, 64, 4, "gemv", DType::bf16},
         Case{"M = 1 gemv, non-square tile, rank 48 (vectors a row do not divide the threads)", 1, 768, 1024, 128, 512, 48, "gemv", DType::f16},
+        Case{"wgmma: M = 70 (one ragged 128-row tile, TMA zero-fill), rank 64 (ratio 2 at tile 256), BN 256, split fixup", 70, 512, 512, 256, 256, 64, "wgmma", DType::bf16},
+        Case{"wgmma: M = 300 (ragged), tile 128, rank 16 (ratio 4 at tile 128), BN 128, fp16", 300, 1024, 512, 128, 128, 16, "wgmma", DType::f16},
+        Case{"wgmma: M = 129 (one row in the second tile), tile 256, rank 32 (ratio 4), 3 tile rows", 129, 768, 512, 256, 256, 32, "wgmma", DType::bf16},
+        Case{"wgmma: rank 12 padded to 16 (ratio 8 at tile 256 is 16), fp16", 200, 512, 512, 256, 256, 12, "wgmma", DType::f16},
+        Case{"wgmma: rank 128 (BN 128 for registers), non-square tile 256 x 128", 150, 512, 512, 256, 128, 128, "wgmma", DType::bf16},
+        Case{"wgmma: tile_n 512 (two 256-wide CTA columns a tile, B at a column offset)", 200, 512, 1024, 256, 512, 32, "wgmma", DType::bf16},
+        Case{"wgmma: tile_k 64 (one K-chunk a tile row), rank 20 padded to 32", 260, 512, 256, 64, 128, 20, "wgmma", DType::bf16},
+        Case{"wgmma: 144 tiles >= SMs (no split), M = 1100", 1100, 512, 4096, 256, 256, 32, "wgmma", DType::bf16},
         Case{"auto at M = 512", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
         Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
     [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
 
-// A small case for compute-sanitizer (scripts/gpu_check.d/tsvd.sh): every kernel once.
+// A small case for compute-sanitizer (scripts/gpu_check.d/tsvd.sh): every kernel once (wgmma on sm_90a: at M = 1 and
+// 70, one ragged tile, its tile rows split over CTAs).
 TEST(TsvdGpu, SmallCaseForSanitizers) {
   REQUIRE_GPU();
   const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
   for (int64_t m : {int64_t(1), int64_t(70)})
-    for (const char* k : {"tile", "streamk", "gemv"}) {
+    for (const char* k : {"tile", "streamk", "gemv", "wgmma"}) {
       if (m != 1 && std::string(k) == "gemv") continue;
+      if (std::string(k) == "wgmma" && !sm90a()) continue;
       std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
       spattn::tsvd_matmul(f, x.data(), m, ref.data());
       std::string ran;
@@ -166,6 +182,7 @@ TEST(TsvdGpu, RefusesFactorsItCannotRun) {
     EXPECT_NE(std::string(e.what()).find("tile_n % 128"), std::string::npos) << e.what();
   }
   EXPECT_THROW(g.matmul(d, 4, d, nullptr, "gemv"), spattn::Error);
+  EXPECT_THROW(g.matmul(d, 4, d, nullptr, "wgmma"), spattn::Error);  // tile_k % 64, tile_n % 128
   EXPECT_THROW(g.matmul(d, 1, d, nullptr, "fast"), spattn::Error);
   cudaFree(d);
 }
