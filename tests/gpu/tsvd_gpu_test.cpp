@@ -81,6 +81,69 @@ std::vector<float> run_gpu(const TsvdFactors& f, const std::vector<float>& x, in
   return first;
 }
 
+// The cheapest case of each kernel, one test per kernel, defined first so that they run first: a kernel that breaks
+// shows by its own name before the larger cases run. scripts/gpu_check.d/tsvd.sh runs every test in its own process
+// (a kernel's illegal address poisons its process's CUDA context, not the next test's) and these under
+// compute-sanitizer one at a time. Each at M = 1 and 70 (the gemv kernel at M = 1 only; wgmma on sm_90a: one ragged
+// 128-row tile, its tile rows split over CTAs), rank 16 (the smallest padded rank), and asserts which kernel ran.
+void small_case(const char* kernel) {
+  const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
+  for (int64_t m : {int64_t(1), int64_t(70)}) {
+    if (m != 1 && std::string(kernel) == "gemv") continue;
+    std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
+    spattn::tsvd_matmul(f, x.data(), m, ref.data());
+    std::string ran;
+    const auto y = run_gpu(f, x, m, DType::bf16, kernel, &ran);
+    ASSERT_EQ(ran.rfind(kernel, 0), 0u) << "asked for " << kernel << ", ran " << ran;
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << kernel << " M=" << m << " at " << i << " (" << ran << ")";
+  }
+}
+
+TEST(TsvdGpuSmall, Tile) {
+  REQUIRE_GPU();
+  small_case("tile");
+}
+TEST(TsvdGpuSmall, StreamK) {
+  REQUIRE_GPU();
+  small_case("streamk");
+}
+TEST(TsvdGpuSmall, Gemv) {
+  REQUIRE_GPU();
+  small_case("gemv");
+}
+TEST(TsvdGpuSmall, Wgmma) {
+  REQUIRE_GPU();
+  if (!sm90a()) GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU (compute capability 9.0)";
+  small_case("wgmma");
+}
+
+// Each padded rank of the tensor-core kernels (16, 32, 64, 128: one instantiation each, each its own shared-memory
+// layout) once, small, before the larger cases.
+TEST(TsvdGpuSmall, EveryPaddedRank) {
+  REQUIRE_GPU();
+  for (const char* kernel : {"tile", "wgmma"}) {
+    if (std::string(kernel) == "wgmma" && !sm90a()) continue;
+    for (int rank : {16, 20, 64, 128}) {
+      const TsvdFactors f = random_factors(256, 256, 128, 128, rank, DType::bf16, uint64_t(rank));
+      const int64_t m = 70;
+      std::vector<float> x(size_t(m * 256)), ref(size_t(m * 256));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = round16(float(int(i % 7) - 3) / 4.f, DType::bf16);
+      spattn::tsvd_matmul(f, x.data(), m, ref.data());
+      std::string ran;
+      const auto y = run_gpu(f, x, m, DType::bf16, kernel, &ran);
+      ASSERT_EQ(ran.rfind(kernel, 0), 0u) << "asked for " << kernel << ", ran " << ran;
+      double d = 0, s = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << kernel << " rank " << rank << ": Y[" << i << "] not written (" << ran << ")";
+        d += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
+        s += double(ref[i]) * ref[i];
+      }
+      EXPECT_LT(std::sqrt(d / s), 1.2e-2) << kernel << " rank " << rank << " (" << ran << ")";
+    }
+  }
+}
+
 class TsvdGpuSuite : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
@@ -108,7 +171,7 @@ TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
   const double tol = c.dtype == DType::bf16 ? 1.2e-2 : 2e-3;
   EXPECT_LT(std::sqrt(d / s), tol) << c.what << " (" << ran << ")";
   EXPECT_LT(worst / scale, 4 * tol) << c.what << " (" << ran << ")";
-  if (std::string(c.kernel) != "auto") EXPECT_EQ(ran.rfind(c.kernel, 0), 0u) << ran;
+  if (std::string(c.kernel) != "auto") EXPECT_EQ(ran.rfind(c.kernel, 0), 0u) << "asked for " << c.kernel << ", ran " << ran;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -136,23 +199,6 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"auto at M = 512", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
         Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
     [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
-
-// A small case for compute-sanitizer (scripts/gpu_check.d/tsvd.sh): every kernel once (wgmma on sm_90a: at M = 1 and
-// 70, one ragged tile, its tile rows split over CTAs).
-TEST(TsvdGpu, SmallCaseForSanitizers) {
-  REQUIRE_GPU();
-  const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
-  for (int64_t m : {int64_t(1), int64_t(70)})
-    for (const char* k : {"tile", "streamk", "gemv", "wgmma"}) {
-      if (m != 1 && std::string(k) == "gemv") continue;
-      if (std::string(k) == "wgmma" && !sm90a()) continue;
-      std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
-      spattn::tsvd_matmul(f, x.data(), m, ref.data());
-      std::string ran;
-      const auto y = run_gpu(f, x, m, DType::bf16, k, &ran);
-      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << k << " M=" << m << " at " << i;
-    }
-}
 
 TEST(TsvdGpu, RefusesFactorsItCannotRun) {
   REQUIRE_GPU();

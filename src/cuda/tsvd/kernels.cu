@@ -73,11 +73,13 @@ __device__ int owner(const Params& p, long long it) {
 // 16 bits in registers and Y += P B_ij.
 template <bool kBf16, int RP>
 __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
-  constexpr int XS = kBK + 8, AS = kBK + 8, BS = kBN + 8;  // row strides (elements): +16 bytes, no ldmatrix conflicts
+  // Row strides (elements, +16 bytes against ldmatrix bank conflicts) and the three regions: smem_layout.hpp (the
+  // host sizes the dynamic shared memory from the same mma_smem(RP); tests/tsvd_layout_test.cpp checks the loads).
+  static_assert(mma_smem_bytes_for(RP) <= kSmemSm80, "the mma kernel's shared memory");
+  // Every shared-memory address below is one of smem_layout.hpp's mma_*_elem.
+  //   xs [2][kBM][kXS]: X_i's chunk; as [2][RP][kAS]: A_ij^T's chunk (N x K, the mma's "col" B operand);
+  //   bs [2][RP][kBS]: B_ij's kBN columns.
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* xs = smem;                // [2][kBM][XS]
-  uint16_t* as = xs + 2 * kBM * XS;   // [2][RP][AS]: A_ij^T's chunk (N x K, the mma's "col" B operand)
-  uint16_t* bs = as + 2 * kBK * AS;   // [2][RP][BS]
   __shared__ int s_last;
   const auto* X = static_cast<const uint16_t*>(p.x);
   const auto* A = static_cast<const uint16_t*>(p.a);
@@ -105,22 +107,22 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
       const size_t tile = size_t(i) * p.tile_cols + j;
       const uint16_t* xg = X + size_t(i) * p.tile_k + kc * kBK;
 #pragma unroll
-      for (int v = tid; v < kBM * kBK / 8; v += kMmaThreads) {
+      for (int v = tid; v < mma_x_vectors(); v += kMmaThreads) {
         const int r = v / (kBK / 8), cc = (v % (kBK / 8)) * 8, gm = m0 + r;
-        ptx::cp_async16(&xs[(buf * kBM + r) * XS + cc], xg + size_t(gm < p.m ? gm : 0) * p.k + cc, gm < p.m ? 16 : 0);
+        ptx::cp_async16(&smem[mma_x_elem(RP, buf, v)], xg + size_t(gm < p.m ? gm : 0) * p.k + cc, gm < p.m ? 16 : 0);
       }
       const uint16_t* ag = A + tile * RP * p.tile_k + size_t(kc) * kBK;  // (RP x kBK) of A_ij^T, ld tile_k
 #pragma unroll
-      for (int v = tid; v < RP * kBK / 8; v += kMmaThreads) {
+      for (int v = tid; v < mma_a_vectors(RP); v += kMmaThreads) {
         const int r = v / (kBK / 8), cc = (v % (kBK / 8)) * 8;
-        ptx::cp_async16(&as[(buf * RP + r) * AS + cc], ag + size_t(r) * p.tile_k + cc, 16);
+        ptx::cp_async16(&smem[mma_a_elem(RP, buf, v)], ag + size_t(r) * p.tile_k + cc, 16);
       }
       if (kc == 0) {
         const uint16_t* bg = B + tile * RP * p.tile_n + nsub;  // (RP x kBN), ld tile_n
 #pragma unroll
-        for (int v = tid; v < RP * kBN / 8; v += kMmaThreads) {
+        for (int v = tid; v < mma_b_vectors(RP); v += kMmaThreads) {
           const int r = v / (kBN / 8), cc = (v % (kBN / 8)) * 8;
-          ptx::cp_async16(&bs[((i & 1) * RP + r) * BS + cc], bg + size_t(r) * p.tile_n + cc, 16);
+          ptx::cp_async16(&smem[mma_b_elem(RP, i & 1, v)], bg + size_t(r) * p.tile_n + cc, 16);
         }
       }
     };
@@ -134,25 +136,22 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
       __syncthreads();
-      const uint16_t* xb = xs + (c & 1) * kBM * XS;
-      const uint16_t* ab = as + (c & 1) * RP * AS;
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
         uint32_t af[4];
-        ptx::ldmatrix_x4(af, &xb[(warp * 16 + (lane & 15)) * XS + ks * 16 + (lane >> 4) * 8]);
+        ptx::ldmatrix_x4(af, &smem[mma_ldx_elem(RP, c & 1, warp, ks, lane)]);
 #pragma unroll
         for (int np = 0; np < RP / 16; ++np) {
           // Matrix q = lane / 8: rank rows np 16 + (q / 2) 8 + lane % 8, K columns ks 16 + (q % 2) 8; bf[0], bf[1]
           // are the fragment of rank columns np 16 ... + 7, bf[2], bf[3] of the next 8.
           uint32_t bf[4];
-          ptx::ldmatrix_x4(bf, &ab[(np * 16 + ((lane >> 4) << 3) + (lane & 7)) * AS + ks * 16 + ((lane >> 3) & 1) * 8]);
+          ptx::ldmatrix_x4(bf, &smem[mma_lda_elem(RP, c & 1, np, ks, lane)]);
           ptx::mma16816<kBf16>(pacc[2 * np], af, bf[0], bf[1]);
           ptx::mma16816<kBf16>(pacc[2 * np + 1], af, bf[2], bf[3]);
         }
       }
       if (c % kc_n == kc_n - 1) {  // tile row i done: Y += P B_ij
         const int i = i0 + c / kc_n;
-        const uint16_t* bb = bs + (i & 1) * RP * BS;
 #pragma unroll
         for (int kk = 0; kk < RP / 16; ++kk) {
           const uint32_t pf[4] = {pack2<kBf16>(pacc[2 * kk][0], pacc[2 * kk][1]), pack2<kBf16>(pacc[2 * kk][2], pacc[2 * kk][3]),
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
 #pragma unroll
           for (int np = 0; np < kBN / 16; ++np) {
             uint32_t bf[4];
-            ptx::ldmatrix_x4_trans(bf, &bb[(kk * 16 + (lane & 15)) * BS + np * 16 + (lane >> 4) * 8]);
+            ptx::ldmatrix_x4_trans(bf, &smem[mma_ldb_elem(RP, i & 1, kk, np, lane)]);
             ptx::mma16816<kBf16>(yacc[2 * np], pf, bf[0], bf[1]);
             ptx::mma16816<kBf16>(yacc[2 * np + 1], pf, bf[2], bf[3]);
           }
@@ -360,7 +359,7 @@ int occupancy_t() {
 
 }  // namespace
 
-size_t mma_smem_bytes(int rp) { return 2 * size_t(2 * kBM * (kBK + 8) + 2 * rp * (kBK + 8) + 2 * rp * (kBN + 8)); }
+size_t mma_smem_bytes(int rp) { return mma_smem_bytes_for(rp); }
 
 int mma_ctas_per_sm(int rp, bool bf16) {
   switch (rp) {

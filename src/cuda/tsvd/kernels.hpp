@@ -11,12 +11,10 @@
 #include <cstdint>
 
 #include "cuda/fused/fused_params.hpp"  // TensorMapBytes
+#include "cuda/tsvd/smem_layout.hpp"     // the CTA tiles (kBM, kWgBM, ...) and shared-memory layouts
 
 namespace spattn::cuda::tsvd {
 
-// The tensor-core kernel's CTA tile: BM rows of X / Y, BN columns of Y (inside one tile column), K-chunks of BK.
-constexpr int kBM = 64, kBN = 128, kBK = 64, kMmaThreads = 128;
-constexpr int kGemvThreads = 256;
 
 struct Params {
   const void* x = nullptr;
@@ -49,7 +47,6 @@ void launch_gemv(const Params& p, bool bf16, cudaStream_t stream);
 // row i: P = X_i A_ij by SS wgmma (m64 n rp k16) over K-chunks of 64, P rounded to 16 bits in registers, then
 // Y += P B_ij by RS wgmma (m64 n BN k16). With splits > 1 the kt tile rows of an output tile are split over
 // `splits` CTAs (fp32 slots, the last to arrive adds them in split order).
-constexpr int kWgBM = 128, kWgBK = 64, kWgStages = 4, kWgThreads = 384;
 struct WgParams {
   fused::TensorMapBytes tmap_x;  // X: {K, M}, boxes 64 x kWgBM, 128-byte swizzle, rows past M zero-filled
   fused::TensorMapBytes tmap_a;  // a: {tile_k, tiles * rp}, boxes 64 x rp

@@ -76,10 +76,10 @@ struct TsvdGpu::Impl {
   }
   // Why the tensor-core kernel cannot run these factors, or "".
   std::string mma_refusal() const {
-    if (tile_k % ck::kBK || tile_n % ck::kBN || rp > 128)
+    if (tile_k % ck::kBK || tile_n % ck::kBN || (rp != 16 && rp != 32 && rp != 64 && rp != 128))
       return "the tensor-core TSVD kernel needs tile_k % " + num(ck::kBK) + " == 0, tile_n % " + num(ck::kBN) +
-             " == 0 and a rank of at most 128; these factors have tile " + num(tile_k) + "x" + num(tile_n) + ", rank " +
-             num(rank);
+             " == 0 and a padded rank of 16, 32, 64 or 128; these factors have tile " + num(tile_k) + "x" + num(tile_n) +
+             ", rank " + num(rank) + " (padded " + num(rp) + ")";
     return "";
   }
 };

@@ -28,13 +28,22 @@ template <int RP, int BN>
 struct WgLayout {
   static_assert(RP == 16 || RP == 32 || RP == 64 || RP == 128, "padded rank: 16, 32, 64 or 128");
   static_assert(BN == 128 || (BN == 256 && RP <= 64), "Y tile width 128, or 256 with rank <= 64 (registers)");
+  // The layout: smem_layout.hpp's wg_smem (the host's wgmma_smem_bytes is the same; tests/tsvd_layout_test.cpp
+  // checks it against the TMA boxes below).
+  static constexpr WgSmem W = wg_smem(RP, BN);
   static constexpr int S = kWgStages;
-  static constexpr int kXBytes = kWgBM * kWgBK * 2;    // (kWgBM x 64), 128-byte rows
-  static constexpr int kABytes = RP * kWgBK * 2;       // (RP x 64) of A_ij^T
-  static constexpr int kStageBytes = kXBytes + kABytes;  // a multiple of 1024 (the swizzle's alignment)
-  static constexpr int kBBytes = RP * BN * 2;          // BN / 64 blocks of (RP x 64)
-  static constexpr int kBarOffset = S * kStageBytes + 2 * kBBytes;
-  static constexpr int kSmemBytes = kBarOffset + (2 * S + 4) * 8 + 1024;  // + alignment slack
+  static constexpr int kXBytes = W.x_bytes;      // (kWgBM x 64), 128-byte rows
+  static constexpr int kABytes = W.a_bytes;      // (RP x 64) of A_ij^T
+  static constexpr int kStageBytes = W.stage;    // a multiple of 1024 (the swizzle's alignment)
+  static constexpr int kBBytes = W.b_bytes;      // BN / 64 blocks of (RP x 64)
+  static constexpr int kBarOffset = W.bar_off;
+  static constexpr int kSmemBytes = W.bytes;     // + alignment slack
+  static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0 && W.b_block % 1024 == 0 && W.b_off % 1024 == 0 &&
+                    kBBytes % 1024 == 0,
+                "every TMA destination of the 128-byte swizzle starts 1024-aligned");
+  static_assert(kXBytes == kWgBM * 128 && kABytes == RP * 128 && W.b_block * (BN / 64) == kBBytes,
+                "the TMA boxes (64 elements x rows) fill the stage and B buffers exactly");
+  static_assert(size_t(kSmemBytes) <= kSmemSm90, "the wgmma kernel's shared memory");
   // Registers a thread after setmaxnreg (fused_fwd_ws.cuh's split for two consumer warpgroups).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
@@ -91,7 +100,7 @@ __device__ __forceinline__ void wgmma_body(const WgParams& w) {
         mbar_expect_tx(bar_bfull + 8 * bb, L::kBBytes);
 #pragma unroll
         for (int c = 0; c < BN / 64; ++c)
-          tma_load_4d(s_b + bb * L::kBBytes + c * RP * 128, &w.tmap_b, bar_bfull + 8 * bb, nsub + 64 * c, tile * RP, 0, 0);
+          tma_load_4d(s_b + bb * L::kBBytes + c * L::W.b_block, &w.tmap_b, bar_bfull + 8 * bb, nsub + 64 * c, tile * RP, 0, 0);
         for (int kc = 0; kc < kc_n; ++kc, ++g) {
           const int st = int(g % S);
           if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
@@ -244,9 +253,7 @@ int wgmma_bn(int tile_k, int tile_n, int rp) {
   return tile_n % 128 == 0 ? 128 : 0;
 }
 
-size_t wgmma_smem_bytes(int rp, int bn) {
-  return size_t(kWgStages) * (kWgBM + rp) * kWgBK * 2 + 2 * size_t(rp) * bn * 2 + (2 * kWgStages + 4) * 8 + 1024;
-}
+size_t wgmma_smem_bytes(int rp, int bn) { return size_t(wg_smem(rp, bn).bytes); }
 
 void launch_wgmma(const WgParams& w, bool bf16, cudaStream_t stream) {
   if (bf16) launch_b<true>(w, stream);
