@@ -3,7 +3,10 @@
 // r_g = floor(K N / (R (K + N)))); and the TSVD kernels (auto, and each kernel that applies), per tile size.
 //
 //   spattn tsvd bench [--shapes M:K:N,...] [--ratios 2,4,8] [--tiles 128,256] [--dtype bf16|fp16] [--reps 50]
-//                     [--json FILE]
+//                     [--kernels auto,tile,streamk,gemv,wgmma] [--json FILE]
+//
+// Every kernel of --kernels that applies (gemv: M = 1 only; wgmma: M > 1, sm_90a) is timed on the same factors;
+// the row reports the fastest, and each kernel's time and what ran ("auto" names the kernel it chose).
 //
 // Default shapes: the issue's (GPT-3 175B at 2048 tokens and at 1, GPT-2 medium attention 1024 -> 1024 and
 // feed-forward 1024 -> 4096 at 512 tokens and at 1). Timing: 5 warm-up calls, then `reps` calls each between two
@@ -108,7 +111,7 @@ struct Shape {
 }  // namespace
 
 int tsvd_bench_main(int argc, char** argv) {
-  Args a(argc, argv, 3, {"shapes", "ratios", "tiles", "dtype", "reps", "json"}, {});
+  Args a(argc, argv, 3, {"shapes", "ratios", "tiles", "dtype", "reps", "kernels", "json"}, {});
   std::vector<Shape> shapes;
   for (const std::string& s : [&] {
          std::vector<std::string> v;
@@ -126,6 +129,11 @@ int tsvd_bench_main(int argc, char** argv) {
   if (t != DType::bf16 && t != DType::f16) throw Error("--dtype must be bf16 or fp16");
   const cudaDataType ct = t == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const int reps = int(a.integer("reps", 50));
+  std::vector<std::string> kernel_names;
+  {
+    std::stringstream ss(a.str("kernels", "auto,tile,streamk,gemv,wgmma"));
+    for (std::string item; std::getline(ss, item, ',');) kernel_names.push_back(item);
+  }
   if (reps < 5) throw Error("--reps must be at least 5");
   cudaDeviceProp prop{};
   ck(cudaGetDeviceProperties(&prop, 0), "device properties");
@@ -136,7 +144,7 @@ int tsvd_bench_main(int argc, char** argv) {
   cb(cublasSetStream(h, stream), "set stream");
   std::printf("spattn tsvd bench: %s, %s, median of %d (ms); speedups of the best TSVD kernel\n", prop.name,
               std::string(dtype_name(t)).c_str(), reps);
-  std::printf("%6s %6s %6s %3s | %9s | %5s %9s | %5s %4s %9s %-8s | %6s %6s | %s\n", "M", "K", "N", "R", "dense", "r_svd", "svd", "tile",
+  std::printf("%6s %6s %6s %3s | %9s | %5s %9s | %5s %4s %9s %-12s | %6s %6s | %s\n", "M", "K", "N", "R", "dense", "r_svd", "svd", "tile",
               "r", "tsvd", "kernel", "x svd", "x dense", "other TSVD kernels");
   std::ostringstream rows;
   bool first_row = true;
@@ -184,27 +192,29 @@ int tsvd_bench_main(int argc, char** argv) {
           std::string ran;
         };
         std::vector<K> ks;
-        for (const char* kn : {"auto", "tile", "streamk", "gemv"}) {
-          if (std::string(kn) == "gemv" && sh.m != 1) continue;
+        for (const std::string& kn : kernel_names) {
+          if ((kn == "gemv" && sh.m != 1) || (kn == "wgmma" && sh.m == 1)) continue;
           try {
             const double ms = median_ms([&] { g->matmul(x.p, sh.m, y.p, stream, kn); }, reps, stream);
             ks.push_back({kn, ms, g->last_kernel()});
           } catch (const Error& e) {
-            std::fprintf(stderr, "tsvd bench: %s at %ld:%ld:%ld tile %ld: %s\n", kn, sh.m, sh.k, sh.n, tile, e.what());
+            std::fprintf(stderr, "tsvd bench: %s at %ld:%ld:%ld tile %ld: %s\n", kn.c_str(), sh.m, sh.k, sh.n, tile, e.what());
           }
         }
         if (ks.empty()) continue;
+        // "auto" shows the kernel it chose: auto:wgmma.
+        auto label = [](const K& k2) { return k2.name == "auto" ? "auto:" + k2.ran.substr(0, k2.ran.find(' ')) : k2.name; };
         const K best = *std::min_element(ks.begin(), ks.end(), [](const K& p, const K& q) { return p.ms < q.ms; });
         // Bytes of the factors as the kernels read them (rank padded to 16).
         const double factor_bytes = double(f.tile_rows() * f.tile_cols()) * double((r + 15) / 16 * 16) * double(2 * tile) * 2;
         std::string others;
         for (const K& k2 : ks) {
           char b[96];
-          std::snprintf(b, sizeof b, "%s%s %.4f", others.empty() ? "" : ", ", k2.name.c_str(), k2.ms);
+          std::snprintf(b, sizeof b, "%s%s %.4f", others.empty() ? "" : ", ", label(k2).c_str(), k2.ms);
           others += b;
         }
-        std::printf("%6ld %6ld %6ld %3ld | %9.4f | %5ld %9.4f | %5ld %4ld %9.4f %-8s | %6.2f %6.2f | %s\n", sh.m, sh.k, sh.n, R, dense, rg,
-                    svd, tile, r, best.ms, best.name.c_str(), svd / best.ms, dense / best.ms, others.c_str());
+        std::printf("%6ld %6ld %6ld %3ld | %9.4f | %5ld %9.4f | %5ld %4ld %9.4f %-12s | %6.2f %6.2f | %s\n", sh.m, sh.k, sh.n, R, dense, rg,
+                    svd, tile, r, best.ms, label(best).c_str(), svd / best.ms, dense / best.ms, others.c_str());
         std::fflush(stdout);
         rows << (first_row ? "" : ",\n") << "  {\"M\": " << sh.m << ", \"K\": " << sh.k << ", \"N\": " << sh.n << ", \"ratio\": " << R
              << ", \"dense_ms\": " << dense << ", \"svd_rank\": " << rg << ", \"svd_ms\": " << svd << ", \"tile\": " << tile
@@ -212,6 +222,8 @@ int tsvd_bench_main(int argc, char** argv) {
              << "\", \"speedup_vs_svd\": " << svd / best.ms << ", \"speedup_vs_dense\": " << dense / best.ms
              << ", \"factor_gbps\": " << factor_bytes / (best.ms * 1e6) << ", \"kernels\": {";
         for (size_t i = 0; i < ks.size(); ++i) rows << (i ? ", " : "") << "\"" << ks[i].name << "\": " << ks[i].ms;
+        rows << "}, \"kernels_ran\": {";
+        for (size_t i = 0; i < ks.size(); ++i) rows << (i ? ", " : "") << "\"" << ks[i].name << "\": \"" << ks[i].ran << "\"";
         rows << "}}";
         first_row = false;
       }

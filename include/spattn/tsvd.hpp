@@ -108,8 +108,9 @@ class TsvdGpu {
   TsvdGpu(const TsvdGpu&) = delete;
   TsvdGpu& operator=(const TsvdGpu&) = delete;
   // kernel: "auto", "tile" (one CTA per output tile), "streamk" (the K tile rows split across CTAs with a fixup),
-  // "gemv" (M = 1); auto: gemv at M = 1, else tile. `stream` is a cudaStream_t. Relaunchable; no allocation after
-  // the first call of a shape.
+  // "gemv" (M = 1), "wgmma" (sm_90a: TMA and wgmma, 128-row tiles, the tile rows split across CTAs when there are
+  // fewer tiles than SMs); auto: gemv at M = 1, wgmma at M >= 128 where it can run, else tile. `stream` is a
+  // cudaStream_t. Relaunchable; no allocation after the first call of a shape.
   void matmul(const void* x, int64_t m, void* y, void* stream = nullptr, const std::string& kernel = "auto");
   std::string last_kernel() const;
   int64_t k() const;

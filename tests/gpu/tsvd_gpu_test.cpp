@@ -25,6 +25,11 @@ namespace {
     if (spattn::list_gpus(&why).empty()) GTEST_SKIP() << why; \
   } while (0)
 
+bool sm90a() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+}
+
 float round16(float v, DType t) { return t == DType::bf16 ? spattn::bf16_to_float(spattn::float_to_bf16(v)) : spattn::half_to_float(spattn::float_to_half(v)); }
 
 // Random factors with one rank, already rounded to `t` (so the CPU reference sees what the GPU sees).
@@ -76,11 +81,75 @@ std::vector<float> run_gpu(const TsvdFactors& f, const std::vector<float>& x, in
   return first;
 }
 
+// The cheapest case of each kernel, one test per kernel, defined first so that they run first: a kernel that breaks
+// shows by its own name before the larger cases run. scripts/gpu_check.d/tsvd.sh runs every test in its own process
+// (a kernel's illegal address poisons its process's CUDA context, not the next test's) and these under
+// compute-sanitizer one at a time. Each at M = 1 and 70 (the gemv kernel at M = 1 only; wgmma on sm_90a: one ragged
+// 128-row tile, its tile rows split over CTAs), rank 16 (the smallest padded rank), and asserts which kernel ran.
+void small_case(const char* kernel) {
+  const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
+  for (int64_t m : {int64_t(1), int64_t(70)}) {
+    if (m != 1 && std::string(kernel) == "gemv") continue;
+    std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
+    spattn::tsvd_matmul(f, x.data(), m, ref.data());
+    std::string ran;
+    const auto y = run_gpu(f, x, m, DType::bf16, kernel, &ran);
+    ASSERT_EQ(ran.rfind(kernel, 0), 0u) << "asked for " << kernel << ", ran " << ran;
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << kernel << " M=" << m << " at " << i << " (" << ran << ")";
+  }
+}
+
+TEST(TsvdGpuSmall, Tile) {
+  REQUIRE_GPU();
+  small_case("tile");
+}
+TEST(TsvdGpuSmall, StreamK) {
+  REQUIRE_GPU();
+  small_case("streamk");
+}
+TEST(TsvdGpuSmall, Gemv) {
+  REQUIRE_GPU();
+  small_case("gemv");
+}
+TEST(TsvdGpuSmall, Wgmma) {
+  REQUIRE_GPU();
+  if (!sm90a()) GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU (compute capability 9.0)";
+  small_case("wgmma");
+}
+
+// Each padded rank of the tensor-core kernels (16, 32, 64, 128: one instantiation each, each its own shared-memory
+// layout) once, small, before the larger cases.
+TEST(TsvdGpuSmall, EveryPaddedRank) {
+  REQUIRE_GPU();
+  for (const char* kernel : {"tile", "wgmma"}) {
+    if (std::string(kernel) == "wgmma" && !sm90a()) continue;
+    for (int rank : {16, 20, 64, 128}) {
+      const TsvdFactors f = random_factors(256, 256, 128, 128, rank, DType::bf16, uint64_t(rank));
+      const int64_t m = 70;
+      std::vector<float> x(size_t(m * 256)), ref(size_t(m * 256));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = round16(float(int(i % 7) - 3) / 4.f, DType::bf16);
+      spattn::tsvd_matmul(f, x.data(), m, ref.data());
+      std::string ran;
+      const auto y = run_gpu(f, x, m, DType::bf16, kernel, &ran);
+      ASSERT_EQ(ran.rfind(kernel, 0), 0u) << "asked for " << kernel << ", ran " << ran;
+      double d = 0, s = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << kernel << " rank " << rank << ": Y[" << i << "] not written (" << ran << ")";
+        d += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
+        s += double(ref[i]) * ref[i];
+      }
+      EXPECT_LT(std::sqrt(d / s), 1.2e-2) << kernel << " rank " << rank << " (" << ran << ")";
+    }
+  }
+}
+
 class TsvdGpuSuite : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
   REQUIRE_GPU();
   const Case c = GetParam();
+  if (std::string(c.kernel) == "wgmma" && !sm90a()) GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU (compute capability 9.0)";
   const TsvdFactors f = random_factors(c.k, c.n, c.tile_k, c.tile_n, c.rank, c.dtype, uint64_t(c.m * 7 + c.rank));
   std::mt19937_64 rng(uint64_t(c.k));
   std::normal_distribution<float> nd;
@@ -102,7 +171,7 @@ TEST_P(TsvdGpuSuite, MatchesCpuTsvdMatmul) {
   const double tol = c.dtype == DType::bf16 ? 1.2e-2 : 2e-3;
   EXPECT_LT(std::sqrt(d / s), tol) << c.what << " (" << ran << ")";
   EXPECT_LT(worst / scale, 4 * tol) << c.what << " (" << ran << ")";
-  if (std::string(c.kernel) != "auto") EXPECT_EQ(ran.rfind(c.kernel, 0), 0u) << ran;
+  if (std::string(c.kernel) != "auto") EXPECT_EQ(ran.rfind(c.kernel, 0), 0u) << "asked for " << c.kernel << ", ran " << ran;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -119,24 +188,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"M = 1 gemv, tile 256, splits with fixup", 1, 2048, 1024, 256, 256, 64, "gemv", DType::bf16},
         Case{"M = 1 gemv, tile 64 and rank 4 padded to 16", 1, 1024, 512, 64, 64, 4, "gemv", DType::bf16},
         Case{"M = 1 gemv, non-square tile, rank 48 (vectors a row do not divide the threads)", 1, 768, 1024, 128, 512, 48, "gemv", DType::f16},
+        Case{"wgmma: M = 70 (one ragged 128-row tile, TMA zero-fill), rank 64 (ratio 2 at tile 256), BN 256, split fixup", 70, 512, 512, 256, 256, 64, "wgmma", DType::bf16},
+        Case{"wgmma: M = 300 (ragged), tile 128, rank 16 (ratio 4 at tile 128), BN 128, fp16", 300, 1024, 512, 128, 128, 16, "wgmma", DType::f16},
+        Case{"wgmma: M = 129 (one row in the second tile), tile 256, rank 32 (ratio 4), 3 tile rows", 129, 768, 512, 256, 256, 32, "wgmma", DType::bf16},
+        Case{"wgmma: rank 12 padded to 16 (ratio 8 at tile 256 is 16), fp16", 200, 512, 512, 256, 256, 12, "wgmma", DType::f16},
+        Case{"wgmma: rank 128 (BN 128 for registers), non-square tile 256 x 128", 150, 512, 512, 256, 128, 128, "wgmma", DType::bf16},
+        Case{"wgmma: tile_n 512 (two 256-wide CTA columns a tile, B at a column offset)", 200, 512, 1024, 256, 512, 32, "wgmma", DType::bf16},
+        Case{"wgmma: tile_k 64 (one K-chunk a tile row), rank 20 padded to 32", 260, 512, 256, 64, 128, 20, "wgmma", DType::bf16},
+        Case{"wgmma: 144 tiles >= SMs (no split), M = 1100", 1100, 512, 4096, 256, 256, 32, "wgmma", DType::bf16},
         Case{"auto at M = 512", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
         Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
     [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
-
-// A small case for compute-sanitizer (scripts/gpu_check.d/tsvd.sh): every kernel once.
-TEST(TsvdGpu, SmallCaseForSanitizers) {
-  REQUIRE_GPU();
-  const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
-  for (int64_t m : {int64_t(1), int64_t(70)})
-    for (const char* k : {"tile", "streamk", "gemv"}) {
-      if (m != 1 && std::string(k) == "gemv") continue;
-      std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
-      spattn::tsvd_matmul(f, x.data(), m, ref.data());
-      std::string ran;
-      const auto y = run_gpu(f, x, m, DType::bf16, k, &ran);
-      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 2e-2 * (1 + std::abs(ref[i]))) << k << " M=" << m << " at " << i;
-    }
-}
 
 TEST(TsvdGpu, RefusesFactorsItCannotRun) {
   REQUIRE_GPU();
@@ -166,6 +228,7 @@ TEST(TsvdGpu, RefusesFactorsItCannotRun) {
     EXPECT_NE(std::string(e.what()).find("tile_n % 128"), std::string::npos) << e.what();
   }
   EXPECT_THROW(g.matmul(d, 4, d, nullptr, "gemv"), spattn::Error);
+  EXPECT_THROW(g.matmul(d, 4, d, nullptr, "wgmma"), spattn::Error);  // tile_k % 64, tile_n % 128
   EXPECT_THROW(g.matmul(d, 1, d, nullptr, "fast"), spattn::Error);
   cudaFree(d);
 }

@@ -236,6 +236,12 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       "r"(bytes), "r"(bar)
       : "memory"));
 }
+// Starts bringing `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2 (sm_90+; nothing below).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 // A box of shared memory at `src` to the 4-D tensor map (elements past the tensor's end are dropped), in this
 // thread's bulk async-group; bulk_commit() closes the group, bulk_wait_all() waits for every group (kRead: only
 // until the sources have been read and may be rewritten).

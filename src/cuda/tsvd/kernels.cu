@@ -73,11 +73,13 @@ __device__ int owner(const Params& p, long long it) {
 // 16 bits in registers and Y += P B_ij.
 template <bool kBf16, int RP>
 __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
-  constexpr int XS = kBK + 8, AS = RP + 8, BS = kBN + 8;  // row strides (elements): +16 bytes, no ldmatrix conflicts
+  // Row strides (elements, +16 bytes against ldmatrix bank conflicts) and the three regions: smem_layout.hpp (the
+  // host sizes the dynamic shared memory from the same mma_smem(RP); tests/tsvd_layout_test.cpp checks the loads).
+  static_assert(mma_smem_bytes_for(RP) <= kSmemSm80, "the mma kernel's shared memory");
+  // Every shared-memory address below is one of smem_layout.hpp's mma_*_elem.
+  //   xs [2][kBM][kXS]: X_i's chunk; as [2][RP][kAS]: A_ij^T's chunk (N x K, the mma's "col" B operand);
+  //   bs [2][RP][kBS]: B_ij's kBN columns.
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* xs = smem;                // [2][kBM][XS]
-  uint16_t* as = xs + 2 * kBM * XS;   // [2][kBK][AS]
-  uint16_t* bs = as + 2 * kBK * AS;   // [2][RP][BS]
   __shared__ int s_last;
   const auto* X = static_cast<const uint16_t*>(p.x);
   const auto* A = static_cast<const uint16_t*>(p.a);
@@ -105,22 +107,22 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
       const size_t tile = size_t(i) * p.tile_cols + j;
       const uint16_t* xg = X + size_t(i) * p.tile_k + kc * kBK;
 #pragma unroll
-      for (int v = tid; v < kBM * kBK / 8; v += kMmaThreads) {
+      for (int v = tid; v < mma_x_vectors(); v += kMmaThreads) {
         const int r = v / (kBK / 8), cc = (v % (kBK / 8)) * 8, gm = m0 + r;
-        ptx::cp_async16(&xs[(buf * kBM + r) * XS + cc], xg + size_t(gm < p.m ? gm : 0) * p.k + cc, gm < p.m ? 16 : 0);
+        ptx::cp_async16(&smem[mma_x_elem(RP, buf, v)], xg + size_t(gm < p.m ? gm : 0) * p.k + cc, gm < p.m ? 16 : 0);
       }
-      const uint16_t* ag = A + (tile * p.tile_k + size_t(kc) * kBK) * RP;  // (kBK x RP)
+      const uint16_t* ag = A + tile * RP * p.tile_k + size_t(kc) * kBK;  // (RP x kBK) of A_ij^T, ld tile_k
 #pragma unroll
-      for (int v = tid; v < kBK * RP / 8; v += kMmaThreads) {
-        const int r = v / (RP / 8), cc = (v % (RP / 8)) * 8;
-        ptx::cp_async16(&as[(buf * kBK + r) * AS + cc], ag + r * RP + cc, 16);
+      for (int v = tid; v < mma_a_vectors(RP); v += kMmaThreads) {
+        const int r = v / (kBK / 8), cc = (v % (kBK / 8)) * 8;
+        ptx::cp_async16(&smem[mma_a_elem(RP, buf, v)], ag + size_t(r) * p.tile_k + cc, 16);
       }
       if (kc == 0) {
         const uint16_t* bg = B + tile * RP * p.tile_n + nsub;  // (RP x kBN), ld tile_n
 #pragma unroll
-        for (int v = tid; v < RP * kBN / 8; v += kMmaThreads) {
+        for (int v = tid; v < mma_b_vectors(RP); v += kMmaThreads) {
           const int r = v / (kBN / 8), cc = (v % (kBN / 8)) * 8;
-          ptx::cp_async16(&bs[((i & 1) * RP + r) * BS + cc], bg + size_t(r) * p.tile_n + cc, 16);
+          ptx::cp_async16(&smem[mma_b_elem(RP, i & 1, v)], bg + size_t(r) * p.tile_n + cc, 16);
         }
       }
     };
@@ -134,23 +136,22 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
       __syncthreads();
-      const uint16_t* xb = xs + (c & 1) * kBM * XS;
-      const uint16_t* ab = as + (c & 1) * kBK * AS;
 #pragma unroll
       for (int ks = 0; ks < kBK / 16; ++ks) {
         uint32_t af[4];
-        ptx::ldmatrix_x4(af, &xb[(warp * 16 + (lane & 15)) * XS + ks * 16 + (lane >> 4) * 8]);
+        ptx::ldmatrix_x4(af, &smem[mma_ldx_elem(RP, c & 1, warp, ks, lane)]);
 #pragma unroll
         for (int np = 0; np < RP / 16; ++np) {
+          // Matrix q = lane / 8: rank rows np 16 + (q / 2) 8 + lane % 8, K columns ks 16 + (q % 2) 8; bf[0], bf[1]
+          // are the fragment of rank columns np 16 ... + 7, bf[2], bf[3] of the next 8.
           uint32_t bf[4];
-          ptx::ldmatrix_x4_trans(bf, &ab[(ks * 16 + (lane & 15)) * AS + np * 16 + (lane >> 4) * 8]);
+          ptx::ldmatrix_x4(bf, &smem[mma_lda_elem(RP, c & 1, np, ks, lane)]);
           ptx::mma16816<kBf16>(pacc[2 * np], af, bf[0], bf[1]);
           ptx::mma16816<kBf16>(pacc[2 * np + 1], af, bf[2], bf[3]);
         }
       }
       if (c % kc_n == kc_n - 1) {  // tile row i done: Y += P B_ij
         const int i = i0 + c / kc_n;
-        const uint16_t* bb = bs + (i & 1) * RP * BS;
 #pragma unroll
         for (int kk = 0; kk < RP / 16; ++kk) {
           const uint32_t pf[4] = {pack2<kBf16>(pacc[2 * kk][0], pacc[2 * kk][1]), pack2<kBf16>(pacc[2 * kk][2], pacc[2 * kk][3]),
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
 #pragma unroll
           for (int np = 0; np < kBN / 16; ++np) {
             uint32_t bf[4];
-            ptx::ldmatrix_x4_trans(bf, &bb[(kk * 16 + (lane & 15)) * BS + np * 16 + (lane >> 4) * 8]);
+            ptx::ldmatrix_x4_trans(bf, &smem[mma_ldb_elem(RP, i & 1, kk, np, lane)]);
             ptx::mma16816<kBf16>(yacc[2 * np], pf, bf[0], bf[1]);
             ptx::mma16816<kBf16>(yacc[2 * np + 1], pf, bf[2], bf[3]);
           }
@@ -219,15 +220,18 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
 }
 
 // ---- M = 1 ------------------------------------------------------------------------------------------------------
-// CTA (j, s) walks tile rows [kt s / S, kt (s + 1) / S) of tile column j: p = x_i A_ij (threads over 16-byte
-// vectors of A's rows, reduced through shared memory), then y_j += p B_ij (threads over 16-byte vectors of B's
-// rows). With S > 1 each CTA writes its y_j to a slot and the last to arrive adds the S slots in order.
+// CTA (j, s) walks tile rows [kt s / S, kt (s + 1) / S) of tile column j: p = x_i A_ij (G = 256 / rp rounded down to
+// a power of two, at most 32, threads a rank row of A_ij^T, over its 16-byte vectors, reduced by shuffles), then
+// y_j += p B_ij (threads over 16-byte vectors of B's rows). Before each tile row the CTA asks for B_ij and the next
+// tile row's factors in L2 (bulk prefetch, sm_90), so that the bytes of both products and of the next tile row are
+// in flight while x_i A_ij is computed. With S > 1 each CTA writes its y_j to a slot and the last to arrive adds
+// the S slots in order.
 template <bool kBf16>
 __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
   extern __shared__ __align__(16) float fsm[];
   float* xs = fsm;              // [tile_k]
   float* ps = xs + p.tile_k;    // [rp]
-  float* red = ps + p.rp;       // [2048]: (256 / vectors a row) x row length, both stages
+  float* red = ps + p.rp;       // [2048]: (256 / vectors a row) x row length
   __shared__ int s_last;
   const auto* X = static_cast<const uint16_t*>(p.x);
   const auto* A = static_cast<const uint16_t*>(p.a);
@@ -236,31 +240,46 @@ __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
   const int tid = threadIdx.x;
   const int j = blockIdx.x % p.tile_cols, s = blockIdx.x / p.tile_cols;
   const int ib = int((long long)p.kt * s / p.splits), ie = int((long long)p.kt * (s + 1) / p.splits);
-  const int vq = p.rp / 8, rph = kGemvThreads / vq, cq = tid % vq, pq = tid / vq;
+  int G = 1;  // threads a rank row (power of two <= 32)
+  while (G < 32 && 2 * G * p.rp <= kGemvThreads) G *= 2;
+  const int vk = p.tile_k / 8, gq = tid / G, gl = tid % G;
   const int vn = p.tile_n / 8, qph = kGemvThreads / vn, cn = tid % vn, pn = tid / vn;
+  const uint32_t a_bytes = uint32_t(p.rp) * p.tile_k * 2, b_bytes = uint32_t(p.rp) * p.tile_n * 2;
   float yacc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int i = ib; i < ie; ++i) {
     const size_t tile = size_t(i) * p.tile_cols + j;
-    __syncthreads();  // the previous tile row's xs, ps and red are read
+    const uint16_t* at = A + tile * p.rp * p.tile_k;  // (rp x tile_k)
+    const uint16_t* bt = B + tile * p.rp * p.tile_n;  // (rp x tile_n)
+    if (tid == 0) {
+      ptx::bulk_prefetch_l2(bt, b_bytes);
+      if (i + 1 < ie) {
+        ptx::bulk_prefetch_l2(at + size_t(p.tile_cols) * p.rp * p.tile_k, a_bytes);
+        ptx::bulk_prefetch_l2(bt + size_t(p.tile_cols) * p.rp * p.tile_n, b_bytes);
+      }
+    }
+    __syncthreads();  // the previous tile row's xs and ps are read
     for (int e = tid; e < p.tile_k; e += kGemvThreads) xs[e] = to_float<kBf16>(X[size_t(i) * p.tile_k + e]);
     __syncthreads();
-    if (pq < rph) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      const uint16_t* ag = A + tile * p.tile_k * p.rp + cq * 8;
+    // Rank rows gq, gq + 256 / G, ...: G threads a row, each over vectors gl, gl + G, ...
+    for (int q = gq; q < p.rp; q += kGemvThreads / G) {
+      float acc = 0.f;
+      const uint16_t* ar = at + size_t(q) * p.tile_k;
 #pragma unroll 8
-      for (int k = pq; k < p.tile_k; k += rph) fma8<kBf16>(acc, ld_stream(ag + size_t(k) * p.rp), xs[k]);
+      for (int v = gl; v < vk; v += G) {
+        const uint4 a8 = ld_stream(ar + v * 8);
+        const float4 x0 = *reinterpret_cast<const float4*>(&xs[v * 8]), x1 = *reinterpret_cast<const float4*>(&xs[v * 8 + 4]);
+        const float2 a0 = unpack2<kBf16>(a8.x), a1 = unpack2<kBf16>(a8.y), a2 = unpack2<kBf16>(a8.z), a3 = unpack2<kBf16>(a8.w);
+        acc = fmaf(a0.x, x0.x, fmaf(a0.y, x0.y, fmaf(a1.x, x0.z, fmaf(a1.y, x0.w, acc))));
+        acc = fmaf(a2.x, x1.x, fmaf(a2.y, x1.y, fmaf(a3.x, x1.z, fmaf(a3.y, x1.w, acc))));
+      }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) red[pq * p.rp + cq * 8 + e] = acc[e];
-    }
-    __syncthreads();
-    for (int q = tid; q < p.rp; q += kGemvThreads) {
-      float sum = 0.f;
-      for (int r = 0; r < rph; ++r) sum += red[r * p.rp + q];
-      ps[q] = sum;
+      for (int o = 16; o > 0; o /= 2)
+        if (o < G) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (gl == 0) ps[q] = acc;
     }
     __syncthreads();
     if (pn < qph) {
-      const uint16_t* bg = B + tile * p.rp * p.tile_n + cn * 8;
+      const uint16_t* bg = bt + cn * 8;
 #pragma unroll 8
       for (int q = pn; q < p.rp; q += qph) fma8<kBf16>(yacc, ld_stream(bg + size_t(q) * p.tile_n), ps[q]);
     }
@@ -340,7 +359,7 @@ int occupancy_t() {
 
 }  // namespace
 
-size_t mma_smem_bytes(int rp) { return 2 * size_t(2 * kBM * (kBK + 8) + 2 * kBK * (rp + 8) + 2 * rp * (kBN + 8)); }
+size_t mma_smem_bytes(int rp) { return mma_smem_bytes_for(rp); }
 
 int mma_ctas_per_sm(int rp, bool bf16) {
   switch (rp) {

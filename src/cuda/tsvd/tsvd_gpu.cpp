@@ -9,6 +9,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/fused/fused_fwd.hpp"  // encode_tmap
 #include "cuda/tsvd/kernels.hpp"
 #include "spattn/tsvd.hpp"
 
@@ -50,6 +51,20 @@ struct TsvdGpu::Impl {
   // a time per TsvdGpu: two in flight on different streams would share it.
   DeviceArray partial, counters;
   std::string last;
+  // The wgmma kernel (sm_90a): its Y tile width (0: it cannot run these factors, or this GPU is not sm_90a), the
+  // factors' tensor maps, and X's for the last (X, M) seen (one host driver call per new X).
+  int wg_bn = 0;
+  ck::WgParams wg;
+  const void* wg_x = nullptr;
+  int64_t wg_m = -1;
+
+  // Why the wgmma kernel cannot run these factors, or "".
+  std::string wgmma_refusal() const {
+    if (wg_bn) return "";
+    return "the wgmma TSVD kernel needs an sm_90a GPU (compute capability 9.0), tile_k % 64 == 0, tile_n % 128 == 0 "
+           "and a padded rank of 16, 32, 64 or 128; these factors have tile " + num(tile_k) + "x" + num(tile_n) +
+           ", rank " + num(rank) + " (padded " + num(rp) + ")";
+  }
 
   void reserve(size_t partial_bytes, size_t counter_count) {
     if (partial.bytes < partial_bytes) partial = DeviceArray(partial_bytes);
@@ -61,10 +76,10 @@ struct TsvdGpu::Impl {
   }
   // Why the tensor-core kernel cannot run these factors, or "".
   std::string mma_refusal() const {
-    if (tile_k % ck::kBK || tile_n % ck::kBN || rp > 128)
+    if (tile_k % ck::kBK || tile_n % ck::kBN || (rp != 16 && rp != 32 && rp != 64 && rp != 128))
       return "the tensor-core TSVD kernel needs tile_k % " + num(ck::kBK) + " == 0, tile_n % " + num(ck::kBN) +
-             " == 0 and a rank of at most 128; these factors have tile " + num(tile_k) + "x" + num(tile_n) + ", rank " +
-             num(rank);
+             " == 0 and a padded rank of 16, 32, 64 or 128; these factors have tile " + num(tile_k) + "x" + num(tile_n) +
+             ", rank " + num(rank) + " (padded " + num(rp) + ")";
     return "";
   }
 };
@@ -92,7 +107,7 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
   cuda::DeviceScope scope(device);
   g.sms = cuda::device_info(device).sms;
   if (g.mma_refusal().empty()) g.resident = (long long)g.sms * ck::mma_ctas_per_sm(g.rp, dtype == DType::bf16);
-  // The device layout (kernels.hpp): rank padded with zeros to rp.
+  // The device layout (kernels.hpp): A_ij transposed, rank padded with zeros to rp.
   const size_t tiles = size_t(g.tile_rows) * size_t(g.tile_cols);
   std::vector<uint16_t> ha(tiles * size_t(g.tile_k * g.rp), 0), hb(tiles * size_t(g.rp * g.tile_n), 0);
   for (int64_t i = 0; i < g.tile_rows; ++i)
@@ -100,7 +115,7 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
       const size_t t = size_t(i * g.tile_cols + j);
       const float *A = f.a_block(i, j), *B = f.b_block(i, j);
       for (int64_t p = 0; p < g.tile_k; ++p)
-        for (int q = 0; q < g.rank; ++q) ha[(t * g.tile_k + p) * g.rp + q] = to16(A[p * g.rank + q], dtype);
+        for (int q = 0; q < g.rank; ++q) ha[(t * g.rp + q) * g.tile_k + p] = to16(A[p * g.rank + q], dtype);
       for (int q = 0; q < g.rank; ++q)
         for (int64_t c = 0; c < g.tile_n; ++c) hb[(t * g.rp + q) * g.tile_n + c] = to16(B[q * g.tile_n + c], dtype);
     }
@@ -108,6 +123,13 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
   g.b = DeviceArray(hb.size() * 2);
   SPATTN_CUDA_CHECK(cudaMemcpy(g.a.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
   SPATTN_CUDA_CHECK(cudaMemcpy(g.b.p, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  if (cuda::device_info(device).sm90a()) {
+    const int bn = ck::wgmma_bn(int(g.tile_k), int(g.tile_n), g.rp);
+    const int64_t rows = int64_t(tiles) * g.rp;
+    if (bn && cuda::fused::encode_tmap(g.wg.tmap_a, TensorView::contiguous(g.a.p, dtype, {1, rows, 1, g.tile_k}), g.rp) &&
+        cuda::fused::encode_tmap(g.wg.tmap_b, TensorView::contiguous(g.b.p, dtype, {1, rows, 1, g.tile_n}), g.rp))
+      g.wg_bn = bn;
+  }
   guard.release();
 }
 
@@ -126,8 +148,8 @@ DType TsvdGpu::dtype() const { return impl_->dtype; }
 void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const std::string& kernel) {
   Impl& g = *impl_;
   if (m < 0 || m > (int64_t(1) << 31) - 1) throw Error("TsvdGpu::matmul: M = " + num(m) + " is out of range");
-  if (kernel != "auto" && kernel != "tile" && kernel != "streamk" && kernel != "gemv")
-    throw Error("TsvdGpu::matmul: kernel '" + kernel + "' is not one of auto, tile, streamk, gemv");
+  if (kernel != "auto" && kernel != "tile" && kernel != "streamk" && kernel != "gemv" && kernel != "wgmma")
+    throw Error("TsvdGpu::matmul: kernel '" + kernel + "' is not one of auto, tile, streamk, gemv, wgmma");
   if (m == 0) return;
   if (reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(y) % 16)
     throw Error("TsvdGpu::matmul: X and Y must be 16-byte aligned device arrays");
@@ -148,6 +170,28 @@ void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const 
     p.partial = static_cast<float*>(g.partial.p), p.counters = static_cast<int*>(g.counters.p);
     ck::launch_gemv(p, bf16, stream);
     g.last = "gemv (" + num(p.splits) + " splits of the tile rows)";
+    return;
+  }
+  // auto for M > 1: the wgmma kernel where it can run and M >= 128 (one full CTA tile of rows); this threshold is a
+  // first guess, not a measurement (`spattn tsvd bench` times every kernel). Else the mma.sync kernel.
+  if (kernel == "wgmma" || (kernel == "auto" && m >= ck::kWgBM && g.wg_bn)) {
+    if (const std::string why = g.wgmma_refusal(); !why.empty()) throw Error("TsvdGpu::matmul: " + why);
+    if (x != g.wg_x || m != g.wg_m) {
+      if (!cuda::fused::encode_tmap(g.wg.tmap_x, TensorView::contiguous(const_cast<void*>(x), g.dtype, {1, m, 1, g.k}), ck::kWgBM))
+        throw Error("TsvdGpu::matmul: the driver gives X no tensor map (the wgmma kernel needs one)");
+      g.wg_x = x, g.wg_m = m;
+    }
+    p.m_tiles = int((m + ck::kWgBM - 1) / ck::kWgBM), p.n_tiles = int(g.n / g.wg_bn);
+    const int tiles = p.m_tiles * p.n_tiles;
+    // Fewer output tiles than SMs: the tile rows of each tile split over CTAs so that about one wave runs.
+    p.splits = tiles >= g.sms ? 1 : std::clamp(g.sms / tiles, 1, g.tile_rows);
+    p.grid = tiles * p.splits;
+    if (p.splits > 1) g.reserve(size_t(p.grid) * ck::kWgBM * size_t(g.wg_bn) * sizeof(float), size_t(tiles));
+    p.partial = static_cast<float*>(g.partial.p), p.counters = static_cast<int*>(g.counters.p);
+    g.wg.p = p;
+    g.wg.bn = g.wg_bn;
+    ck::launch_wgmma(g.wg, bf16, stream);
+    g.last = "wgmma (" + num(tiles) + " tiles of " + num(ck::kWgBM) + "x" + num(g.wg_bn) + (p.splits > 1 ? ", tile rows split " + num(p.splits) + " ways" : "") + ")";
     return;
   }
   if (const std::string why = g.mma_refusal(); !why.empty()) throw Error("TsvdGpu::matmul: " + why);
