@@ -88,7 +88,7 @@ fi
 
 # ---- 3. compute-sanitizer on a small case --------------------------------------------------------------
 echo "== compute-sanitizer ($(elapsed))"
-MGTEST=$BUILD/tests/multigrain_test
+MGTEST=$BUILD/tests/unfused_test  # MultigrainGpu.* are in tests/gpu/unfused_test.cpp
 if command -v compute-sanitizer >/dev/null && [ -x "$MGTEST" ]; then
   san=0
   for tool in memcheck racecheck synccheck; do
