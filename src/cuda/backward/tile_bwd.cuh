@@ -82,6 +82,7 @@ using fused::detail::desc_lo;
 using fused::detail::desc_of_lo;
 using fused::detail::load_tile;
 using fused::detail::pack2;
+using fused::detail::unpack2;
 using fused::detail::plan_token;
 using fused::detail::sw_off;
 
@@ -90,25 +91,23 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+// S^T = -inf where drop(query column, row hh) (this thread's scores: rows kr0 + 8 hh, columns 8 j + cb + ee).
+template <int N, class Drop>
+__device__ __forceinline__ void mask_scores(float (&s)[N], Drop drop) {
+  const int cb = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee)
+        if (drop(8 * j + cb + ee, hh)) s[4 * j + 2 * hh + ee] = -INFINITY;
+}
 __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
   SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
 }
 
-// Valid keys of the 128-key tile at plan position k0.
-__device__ __forceinline__ int key_valid(const BwdParams& p, int k0) {
-  if (p.perm_d == 1) return p.k_len - k0;
-  const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
-  const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
-  return ng - j0;
-}
 }  // namespace detail
-
-// Two 16-bit values of a 32-bit word as floats.
-template <bool kBf16>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  if constexpr (kBf16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  else return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
 
 // Prep: lse2, delta and the dQ accumulator zeroed, per plan-space query row. A thread per 8 elements of a row (D / 8
 // threads a row, a row's threads in one warp): dO by one 16-byte load (16-byte aligned rows), O by four 4-byte
@@ -262,7 +261,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const int kr0 = wg * 64 + rw;                   // ... in the CTA's 128 (second: + 8)
   const int cb = 2 * (lane & 3);
   const float sl2 = p.scale_log2;
-  const int kvalid = key_valid(p, k0);
+  const int kvalid = fused::detail::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 
   constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
   float dq[kDQ / 2];
@@ -339,21 +338,9 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
         first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
         width[hh] = z >= a ? unsigned(z - a) : 0u;
       }
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int ee = 0; ee < 2; ++ee)
-            if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
+      mask_scores(s, [&](int col, int hh) { return unsigned(col - cb) - first[hh] > width[hh]; });
     } else if (e.y >= 0) {
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int ee = 0; ee < 2; ++ee)
-            if (!((mw[hh] >> (8 * j + cb + ee)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
+      mask_scores(s, [&](int col, int hh) { return !((mw[hh] >> col) & 1ull); });
     }
     const uint32_t lse_s = s_rows + uint32_t(st) * 2 * BM * 4, dl_s = lse_s + BM * 4;  // ld.shared, not generic
 #pragma unroll

@@ -192,6 +192,12 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
   }
 }
+// The inverse: a 32-bit word's two 16-bit values as floats.
+template <bool kBf16>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  if constexpr (kBf16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  else return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
 
 // ---- wgmma helpers (sm_90a) ----
 // Shared-memory matrix descriptors (128-byte swizzle, SBO 1024 B = 8 rows x 128 B) in two halves: the low word
@@ -244,12 +250,16 @@ __device__ __forceinline__ void tile_issue_pv(float (&o)[D / 2], uint32_t (&pa)[
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) wgmma::Op<D, kBf16>::rs_tb(o, pa[kk], desc_of_lo(v_lo + kk * 128), 1);
 }
-// Valid keys of the BN-wide key tile starting at plan position k0 (the rest is padding or past Lk).
-__device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
-  if (p.perm_d == 1) return p.k_len - k0;
-  const int g = k0 / p.k_group, j0 = k0 - g * p.k_group;
-  const int ng = g < p.k_len ? (p.k_len - g + p.perm_d - 1) / p.perm_d : 0;
+// Valid keys of a key tile starting at plan position k0 (the rest is padding or past Lk), for a plan of k_len keys
+// in residue groups of k_group positions (perm_d groups; identity where perm_d is 1). The backward's too.
+__device__ __forceinline__ int keys_valid(int k0, int k_len, int perm_d, int k_group) {
+  if (perm_d == 1) return k_len - k0;
+  const int g = k0 / k_group, j0 = k0 - g * k_group;
+  const int ng = g < k_len ? (k_len - g + perm_d - 1) / perm_d : 0;
   return ng - j0;
+}
+__device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
+  return keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 }
 // Band mask of a BN-wide S tile: kept iff lo <= kp - qp <= hi and column < kvalid. d0 = k0 - q0 - r0w is
 // kp - qp at (the warp's first row r0w, column 0). Each of the thread's two rows keeps one column interval;
