@@ -626,14 +626,15 @@ int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
 // touched is full), summed in the order the tiles were touched, scaled to all query tiles; and the kept fraction
 // of the samples' visited scores (nnz: their kept scores).
 void price(Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full, int64_t nnz) {
-  double cost = 0, area = 0;
-  for (const std::vector<char>& f : full)
-    for (char is_full : f) {
-      cost += double(c.block_m) * c.block_n * (is_full ? 1.0 : c.row->partial_cost);
-      area += double(c.block_m) * c.block_n;
-    }
-  c.cost = cost * c.row->full_cost * double(sp.q_tiles) / double(std::max<int64_t>(int64_t(full.size()), 1));
-  c.kept = area > 0 ? double(nnz) / area : 0.0;
+  double n_full = 0, n_partial = 0, items = 0;
+  for (const std::vector<char>& f : full) {
+    for (char is_full : f) (is_full ? n_full : n_partial) += 1;
+    items += f.empty() ? 0 : 1;
+  }
+  const double tile = double(c.block_m) * c.block_n;
+  c.cost = predicted_cost(*c.row, n_full, n_partial, items, tile) * double(sp.q_tiles) /
+           double(std::max<int64_t>(int64_t(full.size()), 1));
+  c.kept = n_full + n_partial > 0 ? double(nnz) / ((n_full + n_partial) * tile) : 0.0;
 }
 
 // Predicted cost of a candidate from a sample of query tiles (no bitmasks built).

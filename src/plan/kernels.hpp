@@ -40,10 +40,20 @@ struct KernelConfig {
   // Planner costs (fused GPU rows): a visited full tile's cost per score, relative to 64x128 at head dim 64 and
   // to 128x128 TMA at 128 (dense L=16384 on an H100, bench/LOG.md: D=64 64x128 305-350 TFLOP/s, 128x128 TMA 373,
   // 192x128 TMA 437, 128x128 cp.async 309-328, 64x64 296; D=128 128x128 TMA 520, cp.async ~430, 64x64 ~260),
-  // and a partial (band or bitmask) tile's over a full one's (TMA rows: also their per-item fill, drain and
-  // epilogue, fitted to local(256) / longformer at L=16384).
+  // a partial (band or bitmask) tile's over a full one's, and a work item's (a query tile with key tiles to
+  // visit) in full tiles: the TMA rows' per-item fill, drain and epilogue, which short items (band rows: about 6
+  // tiles) pay and long ones (random 5%: 128) do not. Fitted at L=16384: the TMA rows' partial 1.6 and item 0 of
+  // before (local(256), longformer) became 1.2 and 1.6, which keeps those choices and prices random(820)'s 128
+  // bitmask tiles an item at 0.78x the 64x128 cp.async row's, as measured (5.57 vs 7.14 ms, bench/LOG.md).
   double full_cost, partial_cost;
+  double item_cost = 0;
 };
+
+// Predicted cost in score units of visiting full and partial tiles of block_m x block_n scores in `items` work
+// items on row c (the planner's price of a candidate, FusedAttention::predicted_cost).
+constexpr double predicted_cost(const KernelConfig& c, double full, double partial, double items, double tile_scores) {
+  return (full + partial * c.partial_cost + items * c.item_cost) * tile_scores * c.full_cost;
+}
 
 inline constexpr KernelConfig kKernels[] = {
     {"cpu_fused", Engine::cpu_fused, KernelKind::cpu_tiles, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
@@ -61,9 +71,9 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_cp_128x128_d128", Engine::cuda_fused, KernelKind::sm90_cp, 128, 128, 128, kF16 | kBF16, 1.2, 1.1},
     {"sm90_cp_64x64_d128", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 128, kF16 | kBF16, 2.0, 1.1},
     // sm_90a warp-specialized TMA kernels (no permutation)
-    {"sm90_tma_128x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 64, kF16 | kBF16, 0.82, 1.6},
-    {"sm90_tma_192x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 192, 128, 64, kF16 | kBF16, 0.70, 1.6},
-    {"sm90_tma_128x128_d128", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 128, kF16 | kBF16, 1.0, 1.6},
+    {"sm90_tma_128x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 64, kF16 | kBF16, 0.82, 1.2, 1.6},
+    {"sm90_tma_192x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 192, 128, 64, kF16 | kBF16, 0.70, 1.2, 1.6},
+    {"sm90_tma_128x128_d128", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 128, kF16 | kBF16, 1.0, 1.2, 1.6},
     // sm_90a band kernels: 192-row work items of three 64-row slabs, 64-key chunks
     {"sm90_band_d64", Engine::cuda_fused, KernelKind::sm90_band, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
     {"sm90_band_rmax_d64", Engine::cuda_fused, KernelKind::sm90_band_rmax, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},

@@ -80,9 +80,11 @@ double FusedAttention::predicted_cost() const {
   const plan::BlockPlan& hp = impl_->plan->host();
   const int row = kernel_row();
   if (row < 0 || hp.nnz == 0) return 0;
-  const plan::KernelConfig& c = plan::kKernels[row];
-  const double partial = double(hp.n_band + hp.n_bitmask);
-  return (double(hp.n_full) + partial * c.partial_cost) * hp.block_m * hp.block_n * c.full_cost / double(hp.nnz);
+  int64_t items = 0;
+  for (int64_t qt = 0; qt < hp.q_tiles; ++qt) items += hp.row_offsets[size_t(qt + 1)] > hp.row_offsets[size_t(qt)];
+  return plan::predicted_cost(plan::kKernels[row], double(hp.n_full), double(hp.n_band + hp.n_bitmask), double(items),
+                              double(hp.block_m) * hp.block_n) /
+         double(hp.nnz);
 }
 int64_t FusedAttention::nnz() const { return impl_->plan->host().nnz; }
 int FusedAttention::block_m() const { return impl_->plan->host().block_m; }

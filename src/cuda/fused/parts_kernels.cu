@@ -68,7 +68,9 @@ __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f
 constexpr int kWarps = 4;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Four rows a warp (rows = flattened (b, q, h), heads fastest): group g = lane / 8 takes row 4 * warp + g, lane
+// Four rows a warp (rows = flattened (b, h, q), queries fastest: the warps in flight read one head's K/V, which stays
+// in L2, where heads fastest had every head's K/V in flight, more than L2 holds): group g = lane / 8 takes row
+// 4 * warp + g, lane
 // s = lane % 8 its elements [s * E, s * E + E). Two keys a step, software-pipelined: a step's K/V rows are in
 // flight while the step before is computed, and its key indices one step earlier still (the loads are the cost:
 // K/V rows gathered through L2). The trip count is the warp's longest row (the score shuffles need every lane); a
@@ -82,9 +84,9 @@ __global__ void __launch_bounds__(kWarps * 32) scattered_kernel(ScatteredParams 
   const int64_t row = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * 4 + g;
   const bool live = row < nrows;
   const int64_t r = live ? row : 0;
-  const int h = int(r % p.q_heads);
-  const int64_t bq = r / p.q_heads;
-  const int q = int(bq % p.q_len), b = int(bq / p.q_len), hk = h / p.group;
+  const int q = int(r % p.q_len);
+  const int64_t bh = r / p.q_len;
+  const int h = int(bh % p.q_heads), b = int(bh / p.q_heads), hk = h / p.group;
   const int64_t beg = live ? p.offsets[q] : 0;
   const int n = live ? int(p.offsets[q + 1] - beg) : 0;
   int nmax = n;
