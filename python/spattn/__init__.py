@@ -19,6 +19,7 @@ O = 0 and LSE = -inf. Errors of the C++ library raise ``spattn.Error`` (a ``Valu
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -28,8 +29,8 @@ from . import _core
 from ._core import Error, Pattern
 from .tsvd import TsvdFactors, tsvd_compress, tsvd_load
 
-__all__ = ["Error", "Pattern", "Plan", "plan", "attention", "mask", "build_info", "TsvdFactors", "tsvd_compress",
-           "tsvd_load", "__version__"]
+__all__ = ["Error", "Pattern", "Plan", "plan", "attention", "mask", "neighborhood_spec", "build_info", "TsvdFactors",
+           "tsvd_compress", "tsvd_load", "__version__"]
 
 __version__: str = _core.build_info()["version"]
 
@@ -77,6 +78,66 @@ def mask(spec: Union[str, Pattern], q_len: int, k_len: Optional[int] = None) -> 
     """The pattern's boolean mask, a numpy array [q_len, k_len] (True: the pair (q, k) is kept)."""
     pattern = spec if isinstance(spec, Pattern) else Pattern(spec)
     return pattern.mask(int(q_len), int(q_len if k_len is None else k_len))
+
+
+AxisArg = Union[int, Sequence[int]]
+"""One value for every axis, or one per axis (NATTEN's kernel_size / stride / dilation convention)."""
+CausalArg = Union[bool, Sequence[bool]]
+
+
+def _per_axis(name: str, value: Any, naxes: int, lowest: int = 1) -> Tuple[int, ...]:
+    """`value` as `naxes` ints >= `lowest` (bools for is_causal): one value for every axis, or exactly `naxes`."""
+    values = tuple(value) if isinstance(value, (list, tuple)) else (value,) * naxes
+    if len(values) != naxes:
+        raise Error(f"{name} {value!r} has {len(values)} values for {naxes} spatial axes")
+    try:
+        if name != "is_causal" and any(isinstance(x, (bool, np.bool_)) for x in values):
+            raise TypeError
+        out = tuple(operator.index(x) for x in values)
+    except TypeError:
+        out = ()
+    if len(out) != naxes or any(x < lowest or (name == "is_causal" and x > 1) for x in out):
+        what = "a bool or one bool" if name == "is_causal" else f"an int >= {lowest} or one such int"
+        raise Error(f"{name} {value!r}: expected {what} per spatial axis")
+    return out
+
+
+def _spec_values(v: Tuple[int, ...]) -> str:
+    return str(v[0]) if len(set(v)) == 1 else "(" + ", ".join(map(str, v)) + ")"
+
+
+def neighborhood_spec(dims: AxisArg, kernel_size: AxisArg, dilation: Optional[AxisArg] = 1,
+                      is_causal: Optional[CausalArg] = False, *, stride: Optional[AxisArg] = 1) -> str:
+    """The spec of NATTEN-style neighborhood attention over a row-major token grid of shape `dims` (1 to 3 axes).
+
+    kernel_size, dilation: an int for every axis or one per axis; is_causal: a bool or one per axis (NATTEN's
+    conventions; None for dilation, is_causal or stride is their default). Windows are docs/PATTERNS.md's (shifted at the borders: every query sees kernel_size keys per
+    axis; even sizes keep one more key before the query than after). Raises spattn.Error, naming the value, where
+    an axis is too short: kernel_size * dilation must be at most its size (NATTEN's rule, causal axes too), or
+    where stride is not 1 (strided neighborhoods are not in the pattern language).
+    ``neighborhood_spec((16, 32), 7, dilation=(1, 2))`` -> 'neighborhood(dims=(16, 32), kernel=7, dilation=(1, 2))'.
+    """
+    dilation, is_causal, stride = (1 if dilation is None else dilation, False if is_causal is None else is_causal,
+                                   1 if stride is None else stride)
+    grid = _per_axis("dims", dims, len(dims) if isinstance(dims, (list, tuple)) else 1)
+    naxes = len(grid)
+    if not 1 <= naxes <= 3:
+        raise Error(f"dims {dims!r}: neighborhood attention takes 1 to 3 spatial axes, got {naxes}")
+    kernel = _per_axis("kernel_size", kernel_size, naxes)
+    dil = _per_axis("dilation", dilation, naxes)
+    causal = _per_axis("is_causal", is_causal, naxes, lowest=0)
+    if any(s != 1 for s in _per_axis("stride", stride, naxes)):
+        raise Error(f"stride {stride!r}: only stride 1 is supported (spattn's neighborhood() has no stride)")
+    for ax, (n, K, d) in enumerate(zip(grid, kernel, dil)):
+        if K * d > n:
+            raise Error(f"kernel_size {K} with dilation {d} does not fit spatial axis {ax} of size {n} (spatial shape "
+                        f"{grid}): kernel_size * dilation must be at most the axis size")
+    parts = ["dims=" + (str(grid[0]) if naxes == 1 else "(" + ", ".join(map(str, grid)) + ")"), f"kernel={_spec_values(kernel)}"]
+    if any(d != 1 for d in dil):
+        parts.append(f"dilation={_spec_values(dil)}")
+    if any(causal):
+        parts.append(f"causal={_spec_values(causal)}")
+    return "neighborhood(" + ", ".join(parts) + ")"
 
 
 def _patterns(pattern: PatternLike) -> list:

@@ -4,6 +4,7 @@
     o = spattn.torch.sparse_attention(q, k, v, "longformer(256, 32)")            # q [B, L, H, D]
     o = spattn.torch.sparse_attention(q, k, v, "causal", layout="bhld")          # q [B, H, L, D] (SDPA's)
     attn = spattn.torch.SparseAttention("local(64) | global(0:4)")               # SDPA drop-in, [B, H, L, D]
+    o = spattn.torch.neighborhood_attention(q, k, v, kernel_size=7, dilation=2)  # q [B, X, Y, H, D] (NATTEN's)
 
 The operators are ``torch.ops.spattn.sparse_attention`` and ``torch.ops.spattn.sparse_attention_backward``
 (torch.library.custom_op, with fake implementations and a registered autograd formula): torch.compile keeps them
@@ -19,14 +20,15 @@ O is converted back. float64 inputs on the CPU run on the fp64 reference engine 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from . import Error, Pattern, Plan, _core, plan as _make_plan
+from . import AxisArg, CausalArg, Error, Pattern, Plan, _core, neighborhood_spec, plan as _make_plan
 
-__all__ = ["sparse_attention", "SparseAttention", "clear_cache", "cached_plans"]
+__all__ = ["sparse_attention", "SparseAttention", "neighborhood_attention", "na1d", "na2d", "na3d", "clear_cache",
+           "cached_plans"]
 
 _PLANS: "OrderedDict[tuple, _Entry]" = OrderedDict()
 _PLANS_MAX = 64
@@ -280,3 +282,76 @@ class SparseAttention(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"pattern='{self.pattern}'" + (f", options='{self.options}'" if self.options else "")
+
+
+# ---- neighborhood attention on [B, *spatial, H, D] (NATTEN's layout) ------------------------------------
+_NA_SPECS: dict = {}  # neighborhood_spec's text by its arguments and their types (uncached it adds half a call's host time)
+
+
+def _na_spec(spatial: Tuple[int, ...], kernel_size: Any, stride: Any, dilation: Any, is_causal: Any) -> str:
+    if torch.compiler.is_compiling():  # traced once: no cache to mutate in the graph
+        return neighborhood_spec(spatial, kernel_size, dilation, is_causal, stride=stride)
+    typed = lambda x: tuple((type(e), e) for e in x) if isinstance(x, (tuple, list)) else (type(x), x)  # noqa: E731
+    key = (spatial, typed(kernel_size), typed(stride), typed(dilation), typed(is_causal))
+    spec = _NA_SPECS.get(key)
+    if spec is None:
+        spec = neighborhood_spec(spatial, kernel_size, dilation, is_causal, stride=stride)
+        if len(_NA_SPECS) >= 256:
+            _NA_SPECS.clear()
+        _NA_SPECS[key] = spec
+    return spec
+
+
+def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, kernel_size: AxisArg, stride: Optional[AxisArg] = 1,
+                           dilation: Optional[AxisArg] = 1, is_causal: Optional[CausalArg] = False,
+                           scale: Optional[float] = None, *,
+                           return_lse: bool = False, engine: Optional[str] = None, kernel: Optional[str] = None,
+                           threads: Optional[int] = None,
+                           tile_map: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Neighborhood attention over a 1-D, 2-D or 3-D token grid, in NATTEN's layout and argument conventions.
+
+    q [B, *spatial, Hq, D], k [B, *spatial, Hkv, D], v [B, *spatial, Hkv, Dv] with 1 to 3 spatial axes (the rank
+    of q says how many); Hq % Hkv == 0 (GQA). kernel_size, stride, dilation: an int for every axis or one per
+    axis; is_causal: a bool or one per axis; stride must be 1. Runs ``sparse_attention`` with
+    ``spattn.neighborhood_spec(spatial, kernel_size, dilation, is_causal)`` on q, k and v viewed as
+    [B, X*Y*Z, H, D]: a view, no copy, wherever the spatial axes are row-major among themselves (contiguous
+    tensors, slices of a fused qkv projection); otherwise reshape copies. Differentiable in q, k and v; plans are
+    cached per (spec, shapes, dtype, device, options). Returns O [B, *spatial, Hq, Dv] in q's dtype, or
+    (O, LSE) with LSE [B, *spatial, Hq] (NATTEN's heads-last layout, a view of the op's [B, Hq, L]; no gradient).
+    Bad arguments raise spattn.Error (a ValueError) naming the value.
+    """
+    naxes = q.dim() - 3
+    if not 1 <= naxes <= 3:
+        raise Error(f"q has shape {tuple(q.shape)}: expected [B, *spatial, H, D] with 1 to 3 spatial axes (4 to 6 "
+                    f"dimensions), got {q.dim()} dimensions")
+    if k.dim() != q.dim() or v.dim() != q.dim() or k.shape[:-2] != q.shape[:-2] or v.shape[:-1] != k.shape[:-1]:
+        raise Error(f"q, k and v have shapes {tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}: expected "
+                    "[B, *spatial, H, D] with the same batch and spatial shape, k and v with the same heads")
+    if k.shape[-1] != q.shape[-1]:
+        raise Error(f"head dims differ: q {q.shape[-1]} and k {k.shape[-1]}")
+    spatial = tuple(q.shape[1:-2])
+    spec = _na_spec(spatial, kernel_size, stride, dilation, is_causal)
+    qf, kf, vf = (x.flatten(1, naxes) for x in (q, k, v))  # a view where the spatial axes allow it
+    o, lse = _forward_op(qf, kf, vf)(qf, kf, vf, spec, _options("blhd", scale, engine, kernel, threads, tile_map))
+    o = o.unflatten(1, spatial)
+    return (o, lse.unflatten(2, spatial).movedim(1, -1)) if return_lse else o
+
+
+def _na_fixed_rank(naxes: int) -> Callable[..., Union[Tensor, Tuple[Tensor, Tensor]]]:
+    def na(query: Tensor, key: Tensor, value: Tensor, kernel_size: AxisArg, stride: Optional[AxisArg] = 1,
+           dilation: Optional[AxisArg] = 1, is_causal: Optional[CausalArg] = False, scale: Optional[float] = None,
+           **kwargs: Any) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        if query.dim() != naxes + 3:
+            raise Error(f"na{naxes}d: query has shape {tuple(query.shape)}, expected {naxes + 3} dimensions "
+                        f"[B, {', '.join('XYZ'[:naxes])}, H, D]")
+        return neighborhood_attention(query, key, value, kernel_size, stride, dilation, is_causal, scale, **kwargs)
+
+    na.__name__ = na.__qualname__ = f"na{naxes}d"
+    na.__doc__ = (f"{naxes}-D neighborhood attention, NATTEN's ``na{naxes}d`` signature: ``neighborhood_attention`` "
+                  f"for query [B, {', '.join('XYZ'[:naxes])}, H, D] (the keyword options too: return_lse, engine, ...).")
+    return na
+
+
+na1d = _na_fixed_rank(1)
+na2d = _na_fixed_rank(2)
+na3d = _na_fixed_rank(3)
