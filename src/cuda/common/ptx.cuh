@@ -59,6 +59,15 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   return y;
 }
 
+// Kernels that keep scores unscaled form p = 2^(s sl2 - ms) with one FMA against ms = m sl2 rounded to fp32: every
+// p of the row carries the factor 2^r of that rounding, r up to half an ulp of ms. It cancels in O and moves the LSE
+// by r ln 2, until 2^r passes what P (fp16: 2^16) or the sums hold: from |m sl2| >= 2^28 (2^4 = 2^(28 - 24)) a row
+// may come out as 0, infinite or empty (a score 2^28 above the next key's: a scale or inputs past any use). Such
+// rows are made NaN, O and LSE: never finite and wrong (PATTERNS.md).
+__device__ __forceinline__ bool scaled_max_lost(float m, float sl2) {
+  return m != -INFINITY && fabsf(m * sl2) >= 268435456.f;
+}
+
 // ---- cp.async (sm_80+) --------------------------------------------------------------------------------------
 // 16 bytes from global to shared memory; of them src_bytes (0 or 16) are read, the rest zero-filled (src_bytes 0:
 // a row past the end, whose source is never read). The destination as a shared-memory address (smem_u32: hoisted

@@ -388,6 +388,7 @@ __device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum,
   float l = row_sum;
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (scaled_max_lost(row_max, p.scale_log2)) l = __int_as_float(0x7fffffff);  // O and LSE NaN (ptx.cuh)
   if (write_lse && p.lse != nullptr)
     p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l == 0.f ? -INFINITY : row_max * p.scale + __logf(l);
   return l == 0.f ? 0.f : 1.f / l;

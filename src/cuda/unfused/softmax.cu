@@ -469,6 +469,7 @@ __global__ void __launch_bounds__(256, 4) tile_softmax_kernel(const TileSoftmax:
     for (int i = r0 + 16 * K + hl; i < r1; i += 16) l += ex2_ftz(fmaf(Num<T>::to(smp[i]), sl2, -ms));
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (scaled_max_lost(m, sl2)) l = CUDART_NAN_F;  // P and LSE NaN (ptx.cuh)
     float lse2 = -CUDART_INF_F;
     if (l != 0.f) {  // not l > 0: a NaN score (skipped by fmaxf, m -inf where all are NaN) makes l and P NaN
       lse2 = ms + log2f(l);
