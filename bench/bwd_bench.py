@@ -2,10 +2,11 @@
 """The backward pass against FlexAttention's on the GPU (both timed in one process, on the same inputs).
 
     python3 bench/bwd_bench.py --lib build/libspattn.so [--lengths 16384] [--patterns local,causal] [--dims 64,128]
-                               [--kernel sm90_bwd|cuda_csr_bwd] [--json out.json]
+                               [--kernel sm90_bwd|sm90_bwd_ws|cuda_csr_bwd|ROW[,...]] [--json out.json]
 
 Patterns and FlexAttention masks: gpu_bench.py's suite (`suite(L)`). Ours: spattn_plan_backward (C API) after one
-forward (o, lse); the row that ran is reported (spattn_plan_last_backward_kernel). Flex: torch.autograd.grad through
+forward (o, lse); the row that ran is reported (spattn_plan_last_backward_kernel). Several --kernel values (comma
+separated, '' the chosen one) time each on its own plan, all alternated with Flex in one loop: an A/B in one process. Flex: torch.autograd.grad through
 the compiled flex_attention with the block mask of the same pattern (its forward is not timed: the graph's backward
 only, via retain_graph). Medians of CUDA-event timings of the calls, ours and Flex's alternated. Effective TFLOP/s of
 a backward count 2.5x the forward's kept-score FLOPs (4 * nnz * D * B * H * 2.5). Errors: ours and Flex's gradients
@@ -60,7 +61,7 @@ def main():
     ap.add_argument("--dims", default="64")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kernel", default="", help="PlanOptions::backward_kernel ('' chosen)")
+    ap.add_argument("--kernel", default="", help="PlanOptions::backward_kernel ('' chosen); a comma list times each")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", default="")
@@ -80,7 +81,8 @@ def main():
     torch._dynamo.config.cache_size_limit = 64
     flex = torch.compile(flex_attention, dynamic=False)
     dev = torch.cuda.get_device_name()
-    print(f"# {dev}  B={B} H={H} bf16  backward_kernel={args.kernel or 'chosen'}", flush=True)
+    kernels = args.kernel.split(",")
+    print(f"# {dev}  B={B} H={H} bf16  backward_kernel={','.join(k or 'chosen' for k in kernels)}", flush=True)
     rows = []
     for L in (int(x) for x in args.lengths.split(",")):
         cases = {c[0]: c for c in suite(L)}
@@ -92,20 +94,23 @@ def main():
                 q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
                 lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
-                h = vp()
-                opts = f"backward_kernel={args.kernel}" if args.kernel else ""
-                ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, opts.encode(), ctypes.byref(h)),
-                   spec)
                 st = lambda: vp(torch.cuda.current_stream().cuda_stream)  # noqa: E731
-                ok(L_.spattn_plan_forward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
+                hs = []
+                for kern in kernels:
+                    h = vp()
+                    opts = f"backward_kernel={kern}" if kern else ""
+                    ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, opts.encode(),
+                                             ctypes.byref(h)), spec)
+                    hs.append(h)
+                ok(L_.spattn_plan_forward(hs[0], q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
                                           strides(v), o.data_ptr(), strides(o), lse.data_ptr(), st()), "forward")
 
-                def ours():
-                    ok(L_.spattn_plan_backward(h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
-                                               strides(v), o.data_ptr(), strides(o), lse.data_ptr(), do.data_ptr(),
-                                               strides(do), dq.data_ptr(), strides(dq), dk.data_ptr(), strides(dk),
-                                               dv.data_ptr(), strides(dv), st()), "backward")
-                fns = [ours]
+                def backward(h):
+                    return lambda: ok(L_.spattn_plan_backward(
+                        h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v), o.data_ptr(),
+                        strides(o), lse.data_ptr(), do.data_ptr(), strides(do), dq.data_ptr(), strides(dq),
+                        dk.data_ptr(), strides(dk), dv.data_ptr(), strides(dv), st()), "backward")
+                fns = [backward(h) for h in hs]
                 full = None
                 if not args.no_flex:
                     if mod is None:
@@ -118,31 +123,41 @@ def main():
                     of = flex(qf, kf, vf, block_mask=bm)
                     fns.append(lambda: torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True))
                 times = time_pair(fns, args.reps)
-                ran = L_.spattn_plan_last_backward_kernel(h).decode()
                 nnz = i64()
                 ok(L_.spattn_pattern_nnz(spec.encode(), L, L, ctypes.byref(nnz)), "nnz")
                 fl = 4 * nnz.value * D * B * H * 2.5
-                r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "kernel": ran,
-                     "ms": times[0], "tflops": fl / times[0] / 1e9}
-                line = f"{name:10s} L={L:5d} D={D:3d} {ran:14s} ours {times[0]:8.3f} ms ({r['tflops']:6.1f} TF/s)"
-                if len(times) > 1:
-                    gq, gk, gv = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
-                    ours()
-                    torch.cuda.synchronize()
-                    err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
-                              for a, b in ((dq, gq), (dk, gk), (dv, gv)))
-                    r.update(flex_ms=times[1], flex_tflops=fl / times[1] / 1e9, speedup=times[1] / times[0],
-                             diff_vs_flex=err)
-                    line += (f"  flex {times[1]:8.3f} ms ({r['flex_tflops']:6.1f} TF/s)  flex/ours {r['speedup']:5.2f}"
-                             f"  diff vs flex {err:.1e}")
-                    del of, gq, gk, gv, bm
-                print(line, flush=True)
-                rows.append(r)
-                L_.spattn_plan_destroy(h)
+                grads = None
+                if not args.no_flex:
+                    grads = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
+                for j, h in enumerate(hs):
+                    ran = L_.spattn_plan_last_backward_kernel(h).decode()
+                    r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "kernel": ran,
+                         "ms": times[j], "tflops": fl / times[j] / 1e9}
+                    if kernels[j]:
+                        r["forced"] = kernels[j]
+                    line = (f"{name:10s} L={L:5d} D={D:3d} {ran:14s} ours {times[j]:8.3f} ms "
+                            f"({r['tflops']:6.1f} TF/s)")
+                    if grads is not None:
+                        gq, gk, gv = grads
+                        fns[j]()
+                        torch.cuda.synchronize()
+                        err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
+                                  for a, b in ((dq, gq), (dk, gk), (dv, gv)))
+                        r.update(flex_ms=times[-1], flex_tflops=fl / times[-1] / 1e9, speedup=times[-1] / times[j],
+                                 diff_vs_flex=err)
+                        line += (f"  flex {times[-1]:8.3f} ms ({r['flex_tflops']:6.1f} TF/s)  flex/ours "
+                                 f"{r['speedup']:5.2f}  diff vs flex {err:.1e}")
+                    print(line, flush=True)
+                    rows.append(r)
+                    L_.spattn_plan_destroy(h)
+                if grads is not None:
+                    del of, grads, bm
                 del q, k, v, do, o, dq, dk, dv, lse, full
-    sp = [r["speedup"] for r in rows if "speedup" in r]
-    if sp:
-        print(f"# geomean flex/ours {math.exp(sum(math.log(x) for x in sp) / len(sp)):.3f} over {len(sp)} cases")
+    for kern in kernels:
+        sp = [r["speedup"] for r in rows if "speedup" in r and r.get("forced", "") == kern]
+        if sp:
+            print(f"# geomean flex/ours {math.exp(sum(math.log(x) for x in sp) / len(sp)):.3f} over {len(sp)} cases"
+                  + (f" (backward_kernel={kern})" if kern else ""))
     doc = {"kind": "backward", "machine": {"gpu": dev, "command": "python3 bench/bwd_bench.py " + " ".join(sys.argv[1:])},
            "rows": rows}
     if args.json:

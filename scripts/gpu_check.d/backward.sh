@@ -5,7 +5,9 @@
 # backward in the same process) as JSON. Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out).
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (its build dir); standalone it configures for the GPU it finds and
 # builds what it runs into build-bwd/ (GoogleTest from .gtest/ where the machine has none). BWD_BENCH_ARGS adds
-# bench arguments (default: the suite at L = 16384, D = 64); BWD_SKIP_BENCH=1 skips the bench.
+# bench arguments (default: the suite at L = 16384, D = 64); BWD_KERNELS the backward kernels timed side by side
+# (default "sm90_bwd,sm90_bwd_ws": the planner's row and the warp-specialized row, each against Flex in one loop;
+# a --kernel in BWD_BENCH_ARGS overrides it); BWD_SKIP_BENCH=1 skips the bench.
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,7 +20,7 @@ timeout 400 "$BUILD/tests/backward_gpu_test" >"$OUTD/backward_gpu_test.log" 2>&1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|error|Value of|dq|dk|dv" "$OUTD/backward_gpu_test.log" | head -40
 
 echo "== backward: compute-sanitizer ($(elapsed))"
-sanitize_all bwd "$BUILD/tests/backward_gpu_test" 'BackwardGpu.SmallCaseForSanitizers' || rc=1
+sanitize_all bwd "$BUILD/tests/backward_gpu_test" 'BackwardGpu.SmallCaseForSanitizers*' || rc=1
 
 echo "== backward: spattn run --dq --dk --dv on the GPU against the CPU reference ($(elapsed))"
 for spec in "local(20)" "causal" "dilated(10, 3)"; do
@@ -43,7 +45,8 @@ rm -f "$OUTD"/g_*.npy
 
 if [ "${BWD_SKIP_BENCH:-0}" != 1 ]; then
   echo "== backward: bench ($(elapsed))"
-  python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --json "$OUTD/bwd_bench.json" ${BWD_BENCH_ARGS:-} \
+  python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --json "$OUTD/bwd_bench.json" \
+    --kernel "${BWD_KERNELS:-sm90_bwd,sm90_bwd_ws}" ${BWD_BENCH_ARGS:-} \
     2>&1 | tee "$OUTD/bwd_bench.log" | grep -v "^W1\|warn" || rc=1
 fi
 echo "backward.sh: rc $rc ($(elapsed))"

@@ -22,6 +22,7 @@ const char* kind_name(KernelKind kind) {
     case KernelKind::cuda_unfused: return "cuda_unfused";
     case KernelKind::cuda_scattered: return "cuda_scattered";
     case KernelKind::sm90_bwd: return "sm90_bwd";
+    case KernelKind::sm90_bwd_ws: return "sm90_bwd_ws";
     case KernelKind::cuda_csr_bwd: return "cuda_csr_bwd";
   }
   return "?";

@@ -24,6 +24,7 @@ enum class KernelKind : uint8_t {
   cuda_unfused,    // SDDMM -> sparse softmax -> SpMM (BSR blocks on tensor cores + CSR on CUDA cores)
   cuda_scattered,  // compound plans' scattered parts: CSR rows, a warp a row, K/V rows gathered (parts_kernels.cu)
   sm90_bwd,        // the backward pass on sm_90a: key-major tiles (64 queries x 128 keys), wgmma, dQ by atomics
+  sm90_bwd_ws,     // ... warp-specialized: a producer warp (TMA steps), a dQ warp (bulk reduce-add), 2 consumer WGs
   cuda_csr_bwd,    // the backward pass on CUDA cores over the pattern's CSR and its transpose (any GPU, dtype, D <= 256)
 };
 
@@ -84,6 +85,10 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_bwd_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x64_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 64, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
+    // warp-specialized (tile_bwd_ws.cuh): identity plans with tensor maps (else the 64x128 row of the head dim
+    // runs, and is reported); run only when forced (backward_kernel) until measured against the rows above
+    {"sm90_bwd_ws_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 64, kF16 | kBF16, 0, 0},
+    {"sm90_bwd_ws_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 128, kF16 | kBF16, 0, 0},
     {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
@@ -114,6 +119,7 @@ constexpr bool is_gpu_fused(KernelKind k) {
          k == KernelKind::sm90_band || k == KernelKind::sm90_band_rmax;
 }
 constexpr bool is_sm90(KernelKind k) { return is_gpu_fused(k) && k != KernelKind::sm80_mma; }
+constexpr bool is_tile_bwd(KernelKind k) { return k == KernelKind::sm90_bwd || k == KernelKind::sm90_bwd_ws; }
 constexpr bool is_band(KernelKind k) { return k == KernelKind::sm90_band || k == KernelKind::sm90_band_rmax; }
 
 // The row of (kind, tile, head dim); -1 where the table has none.

@@ -26,7 +26,8 @@ struct KeyMajorPlan {
 KeyMajorPlan key_major(const BlockPlan& plan);
 
 // The sm90_bwd row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
-// (plan/kernels.hpp: 128 keys a CTA, 64 for residue permutations); -1 where none.
+// (plan/kernels.hpp: 128 keys a CTA, 64 for residue permutations); -1 where none. Never an sm90_bwd_ws row: those
+// run only when forced (PlanOptions::backward_kernel) until measured.
 int choose_backward_row(const Analysis& analysis, int64_t head_dim);
 
 }  // namespace spattn::plan

@@ -1,5 +1,5 @@
-// Plan::backward on a CUDA device, kernel by kernel: the sm_90a tensor-core tiles (sm90_bwd) and the CUDA-core CSR
-// pass (cuda_csr_bwd), each forced and asserted to have run, against the fp64 reference backward on fresh random
+// Plan::backward on a CUDA device, kernel by kernel: the sm_90a tensor-core tiles (sm90_bwd, and the warp-specialized
+// sm90_bwd_ws rows) and the CUDA-core CSR pass (cuda_csr_bwd), each forced and asserted to have run, against the fp64 reference backward on fresh random
 // inputs: every tile kind (full, band, bitmask; residue permutations), GQA, per-head patterns, empty rows,
 // Lq != Lk, lengths that are no multiple of a tile, D = 64 and 128, bf16 and fp16, [B, H, L, D] strided views.
 #include <cuda_runtime.h>
@@ -124,8 +124,12 @@ const std::vector<Case>& cases() {
   return c;
 }
 
-// Every case through `kernel`, which must be the one that ran (D = 64 / 128: the row of that head dim).
-void check_cases(const std::string& kernel, uint32_t seed, int64_t only_d = 0) {
+// Every case through `kernel`, which must be the one that ran (D = 64 / 128: the row of that head dim). A forced
+// warp-specialized row runs where the plan has no residue permutation and q, dout take tensor maps, else the
+// sm90_bwd 64x128 row of the head dim (reported as such); `ws_ran` counts the cases it ran.
+void check_cases(const std::string& kernel, uint32_t seed, int64_t only_d = 0, int* ws_ran = nullptr) {
+  const int row = spattn::plan::find_kernel(kernel.c_str());
+  const bool ws = row >= 0 && spattn::plan::kKernels[row].kind == spattn::plan::KernelKind::sm90_bwd_ws;
   for (const Case& c : cases()) {
     if (only_d && c.D != only_d) continue;
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
@@ -134,8 +138,12 @@ void check_cases(const std::string& kernel, uint32_t seed, int64_t only_d = 0) {
     if (kernel == "sm90_bwd")  // a row of that kind and head dim, the planner's choice
       EXPECT_TRUE(ran.rfind("sm90_bwd_", 0) == 0 && ran.size() > 4 &&
                   ran.substr(ran.rfind('_')) == "_d" + std::to_string(c.D)) << ran;
+    else if (ws && ran != kernel)
+      EXPECT_EQ(ran, spattn::plan::kKernels[spattn::plan::find_kernel(spattn::plan::KernelKind::sm90_bwd, 64, 128,
+                                                                       int(c.D))].name);
     else
       EXPECT_EQ(ran, kernel);
+    if (ws_ran && ran == kernel) ++*ws_ran;
     const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
     EXPECT_LE(e[0], tol) << "dq";
     EXPECT_LE(e[1], tol) << "dk";
@@ -160,16 +168,38 @@ TEST(BackwardGpu, SmallCaseForSanitizers) {
   for (double x : e) EXPECT_LE(x, 2e-2);
 }
 
+// The same for the warp-specialized rows (producer / dQ-writer warps, mbarrier rings), D = 64 and 128, GQA.
+TEST(BackwardGpu, SmallCaseForSanitizersWs) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernel needs an sm_90a device (compute capability 9.0)";
+  const Case cs[] = {{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false},
+                     {{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false}};
+  for (const Case& c : cs) {
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 7);
+    EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d" + std::to_string(c.D));
+    for (double x : e) EXPECT_LE(x, c.dt == DType::bf16 ? 2e-2 : 1e-2);
+  }
+}
+
 TEST(BackwardGpu, EveryTileRowMatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd kernel needs an sm_90a device (compute capability 9.0)";
-  int rows = 0;
+  int rows = 0, ws_rows = 0;
   for (const auto& row : spattn::plan::kKernels)
-    if (row.kind == spattn::plan::KernelKind::sm90_bwd) {
+    if (spattn::plan::is_tile_bwd(row.kind)) {
       SCOPED_TRACE(row.name);
-      check_cases(row.name, 400 + 20 * rows++, row.head_dim);
+      const bool ws = row.kind == spattn::plan::KernelKind::sm90_bwd_ws;
+      int ws_ran = 0;
+      check_cases(row.name, 400 + 20 * rows++, row.head_dim, &ws_ran);
+      if (ws) {
+        ++ws_rows;
+        // most cases on the warp-specialized kernel itself (not the residue-permuted: dilated at D = 64)
+        EXPECT_GE(ws_ran, row.head_dim == 64 ? 6 : 2) << row.name << " ran on " << ws_ran << " cases";
+      }
     }
-  EXPECT_GE(rows, 3);
+  EXPECT_GE(rows, 5);
+  EXPECT_EQ(ws_rows, 2);
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {

@@ -217,15 +217,17 @@ PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem
       csr_(patterns_.size()),
       tile_(patterns_.size()) {
   if (!kernel_.empty() && kernel_ != "cuda_csr_bwd" && kernel_ != plan::kind_name(plan::KernelKind::sm90_bwd)) {
-    const int row = plan::find_kernel(kernel_.c_str());
-    if (row < 0 || (plan::kKernels[row].kind != plan::KernelKind::sm90_bwd &&
+    int row = plan::find_kernel(kernel_.c_str());
+    if (kernel_ == plan::kind_name(plan::KernelKind::sm90_bwd_ws))  // the warp-specialized row of the head dim
+      row = plan::find_kernel(plan::KernelKind::sm90_bwd_ws, 64, 128, int(problem_.head_dim));
+    if (row < 0 || (!plan::is_tile_bwd(plan::kKernels[row].kind) &&
                     plan::kKernels[row].kind != plan::KernelKind::cuda_csr_bwd))
-      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd or " +
-                  "a row of it, cuda_csr_bwd)");
+      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
+                  "sm90_bwd_ws or a row of them, cuda_csr_bwd)");
     if (plan::kKernels[row].head_dim && plan::kKernels[row].head_dim != problem_.head_dim)
       throw Error("backward kernel '" + kernel_ + "' runs head dim " + std::to_string(plan::kKernels[row].head_dim) +
                   ", the problem has " + std::to_string(problem_.head_dim));
-    if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd) tile_row_ = row;
+    if (plan::is_tile_bwd(plan::kKernels[row].kind)) tile_row_ = row;
   }
 }
 

@@ -49,8 +49,8 @@ namespace spattn::cuda {
 // The backward of a plan's patterns (one for all heads, or one per query head: `of_head`), built lazily at the first
 // call (forward-only users pay nothing). Each call runs the tensor-core tile kernel (tile_backward.hpp) where it can
 // run the tensors on this device, else the CUDA-core CSR pass; `kernel` forces one ("sm90_bwd" or a row name of
-// that kind, "cuda_csr_bwd"; "" chosen; a forced tile kernel that cannot run the tensors is an Error with the
-// reason). Per-head patterns run head by head on views.
+// that kind, "sm90_bwd_ws" (its row of the head dim) or a row name of that kind, "cuda_csr_bwd"; "" chosen; a
+// forced tile kernel that cannot run the tensors is an Error with the reason). Per-head patterns run head by head on views.
 class PatternsBackward {
  public:
   // planned: the plan's distinct patterns, their analyses and which one each query head uses (plan/backend.hpp).
@@ -69,7 +69,7 @@ class PatternsBackward {
   std::vector<int> of_head_;
   Problem problem_;
   std::string kernel_;
-  int tile_row_ = -1;  // a forced sm90_bwd row; -1: plan::choose_backward_row
+  int tile_row_ = -1;  // a forced sm90_bwd or sm90_bwd_ws row; -1: plan::choose_backward_row
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<CsrBackward>> csr_;
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "cuda/backward/tile_bwd.cuh"
+#include "cuda/backward/tile_bwd_ws.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/fused/fused_fwd.hpp"  // encode_tmap
@@ -15,7 +15,7 @@ namespace spattn::cuda {
 
 TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an, const Problem& problem, int row)
     : problem_(problem), row_(row) {
-  if (row < 0 || plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].head_dim != problem.head_dim)
+  if (row < 0 || !plan::is_tile_bwd(plan::kKernels[row].kind) || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
   // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
   plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false, 0);
@@ -63,33 +63,45 @@ std::string TileBackward::refusal(const Problem& p, const TensorView& q, const T
   return "";
 }
 
-int TileBackward::kernel_row() const { return row_; }
+int TileBackward::kernel_row() const { return ran_row_ >= 0 ? ran_row_ : row_; }
 
 std::string TileBackward::explain() const {
   std::ostringstream s;
-  s << "backward " << plan::kKernels[kernel_row()].name << ": key-major " << plan_.describe() << " ("
+  s << "backward " << plan::kKernels[row_].name << ": key-major " << plan_.describe() << " ("
     << nbitmask_ << " transposed bitmasks)";
   return s.str();
 }
 
 namespace {
-template <int BN, int D, bool kBf16>
-void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
-  using Tr = bwd::BwdTraits<BN, D, kBf16>;
+// Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: the
+// warp-specialized kernel's accumulator order).
+template <class Tr, bool kWs>
+void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
-  auto* kernel = tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>;
+  constexpr int D = Tr::D;
   SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
-  bwd::bwd_prep_kernel<Elem, kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
+  bwd::bwd_prep_kernel<Elem, Tr::kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward prep");
   const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
-  bwd::bwd_finish_kernel<Elem, kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
+  bwd::bwd_finish_kernel<Elem, Tr::kBf16, D, kWs><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward finish");
 }
+template <int BN, int D, bool kBf16>
+void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
+  using Tr = bwd::BwdTraits<BN, D, kBf16>;
+  launch_three<Tr, false>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
+}
+template <int D, bool kBf16>
+void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
+  using Tr = bwd::BwdWsTraits<D, kBf16>;
+  launch_three<Tr, true>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
+}
 
-// The sm90_bwd rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched.
+// The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
+// (a warp-specialized row needs `tma`).
 template <int... I>
 void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStream_t s,
                 std::integer_sequence<int, I...>) {
@@ -99,6 +111,12 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
     if constexpr (c.kind == plan::KernelKind::sm90_bwd) {
       if (decltype(ic)::value == row) {
         bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, tma, s) : launch_tiles<c.block_n, c.head_dim, false>(p, tma, s);
+        done = true;
+      }
+    } else if constexpr (c.kind == plan::KernelKind::sm90_bwd_ws) {
+      static_assert(c.block_m == 64 && c.block_n == 128, "tile_bwd_ws.cuh: 64 queries a step, 128 keys a CTA");
+      if (decltype(ic)::value == row && tma) {
+        bf16 ? launch_ws<c.head_dim, true>(p, s) : launch_ws<c.head_dim, false>(p, s);
         done = true;
       }
     }
@@ -140,7 +158,11 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
   const bool tma = plan_.perm_d == 1 && fused::encode_tmap(p.tmap_q, q, 64) && fused::encode_tmap(p.tmap_do, dout, 64);
   last_tma_ = tma;
-  launch_row(row_, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
+  // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
+  ran_row_ = row_;
+  if (plan::kKernels[row_].kind == plan::KernelKind::sm90_bwd_ws && !tma)
+    ran_row_ = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
+  launch_row(ran_row_, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
 }
 
 }  // namespace spattn::cuda

@@ -13,9 +13,9 @@ namespace spattn::cuda {
 
 class TileBackward {
  public:
-  // Builds the tile plan of `pattern` for kernel-table row `row` (an sm90_bwd row of the problem's head dim: 64
-  // queries x its block_n keys; residue permutation chosen as for the forward), transposes it key-major and
-  // uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
+  // Builds the tile plan of `pattern` for kernel-table row `row` (an sm90_bwd or sm90_bwd_ws row of the problem's
+  // head dim: 64 queries x its block_n keys; residue permutation chosen as for the forward), transposes it
+  // key-major and uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
   // rounded up to whole tiles per residue group; lse and delta rows).
   TileBackward(const BoundPattern& pattern, const plan::Analysis& analysis, const Problem& problem, int row);
 
@@ -31,7 +31,7 @@ class TileBackward {
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
 
-  int kernel_row() const;  // plan/kernels.hpp
+  int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
   std::string explain() const;
 
@@ -43,6 +43,7 @@ class TileBackward {
   DeviceBuffer col_offsets_, entries_, masks_, order_;
   DeviceBuffer dq_acc_, lse2_, delta_;
   mutable bool last_tma_ = false;
+  mutable int ran_row_ = -1;  // a warp-specialized row without TMA runs the 64x128 row of its head dim
 };
 
 }  // namespace spattn::cuda

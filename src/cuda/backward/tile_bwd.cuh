@@ -107,6 +107,190 @@ __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
   SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
 }
 
+
+// ---- a step's pieces, shared by tile_bwd_kernel and the warp-specialized tile_bwd_ws_kernel (tile_bwd_ws.cuh).
+// Tr: BM, BN, D, kBf16, Elem. A warpgroup owns 64 keys of the key tile (its thread's rows kr0, kr0 + 8) and
+// sees the step's 64 queries.
+
+// acc = A B^T, this warpgroup's 64 keys x the step's queries: A at s_a (K or V rows of the warpgroup, in a BN-row
+// tile), B at s_b (Q or dO, K-major): S^T or dP^T. Issue only (the caller fences and commits).
+template <class Tr>
+__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
+  const uint32_t a_lo = desc_lo(s_a, 16), b_lo = desc_lo(s_b, 16);
+#pragma unroll
+  for (int kk = 0; kk < Tr::D / 16; ++kk)
+    ::spattn::cuda::fused::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
+        acc, desc_of_lo(a_lo + (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
+        desc_of_lo(b_lo + (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+}
+
+// Partial tiles: S^T = -inf where entry `e` does not keep the score. Band (e.y == -2): kept iff
+// e.z <= kp - qp <= e.w; bitmask (e.y >= 0): mw, this thread's rows' words of the transposed mask.
+template <class Tr>
+__device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e, int k0, int kr0, int q0, int kvalid,
+                                          const unsigned long long (&mw)[2]) {
+  constexpr int BM = Tr::BM;
+  const int cb = 2 * (threadIdx.x & 3);
+  if (e.y == -2) {
+    // Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past kvalid keys); a score's test is one
+    // subtraction and one unsigned compare (as the forward's band mask).
+    unsigned first[2], width[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
+      const int a = int(max(d0 - e.w, int64_t(0))), z = kr0 + 8 * hh < kvalid ? int(min(d0 - e.z, int64_t(BM - 1))) : -1;
+      first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
+      width[hh] = z >= a ? unsigned(z - a) : 0u;
+    }
+    mask_scores(s, [&](int col, int hh) { return unsigned(col - cb) - first[hh] > width[hh]; });
+  } else if (e.y >= 0) {
+    mask_scores(s, [&](int col, int hh) { return !((mw[hh] >> col) & 1ull); });
+  }
+}
+
+// kP: P^T = exp2(S^T scale log2 e - lse2) in place of S^T (0 where masked: -inf); kDS: dS^T = P^T (dP^T - delta)
+// in place of dP^T. rows_s: the step's lse2 row in shared memory, delta's after it. Both in one loop (tile_bwd_kernel)
+// or one at a time (the warp-specialized kernel: P^T while dP^T's wgmma runs).
+template <int BM, bool kP, bool kDS>
+__device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t rows_s, float sl2) {
+  const int cb = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    float2 l2, dl;
+    if constexpr (kP) l2 = ld_shared_f2(rows_s + 4 * (8 * j + cb));
+    if constexpr (kDS) dl = ld_shared_f2(rows_s + BM * 4 + 4 * (8 * j + cb));
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee) {
+        const int idx = 4 * j + 2 * hh + ee;
+        if constexpr (kP) s[idx] = ex2_ftz(fmaf(s[idx], sl2, -(ee ? l2.y : l2.x)));
+        if constexpr (kDS) dp[idx] = s[idx] * (dp[idx] - (ee ? dl.y : dl.x));
+      }
+  }
+}
+
+// P^T and dS^T (s, dp) to 16-bit A fragments pa, da (unchanged until the group completes), then dV += P^T dO,
+// dK += dS^T Q issued as one wgmma group (RS, B operands MN-major at the step's dO and Q).
+template <class Tr>
+__device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                          uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
+  using Op = ::spattn::cuda::fused::wgmma::Op<Tr::D, Tr::kBf16>;
+  fused::detail::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
+  fused::detail::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  fence_regs(dv);
+  fence_regs(dk);
+  fence_regs(pa);
+  fence_regs(da);
+  wgmma_fence();
+  const uint32_t d_lo = desc_lo(s_do, Tr::BM * 128), q_lo = desc_lo(s_q, Tr::BM * 128);
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], desc_of_lo(d_lo + kk * 128), 1);
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], desc_of_lo(q_lo + kk * 128), 1);
+  wgmma_commit();
+}
+
+// dS^T to shared memory at s_ds (keys x queries, queries contiguous: the MN-major A of dQ = dS K).
+template <class Tr>
+__device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&da)[Tr::BM / 16][4], int kr0) {
+  const int cb = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int j = 2 * kk + (x >> 1), hh = x & 1;  // tile_to_p: word x of kk holds (8j + cb, row + 8 hh)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + sw_off<Tr::BN>(kr0 + 8 * hh, j) + 2 * cb), "r"(da[kk][x]));
+    }
+}
+
+// dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),
+// waited for with every earlier group of the warpgroup (issue_dkv's: dv, dk final for the step).
+template <class Tr, int NQ>
+__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
+  fence_regs(dq);
+  wgmma_fence();
+  const uint32_t a_lo = desc_lo(s_ds, Tr::BN * 128), b_lo = desc_lo(s_kcols, Tr::BN * 128);
+#pragma unroll
+  for (int kk = 0; kk < Tr::BN / 16; ++kk)
+    ::spattn::cuda::fused::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
+                                                            desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(dq);
+  fence_regs(dv);
+  fence_regs(dk);
+}
+
+// A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).
+template <class Tr>
+__device__ __forceinline__ void tma_step(const BwdParams& p, uint32_t s_q, uint32_t s_do, uint32_t s_rows,
+                                         uint32_t bar, int b, int h, int q0) {
+  mbar_expect_tx(bar, Tr::kStepBytes);
+#pragma unroll
+  for (int c = 0; c < Tr::D / 64; ++c) {
+    tma_load_4d(s_q + c * Tr::BM * 128, &p.tmap_q, bar, 64 * c, q0, h, b);
+    tma_load_4d(s_do + c * Tr::BM * 128, &p.tmap_do, bar, 64 * c, q0, h, b);
+  }
+  const int64_t row = (int64_t(b) * p.q_heads + h) * p.qp + q0;
+  bulk_load(s_rows, p.lse2 + row, Tr::BM * 4, bar);
+  bulk_load(s_rows + Tr::BM * 4, p.delta + row, Tr::BM * 4, bar);
+}
+
+// Epilogue: dK (times the softmax scale) and dV of this thread's two key rows at their tokens.
+template <class Tr>
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)[Tr::D / 2], const float (&dv)[Tr::D / 2],
+                                           int b, int hk, int k0, int kr0) {
+  using Elem = typename Tr::Elem;
+  const int cb = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int tok = plan_token(k0 + kr0 + 8 * hh, p.perm_d, p.k_group);
+    if (tok >= p.k_len) continue;
+    Elem* krow = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_sb + int64_t(tok) * p.dk_sl + int64_t(hk) * p.dk_sh;
+    Elem* vrow = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_sb + int64_t(tok) * p.dv_sl + int64_t(hk) * p.dv_sh;
+#pragma unroll
+    for (int j = 0; j < Tr::D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(krow + 8 * j + cb) =
+          pack2<Tr::kBf16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(vrow + 8 * j + cb) = pack2<Tr::kBf16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+    }
+  }
+}
+
+// The CTA's work (a CTA per key tile, batch and kv head; key tiles in the plan's order, most entries first): its
+// steps are the key tile's entries for each query head of the kv head's group, n = ne * group.
+struct KeyTileWork {
+  int b, hk, k0, ne, n;
+  int64_t e0;  // the key tile's first entry
+};
+template <int BN>
+__device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
+  const int bhk_count = p.batch * p.kv_heads;
+  const int kt = p.order[blockIdx.x / bhk_count];
+  const int bhk = blockIdx.x % bhk_count;
+  KeyTileWork w;
+  w.b = bhk / p.kv_heads, w.hk = bhk % p.kv_heads;
+  w.k0 = kt * BN;
+  w.e0 = p.col_offsets[kt];
+  w.ne = int(p.col_offsets[kt + 1] - w.e0);
+  w.n = w.ne * p.group;
+  return w;
+}
+
+// The warp-specialized kernel's dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
+// D/2 columns are a contiguous block (one bulk reduce-add), in its threads' register order (thread t's float4 u
+// at (128 u + t) 4: conflict-free st.shared.v4). The index of element (row r, column c) of the tile.
+template <int D>
+__device__ __forceinline__ int ws_acc_index(int r, int c) {
+  constexpr int kDQ = D / 2;
+  const int w = c / kDQ, cc = c % kDQ, u = cc / 8, q = (cc % 8) / 2;
+  const int t = (r / 16) * 32 + (r % 8) * 4 + q, hh = (r % 16) / 8;
+  return w * 64 * kDQ + (u * 128 + t) * 4 + 2 * hh + (cc & 1);
+}
+
 }  // namespace detail
 
 // Prep: lse2, delta and the dQ accumulator zeroed, per plan-space query row. A thread per 8 elements of a row (D / 8
@@ -157,7 +341,8 @@ __global__ void bwd_prep_kernel(const BwdParams p) {
 
 // dq[b, tok, h, :] = scale * accumulator: a thread per 8 elements of a real row (two 16-byte loads, four 4-byte
 // stores; dq rows are 4-byte aligned).
-template <class Elem, bool kBf16, int D>
+// kWs: the accumulator in the warp-specialized kernel's order (detail::ws_acc_index; four 8-byte loads).
+template <class Elem, bool kBf16, int D, bool kWs = false>
 __global__ void bwd_finish_kernel(const BwdParams p) {
   using namespace detail;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -169,8 +354,17 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
   if (tok >= p.q_len) return;
   const int64_t bh = row / p.qp;
   const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + row * D + c);
-  const float4 x = acc[0], y = acc[1];
+  float4 x, y;
+  if constexpr (kWs) {
+    const float* chunk = p.dq_acc + (row / 64) * 64 * D;
+    float2 f[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D>(int(row % 64), c + 2 * q));
+    x = make_float4(f[0].x, f[0].y, f[1].x, f[1].y), y = make_float4(f[2].x, f[2].y, f[3].x, f[3].y);
+  } else {
+    const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + row * D + c);
+    x = acc[0], y = acc[1];
+  }
   uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<Elem*>(p.dq) + int64_t(b) * p.dq_sb + int64_t(tok) * p.dq_sl +
                                               int64_t(h) * p.dq_sh + c);
   dst[0] = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
@@ -185,10 +379,7 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
 template <class Tr, bool kTma>
 __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   using namespace detail;
-  namespace wg_ops = ::spattn::cuda::fused::wgmma;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads;
-  constexpr bool kBf16 = Tr::kBf16;
-  using Elem = typename Tr::Elem;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV, s_ds = s_k + Tr::kOffDS;
@@ -198,14 +389,9 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const uint32_t s_bar = s_k + Tr::kOffBar;  // + 8 * stage (kTma)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int bhk_count = p.batch * p.kv_heads;
-  const int kt = p.order[blockIdx.x / bhk_count];
-  const int bhk = blockIdx.x % bhk_count;
-  const int b = bhk / p.kv_heads, hk = bhk % p.kv_heads;
-  const int k0 = kt * BN;
-  const int64_t e0 = p.col_offsets[kt];
-  const int ne = int(p.col_offsets[kt + 1] - e0);
-  const int n = ne * p.group;
+  const KeyTileWork w = key_tile_work<BN>(p);
+  const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
+  const int64_t e0 = w.e0;
 
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
@@ -230,16 +416,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     const int h = hk * p.group + i / ne;
     const int q0 = qt * BM;
     if constexpr (kTma) {  // thread 0 only
-      const uint32_t bar = s_bar + 8 * st;
-      mbar_expect_tx(bar, Tr::kStepBytes);
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        tma_load_4d(s_q(st) + c * BM * 128, &p.tmap_q, bar, 64 * c, q0, h, b);
-        tma_load_4d(s_do(st) + c * BM * 128, &p.tmap_do, bar, 64 * c, q0, h, b);
-      }
-      const int64_t row = (int64_t(b) * p.q_heads + h) * p.qp + q0;
-      bulk_load(s_rows + uint32_t(st) * 2 * BM * 4, p.lse2 + row, BM * 4, bar);
-      bulk_load(s_rows + uint32_t(st) * 2 * BM * 4 + BM * 4, p.delta + row, BM * 4, bar);
+      tma_step<Tr>(p, s_q(st), s_do(st), s_rows + uint32_t(st) * 2 * BM * 4, s_bar + 8 * st, b, h, q0);
       return;
     }
     const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
@@ -309,81 +486,24 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     fence_regs(s);
     fence_regs(dp);
     wgmma_fence();
-    {
-      const uint32_t a_lo = desc_lo(s_k + wg * 64 * 128, 16), b_lo = desc_lo(s_q(st), 16);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg_ops::Op<BM, kBf16>::ss(s, desc_of_lo(a_lo + (kk / 4) * BN * 8 + (kk % 4) * 2),
-                                  desc_of_lo(b_lo + (kk / 4) * BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
-      const uint32_t v_lo = desc_lo(s_v + wg * 64 * 128, 16), d_lo = desc_lo(s_do(st), 16);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wg_ops::Op<BM, kBf16>::ss(dp, desc_of_lo(v_lo + (kk / 4) * BN * 8 + (kk % 4) * 2),
-                                  desc_of_lo(d_lo + (kk / 4) * BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
-    }
+    mma_keys_queries<Tr>(s, s_k + wg * 64 * 128, s_q(st));
+    mma_keys_queries<Tr>(dp, s_v + wg * 64 * 128, s_do(st));
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
     fence_regs(dp);
 
     // ---- mask (partial tiles: S^T = -inf where not kept), P^T, dS^T ----
-    if (e.y == -2) {
-      // Band: kept iff e.z <= kp - qp <= e.w. Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past
-      // kvalid keys); a score's test is one subtraction and one unsigned compare (as the forward's band mask).
-      unsigned first[2], width[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
-        const int a = int(max(d0 - e.w, int64_t(0))), z = kr0 + 8 * hh < kvalid ? int(min(d0 - e.z, int64_t(BM - 1))) : -1;
-        first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
-        width[hh] = z >= a ? unsigned(z - a) : 0u;
-      }
-      mask_scores(s, [&](int col, int hh) { return unsigned(col - cb) - first[hh] > width[hh]; });
-    } else if (e.y >= 0) {
-      mask_scores(s, [&](int col, int hh) { return !((mw[hh] >> col) & 1ull); });
-    }
-    const uint32_t lse_s = s_rows + uint32_t(st) * 2 * BM * 4, dl_s = lse_s + BM * 4;  // ld.shared, not generic
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 l2 = ld_shared_f2(lse_s + 4 * (8 * j + cb));
-      const float2 dl = ld_shared_f2(dl_s + 4 * (8 * j + cb));
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int ee = 0; ee < 2; ++ee) {
-          const int idx = 4 * j + 2 * hh + ee;
-          const float pv = ex2_ftz(fmaf(s[idx], sl2, -(ee ? l2.y : l2.x)));  // 0 where masked (-inf)
-          s[idx] = pv;
-          dp[idx] = pv * (dp[idx] - (ee ? dl.y : dl.x));
-        }
-    }
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
-    fused::detail::tile_to_p<BM, kBf16>(s, pa);
-    fused::detail::tile_to_p<BM, kBf16>(dp, da);
+    mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
+    const uint32_t lse_s = s_rows + uint32_t(st) * 2 * BM * 4;  // ld.shared, not generic
+    probs_dscores<BM, true, true>(s, dp, lse_s, sl2);
 
     // ---- dV += P^T dO, dK += dS^T Q (B operands MN-major) ----
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_regs(pa);
-    fence_regs(da);
-    wgmma_fence();
-    {
-      const uint32_t d_lo = desc_lo(s_do(st), BM * 128), q_lo = desc_lo(s_q(st), BM * 128);
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) wg_ops::Op<D, kBf16>::rs_tb(dv, pa[kk], desc_of_lo(d_lo + kk * 128), 1);
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) wg_ops::Op<D, kBf16>::rs_tb(dk, da[kk], desc_of_lo(q_lo + kk * 128), 1);
-    }
-    wgmma_commit();
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    issue_dkv<Tr>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
 
     // ---- dS^T to shared memory (keys x queries, queries contiguous: the MN-major A of dQ = dS K) ----
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int j = 2 * kk + (x >> 1), hh = x & 1;  // tile_to_p: word x of kk holds (8j + cb, row + 8 hh)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + sw_off<BN>(kr0 + 8 * hh, j) + 2 * cb), "r"(da[kk][x]));
-      }
+    store_ds<Tr>(s_ds, da, kr0);
     fence_proxy_async();
     named_sync(1, NT);  // every warpgroup's dS^T stored
     // The TMA variant's only fence is the one above: the previous step's atomics go right after it, a step before
@@ -392,41 +512,15 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       if (dq_prev != nullptr) add_dq(dq_prev);
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
-    fence_regs(dq);
-    wgmma_fence();
-    {
-      const uint32_t a_lo = desc_lo(s_ds, BN * 128);
-      // K MN-major: BN = 128, columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns
-      // in. BN = 64: every column.
-      const uint32_t b_lo = desc_lo(s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), BN * 128);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wg_ops::Op<kDQ, kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128), desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
-    fence_regs(dv);
-    fence_regs(dk);
+    // K MN-major: BN = 128, columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns
+    // in. BN = 64: every column.
+    mma_dq_wait<Tr, kDQ>(dq, s_ds, s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), dv, dk);
     dq_prev = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
   }
   cp_async_wait<0>();
   if (dq_prev != nullptr) add_dq(dq_prev);
 
-  // ---- epilogue: dK (times the softmax scale), dV at the keys' tokens ----
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int tok = plan_token(k0 + kr0 + 8 * hh, p.perm_d, p.k_group);
-    if (tok >= p.k_len) continue;
-    Elem* krow = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_sb + int64_t(tok) * p.dk_sl + int64_t(hk) * p.dk_sh;
-    Elem* vrow = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_sb + int64_t(tok) * p.dv_sl + int64_t(hk) * p.dv_sh;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(krow + 8 * j + cb) =
-          pack2<kBf16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(vrow + 8 * j + cb) = pack2<kBf16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
-    }
-  }
+  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
 }
 
 template <class Tr, bool kTma>

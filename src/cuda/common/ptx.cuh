@@ -94,6 +94,9 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
   asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_shared_v4f32(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
   int v;
   asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
@@ -258,6 +261,13 @@ __device__ __forceinline__ void tma_store_4d(const void* tmap, uint32_t src, int
   SPATTN_SM90A_ONLY(asm volatile(
       "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(tmap), "r"(c0),
       "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory"));
+}
+// fp32 add of `bytes` (a multiple of 16, 16-byte aligned ends) of shared memory at `src` into global memory at
+// `dst` (done by the copy engine at L2), in this thread's bulk async-group (bulk_commit, bulk_wait_all).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  SPATTN_SM90A_ONLY(asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
       : "memory"));
 }
 __device__ __forceinline__ void bulk_commit() {

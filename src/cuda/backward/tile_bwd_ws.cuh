@@ -1,0 +1,206 @@
+// cuda/backward/tile_bwd_ws.cuh — the warp-specialized backward over a key-major tile plan (sm_90a), FA3's
+// backward shape (hopper/flash_bwd_kernel_sm90.h, mainloop_bwd_sm90_tma_gmma_ws.hpp) on tile_bwd.cuh's step:
+//
+//   one CTA per (key tile of 128 keys, batch, kv head), 384 threads
+//   warpgroup 0   warp 0: the producer; one thread loads each step's Q, dO (tensor maps), lse2 and delta (bulk
+//                 copies) into a ring of kStages stages (`full` mbarriers complete on the bytes, `empty` ones on
+//                 the consumers' release), running ahead of the consumers.
+//                 warp 1: the dQ writer; one thread adds each step's dQ, staged in shared memory by the consumers,
+//                 into the fp32 accumulator by bulk reduce-add (cp.reduce.async.bulk .add.f32, done at L2), a
+//                 warpgroup's half at a time, and frees the staging buffer once its reads are done.
+//                 setmaxnreg gives the warpgroup's registers to the consumers (24 / 240).
+//   warpgroups 1, 2   consumers, 64 keys each (as tile_bwd.cuh's two warpgroups): S^T and dP^T issued as two
+//                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV, dK by RS wgmma, dS^T through a
+//                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
+//                 dQ = dS K (this warpgroup's D/2 columns), staged for the writer in its register order
+//                 (detail::ws_acc_index; bwd_finish_kernel<..., true> reads that order).
+//
+// No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
+// tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
+#pragma once
+#include "cuda/backward/tile_bwd.cuh"
+
+namespace spattn::cuda::bwd {
+
+template <int D_, bool kBf16_>
+struct BwdWsTraits {
+  static constexpr int BM = 64, BN = 128, D = D_, kThreads = 384, kConsumerThreads = 256;
+  static constexpr bool kBf16 = kBf16_;
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  static constexpr int kStages = D == 64 ? 3 : 2;
+  static constexpr int kDQ = D / 2;  // dQ columns of a consumer warpgroup
+  static constexpr int kKV = BN * D * 2, kQ = BM * D * 2, kDS = BN * BM * 2;
+  static constexpr int kDQStage = BM * kDQ * 4;  // a warpgroup's staged dQ (fp32)
+  static constexpr int kOffV = kKV, kOffStage = 2 * kKV;  // stage s: Q at kOffStage + 2 s kQ, dO after it
+  static constexpr int kOffDS = kOffStage + kStages * 2 * kQ;   // two dS^T buffers (step parity)
+  static constexpr int kOffDQ = kOffDS + 2 * kDS;               // [step parity][consumer warpgroup] staged dQ
+  static constexpr int kOffRows = kOffDQ + 4 * kDQStage;        // stage s: lse2 at + 2 s BM 4, delta after it
+  static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[4], dq_empty[4]
+  static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
+  static constexpr int kSmemBytes = kOffBar + (2 * kStages + 8) * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+};
+
+template <class Tr>
+__device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
+  using namespace detail;
+  constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV;
+  auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
+  auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
+  auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
+  auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
+  auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
+  const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const KeyTileWork w = key_tile_work<BN>(p);
+  const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
+  const int64_t e0 = w.e0;
+  // Step i: query head hk * group + i / ne, entry i % ne.
+  auto entry = [&](int i) { return i < n ? __ldg(&p.entries[e0 + i % ne]) : make_int4(0, kFullEntry, 0, 0); };
+  auto head = [&](int i) { return hk * p.group + i / ne; };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);    // the producer's expect_tx; completes on the bytes
+      mbar_init(bar_empty + 8 * s, NC);  // every consumer thread done with the stage
+    }
+    for (int x = 0; x < 4; ++x) {
+      mbar_init(bar_dqfull + 8 * x, 128);  // the warpgroup's threads stored their dQ
+      mbar_init(bar_dqempty + 8 * x, 1);   // the writer's bulk reads of it done
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      // ---- producer ----
+      for (int i = 0; i < n; ++i) {
+        const int st = i % S;
+        if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
+        tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
+      }
+    } else if (warp == 1 && lane == 0) {
+      // ---- dQ writer ----
+      for (int i = 0; i < n; ++i) {
+        float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + head(i)) * p.qp + int64_t(entry(i).x) * BM) * D;
+        const int x0 = 2 * (i & 1);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {  // consumer warpgroup c's columns
+          mbar_wait(bar_dqfull + 8 * (x0 + c), (i >> 1) & 1);
+          bulk_reduce_add_f32(acc + c * BM * kDQ, s_dq(x0 + c), Tr::kDQStage);
+        }
+        bulk_commit();
+        bulk_wait_all<true>();
+        mbar_arrive(bar_dqempty + 8 * x0);
+        mbar_arrive(bar_dqempty + 8 * (x0 + 1));
+      }
+      bulk_wait_all<false>();  // the adds done before the CTA ends (the finish kernel reads them)
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int ct = tid - 128, wg = ct >> 7, t = ct & 127;
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
+  load_tile<BN, D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_tile<BN, D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int rw = (t >> 5) * 16 + (lane >> 2);  // this thread's first key row in its warpgroup's 64
+  const int kr0 = wg * 64 + rw;                // ... in the CTA's 128 (second: + 8)
+  const float sl2 = p.scale_log2;
+  const int kvalid = fused::detail::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+  // K MN-major for dQ: D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
+  const uint32_t s_kcols = s_k + (D == 128 ? wg * BN * 128 : wg * 64);
+
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_sync(1, NC);  // K and V visible to both consumer warpgroups
+
+  // Entries read two steps ahead, so the masks do not wait on a global read.
+  int4 e1 = entry(0), e2 = entry(1);
+  for (int i = 0; i < n; ++i) {
+    const int st = i % S;
+    const int4 e = e1;
+    e1 = e2;
+    e2 = entry(i + 2);
+    const int q0 = e.x * BM;
+    unsigned long long mw[2] = {0, 0};
+    if (e.y >= 0) {
+      mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+      mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+    }
+    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+
+    // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
+    float s[BM / 2], dp[BM / 2];
+    fence_regs(s);
+    fence_regs(dp);
+    wgmma_fence();
+    mma_keys_queries<Tr>(s, s_k + wg * 64 * 128, s_q(st));
+    wgmma_commit();
+    mma_keys_queries<Tr>(dp, s_v + wg * 64 * 128, s_do(st));
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs(s);
+    mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
+    probs_dscores<BM, true, false>(s, dp, s_rows(st), sl2);
+    wgmma_wait<0>();
+    fence_regs(dp);
+    probs_dscores<BM, false, true>(s, dp, s_rows(st), sl2);
+
+    // ---- dV += P^T dO, dK += dS^T Q ----
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    issue_dkv<Tr>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
+
+    // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
+    // before they met at step i - 1's barrier ----
+    store_ds<Tr>(s_ds(i), da, kr0);
+    fence_proxy_async();
+    named_sync(1, NC);
+
+    // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
+    float dq[kDQ / 2];
+    mma_dq_wait<Tr, kDQ>(dq, s_ds(i), s_kcols, dv, dk);
+    mbar_arrive(bar_empty + 8 * st);  // every wgmma reading the stage is done
+
+    // ---- dQ to the writer: staged in this thread's register order ----
+    const int x = 2 * (i & 1) + wg;
+    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
+#pragma unroll
+    for (int u = 0; u < kDQ / 8; ++u)
+      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+    fence_proxy_async();
+    mbar_arrive(bar_dqfull + 8 * x);
+  }
+
+  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!fused::kWgmmaAvailable) {
+    __trap();
+  } else {
+    tile_bwd_ws_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::bwd
