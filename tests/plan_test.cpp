@@ -266,7 +266,8 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
                spattn::Error);
 }
 
-// Wide (128-key) backward tiles, narrow (64) ones for residue-permuted plans (cp.async steps).
+// Wide (128-key) warp-specialized backward tiles, narrow (64) sm90_bwd ones for residue-permuted plans (cp.async
+// steps).
 TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   using spattn::plan::kKernels;
   const int causal = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(16384)), 64);
@@ -274,10 +275,17 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   ASSERT_GE(causal, 0);
   ASSERT_GE(local, 0);
   EXPECT_EQ(kKernels[causal].block_n, 128);
+  EXPECT_EQ(kKernels[causal].kind, spattn::plan::KernelKind::sm90_bwd_ws);
   EXPECT_EQ(kKernels[local].block_n, 64);
+  EXPECT_EQ(kKernels[local].kind, spattn::plan::KernelKind::sm90_bwd);
   const int d128 = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("local(256)").bind(16384)), 128);
   ASSERT_GE(d128, 0);
   EXPECT_EQ(kKernels[d128].head_dim, 128);
+  EXPECT_EQ(kKernels[d128].kind, spattn::plan::KernelKind::sm90_bwd_ws);
+  const int plain = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(16384)), 64, false);
+  ASSERT_GE(plain, 0);
+  EXPECT_EQ(kKernels[plain].kind, spattn::plan::KernelKind::sm90_bwd);
+  EXPECT_EQ(kKernels[plain].block_n, 128);
   EXPECT_EQ(spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(64)), 96), -1);
 }
 

@@ -55,14 +55,16 @@ KeyMajorPlan key_major(const BlockPlan& plan) {
   return out;
 }
 
-int choose_backward_row(const Analysis& analysis, int64_t head_dim) {
+int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_specialized) {
   const bool wide = analysis.permutation(kMaxGpuPermutation) <= 1;
   int first = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];
-    if (c.kind != KernelKind::sm90_bwd || c.head_dim != head_dim) continue;
+    if (c.head_dim != head_dim) continue;
+    if (wide && warp_specialized && c.kind == KernelKind::sm90_bwd_ws) return i;
+    if (c.kind != KernelKind::sm90_bwd) continue;
     if (first < 0) first = i;
-    if (c.block_n == (wide ? 128 : 64)) return i;
+    if (!wide && c.block_n == 64) return i;
   }
   return first;
 }

@@ -25,9 +25,10 @@ struct KeyMajorPlan {
 // Requires plan.block_m == 64 (one 64-bit word per key of a transposed mask).
 KeyMajorPlan key_major(const BlockPlan& plan);
 
-// The sm90_bwd row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
-// (plan/kernels.hpp: 128 keys a CTA, 64 for residue permutations); -1 where none. Never an sm90_bwd_ws row: those
-// run only when forced (PlanOptions::backward_kernel) until measured.
-int choose_backward_row(const Analysis& analysis, int64_t head_dim);
+// The backward's row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
+// (plan/kernels.hpp): the warp-specialized sm90_bwd_ws row where the plan has no residue permutation (its steps come
+// by TMA; tensors without a tensor map run the sm90_bwd 128-key row), the 64-key sm90_bwd row for residue
+// permutations; -1 where none. warp_specialized false: sm90_bwd rows only (`backward_kernel=sm90_bwd`, the A/B).
+int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_specialized = true);
 
 }  // namespace spattn::plan

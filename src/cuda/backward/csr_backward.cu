@@ -247,7 +247,9 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
         if (!tile_[i])
           tile_[i] = std::make_unique<TileBackward>(
               patterns_[i], analyses_[i], p,
-              tile_row_ >= 0 ? tile_row_ : plan::choose_backward_row(analyses_[i], p.head_dim));
+              tile_row_ >= 0 ? tile_row_
+                             : plan::choose_backward_row(analyses_[i], p.head_dim,
+                                                         kernel_ != plan::kind_name(plan::KernelKind::sm90_bwd)));
       }
       tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       last_row_ = tile_[i]->kernel_row();
