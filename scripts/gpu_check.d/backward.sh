@@ -6,8 +6,9 @@
 # Run by scripts/gpu_check.sh with SPATTN_BUILD (its build dir); standalone it configures for the GPU it finds and
 # builds what it runs into build-bwd/ (GoogleTest from .gtest/ where the machine has none). BWD_BENCH_ARGS adds
 # bench arguments (default: the suite at L = 16384, D = 64); BWD_KERNELS the backward kernels timed side by side
-# (default "sm90_bwd,sm90_bwd_ws": the planner's row and the warp-specialized row, each against Flex in one loop;
-# a --kernel in BWD_BENCH_ARGS overrides it); BWD_SKIP_BENCH=1 skips the bench.
+# (default "sm90_bwd,sm90_bwd_ws": the plain rows and the warp-specialized rows, each against Flex in one loop;
+# BWD_KERNELS= (empty): the planner's choice alone, as the baseline; a --kernel in BWD_BENCH_ARGS overrides it);
+# BWD_SKIP_BENCH=1 skips the bench.
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,7 +47,7 @@ rm -f "$OUTD"/g_*.npy
 if [ "${BWD_SKIP_BENCH:-0}" != 1 ]; then
   echo "== backward: bench ($(elapsed))"
   python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --json "$OUTD/bwd_bench.json" \
-    --kernel "${BWD_KERNELS:-sm90_bwd,sm90_bwd_ws}" ${BWD_BENCH_ARGS:-} \
+    --kernel "${BWD_KERNELS-sm90_bwd,sm90_bwd_ws}" ${BWD_BENCH_ARGS:-} \
     2>&1 | tee "$OUTD/bwd_bench.log" | grep -v "^W1\|warn" || rc=1
 fi
 echo "backward.sh: rc $rc ($(elapsed))"

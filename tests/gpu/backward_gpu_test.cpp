@@ -218,7 +218,7 @@ TEST(BackwardGpu, CsrKernelTakesTheRest) {
     SCOPED_TRACE(c.specs[0]);
     std::string ran;
     const auto e = backward_errors(c, "", &ran, 300);
-    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_64x128_d64");
+    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_ws_64x128_d64");  // the default
     for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
   }
 }
