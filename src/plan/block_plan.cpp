@@ -315,6 +315,7 @@ std::string BlockPlan::describe() const {
     }
   }
   s << ", built in " << build_ms << " ms";
+  if (choice_ms > 0) s << " (" << choice_ms << " choosing the tile shape)";
   if (!choice.empty()) s << "; " << choice;
   return s.str();
 }
@@ -856,8 +857,10 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
     }
   }
+  const double choice_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   BlockPlan p = build_plan(pat, bm, bn, bd, &an, maps.get());
   p.choice = choice;
+  p.choice_ms = choice_ms;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }
