@@ -57,14 +57,15 @@ Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
       *kernels += (kernels->empty() ? "" : " + ") + std::string("scattered csr");
       continue;
     }
-    // A compound plan's parts are analysed by FusedAttention (no analysis passed); one tile list takes make_plan's.
+    // A compound plan's parts are analysed by FusedAttention (no analysis passed); one tile list takes make_plan's
+    // (or, where the split analysed a part, the split's analysis).
     plan::Analysis own;
-    if (split.compound()) {
+    if (split.compound() && !part.analysis) {
       t0 = std::chrono::steady_clock::now();
       own = plan::analyze(part.pattern);
       s.part_analyses += since(t0);
     }
-    const plan::Analysis& pa = split.compound() ? own : an;
+    const plan::Analysis& pa = !split.compound() ? an : part.analysis ? *part.analysis : own;
     const plan::BlockPlan bp = plan::choose_block_plan(part.pattern, pa, dim, 0, 0, -1, /*tma=*/true, -1);
     s.choose += bp.choice_ms;
     s.build += bp.build_ms - bp.choice_ms;

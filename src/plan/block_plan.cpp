@@ -164,6 +164,7 @@ struct TileScratch {
   std::vector<int32_t> slot;    // [k_tiles] partial slot or -1
   std::vector<int64_t> tbuf;    // [k_tiles + 1]: the touched tiles in tbuf[0, nt), in order of first touch
   size_t nt = 0;
+  const bool strided_by_tile = !general_paths_only();  // add_runs' shortcut for strided runs
   explicit TileScratch(int64_t k_tiles)
       : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1), tbuf(size_t(k_tiles) + 1) {}
   std::span<int64_t> touched() { return {tbuf.data(), nt}; }
@@ -185,6 +186,17 @@ struct TileScratch {
         cnt[kt] = old + r.count;
         t[nt] = kt;
         nt += old == 0;
+      } else if (strided_by_tile && r.stride > 1 && r.stride < bn && r.count > 1) {
+        // A strided run (dilated rows unpermuted) counted tile by tile: its keys in tile kt are those of index
+        // ceil((k0 - start) / stride) ... floor((k0 + bn - 1 - start) / stride), not walked one by one.
+        const int64_t last = r.last();
+        for (int64_t kt = r.start >> sh, k0 = kt << sh; k0 <= last; ++kt, k0 += bn) {
+          const int64_t i0 = k0 > r.start ? (k0 - r.start + r.stride - 1) / r.stride : 0;
+          const int64_t i1 = (std::min(last, k0 + bn - 1) - r.start) / r.stride;
+          if (i1 < i0) continue;
+          if (cnt[kt] == 0) t[nt++] = kt;
+          cnt[kt] += i1 - i0 + 1;
+        }
       } else {
         for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
           if (cnt[kt] == 0) t[nt++] = kt;

@@ -116,6 +116,7 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   }
   // The owned rows: one contiguous range.
   int64_t rb = 0, re = 0;
+  std::optional<Analysis> tiles_analysis;  // of union_of(tiles), where the rows rule analysed it
   if (!rows.empty()) {
     const BoundPattern u = BoundPattern::union_of(rows);
     int64_t first = -1, last = -1, count = 0;
@@ -136,9 +137,10 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
       rest.insert(rest.end(), columns.begin(), columns.end());
       rest.insert(rest.end(), scattered.begin(), scattered.end());
       if (!rest.empty()) {
-        const Analysis an = analyze(BoundPattern::union_of(rest));
+        Analysis an = analyze(BoundPattern::union_of(rest));
         if (an.band.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) {
           keep = true;
+          tiles_analysis = std::move(an);
           tiles = std::move(rest);
           columns.clear();
           all_keys.clear();
@@ -179,8 +181,9 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   if (have_tiles) {
     Part p;
     p.pattern = tile_pat;
-    p.nnz = tile_pat.nnz();
+    p.nnz = tiles_analysis ? tiles_analysis->nnz : tile_pat.nnz();
     p.terms = join_specs(tiles);
+    p.analysis = std::move(tiles_analysis);
     split.parts.push_back(std::move(p));
   }
   std::vector<char> in_columns;
@@ -190,17 +193,11 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     p.columns.assign(all_keys.begin(), all_keys.end());
     in_columns.assign(size_t(lk), 0);
     for (int64_t k : all_keys) in_columns[size_t(k)] = 1;
-    // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows.
-    build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
-      if (owned(q)) return;
-      for (size_t j = 0; j < all_keys.size(); ++j)
-        if (!in_tiles(q, all_keys[j])) out.push_back(int32_t(j));
-    });
-    p.nnz = int64_t(p.cols.size());
+    // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows (by the
+    // tiles' runs, not key by key: sparse_fixed's 128 columns a row took 2M contains() at L = 16384).
+    p.pattern = BoundPattern::gathered(lq, all_keys, have_tiles ? &tile_pat : nullptr, rb, re);
+    p.nnz = p.pattern.nnz();
     p.terms = join_specs(columns);
-    p.pattern = BoundPattern::from_rows(lq, int64_t(all_keys.size()), p.offsets, p.cols);
-    p.offsets.clear();
-    p.cols.clear();
     if (p.nnz) split.parts.push_back(std::move(p));
   }
   if (!scattered.empty()) {
