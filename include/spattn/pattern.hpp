@@ -110,6 +110,11 @@ class BoundPattern {
   // Its spec() is "gathered#N (q_len x keys, ...)", N unique in the process; like from_rows it has no spec terms.
   static BoundPattern gathered(int64_t q_len, std::vector<int64_t> keys, const BoundPattern* minus, int64_t skip_begin,
                                int64_t skip_end);
+  // The keys of `base` that none of `minus` (bound to base's lengths) keeps; rows [skip_begin, skip_end) keep
+  // nothing. The planner's scattered part (plan/parts.hpp) without a copy of its rows: row q costs base's row q and
+  // a contains() of each `minus` a key. Its spec() is "less#N (...)", N unique in the process; no spec terms.
+  static BoundPattern less(const BoundPattern& base, const std::vector<BoundPattern>& minus, int64_t skip_begin,
+                           int64_t skip_end);
 
   // The operands of the top-level union, bound to the same lengths: nested unions flattened, presets expanded,
   // and global(G) as its two halves global_rows(G) and global_cols(G). Their union is this pattern; they may

@@ -1,5 +1,5 @@
-// pattern/explicit.cpp — patterns given otherwise than by a spec: BoundPattern::from_rows (by their kept keys) and
-// BoundPattern::gathered (columns less another pattern's keys).
+// pattern/explicit.cpp — patterns given otherwise than by a spec: BoundPattern::from_rows (by their kept keys),
+// BoundPattern::gathered (columns less another pattern's keys) and BoundPattern::less (a pattern less others).
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -79,6 +79,35 @@ struct GatheredNode final : detail::BoundNode {
 
 std::atomic<int64_t> g_gathered_ids{1};
 
+struct LessNode final : detail::BoundNode {
+  std::shared_ptr<const detail::BoundNode> base;
+  std::vector<std::shared_ptr<const detail::BoundNode>> minus;
+  int64_t skip_begin = 0, skip_end = 0;
+
+  bool skipped(int64_t q) const { return q >= skip_begin && q < skip_end; }
+  bool dropped(int64_t q, int64_t k) const {
+    for (const auto& m : minus)
+      if (m->contains(q, k)) return true;
+    return false;
+  }
+  bool contains(int64_t q, int64_t k) const override { return !skipped(q) && base->contains(q, k) && !dropped(q, k); }
+  void row(int64_t q, RowRuns& out) const override {
+    out.clear();
+    if (skipped(q)) return;
+    base->row(q, out);
+    if (minus.empty()) return;
+    thread_local std::vector<int64_t> keys;
+    expand_runs(out, keys);
+    size_t n = 0;
+    for (int64_t k : keys)
+      if (!dropped(q, k)) keys[n++] = k;
+    keys.resize(n);
+    compress_keys(keys, out);
+  }
+};
+
+std::atomic<int64_t> g_less_ids{1};
+
 }  // namespace
 
 BoundPattern BoundPattern::from_rows(int64_t q_len, int64_t k_len, std::vector<int64_t> row_offsets,
@@ -150,6 +179,31 @@ BoundPattern BoundPattern::gathered(int64_t q_len, std::vector<int64_t> keys, co
   p.spec_ += ")";
   p.q_len_ = q_len;
   p.k_len_ = node->k_len;
+  p.root_ = std::move(node);
+  return p;
+}
+
+BoundPattern BoundPattern::less(const BoundPattern& base, const std::vector<BoundPattern>& minus, int64_t skip_begin,
+                                int64_t skip_end) {
+  if (!base.root_) throw Error("less: the base pattern is empty");
+  auto node = std::make_shared<LessNode>();
+  node->q_len = base.q_len_;
+  node->k_len = base.k_len_;
+  node->base = base.root_;
+  std::string spec = "less#" + std::to_string(g_less_ids.fetch_add(1));
+  spec += " (" + base.spec_;
+  for (const BoundPattern& m : minus) {
+    if (m.q_len_ != base.q_len_ || m.k_len_ != base.k_len_)
+      throw Error("less: '" + m.spec_ + "' is bound to other lengths than '" + base.spec_ + "'");
+    node->minus.push_back(m.root_);
+    spec += " less " + m.spec_;
+  }
+  node->skip_begin = skip_begin;
+  node->skip_end = skip_end;
+  BoundPattern p;
+  p.spec_ = spec + ")";
+  p.q_len_ = base.q_len_;
+  p.k_len_ = base.k_len_;
   p.root_ = std::move(node);
   return p;
 }

@@ -60,9 +60,13 @@ void build_csr(int64_t lq, std::vector<int64_t>& offsets, std::vector<int32_t>& 
     }
   });
   for (int64_t q = 0; q < lq; ++q) offsets[size_t(q) + 1] += offsets[size_t(q)];
-  cols.clear();
-  cols.reserve(size_t(offsets.back()));
-  for (auto& c : chunk_cols) cols.insert(cols.end(), c.begin(), c.end());
+  // The chunks copied in place in parallel (a serial concatenation was a large share of sparse random's split).
+  cols.resize(size_t(offsets.back()));
+  common::parallel_for(nchunks, threads, [&](int64_t c, int) {
+    std::vector<int32_t>& from = chunk_cols[size_t(c)];
+    std::copy(from.begin(), from.end(), cols.begin() + offsets[size_t(c * lq / nchunks)]);
+    std::vector<int32_t>().swap(from);
+  });
 }
 
 }  // namespace
@@ -176,8 +180,6 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
 
   const bool have_tiles = !tiles.empty();
   const BoundPattern tile_pat = have_tiles ? BoundPattern::union_of(tiles) : BoundPattern{};
-  auto in_tiles = [&](int64_t q, int64_t k) { return have_tiles && tile_pat.contains(q, k); };
-  auto owned = [&](int64_t q) { return q >= rb && q < re; };
   if (have_tiles) {
     Part p;
     p.pattern = tile_pat;
@@ -186,13 +188,10 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     p.analysis = std::move(tiles_analysis);
     split.parts.push_back(std::move(p));
   }
-  std::vector<char> in_columns;
   if (!columns.empty()) {
     Part p;
     p.kind = PartKind::columns;
     p.columns.assign(all_keys.begin(), all_keys.end());
-    in_columns.assign(size_t(lk), 0);
-    for (int64_t k : all_keys) in_columns[size_t(k)] = 1;
     // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows (by the
     // tiles' runs, not key by key: sparse_fixed's 128 columns a row took 2M contains() at L = 16384).
     p.pattern = BoundPattern::gathered(lq, all_keys, have_tiles ? &tile_pat : nullptr, rb, re);
@@ -203,17 +202,20 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   if (!scattered.empty()) {
     Part p;
     p.kind = PartKind::scattered;
-    const BoundPattern u = BoundPattern::union_of(scattered);
+    // The scattered terms less what the tiles and the columns keep, less the owned rows: a pattern over the terms
+    // (no copy of the CSR below, which is what the fine-grained kernel reads), its rows drawn once here.
+    std::vector<BoundPattern> minus;
+    if (have_tiles) minus.push_back(tile_pat);
+    if (!columns.empty()) minus.push_back(BoundPattern::union_of(columns));
+    p.pattern = BoundPattern::less(BoundPattern::union_of(scattered), minus, rb, re);
     build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
-      if (owned(q)) return;
-      thread_local std::vector<int64_t> ks;
-      u.row_keys(q, ks);
-      for (int64_t k : ks)
-        if (!in_tiles(q, k) && (in_columns.empty() || !in_columns[size_t(k)])) out.push_back(int32_t(k));
+      thread_local RowRuns runs;
+      p.pattern.row(q, runs);
+      for (const Run& r : runs)
+        for (int64_t i = 0; i < r.count; ++i) out.push_back(int32_t(r.start + i * r.stride));
     });
     p.nnz = int64_t(p.cols.size());
     p.terms = join_specs(scattered);
-    p.pattern = BoundPattern::from_rows(lq, lk, p.offsets, p.cols);
     if (p.nnz) split.parts.push_back(std::move(p));
   }
   if (!rows.empty()) {
