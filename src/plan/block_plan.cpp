@@ -359,7 +359,7 @@ std::string BlockPlan::describe() const {
     }
   }
   s << ", built in " << build_ms << " ms";
-  if (choice_ms > 0) s << " (" << choice_ms << " choosing the tile shape)";
+  if (choice_ms > 0) s << " (" << choice_ms << " ms choosing the tile shape)";
   if (!choice.empty()) s << "; " << choice;
   return s.str();
 }
