@@ -57,7 +57,9 @@ const char* kBenchUsage =
     "fp64 reference backward; no dense_masked row. Targets: >= 30% of sgemm_probe on the structured patterns\n"
     "(all but random), rel err <= 1e-5. --split N: slices per (batch, kv head) group, each with its own dK and dV.\n"
     "--ref all: the fp64 reference on every head (default when B*H*L^2 <= 2^27), heads: on the first KV group's\n"
-    "query heads only, none: skip.\n";
+    "query heads only, none: skip.\n"
+    "spattn bench --plan-time [--pattern SPEC] [--len L]: the fused GPU engine's planning stages, timed on the host\n"
+    "(spattn bench --plan-time --help).\n";
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -272,9 +274,7 @@ double rel_err(const avec<float>& x, const std::vector<double>& ref, int64_t B, 
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-struct BenchCase {
-  std::string name, spec;
-};
+}  // namespace
 
 std::vector<BenchCase> standard_suite(int64_t L) {
   std::vector<BenchCase> s = {{"local", "local(256)"},
@@ -289,8 +289,6 @@ std::vector<BenchCase> standard_suite(int64_t L) {
   s.push_back({"causal", "causal"});
   return s;
 }
-
-}  // namespace
 
 int bench_cpu_main(int argc, char** argv) {
   Args a(argc, argv, 2,

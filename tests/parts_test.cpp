@@ -40,6 +40,12 @@ void expect_exact_cover(const BoundPattern& pat, const spattn::plan::Split& spli
         const int64_t k = p.kind == PartKind::columns ? p.columns[size_t(j)] : j;
         ++count[size_t(q * lk + k)];
       }
+      // The part's predicate agrees with its rows (a columns part's gathered pattern answers both its own way).
+      for (int64_t j = 0, i = 0; j < p.pattern.k_len(); ++j) {
+        const bool in_row = i < int64_t(keys.size()) && keys[size_t(i)] == j;
+        i += in_row;
+        ASSERT_EQ(p.pattern.contains(q, j), in_row) << p.pattern.spec() << ": (" << q << ", " << j << ")";
+      }
     }
   }
   for (int64_t q = 0; q < lq; ++q) {
@@ -70,6 +76,8 @@ const char* kSpecs[] = {
     "local(9) | global(0:3)",                           // longformer's shape: band rows with a key prefix + rows
     "local(left=12, right=0) | global_cols(0:2) | global_rows(4:7)",
     "local(30) | global_cols(0:70) | global_rows(0:2)",  // the band overlapping the prefix in most rows
+    "dilated(6, 3) | summary(12, c=2) | global_rows(3:5)",  // gathered columns less strided runs
+    "stride(4) | summary(16, c=3)",
 };
 
 TEST(Parts, CoverThePatternExactly) {

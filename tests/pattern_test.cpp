@@ -420,3 +420,20 @@ TEST(PatternErrors, DeepNestingIsRefusedNotACrash) {
     EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
   }
 }
+
+// blocked(...) keeps a block row's runs per thread for the rows that share it: rows asked in any order, of two
+// patterns in turn, are each their own pattern's.
+TEST(Pattern, BlockedRowsFromTheCacheAreTheirOwn) {
+  const BoundPattern a = Pattern::parse("blocked(4, local(1) | random(2, seed=1))").bind(64);
+  const BoundPattern b = Pattern::parse("blocked(4, local(1) | random(2, seed=2))").bind(64);
+  for (int64_t i = 0; i < 3 * 64; ++i) {
+    const BoundPattern& p = i % 2 ? a : b;
+    for (int64_t q : {(i * 37) % 64, ((i * 37) % 64) ^ 1}) {  // the second from the cache (same block row)
+      std::vector<int64_t> keys, want;
+      p.row_keys(q, keys);
+      for (int64_t k = 0; k < 64; ++k)
+        if (p.contains(q, k)) want.push_back(k);
+      ASSERT_EQ(keys, want) << p.spec() << " row " << q;
+    }
+  }
+}

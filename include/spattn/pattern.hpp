@@ -103,6 +103,18 @@ class BoundPattern {
   // bad row and value. Its spec() is "explicit#N (q_len x k_len, nnz M)", N unique in the process.
   static BoundPattern from_rows(int64_t q_len, int64_t k_len, std::vector<int64_t> row_offsets,
                                 std::vector<int32_t> cols);
+  // The keys `keys` (sorted, unique, in [0, minus.k_len())) of every row q < q_len as compact keys 0 ..
+  // keys.size() - 1 (key j standing for keys[j]), less those that `minus` (bound to q_len, or null: none) keeps in
+  // row q; rows [skip_begin, skip_end) keep nothing. The planner's gathered columns (plan/parts.hpp) without a
+  // list of every row's keys: row q costs O(minus's runs of row q x log keys + the keys they drop), not O(keys).
+  // Its spec() is "gathered#N (q_len x keys, ...)", N unique in the process; like from_rows it has no spec terms.
+  static BoundPattern gathered(int64_t q_len, std::vector<int64_t> keys, const BoundPattern* minus, int64_t skip_begin,
+                               int64_t skip_end);
+  // The keys of `base` that none of `minus` (bound to base's lengths) keeps; rows [skip_begin, skip_end) keep
+  // nothing. The planner's scattered part (plan/parts.hpp) without a copy of its rows: row q costs base's row q and
+  // a contains() of each `minus` a key. Its spec() is "less#N (...)", N unique in the process; no spec terms.
+  static BoundPattern less(const BoundPattern& base, const std::vector<BoundPattern>& minus, int64_t skip_begin,
+                           int64_t skip_end);
 
   // The operands of the top-level union, bound to the same lengths: nested unions flattened, presets expanded,
   // and global(G) as its two halves global_rows(G) and global_cols(G). Their union is this pattern; they may

@@ -67,7 +67,8 @@ std::string block_histogram(const BoundPattern& pattern);
 int plan_thread_cap();
 
 // SPATTN_PLAN_GENERAL=1: the tilers skip their shortcuts for common cases (the CPU tiler's all-residue tiles; the
-// GPU tiler's estimates from rows shared among the shapes, and its one-pass bitmasks of scattered query tiles)
+// GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of scattered query tiles, its counts
+// of strided runs tile by tile, and its builder's intervals counted and marked by their end tiles and partial tiles)
 // and take their general paths everywhere; the plans are the same (tests/plan_paths_test.cpp checks it).
 bool general_paths_only();
 

@@ -164,6 +164,8 @@ struct TileScratch {
   std::vector<int32_t> slot;    // [k_tiles] partial slot or -1
   std::vector<int64_t> tbuf;    // [k_tiles + 1]: the touched tiles in tbuf[0, nt), in order of first touch
   size_t nt = 0;
+  const bool shortcuts = !general_paths_only();  // add_run's for strided runs, count_runs_unordered's
+  std::vector<int64_t> diff;  // count_runs_unordered's, [k_tiles + 1], zero between calls
   explicit TileScratch(int64_t k_tiles)
       : count(size_t(k_tiles), 0), slot(size_t(k_tiles), -1), tbuf(size_t(k_tiles) + 1) {}
   std::span<int64_t> touched() { return {tbuf.data(), nt}; }
@@ -172,25 +174,67 @@ struct TileScratch {
     nt = 0;
     for (const RowRuns& runs : rows) add_runs(runs, bn);
   }
-  // count_runs, one row at a time: adds to the counts and touched tiles so far. Runs within one key tile (a
-  // scattered row's, most of a band's) take no branch on whether the tile is new (random rows' ~800 runs
-  // made it a coin toss).
+  // count_runs, one row at a time: adds to the counts and touched tiles so far.
   void add_runs(const std::vector<Run>& runs, int64_t bn) {
     const int sh = bn == 64 ? 6 : 7;
+    for (const Run& r : runs) add_run(r, sh, bn);
+  }
+  // Runs within one key tile (a scattered row's, most of a band's) take no branch on whether the tile is new
+  // (random rows' ~800 runs made it a coin toss).
+  void add_run(const Run& r, int sh, int64_t bn) {
     int64_t* cnt = count.data();
     int64_t* t = tbuf.data();
-    for (const Run& r : runs) {
-      if ((r.stride == 1 || r.count == 1) && r.count > 0 && r.start >> sh == (r.start + r.count - 1) >> sh) {
-        const int64_t kt = r.start >> sh, old = cnt[kt];
-        cnt[kt] = old + r.count;
-        t[nt] = kt;
-        nt += old == 0;
-      } else {
-        for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
-          if (cnt[kt] == 0) t[nt++] = kt;
-          cnt[kt] += b - a;
-        });
+    if ((r.stride == 1 || r.count == 1) && r.count > 0 && r.start >> sh == (r.start + r.count - 1) >> sh) {
+      const int64_t kt = r.start >> sh, old = cnt[kt];
+      cnt[kt] = old + r.count;
+      t[nt] = kt;
+      nt += old == 0;
+    } else if (shortcuts && r.stride > 1 && r.stride < bn && r.count > 1) {
+      // A strided run (dilated rows unpermuted) counted tile by tile: its keys in tile kt are those of index
+      // ceil((k0 - start) / stride) ... floor((k0 + bn - 1 - start) / stride), not walked one by one.
+      const int64_t last = r.last();
+      for (int64_t kt = r.start >> sh, k0 = kt << sh; k0 <= last; ++kt, k0 += bn) {
+        const int64_t i0 = k0 > r.start ? (k0 - r.start + r.stride - 1) / r.stride : 0;
+        const int64_t i1 = (std::min(last, k0 + bn - 1) - r.start) / r.stride;
+        if (i1 < i0) continue;
+        if (cnt[kt] == 0) t[nt++] = kt;
+        cnt[kt] += i1 - i0 + 1;
       }
+    } else {
+      for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
+        if (cnt[kt] == 0) t[nt++] = kt;
+        cnt[kt] += b - a;
+      });
+    }
+  }
+  // count_runs for the builder, which sorts the touched tiles after: an interval over three key tiles or more
+  // counts its two end tiles and adds bn to the ones between through a difference array, swept once per query
+  // tile (a causal row spans up to Lk / bn tiles: rows x tiles steps before).
+  void count_runs_unordered(const std::vector<RowRuns>& rows, int64_t bn) {
+    if (!shortcuts) return count_runs(rows, bn);
+    nt = 0;
+    if (diff.empty()) diff.assign(count.size() + 1, 0);
+    const int sh = bn == 64 ? 6 : 7;
+    int64_t lo = INT64_MAX, hi = -1;  // the tiles between some interval's ends
+    for (const RowRuns& runs : rows)
+      for (const Run& r : runs) {
+        const int64_t a = r.start >> sh, b = (r.start + r.count - 1) >> sh;
+        if (r.stride != 1 || b - a < 2) {
+          add_run(r, sh, bn);
+          continue;
+        }
+        add_run({r.start, 1, ((a + 1) << sh) - r.start}, sh, bn);
+        add_run({b << sh, 1, r.start + r.count - (b << sh)}, sh, bn);
+        diff[size_t(a + 1)] += bn;
+        diff[size_t(b)] -= bn;
+        lo = std::min(lo, a + 1), hi = std::max(hi, b - 1);
+      }
+    for (int64_t kt = lo, run = 0; kt <= hi + 1; ++kt) {
+      run += diff[size_t(kt)];
+      diff[size_t(kt)] = 0;
+      if (kt > hi || run == 0) continue;
+      if (count[size_t(kt)] == 0) tbuf[nt++] = kt;
+      count[size_t(kt)] += run;
     }
   }
   // Every valid (q, k) of key tile kt is kept.
@@ -315,6 +359,7 @@ std::string BlockPlan::describe() const {
     }
   }
   s << ", built in " << build_ms << " ms";
+  if (choice_ms > 0) s << " (" << choice_ms << " ms choosing the tile shape)";
   if (!choice.empty()) s << "; " << choice;
   return s.str();
 }
@@ -376,6 +421,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     RowRuns tmp;
     std::vector<RowRuns> rows;
     std::vector<int64_t> band_scratch;
+    std::vector<int64_t> partial_kts;  // the query tile's partial key tiles, ascending (their slots' order)
     const int64_t stride = words + 8;
     std::vector<uint64_t> pmask;   // partial masks of the current query tile, by slot (runs counted first)
     std::vector<uint64_t> blocks;  // [k_tiles * stride], by key tile (scattered query tiles)
@@ -451,10 +497,14 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
           if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
         }
       } else {
-        scr.count_runs(rows, bn);
+        scr.count_runs_unordered(rows, bn);
         std::sort(scr.touched().begin(), scr.touched().end());
+        partial_kts.clear();
         for (int64_t kt : scr.touched())
-          if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
+          if (!scr.full(kt, valid_rows, sp)) {
+            scr.slot[size_t(kt)] = int32_t(npartial++);
+            partial_kts.push_back(kt);
+          }
         if (npartial > 0) {
           pmask.assign(size_t(npartial * stride), 0);
           for (int r = 0; r < bm; ++r) {
@@ -464,8 +514,19 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
               if (s >= 0) set_bits(rm + size_t(s) * stride, a, b);
             };
             for (const Run& x : rows[size_t(r)]) {
-              if (one_tile(x)) mark(x.start >> sh, x.start & (bn - 1), (x.start & (bn - 1)) + x.count);
-              else for_each_tile_span(x, bn, mark);
+              if (one_tile(x)) {
+                mark(x.start >> sh, x.start & (bn - 1), (x.start & (bn - 1)) + x.count);
+              } else if (scr.shortcuts && x.stride == 1) {
+                // An interval marks the partial tiles it crosses only (those in slot order, ascending), not each.
+                const int64_t a = x.start >> sh, b = (x.start + x.count - 1) >> sh;
+                for (auto it = std::lower_bound(partial_kts.begin(), partial_kts.end(), a);
+                     it != partial_kts.end() && *it <= b; ++it) {
+                  const int64_t k0 = *it << sh;
+                  mark(*it, std::max(x.start, k0) - k0, std::min(x.start + x.count, k0 + bn) - k0);
+                }
+              } else {
+                for_each_tile_span(x, bn, mark);
+              }
             }
           }
         }
@@ -857,8 +918,10 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
     }
   }
+  const double choice_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   BlockPlan p = build_plan(pat, bm, bn, bd, &an, maps.get());
   p.choice = choice;
+  p.choice_ms = choice_ms;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

@@ -79,7 +79,8 @@ struct BlockPlan {
   std::vector<int32_t> q_map, k_map;
   GridTiling q_tiling, k_tiling;  // the boxes of query and key tiles (mapped plans)
   std::string choice;             // choose_block_plan's candidates and costs, for explain (empty: built directly)
-  double build_ms = 0;
+  double build_ms = 0;            // choosing (choice_ms) and building
+  double choice_ms = 0;           // choose_block_plan's pricing of the candidate shapes
 
   bool mapped() const { return !q_map.empty(); }
   int64_t words_per_mask() const { return int64_t(block_m) * block_n / 64; }

@@ -60,9 +60,13 @@ void build_csr(int64_t lq, std::vector<int64_t>& offsets, std::vector<int32_t>& 
     }
   });
   for (int64_t q = 0; q < lq; ++q) offsets[size_t(q) + 1] += offsets[size_t(q)];
-  cols.clear();
-  cols.reserve(size_t(offsets.back()));
-  for (auto& c : chunk_cols) cols.insert(cols.end(), c.begin(), c.end());
+  // The chunks copied in place in parallel (a serial concatenation was a large share of sparse random's split).
+  cols.resize(size_t(offsets.back()));
+  common::parallel_for(nchunks, threads, [&](int64_t c, int) {
+    std::vector<int32_t>& from = chunk_cols[size_t(c)];
+    std::copy(from.begin(), from.end(), cols.begin() + offsets[size_t(c * lq / nchunks)]);
+    std::vector<int32_t>().swap(from);
+  });
 }
 
 }  // namespace
@@ -116,6 +120,7 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   }
   // The owned rows: one contiguous range.
   int64_t rb = 0, re = 0;
+  std::optional<Analysis> tiles_analysis;  // of union_of(tiles), where the rows rule analysed it
   if (!rows.empty()) {
     const BoundPattern u = BoundPattern::union_of(rows);
     int64_t first = -1, last = -1, count = 0;
@@ -136,9 +141,10 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
       rest.insert(rest.end(), columns.begin(), columns.end());
       rest.insert(rest.end(), scattered.begin(), scattered.end());
       if (!rest.empty()) {
-        const Analysis an = analyze(BoundPattern::union_of(rest));
+        Analysis an = analyze(BoundPattern::union_of(rest));
         if (an.band.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) {
           keep = true;
+          tiles_analysis = std::move(an);
           tiles = std::move(rest);
           columns.clear();
           all_keys.clear();
@@ -174,49 +180,42 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
 
   const bool have_tiles = !tiles.empty();
   const BoundPattern tile_pat = have_tiles ? BoundPattern::union_of(tiles) : BoundPattern{};
-  auto in_tiles = [&](int64_t q, int64_t k) { return have_tiles && tile_pat.contains(q, k); };
-  auto owned = [&](int64_t q) { return q >= rb && q < re; };
   if (have_tiles) {
     Part p;
     p.pattern = tile_pat;
-    p.nnz = tile_pat.nnz();
+    p.nnz = tiles_analysis ? tiles_analysis->nnz : tile_pat.nnz();
     p.terms = join_specs(tiles);
+    p.analysis = std::move(tiles_analysis);
     split.parts.push_back(std::move(p));
   }
-  std::vector<char> in_columns;
   if (!columns.empty()) {
     Part p;
     p.kind = PartKind::columns;
     p.columns.assign(all_keys.begin(), all_keys.end());
-    in_columns.assign(size_t(lk), 0);
-    for (int64_t k : all_keys) in_columns[size_t(k)] = 1;
-    // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows.
-    build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
-      if (owned(q)) return;
-      for (size_t j = 0; j < all_keys.size(); ++j)
-        if (!in_tiles(q, all_keys[j])) out.push_back(int32_t(j));
-    });
-    p.nnz = int64_t(p.cols.size());
+    // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows (by the
+    // tiles' runs, not key by key: sparse_fixed's 128 columns a row took 2M contains() at L = 16384).
+    p.pattern = BoundPattern::gathered(lq, all_keys, have_tiles ? &tile_pat : nullptr, rb, re);
+    p.nnz = p.pattern.nnz();
     p.terms = join_specs(columns);
-    p.pattern = BoundPattern::from_rows(lq, int64_t(all_keys.size()), p.offsets, p.cols);
-    p.offsets.clear();
-    p.cols.clear();
     if (p.nnz) split.parts.push_back(std::move(p));
   }
   if (!scattered.empty()) {
     Part p;
     p.kind = PartKind::scattered;
-    const BoundPattern u = BoundPattern::union_of(scattered);
+    // The scattered terms less what the tiles and the columns keep, less the owned rows: a pattern over the terms
+    // (no copy of the CSR below, which is what the fine-grained kernel reads), its rows drawn once here.
+    std::vector<BoundPattern> minus;
+    if (have_tiles) minus.push_back(tile_pat);
+    if (!columns.empty()) minus.push_back(BoundPattern::union_of(columns));
+    p.pattern = BoundPattern::less(BoundPattern::union_of(scattered), minus, rb, re);
     build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
-      if (owned(q)) return;
-      thread_local std::vector<int64_t> ks;
-      u.row_keys(q, ks);
-      for (int64_t k : ks)
-        if (!in_tiles(q, k) && (in_columns.empty() || !in_columns[size_t(k)])) out.push_back(int32_t(k));
+      thread_local RowRuns runs;
+      p.pattern.row(q, runs);
+      for (const Run& r : runs)
+        for (int64_t i = 0; i < r.count; ++i) out.push_back(int32_t(r.start + i * r.stride));
     });
     p.nnz = int64_t(p.cols.size());
     p.terms = join_specs(scattered);
-    p.pattern = BoundPattern::from_rows(lq, lk, p.offsets, p.cols);
     if (p.nnz) split.parts.push_back(std::move(p));
   }
   if (!rows.empty()) {

@@ -23,6 +23,7 @@
 // Their union is the pattern exactly (tests/parts_test.cpp checks both on every test pattern).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct Part {
   std::vector<int32_t> cols;
   int64_t nnz = 0;                     // kept scores of the part (per head)
   std::string terms;                   // the spec terms it runs
+  // analyze(pattern) where the split made it (the tiles part beside a rows part: its rule reads the band rows of
+  // the other terms), so that the part's planner does not analyse it again; else none.
+  std::optional<Analysis> analysis;
 };
 
 // One line: kind, terms, kept scores, gathered keys or owned rows.

@@ -324,6 +324,8 @@ int main_impl(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
   if (help) {
     if (cmd == "bench") {
+      for (int i = 2; i < argc; ++i)
+        if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
       char* args[] = {argv[0], argv[1], const_cast<char*>("--help")};
       return bench_cpu_main(3, args);
     }
@@ -341,6 +343,8 @@ int main_impl(int argc, char** argv) {
   if (cmd == "info") return cmd_info(argc, argv);
   if (cmd == "tsvd") return tsvd_main(argc, argv);
   if (cmd == "bench") {
+    for (int i = 2; i < argc; ++i)
+      if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
     for (int i = 2; i + 1 < argc; ++i)
       if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {
 #if SPATTN_HAVE_CUDA

@@ -85,6 +85,7 @@ struct PatternRun {
     compound->run(pr, q, k, v, o, lse, stream);
   }
   int kernel_row() const { return fused ? fused->kernel_row() : compound->kernel_row(); }
+  const PlanTimes& plan_times() const { return fused ? fused->plan_times() : compound->plan_times(); }
   int last_kernel_row() const { return fused ? fused->last_kernel_row() : compound->last_kernel_row(); }
   std::string explain() const {
     if (compound) return compound->explain();
@@ -98,6 +99,7 @@ class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
       : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p, problem, o.backward_kernel) {
+    for (const Analysis& a : p.analyses) analysis_ms_ += a.ms;
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
@@ -173,6 +175,12 @@ class CudaFusedBackend final : public Backend {
   std::string explain() const override {
     std::ostringstream s;
     for (size_t i = 0; i < attn_.size(); ++i) s << (i ? "\n" : "") << attn_[i].explain();
+    PlanTimes t;
+    for (const PatternRun& r : attn_) t += r.plan_times();
+    s << "\nplan time by stage: analysis " << analysis_ms_ << " ms (make_plan), split " << t.split
+      << " ms, the parts' analyses " << t.analysis << " ms, choosing tile shapes " << t.choose << " ms, building tile plans "
+      << t.build << " ms, allocations and uploads " << t.upload
+      << " ms; the backward's plan is built at the first backward call";
     return s.str();
   }
 
@@ -181,6 +189,7 @@ class CudaFusedBackend final : public Backend {
   int device_;
   std::vector<int> of_head_;
   std::vector<PatternRun> attn_;
+  double analysis_ms_ = 0;  // make_plan's analyses of the distinct patterns
   cuda::PatternsBackward bwd_;
 };
 

@@ -41,7 +41,7 @@ struct CompoundAttention::Impl {
   DeviceBuffer lse_ws;        // [B, Hq, Lq] where the caller passes no lse
   DeviceBuffer kc, vc;        // columns: gathered K/V [B, C, Hkv, D]
   DeviceBuffer o2, lse2;      // columns after another part: its result, merged in
-  double split_ms = 0, plan_ms = 0;
+  PlanTimes times;
   mutable std::atomic<int> last_row{-1};
 
   int row_of(const PartRun& p) const {
@@ -54,7 +54,7 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   m.problem = problem;
-  m.split_ms = split.ms;
+  const double split_ms = split.ms;
   const size_t es = dtype_size(problem.dtype);
   const int64_t rows = problem.batch * problem.q_heads * problem.q_len;
   m.lse_ws = DeviceBuffer(size_t(rows) * sizeof(float));
@@ -66,7 +66,9 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
     r.part = std::move(split.parts[i]);
     const plan::Part& p = r.part;
     switch (p.kind) {
-      case plan::PartKind::tiles: r.attn.emplace(p.pattern, problem.head_dim, options); break;
+      case plan::PartKind::tiles:
+        r.attn.emplace(p.pattern, problem.head_dim, options, p.analysis ? &*p.analysis : nullptr);
+        break;
       case plan::PartKind::rows: {
         // Dense rows against every key: few work items (one query tile a head), so the band kernel where it
         // applies (head dim 64, sm_90a), whose split over keys runs each item in up to 4 parts merged on chip
@@ -97,7 +99,11 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
     }
     m.parts.push_back(std::move(r));
   }
-  m.plan_ms = m.split_ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The parts' plans by stage; what else this took (the scratch, the keys and CSR uploads) counts as uploads.
+  for (const Impl::PartRun& r : m.parts)
+    if (r.attn) m.times += r.attn->plan_times();
+  m.times.upload += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - m.times.total();
+  m.times.split = split_ms;
 }
 CompoundAttention::~CompoundAttention() = default;
 CompoundAttention::CompoundAttention(CompoundAttention&&) noexcept = default;
@@ -181,8 +187,8 @@ void CompoundAttention::run(const Problem& pr, const TensorView& q, const Tensor
 std::string CompoundAttention::explain() const {
   const Impl& m = *impl_;
   std::ostringstream s;
-  s << "compound plan, " << m.parts.size() << " parts merged through their LSE (split " << m.split_ms << " ms, plan "
-    << m.plan_ms << " ms)";
+  s << "compound plan, " << m.parts.size() << " parts merged through their LSE (split " << m.times.split << " ms, plan "
+    << m.times.total() << " ms)";
   for (const Impl::PartRun& r : m.parts) {
     s << "\n  " << plan::describe(r.part) << "; " << (r.attn ? r.attn->explain() : std::string("kernel cuda_scattered: a warp a row, K/V rows gathered"));
   }
@@ -190,6 +196,6 @@ std::string CompoundAttention::explain() const {
 }
 int CompoundAttention::kernel_row() const { return impl_->row_of(impl_->parts.front()); }
 int CompoundAttention::last_kernel_row() const { return impl_->last_row.load(std::memory_order_relaxed); }
-double CompoundAttention::plan_ms() const { return impl_->plan_ms; }
+const PlanTimes& CompoundAttention::plan_times() const { return impl_->times; }
 
 }  // namespace spattn::cuda::fused

@@ -31,7 +31,7 @@ class CompoundAttention {
   std::string explain() const;
   int kernel_row() const;       // the first part's row (a tile row, or cuda_scattered)
   int last_kernel_row() const;  // the first part's row as the last run launched it (-1 before a run)
-  double plan_ms() const;
+  const PlanTimes& plan_times() const;  // the split, the parts' plans and every upload
 
  private:
   struct Impl;

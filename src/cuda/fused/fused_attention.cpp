@@ -17,7 +17,7 @@ using cuda::fused::FusedFwd;
 struct FusedAttention::Impl {
   std::unique_ptr<DevicePlan> plan;
   FusedOptions options;
-  double plan_ms = 0;
+  PlanTimes times;
   mutable std::atomic<int> last_row{-1};
 
   FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -40,8 +40,14 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
   plan::BlockPlan hp =
       plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma, options.tile_map);
   const int row = FusedFwd::choose_kernel(hp, head_dim, cc, options);
+  PlanTimes& t = impl_->times;
+  t.analysis = analysis ? 0.0 : own.ms;
+  t.choose = hp.choice_ms;
+  t.build = hp.build_ms - hp.choice_ms;
   impl_->plan = std::make_unique<DevicePlan>(std::move(hp), row);
-  impl_->plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // Uploads and what else is not the plan's analysis or build (the kernel choice: O(query tiles)).
+  t.upload = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - t.analysis -
+             t.choose - t.build;
 }
 FusedAttention::~FusedAttention() = default;
 FusedAttention::FusedAttention(FusedAttention&&) noexcept = default;
@@ -66,7 +72,8 @@ std::string FusedAttention::explain() const {
   std::ostringstream s;
   s << "fused block-sparse attention, kernel " << kernel_name() << ": " << impl_->plan->host().describe();
   if (impl_->plan->narrow_entries() > 0) s << ", " << impl_->plan->narrow_entries() << " half-width";
-  s << "; plan " << impl_->plan_ms << " ms";
+  const PlanTimes& t = impl_->times;
+  s << "; plan " << t.total() << " ms (" << t.upload << " uploading)";
   return s.str();
 }
 int FusedAttention::kernel_row() const { return impl_->plan->kernel_row(); }
@@ -75,7 +82,7 @@ std::string FusedAttention::kernel_name() const {
   const int row = kernel_row();
   return row >= 0 ? plan::kKernels[row].name : "none";
 }
-double FusedAttention::plan_ms() const { return impl_->plan_ms; }
+const PlanTimes& FusedAttention::plan_times() const { return impl_->times; }
 double FusedAttention::predicted_cost() const {
   const plan::BlockPlan& hp = impl_->plan->host();
   const int row = kernel_row();

@@ -46,6 +46,17 @@ struct FusedOptions {
                                  // again exactly), 0 every step's exact row maximum first
 };
 
+// Where a plan's host time went (ms): the compound split, analyses of patterns the caller gave none for, pricing the
+// tile shapes, building the chosen tile plans, device allocations and uploads (Plan::explain on the GPU prints it).
+struct PlanTimes {
+  double split = 0, analysis = 0, choose = 0, build = 0, upload = 0;
+  PlanTimes& operator+=(const PlanTimes& o) {
+    split += o.split, analysis += o.analysis, choose += o.choose, build += o.build, upload += o.upload;
+    return *this;
+  }
+  double total() const { return split + analysis + choose + build + upload; }
+};
+
 struct FusedStatus {
   bool ok = true;
   std::string reason;
@@ -73,7 +84,7 @@ class FusedAttention {
   int kernel_row() const;       // the kernel-table row the plan chose (plan/kernels.hpp)
   int last_kernel_row() const;  // the row the last run launched (-1 before the first run)
   std::string kernel_name() const;  // kKernels[kernel_row()].name
-  double plan_ms() const;       // host build + upload
+  const PlanTimes& plan_times() const;  // host build + upload, by stage
   // The planner's cost model for the chosen row: visited tile area (partial tiles at the row's partial cost)
   // times the row's cost per score, over the kept scores; 1.0 = a dense 64x128 tile's cost per score.
   double predicted_cost() const;

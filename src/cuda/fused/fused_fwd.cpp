@@ -151,8 +151,9 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
       SPATTN_CUDA_CHECK(cudaMalloc(&entries_, up.size() * sizeof(int4)));
       SPATTN_CUDA_CHECK(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice));
     }
-    std::vector<unsigned long long> m(host_.masks.begin(), host_.masks.end());
-    masks_ = upload(m, "upload plan bitmasks");
+    // The bitmasks as they are (a random plan's are tens of MB: no converted copy).
+    static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+    masks_ = reinterpret_cast<unsigned long long*>(upload(host_.masks, "upload plan bitmasks"));
     order_ = upload(host_.order, "upload plan order");
     q_map_ = upload(host_.q_map, "upload plan query map");  // empty (null) where the plan is not mapped
     k_map_ = upload(host_.k_map, "upload plan key map");

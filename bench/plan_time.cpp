@@ -1,0 +1,134 @@
+// `spattn bench --plan-time`: the host side of make_plan for the fused GPU engine, stage by stage, on the CPU (no GPU
+// needed). It runs the calls src/cuda/fused/backend.cpp makes on an sm_90a device at head dim 64 with default options
+// (analysis, the compound split with the band kernel, each tile part's analysis and block plan choice for the sm_90a
+// rows) and those of the backward's first call (src/cuda/backward: the sm90_bwd row's block plan, turned key-major),
+// and prints each stage's median over --reps runs. What it leaves out: the uploads and the device allocations
+// (Plan::explain on the GPU prints those), and the kernel choice (cuda/fused/fused_fwd.cpp: O(query tiles)).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "plan/analysis.hpp"
+#include "plan/block_plan.hpp"
+#include "plan/kernels.hpp"
+#include "plan/key_plan.hpp"
+#include "plan/parts.hpp"
+#include "spattn/pattern.hpp"
+#include "tools/args.hpp"
+#include "tools/commands.hpp"
+
+namespace spattn::tools {
+namespace {
+
+const char* kPlanTimeUsage =
+    "usage: spattn bench --plan-time [--pattern SPEC] [--len L] [--dim D] [--reps N]\n"
+    "The fused GPU engine's planning on the host, stage by stage (median of --reps runs, default 7), for the suite\n"
+    "at --len (default 16384) or one pattern: analysis, split (the compound parts, band kernel assumed: sm_90a),\n"
+    "the parts' analyses, the forward's block plan choice and build (sm_90a rows; 'choose' prices the tile shapes,\n"
+    "'build' builds the chosen one), the backward's key-major plan (built at the first backward call), and the\n"
+    "forward's total (analysis to block plans; uploads not included). SPATTN_PLAN_THREADS caps the threads.\n";
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One run's stage times (ms).
+struct Stages {
+  double analyse = 0, split = 0, part_analyses = 0, choose = 0, build = 0, backward = 0;
+  double forward() const { return analyse + split + part_analyses + choose + build; }
+};
+
+// What backend.cpp's CudaFusedBackend, compound.cpp and fused_attention.cpp run on the host for one pattern, and
+// tile_backward.cu at the first backward call. `kernels`: the chosen plans' shapes, for the report.
+Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
+  Stages s;
+  auto t0 = std::chrono::steady_clock::now();
+  const plan::Analysis an = plan::analyze(pat);
+  s.analyse = since(t0);
+  t0 = std::chrono::steady_clock::now();
+  const plan::Split split = plan::split_pattern(pat, an, -1, plan::SplitTarget{true});
+  s.split = since(t0);
+  kernels->clear();
+  for (const plan::Part& part : split.parts) {
+    if (part.kind == plan::PartKind::scattered) {  // a CSR kernel: its rows are the split's
+      *kernels += (kernels->empty() ? "" : " + ") + std::string("scattered csr");
+      continue;
+    }
+    // A compound plan's parts are analysed by FusedAttention (no analysis passed); one tile list takes make_plan's
+    // (or, where the split analysed a part, the split's analysis).
+    plan::Analysis own;
+    if (split.compound() && !part.analysis) {
+      t0 = std::chrono::steady_clock::now();
+      own = plan::analyze(part.pattern);
+      s.part_analyses += since(t0);
+    }
+    const plan::Analysis& pa = !split.compound() ? an : part.analysis ? *part.analysis : own;
+    const plan::BlockPlan bp = plan::choose_block_plan(part.pattern, pa, dim, 0, 0, -1, /*tma=*/true, -1);
+    s.choose += bp.choice_ms;
+    s.build += bp.build_ms - bp.choice_ms;
+    *kernels += (kernels->empty() ? "" : " + ") + std::string(plan::part_kind_name(part.kind)) + " " +
+                std::to_string(bp.block_m) + "x" + std::to_string(bp.block_n) +
+                (bp.perm_d > 1 ? "/" + std::to_string(bp.perm_d) : "") + (bp.mapped() ? " mapped" : "") +
+                (bp.band ? " band" : "");
+  }
+  t0 = std::chrono::steady_clock::now();
+  const int row = plan::choose_backward_row(an, dim);
+  if (row >= 0) {
+    const plan::BlockPlan bp = plan::choose_block_plan(pat, an, dim, 64, plan::kKernels[row].block_n, -1, false, 0);
+    const plan::KeyMajorPlan km = plan::key_major(bp);
+    s.backward = since(t0);
+    if (km.k_tiles != bp.k_tiles) throw Error("plan time: the key-major plan lost key tiles");
+  }
+  return s;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int bench_plan_main(int argc, char** argv) {
+  Args a(argc, argv, 2, {"pattern", "len", "dim", "reps"}, {"plan-time", "help"});
+  if (a.has("help")) {
+    std::printf("%s", kPlanTimeUsage);
+    return 0;
+  }
+  const int64_t L = a.integer("len", 16384), dim = a.integer("dim", 64), reps = a.integer("reps", 7);
+  if (L < 1 || reps < 1) throw Error("--len and --reps must be at least 1");
+  std::vector<BenchCase> cases;
+  if (a.has("pattern")) {
+    cases = {{"custom", a.str("pattern")}};
+  } else {
+    cases = standard_suite(L);
+    cases.push_back({"bandrand", "local(256) | random(4, seed=1)"});
+    cases.push_back({"sprandom", "random(" + std::to_string(std::max<int64_t>(1, (L * 81 + 8192) / 16384)) + ", seed=0)"});
+  }
+  std::printf("plan time, L=%lld, D=%lld, %d plan threads, median of %lld runs (ms)\n", (long long)L, (long long)dim,
+              plan::plan_thread_cap(), (long long)reps);
+  std::printf("%-10s %8s %8s %8s %8s %8s %9s %9s  %s\n", "pattern", "analyse", "split", "parts", "choose", "build",
+              "forward", "backward", "plans");
+  for (const BenchCase& c : cases) {
+    const BoundPattern pat = Pattern::parse(c.spec).bind(L, L);
+    std::vector<Stages> runs;
+    std::string kernels;
+    for (int64_t r = 0; r < reps; ++r) runs.push_back(plan_once(pat, dim, &kernels));
+    auto med = [&](double Stages::*f) {
+      std::vector<double> v;
+      for (const Stages& s : runs) v.push_back(s.*f);
+      return median(v);
+    };
+    std::vector<double> fwd;
+    for (const Stages& s : runs) fwd.push_back(s.forward());
+    std::printf("%-10s %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f %9.3f  %s\n", c.name.c_str(), med(&Stages::analyse),
+                med(&Stages::split), med(&Stages::part_analyses), med(&Stages::choose), med(&Stages::build), median(fwd),
+                med(&Stages::backward), kernels.c_str());
+  }
+  return 0;
+}
+
+}  // namespace spattn::tools
