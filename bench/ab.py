@@ -76,7 +76,9 @@ def suite(L):
             ("bigbird", "bigbird(64, 1, 2, 3, seed=0)", 64), ("dilated", "dilated(256, 2)", 64),
             ("causal", "causal", 64), ("causal", "causal", 128), ("dense", "dense", 64), ("dense", "dense", 128),
             ("fixed", "sparse_fixed(128)", 64), ("random", f"random({r}, seed=0)", 64),
-            ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", 64)]
+            ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", 64),
+            # band rows with a key prefix (the band kernel's prefix chunks)
+            ("lfcols", "local(256) | global_cols(0:32)", 64), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 64)]
 
 
 def graph(fn):
@@ -99,6 +101,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--patterns", default="", help="comma list of case names (default: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     A, Bb = Build(args.a), Build(args.b)
@@ -108,6 +111,8 @@ def main():
           f"B={args.b} ({'plan' if Bb.plan_api else 'fused'} API)", flush=True)
     for L in (int(x) for x in args.lengths.split(",")):
         for name, spec, D in suite(L):
+            if args.patterns and name not in args.patterns.split(","):
+                continue
             torch.manual_seed(0)
             q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             oa, ob = torch.empty_like(q), torch.empty_like(q)

@@ -91,18 +91,6 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
-// S^T = -inf where drop(query column, row hh) (this thread's scores: rows kr0 + 8 hh, columns 8 j + cb + ee).
-template <int N, class Drop>
-__device__ __forceinline__ void mask_scores(float (&s)[N], Drop drop) {
-  const int cb = 2 * (threadIdx.x & 3);
-#pragma unroll
-  for (int j = 0; j < N / 4; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int ee = 0; ee < 2; ++ee)
-        if (drop(8 * j + cb + ee, hh)) s[4 * j + 2 * hh + ee] = -INFINITY;
-}
 __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
   SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
 }
@@ -142,9 +130,9 @@ __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e,
       first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
       width[hh] = z >= a ? unsigned(z - a) : 0u;
     }
-    mask_scores(s, [&](int col, int hh) { return unsigned(col - cb) - first[hh] > width[hh]; });
+    fused::detail::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
   } else if (e.y >= 0) {
-    mask_scores(s, [&](int col, int hh) { return !((mw[hh] >> col) & 1ull); });
+    fused::detail::mask_fragment(s, [&](int c, int hh) { return !((mw[hh] >> (c + cb)) & 1ull); });
   }
 }
 

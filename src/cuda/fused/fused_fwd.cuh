@@ -261,6 +261,19 @@ __device__ __forceinline__ int keys_valid(int k0, int k_len, int perm_d, int k_g
 __device__ __forceinline__ int tile_kvalid(const FusedParams& p, int k0) {
   return keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 }
+// s = -inf where drop(c, hh): this thread's fragment of an m64 wgmma accumulator (N floats, rows r and r + 8 as hh =
+// 0, 1; columns 8j + cb + ee, cb = 2 (lane & 3)), c = 8j + ee its column less cb (a compile-time constant once
+// unrolled). The one loop of the masks: forward band tiles (with a key prefix too) and the backward's.
+template <int N, class Drop>
+__device__ __forceinline__ void mask_fragment(float (&s)[N], Drop drop) {
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee)
+        if (drop(8 * j + ee, hh)) s[4 * j + 2 * hh + ee] = -INFINITY;
+}
 // Band mask of a BN-wide S tile: kept iff lo <= kp - qp <= hi and column < kvalid. d0 = k0 - q0 - r0w is
 // kp - qp at (the warp's first row r0w, column 0). Each of the thread's two rows keeps one column interval;
 // with its bounds taken relative to the thread's first column, a score's test is one subtraction from a
@@ -282,13 +295,7 @@ __device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int l
     first[hh] = z >= a ? unsigned(a) : 0x40000000u;  // empty row: nothing kept
     width[hh] = z >= a ? unsigned(z - a) : 0u;
   }
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int ee = 0; ee < 2; ++ee)
-        if (unsigned(8 * j + ee) - first[hh] > width[hh]) s[4 * j + 2 * hh + ee] = -INFINITY;
+  mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
 }
 // Band entries (e.y == -2: kept iff e.z <= kp - qp <= e.w, keys < kvalid) and bitmask entries (e.y >= 0).
 template <int BN>

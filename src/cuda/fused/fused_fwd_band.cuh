@@ -182,14 +182,8 @@ __device__ __forceinline__ void tile_mask_band_prefix(float (&s)[BN / 2], int d0
     first[hh] = z >= a ? unsigned(a) : 0x40000000u;
     width[hh] = z >= a ? unsigned(z - a) : 0u;
   }
-  const int kb = keep - cb;  // kept in every row: 8j + ee < kb
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int ee = 0; ee < 2; ++ee)
-        if (unsigned(8 * j + ee) - first[hh] > width[hh] && 8 * j + ee >= kb) s[4 * j + 2 * hh + ee] = -INFINITY;
+  const int kb = keep - cb;  // kept in every row: c < kb
+  detail::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh] && c >= kb; });
 }
 
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
@@ -564,7 +558,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         auto p64 = [&]() -> uint32_t(&)[4][4] { return *reinterpret_cast<uint32_t(*)[4][4]>(&pa[0]); };
         if constexpr (Tr::kPrefix) {
           // The prefix's chunks (keys 64i ... 64i + 63, ring index jp + i): 64-key steps before the band's, masked
-          // to the prefix's keys and the band's where it reaches into them.
+          // to the prefix's keys and the band's where it reaches into them. (The same sequence as the odd last
+          // chunk's step below, kept apart: one lambda for both, its parts passed as lambdas, made ptxas serialize
+          // the prefix kernels' wgmmas, C7511.)
           for (int i = 0; i < mp; ++i) {
             const unsigned jr = jp + unsigned(i), st = jr & unsigned(S - 1);
             mbar_wait(bar_full + 8 * st, int((jr / S) & 1));
