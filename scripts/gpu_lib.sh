@@ -1,8 +1,11 @@
 # scripts/gpu_lib.sh — sourced by the GPU scripts that configure a build of their own (scripts/gpu_check.d/*.sh run
 # standalone): the CUDA architecture of the GPU found, the CMake arguments such a build takes, the build itself, and
-# `elapsed` (time since sourcing).
+# `elapsed` / `secs` (time since sourcing), `fail` (a failed step), `budget_bench` (gpu_bench.py within a budget).
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))s"; }
+secs() { echo "$(( $(date +%s) - t0 ))"; }  # the same, a number (for budgets)
+# fail WHAT: a failed step, reported; the script's rc set to 1.
+fail() { echo "FAILED: $1"; rc=1; }
 
 # CMAKE_CUDA_ARCHITECTURES for the first GPU nvidia-smi reports (arch-specific targets on Hopper and newer: wgmma,
 # TMA); nothing where there is no GPU.
@@ -85,4 +88,18 @@ sanitize_all() {
     [ $r -eq 0 ] || bad=1
   done
   return $bad
+}
+
+# budget_bench NAME ARG...: bench/gpu_bench.py on $LIB with ARGs (and --reps 20) within what is left of $BUDGET
+# seconds since sourcing (no case started past it, a timeout a minute later); JSON and log in OUTD/NAME.{json,txt},
+# the table's last lines here, a failure through `fail`. Skipped with less than 40 s left.
+budget_bench() {
+  local name=$1 left root
+  shift
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  left=$(( BUDGET - $(secs) ))
+  if [ "$left" -lt 40 ]; then echo "budget left ${left}s: $name skipped"; return; fi
+  timeout $(( left + 60 )) python3 "$root/bench/gpu_bench.py" --lib "$LIB" --reps 20 --budget-s "$left" \
+    --out "$OUTD/$name.json" "$@" >"$OUTD/$name.txt" 2>&1 || fail "bench $name (rc $?)"
+  grep -vE "^#|^$" "$OUTD/$name.txt" | tail -14
 }

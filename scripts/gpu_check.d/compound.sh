@@ -17,8 +17,6 @@ SHAPES=${COMPOUND_SHAPES:-128x128,192x128}
 LIB=$BUILD/libspattn.so
 T=$BUILD/tests
 rc=0
-fail() { echo "FAILED: $1"; rc=1; }
-secs() { echo "$(( $(date +%s) - t0 ))"; }
 
 echo "== cp: GPU tests ($(elapsed))"
 timeout 240 "$T/plan_gpu_test" --gtest_filter='PlanGpu.CompoundMatchesReference:PlanGpu.EveryKernelTableRow' \
@@ -33,16 +31,8 @@ timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/plan_gpu_te
 grep -E "ERROR SUMMARY" "$OUTD/cp_memcheck.log" | head -1
 
 echo "== cp: bench against FlexAttention ($(elapsed))"
-bench() {  # bench TAG LENGTHS PATTERNS [SHAPES]
-  local left=$(( BUDGET - $(secs) ))
-  if [ "$left" -lt 40 ]; then echo "budget left ${left}s: $1 skipped"; return; fi
-  timeout $(( left + 60 )) python3 "$ROOT/bench/gpu_bench.py" --lib "$LIB" --lengths "$2" --dims 64 --patterns "$3" \
-    --shapes "${4:-}" --reps 20 --budget-s "$left" --out "$OUTD/cp_bench_$1.json" >"$OUTD/cp_bench_$1.txt" 2>&1 ||
-    fail "bench $1 (rc $?)"
-  grep -vE "^#|^$" "$OUTD/cp_bench_$1.txt" | tail -14
-}
-bench 16384 16384 local,bandrand,sprandom
-bench random 16384 random "$SHAPES"
-bench 4096 4096 local,bandrand,sprandom
+budget_bench cp_bench_16384 --lengths 16384 --dims 64 --patterns local,bandrand,sprandom
+budget_bench cp_bench_random --lengths 16384 --dims 64 --patterns random --shapes "$SHAPES"
+budget_bench cp_bench_4096 --lengths 4096 --dims 64 --patterns local,bandrand,sprandom
 echo "compound.sh: rc $rc ($(elapsed))"
 exit $rc

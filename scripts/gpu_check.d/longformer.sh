@@ -21,8 +21,6 @@ BUDGET=${LF_BUDGET_S:-330}
 LIB=$BUILD/libspattn.so
 T=$BUILD/tests
 rc=0
-fail() { echo "FAILED: $1"; rc=1; }
-secs() { echo "$(( $(date +%s) - t0 ))"; }
 
 echo "== lf: registers and spills of the band kernels (BandTraits<192, bf16, rmax, shifted, prefix>) ($(elapsed))"
 demangle() { (command -v c++filt >/dev/null && c++filt || cat) | sed 's/spattn::cuda::fused:://g; s/void //; s/(FusedParams)//'; }
@@ -69,14 +67,7 @@ grep -E "^---|compound plan|^  (tiles|rows|columns) \[|kernel sm90" "$OUTD/lf_ex
 
 echo "== lf: bench against FlexAttention, compound=0 (:nc) beside each ($(elapsed))"
 # --budget-s: no case starts past it (a case takes 20-40 s: FlexAttention compiles per mask); timeout: its hard end.
-bench() {  # bench TAG LENGTHS DIMS PATTERNS
-  local left=$(( BUDGET - $(secs) ))
-  if [ "$left" -lt 40 ]; then echo "budget left ${left}s: $1 skipped"; return; fi
-  timeout $(( left + 60 )) python3 "$ROOT/bench/gpu_bench.py" --lib "$LIB" --lengths "$2" --dims "$3" --patterns "$4" \
-    --shapes :nc --reps 20 --budget-s "$left" --out "$OUTD/lf_bench_$1.json" >"$OUTD/lf_bench_$1.txt" 2>&1 ||
-    fail "bench $1 (rc $?)"
-  grep -vE "^#|^$" "$OUTD/lf_bench_$1.txt" | tail -14
-}
+bench() { budget_bench "lf_bench_$1" --lengths "$2" --dims "$3" --patterns "$4" --shapes :nc; }  # TAG LENGTHS DIMS PATTERNS
 bench 16384_d64 16384 64 longformer,local,lfcols,sinks
 bench 16384_d128 16384 128 longformer,local
 bench 4096_d64 4096 64 longformer,lfcols,sinks

@@ -24,7 +24,6 @@ BUDGET=${NBHD_BUDGET_S:-340}
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 ))"; }
 rc=0
-fail() { echo "FAILED: $1"; rc=1; }
 
 if [ -z "$BUILD" ]; then
   BUILD=$ROOT/build-nbhd
