@@ -22,6 +22,7 @@ namespace {
 using spattn::DType;
 using spattn::TensorView;
 using spattn::test::Buf;
+using spattn::test::for_each_index;
 
 struct Case {
   std::vector<const char*> specs;
@@ -56,10 +57,7 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
   std::normal_distribution<float> nd(0.f, 1.f);
   auto fill = [&](std::vector<uint8_t>& h, std::array<int64_t, 4> shape) {
     const TensorView t = TensorView::contiguous(h.data(), c.dt, shape);
-    for (int64_t a = 0; a < shape[0]; ++a)
-      for (int64_t b = 0; b < shape[1]; ++b)
-        for (int64_t x = 0; x < shape[2]; ++x)
-          for (int64_t d = 0; d < shape[3]; ++d) t.store(a, b, x, d, nd(rng));
+    for_each_index(shape, [&](int64_t a, int64_t b, int64_t x, int64_t d) { t.store(a, b, x, d, nd(rng)); });
     return t;
   };
   const TensorView tq = fill(hq, sq), tk = fill(hk, sk), tv = fill(hv, sk), tdo = fill(hdo, sq);
@@ -69,10 +67,7 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
     const TensorView d = dev_view(b.p, s);
     std::vector<uint8_t> tmp(host.shape[0] * host.shape[1] * host.shape[2] * host.shape[3] * es);
     const TensorView t{tmp.data(), c.dt, d.shape, d.stride};
-    for (int64_t a = 0; a < s[0]; ++a)
-      for (int64_t l = 0; l < s[1]; ++l)
-        for (int64_t x = 0; x < s[2]; ++x)
-          for (int64_t e = 0; e < s[3]; ++e) t.store(a, l, x, e, host.load(a, l, x, e));
+    for_each_index(s, [&](int64_t a, int64_t l, int64_t x, int64_t e) { t.store(a, l, x, e, host.load(a, l, x, e)); });
     EXPECT_EQ(cudaMemcpy(b.p, tmp.data(), tmp.size(), cudaMemcpyHostToDevice), cudaSuccess);
   };
   upload(tq, q, sq), upload(tk, k, sk), upload(tv, v, sk), upload(tdo, dout, sq);
@@ -94,13 +89,11 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
     const TensorView t{h.data(), c.dt, dev_view(h.data(), s).shape, dev_view(h.data(), s).stride};
     double num = 0, den = 0;
     size_t i = 0;
-    for (int64_t a = 0; a < s[0]; ++a)
-      for (int64_t b = 0; b < s[1]; ++b)
-        for (int64_t x = 0; x < s[2]; ++x)
-          for (int64_t d = 0; d < s[3]; ++d, ++i) {
-            const double e = t.load(a, b, x, d) - want[i];
-            num += e * e, den += want[i] * want[i];
-          }
+    for_each_index(s, [&](int64_t a, int64_t b, int64_t x, int64_t d) {
+      const double e = t.load(a, b, x, d) - want[i];
+      num += e * e, den += want[i] * want[i];
+      ++i;
+    });
     return std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
   };
   return {err(gq, rq, sq), err(gk, rk, sk), err(gv, rv, sk)};

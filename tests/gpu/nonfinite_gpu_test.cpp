@@ -35,6 +35,7 @@ namespace {
 using spattn::DType;
 using spattn::TensorView;
 using spattn::test::Buf;
+using spattn::test::for_each_index;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN(), kInf = std::numeric_limits<double>::infinity();
 
@@ -86,10 +87,7 @@ Host make_inputs(const spattn::Problem& p, DType dt, uint32_t seed, const Plant&
   auto fill = [&](std::vector<uint8_t>& buf, std::array<int64_t, 4> s) {
     buf.resize(size_t(s[0] * s[1] * s[2] * s[3]) * es);
     const TensorView t = TensorView::contiguous(buf.data(), dt, s);
-    for (int64_t a = 0; a < s[0]; ++a)
-      for (int64_t b = 0; b < s[1]; ++b)
-        for (int64_t c = 0; c < s[2]; ++c)
-          for (int64_t d = 0; d < s[3]; ++d) t.store(a, b, c, d, nd(rng));
+    for_each_index(s, [&](int64_t a, int64_t b, int64_t c, int64_t d) { t.store(a, b, c, d, nd(rng)); });
     return t;
   };
   h.tq = fill(h.q, {p.batch, p.q_len, p.q_heads, p.head_dim});
@@ -117,10 +115,7 @@ std::vector<double> download(const Buf& b, DType dt, std::array<int64_t, 4> s) {
   const TensorView t = TensorView::contiguous(h.data(), dt, s);
   std::vector<double> out(n);
   size_t i = 0;
-  for (int64_t a = 0; a < s[0]; ++a)
-    for (int64_t l = 0; l < s[1]; ++l)
-      for (int64_t c = 0; c < s[2]; ++c)
-        for (int64_t d = 0; d < s[3]; ++d) out[i++] = t.load(a, l, c, d);
+  for_each_index(s, [&](int64_t a, int64_t l, int64_t c, int64_t d) { out[i++] = t.load(a, l, c, d); });
   return out;
 }
 
@@ -399,10 +394,7 @@ void check_backward(const Case& c, const std::string& kernel, const Plant& plant
     std::vector<uint8_t> oh(nq * es);
     const TensorView ot = TensorView::contiguous(oh.data(), c.dt, sq);
     size_t i = 0;
-    for (int64_t a = 0; a < sq[0]; ++a)
-      for (int64_t l = 0; l < sq[1]; ++l)
-        for (int64_t hh = 0; hh < sq[2]; ++hh)
-          for (int64_t d = 0; d < sq[3]; ++d) ot.store(a, l, hh, d, ro[i++]);
+    for_each_index(sq, [&](int64_t a, int64_t l, int64_t hh, int64_t d) { ot.store(a, l, hh, d, ro[i++]); });
     const std::vector<float> lf(rl.begin(), rl.end());
     EXPECT_EQ(cudaMemcpy(ob.p, oh.data(), oh.size(), cudaMemcpyHostToDevice), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(lse.p, lf.data(), lf.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);

@@ -103,11 +103,7 @@ TEST(PlanGpu, CompoundMatchesReference) {
 // (every row keeps the prefix).
 TEST(PlanGpu, BandRowsWithKeyPrefix) {
   REQUIRE_GPU();
-  int dev = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  const bool sm90a = major == 9 && minor == 0;
+  const bool sm90a = on_sm90a();
   struct C {
     const char* spec;
     int64_t B, H, HK, Lq, Lk, D;
@@ -231,15 +227,12 @@ TEST(PlanGpu, ForcedKernelRunsOrIsRefused) {
 // PlanOptions::kernel, matches the reference and is the row that ran.
 TEST(PlanGpu, EveryKernelTableRow) {
   REQUIRE_GPU();
-  int dev = 0, major = 0, minor = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const bool sm90a = on_sm90a();
   int ran = 0;
   for (const auto& row : spattn::plan::kKernels) {
     if (!spattn::plan::is_gpu_fused(row.kind)) continue;
     SCOPED_TRACE(row.name);
-    if (spattn::plan::is_sm90(row.kind) && !(major == 9 && minor == 0)) continue;
+    if (spattn::plan::is_sm90(row.kind) && !sm90a) continue;
     // Band rows need band-row patterns; the others a mix of full, band and bitmask tiles.
     const std::vector<spattn::Pattern> pats{
         spattn::parse(spattn::plan::is_band(row.kind) ? "local(150)" : "local(150) | global(0:9) | random(3, seed=1)")};

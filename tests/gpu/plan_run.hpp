@@ -22,6 +22,15 @@ struct Buf {
   ~Buf() { cudaFree(p); }
 };
 
+// f(a, b, c, d) for every index of a 4-D shape, row-major (the order of a contiguous tensor's elements).
+template <class F>
+inline void for_each_index(const std::array<int64_t, 4>& s, F f) {
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        for (int64_t d = 0; d < s[3]; ++d) f(a, b, c, d);
+}
+
 // Runs `plan` on the GPU with random inputs of `dt` and compares O with the reference engine's on the same
 // (rounded) inputs; returns the relative error. lse_err: where given, the largest |lse - reference lse| over rows
 // with keys (an empty row must give -inf exactly, else it counts as infinite error).
@@ -35,10 +44,7 @@ inline double run_vs_reference(const spattn::Plan& plan, const std::vector<spatt
   std::normal_distribution<float> nd(0.f, 1.f);
   auto fill = [&](std::vector<uint8_t>& h, std::array<int64_t, 4> shape) {
     const TensorView t = TensorView::contiguous(h.data(), dt, shape);
-    for (int64_t a = 0; a < shape[0]; ++a)
-      for (int64_t b = 0; b < shape[1]; ++b)
-        for (int64_t c = 0; c < shape[2]; ++c)
-          for (int64_t d = 0; d < shape[3]; ++d) t.store(a, b, c, d, nd(rng));
+    for_each_index(shape, [&](int64_t a, int64_t b, int64_t c, int64_t d) { t.store(a, b, c, d, nd(rng)); });
     return t;
   };
   const TensorView tq = fill(hq, {p.batch, p.q_len, p.q_heads, p.head_dim});
@@ -76,14 +82,12 @@ inline double run_vs_reference(const spattn::Plan& plan, const std::vector<spatt
   const TensorView got = TensorView::contiguous(ho.data(), dt, tq.shape);
   double num = 0, den = 0;
   size_t i = 0;
-  for (int64_t a = 0; a < tq.shape[0]; ++a)
-    for (int64_t b = 0; b < tq.shape[1]; ++b)
-      for (int64_t c = 0; c < tq.shape[2]; ++c)
-        for (int64_t d = 0; d < tq.shape[3]; ++d, ++i) {
-          const double x = got.load(a, b, c, d);
-          num += (x - ro[i]) * (x - ro[i]);
-          den += ro[i] * ro[i];
-        }
+  for_each_index({tq.shape[0], tq.shape[1], tq.shape[2], tq.shape[3]}, [&](int64_t a, int64_t b, int64_t c, int64_t d) {
+    const double x = got.load(a, b, c, d);
+    num += (x - ro[i]) * (x - ro[i]);
+    den += ro[i] * ro[i];
+    ++i;
+  });
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
