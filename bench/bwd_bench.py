@@ -61,6 +61,7 @@ def main():
     ap.add_argument("--dims", default="64")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--options", default="", help="more PlanOptions for every plan, key=value,... (e.g. perm_d=1)")
     ap.add_argument("--kernel", default="", help="PlanOptions::backward_kernel ('' chosen); a comma list times each")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
@@ -98,7 +99,7 @@ def main():
                 hs = []
                 for kern in kernels:
                     h = vp()
-                    opts = f"backward_kernel={kern}" if kern else ""
+                    opts = ",".join(x for x in (f"backward_kernel={kern}" if kern else "", args.options) if x)
                     ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, opts.encode(),
                                              ctypes.byref(h)), spec)
                     hs.append(h)

@@ -3,9 +3,10 @@
 // r_g = floor(K N / (R (K + N)))); and the TSVD kernels (auto, and each kernel that applies), per tile size.
 //
 //   spattn tsvd bench [--shapes M:K:N,...] [--ratios 2,4,8] [--tiles 128,256] [--dtype bf16|fp16] [--reps 50]
-//                     [--kernels auto,tile,streamk,gemv,wgmma] [--json FILE]
+//                     [--kernels auto,tile,streamk,gemv,gemv_bulk,wgmma] [--json FILE]
 //
-// Every kernel of --kernels that applies (gemv: M = 1 only; wgmma: M > 1, sm_90a) is timed on the same factors;
+// Every kernel of --kernels that applies (gemv, gemv_bulk: M = 1 only; wgmma: M > 1; gemv_bulk, wgmma: sm_90a) is
+// timed on the same factors;
 // the row reports the fastest, and each kernel's time and what ran ("auto" names the kernel it chose).
 //
 // Default shapes: the (GPT-3 175B at 2048 tokens and at 1, GPT-2 medium attention 1024 -> 1024 and
@@ -131,7 +132,7 @@ int tsvd_bench_main(int argc, char** argv) {
   const int reps = int(a.integer("reps", 50));
   std::vector<std::string> kernel_names;
   {
-    std::stringstream ss(a.str("kernels", "auto,tile,streamk,gemv,wgmma"));
+    std::stringstream ss(a.str("kernels", "auto,tile,streamk,gemv,gemv_bulk,wgmma"));
     for (std::string item; std::getline(ss, item, ',');) kernel_names.push_back(item);
   }
   if (reps < 5) throw Error("--reps must be at least 5");
@@ -193,7 +194,7 @@ int tsvd_bench_main(int argc, char** argv) {
         };
         std::vector<K> ks;
         for (const std::string& kn : kernel_names) {
-          if ((kn == "gemv" && sh.m != 1) || (kn == "wgmma" && sh.m == 1)) continue;
+          if ((kn.rfind("gemv", 0) == 0 && sh.m != 1) || (kn == "wgmma" && sh.m == 1)) continue;
           try {
             const double ms = median_ms([&] { g->matmul(x.p, sh.m, y.p, stream, kn); }, reps, stream);
             ks.push_back({kn, ms, g->last_kernel()});

@@ -267,7 +267,7 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
 }
 
 // Wide (128-key) warp-specialized backward tiles, narrow (64) sm90_bwd ones for residue-permuted plans (cp.async
-// steps).
+// steps) where the head dim has them (64; at 128 the warp-specialized row).
 TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   using spattn::plan::kKernels;
   const int causal = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(16384)), 64);
@@ -282,6 +282,10 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   ASSERT_GE(d128, 0);
   EXPECT_EQ(kKernels[d128].head_dim, 128);
   EXPECT_EQ(kKernels[d128].kind, spattn::plan::KernelKind::sm90_bwd_ws);
+  const int dil128 = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("dilated(256, 2)").bind(16384)), 128);
+  ASSERT_GE(dil128, 0);
+  EXPECT_EQ(kKernels[dil128].head_dim, 128);
+  EXPECT_EQ(kKernels[dil128].kind, spattn::plan::KernelKind::sm90_bwd_ws);
   const int plain = spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(16384)), 64, false);
   ASSERT_GE(plain, 0);
   EXPECT_EQ(kKernels[plain].kind, spattn::plan::KernelKind::sm90_bwd);

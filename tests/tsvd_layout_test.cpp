@@ -124,3 +124,38 @@ TEST(TsvdLayout, WgmmaTmaBoxesFitTheirBuffers) {
     EXPECT_LE(size_t(W.bytes), ck::kSmemSm90) << what;
   }
 }
+
+// The bulk-copy gemv's ring (wgmma.cu's tsvd_gemv_bulk): every bulk copy's destination and size a multiple of 16,
+// the stages, p, the reduction and the mbarriers disjoint and in order; two CTAs an SM where two stages fit
+// kGemvStageBudget, else one; a tile row too large for two stages in an SM gets none (the host then runs the plain
+// gemv).
+TEST(TsvdLayout, GemvBulkRing) {
+  struct T {
+    int tk, tn, rp, ctas;  // ctas: 2, 1, or 0 (does not fit)
+  };
+  for (const T t : {T{128, 128, 32, 2}, T{128, 128, 16, 2}, T{256, 256, 64, 1}, T{256, 256, 32, 2}, T{64, 64, 16, 2},
+                    T{128, 512, 48, 1}, T{128, 192, 48, 2}, T{1024, 1024, 256, 0}, T{8, 8, 16, 2}}) {
+    const ck::GemvSmem L = ck::gemv_smem(t.tk, t.tn, t.rp);
+    const std::string what = "tile " + std::to_string(t.tk) + "x" + std::to_string(t.tn) + " rank " + std::to_string(t.rp);
+    if (t.ctas == 0) {
+      EXPECT_EQ(L.stages, 0) << what;
+      continue;
+    }
+    EXPECT_EQ(L.ctas_per_sm, t.ctas) << what;
+    EXPECT_GE(L.stages, 2) << what;
+    EXPECT_LE(L.stages, 8) << what;
+    EXPECT_GE(L.x_bytes, t.tk * 2) << what;
+    for (int v : {L.x_bytes, L.a_bytes, L.b_bytes, L.stage, L.p_off, L.red_off}) EXPECT_EQ(v % 16, 0) << what;
+    EXPECT_EQ(L.a_bytes, t.rp * t.tk * 2) << what;
+    EXPECT_EQ(L.b_bytes, t.rp * t.tn * 2) << what;
+    EXPECT_EQ(L.stage, L.x_bytes + L.a_bytes + L.b_bytes) << what;
+    EXPECT_LE(L.stages * L.stage, L.p_off) << what;
+    EXPECT_LE(L.p_off + t.rp * 4, L.red_off) << what;
+    EXPECT_EQ(L.bar_off, L.red_off + ck::kGemvThreads * 32) << what;  // (256 / (tn / 8)) x tn floats at most
+    EXPECT_EQ(L.bar_off % 8, 0) << what;
+    EXPECT_EQ(L.bytes, L.bar_off + 8 * L.stages) << what;
+    // What an SM holds: ctas_per_sm CTAs, each with 1 KiB the driver reserves.
+    EXPECT_LE(size_t(L.ctas_per_sm) * size_t(L.bytes + 1024), ck::kSmemSm90 + 1024) << what;
+    if (L.ctas_per_sm == 2) EXPECT_LE(L.bytes, ck::kGemvStageBudget) << what;
+  }
+}

@@ -108,8 +108,10 @@ class TsvdGpu {
   TsvdGpu(const TsvdGpu&) = delete;
   TsvdGpu& operator=(const TsvdGpu&) = delete;
   // kernel: "auto", "tile" (one CTA per output tile), "streamk" (the K tile rows split across CTAs with a fixup),
-  // "gemv" (M = 1), "wgmma" (sm_90a: TMA and wgmma, 128-row tiles, the tile rows split across CTAs when there are
-  // fewer tiles than SMs); auto: gemv at M = 1, wgmma at M >= 128 where it can run, else tile. `stream` is a
+  // "gemv" (M = 1), "gemv_bulk" (M = 1, sm_90a: each CTA keeps several tile rows of factors in flight by bulk
+  // copies), "wgmma" (sm_90a: TMA and wgmma, 128-row tiles, the tile rows split across CTAs when there are fewer
+  // tiles than SMs); auto: gemv_bulk at M = 1 where a tile row fits its ring (else gemv), wgmma at M >= 128 where
+  // it can run and its tiles fill half the SMs, else tile. `stream` is a
   // cudaStream_t. Relaunchable; no allocation after the first call of a shape.
   void matmul(const void* x, int64_t m, void* y, void* stream = nullptr, const std::string& kernel = "auto");
   std::string last_kernel() const;

@@ -27,7 +27,7 @@ const char* kTsvdUsage =
     "            W is K x N float32; R: stored floats = K N / R (r = floor(tK tN / (R (tK + tN)))); E: total relative\n"
     "            Frobenius error target (ranks per tile); G: TSVD-common with G shared A factors (groups of tile rows)\n"
     "  matmul    --x X.npy --factors F.tsvd --out Y.npy [--device cpu|cuda] [--dtype bf16|fp16]\n"
-    "            [--kernel auto|tile|streamk|gemv] [--threads N]      X is M x K; Y = X * TSVD(W), float32\n"
+    "            [--kernel auto|tile|streamk|gemv|gemv_bulk|wgmma] [--threads N]      X is M x K; Y = X * TSVD(W), float32\n"
     "  error     --in W.npy --factors F.tsvd [--per-tile]   per-tile and total relative Frobenius error\n"
     "  info      --factors F.tsvd\n"
     "  bench     [--shapes M:K:N,...] [--ratios 2,4,8] [--tiles 128,256] [--dtype bf16|fp16] [--reps 50] [--json FILE]\n"

@@ -89,7 +89,7 @@ std::vector<float> run_gpu(const TsvdFactors& f, const std::vector<float>& x, in
 void small_case(const char* kernel) {
   const TsvdFactors f = random_factors(256, 256, 128, 128, 16, DType::bf16, 3);
   for (int64_t m : {int64_t(1), int64_t(70)}) {
-    if (m != 1 && std::string(kernel) == "gemv") continue;
+    if (m != 1 && std::string(kernel).rfind("gemv", 0) == 0) continue;
     std::vector<float> x(size_t(m * 256), 0.5f), ref(size_t(m * 256));
     spattn::tsvd_matmul(f, x.data(), m, ref.data());
     std::string ran;
@@ -111,6 +111,11 @@ TEST(TsvdGpuSmall, StreamK) {
 TEST(TsvdGpuSmall, Gemv) {
   REQUIRE_GPU();
   small_case("gemv");
+}
+TEST(TsvdGpuSmall, GemvBulk) {
+  REQUIRE_GPU();
+  if (!sm90a()) GTEST_SKIP() << "the bulk-copy gemv kernel needs an sm_90a GPU (compute capability 9.0)";
+  small_case("gemv_bulk");
 }
 TEST(TsvdGpuSmall, Wgmma) {
   REQUIRE_GPU();
@@ -188,6 +193,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"M = 1 gemv, tile 256, splits with fixup", 1, 2048, 1024, 256, 256, 64, "gemv", DType::bf16},
         Case{"M = 1 gemv, tile 64 and rank 4 padded to 16", 1, 1024, 512, 64, 64, 4, "gemv", DType::bf16},
         Case{"M = 1 gemv, non-square tile, rank 48 (vectors a row do not divide the threads)", 1, 768, 1024, 128, 512, 48, "gemv", DType::f16},
+        Case{"M = 1 gemv_bulk, tile 256 rank 32 (3 stages), splits with fixup", 1, 2048, 1024, 256, 256, 32, "gemv_bulk", DType::bf16},
+        Case{"M = 1 gemv_bulk, tile 64 and rank 4 padded to 16, 264 tile columns of 64 tile rows (one split on 132 SMs: the ring of 8 wraps)", 1, 4096, 16896, 64, 64, 4, "gemv_bulk", DType::bf16},
+        Case{"M = 1 gemv_bulk, 660 tile columns of 4 tile rows (more columns than CTAs resident: one split, several waves), fp16", 1, 256, 42240, 64, 64, 16, "gemv_bulk", DType::f16},
+        Case{"M = 1 gemv_bulk, non-square tile 128 x 192, rank 48 (vectors a row do not divide the threads)", 1, 1024, 768, 128, 192, 48, "gemv_bulk", DType::f16},
+        Case{"M = 1 auto, a tile row too large for the bulk ring: the plain gemv", 1, 2048, 2048, 2048, 1024, 64, "auto", DType::bf16},
         Case{"wgmma: M = 70 (one ragged 128-row tile, TMA zero-fill), rank 64 (ratio 2 at tile 256), BN 256, split fixup", 70, 512, 512, 256, 256, 64, "wgmma", DType::bf16},
         Case{"wgmma: M = 300 (ragged), tile 128, rank 16 (ratio 4 at tile 128), BN 128, fp16", 300, 1024, 512, 128, 128, 16, "wgmma", DType::f16},
         Case{"wgmma: M = 129 (one row in the second tile), tile 256, rank 32 (ratio 4), 3 tile rows", 129, 768, 512, 256, 256, 32, "wgmma", DType::bf16},
@@ -228,6 +238,7 @@ TEST(TsvdGpu, RefusesFactorsItCannotRun) {
     EXPECT_NE(std::string(e.what()).find("tile_n % 128"), std::string::npos) << e.what();
   }
   EXPECT_THROW(g.matmul(d, 4, d, nullptr, "gemv"), spattn::Error);
+  EXPECT_THROW(g.matmul(d, 4, d, nullptr, "gemv_bulk"), spattn::Error);
   EXPECT_THROW(g.matmul(d, 4, d, nullptr, "wgmma"), spattn::Error);  // tile_k % 64, tile_n % 128
   EXPECT_THROW(g.matmul(d, 1, d, nullptr, "fast"), spattn::Error);
   cudaFree(d);

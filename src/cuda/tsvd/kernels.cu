@@ -8,6 +8,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/ptx.cuh"
+#include "cuda/tsvd/gemv_common.cuh"
 #include "cuda/tsvd/kernels.hpp"
 
 namespace spattn::cuda::tsvd {
@@ -33,26 +34,11 @@ __device__ __forceinline__ float to_float(uint16_t h) {
   if constexpr (kBf16) return __bfloat162float(__ushort_as_bfloat16(h));
   else return __half2float(__ushort_as_half(h));
 }
-template <bool kBf16>
-__device__ __forceinline__ uint16_t from_float(float f) {
-  if constexpr (kBf16) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  else return __half_as_ushort(__float2half_rn(f));
-}
 // 16 bytes of data read once (the factors): not kept in L1.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-template <bool kBf16>
-__device__ __forceinline__ void fma8(float (&acc)[8], uint4 v, float s) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 f = unpack2<kBf16>(w[e]);
-    acc[2 * e] = fmaf(f.x, s, acc[2 * e]);
-    acc[2 * e + 1] = fmaf(f.y, s, acc[2 * e + 1]);
-  }
 }
 
 // CTA g's iterations are [split_begin(g), split_begin(g + 1)).
@@ -232,18 +218,13 @@ __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
   float* xs = fsm;              // [tile_k]
   float* ps = xs + p.tile_k;    // [rp]
   float* red = ps + p.rp;       // [2048]: (256 / vectors a row) x row length
-  __shared__ int s_last;
   const auto* X = static_cast<const uint16_t*>(p.x);
   const auto* A = static_cast<const uint16_t*>(p.a);
   const auto* B = static_cast<const uint16_t*>(p.b);
-  auto* Y = static_cast<uint16_t*>(p.y);
   const int tid = threadIdx.x;
   const int j = blockIdx.x % p.tile_cols, s = blockIdx.x / p.tile_cols;
   const int ib = int((long long)p.kt * s / p.splits), ie = int((long long)p.kt * (s + 1) / p.splits);
-  int G = 1;  // threads a rank row (power of two <= 32)
-  while (G < 32 && 2 * G * p.rp <= kGemvThreads) G *= 2;
-  const int vk = p.tile_k / 8, gq = tid / G, gl = tid % G;
-  const int vn = p.tile_n / 8, qph = kGemvThreads / vn, cn = tid % vn, pn = tid / vn;
+  const gemv::Roles t = gemv::roles(p, tid);
   const uint32_t a_bytes = uint32_t(p.rp) * p.tile_k * 2, b_bytes = uint32_t(p.rp) * p.tile_n * 2;
   float yacc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int i = ib; i < ie; ++i) {
@@ -261,60 +242,27 @@ __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
     for (int e = tid; e < p.tile_k; e += kGemvThreads) xs[e] = to_float<kBf16>(X[size_t(i) * p.tile_k + e]);
     __syncthreads();
     // Rank rows gq, gq + 256 / G, ...: G threads a row, each over vectors gl, gl + G, ...
-    for (int q = gq; q < p.rp; q += kGemvThreads / G) {
+    for (int q = t.gq; q < p.rp; q += kGemvThreads / t.G) {
       float acc = 0.f;
       const uint16_t* ar = at + size_t(q) * p.tile_k;
 #pragma unroll 8
-      for (int v = gl; v < vk; v += G) {
+      for (int v = t.gl; v < t.vk; v += t.G) {
         const uint4 a8 = ld_stream(ar + v * 8);
         const float4 x0 = *reinterpret_cast<const float4*>(&xs[v * 8]), x1 = *reinterpret_cast<const float4*>(&xs[v * 8 + 4]);
         const float2 a0 = unpack2<kBf16>(a8.x), a1 = unpack2<kBf16>(a8.y), a2 = unpack2<kBf16>(a8.z), a3 = unpack2<kBf16>(a8.w);
         acc = fmaf(a0.x, x0.x, fmaf(a0.y, x0.y, fmaf(a1.x, x0.z, fmaf(a1.y, x0.w, acc))));
         acc = fmaf(a2.x, x1.x, fmaf(a2.y, x1.y, fmaf(a3.x, x1.z, fmaf(a3.y, x1.w, acc))));
       }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2)
-        if (o < G) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (gl == 0) ps[q] = acc;
+      gemv::rank_row_done(acc, t, ps, q);
     }
     __syncthreads();
-    if (pn < qph) {
-      const uint16_t* bg = bt + cn * 8;
+    if (t.pn < t.qph) {
+      const uint16_t* bg = bt + t.cn * 8;
 #pragma unroll 8
-      for (int q = pn; q < p.rp; q += qph) fma8<kBf16>(yacc, ld_stream(bg + size_t(q) * p.tile_n), ps[q]);
+      for (int q = t.pn; q < p.rp; q += t.qph) gemv::fma8<kBf16>(yacc, ld_stream(bg + size_t(q) * p.tile_n), ps[q]);
     }
   }
-  __syncthreads();
-  if (pn < qph)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) red[pn * p.tile_n + cn * 8 + e] = yacc[e];
-  __syncthreads();
-  const int n0 = j * p.tile_n;
-  if (p.splits == 1) {
-    for (int c = tid; c < p.tile_n; c += kGemvThreads) {
-      float sum = 0.f;
-      for (int r = 0; r < qph; ++r) sum += red[r * p.tile_n + c];
-      Y[n0 + c] = from_float<kBf16>(sum);
-    }
-    return;
-  }
-  for (int c = tid; c < p.tile_n; c += kGemvThreads) {
-    float sum = 0.f;
-    for (int r = 0; r < qph; ++r) sum += red[r * p.tile_n + c];
-    p.partial[size_t(s) * p.n + n0 + c] = sum;
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(&p.counters[j], 1) == p.splits - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int c = tid; c < p.tile_n; c += kGemvThreads) {
-    float sum = 0.f;
-    for (int s2 = 0; s2 < p.splits; ++s2) sum += __ldcg(&p.partial[size_t(s2) * p.n + n0 + c]);
-    Y[n0 + c] = from_float<kBf16>(sum);
-  }
-  if (tid == 0) p.counters[j] = 0;
+  gemv::finish<kBf16>(p, t, yacc, red, j, s);
 }
 
 // The dynamic shared memory opt-in, once per device (a host call per launch shows in the small cases' times).

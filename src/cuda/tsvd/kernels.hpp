@@ -40,6 +40,10 @@ int mma_ctas_per_sm(int rp, bool bf16);  // occupancy (for the stream-K grid)
 // M = 1: one CTA per (tile column, split of its tile rows), A_ij and B_ij streamed once with 16-byte loads.
 // Needs tile_k % 8 == 0, tile_n % 8 == 0, tile_n <= 2048, rp <= 256.
 void launch_gemv(const Params& p, bool bf16, cudaStream_t stream);
+// M = 1 on sm_90a (wgmma.cu): the same split of the tile rows, each CTA keeping gemv_smem's ring of tile rows (x_i,
+// A_ij^T, B_ij by bulk copies) in flight. Needs gemv_bulk_fits.
+bool gemv_bulk_fits(int tile_k, int tile_n, int rp);
+void launch_gemv_bulk(const Params& p, bool bf16, cudaStream_t stream);
 
 // ---- Hopper (sm_90a): warp-specialized wgmma kernel (wgmma.cu) ----
 // CTA: one producer warpgroup (one thread issues the TMA copies) and two consumer warpgroups of 64 rows each;

@@ -78,4 +78,23 @@ SPATTN_TSVD_HD constexpr WgSmem wg_smem(int rp, int bn) {
   return WgSmem{x, a, stage, blk, b, b_off, bar_off, bars, bar_off + bars * 8 + 1024};
 }
 
+// ---- Hopper M = 1 kernel (tsvd_gemv_bulk), in bytes: a ring of `stages` tile rows, each x_i (tile_k 16-bit
+// elements), then A_ij^T (rp x tile_k), then B_ij (rp x tile_n), every part 16-byte aligned (bulk copies); then
+// p (rp floats), the column sums' reduction (kGemvThreads x 8 floats) and one mbarrier a stage. Two CTAs an SM where
+// two stages fit half an SM's shared memory (kGemvStageBudget), else one CTA with the whole of it; as many stages
+// as fit, 2 to 8 (stages 0: not even two fit, the kernel cannot run these factors).
+constexpr int kGemvStageBudget = 112 * 1024;
+struct GemvSmem {
+  int x_bytes, a_bytes, b_bytes, stage, stages, ctas_per_sm, p_off, red_off, bar_off, bytes;
+};
+SPATTN_TSVD_HD constexpr GemvSmem gemv_smem(int tile_k, int tile_n, int rp) {
+  const int x = (tile_k * 2 + 15) / 16 * 16, a = rp * tile_k * 2, b = rp * tile_n * 2, stage = x + a + b;
+  const int fixed = (rp * 4 + 15) / 16 * 16 + kGemvThreads * 32 + 64;
+  int ctas = 2, stages = (kGemvStageBudget - fixed) / stage;
+  if (stages < 2) ctas = 1, stages = (int(kSmemSm90) - 1024 - fixed) / stage;
+  stages = stages < 2 ? 0 : stages > 8 ? 8 : stages;
+  const int p_off = stages * stage, red_off = p_off + (rp * 4 + 15) / 16 * 16, bar_off = red_off + kGemvThreads * 32;
+  return GemvSmem{x, a, b, stage, stages, ctas, p_off, red_off, bar_off, bar_off + stages * 8};
+}
+
 }  // namespace spattn::cuda::tsvd

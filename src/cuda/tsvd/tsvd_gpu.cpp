@@ -45,6 +45,7 @@ struct TsvdGpu::Impl {
   int64_t k = 0, n = 0, tile_k = 0, tile_n = 0;
   int rank = 0, rp = 0, tile_rows = 0, tile_cols = 0;
   int sms = 0;
+  bool sm90a = false;  // bulk copies and wgmma
   long long resident = 0;  // tensor-core kernel CTAs the GPU holds at once (sms x occupancy); 0: it cannot run these
   DeviceArray a, b;
   // The fixup workspace, grown to the largest launch seen (the kernels leave the counters at zero). One launch at
@@ -123,7 +124,8 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
   g.b = DeviceArray(hb.size() * 2);
   SPATTN_CUDA_CHECK(cudaMemcpy(g.a.p, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
   SPATTN_CUDA_CHECK(cudaMemcpy(g.b.p, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-  if (cuda::device_info(device).sm90a()) {
+  g.sm90a = cuda::device_info(device).sm90a();
+  if (g.sm90a) {
     const int bn = ck::wgmma_bn(int(g.tile_k), int(g.tile_n), g.rp);
     const int64_t rows = int64_t(tiles) * g.rp;
     if (bn && cuda::fused::encode_tmap(g.wg.tmap_a, TensorView::contiguous(g.a.p, dtype, {1, rows, 1, g.tile_k}), g.rp) &&
@@ -148,8 +150,9 @@ DType TsvdGpu::dtype() const { return impl_->dtype; }
 void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const std::string& kernel) {
   Impl& g = *impl_;
   if (m < 0 || m > (int64_t(1) << 31) - 1) throw Error("TsvdGpu::matmul: M = " + num(m) + " is out of range");
-  if (kernel != "auto" && kernel != "tile" && kernel != "streamk" && kernel != "gemv" && kernel != "wgmma")
-    throw Error("TsvdGpu::matmul: kernel '" + kernel + "' is not one of auto, tile, streamk, gemv, wgmma");
+  if (kernel != "auto" && kernel != "tile" && kernel != "streamk" && kernel != "gemv" && kernel != "gemv_bulk" &&
+      kernel != "wgmma")
+    throw Error("TsvdGpu::matmul: kernel '" + kernel + "' is not one of auto, tile, streamk, gemv, gemv_bulk, wgmma");
   if (m == 0) return;
   if (reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(y) % 16)
     throw Error("TsvdGpu::matmul: X and Y must be 16-byte aligned device arrays");
@@ -160,21 +163,34 @@ void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const 
   p.m = int(m), p.k = int(g.k), p.n = int(g.n), p.tile_k = int(g.tile_k), p.tile_n = int(g.tile_n), p.rp = g.rp;
   p.tile_cols = g.tile_cols, p.kt = g.tile_rows;
   const bool bf16 = g.dtype == DType::bf16;
-  const bool gemv = kernel == "gemv" || (kernel == "auto" && m == 1);
-  if (gemv) {
-    if (m != 1) throw Error("TsvdGpu::matmul: the gemv kernel is for M = 1, got M = " + num(m));
-    // Enough CTAs to stream the factors at full bandwidth: about 8 per SM (256 threads each).
-    p.splits = std::clamp((8 * g.sms + g.tile_cols - 1) / g.tile_cols, 1, g.tile_rows);
+  // M = 1: the bulk-copy gemv on sm_90a where a tile row's factors are 256 x 256 or more and fit its ring, else the
+  // plain one. H100, 1 x 12288 x 12288 (ms, bulk vs plain): tile 256 rank 64 0.0718 vs 0.0933, rank 32 0.0383 vs
+  // 0.0457, rank 16 0.0241 vs 0.0275; tile 128 rank 32 0.0783 vs 0.0735, rank 16 0.0544 vs 0.0447; 1024-wide shapes
+  // within 0.0003 of each other.
+  const bool bulk_fits = g.sm90a && ck::gemv_bulk_fits(p.tile_k, p.tile_n, p.rp);
+  const bool bulk = kernel == "gemv_bulk" || (kernel == "auto" && m == 1 && bulk_fits && p.tile_k * p.tile_n >= 256 * 256);
+  if (bulk || kernel == "gemv" || (kernel == "auto" && m == 1)) {
+    const std::string name = bulk ? "gemv_bulk" : "gemv";
+    if (m != 1) throw Error("TsvdGpu::matmul: the " + name + " kernel is for M = 1, got M = " + num(m));
+    if (bulk && !g.sm90a) throw Error("TsvdGpu::matmul: the gemv_bulk kernel needs an sm_90a device (bulk copies)");
+    // The tile rows of a column split over CTAs: the bulk kernel one wave (gemv_smem's CTAs an SM), the plain one
+    // about 8 CTAs an SM (256 threads each), enough to stream the factors at full bandwidth.
+    p.splits = bulk ? std::clamp(ck::gemv_smem(p.tile_k, p.tile_n, p.rp).ctas_per_sm * g.sms / g.tile_cols, 1, g.tile_rows)
+                    : std::clamp((8 * g.sms + g.tile_cols - 1) / g.tile_cols, 1, g.tile_rows);
     p.grid = g.tile_cols * p.splits;
     if (p.splits > 1) g.reserve(size_t(p.splits) * size_t(g.n) * sizeof(float), size_t(g.tile_cols));
     p.partial = static_cast<float*>(g.partial.p), p.counters = static_cast<int*>(g.counters.p);
-    ck::launch_gemv(p, bf16, stream);
-    g.last = "gemv (" + num(p.splits) + " splits of the tile rows)";
+    if (bulk) ck::launch_gemv_bulk(p, bf16, stream);
+    else ck::launch_gemv(p, bf16, stream);
+    g.last = name + " (" + num(p.splits) + " splits of the tile rows)";
     return;
   }
-  // auto for M > 1: the wgmma kernel where it can run and M >= 128 (one full CTA tile of rows); this threshold is a
-  // first guess, not a measurement (`spattn tsvd bench` times every kernel). Else the mma.sync kernel.
-  if (kernel == "wgmma" || (kernel == "auto" && m >= ck::kWgBM && g.wg_bn)) {
+  // auto for M > 1: the wgmma kernel where it can run and its output tiles (kWgBM x wg_bn) fill at least half the
+  // SMs; else the mma.sync kernel, one CTA a 64 x 128 tile. H100, `spattn tsvd bench` (session 15): 512 x 1024 x 1024
+  // (16-32 wgmma tiles, split over tile rows) tile 0.018-0.024 ms vs wgmma 0.020-0.028; 512 x 1024 x 4096, tile 128
+  // (128 wgmma tiles) wgmma 0.016-0.017 vs tile 0.024-0.028; GPT-3 M = 2048 (768-1536 tiles) wgmma 3-4x faster.
+  const bool wg_fills = g.wg_bn && m >= ck::kWgBM && 2 * ((m + ck::kWgBM - 1) / ck::kWgBM) * (g.n / g.wg_bn) >= g.sms;
+  if (kernel == "wgmma" || (kernel == "auto" && wg_fills)) {
     if (const std::string why = g.wgmma_refusal(); !why.empty()) throw Error("TsvdGpu::matmul: " + why);
     if (x != g.wg_x || m != g.wg_m) {
       if (!cuda::fused::encode_tmap(g.wg.tmap_x, TensorView::contiguous(const_cast<void*>(x), g.dtype, {1, m, 1, g.k}), ck::kWgBM))

@@ -19,6 +19,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/fused/fused_fwd.cuh"  // desc_lo, desc_of_lo, pack2, tile_to_p, kWgmmaAvailable; wgmma_ops.cuh
+#include "cuda/tsvd/gemv_common.cuh"
 #include "cuda/tsvd/kernels.hpp"
 
 namespace spattn::cuda::tsvd {
@@ -245,6 +246,105 @@ void launch_b(const WgParams& w, cudaStream_t stream) {
   throw Error("TSVD wgmma kernel: no instantiation for rank " + std::to_string(w.p.rp) + ", BN " + std::to_string(w.bn));
 }
 
+// ---- M = 1 on sm_90: the factors streamed by bulk copies -----------------------------------------------------------
+// CTA (j, s) walks tile rows [kt s / S, kt (s + 1) / S) of tile column j as kernels.cu's tsvd_gemv does (p = x_i A_ij
+// with G threads a rank row, then y_j += p B_ij with threads over 16-byte vectors of B's rows), but its thread 0 keeps
+// `stages` tile rows (x_i, A_ij^T, B_ij: one bulk copy each, completing on the stage's mbarrier) in flight in shared
+// memory, where tsvd_gemv's loads of a tile row wait on each other. Layout: smem_layout.hpp's gemv_smem. Not kept:
+// stream-K over the tile rows (branch gemv-streamk-attempt; H100 12288 x 12288, tile 256: rank 64 0.0718 -> 0.0685
+// ms, rank 32 0.0383 -> 0.0433, rank 16 0.0241 -> 0.0277).
+template <bool kBf16>
+__device__ __forceinline__ void gemv_bulk_body(const Params& p) {
+  using namespace ptx;
+  using fused::detail::unpack2;
+  extern __shared__ __align__(16) uint8_t gsm[];
+  const GemvSmem L = gemv_smem(p.tile_k, p.tile_n, p.rp);
+  const uint32_t s0 = smem_u32(gsm), bar0 = s0 + L.bar_off;
+  float* ps = reinterpret_cast<float*>(gsm + L.p_off);
+  float* red = reinterpret_cast<float*>(gsm + L.red_off);
+  const auto* X = static_cast<const uint16_t*>(p.x);
+  const auto* A = static_cast<const uint16_t*>(p.a);
+  const auto* B = static_cast<const uint16_t*>(p.b);
+  const int tid = threadIdx.x;
+  const int j = blockIdx.x % p.tile_cols, s = blockIdx.x / p.tile_cols;
+  const int ib = int((long long)p.kt * s / p.splits), ie = int((long long)p.kt * (s + 1) / p.splits), rows = ie - ib;
+  const gemv::Roles t = gemv::roles(p, tid);
+  const int S = L.stages;
+  auto issue = [&](int u) {  // tile row ib + u into stage u % S (thread 0)
+    const int i = ib + u, st = u % S;
+    const size_t tile = size_t(i) * p.tile_cols + j;
+    const uint32_t dst = s0 + st * L.stage, bar = bar0 + 8 * st;
+    mbar_expect_tx(bar, uint32_t(p.tile_k * 2 + L.a_bytes + L.b_bytes));
+    bulk_load(dst, X + size_t(i) * p.tile_k, uint32_t(p.tile_k * 2), bar);
+    bulk_load(dst + L.x_bytes, A + tile * p.rp * p.tile_k, uint32_t(L.a_bytes), bar);
+    bulk_load(dst + L.x_bytes + L.a_bytes, B + tile * p.rp * p.tile_n, uint32_t(L.b_bytes), bar);
+  };
+  if (tid == 0) {
+    for (int st = 0; st < S; ++st) mbar_init(bar0 + 8 * st, 1);
+    fence_mbar_init();
+    for (int u = 0; u < S && u < rows; ++u) issue(u);
+  }
+  __syncthreads();
+  float yacc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int u = 0; u < rows; ++u) {
+    const int st = u % S;
+    mbar_wait(bar0 + 8 * st, (u / S) & 1);
+    const uint8_t* base = gsm + st * L.stage;
+    const uint16_t* xs = reinterpret_cast<const uint16_t*>(base);
+    const uint16_t* at = reinterpret_cast<const uint16_t*>(base + L.x_bytes);
+    const uint16_t* bt = reinterpret_cast<const uint16_t*>(base + L.x_bytes + L.a_bytes);
+    // Rank rows gq, gq + 256 / G, ...: G threads a row, each over vectors gl, gl + G, ... (x_i in 16 bits here).
+    for (int q = t.gq; q < p.rp; q += kGemvThreads / t.G) {
+      float acc0 = 0.f, acc1 = 0.f;
+      const uint16_t* ar = at + size_t(q) * p.tile_k;
+#pragma unroll 4
+      for (int v = t.gl; v < t.vk; v += t.G) {
+        const uint4 a8 = *reinterpret_cast<const uint4*>(ar + v * 8), x8 = *reinterpret_cast<const uint4*>(xs + v * 8);
+        const float2 a0 = unpack2<kBf16>(a8.x), a1 = unpack2<kBf16>(a8.y), a2 = unpack2<kBf16>(a8.z), a3 = unpack2<kBf16>(a8.w);
+        const float2 x0 = unpack2<kBf16>(x8.x), x1 = unpack2<kBf16>(x8.y), x2 = unpack2<kBf16>(x8.z), x3 = unpack2<kBf16>(x8.w);
+        acc0 = fmaf(a0.x, x0.x, fmaf(a0.y, x0.y, fmaf(a1.x, x1.x, fmaf(a1.y, x1.y, acc0))));
+        acc1 = fmaf(a2.x, x2.x, fmaf(a2.y, x2.y, fmaf(a3.x, x3.x, fmaf(a3.y, x3.y, acc1))));
+      }
+      gemv::rank_row_done(acc0 + acc1, t, ps, q);
+    }
+    __syncthreads();
+    if (t.pn < t.qph) {
+      const uint16_t* bg = bt + t.cn * 8;
+#pragma unroll 4
+      for (int q = t.pn; q < p.rp; q += t.qph) gemv::fma8<kBf16>(yacc, *reinterpret_cast<const uint4*>(bg + size_t(q) * p.tile_n), ps[q]);
+    }
+    __syncthreads();  // stage st and ps are read: the stage takes tile row u + S
+    if (tid == 0 && u + S < rows) issue(u + S);
+  }
+  gemv::finish<kBf16>(p, t, yacc, red, j, s);
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kGemvThreads) tsvd_gemv_bulk(const Params p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!fused::kWgmmaAvailable) {
+    __trap();
+  } else {
+    gemv_bulk_body<kBf16>(p);
+  }
+#endif
+}
+
+template <bool kBf16>
+void launch_gemv_bulk_t(const Params& p, cudaStream_t stream) {
+  const int smem = gemv_smem(p.tile_k, p.tile_n, p.rp).bytes;
+  static std::atomic<uint64_t> configured{0};  // the opt-in, once per device
+  int dev = 0;
+  SPATTN_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(configured.load(std::memory_order_acquire) & bit)) {
+    SPATTN_CUDA_CHECK(cudaFuncSetAttribute(tsvd_gemv_bulk<kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemSm90 - 1024)));
+    configured.fetch_or(bit, std::memory_order_release);
+  }
+  tsvd_gemv_bulk<kBf16><<<p.grid, kGemvThreads, smem, stream>>>(p);
+  SPATTN_LAUNCH_CHECK("tsvd_gemv_bulk");
+}
+
 }  // namespace
 
 int wgmma_bn(int tile_k, int tile_n, int rp) {
@@ -254,6 +354,18 @@ int wgmma_bn(int tile_k, int tile_n, int rp) {
 }
 
 size_t wgmma_smem_bytes(int rp, int bn) { return size_t(wg_smem(rp, bn).bytes); }
+
+bool gemv_bulk_fits(int tile_k, int tile_n, int rp) {
+  return tile_k % 8 == 0 && tile_n % 8 == 0 && tile_n <= 8 * kGemvThreads && gemv_smem(tile_k, tile_n, rp).stages > 0;
+}
+
+void launch_gemv_bulk(const Params& p, bool bf16, cudaStream_t stream) {
+  if (!gemv_bulk_fits(p.tile_k, p.tile_n, p.rp))
+    throw Error("TSVD bulk gemv: a tile row of factors (tile " + std::to_string(p.tile_k) + "x" + std::to_string(p.tile_n) +
+                ", rank " + std::to_string(p.rp) + ") does not fit two stages of shared memory");
+  if (bf16) launch_gemv_bulk_t<true>(p, stream);
+  else launch_gemv_bulk_t<false>(p, stream);
+}
 
 void launch_wgmma(const WgParams& w, bool bf16, cudaStream_t stream) {
   if (bf16) launch_b<true>(w, stream);
