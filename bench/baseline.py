@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Baselines: bench/baselines/NAME.json (a bench's JSON with a "meta" block: commit, date, command) and NAME.png.
 
-Turns the JSON of `spattn bench --json` (CPU, or CUDA: Multigrain vs cuSPARSE) into a baseline, and draws the plot
-of any baseline (bench/gpu_bench.py's fused runs too, with the plot gpu_bench.py itself writes):
+Turns the JSON of `spattn bench --json` (CPU, or CUDA: Multigrain vs cuSPARSE) or of `spattn tsvd bench --json` into
+a baseline, and draws the plot of any baseline (bench/gpu_bench.py's fused runs too, with the plot gpu_bench.py itself
+writes):
 
   python3 bench/baseline.py out/cpu.json cpu-epyc-2c        # -> bench/baselines/cpu-epyc-2c.{json,png}
   python3 bench/baseline.py --png bench/baselines/*.json     # redraw the plots of existing baselines
@@ -55,10 +56,12 @@ def with_meta(text, block):
 
 
 def kind(doc):
-    """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu) or backward
-    (bench/bwd_bench.py)."""
-    if doc.get("kind") == "backward":
-        return "backward"
+    """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu), backward
+    (bench/bwd_bench.py) or tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one)."""
+    if doc.get("kind") in ("backward", "tsvd"):
+        return doc["kind"]
+    if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
+        return "tsvd"
     if doc.get("machine", {}).get("device") == "cpu":
         return "cpu"
     impls = {r.get("impl") for r in doc["rows"]}
@@ -80,6 +83,50 @@ def index(rows):
 def cases(rows, impl):
     """The (pattern, L, D) of impl's rows, in the order the bench ran them."""
     return [(r["pattern"], r["L"], r["D"]) for r in rows if r["impl"] == impl]
+
+
+# TSVD (spattn tsvd bench): the issue's shapes by (K, N), and its bar.
+TSVD_MODELS = {(12288, 12288): "GPT-3 175B", (1024, 1024): "GPT-2 medium attention", (1024, 4096): "GPT-2 medium FF"}
+
+
+def tsvd_cases(rows):
+    """One dict per (M, K, N, ratio), in the bench's order: the tile whose auto time is best (the library's own choice,
+    kernels["auto"]; the row's best kernel where the run had no auto) and, at that tile, auto's time and kernel and
+    the best forced kernel's (forced_ms, forced: None where auto ran that kernel or none was forced)."""
+    out = {}
+    for r in rows:
+        ks, ran = r.get("kernels", {}), r.get("kernels_ran", {})
+        auto_ms = ks.get("auto", r["tsvd_ms"])
+        c = out.get((r["M"], r["K"], r["N"], r["ratio"]))
+        if c and c["ms"] <= auto_ms:
+            continue
+        kernel = ran.get("auto", r["tsvd_kernel"]).split(" ")[0]
+        forced = {k: ms for k, ms in ks.items() if k != "auto"}
+        best = min(forced, key=forced.get) if forced else None
+        if best == kernel or (best and forced[best] >= auto_ms):
+            best = None
+        out[(r["M"], r["K"], r["N"], r["ratio"])] = {
+            "row": r, "ms": auto_ms, "kernel": kernel, "forced": best, "forced_ms": forced[best] if best else None,
+            "x_svd": r["svd_ms"] / auto_ms, "x_dense": r["dense_ms"] / auto_ms}
+    return list(out.values())
+
+
+def tsvd_svd_bar(M, K, N):
+    """The speedup over SVD-matmul the issue asks of a shape: above 1.0 at M = 1 and for GPT-2 medium, at least 0.9
+    for GPT-3 at 2048 tokens; None for a shape outside the issue."""
+    model = TSVD_MODELS.get((K, N))
+    if M == 1 or (model and model.startswith("GPT-2")):
+        return 1.0
+    return 0.9 if model == "GPT-3 175B" else None
+
+
+def tsvd_meets(M, K, N, ratio, x_svd, x_dense):
+    """True / False against the issue's bar (x dense above 1 too at M = 1 and ratio >= 4); None outside the issue."""
+    bar = tsvd_svd_bar(M, K, N)
+    if bar is None:
+        return None
+    ok = x_svd > 1.0 if bar == 1.0 else x_svd >= bar
+    return ok and (x_dense > 1.0 if M == 1 and ratio >= 4 else True)
 
 
 # ---------------------------------------------------------------------------------------------------- plots
@@ -193,7 +240,50 @@ def plot_backward(doc, png):
     _finish(plt, fig, ax, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}, L={r0['L']}", png, fontsize=8)
 
 
-PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward}
+def plot_tsvd(doc, png):
+    """Per shape and ratio, the speedup over SVD-matmul of the library's auto choice and of the best forced kernel
+    (the tile of tsvd_cases), auto's over dense cuBLAS as a mark; the issue's bar as lines (1.0, 0.9 for GPT-3's
+    2048 tokens)."""
+    plt = _pyplot()
+    cs = tsvd_cases(doc["rows"])
+    x = list(range(len(cs)))
+    fig, ax = plt.subplots(figsize=(max(9, len(cs) * 0.6), 5))
+    ax.bar([i - 0.2 for i in x], [c["x_svd"] for c in cs], 0.4, label="TSVD auto (the library's choice)")
+    ax.bar([i + 0.2 for i in x], [c["row"]["svd_ms"] / (c["forced_ms"] or c["ms"]) for c in cs], 0.4,
+           label="TSVD best kernel (forced)")
+    ax.plot(x, [c["x_dense"] for c in cs], "k_", markersize=12, label="TSVD auto: speedup over dense cuBLAS GEMM")
+    ax.axhline(1.0, color="k", linewidth=0.8, label="bar 1.0x (SVD-matmul; dense at M=1, R>=4)")
+    shapes = []
+    for i, c in enumerate(cs):
+        r = c["row"]
+        key = (r["M"], r["K"], r["N"])
+        if not shapes or shapes[-1][0] != key:
+            shapes.append((key, [i]))
+        else:
+            shapes[-1][1].append(i)
+    for (M, K, N), idx in shapes:
+        bar = tsvd_svd_bar(M, K, N)
+        if bar is not None and bar != 1.0:
+            ax.hlines(bar, idx[0] - 0.45, idx[-1] + 0.45, colors="r", linestyles="--", linewidth=1,
+                      label=f"bar {bar}x ({TSVD_MODELS[(K, N)]}, M={M})")
+        if idx[0]:
+            ax.axvline(idx[0] - 0.5, color="0.8", linewidth=0.8)
+        ax.text((idx[0] + idx[-1]) / 2, -0.13, f"{TSVD_MODELS.get((K, N), '')}\n{M}x{K}x{N}", ha="center",
+                va="top", fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"R={c['row']['ratio']}\nt={c['row']['tile']}" for c in cs], fontsize=7)
+    ax.set_yscale("log")
+    ticks = [t for t in (0.25, 0.5, 0.9, 1, 2, 4, 8, 16) if t <= 1 or t <= 2 * max(c["x_dense"] for c in cs)]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t:g}x" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(top=2.5 * max(max(c["x_svd"], c["x_dense"]) for c in cs))
+    ax.set_ylabel("speedup over SVD-matmul (2 cuBLAS GEMMs)")
+    _finish(plt, fig, ax, f"TSVD matmul, {doc['machine']['gpu']}, {doc.get('dtype', '')}, ratio R, tile t",
+            png, fontsize=8)
+
+
+PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
 
 
 def plot(doc, png):

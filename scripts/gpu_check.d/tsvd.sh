@@ -6,7 +6,9 @@
 # (cuBLAS GEMM, SVD-matmul as two cuBLAS GEMMs, TSVD; the issue's shapes at ratios 2, 4, 8) as JSON.
 # Logs and JSON go to OUTDIR (else $SPATTN_OUT, else ./out). Run by scripts/gpu_check.sh with SPATTN_BUILD (its build
 # dir); standalone it configures for the GPU it finds and builds only what it runs into build-tsvd/ (GoogleTest
-# from /tmp/gtest-install or .gtest/ when the machine has none). TSVD_BENCH_ARGS adds bench arguments.
+# from /tmp/gtest-install or .gtest/ when the machine has none). TSVD_BENCH_ARGS adds bench arguments. TSVD_BASELINE=NAME
+# (e.g. h100-tsvd) also makes the bench's JSON bench/baselines/NAME.{json,png} (bench/baseline.py; $SPATTN_BASELINES
+# and $SPATTN_COMMIT as there: bench/README.md).
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler (see scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -59,8 +61,18 @@ done
 
 echo "== tsvd: bench ($(elapsed))"
 # shellcheck disable=SC2086
-timeout 300 "$CLI" tsvd bench --json "$OUTD/tsvd_bench.json" ${TSVD_BENCH_ARGS:-} >"$OUTD/tsvd_bench.txt" 2>"$OUTD/tsvd_bench.log" || rc=1
+timeout 300 "$CLI" tsvd bench --json "$OUTD/tsvd_bench.json" ${TSVD_BENCH_ARGS:-} >"$OUTD/tsvd_bench.txt" 2>"$OUTD/tsvd_bench.log"
+brc=$?
+[ $brc -eq 0 ] || rc=1
 cat "$OUTD/tsvd_bench.txt"
 tail -5 "$OUTD/tsvd_bench.log"
+if [ -n "${TSVD_BASELINE:-}" ]; then
+  if [ $brc -eq 0 ]; then
+    python3 "$ROOT/bench/baseline.py" "$OUTD/tsvd_bench.json" "$TSVD_BASELINE" \
+      --command "TSVD_BASELINE=$TSVD_BASELINE bash scripts/gpu_check.d/tsvd.sh (spattn tsvd bench --json tsvd_bench.json${TSVD_BENCH_ARGS:+ $TSVD_BENCH_ARGS})" || rc=1
+  else
+    fail "no baseline $TSVD_BASELINE: the bench failed (rc $brc)"
+  fi
+fi
 echo "tsvd.sh: rc $rc ($(elapsed))"
 exit $rc
