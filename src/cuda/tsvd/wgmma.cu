@@ -12,6 +12,13 @@
 //
 // Shared memory is in the 128-byte-swizzled layouts of fused_fwd.cuh (sw_off): X and A^T chunks are 128-byte
 // rows (K-major), B_ij is BN / 64 column blocks of rp rows x 128 bytes (N-major, LBO = rp x 128 bytes).
+//
+// What bounds it (GPT-3, 2048 x 12288 x 12288, H100): each X element staged in shared memory serves 2 rp flops, and
+// an SM multiplies 4096 bf16 flops a clock against 128 bytes a clock of shared memory (an A100 2048), so at rp 64 the
+// X stream alone (written by TMA, read by wgmma) takes the whole shared-memory rate, at rp 32 and 16 twice and four
+// times it: ratio 2 / 4 / 8 run at 0.55 / 0.45 / 0.40 ms against SVD-matmul's 0.40 / 0.21 / 0.13. Not kept: CTA pairs
+// sharing X by TMA multicast (branch tsvd-multicast-attempt): 2x slower, latency-bound (ncu: SM 29% vs 72%); a
+// deeper ring (6 stages: 0.549 -> 0.572 ms).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
