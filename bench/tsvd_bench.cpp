@@ -235,7 +235,7 @@ int tsvd_bench_main(int argc, char** argv) {
   if (a.has("json")) {
     std::ofstream out(a.str("json"));
     if (!out) throw Error("cannot write --json file '" + a.str("json") + "'");
-    out << "{\"machine\": {\"gpu\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount << "}, \"dtype\": \""
+    out << "{\"kind\": \"tsvd\", \"machine\": {\"gpu\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount << "}, \"dtype\": \""
         << dtype_name(t) << "\", \"reps\": " << reps << ", \"timing\": \"median of CUDA-event times, warm L2\",\n\"rows\": [\n"
         << rows.str() << "\n]}\n";
     std::fprintf(stderr, "wrote %s\n", a.str("json").c_str());
