@@ -148,6 +148,11 @@ class SimWorld {
 std::unique_ptr<Communicator> make_nccl_communicator(void* nccl_comm, Stream stream);
 bool have_nccl();  // whether this build has NCCL
 
+// (o, lse) <- the LSE merge (plan/merge.hpp) of (o, lse) and (o2, lse2), two partial results of the same rows over
+// disjoint keys: o, o2 [B, L, H, Dv], lse, lse2 [B, H, L, 1], CPU memory, any dtype and strides. The distributed
+// parts' merge, for callers that run the parts themselves (the Python layer, spattn.distributed).
+void merge_into(const TensorView& o, const TensorView& lse, const TensorView& o2, const TensorView& lse2);
+
 // One rank's plans (ordinary spattn::Plans over windows of the pattern) and its forward and backward.
 class DistRank {
  public:

@@ -115,6 +115,14 @@ std::vector<BoundPattern> windows(const std::vector<BoundPattern>& patterns, con
 
 }  // namespace
 
+void merge_into(const TensorView& o, const TensorView& lse, const TensorView& o2, const TensorView& lse2) {
+  const int64_t B = o.shape[0], L = o.shape[1], H = o.shape[2];
+  Problem::check_view(o2, "o2", o.shape);
+  Problem::check_view(lse, "lse", {B, H, L, 1});
+  Problem::check_view(lse2, "lse2", {B, H, L, 1});
+  for (int64_t i = 0; i < L; ++i) merge_row(o, lse, i, o2, lse2, i);
+}
+
 struct DistRank::Impl {
   Problem problem;  // the whole sequence
   RankPlan rp;
@@ -272,7 +280,7 @@ struct DistRank::Impl {
     if (remote) {
       Buf o2(DType::f32, B, n, Hq, Dv), l2(DType::f32, B, n, Hq, 1, true);
       remote->forward(q, kf.view, vf.view, o2.view, l2.view);
-      for (int64_t i = 0; i < n; ++i) merge_row(o, lse, i, o2.view, l2.view, i);
+      merge_into(o, lse, o2.view, l2.view);
     }
     // Global rows: the partials this rank computed for others go back; its own rows' partials come in and merge.
     Buf og(DType::f32, B, g, Hq, Dv), lg(DType::f32, B, g, Hq, 1, true);
