@@ -60,6 +60,20 @@ def unshard(parts: Sequence[Tensor], owned: Sequence[Ranges], seq_len: int, dim:
     return out
 
 
+def _local_index(owned: Ranges, ranges: Ranges) -> Tensor:
+    """The indices in a rank's tensors (its ranges ``owned``, in order) of the global tokens of ``ranges``."""
+    g = _index(ranges)
+    out = torch.full_like(g, -1)
+    off = 0
+    for b, e in owned:
+        m = (g >= b) & (g < e)
+        out[m] = g[m] - b + off
+        off += e - b
+    if (out < 0).any():
+        raise Error(f"tokens {ranges} are not all among the rank's {owned}")
+    return out
+
+
 class _State:
     """A rank's plans and index lists for one (pattern, shapes, group) — built once, reused by forward and backward."""
 
@@ -74,15 +88,7 @@ class _State:
         owned = [tuple(x) for x in me["owned"]]
         if sum(e - b for b, e in owned) != n:
             raise Error(f"rank {rank}: q has {n} tokens, the {layout} layout gives it {sum(e - b for b, e in owned)}")
-        # Global token -> index in this rank's tensors, for the keys it sends.
-        pos = {}
-        i = 0
-        for b, e in owned:
-            for g in range(b, e):
-                pos[g] = i
-                i += 1
-        self.send_idx = [torch.tensor([pos[g] for b, e in me["send_keys"][s] for g in range(b, e)], dtype=torch.long)
-                         for s in range(world)]
+        self.send_idx = [_local_index(owned, [tuple(x) for x in me["send_keys"][s]]) for s in range(world)]
         self.recv_n = [sum(e - b for b, e in me["recv_keys"][s]) for s in range(world)]
         fetched = [tuple(x) for x in me["fetched"]]
         args = (B, Hq, Hkv, D, Dv, dt, scale or 0.0, "cpu", "cpu", 0)
