@@ -117,6 +117,10 @@ class Communicator {
   virtual void send(const void* data, int64_t bytes, int peer) = 0;
   virtual void recv(void* data, int64_t bytes, int peer) = 0;
   virtual void wait() = 0;
+  // Whether sends and receives are enqueued on a CUDA stream (NCCL) rather than done by the host: then wait()
+  // returns at once, work enqueued on stream() after it sees the data, and a GPU rank must run on that stream.
+  virtual bool stream_ordered() const { return false; }
+  virtual Stream stream() const { return nullptr; }
   // Bytes this communicator sent and received since it was made.
   int64_t bytes_sent() const { return sent_; }
   int64_t bytes_received() const { return received_; }
@@ -126,10 +130,11 @@ class Communicator {
 };
 
 // W ranks in one process: sends copy into the peer's mailbox, receives wait for it. The ranks run on threads
-// (run_simulated); a rank that throws wakes the others, which throw too.
+// (run); a rank that throws wakes the others, which throw too. `memory`: where the ranks' buffers live; a CUDA
+// device (several ranks simulated on one GPU) copies through cudaMemcpy and synchronises the device at wait().
 class SimWorld {
  public:
-  explicit SimWorld(int world);
+  explicit SimWorld(int world, Device memory = Device::cpu());
   ~SimWorld();
   Communicator& comm(int rank);
   int size() const;
@@ -162,8 +167,10 @@ class DistRank {
 
   int rank() const;
   // The rank's shard (n = its tokens): q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, Dv], o [B, n, Hq, Dv],
-  // lse [B, Hq, n, 1] (required). CPU device: as the CPU engines take them (o, lse fp32). GPU devices: not yet
-  // (Error): the exchange and merge kernels for device memory are the next step.
+  // lse [B, Hq, n, 1] (required). CPU device: as the CPU engines take them (o, lse fp32). GPU device: bf16 / fp16
+  // device memory as the GPU engines take it (o in the problem's dtype, lse fp32), enqueued on `stream` (with NCCL,
+  // the communicator's stream); a plan that ships global rows is refused (DistOptions::distribute_rows false).
+  // The GPU path is compiled, not yet run (written on a machine without a GPU).
   void forward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
   // dq, dk, dv (overwritten) of the rank's shard, from the forward's o and lse and dout [B, n, Hq, Dv].

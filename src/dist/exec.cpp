@@ -2,26 +2,37 @@
 //
 // Exchange buffers are token-major, [T, B, H, D] in memory, seen as [B, T, H, D] views (TensorView strides): the
 // tokens a peer sends are then one contiguous message, whatever the batch. Two rounds a pass:
-//   forward   1: K/V of the fetched ranges, queries of global rows   -> local part runs meanwhile (overlap)
+//   forward   1: K/V of the fetched ranges, queries of global rows   -> the local part runs meanwhile (overlap)
 //             2: partial results of others' global rows back to their owners, merged there
 //   backward  1: as forward, plus o, dout and lse of global rows
 //             2: dK/dV of fetched keys back to their owners, dQ partials of global rows back, added there
-// CPU tensors for now; on the GPU the same schedule needs device packing (cudaMemcpy2DAsync) and the merge kernel of
-// compound plans (cuda/fused/parts_kernels.hpp launch_merge), with the local part on its own stream: not yet built.
+// Overlap: on the CPU the local part runs between posting the exchange and waiting on it; on a GPU it runs on a
+// side stream (an event orders it after the caller's stream, another orders the merge after it) while the caller's
+// stream packs, exchanges (NCCL enqueues on it) and runs the remote part.
+// GPU ranks: bf16 / fp16 (the merge is the compound plans' kernel, cuda/fused/parts_kernels.hpp launch_merge);
+// plans built without global rows shipped (DistOptions::distribute_rows false: those rows then fetch every key).
 #include <cstring>
 #include <optional>
 #include <sstream>
 
 #include "dist/ranges.hpp"
 #include "plan/merge.hpp"
+#include "spattn/config.hpp"
 #include "spattn/distributed.hpp"
+
+#if SPATTN_HAVE_CUDA
+#include "cuda/common/check.hpp"
+#include "cuda/common/fill.hpp"
+#include "cuda/fused/parts_kernels.hpp"
+#endif
 
 namespace spattn::dist {
 
 namespace {
 
-// A [B, T, H, D] view of token-major storage.
+// A [B, T, H, D] view of token-major storage [T, B, H, D].
 TensorView token_major(void* data, DType t, int64_t B, int64_t T, int64_t H, int64_t D) {
+  if (B == 1) return TensorView::contiguous(data, t, {B, T, H, D});  // the same addresses, the engines' usual strides
   return TensorView{data, t, {B, T, H, D}, {H * D, B * H * D, D, 1}};
 }
 // A [B, H, T, 1] LSE view of token-major storage [T, B, H].
@@ -36,43 +47,30 @@ struct Row {
   bool lse = false;
 };
 
-// A buffer of token-major rows with its view.
+// An exchange buffer (host or device memory) and its token-major view.
 struct Buf {
-  std::vector<char> bytes;
+  std::shared_ptr<char> mem;
+  int64_t nbytes = 0;
   TensorView view;
-  Buf() = default;
-  Buf(DType t, int64_t B, int64_t T, int64_t H, int64_t D, bool lse = false)
-      : bytes(size_t(checked_bytes("exchange buffer", {T, B, H, D}, dtype_size(t)))) {
-    view = lse ? token_major_lse(bytes.data(), t, B, T, H) : token_major(bytes.data(), t, B, T, H, D);
-  }
-  Buf(const Row& r, int64_t B, int64_t T) : Buf(r.dtype, B, T, r.H, r.lse ? 1 : r.D, r.lse) {}
-  int64_t size() const { return int64_t(bytes.size()); }
+  char* data() const { return mem.get(); }
+  int64_t size() const { return nbytes; }
 };
 
-// dst token di <- src token si (every batch element and head), converting dtypes where they differ.
-void copy_token(const TensorView& src, int64_t si, const TensorView& dst, int64_t di) {
-  const int64_t B = src.shape[0], H = src.shape[2], D = src.shape[3];
+// dst (+)= src element by element on the host: views of one shape, any dtypes and strides.
+void host_move(const TensorView& dst, const TensorView& src, bool add) {
   const size_t es = size_t(dtype_size(src.dtype));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      if (src.dtype == dst.dtype && src.stride[3] == 1 && dst.stride[3] == 1) {
-        std::memcpy(static_cast<char*>(dst.data) + size_t(dst.offset(b, di, h, 0)) * es,
-                    static_cast<const char*>(src.data) + size_t(src.offset(b, si, h, 0)) * es, size_t(D) * es);
-      } else {
-        for (int64_t d = 0; d < D; ++d) dst.store(b, di, h, d, src.load(b, si, h, d));
+  const bool raw = !add && src.dtype == dst.dtype && src.stride[3] == 1 && dst.stride[3] == 1;
+  for (int64_t a = 0; a < src.shape[0]; ++a)
+    for (int64_t b = 0; b < src.shape[1]; ++b)
+      for (int64_t c = 0; c < src.shape[2]; ++c) {
+        if (raw) {
+          std::memcpy(static_cast<char*>(dst.data) + size_t(dst.offset(a, b, c, 0)) * es,
+                      static_cast<const char*>(src.data) + size_t(src.offset(a, b, c, 0)) * es, size_t(src.shape[3]) * es);
+          continue;
+        }
+        for (int64_t d = 0; d < src.shape[3]; ++d)
+          dst.store(a, b, c, d, (add ? dst.load(a, b, c, d) : 0.0) + src.load(a, b, c, d));
       }
-    }
-}
-// dst token di += src token si.
-void add_token(const TensorView& src, int64_t si, const TensorView& dst, int64_t di) {
-  for (int64_t b = 0; b < src.shape[0]; ++b)
-    for (int64_t h = 0; h < src.shape[2]; ++h)
-      for (int64_t d = 0; d < src.shape[3]; ++d) dst.store(b, di, h, d, dst.load(b, di, h, d) + src.load(b, si, h, d));
-}
-// lse[b, h, li] of a [B, H, T, 1] view.
-void copy_lse(const TensorView& src, int64_t si, const TensorView& dst, int64_t di) {
-  for (int64_t b = 0; b < src.shape[0]; ++b)
-    for (int64_t h = 0; h < src.shape[1]; ++h) dst.store(b, h, di, 0, src.load(b, h, si, 0));
 }
 
 // (o, lse) row li <- merge with (o2, lse2) row si: the merge primitive of compound plans (plan/merge.hpp).
@@ -86,14 +84,6 @@ void merge_row(const TensorView& o, const TensorView& lse, int64_t li, const Ten
         o.store(b, li, h, d, double(w.wa * float(o.load(b, li, h, d)) + w.wb * float(o2.load(b, si, h, d))));
       lse.store(b, h, li, 0, double(w.lse));
     }
-}
-
-// Calls fn(global token, index in the concatenation) for each token of `ranges` in order, from index `first`.
-template <class F>
-void for_tokens(const IndexRanges& ranges, int64_t first, F&& fn) {
-  int64_t i = first;
-  for (const IndexRange& r : ranges)
-    for (int64_t g = r.begin; g < r.end; ++g) fn(g, i++);
 }
 
 // Windows of the plan's patterns (one, or one per head; heads sharing a pattern share its window).
@@ -128,16 +118,36 @@ struct DistRank::Impl {
   RankPlan rp;
   int world = 0;
   Device device;
+  bool cuda = false;
   int64_t n = 0, f = 0, g = 0;          // own tokens, fetched keys, received global-row queries
   std::vector<int64_t> fetched_at, rows_at;  // [world + 1]: first index of each source's keys / rows
   detail::LocalIndex local_index;
   std::optional<Plan> local, remote, rows;
+#if SPATTN_HAVE_CUDA
+  cudaStream_t side = nullptr;  // the local part's stream
+  cudaEvent_t inputs_ready = nullptr, local_done = nullptr;
+#endif
 
   Impl(const DistPlan& plan, int rank, Device dev, const PlanOptions& options)
-      : problem(plan.problem()), rp(plan.rank(rank)), world(plan.world()), device(dev), local_index(rp.owned) {
-    if (dev.kind != Device::Kind::cpu)
-      throw Error("distributed attention on " + dev.str() +
-                  ": not built yet (device exchange buffers and the GPU merge are the next step); use Device::cpu()");
+      : problem(plan.problem()), rp(plan.rank(rank)), world(plan.world()), device(dev),
+        cuda(dev.kind == Device::Kind::cuda), local_index(rp.owned) {
+    if (cuda) {
+#if SPATTN_HAVE_CUDA
+      if (problem.dtype != DType::bf16 && problem.dtype != DType::f16)
+        throw Error("distributed attention on " + dev.str() + ": dtype " + std::string(dtype_name(problem.dtype)) +
+                    " (GPU ranks take bf16 and fp16: the merge kernel's)");
+      for (int r = 0; r < world; ++r)
+        if (!plan.rank(r).skipped.empty())
+          throw Error("distributed attention on " + dev.str() + ": rank " + std::to_string(r) +
+                      " ships global rows (its queries to every rank), which GPU ranks do not do yet; build the "
+                      "DistPlan with DistOptions::distribute_rows = false (those rows then fetch every key)");
+      if (problem.dv() % 8 != 0)
+        throw Error("distributed attention on " + dev.str() + ": value dim " + std::to_string(problem.dv()) +
+                    " (GPU ranks merge rows of 8-element words: a multiple of 8)");
+#else
+      throw Error("distributed attention on " + dev.str() + ": this build of spattn has no CUDA support");
+#endif
+    }
     n = total_size(rp.owned);
     f = total_size(rp.fetched);
     g = total_size(rp.row_queries);
@@ -158,6 +168,112 @@ struct DistRank::Impl {
     if (n > 0 && f > 0)
       remote.emplace(make_plan(windows(pats, rp.owned, rp.fetched, rp.skipped), piece(n, f), dev, options));
     if (g > 0 && n > 0) rows.emplace(make_plan(windows(pats, rp.row_queries, rp.owned), piece(g, n), dev, options));
+#if SPATTN_HAVE_CUDA
+    if (cuda) {
+      SPATTN_CUDA_CHECK(cudaSetDevice(dev.index));
+      SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+      SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready, cudaEventDisableTiming));
+      SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&local_done, cudaEventDisableTiming));
+    }
+#endif
+  }
+  ~Impl() {
+#if SPATTN_HAVE_CUDA
+    if (side) cudaStreamDestroy(side);
+    if (inputs_ready) cudaEventDestroy(inputs_ready);
+    if (local_done) cudaEventDestroy(local_done);
+#endif
+  }
+
+  // ---- memory: host or the rank's device ----
+  // Exchange buffers on the GPU are allocated per call (cudaMalloc; cudaFree's implicit synchronisation also keeps
+  // them alive until NCCL is done with them); a workspace kept by the rank is the next step.
+  Buf buf(DType t, int64_t B, int64_t T, int64_t H, int64_t D, bool lse = false) const {
+    Buf b;
+    b.nbytes = checked_bytes("exchange buffer", {T, B, H, D}, dtype_size(t));
+    if (b.nbytes > 0) {
+      if (!cuda) {
+        b.mem = std::shared_ptr<char>(new char[size_t(b.nbytes)], std::default_delete<char[]>());
+      } else {
+#if SPATTN_HAVE_CUDA
+        void* p = nullptr;
+        SPATTN_CUDA_CHECK(cudaMalloc(&p, size_t(b.nbytes)));
+        b.mem = std::shared_ptr<char>(static_cast<char*>(p), [](char* q) { cudaFree(q); });
+#endif
+      }
+    }
+    b.view = lse ? token_major_lse(b.data(), t, B, T, H) : token_major(b.data(), t, B, T, H, D);
+    return b;
+  }
+  Buf buf(const Row& r, int64_t B, int64_t T) const { return buf(r.dtype, B, T, r.H, r.lse ? 1 : r.D, r.lse); }
+  // A contiguous [B, L, H, D] (or lse [B, H, L, 1]) scratch tensor.
+  Buf scratch(DType t, std::array<int64_t, 4> shape) const {
+    Buf b = buf(t, shape[0], shape[1], shape[2], shape[3]);
+    b.view = TensorView::contiguous(b.data(), t, shape);
+    return b;
+  }
+  // dst (+)= src (views of one shape; on the GPU of one dtype).
+  void move(const TensorView& dst, const TensorView& src, bool add, Stream stream) const {
+    if (!cuda) return host_move(dst, src, add);
+#if SPATTN_HAVE_CUDA
+    cuda::copy(dst, src, add, static_cast<cudaStream_t>(stream));
+#else
+    (void)stream;
+#endif
+  }
+  // (o, lse) <- merge with (o2, lse2) on every row (o2 and lse2 contiguous scratch on the GPU).
+  void merge(const TensorView& o, const TensorView& lse, const TensorView& o2, const TensorView& lse2, Stream stream) const {
+    if (!cuda) return merge_into(o, lse, o2, lse2);
+#if SPATTN_HAVE_CUDA
+    const cuda::fused::RowTensor ot{o.data, o.stride[0], o.stride[1], o.stride[2]};
+    const int e = cuda::fused::launch_merge(ot, static_cast<float*>(lse.data), lse.stride[0], lse.stride[1], o2.data,
+                                            static_cast<const float*>(lse2.data), int(o.shape[0]), int(o.shape[1]),
+                                            int(o.shape[2]), int(o.shape[3]), o.dtype == DType::bf16, stream);
+    SPATTN_CUDA_CHECK(cudaError_t(e));
+#else
+    (void)stream;
+#endif
+  }
+  // The local part on the side stream, after what the caller's stream has enqueued (GPU); or here (CPU).
+  template <class F>
+  void run_local(F&& fn, Stream stream) const {
+#if SPATTN_HAVE_CUDA
+    if (cuda) {
+      SPATTN_CUDA_CHECK(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(stream)));
+      SPATTN_CUDA_CHECK(cudaStreamWaitEvent(side, inputs_ready, 0));
+      fn(static_cast<Stream>(side));
+      SPATTN_CUDA_CHECK(cudaEventRecord(local_done, side));
+      return;
+    }
+#endif
+    fn(stream);
+  }
+  // The caller's stream waits for the local part (GPU).
+  void join_local(Stream stream) const {
+#if SPATTN_HAVE_CUDA
+    if (cuda) SPATTN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), local_done, 0));
+#endif
+    (void)stream;
+  }
+  // Before sends read packed buffers: a communicator that is not ordered on the stream needs them finished.
+  void before_send(const Communicator& comm, Stream stream) const {
+#if SPATTN_HAVE_CUDA
+    if (cuda && !comm.stream_ordered()) SPATTN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+#endif
+    (void)comm, (void)stream;
+  }
+
+  // Calls fn(local index, index in the concatenation, count) for the runs of consecutive local tokens of `ranges`.
+  template <class F>
+  void for_runs(const IndexRanges& ranges, F&& fn) const {
+    int64_t at = 0;
+    for (const IndexRange& r : ranges)
+      for (int64_t gt = r.begin; gt < r.end;) {
+        const auto [li, len] = local_index.run(gt, r.end);
+        fn(li, at, len);
+        at += len;
+        gt += len;
+      }
   }
 
   // [world]: its global rows, from each other rank (their partial results come back in that order).
@@ -167,21 +283,29 @@ struct DistRank::Impl {
     return out;
   }
 
-  void check_comm(const Communicator& comm) const {
+  void check_comm(const Communicator& comm, Stream stream) const {
     if (comm.size() != world || comm.rank() != rp.rank)
       throw Error("distributed rank " + std::to_string(rp.rank) + " of " + std::to_string(world) +
                   ": the communicator is rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()));
+    if (comm.stream_ordered() && (!cuda || comm.stream() != stream))
+      throw Error("distributed rank " + std::to_string(rp.rank) +
+                  ": the communicator enqueues on its own stream; pass that stream to forward / backward (and a GPU "
+                  "device to the rank)");
   }
 
-  // Packs the tokens of `ranges` (owned) of t into a token-major buffer.
-  Buf pack(const TensorView& t, const IndexRanges& ranges, DType dtype) const {
-    Buf b(dtype, t.shape[0], total_size(ranges), t.shape[2], t.shape[3]);
-    for_tokens(ranges, 0, [&](int64_t gt, int64_t i) { copy_token(t, local_index(gt), b.view, i); });
+  // Packs the tokens of `ranges` (owned) of t into a token-major buffer of t's dtype.
+  Buf pack(const TensorView& t, const IndexRanges& ranges, Stream stream) const {
+    Buf b = buf(t.dtype, t.shape[0], total_size(ranges), t.shape[2], t.shape[3]);
+    for_runs(ranges, [&](int64_t li, int64_t at, int64_t len) {
+      move(b.view.slice(1, at, at + len), t.slice(1, li, li + len), false, stream);
+    });
     return b;
   }
-  Buf pack_lse(const TensorView& lse, const IndexRanges& ranges) const {
-    Buf b(DType::f32, lse.shape[0], total_size(ranges), lse.shape[1], 1, true);
-    for_tokens(ranges, 0, [&](int64_t gt, int64_t i) { copy_lse(lse, local_index(gt), b.view, i); });
+  Buf pack_lse(const TensorView& lse, const IndexRanges& ranges) const {  // host only (global rows)
+    Buf b = buf(DType::f32, lse.shape[0], total_size(ranges), lse.shape[1], 1, true);
+    for_runs(ranges, [&](int64_t li, int64_t at, int64_t len) {
+      host_move(b.view.slice(2, at, at + len), lse.slice(2, li, li + len), false);
+    });
     return b;
   }
 
@@ -189,33 +313,32 @@ struct DistRank::Impl {
   // peer) sent; into kf/vf and the row buffers, received. Returns the send buffers (alive until wait).
   std::vector<Buf> post_round1(Communicator& comm, const TensorView& k, const TensorView& v, Buf& kf, Buf& vf,
                                const std::vector<const TensorView*>& row_src, std::vector<Buf>& row_dst,
-                               const TensorView* lse_src, Buf* lse_dst) const {
+                               const TensorView* lse_src, Buf* lse_dst, Stream stream) const {
     const int r = rp.rank;
     std::vector<Buf> keep;
     const int64_t B = problem.batch;
-    kf = Buf(k.dtype, B, f, problem.kv_heads, problem.head_dim);
-    vf = Buf(v.dtype, B, f, problem.kv_heads, problem.dv());
-    for (const TensorView* t : row_src) row_dst.emplace_back(t->dtype, B, g, t->shape[2], t->shape[3]);
-    if (lse_dst) *lse_dst = Buf(DType::f32, B, g, problem.q_heads, 1, true);
+    kf = buf(k.dtype, B, f, problem.kv_heads, problem.head_dim);
+    vf = buf(v.dtype, B, f, problem.kv_heads, problem.dv());
+    for (const TensorView* t : row_src) row_dst.push_back(buf(t->dtype, B, g, t->shape[2], t->shape[3]));
+    if (lse_dst) *lse_dst = buf(DType::f32, B, g, problem.q_heads, 1, true);
     std::vector<Buf> rows_out;
     if (!rp.skipped.empty()) {
-      for (const TensorView* t : row_src) rows_out.push_back(pack(*t, rp.skipped, t->dtype));
+      for (const TensorView* t : row_src) rows_out.push_back(pack(*t, rp.skipped, stream));
       if (lse_src) rows_out.push_back(pack_lse(*lse_src, rp.skipped));
     }
+    std::vector<std::vector<Buf>> kv_out(static_cast<size_t>(world));
+    for (int s = 0; s < world; ++s)
+      if (s != r && !rp.send_keys[size_t(s)].empty())
+        for (const TensorView* t : {&k, &v}) kv_out[size_t(s)].push_back(pack(*t, rp.send_keys[size_t(s)], stream));
+    before_send(comm, stream);
     comm.group_start();
     for (int s = 0; s < world; ++s) {
       if (s == r) continue;
-      if (!rp.send_keys[size_t(s)].empty()) {
-        for (const TensorView* t : {&k, &v}) {
-          keep.push_back(pack(*t, rp.send_keys[size_t(s)], t->dtype));
-          comm.send(keep.back().bytes.data(), keep.back().size(), s);
-        }
-      }
-      for (Buf& b : rows_out) comm.send(b.bytes.data(), b.size(), s);
+      for (Buf& b : kv_out[size_t(s)]) comm.send(b.data(), b.size(), s);
+      for (Buf& b : rows_out) comm.send(b.data(), b.size(), s);
       const int64_t t0 = fetched_at[size_t(s)], nt = fetched_at[size_t(s) + 1] - t0;
-      if (nt > 0) {
-        for (Buf* b : {&kf, &vf}) comm.recv(b->bytes.data() + t0 * (b->size() / f), b->size() / f * nt, s);
-      }
+      if (nt > 0)
+        for (Buf* b : {&kf, &vf}) comm.recv(b->data() + t0 * (b->size() / f), b->size() / f * nt, s);
       const int64_t r0 = rows_at[size_t(s)], nr = rows_at[size_t(s) + 1] - r0;
       if (nr > 0) {
         std::vector<Buf*> dsts;
@@ -223,11 +346,13 @@ struct DistRank::Impl {
         if (lse_dst) dsts.push_back(lse_dst);
         for (Buf* b : dsts) {
           const int64_t per = b->size() / g;
-          comm.recv(b->bytes.data() + r0 * per, per * nr, s);
+          comm.recv(b->data() + r0 * per, per * nr, s);
         }
       }
     }
     comm.group_end();
+    for (auto& v2 : kv_out)
+      for (Buf& b : v2) keep.push_back(std::move(b));
     for (Buf& b : rows_out) keep.push_back(std::move(b));
     return keep;
   }
@@ -236,9 +361,10 @@ struct DistRank::Impl {
   // sent to each peer; each peer's results for `in_ranges_of[s]` received and handed to `use(s, bufs)`.
   void exchange_back(Communicator& comm, std::vector<Buf*> out, const std::vector<int64_t>& out_at,
                      const std::vector<IndexRanges>& in_ranges_of, const std::vector<Row>& in_rows,
-                     const std::function<void(int, std::vector<Buf>&)>& use) const {
+                     const std::function<void(int, std::vector<Buf>&)>& use, Stream stream) const {
     const int r = rp.rank;
     std::vector<std::vector<Buf>> in(static_cast<size_t>(world));
+    before_send(comm, stream);
     comm.group_start();
     for (int s = 0; s < world; ++s) {
       if (s == r) continue;
@@ -246,13 +372,13 @@ struct DistRank::Impl {
       if (nt > 0)
         for (Buf* b : out) {
           const int64_t per = b->size() / out_at[size_t(world)];
-          comm.send(b->bytes.data() + t0 * per, per * nt, s);
+          comm.send(b->data() + t0 * per, per * nt, s);
         }
       const int64_t ni = total_size(in_ranges_of[size_t(s)]);
       if (ni > 0)
         for (const Row& row : in_rows) {
-          in[size_t(s)].emplace_back(row, problem.batch, ni);
-          comm.recv(in[size_t(s)].back().bytes.data(), in[size_t(s)].back().size(), s);
+          in[size_t(s)].push_back(buf(row, problem.batch, ni));
+          comm.recv(in[size_t(s)].back().data(), in[size_t(s)].back().size(), s);
         }
     }
     comm.group_end();
@@ -262,8 +388,8 @@ struct DistRank::Impl {
   }
 
   void forward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse) const {
-    check_comm(comm);
+               const TensorView& lse, Stream stream) const {
+    check_comm(comm, stream);
     const Problem& p = problem;
     const int64_t B = p.batch, Hq = p.q_heads, Dv = p.dv();
     Problem::check_view(q, "q", {B, n, Hq, p.head_dim});
@@ -274,16 +400,21 @@ struct DistRank::Impl {
     if (n > 0 && !lse.data) throw Error("distributed forward: lse is required (the parts merge through it)");
     Buf kf, vf;
     std::vector<Buf> qg;
-    std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q}, qg, nullptr, nullptr);
-    if (local) local->forward(q, k, v, o, lse);  // overlaps the exchange: no wait before it
+    std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q}, qg, nullptr, nullptr, stream);
+    if (local) run_local([&](Stream s) { local->forward(q, k, v, o, lse, s); }, stream);  // overlaps the exchange
     comm.wait();
     if (remote) {
-      Buf o2(DType::f32, B, n, Hq, Dv), l2(DType::f32, B, n, Hq, 1, true);
-      remote->forward(q, kf.view, vf.view, o2.view, l2.view);
-      merge_into(o, lse, o2.view, l2.view);
+      // The part's own result (the CPU engine writes fp32, the GPU engines the problem's dtype), then the merge.
+      Buf o2 = scratch(cuda ? o.dtype : DType::f32, {B, n, Hq, Dv}), l2 = scratch(DType::f32, {B, Hq, n, 1});
+      remote->forward(q, kf.view, vf.view, o2.view, l2.view, stream);
+      join_local(stream);
+      merge(o, lse, o2.view, l2.view, stream);
+    } else if (local) {
+      join_local(stream);
     }
+    if (cuda) return;  // (no global rows on GPU ranks: refused at construction)
     // Global rows: the partials this rank computed for others go back; its own rows' partials come in and merge.
-    Buf og(DType::f32, B, g, Hq, Dv), lg(DType::f32, B, g, Hq, 1, true);
+    Buf og = buf(DType::f32, B, g, Hq, Dv), lg = buf(DType::f32, B, g, Hq, 1, true);
     if (rows) rows->forward(qg[0].view, k, v, og.view, lg.view);
     if (g > 0 && !rows) {  // a rank with no tokens answers with empty partials
       for (int64_t i = 0; i < g; ++i)
@@ -293,62 +424,78 @@ struct DistRank::Impl {
             for (int64_t d = 0; d < Dv; ++d) og.view.store(b, i, h, d, 0.0);
           }
     }
-    const std::vector<IndexRanges> in_of = own_rows_from_each();
-    exchange_back(comm, {&og, &lg}, rows_at, in_of, {{DType::f32, Hq, Dv}, {DType::f32, Hq, 1, true}}, [&](int, std::vector<Buf>& in) {
-      for_tokens(rp.skipped, 0, [&](int64_t gt, int64_t i) { merge_row(o, lse, local_index(gt), in[0].view, in[1].view, i); });
-    });
+    exchange_back(comm, {&og, &lg}, rows_at, own_rows_from_each(), {{DType::f32, Hq, Dv}, {DType::f32, Hq, 1, true}},
+                  [&](int, std::vector<Buf>& in) {
+                    for_runs(rp.skipped, [&](int64_t li, int64_t at, int64_t len) {
+                      for (int64_t i = 0; i < len; ++i) merge_row(o, lse, li + i, in[0].view, in[1].view, at + i);
+                    });
+                  },
+                  stream);
   }
 
   void backward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                const TensorView& dv) const {
-    check_comm(comm);
+                const TensorView& dv, Stream stream) const {
+    check_comm(comm, stream);
     const Problem& p = problem;
     const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, D = p.head_dim, Dv = p.dv();
     Problem piece = p;
     piece.q_len = piece.kv_len = n;
-    piece.check_backward_views(q, k, v, dout, dq, dk, dv, true);
+    piece.check_backward_views(q, k, v, dout, dq, dk, dv, !cuda);
     Problem::check_view(o, "o", {B, n, Hq, Dv});
     Problem::check_view(lse, "lse", {B, Hq, n, 1});
     if (n > 0 && (!o.data || !lse.data))
       throw Error("distributed backward: o and lse of the forward are required (every part's P uses the merged lse)");
+    // Gradients of the parts: fp32 on the CPU engines, the problem's dtype on the GPU engines.
+    const DType gt = cuda ? p.dtype : DType::f32;
     Buf kf, vf, lg;
     std::vector<Buf> rg;  // q, o, dout of global rows
-    std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q, &o, &dout}, rg, &lse, &lg);
-    if (local) {
-      local->backward(q, k, v, o, lse, dout, dq, dk, dv);
-    } else {  // no tokens: nothing to write
-    }
+    std::vector<Buf> keep = cuda ? post_round1(comm, k, v, kf, vf, {}, rg, nullptr, nullptr, stream)
+                                 : post_round1(comm, k, v, kf, vf, {&q, &o, &dout}, rg, &lse, &lg, stream);
+    if (local) run_local([&](Stream s) { local->backward(q, k, v, o, lse, dout, dq, dk, dv, s); }, stream);
     comm.wait();
-    Buf dkf(DType::f32, B, f, Hkv, D), dvf(DType::f32, B, f, Hkv, Dv);
+    Buf dkf = buf(gt, B, f, Hkv, D), dvf = buf(gt, B, f, Hkv, Dv);
     if (remote) {
-      Buf dq2(DType::f32, B, n, Hq, D);
-      remote->backward(q, kf.view, vf.view, o, lse, dout, dq2.view, dkf.view, dvf.view);
-      for (int64_t i = 0; i < n; ++i) add_token(dq2.view, i, dq, i);
+      Buf dq2 = scratch(gt, {B, n, Hq, D});
+      remote->backward(q, kf.view, vf.view, o, lse, dout, dq2.view, dkf.view, dvf.view, stream);
+      join_local(stream);
+      move(dq, dq2.view, true, stream);
+    } else if (local) {
+      join_local(stream);
     }
-    Buf dqg(DType::f32, B, g, Hq, D);
+    Buf dqg = buf(gt, B, g, Hq, D);
     if (rows) {
-      Buf dk2(DType::f32, B, n, Hkv, D), dv2(DType::f32, B, n, Hkv, Dv);
+      Buf dk2 = scratch(gt, {B, n, Hkv, D}), dv2 = scratch(gt, {B, n, Hkv, Dv});
       rows->backward(rg[0].view, k, v, rg[1].view, lg.view, rg[2].view, dqg.view, dk2.view, dv2.view);
-      for (int64_t i = 0; i < n; ++i) {
-        add_token(dk2.view, i, dk, i);
-        add_token(dv2.view, i, dv, i);
-      }
-    } else {
-      std::fill(dqg.bytes.begin(), dqg.bytes.end(), 0);
+      host_move(dk, dk2.view, true);
+      host_move(dv, dv2.view, true);
+    } else if (dqg.size() > 0) {
+      std::memset(dqg.data(), 0, size_t(dqg.size()));  // (host: GPU ranks have no global rows)
     }
     // Round 2a: dK/dV of the keys this rank borrowed go back to their owners, who add them.
-    exchange_back(comm, {&dkf, &dvf}, fetched_at, rp.send_keys, {{DType::f32, Hkv, D}, {DType::f32, Hkv, Dv}}, [&](int s, std::vector<Buf>& in) {
-      for_tokens(rp.send_keys[size_t(s)], 0, [&](int64_t gt, int64_t i) {
-        add_token(in[0].view, i, dk, local_index(gt));
-        add_token(in[1].view, i, dv, local_index(gt));
-      });
-    });
+    exchange_back(comm, {&dkf, &dvf}, fetched_at, rp.send_keys, {{gt, Hkv, D}, {gt, Hkv, Dv}},
+                  [&](int s, std::vector<Buf>& in) {
+                    for_runs(rp.send_keys[size_t(s)], [&](int64_t li, int64_t at, int64_t len) {
+                      move(dk.slice(1, li, li + len), in[0].view.slice(1, at, at + len), true, stream);
+                      move(dv.slice(1, li, li + len), in[1].view.slice(1, at, at + len), true, stream);
+                    });
+                  },
+                  stream);
+    if (cuda) {
+#if SPATTN_HAVE_CUDA
+      // The received buffers are freed on return: the adds above must have read them.
+      SPATTN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+#endif
+      return;
+    }
     // Round 2b: the dQ partials of others' global rows go back to their owners.
-    const std::vector<IndexRanges> in_of = own_rows_from_each();
-    exchange_back(comm, {&dqg}, rows_at, in_of, {{DType::f32, Hq, D}}, [&](int, std::vector<Buf>& in) {
-      for_tokens(rp.skipped, 0, [&](int64_t gt, int64_t i) { add_token(in[0].view, i, dq, local_index(gt)); });
-    });
+    exchange_back(comm, {&dqg}, rows_at, own_rows_from_each(), {{DType::f32, Hq, D}},
+                  [&](int, std::vector<Buf>& in) {
+                    for_runs(rp.skipped, [&](int64_t li, int64_t at, int64_t len) {
+                      host_move(dq.slice(1, li, li + len), in[0].view.slice(1, at, at + len), true);
+                    });
+                  },
+                  stream);
   }
 };
 
@@ -360,21 +507,21 @@ DistRank::DistRank(DistRank&&) noexcept = default;
 int DistRank::rank() const { return impl_->rp.rank; }
 
 void DistRank::forward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v,
-                       const TensorView& o, const TensorView& lse, Stream) const {
-  impl_->forward(comm, q, k, v, o, lse);
+                       const TensorView& o, const TensorView& lse, Stream stream) const {
+  impl_->forward(comm, q, k, v, o, lse, stream);
 }
 
 void DistRank::backward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                        const TensorView& dk, const TensorView& dv, Stream) const {
-  impl_->backward(comm, q, k, v, o, lse, dout, dq, dk, dv);
+                        const TensorView& dk, const TensorView& dv, Stream stream) const {
+  impl_->backward(comm, q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
 
 std::string DistRank::explain() const {
   std::ostringstream s;
   const Impl& im = *impl_;
-  s << "rank " << im.rp.rank << " of " << im.world << ": " << im.n << " tokens, " << im.f << " fetched keys, " << im.g
-    << " global-row queries answered";
+  s << "rank " << im.rp.rank << " of " << im.world << " on " << im.device.str() << ": " << im.n << " tokens, " << im.f
+    << " fetched keys, " << im.g << " global-row queries answered";
   auto part = [&](const char* name, const std::optional<Plan>& p) {
     if (p) s << "\n  " << name << ": " << p->explain();
   };

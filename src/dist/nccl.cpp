@@ -39,6 +39,8 @@ class NcclComm final : public Communicator {
     received_ += bytes;
   }
   void wait() override {}  // stream order: work enqueued on stream_ after the group runs after the messages
+  bool stream_ordered() const override { return true; }
+  Stream stream() const override { return stream_; }
 
  private:
   ncclComm_t comm_;

@@ -2,6 +2,8 @@
 // schedule of a distributed plan.
 #pragma once
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "spattn/pattern.hpp"
 
@@ -61,14 +63,23 @@ class LocalIndex {
   }
   // The local index of global token g (owned), or -1.
   int64_t operator()(int64_t g) const {
-    auto it = std::upper_bound(sorted_.begin(), sorted_.end(), g, [](int64_t v, const Entry& e) { return v < e.end; });
+    auto it = find(g);
     return it != sorted_.end() && it->begin <= g ? it->off + (g - it->begin) : -1;
+  }
+  // The local index of owned token g and how many tokens from g up to `end` follow it consecutively.
+  std::pair<int64_t, int64_t> run(int64_t g, int64_t end) const {
+    auto it = find(g);
+    if (it == sorted_.end() || it->begin > g) throw Error("token " + std::to_string(g) + " is not the rank's");
+    return {it->off + (g - it->begin), std::min(end, it->end) - g};
   }
 
  private:
   struct Entry {
     int64_t begin, end, off;
   };
+  std::vector<Entry>::const_iterator find(int64_t g) const {
+    return std::upper_bound(sorted_.begin(), sorted_.end(), g, [](int64_t v, const Entry& e) { return v < e.end; });
+  }
   std::vector<Entry> sorted_;
 };
 

@@ -7,12 +7,20 @@
 #include <mutex>
 #include <thread>
 
+#include "spattn/config.hpp"
 #include "spattn/distributed.hpp"
+
+#if SPATTN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.hpp"
+#endif
 
 namespace spattn::dist {
 
 struct SimWorld::State {
   int world = 0;
+  Device memory;
   std::mutex mu;
   std::condition_variable cv;
   bool failed = false;
@@ -21,6 +29,21 @@ struct SimWorld::State {
 };
 
 namespace {
+
+// Copies bytes between the host and the ranks' memory (host, or a device: cudaMemcpyDefault).
+void copy_bytes(const Device& memory, void* dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (memory.kind == Device::Kind::cpu) {
+    std::memcpy(dst, src, size_t(bytes));
+    return;
+  }
+#if SPATTN_HAVE_CUDA
+  SPATTN_CUDA_CHECK(cudaSetDevice(memory.index));
+  SPATTN_CUDA_CHECK(cudaMemcpy(dst, src, size_t(bytes), cudaMemcpyDefault));
+#else
+  throw Error("simulated world on " + memory.str() + ": this build of spattn has no CUDA support");
+#endif
+}
 
 class SimComm final : public Communicator {
  public:
@@ -32,7 +55,7 @@ class SimComm final : public Communicator {
   void send(const void* data, int64_t bytes, int peer) override {
     check_peer(peer);
     std::vector<char> msg(static_cast<size_t>(bytes));
-    if (bytes) std::memcpy(msg.data(), data, size_t(bytes));
+    copy_bytes(s_.memory, msg.data(), data, bytes);
     {
       std::lock_guard<std::mutex> lock(s_.mu);
       s_.box[size_t(rank_ * s_.world + peer)].push_back(std::move(msg));
@@ -56,10 +79,15 @@ class SimComm final : public Communicator {
         throw Error("simulated rank " + std::to_string(rank_) + ": a message of " + std::to_string(msg.size()) +
                     " bytes from rank " + std::to_string(p.peer) + " where " + std::to_string(p.bytes) +
                     " were expected");
-      if (p.bytes) std::memcpy(p.data, msg.data(), size_t(p.bytes));
+      copy_bytes(s_.memory, p.data, msg.data(), p.bytes);
       received_ += p.bytes;
     }
     pending_.clear();
+    lock.unlock();
+#if SPATTN_HAVE_CUDA
+    // A copy from pageable host memory may return before it lands; the rank's next kernels read it.
+    if (s_.memory.kind == Device::Kind::cuda) SPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
   }
 
  private:
@@ -80,9 +108,10 @@ class SimComm final : public Communicator {
 
 }  // namespace
 
-SimWorld::SimWorld(int world) : state_(std::make_unique<State>()) {
+SimWorld::SimWorld(int world, Device memory) : state_(std::make_unique<State>()) {
   if (world < 1) throw Error("simulated world: size W = " + std::to_string(world) + " must be >= 1");
   state_->world = world;
+  state_->memory = memory;
   state_->box.resize(size_t(world) * size_t(world));
   for (int r = 0; r < world; ++r) state_->comms.push_back(std::make_unique<SimComm>(*state_, r));
 }
