@@ -177,6 +177,37 @@ TEST(DistSchedule, BadInputsNamed) {
             std::string::npos);
 }
 
+TEST(DistSim, ARankThatThrowsWakesTheOthers) {
+  dist::SimWorld w(3);
+  for (int round = 0; round < 2; ++round) {  // and the world is usable again after a failed run
+    try {
+      w.run([](int r, dist::Communicator& c) {
+        if (r == 1) throw Error("rank 1 broke");
+        int x = 0;
+        c.recv(&x, 4, 1);
+        c.wait();
+      });
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 broke"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    w.run([](int r, dist::Communicator& c) {
+      int64_t x = 7;
+      if (r == 0) c.send(&x, 8, 1);
+      if (r == 1) {
+        c.recv(&x, 4, 0);
+        c.wait();
+      }
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a message of 8 bytes from rank 0 where 4 were expected"), std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- forward and backward against one device ---------------------------------------------------------------
 
 struct Full {  // the whole sequence's tensors, [B, L, H, D] contiguous fp32

@@ -153,6 +153,23 @@ class SimWorld {
 std::unique_ptr<Communicator> make_nccl_communicator(void* nccl_comm, Stream stream);
 bool have_nccl();  // whether this build has NCCL
 
+// W ranks on GPUs 0 .. W-1 of this process (ncclCommInitAll), rank r's communicator enqueuing on streams[r] (a
+// stream of device r). Throws Error in builds without NCCL.
+class NcclWorld {
+ public:
+  explicit NcclWorld(const std::vector<Stream>& streams);
+  ~NcclWorld();
+  int size() const;
+  Communicator& comm(int rank);
+  // Runs fn(rank, comm) for every rank on its own thread, device `rank` current; rethrows the first rank's Error.
+  void run(const std::function<void(int rank, Communicator& comm)>& fn);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 // (o, lse) <- the LSE merge (plan/merge.hpp) of (o, lse) and (o2, lse2), two partial results of the same rows over
 // disjoint keys: o, o2 [B, L, H, Dv], lse, lse2 [B, H, L, 1], CPU memory, any dtype and strides. The distributed
 // parts' merge, for callers that run the parts themselves (the Python layer, spattn.distributed).

@@ -1,5 +1,6 @@
 // dist/nccl.cpp — the NCCL communicator (spattn/distributed.hpp make_nccl_communicator), built where SPATTN_NCCL is
 // on; elsewhere make_nccl_communicator throws Error saying so.
+#include "dist/threads.hpp"
 #include "spattn/config.hpp"
 #include "spattn/distributed.hpp"
 
@@ -56,12 +57,63 @@ std::unique_ptr<Communicator> make_nccl_communicator(void* nccl_comm, Stream str
 }
 bool have_nccl() { return true; }
 
+struct NcclWorld::State {
+  std::vector<ncclComm_t> nccl;
+  std::vector<std::unique_ptr<Communicator>> comms;
+};
+
+NcclWorld::NcclWorld(const std::vector<Stream>& streams) : state_(std::make_unique<State>()) {
+  const int world = int(streams.size());
+  if (world < 1) throw Error("NCCL world: size W = 0 must be >= 1");
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < world)
+    throw Error("NCCL world: W = " + std::to_string(world) + " needs as many GPUs, this process sees " +
+                std::to_string(devices));
+  std::vector<int> devs(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) devs[size_t(r)] = r;
+  state_->nccl.assign(size_t(world), nullptr);
+  check(ncclCommInitAll(state_->nccl.data(), world, devs.data()), "ncclCommInitAll");
+  for (int r = 0; r < world; ++r) state_->comms.push_back(make_nccl_communicator(state_->nccl[size_t(r)], streams[size_t(r)]));
+}
+NcclWorld::~NcclWorld() {
+  for (ncclComm_t c : state_->nccl)
+    if (c) ncclCommDestroy(c);
+}
+int NcclWorld::size() const { return int(state_->comms.size()); }
+Communicator& NcclWorld::comm(int rank) {
+  if (rank < 0 || rank >= size())
+    throw Error("NCCL world: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(size()) + ")");
+  return *state_->comms[size_t(rank)];
+}
+void NcclWorld::run(const std::function<void(int, Communicator&)>& fn) {
+  const std::vector<std::exception_ptr> errors = detail::run_on_threads(
+      size(),
+      [&](int r) {
+        if (cudaSetDevice(r) != cudaSuccess) throw Error("NCCL world: cudaSetDevice(" + std::to_string(r) + ") failed");
+        fn(r, comm(r));
+      },
+      [] {});
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 #else
 
 std::unique_ptr<Communicator> make_nccl_communicator(void*, Stream) {
   throw Error("make_nccl_communicator: this build of spattn has no NCCL (configure with CUDA on and SPATTN_NCCL=ON)");
 }
 bool have_nccl() { return false; }
+
+struct NcclWorld::State {};
+NcclWorld::NcclWorld(const std::vector<Stream>&) {
+  throw Error("NCCL world: this build of spattn has no NCCL (configure with CUDA on and SPATTN_NCCL=ON)");
+}
+NcclWorld::~NcclWorld() = default;
+int NcclWorld::size() const { return 0; }
+Communicator& NcclWorld::comm(int) { throw Error("NCCL world: this build of spattn has no NCCL"); }
+void NcclWorld::run(const std::function<void(int, Communicator&)>&) {
+  throw Error("NCCL world: this build of spattn has no NCCL");
+}
 
 #endif
 

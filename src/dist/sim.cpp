@@ -5,8 +5,8 @@
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <thread>
 
+#include "dist/threads.hpp"
 #include "spattn/config.hpp"
 #include "spattn/distributed.hpp"
 
@@ -131,22 +131,15 @@ void SimWorld::run(const std::function<void(int, Communicator&)>& fn) {
     state_->failed = false;
     for (auto& q : state_->box) q.clear();
   }
-  std::vector<std::exception_ptr> errors(size_t(state_->world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < state_->world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r, comm(r));
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
+  const std::vector<std::exception_ptr> errors = detail::run_on_threads(
+      state_->world, [&](int r) { fn(r, comm(r)); },
+      [&] {
         {
           std::lock_guard<std::mutex> lock(state_->mu);
           state_->failed = true;
         }
         state_->cv.notify_all();
-      }
-    });
-  for (std::thread& t : threads) t.join();
+      });
   // The first rank that failed by itself (not "another rank failed"): its error names the cause.
   std::exception_ptr first;
   for (const std::exception_ptr& e : errors) {
