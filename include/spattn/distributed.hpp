@@ -186,8 +186,9 @@ class DistRank {
   // The rank's shard (n = its tokens): q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, Dv], o [B, n, Hq, Dv],
   // lse [B, Hq, n, 1] (required). CPU device: as the CPU engines take them (o, lse fp32). GPU device: bf16 / fp16
   // device memory as the GPU engines take it (o in the problem's dtype, lse fp32), enqueued on `stream` (with NCCL,
-  // the communicator's stream); a plan that ships global rows is refused (DistOptions::distribute_rows false).
-  // The GPU path is compiled, not yet run (written on a machine without a GPU).
+  // the communicator's stream; with NCCL the call returns once enqueued); a plan that ships global rows is refused
+  // (DistOptions::distribute_rows false). One call at a time per rank (GPU scratch is pooled by the rank). The GPU
+  // path is compiled, not yet run (written on a machine without a GPU).
   void forward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream = nullptr) const;
   // dq, dk, dv (overwritten) of the rank's shard, from the forward's o and lse and dout [B, n, Hq, Dv].

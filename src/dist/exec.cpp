@@ -186,22 +186,39 @@ struct DistRank::Impl {
   }
 
   // ---- memory: host or the rank's device ----
-  // Exchange buffers on the GPU are allocated per call (cudaMalloc; cudaFree's implicit synchronisation also keeps
-  // them alive until NCCL is done with them); a workspace kept by the rank is the next step.
+  // GPU exchange buffers and scratch come from a pool the rank keeps: a call takes buffers from it (allocating only
+  // what it lacks) and gives them all back at its start, so calls enqueue without cudaMalloc / cudaFree (whose
+  // implicit synchronisation would serialise them); a buffer reused by the next call is reused in stream order.
+  // Hence one call at a time per rank, on one stream.
+  struct Pooled {
+    std::shared_ptr<char> mem;
+    int64_t capacity = 0;
+    bool used = false;
+  };
+  mutable std::vector<Pooled> pool;
+  void release_pool() const {
+    for (Pooled& p : pool) p.used = false;
+  }
+  std::shared_ptr<char> device_bytes(int64_t bytes) const {
+    for (Pooled& p : pool)
+      if (!p.used && p.capacity >= bytes) {
+        p.used = true;
+        return p.mem;
+      }
+#if SPATTN_HAVE_CUDA
+    void* ptr = nullptr;
+    SPATTN_CUDA_CHECK(cudaMalloc(&ptr, size_t(bytes)));
+    pool.push_back({std::shared_ptr<char>(static_cast<char*>(ptr), [](char* q) { cudaFree(q); }), bytes, true});
+    return pool.back().mem;
+#else
+    throw Error("device buffer in a build without CUDA");
+#endif
+  }
   Buf buf(DType t, int64_t B, int64_t T, int64_t H, int64_t D, bool lse = false) const {
     Buf b;
     b.nbytes = checked_bytes("exchange buffer", {T, B, H, D}, dtype_size(t));
-    if (b.nbytes > 0) {
-      if (!cuda) {
-        b.mem = std::shared_ptr<char>(new char[size_t(b.nbytes)], std::default_delete<char[]>());
-      } else {
-#if SPATTN_HAVE_CUDA
-        void* p = nullptr;
-        SPATTN_CUDA_CHECK(cudaMalloc(&p, size_t(b.nbytes)));
-        b.mem = std::shared_ptr<char>(static_cast<char*>(p), [](char* q) { cudaFree(q); });
-#endif
-      }
-    }
+    if (b.nbytes > 0)
+      b.mem = cuda ? device_bytes(b.nbytes) : std::shared_ptr<char>(new char[size_t(b.nbytes)], std::default_delete<char[]>());
     b.view = lse ? token_major_lse(b.data(), t, B, T, H) : token_major(b.data(), t, B, T, H, D);
     return b;
   }
@@ -390,6 +407,7 @@ struct DistRank::Impl {
   void forward(Communicator& comm, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, Stream stream) const {
     check_comm(comm, stream);
+    release_pool();
     const Problem& p = problem;
     const int64_t B = p.batch, Hq = p.q_heads, Dv = p.dv();
     Problem::check_view(q, "q", {B, n, Hq, p.head_dim});
@@ -437,6 +455,7 @@ struct DistRank::Impl {
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream) const {
     check_comm(comm, stream);
+    release_pool();
     const Problem& p = problem;
     const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, D = p.head_dim, Dv = p.dv();
     Problem piece = p;
@@ -481,13 +500,7 @@ struct DistRank::Impl {
                     });
                   },
                   stream);
-    if (cuda) {
-#if SPATTN_HAVE_CUDA
-      // The received buffers are freed on return: the adds above must have read them.
-      SPATTN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-#endif
-      return;
-    }
+    if (cuda) return;
     // Round 2b: the dQ partials of others' global rows go back to their owners.
     exchange_back(comm, {&dqg}, rows_at, own_rows_from_each(), {{DType::f32, Hq, D}},
                   [&](int, std::vector<Buf>& in) {
