@@ -5,8 +5,8 @@
 //
 // NOT RUN where it was written: that machine had no GPU. Run on a host of 2 or 4 GPUs:
 //   build/spattn_example_dist_nccl [W] [L] [pattern]        e.g.  4 1048576 'local(4096)'
-// The attention itself on GPU ranks (DistRank with Device::cuda) is the next step: DistRank refuses CUDA devices
-// until the device packing and merge are built; the CPU path runs in tests/dist_test.cpp and `spattn dist-bench`.
+// The attention itself on GPU ranks over NCCL (DistRank with Device::cuda, NcclWorld): `spattn dist-bench --device
+// cuda --nccl --world W` (compiled, likewise not run here); the CPU path runs in tests/dist_test.cpp.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
