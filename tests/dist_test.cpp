@@ -55,6 +55,25 @@ TEST(DistWindow, MatchesBaseThroughRanges) {
   }
 }
 
+TEST(DistWindow, BandThroughOneRangeStaysABand) {
+  // A shard's rows against its own keys and its halo: the band's spec moves its diagonal (the planners see a band).
+  // (spec, how far left its band reaches: the diagonal may move that far)
+  for (auto [spec, left] : {std::pair{"local(6)", 6}, {"local(left=9, right=0)", 9}, {"causal", 1000}, {"dense", 1000},
+                            {"local(left=2, right=3)", 2}}) {
+    const BoundPattern base = parse(spec).bind(100);
+    for (auto [rows, keys] : {std::pair{IndexRange{30, 60}, IndexRange{24, 66}}, {IndexRange{0, 40}, IndexRange{0, 46}},
+                              {IndexRange{70, 100}, IndexRange{61, 100}}, {IndexRange{30, 60}, IndexRange{30, 60}}}) {
+      expect_window(base, {rows}, {keys}, {});
+      const BoundPattern w = BoundPattern::window(base, {rows}, {keys});
+      EXPECT_EQ(w.spec().rfind("window#", 0) == 0, rows.begin - keys.begin > left) << spec << ": " << w.spec();
+    }
+  }
+  // Where the band cannot move (left would go negative) the window is the general one, and still exact.
+  const BoundPattern base = parse("local(left=2, right=3)").bind(100);
+  EXPECT_EQ(BoundPattern::window(base, {{30, 60}}, {{20, 70}}).spec().rfind("window#", 0), 0u);
+  expect_window(base, {{30, 60}}, {{20, 70}}, {});
+}
+
 TEST(DistWindow, BadRangesNamed) {
   const BoundPattern base = parse("local(2)").bind(50);
   EXPECT_THROW(
@@ -220,6 +239,7 @@ struct Case {
   int world;
   std::string layout;  // contiguous, zigzag, or "odd" (a hand-made layout)
   int64_t hq = 2, hkv = 2, d = 16, batch = 1, key_block = 1;
+  bool halo = true;  // DistOptions::halo
 };
 
 std::vector<float> randn(size_t n, uint32_t seed) {
@@ -347,7 +367,8 @@ void check_case(const Case& c) {
   Full one = f, ref = f, dst = f;
   single(c, Engine::cpu_fused, one);
   single(c, Engine::reference, ref);
-  const DistPlan plan({parse(c.spec)}, problem_of(L, c.hq, c.hkv, c.d, B), layout_of(c), {.key_block = c.key_block});
+  const DistPlan plan({parse(c.spec)}, problem_of(L, c.hq, c.hkv, c.d, B), layout_of(c),
+                      {.key_block = c.key_block, .halo = c.halo});
   const std::vector<int64_t> bytes = distributed(c, dst, plan);
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(bytes[size_t(r)], plan.rank(r).recv_bytes) << "rank " << r;
   for (auto [got, a, b, name] : {std::tuple{&dst.o, &one.o, &ref.o, "o"}, {&dst.lse, &one.lse, &ref.lse, "lse"},
@@ -359,7 +380,16 @@ void check_case(const Case& c) {
 }
 
 TEST(DistRun, LocalContiguous) {
-  for (int w : {2, 3, 4}) check_case({"local(9)", 301, w, "contiguous"});
+  for (int w : {2, 3, 4}) check_case({"local(9)", 301, w, "contiguous"});                       // halo mode
+  for (int w : {2, 4}) check_case({"local(9)", 301, w, "contiguous", 2, 2, 16, 1, 1, false});  // local + remote parts
+}
+TEST(DistRun, HaloModeIsOneBandPlan) {
+  const DistPlan plan({parse("local(16)")}, problem_of(400), ShardLayout::contiguous(400, 4));
+  const std::string e = dist::DistRank(plan, 1).explain();
+  EXPECT_NE(e.find("halo: one plan over keys 84:216"), std::string::npos) << e;
+  EXPECT_NE(e.find("local(left=0, right=32)"), std::string::npos) << e;  // a band again: the band tiler runs it
+  const DistPlan parts({parse("local(16)")}, problem_of(400), ShardLayout::contiguous(400, 4), {.halo = false});
+  EXPECT_EQ(dist::DistRank(parts, 1).explain().find("halo:"), std::string::npos);
 }
 TEST(DistRun, LocalWiderThanAShard) { check_case({"local(40)", 97, 4, "contiguous"}); }
 TEST(DistRun, CausalZigzag) {

@@ -57,6 +57,11 @@ struct DistOptions {
   int64_t key_block = 1;
   // Rows of global_rows terms computed where their keys are (their queries shipped) instead of fetching every key.
   bool distribute_rows = true;
+  // Where a rank's tokens are one range and its fetched keys extend it to one range (a band over contiguous shards:
+  // the halo), one plan over [halo | own | halo] instead of a local and a remote part and their merge; a band stays a
+  // band there (BoundPattern::window), which the GPU planner runs on its band kernel. The exchange no longer overlaps
+  // the attention (a halo is a small share of a band's work).
+  bool halo = true;
 };
 
 // One rank's share of the work and of the exchange. Token ranges are global indices, each list increasing.

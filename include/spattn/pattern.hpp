@@ -35,6 +35,8 @@ struct IndexRange {
 };
 using IndexRanges = std::vector<IndexRange>;
 int64_t total_size(const IndexRanges& ranges);  // sum of the ranges' sizes
+// "a:b,c:d" (the first `shown` ranges, then how many there are).
+std::string ranges_text(const IndexRanges& ranges, size_t shown = 4);
 
 // The token grid of a pattern's neighborhood atoms (PATTERNS.md, "Neighborhood attention"), for the tilers that
 // lay tokens out in multi-dimensional boxes (src/plan/tile_map.hpp). Axes are row-major: token
@@ -130,7 +132,9 @@ class BoundPattern {
   // in `skip` (base's query indices) keep nothing. A rank's sub-problem under context parallelism (src/dist): its
   // query shard against its own or its fetched keys, with no index list: row i costs base's row plus a binary
   // search per run over the key ranges. Throws Error naming the first bad range. Its spec() is "window#N (...)";
-  // like from_rows it has no spec terms.
+  // like from_rows it has no spec terms; except a band (local, causal, dense) seen through one query range and one
+  // key range, which is a band again: that window is the band's spec bound to the window's lengths
+  // (local(left=a - d, right=b + d), d = rows.begin - keys.begin), so the planners see a band.
   static BoundPattern window(const BoundPattern& base, IndexRanges rows, IndexRanges keys, IndexRanges skip = {});
 
   // The operands of the top-level union, bound to the same lengths: nested unions flattened, presets expanded,

@@ -123,6 +123,12 @@ struct DistRank::Impl {
   std::vector<int64_t> fetched_at, rows_at;  // [world + 1]: first index of each source's keys / rows
   detail::LocalIndex local_index;
   std::optional<Plan> local, remote, rows;
+  // Halo mode (DistOptions::halo): one plan `whole` over the key buffer [halo | own | halo] (key range key_range);
+  // else the local and remote parts. Where each source's keys land in the key buffer, and its length.
+  std::optional<Plan> whole;
+  IndexRange key_range{0, 0};
+  std::vector<IndexRange> key_slices;  // [world]
+  int64_t key_tokens = 0, own_at = 0;
 #if SPATTN_HAVE_CUDA
   cudaStream_t side = nullptr;  // the local part's stream
   cudaEvent_t inputs_ready = nullptr, local_done = nullptr;
@@ -164,9 +170,30 @@ struct DistRank::Impl {
       p.kv_len = lk;
       return p;
     };
-    if (n > 0) local.emplace(make_plan(windows(pats, rp.owned, rp.owned), piece(n, n), dev, options));
-    if (n > 0 && f > 0)
-      remote.emplace(make_plan(windows(pats, rp.owned, rp.fetched, rp.skipped), piece(n, f), dev, options));
+    // Halo mode where the own range and the fetched ranges (one a source) make one range.
+    bool halo = plan.options().halo && n > 0 && f > 0 && rp.owned.size() == 1 && rp.skipped.empty();
+    for (int s = 0; s < world; ++s) halo = halo && rp.recv_keys[size_t(s)].size() <= 1;
+    IndexRanges all = rp.fetched;
+    all.push_back(rp.owned.empty() ? IndexRange{} : rp.owned[0]);
+    all = detail::normalized(all);
+    halo = halo && all.size() == 1;
+    if (halo) {
+      key_range = all[0];
+      key_tokens = key_range.size();
+      own_at = rp.owned[0].begin - key_range.begin;
+      for (int s = 0; s < world; ++s) {
+        const IndexRanges& rk = rp.recv_keys[size_t(s)];
+        key_slices.push_back(rk.empty() ? IndexRange{0, 0}
+                                        : IndexRange{rk[0].begin - key_range.begin, rk[0].end - key_range.begin});
+      }
+      whole.emplace(make_plan(windows(pats, rp.owned, {key_range}), piece(n, key_tokens), dev, options));
+    } else {
+      key_tokens = f;
+      for (int s = 0; s < world; ++s) key_slices.push_back({fetched_at[size_t(s)], fetched_at[size_t(s) + 1]});
+      if (n > 0) local.emplace(make_plan(windows(pats, rp.owned, rp.owned), piece(n, n), dev, options));
+      if (n > 0 && f > 0)
+        remote.emplace(make_plan(windows(pats, rp.owned, rp.fetched, rp.skipped), piece(n, f), dev, options));
+    }
     if (g > 0 && n > 0) rows.emplace(make_plan(windows(pats, rp.row_queries, rp.owned), piece(g, n), dev, options));
 #if SPATTN_HAVE_CUDA
     if (cuda) {
@@ -334,8 +361,8 @@ struct DistRank::Impl {
     const int r = rp.rank;
     std::vector<Buf> keep;
     const int64_t B = problem.batch;
-    kf = buf(k.dtype, B, f, problem.kv_heads, problem.head_dim);
-    vf = buf(v.dtype, B, f, problem.kv_heads, problem.dv());
+    kf = buf(k.dtype, B, key_tokens, problem.kv_heads, problem.head_dim);
+    vf = buf(v.dtype, B, key_tokens, problem.kv_heads, problem.dv());
     for (const TensorView* t : row_src) row_dst.push_back(buf(t->dtype, B, g, t->shape[2], t->shape[3]));
     if (lse_dst) *lse_dst = buf(DType::f32, B, g, problem.q_heads, 1, true);
     std::vector<Buf> rows_out;
@@ -353,9 +380,9 @@ struct DistRank::Impl {
       if (s == r) continue;
       for (Buf& b : kv_out[size_t(s)]) comm.send(b.data(), b.size(), s);
       for (Buf& b : rows_out) comm.send(b.data(), b.size(), s);
-      const int64_t t0 = fetched_at[size_t(s)], nt = fetched_at[size_t(s) + 1] - t0;
+      const int64_t t0 = key_slices[size_t(s)].begin, nt = key_slices[size_t(s)].size();
       if (nt > 0)
-        for (Buf* b : {&kf, &vf}) comm.recv(b->data() + t0 * (b->size() / f), b->size() / f * nt, s);
+        for (Buf* b : {&kf, &vf}) comm.recv(b->data() + t0 * (b->size() / key_tokens), b->size() / key_tokens * nt, s);
       const int64_t r0 = rows_at[size_t(s)], nr = rows_at[size_t(s) + 1] - r0;
       if (nr > 0) {
         std::vector<Buf*> dsts;
@@ -374,10 +401,17 @@ struct DistRank::Impl {
     return keep;
   }
 
-  // Round 2: token-major results `out` (rows in the order of `out_ranges_of[s]`, concatenated over s at `out_at`)
+  // (first token, tokens) of each peer's slice of a buffer laid out by peer at the offsets `at` ([world + 1]).
+  std::vector<IndexRange> slices_at(const std::vector<int64_t>& at) const {
+    std::vector<IndexRange> out;
+    for (int s = 0; s < world; ++s) out.push_back({at[size_t(s)], at[size_t(s) + 1]});
+    return out;
+  }
+
+  // Round 2: the slices `out_slices[s]` (token ranges) of the token-major buffers `out` (each of `out_tokens` tokens)
   // sent to each peer; each peer's results for `in_ranges_of[s]` received and handed to `use(s, bufs)`.
-  void exchange_back(Communicator& comm, std::vector<Buf*> out, const std::vector<int64_t>& out_at,
-                     const std::vector<IndexRanges>& in_ranges_of, const std::vector<Row>& in_rows,
+  void exchange_back(Communicator& comm, std::vector<Buf*> out, const std::vector<IndexRange>& out_slices,
+                     int64_t out_tokens, const std::vector<IndexRanges>& in_ranges_of, const std::vector<Row>& in_rows,
                      const std::function<void(int, std::vector<Buf>&)>& use, Stream stream) const {
     const int r = rp.rank;
     std::vector<std::vector<Buf>> in(static_cast<size_t>(world));
@@ -385,10 +419,10 @@ struct DistRank::Impl {
     comm.group_start();
     for (int s = 0; s < world; ++s) {
       if (s == r) continue;
-      const int64_t t0 = out_at[size_t(s)], nt = out_at[size_t(s) + 1] - t0;
+      const int64_t t0 = out_slices[size_t(s)].begin, nt = out_slices[size_t(s)].size();
       if (nt > 0)
         for (Buf* b : out) {
-          const int64_t per = b->size() / out_at[size_t(world)];
+          const int64_t per = b->size() / out_tokens;
           comm.send(b->data() + t0 * per, per * nt, s);
         }
       const int64_t ni = total_size(in_ranges_of[size_t(s)]);
@@ -419,8 +453,14 @@ struct DistRank::Impl {
     Buf kf, vf;
     std::vector<Buf> qg;
     std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q}, qg, nullptr, nullptr, stream);
+    if (whole) {  // own K/V beside the halo, then one plan over them
+      move(kf.view.slice(1, own_at, own_at + n), k, false, stream);
+      move(vf.view.slice(1, own_at, own_at + n), v, false, stream);
+      comm.wait();
+      whole->forward(q, kf.view, vf.view, o, lse, stream);
+    }
     if (local) run_local([&](Stream s) { local->forward(q, k, v, o, lse, s); }, stream);  // overlaps the exchange
-    comm.wait();
+    if (!whole) comm.wait();
     if (remote) {
       // The part's own result (the CPU engine writes fp32, the GPU engines the problem's dtype), then the merge.
       Buf o2 = scratch(cuda ? o.dtype : DType::f32, {B, n, Hq, Dv}), l2 = scratch(DType::f32, {B, Hq, n, 1});
@@ -442,7 +482,7 @@ struct DistRank::Impl {
             for (int64_t d = 0; d < Dv; ++d) og.view.store(b, i, h, d, 0.0);
           }
     }
-    exchange_back(comm, {&og, &lg}, rows_at, own_rows_from_each(), {{DType::f32, Hq, Dv}, {DType::f32, Hq, 1, true}},
+    exchange_back(comm, {&og, &lg}, slices_at(rows_at), g, own_rows_from_each(), {{DType::f32, Hq, Dv}, {DType::f32, Hq, 1, true}},
                   [&](int, std::vector<Buf>& in) {
                     for_runs(rp.skipped, [&](int64_t li, int64_t at, int64_t len) {
                       for (int64_t i = 0; i < len; ++i) merge_row(o, lse, li + i, in[0].view, in[1].view, at + i);
@@ -472,8 +512,18 @@ struct DistRank::Impl {
     std::vector<Buf> keep = cuda ? post_round1(comm, k, v, kf, vf, {}, rg, nullptr, nullptr, stream)
                                  : post_round1(comm, k, v, kf, vf, {&q, &o, &dout}, rg, &lse, &lg, stream);
     if (local) run_local([&](Stream s) { local->backward(q, k, v, o, lse, dout, dq, dk, dv, s); }, stream);
+    if (whole) {
+      move(kf.view.slice(1, own_at, own_at + n), k, false, stream);
+      move(vf.view.slice(1, own_at, own_at + n), v, false, stream);
+    }
     comm.wait();
-    Buf dkf = buf(gt, B, f, Hkv, D), dvf = buf(gt, B, f, Hkv, Dv);
+    // dK/dV of the key buffer (halo mode: own keys too, copied out below; else the fetched keys).
+    Buf dkf = buf(gt, B, key_tokens, Hkv, D), dvf = buf(gt, B, key_tokens, Hkv, Dv);
+    if (whole) {
+      whole->backward(q, kf.view, vf.view, o, lse, dout, dq, dkf.view, dvf.view, stream);
+      move(dk, dkf.view.slice(1, own_at, own_at + n), false, stream);
+      move(dv, dvf.view.slice(1, own_at, own_at + n), false, stream);
+    }
     if (remote) {
       Buf dq2 = scratch(gt, {B, n, Hq, D});
       remote->backward(q, kf.view, vf.view, o, lse, dout, dq2.view, dkf.view, dvf.view, stream);
@@ -492,7 +542,7 @@ struct DistRank::Impl {
       std::memset(dqg.data(), 0, size_t(dqg.size()));  // (host: GPU ranks have no global rows)
     }
     // Round 2a: dK/dV of the keys this rank borrowed go back to their owners, who add them.
-    exchange_back(comm, {&dkf, &dvf}, fetched_at, rp.send_keys, {{gt, Hkv, D}, {gt, Hkv, Dv}},
+    exchange_back(comm, {&dkf, &dvf}, key_slices, key_tokens, rp.send_keys, {{gt, Hkv, D}, {gt, Hkv, Dv}},
                   [&](int s, std::vector<Buf>& in) {
                     for_runs(rp.send_keys[size_t(s)], [&](int64_t li, int64_t at, int64_t len) {
                       move(dk.slice(1, li, li + len), in[0].view.slice(1, at, at + len), true, stream);
@@ -502,7 +552,7 @@ struct DistRank::Impl {
                   stream);
     if (cuda) return;
     // Round 2b: the dQ partials of others' global rows go back to their owners.
-    exchange_back(comm, {&dqg}, rows_at, own_rows_from_each(), {{DType::f32, Hq, D}},
+    exchange_back(comm, {&dqg}, slices_at(rows_at), g, own_rows_from_each(), {{DType::f32, Hq, D}},
                   [&](int, std::vector<Buf>& in) {
                     for_runs(rp.skipped, [&](int64_t li, int64_t at, int64_t len) {
                       host_move(dq.slice(1, li, li + len), in[0].view.slice(1, at, at + len), true);
@@ -538,6 +588,9 @@ std::string DistRank::explain() const {
   auto part = [&](const char* name, const std::optional<Plan>& p) {
     if (p) s << "\n  " << name << ": " << p->explain();
   };
+  if (im.whole)
+    s << "\n  halo: one plan over keys " << im.key_range.begin << ":" << im.key_range.end << " (own and fetched), no merge";
+  part("whole", im.whole);
   part("local", im.local);
   part("remote", im.remote);
   part("rows", im.rows);

@@ -24,13 +24,7 @@ void check_world(int64_t len, int world, int64_t chunks_per_rank, const char* la
   }
 }
 
-std::string ranges_str(const IndexRanges& r) {
-  if (r.empty()) return "-";
-  std::ostringstream s;
-  for (size_t i = 0; i < r.size() && i < 6; ++i) s << (i ? "," : "") << r[i].begin << ":" << r[i].end;
-  if (r.size() > 6) s << ",... (" << r.size() << " ranges)";
-  return s.str();
-}
+std::string ranges_str(const IndexRanges& r) { return r.empty() ? "-" : ranges_text(r, 6); }
 
 IndexRanges concat(const std::vector<IndexRanges>& parts) {
   IndexRanges out;

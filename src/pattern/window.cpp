@@ -2,6 +2,8 @@
 // against its own or its fetched keys, src/dist), without an index list of its rows.
 #include <algorithm>
 #include <atomic>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "pattern/ast.hpp"
@@ -12,6 +14,13 @@ int64_t total_size(const IndexRanges& ranges) {
   int64_t n = 0;
   for (const IndexRange& r : ranges) n += r.size();
   return n;
+}
+
+std::string ranges_text(const IndexRanges& r, size_t shown) {
+  std::ostringstream s;
+  for (size_t i = 0; i < r.size() && i < shown; ++i) s << (i ? "," : "") << r[i].begin << ":" << r[i].end;
+  if (r.size() > shown) s << ",... (" << r.size() << " ranges)";
+  return s.str();
 }
 
 namespace {
@@ -103,21 +112,46 @@ struct WindowNode final : detail::BoundNode {
 
 std::atomic<int64_t> g_window_ids{1};
 
-std::string ranges_text(const IndexRanges& r) {
-  std::string s;
-  for (size_t i = 0; i < r.size() && i < 4; ++i)
-    s += (i ? "," : "") + std::to_string(r[i].begin) + ":" + std::to_string(r[i].end);
-  if (r.size() > 4) s += ",... (" + std::to_string(r.size()) + " ranges)";
-  return s;
-}
-
 }  // namespace
+
+// The spec of a band pattern seen through one query range and one key range, where it is a band again: row i and key
+// j stand for q0 + i and k0 + j, so the diagonal moves by d = q0 - k0 (local(left=a, right=b) becomes local(left=a - d,
+// right=b + d) where both stay >= 0; causal becomes local(left=n, right=d) for d >= 0; dense stays dense). The
+// planners then see a band (the GPU band kernel), not rows. None otherwise.
+std::optional<std::string> band_window_spec(const detail::Node* node, const IndexRange& rows, const IndexRange& keys) {
+  while (node && (node->kind == detail::Kind::Union || node->kind == detail::Kind::Inter) && node->children.size() == 1)
+    node = node->children[0].get();
+  if (!node) return std::nullopt;
+  const int64_t d = rows.begin - keys.begin;
+  auto local = [](int64_t left, int64_t right) {
+    std::ostringstream s;
+    s << "local(left=" << left << ", right=" << right << ")";
+    return s.str();
+  };
+  switch (node->kind) {
+    case detail::Kind::Dense: return std::string("dense");
+    case detail::Kind::Local:
+      if (node->a - d >= 0 && node->b + d >= 0) return local(node->a - d, node->b + d);
+      return std::nullopt;
+    case detail::Kind::Causal:
+      if (d >= 0) return local(std::max<int64_t>(rows.size(), 1), d);
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
 
 BoundPattern BoundPattern::window(const BoundPattern& base, IndexRanges rows, IndexRanges keys, IndexRanges skip) {
   if (!base.root_) throw Error("window: the base pattern is empty");
   check_ranges(rows, base.q_len_, "query");
   check_ranges(keys, base.k_len_, "key");
   check_ranges(skip, base.q_len_, "skipped query");
+  std::erase_if(skip, [](const IndexRange& r) { return r.size() == 0; });
+  bool skips_rows = false;
+  for (const IndexRange& s : skip)
+    for (const IndexRange& r : rows) skips_rows = skips_rows || (s.begin < r.end && r.begin < s.end);
+  if (rows.size() == 1 && keys.size() == 1 && !skips_rows)
+    if (auto spec = band_window_spec(base.node_.get(), rows[0], keys[0]))
+      return Pattern::parse(*spec).bind(rows[0].size(), keys[0].size());
   std::string spec = "window#" + std::to_string(g_window_ids.fetch_add(1)) + " (" + base.spec_ + "; rows " +
                      ranges_text(rows) + "; keys " + ranges_text(keys);
   if (!skip.empty()) spec += "; skip " + ranges_text(skip);
@@ -125,7 +159,6 @@ BoundPattern BoundPattern::window(const BoundPattern& base, IndexRanges rows, In
   node->q_len = node->rows.size();
   node->k_len = node->keys.size();
   node->base = base.root_;
-  std::erase_if(skip, [](const IndexRange& r) { return r.size() == 0; });
   std::sort(skip.begin(), skip.end(), [](const IndexRange& a, const IndexRange& b) { return a.begin < b.begin; });
   node->skip = std::move(skip);
   BoundPattern p;
