@@ -386,14 +386,22 @@ TEST(DistRun, LocalContiguous) {
 TEST(DistRun, HaloModeIsOneBandPlan) {
   const DistPlan plan({parse("local(16)")}, problem_of(400), ShardLayout::contiguous(400, 4));
   const std::string e = dist::DistRank(plan, 1).explain();
-  EXPECT_NE(e.find("halo: one plan over keys 84:216"), std::string::npos) << e;
+  EXPECT_NE(e.find("halo: keys 84:216 (own and fetched) in one buffer, 1 plan(s)"), std::string::npos) << e;
   EXPECT_NE(e.find("local(left=0, right=32)"), std::string::npos) << e;  // a band again: the band tiler runs it
   const DistPlan parts({parse("local(16)")}, problem_of(400), ShardLayout::contiguous(400, 4), {.halo = false});
   EXPECT_EQ(dist::DistRank(parts, 1).explain().find("halo:"), std::string::npos);
 }
 TEST(DistRun, LocalWiderThanAShard) { check_case({"local(40)", 97, 4, "contiguous"}); }
 TEST(DistRun, CausalZigzag) {
-  for (int w : {2, 3, 4}) check_case({"causal", 257, w, "zigzag"});
+  for (int w : {2, 3, 4}) check_case({"causal", 257, w, "zigzag"});  // halo mode: two band plans a rank
+  check_case({"causal", 257, 3, "zigzag", 2, 2, 16, 1, 1, false});   // local + remote parts, merged
+  // Rank 0 owns chunks 0 and 7 of 8: its keys [0, L) in one buffer (rank 1's two chunks staged, then placed), each
+  // chunk of rows a causal band over them.
+  const DistPlan plan({parse("causal")}, problem_of(800), ShardLayout::zigzag(800, 4));
+  const std::string e = dist::DistRank(plan, 0).explain();
+  EXPECT_NE(e.find("halo: keys 0:800 (own and fetched) in one buffer, 2 plan(s)"), std::string::npos) << e;
+  EXPECT_NE(e.find("local(left=100, right=0)"), std::string::npos) << e;    // chunk 0 against keys 0:800
+  EXPECT_NE(e.find("local(left=100, right=700)"), std::string::npos) << e;  // chunk 7
 }
 TEST(DistRun, LongformerGlobalRowsAndColumns) {
   for (int w : {2, 4}) check_case({"longformer(6, 3)", 263, w, "contiguous", 4, 2});

@@ -123,12 +123,24 @@ struct DistRank::Impl {
   std::vector<int64_t> fetched_at, rows_at;  // [world + 1]: first index of each source's keys / rows
   detail::LocalIndex local_index;
   std::optional<Plan> local, remote, rows;
-  // Halo mode (DistOptions::halo): one plan `whole` over the key buffer [halo | own | halo] (key range key_range);
-  // else the local and remote parts. Where each source's keys land in the key buffer, and its length.
-  std::optional<Plan> whole;
+  // Halo mode (DistOptions::halo): the key buffer holds the keys of key_range in global order (its own and the
+  // fetched ones, e.g. [halo | own | halo]), and each own range of rows runs one plan against it (`whole`: one part
+  // for a contiguous shard, two for zig-zag); else the local and remote parts. key_slices[s]: where source s's message
+  // lands in the key buffer (split mode: the fetched keys by source; halo mode: its place, or, for a source sending
+  // several ranges, a staging slot past key_range, scattered to their places after the exchange: `staged`).
+  struct RowsPart {
+    int64_t li, len;  // local rows
+    IndexRange keys;  // their place in the key buffer (an own range)
+    Plan plan;
+  };
+  std::vector<RowsPart> whole;
   IndexRange key_range{0, 0};
   std::vector<IndexRange> key_slices;  // [world]
-  int64_t key_tokens = 0, own_at = 0;
+  struct Staged {
+    int64_t from, to, len;  // staging slot, place, tokens
+  };
+  std::vector<Staged> staged;
+  int64_t key_tokens = 0;
 #if SPATTN_HAVE_CUDA
   cudaStream_t side = nullptr;  // the local part's stream
   cudaEvent_t inputs_ready = nullptr, local_done = nullptr;
@@ -170,23 +182,33 @@ struct DistRank::Impl {
       p.kv_len = lk;
       return p;
     };
-    // Halo mode where the own range and the fetched ranges (one a source) make one range.
-    bool halo = plan.options().halo && n > 0 && f > 0 && rp.owned.size() == 1 && rp.skipped.empty();
-    for (int s = 0; s < world; ++s) halo = halo && rp.recv_keys[size_t(s)].size() <= 1;
+    // Halo mode where the own and the fetched keys make one range.
     IndexRanges all = rp.fetched;
-    all.push_back(rp.owned.empty() ? IndexRange{} : rp.owned[0]);
+    all.insert(all.end(), rp.owned.begin(), rp.owned.end());
     all = detail::normalized(all);
-    halo = halo && all.size() == 1;
-    if (halo) {
+    if (plan.options().halo && n > 0 && f > 0 && rp.skipped.empty() && all.size() == 1) {
       key_range = all[0];
-      key_tokens = key_range.size();
-      own_at = rp.owned[0].begin - key_range.begin;
+      const int64_t A = key_range.size();
+      key_tokens = A;
       for (int s = 0; s < world; ++s) {
         const IndexRanges& rk = rp.recv_keys[size_t(s)];
-        key_slices.push_back(rk.empty() ? IndexRange{0, 0}
-                                        : IndexRange{rk[0].begin - key_range.begin, rk[0].end - key_range.begin});
+        if (rk.size() <= 1) {
+          key_slices.push_back(rk.empty() ? IndexRange{0, 0} : IndexRange{rk[0].begin - key_range.begin, rk[0].end - key_range.begin});
+          continue;
+        }
+        key_slices.push_back({key_tokens, key_tokens + total_size(rk)});
+        for (const IndexRange& x : rk) {
+          staged.push_back({key_tokens, x.begin - key_range.begin, x.size()});
+          key_tokens += x.size();
+        }
       }
-      whole.emplace(make_plan(windows(pats, rp.owned, {key_range}), piece(n, key_tokens), dev, options));
+      int64_t li = 0;
+      for (const IndexRange& x : rp.owned) {
+        if (x.size() == 0) continue;
+        whole.push_back({li, x.size(), {x.begin - key_range.begin, x.end - key_range.begin},
+                         make_plan(windows(pats, {x}, {key_range}), piece(x.size(), A), dev, options)});
+        li += x.size();
+      }
     } else {
       key_tokens = f;
       for (int s = 0; s < world; ++s) key_slices.push_back({fetched_at[size_t(s)], fetched_at[size_t(s) + 1]});
@@ -318,6 +340,21 @@ struct DistRank::Impl {
         at += len;
         gt += len;
       }
+  }
+
+  // Halo mode: own K/V into their places in the key buffers.
+  void place_own(const Buf& kb, const Buf& vb, const TensorView& k, const TensorView& v, Stream stream) const {
+    for (const RowsPart& p : whole) {
+      move(kb.view.slice(1, p.keys.begin, p.keys.end), k.slice(1, p.li, p.li + p.len), false, stream);
+      move(vb.view.slice(1, p.keys.begin, p.keys.end), v.slice(1, p.li, p.li + p.len), false, stream);
+    }
+  }
+  // Halo mode: staged ranges to their places (to_place), or back to their staging slots (dK/dV to send).
+  void scatter_staged(const Buf& b, bool to_place, Stream stream) const {
+    for (const Staged& x : staged) {
+      const TensorView slot = b.view.slice(1, x.from, x.from + x.len), place = b.view.slice(1, x.to, x.to + x.len);
+      to_place ? move(place, slot, false, stream) : move(slot, place, false, stream);
+    }
   }
 
   // [world]: its global rows, from each other rank (their partial results come back in that order).
@@ -453,14 +490,18 @@ struct DistRank::Impl {
     Buf kf, vf;
     std::vector<Buf> qg;
     std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q}, qg, nullptr, nullptr, stream);
-    if (whole) {  // own K/V beside the halo, then one plan over them
-      move(kf.view.slice(1, own_at, own_at + n), k, false, stream);
-      move(vf.view.slice(1, own_at, own_at + n), v, false, stream);
+    if (!whole.empty()) {  // own K/V beside the fetched ones, then each own range of rows against them all
+      place_own(kf, vf, k, v, stream);
       comm.wait();
-      whole->forward(q, kf.view, vf.view, o, lse, stream);
+      scatter_staged(kf, true, stream);
+      scatter_staged(vf, true, stream);
+      const TensorView K = kf.view.slice(1, 0, key_range.size()), V = vf.view.slice(1, 0, key_range.size());
+      for (const RowsPart& r : whole)
+        r.plan.forward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len),
+                       lse.slice(2, r.li, r.li + r.len), stream);
     }
     if (local) run_local([&](Stream s) { local->forward(q, k, v, o, lse, s); }, stream);  // overlaps the exchange
-    if (!whole) comm.wait();
+    if (whole.empty()) comm.wait();
     if (remote) {
       // The part's own result (the CPU engine writes fp32, the GPU engines the problem's dtype), then the merge.
       Buf o2 = scratch(cuda ? o.dtype : DType::f32, {B, n, Hq, Dv}), l2 = scratch(DType::f32, {B, Hq, n, 1});
@@ -512,17 +553,34 @@ struct DistRank::Impl {
     std::vector<Buf> keep = cuda ? post_round1(comm, k, v, kf, vf, {}, rg, nullptr, nullptr, stream)
                                  : post_round1(comm, k, v, kf, vf, {&q, &o, &dout}, rg, &lse, &lg, stream);
     if (local) run_local([&](Stream s) { local->backward(q, k, v, o, lse, dout, dq, dk, dv, s); }, stream);
-    if (whole) {
-      move(kf.view.slice(1, own_at, own_at + n), k, false, stream);
-      move(vf.view.slice(1, own_at, own_at + n), v, false, stream);
-    }
+    if (!whole.empty()) place_own(kf, vf, k, v, stream);
     comm.wait();
     // dK/dV of the key buffer (halo mode: own keys too, copied out below; else the fetched keys).
     Buf dkf = buf(gt, B, key_tokens, Hkv, D), dvf = buf(gt, B, key_tokens, Hkv, Dv);
-    if (whole) {
-      whole->backward(q, kf.view, vf.view, o, lse, dout, dq, dkf.view, dvf.view, stream);
-      move(dk, dkf.view.slice(1, own_at, own_at + n), false, stream);
-      move(dv, dvf.view.slice(1, own_at, own_at + n), false, stream);
+    if (!whole.empty()) {
+      scatter_staged(kf, true, stream);
+      scatter_staged(vf, true, stream);
+      const int64_t A = key_range.size();
+      const TensorView K = kf.view.slice(1, 0, A), V = vf.view.slice(1, 0, A);
+      const TensorView dK = dkf.view.slice(1, 0, A), dV = dvf.view.slice(1, 0, A);
+      Buf dk2, dv2;  // a second part's dK/dV, added to the first's
+      for (size_t i = 0; i < whole.size(); ++i) {
+        const RowsPart& r = whole[i];
+        if (i == 1) dk2 = scratch(gt, {B, A, Hkv, D}), dv2 = scratch(gt, {B, A, Hkv, Dv});
+        r.plan.backward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len),
+                        lse.slice(2, r.li, r.li + r.len), dout.slice(1, r.li, r.li + r.len),
+                        dq.slice(1, r.li, r.li + r.len), i ? dk2.view : dK, i ? dv2.view : dV, stream);
+        if (i) {
+          move(dK, dk2.view, true, stream);
+          move(dV, dv2.view, true, stream);
+        }
+      }
+      for (const RowsPart& r : whole) {
+        move(dk.slice(1, r.li, r.li + r.len), dkf.view.slice(1, r.keys.begin, r.keys.end), false, stream);
+        move(dv.slice(1, r.li, r.li + r.len), dvf.view.slice(1, r.keys.begin, r.keys.end), false, stream);
+      }
+      scatter_staged(dkf, false, stream);
+      scatter_staged(dvf, false, stream);
     }
     if (remote) {
       Buf dq2 = scratch(gt, {B, n, Hq, D});
@@ -588,9 +646,10 @@ std::string DistRank::explain() const {
   auto part = [&](const char* name, const std::optional<Plan>& p) {
     if (p) s << "\n  " << name << ": " << p->explain();
   };
-  if (im.whole)
-    s << "\n  halo: one plan over keys " << im.key_range.begin << ":" << im.key_range.end << " (own and fetched), no merge";
-  part("whole", im.whole);
+  if (!im.whole.empty())
+    s << "\n  halo: keys " << im.key_range.begin << ":" << im.key_range.end << " (own and fetched) in one buffer, "
+      << im.whole.size() << " plan(s), one an own range of rows, no merge";
+  for (const Impl::RowsPart& r : im.whole) s << "\n  rows " << r.li << ":" << r.li + r.len << ": " << r.plan.explain();
   part("local", im.local);
   part("remote", im.remote);
   part("rows", im.rows);
