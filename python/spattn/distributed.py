@@ -9,8 +9,10 @@ dK/dV of fetched keys sent back and added at their owners.
     import torch.distributed as dist, spattn.distributed as sd
     o = sd.context_parallel_attention(q, k, v, "local(4096)")    # q, k, v: this rank's shard
 
-Rows of ``global_rows`` terms fetch every key here (the C++ DistRank ships their queries instead). CPU tensors for
-now: the merge of the parts runs through the C++ merge primitive on CPU memory (a GPU tensor raises spattn.Error).
+Halo mode (a rank's own and fetched keys make one range: a band over contiguous shards, causal over zig-zag shards):
+the keys in global order and one plan per own range of rows, no merge: CPU or CUDA tensors (gloo or NCCL). Otherwise
+the parts merge through the C++ merge primitive on CPU memory (a CUDA tensor raises spattn.Error). Rows of
+``global_rows`` terms fetch every key here (the C++ DistRank ships their queries instead).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -75,25 +77,49 @@ def _local_index(owned: Ranges, ranges: Ranges) -> Tensor:
 
 
 class _State:
-    """A rank's plans and index lists for one (pattern, shapes, group) — built once, reused by forward and backward."""
+    """A rank's plans and index lists for one (pattern, shapes, group) — built once, reused by forward and backward.
+
+    Halo mode (the rank's own and fetched keys make one range: a band over contiguous shards, causal over zig-zag):
+    the keys in global order in one tensor and one plan per own range of rows against it, no merge (CPU or GPU).
+    Otherwise a local part (own keys) and a remote part (fetched keys) merged through the LSE (CPU)."""
 
     def __init__(self, pats: List[Any], q: Tensor, k: Tensor, v: Tensor, seq_len: int, rank: int, world: int,
-                 layout: str, scale: Optional[float], key_block: int, group: Any) -> None:
+                 layout: str, scale: Optional[float], key_block: int, halo: bool, group: Any) -> None:
         B, n, Hq, D = q.shape
         Hkv, Dv = k.shape[2], v.shape[3]
         dt = str(q.dtype).replace("torch.", "")
         self.explain, ranks = _core.dist_schedule(pats, seq_len, world, layout, B, Hq, Hkv, D, Dv, dt, key_block, False)
         me = ranks[rank]
         self.rank, self.world, self.group = rank, world, group
-        owned = [tuple(x) for x in me["owned"]]
+        owned = [tuple(x) for x in me["owned"] if x[1] > x[0]]
         if sum(e - b for b, e in owned) != n:
             raise Error(f"rank {rank}: q has {n} tokens, the {layout} layout gives it {sum(e - b for b, e in owned)}")
-        self.send_idx = [_local_index(owned, [tuple(x) for x in me["send_keys"][s]]) for s in range(world)]
+        dev = q.device
+        self.send_idx = [_local_index(owned, [tuple(x) for x in me["send_keys"][s]]).to(dev) for s in range(world)]
         self.recv_n = [sum(e - b for b, e in me["recv_keys"][s]) for s in range(world)]
         fetched = [tuple(x) for x in me["fetched"]]
-        args = (B, Hq, Hkv, D, Dv, dt, scale or 0.0, "cpu", "cpu", 0)
-        self.local = _core.make_window_plan(pats, seq_len, owned, owned, [], *args)
-        self.remote = _core.make_window_plan(pats, seq_len, owned, fetched, [], *args) if fetched else None
+        device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+        args = (B, Hq, Hkv, D, Dv, dt, scale or 0.0, device, "auto", 0)
+        # The keys this rank holds after the exchange: its own (local order), then the fetched (by source).
+        held = _index(owned + fetched)
+        span = (int(held.min()), int(held.max()) + 1) if len(held) else (0, 0)
+        self.halo = halo and bool(fetched) and len(held) == span[1] - span[0]
+        self.parts, self.local, self.remote = [], None, None
+        if self.halo:
+            self.order = torch.argsort(held).to(dev)  # held[order] is span, in global order
+            li = 0
+            for b, e in owned:
+                self.parts.append((li, e - b, _core.make_window_plan(pats, seq_len, [(b, e)], [span], [], *args)))
+                li += e - b
+        else:
+            if dev.type != "cpu":
+                raise Error(f"rank {rank}: its keys ({owned} and fetched {fetched}) are not one range, so its parts "
+                            "merge through the LSE, which spattn.distributed runs on CPU tensors only for now")
+            self.local = _core.make_window_plan(pats, seq_len, owned, owned, [], *args)
+            self.remote = _core.make_window_plan(pats, seq_len, owned, fetched, [], *args) if fetched else None
+        plan = self.parts[0][2] if self.parts else self.local
+        self.out_dtype = getattr(torch, plan.out_dtype)
+        self.grad_dtype = getattr(torch, plan.grad_dtype)
 
     def exchange(self, tensors: List[Tensor], counts: List[int], idx: Optional[List[Tensor]]) -> List[List[Tensor]]:
         """Sends tensors[:, idx[s]] (or, without idx, consecutive slices of counts[s] tokens) to every peer s; returns,
@@ -130,13 +156,18 @@ class _ContextParallel(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, st: _State) -> Tensor:
         kf, vf = _fetch(st, k, v)
         B, n, Hq, _ = q.shape
-        o = torch.empty((B, n, Hq, v.shape[3]), dtype=torch.float32)
-        lse = torch.empty((B, Hq, n), dtype=torch.float32)
-        st.local.forward(q, k, v, o, lse)  # (the exchange above is done: gloo has no stream to overlap on)
-        if st.remote is not None:
-            o2, lse2 = torch.empty_like(o), torch.empty_like(lse)
-            st.remote.forward(q, kf, vf, o2, lse2)
-            _core.merge_into(o, lse, o2, lse2)
+        o = torch.empty((B, n, Hq, v.shape[3]), dtype=st.out_dtype, device=q.device)
+        lse = torch.empty((B, Hq, n), dtype=torch.float32, device=q.device)
+        if st.halo:  # every key in global order, each own range of rows against them: no merge
+            kk, vv = (torch.cat((x, y), 1).index_select(1, st.order).contiguous() for x, y in ((k, kf), (v, vf)))
+            for li, ln, plan in st.parts:
+                plan.forward(q[:, li:li + ln], kk, vv, o[:, li:li + ln], lse[:, :, li:li + ln])
+        else:
+            st.local.forward(q, k, v, o, lse)  # (the exchange above is done: gloo has no stream to overlap on)
+            if st.remote is not None:
+                o2, lse2 = torch.empty_like(o), torch.empty_like(lse)
+                st.remote.forward(q, kf, vf, o2, lse2)
+                _core.merge_into(o, lse, o2, lse2)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.st = st
         return o.to(q.dtype)
@@ -145,25 +176,39 @@ class _ContextParallel(torch.autograd.Function):
     def backward(ctx: Any, dout: Tensor) -> Tuple[Any, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         st: _State = ctx.st
-        dout = dout.contiguous()
+        dout = dout.contiguous().to(q.dtype)
         kf, vf = _fetch(st, k, v)  # fetched again: nothing kept between the passes
-        dq = torch.empty(q.shape, dtype=torch.float32)
-        dk = torch.empty(k.shape, dtype=torch.float32)
-        dv = torch.empty(v.shape, dtype=torch.float32)
-        st.local.backward(q, k, v, o, lse, dout, dq, dk, dv)
-        if st.remote is not None or any(len(i) for i in st.send_idx):
+        n = k.shape[1]
+        dq = torch.empty(q.shape, dtype=st.grad_dtype, device=q.device)
+        if st.halo:
+            kk, vv = (torch.cat((x, y), 1).index_select(1, st.order).contiguous() for x, y in ((k, kf), (v, vf)))
+            dkk, dvv = torch.zeros(kk.shape, dtype=st.grad_dtype, device=q.device), torch.zeros(vv.shape, dtype=st.grad_dtype, device=q.device)
+            for li, ln, plan in st.parts:
+                g_k, g_v = torch.empty_like(dkk), torch.empty_like(dvv)
+                plan.backward(q[:, li:li + ln], kk, vv, o[:, li:li + ln], lse[:, :, li:li + ln], dout[:, li:li + ln],
+                              dq[:, li:li + ln], g_k, g_v)
+                dkk += g_k
+                dvv += g_v
+            held_k, held_v = torch.empty_like(dkk), torch.empty_like(dvv)  # back to held order: own, then fetched
+            held_k.index_copy_(1, st.order, dkk)
+            held_v.index_copy_(1, st.order, dvv)
+            dk, dv = held_k[:, :n].contiguous(), held_v[:, :n].contiguous()
+            dkf, dvf = held_k[:, n:].contiguous(), held_v[:, n:].contiguous()
+        else:
+            dk = torch.empty(k.shape, dtype=st.grad_dtype)
+            dv = torch.empty(v.shape, dtype=st.grad_dtype)
+            st.local.backward(q, k, v, o, lse, dout, dq, dk, dv)
+            dkf, dvf = kf.new_zeros(kf.shape, dtype=st.grad_dtype), vf.new_zeros(vf.shape, dtype=st.grad_dtype)
             if st.remote is not None:
-                dq2, dkf, dvf = torch.empty_like(dq), torch.empty(kf.shape), torch.empty(vf.shape)
+                dq2 = torch.empty_like(dq)
                 st.remote.backward(q, kf, vf, o, lse, dout, dq2, dkf, dvf)
                 dq += dq2
-            else:
-                dkf, dvf = torch.zeros(k.shape[0], 0, *k.shape[2:]), torch.zeros(v.shape[0], 0, *v.shape[2:])
-            # The gradients of borrowed keys go back to their owners, who add them.
-            gk, gv = st.exchange([dkf, dvf], st.recv_n, None)
-            peers = [s for s in range(st.world) if s != st.rank]
-            for s, a, b in zip(peers, gk, gv):
-                dk.index_add_(1, st.send_idx[s], a)
-                dv.index_add_(1, st.send_idx[s], b)
+        # The gradients of borrowed keys go back to their owners, who add them.
+        gk, gv = st.exchange([dkf, dvf], st.recv_n, None)
+        peers = [s for s in range(st.world) if s != st.rank]
+        for s, a, b in zip(peers, gk, gv):
+            dk.index_add_(1, st.send_idx[s], a)
+            dv.index_add_(1, st.send_idx[s], b)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
@@ -180,7 +225,7 @@ _STATES: Dict[Any, _State] = {}
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor,
                                pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *,
                                group: Any = None, layout: str = "contiguous", seq_len: Optional[int] = None,
-                               scale: Optional[float] = None, key_block: int = 1) -> Tensor:
+                               scale: Optional[float] = None, key_block: int = 1, halo: bool = True) -> Tensor:
     """Sparse attention of this rank's shard against the whole sharded sequence; differentiable in q, k and v.
 
     q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, Dv]: the rank's tokens in the order of ``layout``
@@ -189,18 +234,15 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor,
     """
     if not dist.is_initialized():
         raise Error("context_parallel_attention needs torch.distributed initialised (dist.init_process_group)")
-    if q.is_cuda:
-        raise Error("context_parallel_attention: CUDA tensors are not supported yet (the merge of the parts runs on "
-                    "the CPU); use CPU tensors with the gloo backend")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if seq_len is None:
-        t = torch.tensor([q.shape[1]], dtype=torch.long)
+        t = torch.tensor([q.shape[1]], dtype=torch.long, device=q.device)
         dist.all_reduce(t, group=group)
         seq_len = int(t.item())
     pats = _patterns(pattern)
-    key = (tuple(p.spec for p in pats), q.shape, k.shape, v.shape, q.dtype, seq_len, rank, world, layout, scale,
-           key_block, id(group))
+    key = (tuple(p.spec for p in pats), q.shape, k.shape, v.shape, q.dtype, q.device, seq_len, rank, world, layout,
+           scale, key_block, halo, id(group))
     st = _STATES.get(key)
     if st is None:
-        st = _STATES[key] = _State(pats, q, k, v, seq_len, rank, world, layout, scale, key_block, group)
+        st = _STATES[key] = _State(pats, q, k, v, seq_len, rank, world, layout, scale, key_block, halo, group)
     return _ContextParallel.apply(q, k, v, st)

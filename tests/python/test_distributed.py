@@ -16,7 +16,9 @@ import spattn  # noqa: E402
 import spattn.distributed as sd  # noqa: E402
 import spattn.torch as st  # noqa: E402
 
-CASES = [("local(7)", "contiguous", 2, 2), ("causal", "zigzag", 2, 2), ("longformer(5, 3) | random(2, seed=4)", "contiguous", 4, 2)]
+# (spec, layout, Hq, Hkv, halo): halo mode (one plan a range of rows, no merge) and local + remote parts merged.
+CASES = [("local(7)", "contiguous", 2, 2, True), ("local(7)", "contiguous", 2, 2, False), ("causal", "zigzag", 2, 2, True),
+         ("longformer(5, 3) | random(2, seed=4)", "contiguous", 4, 2, True)]
 
 
 def _inputs(L, hq, hkv, seed=0):
@@ -25,7 +27,7 @@ def _inputs(L, hq, hkv, seed=0):
     return q, k, v, do
 
 
-def _worker(rank, world, init, spec, layout, L, hq, hkv, out_dir):
+def _worker(rank, world, init, spec, layout, L, hq, hkv, halo, out_dir):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
@@ -33,7 +35,7 @@ def _worker(rank, world, init, spec, layout, L, hq, hkv, out_dir):
         _, ranks = sd.schedule(spec, L, world, layout=layout)
         owned = [tuple(x) for x in ranks[rank]["owned"]]
         qs, ks, vs = (sd.shard(x, owned).requires_grad_() for x in (q, k, v))
-        o = sd.context_parallel_attention(qs, ks, vs, spec, layout=layout)
+        o = sd.context_parallel_attention(qs, ks, vs, spec, layout=layout, halo=halo)
         o.backward(sd.shard(do, owned))
         torch.save({"owned": owned, "o": o.detach(), "dq": qs.grad, "dk": ks.grad, "dv": vs.grad},
                    os.path.join(out_dir, f"rank{rank}.pt"))
@@ -41,12 +43,12 @@ def _worker(rank, world, init, spec, layout, L, hq, hkv, out_dir):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("spec,layout,hq,hkv", CASES)
-def test_two_gloo_processes_match_one(spec, layout, hq, hkv):
+@pytest.mark.parametrize("spec,layout,hq,hkv,halo", CASES)
+def test_two_gloo_processes_match_one(spec, layout, hq, hkv, halo):
     L, world = 203, 2
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rendezvous")
-        torch.multiprocessing.spawn(_worker, args=(world, init, spec, layout, L, hq, hkv, tmp), nprocs=world, join=True)
+        torch.multiprocessing.spawn(_worker, args=(world, init, spec, layout, L, hq, hkv, halo, tmp), nprocs=world, join=True)
         parts = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
     owned = [p["owned"] for p in parts]
     got = {n: sd.unshard([p[n] for p in parts], owned, L) for n in ("o", "dq", "dk", "dv")}
