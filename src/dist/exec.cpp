@@ -300,12 +300,23 @@ struct DistRank::Impl {
     (void)stream;
 #endif
   }
-  // The local part on the side stream, after what the caller's stream has enqueued (GPU); or here (CPU).
+  // At the start of a call (GPU): the rank's device current, and an event after what the caller's stream has
+  // enqueued so far (the inputs), for the local part to wait on — recorded before the exchange is enqueued on the
+  // same stream, so that the local part does not wait for the exchange.
+  void begin_call(Stream stream) const {
+#if SPATTN_HAVE_CUDA
+    if (cuda) {
+      SPATTN_CUDA_CHECK(cudaSetDevice(device.index));
+      SPATTN_CUDA_CHECK(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(stream)));
+    }
+#endif
+    (void)stream;
+  }
+  // The local part on the side stream, after the inputs (GPU); or here (CPU).
   template <class F>
   void run_local(F&& fn, Stream stream) const {
 #if SPATTN_HAVE_CUDA
     if (cuda) {
-      SPATTN_CUDA_CHECK(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(stream)));
       SPATTN_CUDA_CHECK(cudaStreamWaitEvent(side, inputs_ready, 0));
       fn(static_cast<Stream>(side));
       SPATTN_CUDA_CHECK(cudaEventRecord(local_done, side));
@@ -487,6 +498,10 @@ struct DistRank::Impl {
     Problem::check_view(o, "o", {B, n, Hq, Dv});
     Problem::check_view(lse, "lse", {B, Hq, n, 1});
     if (n > 0 && !lse.data) throw Error("distributed forward: lse is required (the parts merge through it)");
+    if (cuda && n > 1 && lse.stride[2] != 1)
+      throw Error("distributed forward on " + device.str() + ": lse rows must be contiguous (stride " +
+                  std::to_string(lse.stride[2]) + " along L)");
+    begin_call(stream);
     Buf kf, vf;
     std::vector<Buf> qg;
     std::vector<Buf> keep = post_round1(comm, k, v, kf, vf, {&q}, qg, nullptr, nullptr, stream);
@@ -546,6 +561,7 @@ struct DistRank::Impl {
     Problem::check_view(lse, "lse", {B, Hq, n, 1});
     if (n > 0 && (!o.data || !lse.data))
       throw Error("distributed backward: o and lse of the forward are required (every part's P uses the merged lse)");
+    begin_call(stream);
     // Gradients of the parts: fp32 on the CPU engines, the problem's dtype on the GPU engines.
     const DType gt = cuda ? p.dtype : DType::f32;
     Buf kf, vf, lg;
