@@ -4,6 +4,7 @@
 // the fp64 reference; bad inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -254,10 +255,19 @@ TensorView view(std::vector<float>& x, int64_t B, int64_t L, int64_t H, int64_t 
   return TensorView::contiguous(x.data(), DType::f32, {B, L, H, D});
 }
 
+// "a; b": one pattern per query head.
+std::vector<Pattern> patterns_of(const std::string& spec) {
+  std::vector<Pattern> out;
+  size_t at = 0;
+  for (size_t semi; (semi = spec.find(';', at)) != std::string::npos; at = semi + 1) out.push_back(parse(spec.substr(at, semi - at)));
+  out.push_back(parse(spec.substr(at)));
+  return out;
+}
+
 // One device's plan (engine given) on the whole sequence: o, lse, dq, dk, dv.
 void single(const Case& c, Engine engine, Full& f) {
   const Problem pr = problem_of(c.L, c.hq, c.hkv, c.d, c.batch);
-  const Plan plan = make_plan(parse(c.spec), pr, Device::cpu(), {.engine = engine});
+  const Plan plan = make_plan(patterns_of(c.spec), pr, Device::cpu(), {.engine = engine});
   const int64_t B = c.batch, L = c.L;
   f.o.assign(size_t(B * L * c.hq * c.d), 0.f);
   f.lse.assign(size_t(B * c.hq * L), 0.f);
@@ -367,7 +377,7 @@ void check_case(const Case& c) {
   Full one = f, ref = f, dst = f;
   single(c, Engine::cpu_fused, one);
   single(c, Engine::reference, ref);
-  const DistPlan plan({parse(c.spec)}, problem_of(L, c.hq, c.hkv, c.d, B), layout_of(c),
+  const DistPlan plan(patterns_of(c.spec), problem_of(L, c.hq, c.hkv, c.d, B), layout_of(c),
                       {.key_block = c.key_block, .halo = c.halo});
   const std::vector<int64_t> bytes = distributed(c, dst, plan);
   for (int r = 0; r < c.world; ++r) EXPECT_EQ(bytes[size_t(r)], plan.rank(r).recv_bytes) << "rank " << r;
@@ -412,6 +422,47 @@ TEST(DistRun, DilatedRandomCompound) {
   check_case({"local(4) | random(3, seed=2) | global_cols(0:2) | (stride(11) & causal)", 311, 3, "zigzag"});
 }
 TEST(DistRun, GqaBatchOddLayout) { check_case({"sparse_strided(8) | global(100:104)", 280, 3, "odd", 4, 1, 8, 2}); }
+TEST(DistRun, PerHeadPatterns) {
+  check_case({"local(3); causal; dilated(4, 2); longformer(5, 2)", 203, 3, "contiguous", 4, 2});
+  check_case({"causal; local(left=6, right=0)", 203, 2, "zigzag"});
+}
+
+TEST(DistSchedule, FetchedKeysAreExactlyTheRemoteKeysTheRowsKeep) {
+  // keys_reached (difference arrays per stride) against brute force over every (q, k), for every rank.
+  const int64_t L = 180;
+  for (const char* spec : {"local(7)", "dilated(3, 4)", "stride(9) & causal", "random(5, seed=2)", "sparse_fixed(16, 2)",
+                           "neighborhood(dims=(12,15), kernel=3, dilation=2)", "local(2) | global_cols(50, 120:123)",
+                           "blocked(8, local(1) | random(2, seed=3))"}) {
+    for (const char* layout : {"contiguous", "zigzag"}) {
+      const DistPlan plan({parse(spec)}, problem_of(L), ShardLayout::parse(layout, L, 3), {.distribute_rows = false});
+      const BoundPattern p = parse(spec).bind(L);
+      for (int r = 0; r < 3; ++r) {
+        const dist::RankPlan& rp = plan.rank(r);
+        std::vector<char> own(size_t(L), 0), need(size_t(L), 0);
+        for (const IndexRange& x : rp.owned)
+          for (int64_t t = x.begin; t < x.end; ++t) own[size_t(t)] = 1;
+        for (int64_t q = 0; q < L; ++q)
+          if (own[size_t(q)])
+            for (int64_t k = 0; k < L; ++k) need[size_t(k)] |= !own[size_t(k)] && p.contains(q, k);
+        IndexRanges want;
+        for (int64_t k = 0; k < L; ++k)
+          if (need[size_t(k)]) {
+            if (!want.empty() && want.back().end == k) ++want.back().end;
+            else want.push_back({k, k + 1});
+          }
+        IndexRanges got = rp.fetched;
+        std::sort(got.begin(), got.end(), [](const IndexRange& a, const IndexRange& b) { return a.begin < b.begin; });
+        IndexRanges merged;  // (ranges from two sources may touch)
+        for (const IndexRange& x : got) {
+          if (!merged.empty() && merged.back().end == x.begin) merged.back().end = x.end;
+          else merged.push_back(x);
+        }
+        EXPECT_EQ(merged, want) << spec << " " << layout << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(DistRun, NoRemoteKeysAndEmptyRows) {
   check_case({"block_diag(50)", 200, 4, "contiguous"});
   check_case({"causal & global_cols(150:170)", 240, 3, "contiguous"});  // rows < 150 keep nothing
