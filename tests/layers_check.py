@@ -2,7 +2,7 @@
 """No upward include between src/ layers (ARCHITECTURE.md: data flows down; nothing imports upward).
 
 Order, bottom first: common, pattern, format, plan, then the engines cpu and cuda (neither includes the other),
-then api, then tools. tsvd (tiled SVD compression and its CPU matmul) needs only common: it sits beside pattern,
+then api and dist (context-parallel attention over the public Plan, beside api: neither includes the other), then tools. tsvd (tiled SVD compression and its CPU matmul) needs only common: it sits beside pattern,
 so the engines, api and tools may include it and nothing of the attention stack goes into it. A file of layer X may include "Y/..." only for Y at or below X. Public headers
 (include/spattn/) are the library's interface and may be included anywhere. Exits 1 listing each offence.
 """
@@ -10,7 +10,7 @@ import pathlib
 import re
 import sys
 
-RANK = {"common": 0, "pattern": 1, "tsvd": 1, "format": 2, "plan": 3, "cpu": 4, "cuda": 4, "api": 5, "tools": 6}
+RANK = {"common": 0, "pattern": 1, "tsvd": 1, "format": 2, "plan": 3, "cpu": 4, "cuda": 4, "api": 5, "dist": 5, "tools": 6}
 root = pathlib.Path(__file__).resolve().parents[1] / "src"
 bad = []
 for f in sorted(root.rglob("*")):

@@ -27,6 +27,17 @@ struct Run {
 // intervals (stride 1) neither overlap nor touch one another. Strided runs may interleave with other runs.
 using RowRuns = std::vector<Run>;
 
+// A half-open range of indices [begin, end): a shard's tokens, keys fetched from another rank (src/dist).
+struct IndexRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const IndexRange&) const = default;
+};
+using IndexRanges = std::vector<IndexRange>;
+int64_t total_size(const IndexRanges& ranges);  // sum of the ranges' sizes
+// "a:b,c:d" (the first `shown` ranges, then how many there are).
+std::string ranges_text(const IndexRanges& ranges, size_t shown = 4);
+
 // The token grid of a pattern's neighborhood atoms (PATTERNS.md, "Neighborhood attention"), for the tilers that
 // lay tokens out in multi-dimensional boxes (src/plan/tile_map.hpp). Axes are row-major: token
 // (c0 * dims[1] + c1) * dims[2] + c2 for 3 axes. A kept key of any atom lies in its query's residue group
@@ -115,6 +126,16 @@ class BoundPattern {
   // a contains() of each `minus` a key. Its spec() is "less#N (...)", N unique in the process; no spec terms.
   static BoundPattern less(const BoundPattern& base, const std::vector<BoundPattern>& minus, int64_t skip_begin,
                            int64_t skip_end);
+
+  // A window of `base`: query i stands for the i-th index of `rows` and key j for the j-th of `keys` (each list's
+  // ranges taken in the order given, disjoint, inside base's lengths; empty ranges allowed); rows whose query lies
+  // in `skip` (base's query indices) keep nothing. A rank's sub-problem under context parallelism (src/dist): its
+  // query shard against its own or its fetched keys, with no index list: row i costs base's row plus a binary
+  // search per run over the key ranges. Throws Error naming the first bad range. Its spec() is "window#N (...)";
+  // like from_rows it has no spec terms; except a band (local, causal, dense) seen through one query range and one
+  // key range, which is a band again: that window is the band's spec bound to the window's lengths
+  // (local(left=a - d, right=b + d), d = rows.begin - keys.begin), so the planners see a band.
+  static BoundPattern window(const BoundPattern& base, IndexRanges rows, IndexRanges keys, IndexRanges skip = {});
 
   // The operands of the top-level union, bound to the same lengths: nested unions flattened, presets expanded,
   // and global(G) as its two halves global_rows(G) and global_cols(G). Their union is this pattern; they may

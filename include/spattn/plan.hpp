@@ -145,6 +145,12 @@ inline Plan make_plan(const Pattern& pattern, const Problem& problem, Device dev
                       const PlanOptions& options = {}) {
   return make_plan(std::vector<Pattern>{pattern}, problem, device, options);
 }
+// Patterns already bound to (problem.q_len, problem.kv_len), one or one per query head: a window of a larger pattern
+// (BoundPattern::window: a rank's sub-problem under context parallelism, spattn/distributed.hpp), an explicit one.
+// Every engine takes them (they have no spec terms: the planner reads their rows). Throws Error naming a pattern
+// bound to other lengths.
+Plan make_plan(const std::vector<BoundPattern>& patterns, const Problem& problem, Device device = Device::cpu(),
+               const PlanOptions& options = {});
 // A mask the caller already holds (a DeepSpeed layout, a FlexAttention block mask exported to indices), as
 // CSR over (q_len x kv_len) or BSR (expanded to its kept entries), validated first: the error names the first
 // bad row or entry.

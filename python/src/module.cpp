@@ -9,6 +9,7 @@
 // outputs and holds the user-facing signatures; this file is the thin typed core.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -22,6 +23,7 @@
 
 #include "spattn/config.hpp"
 #include "spattn/device.hpp"
+#include "spattn/distributed.hpp"
 #include "spattn/format.hpp"
 #include "spattn/plan.hpp"
 
@@ -366,6 +368,20 @@ nb::ndarray<nb::numpy, bool, nb::ndim<2>> dense_mask(const spattn::BoundPattern&
 
 void bind_tsvd(nb::module_& m);  // python/src/tsvd.cpp
 
+namespace {
+// Ranges as a list of (begin, end) pairs and back.
+nb::list ranges_py(const spattn::IndexRanges& r) {
+  nb::list out;
+  for (const spattn::IndexRange& x : r) out.append(nb::make_tuple(x.begin, x.end));
+  return out;
+}
+spattn::IndexRanges ranges_cpp(const std::vector<std::pair<int64_t, int64_t>>& r) {
+  spattn::IndexRanges out;
+  for (const auto& [b, e] : r) out.push_back({b, e});
+  return out;
+}
+}  // namespace
+
 NB_MODULE(_core, m) {
   m.doc() = "spattn's compiled core (use the `spattn` package, not this module)";
   nb::exception<spattn::Error>(m, "Error", PyExc_ValueError);
@@ -454,6 +470,82 @@ NB_MODULE(_core, m) {
       "patterns"_a, "batch"_a, "heads"_a, "kv_heads"_a, "q_len"_a, "k_len"_a, "head_dim"_a, "value_dim"_a, "dtype"_a,
       "scale"_a, "device"_a, "engine"_a, "kernel"_a, "threads"_a, "block_m"_a, "block_n"_a, "perm_d"_a, "persistent"_a,
       "split"_a, "compound"_a, "tile_map"_a, nb::rv_policy::take_ownership);
+
+  m.def(
+      "dist_schedule",
+      [](const std::vector<spattn::Pattern>& patterns, int64_t len, int world, const std::string& layout, int64_t batch,
+         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t value_dim, const std::string& dtype,
+         int64_t key_block, bool distribute_rows) {
+        const spattn::Problem pr = make_problem(batch, heads, kv_heads, len, len, head_dim, value_dim, dtype, 0);
+        const spattn::dist::DistPlan plan(patterns, pr, spattn::dist::ShardLayout::parse(layout, len, world),
+                                          {.key_block = key_block, .distribute_rows = distribute_rows});
+        nb::list ranks;
+        for (int r = 0; r < world; ++r) {
+          const spattn::dist::RankPlan& rp = plan.rank(r);
+          nb::dict d;
+          d["owned"] = ranges_py(rp.owned);
+          d["fetched"] = ranges_py(rp.fetched);
+          nb::list recv, send;
+          for (int s = 0; s < world; ++s) {
+            recv.append(ranges_py(rp.recv_keys[size_t(s)]));
+            send.append(ranges_py(rp.send_keys[size_t(s)]));
+          }
+          d["recv_keys"] = recv;
+          d["send_keys"] = send;
+          d["skipped"] = ranges_py(rp.skipped);
+          d["boundary_keys"] = rp.boundary_keys;
+          d["boundary_bytes"] = rp.boundary_bytes;
+          d["kv_recv_bytes"] = rp.kv_recv_bytes;
+          d["recv_bytes"] = rp.recv_bytes;
+          d["send_bytes"] = rp.send_bytes;
+          ranks.append(d);
+        }
+        return nb::make_tuple(plan.explain(), ranks);
+      },
+      "patterns"_a, "len"_a, "world"_a, "layout"_a, "batch"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, "value_dim"_a,
+      "dtype"_a, "key_block"_a, "distribute_rows"_a,
+      "The distributed plan's exchange schedule (spattn/distributed.hpp): (explain, one dict per rank).");
+
+  m.def(
+      "make_window_plan",
+      [](const std::vector<spattn::Pattern>& patterns, int64_t len, const std::vector<std::pair<int64_t, int64_t>>& rows,
+         const std::vector<std::pair<int64_t, int64_t>>& keys, const std::vector<std::pair<int64_t, int64_t>>& skip,
+         int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t value_dim, const std::string& dtype,
+         double scale, const std::string& device, const std::string& engine, int threads) {
+        const spattn::IndexRanges r = ranges_cpp(rows), k = ranges_cpp(keys), sk = ranges_cpp(skip);
+        std::vector<spattn::BoundPattern> windows;
+        for (const auto& p : patterns) windows.push_back(spattn::BoundPattern::window(p.bind(len, len), r, k, sk));
+        const spattn::Problem pr =
+            make_problem(batch, heads, kv_heads, spattn::total_size(r), spattn::total_size(k), head_dim, value_dim, dtype, scale);
+        const spattn::PlanOptions o = make_options(engine, "", threads, 0, 0, -1, -1, -1, -1, -1);
+        auto p = std::make_unique<PyPlan>();
+        p->spec = windows[0].spec();
+        nb::gil_scoped_release unlocked;
+        p->plan = spattn::make_plan(windows, pr, spattn::Device::parse(device), o);
+        return p.release();
+      },
+      "patterns"_a, "len"_a, "rows"_a, "keys"_a, "skip"_a, "batch"_a, "heads"_a, "kv_heads"_a, "head_dim"_a,
+      "value_dim"_a, "dtype"_a, "scale"_a, "device"_a, "engine"_a, "threads"_a, nb::rv_policy::take_ownership,
+      "A plan over a window of the patterns bound to (len, len): query rows `rows`, keys `keys` (lists of (begin, end)),"
+      " rows in `skip` kept empty (BoundPattern::window).");
+
+  m.def(
+      "merge_into",
+      [](nb::handle o, nb::handle lse, nb::handle o2, nb::handle lse2) {
+        Arg ao, al, ao2, al2;
+        load(ao, o, "o", 4, true, 0);
+        load(al, lse, "lse", 3, true, 0);
+        load(ao2, o2, "o2", 4, false, 0);
+        load(al2, lse2, "lse2", 3, false, 0);
+        for (const auto& [a, name] : {std::pair{&ao, "o"}, {&al, "lse"}, {&ao2, "o2"}, {&al2, "lse2"}})
+          if (a->device_type != kDLCPU)
+            throw spattn::Error(std::string("merge_into: ") + name + " is on " + device_text(a->device_type, a->device_id) +
+                                "; the merge runs on CPU memory only for now");
+        nb::gil_scoped_release unlocked;
+        spattn::dist::merge_into(ao.view, al.view, ao2.view, al2.view);
+      },
+      "o"_a, "lse"_a, "o2"_a, "lse2"_a,
+      "(o, lse) <- the LSE merge of (o, lse) and (o2, lse2) (o [B, L, H, D], lse [B, H, L]; CPU).");
 
   m.def(
       "make_plan_csr",

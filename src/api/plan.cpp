@@ -170,6 +170,18 @@ Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Dev
   return build(plan_patterns(bound, problem), problem, device, options, t0);
 }
 
+Plan make_plan(const std::vector<BoundPattern>& patterns, const Problem& problem, Device device,
+               const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  problem.validate();
+  for (const BoundPattern& p : patterns)
+    if (p.q_len() != problem.q_len || p.k_len() != problem.kv_len)
+      throw Error("pattern '" + p.spec() + "' is bound to " + std::to_string(p.q_len()) + " x " +
+                  std::to_string(p.k_len()) + ", the problem is " + std::to_string(problem.q_len) + " x " +
+                  std::to_string(problem.kv_len) + " (q_len x kv_len)");
+  return build(plan_patterns(patterns, problem), problem, device, options, t0);
+}
+
 Plan make_plan(const Csr& mask, const Problem& problem, Device device, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   problem.validate();

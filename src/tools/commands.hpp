@@ -42,6 +42,8 @@ double run_cuda(const Pattern& pattern, const Problem& problem, const TensorView
                 const TensorView& v, float* o, float* lse, const PlanOptions& options, std::string* engine,
                 RunBackward* backward = nullptr);
 int bench_cpu_main(int argc, char** argv);
+// `spattn dist-bench` (bench/dist_bench.cpp): context-parallel attention, its schedule and simulated ranks.
+int dist_bench_main(int argc, char** argv);
 // `spattn bench --plan-time` (bench/plan_time.cpp): the GPU engine's planning stages, timed on the host.
 int bench_plan_main(int argc, char** argv);
 // The standard suite of `spattn bench` at length L (bench/bench_cpu.cpp): name and spec of each case.

@@ -35,6 +35,7 @@ const char* kUsage =
     "  show     draw the mask (PNG or text)\n"
     "  explain  what spattn plans for a problem: keys per row, engine and kernel, cost, block fill\n"
     "  bench    benchmark suite\n"
+    "  dist-bench  context-parallel attention over W ranks: bytes exchanged, simulated ranks\n"
     "  info     version, build options, CPU, GPUs\n"
     "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
 
@@ -336,6 +337,7 @@ int main_impl(int argc, char** argv) {
         return 0;
       }
   }
+  if (cmd == "dist-bench") return dist_bench_main(argc, argv);
   if (cmd == "mask") return cmd_mask(argc, argv);
   if (cmd == "run") return cmd_run(argc, argv);
   if (cmd == "show") return cmd_show(argc, argv);
