@@ -54,7 +54,7 @@ fi
 
 echo "== tsvd: compute-sanitizer ($(elapsed))"
 # One kernel at a time (logs tsvd_<kernel>_<tool>.log): an error in one does not hide another's.
-for k in Tile StreamK Gemv Wgmma; do
+for k in Tile StreamK Gemv GemvBulk Wgmma; do
   echo "-- $k"
   sanitize_all "tsvd_$(echo "$k" | tr 'A-Z' 'a-z')" "$GTEST" "TsvdGpuSmall.$k" || rc=1
 done
