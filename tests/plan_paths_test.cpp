@@ -4,6 +4,7 @@
 // every shape, to the bit, and the same block plan, entry by entry and mask by mask.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -46,6 +47,21 @@ const std::vector<Case>& cases() {
       {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
       {"causal", 2048, 2048},
       {"dense", 1000, 1000},
+      // Band rows by the spec (analysis and block plans in closed form): ragged and unequal lengths, bands wider
+      // than the keys, one-sided and one-key bands, intersections and unions of bands.
+      {"local(256)", 1000, 3001},
+      {"local(100)", 3001, 777},
+      {"local(5000)", 1000, 1000},
+      {"local(left=300, right=0)", 2049, 2047},
+      {"local(left=0, right=130)", 1500, 1100},
+      {"local(left=0, right=0)", 700, 900},
+      {"causal", 3000, 1000},
+      {"causal", 333, 4097},
+      {"dense", 191, 4000},
+      {"local(50) & causal", 1025, 1025},
+      {"causal | local(3)", 800, 500},
+      {"local(left=64, right=0) | local(left=0, right=200)", 1000, 1300},
+      {"local(1)", 1, 1},
   };
   return c;
 }
@@ -99,6 +115,43 @@ void expect_same(const spattn::plan::BlockPlan& a, const spattn::plan::BlockPlan
   for (size_t i = 0; i < a.entries.size(); ++i) {
     const auto &x = a.entries[i], &y = b.entries[i];
     ASSERT_TRUE(x.kt == y.kt && x.mask == y.mask && x.lo == y.lo && x.hi == y.hi) << "entry " << i;
+  }
+}
+
+TEST(PlanPaths, AnalysisShortcutsGiveTheSameAnalysis) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    set_general(true);
+    const auto g = spattn::plan::analyze(b);
+    set_general(false);
+    const auto f = spattn::plan::analyze(b);
+    EXPECT_EQ(f.nnz, g.nnz);
+    EXPECT_EQ(f.nnz, b.nnz());
+    EXPECT_EQ(f.empty_rows, g.empty_rows);
+    EXPECT_EQ(f.dense_rows, g.dense_rows);
+    EXPECT_EQ(f.min_row, g.min_row);
+    EXPECT_EQ(f.max_row, g.max_row);
+    for (auto [x, y] : {std::pair{f.band, g.band}, std::pair{f.window, g.window}, std::pair{f.sinks, g.sinks}}) {
+      EXPECT_EQ(x.ok, y.ok);
+      EXPECT_EQ(x.lo, y.lo);
+      EXPECT_EQ(x.hi, y.hi);
+    }
+    EXPECT_EQ(f.prefix, g.prefix);
+    EXPECT_EQ(f.residue, g.residue);
+    if (const auto band = b.band()) {  // the spec's band is the rows'
+      for (int64_t q : {int64_t(0), c.lq / 3, c.lq / 2, c.lq - 1}) {
+        const int64_t s = std::max<int64_t>(0, q + band->first), e = std::min(c.lk - 1, q + band->second);
+        const auto runs = b.row(q);
+        if (s > e) {
+          EXPECT_TRUE(runs.empty()) << "row " << q;
+        } else {
+          ASSERT_EQ(runs.size(), 1u) << "row " << q;
+          EXPECT_EQ(runs[0].start, s) << "row " << q;
+          EXPECT_EQ(runs[0].last(), e) << "row " << q;
+        }
+      }
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "spattn/error.hpp"
@@ -95,6 +96,10 @@ class BoundPattern {
   // The keys of row q in increasing order.
   void row_keys(int64_t q, std::vector<int64_t>& out) const;
   int64_t row_nnz(int64_t q) const;
+  // Where the spec makes every row one band (dense, causal, local and their intersections, unions of bands whose
+  // offsets overlap or touch): (lo, hi), lo <= hi, such that row q keeps exactly the keys k with lo <= k - q <= hi
+  // and 0 <= k < k_len (offsets past every row's reach: -q_len, k_len); else none. O(spec), no row walked.
+  std::optional<std::pair<int64_t, int64_t>> band() const;
   // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
   int64_t nnz() const;
 

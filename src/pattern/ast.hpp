@@ -50,6 +50,8 @@ struct BoundNode {
     row(q, scratch);
     return count_keys(scratch);
   }
+  // Band rows (BoundPattern::band): every row q keeps exactly the keys k with lo <= k - q <= hi, 0 <= k < k_len.
+  virtual bool band(int64_t& /*lo*/, int64_t& /*hi*/) const { return false; }
 };
 
 std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& node, const std::string& spec,

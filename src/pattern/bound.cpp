@@ -247,6 +247,23 @@ struct UnionB : BoundNode {
     }
     normalize(out);
   }
+  // Bands whose offset ranges overlap or touch (in order of lo) are one band; an empty band (lo > hi) is none.
+  bool band(int64_t& lo, int64_t& hi) const override {
+    std::vector<std::pair<int64_t, int64_t>> b;
+    for (auto& c : kids) {
+      int64_t l, h;
+      if (!c->band(l, h)) return false;
+      if (l <= h) b.push_back({l, h});
+    }
+    if (b.empty()) return false;
+    std::sort(b.begin(), b.end());
+    lo = b[0].first, hi = b[0].second;
+    for (auto& [l, h] : b) {
+      if (l > hi + 1) return false;
+      hi = std::max(hi, h);
+    }
+    return true;
+  }
 };
 
 struct InterB : BoundNode {
@@ -284,11 +301,24 @@ struct InterB : BoundNode {
       }
     }
   }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = k_len;
+    for (auto& c : kids) {
+      int64_t l, h;
+      if (!c->band(l, h)) return false;
+      lo = std::max(lo, l), hi = std::min(hi, h);
+    }
+    return true;
+  }
 };
 
 // ---- atoms ----
 struct DenseB : BoundNode {
   bool contains(int64_t, int64_t) const override { return true; }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = k_len;  // offsets past every row's reach
+    return true;
+  }
   void row(int64_t, RowRuns& out) const override {
     out.clear();
     if (k_len > 0) out.push_back({0, 1, k_len});
@@ -297,6 +327,10 @@ struct DenseB : BoundNode {
 
 struct CausalB : BoundNode {
   bool contains(int64_t q, int64_t k) const override { return k <= q; }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = 0;
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t n = std::min(q + 1, k_len);
@@ -307,6 +341,10 @@ struct CausalB : BoundNode {
 struct LocalB : BoundNode {
   int64_t left = 0, right = 0;
   bool contains(int64_t q, int64_t k) const override { return k >= q - left && k <= sat_add(q, right); }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -std::min(left, q_len), hi = std::min(right, k_len);
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t lo = q - std::min(left, q);
@@ -793,6 +831,11 @@ int64_t BoundPattern::row_nnz(int64_t q) const {
   if (q < 0 || q >= q_len_) throw Error("row " + std::to_string(q) + " is out of range for query length " + std::to_string(q_len_));
   RowRuns r;
   return root_->row_nnz(q, r);
+}
+std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {
+  int64_t lo = 0, hi = 0;
+  if (!root_ || !root_->band(lo, hi) || lo > hi) return std::nullopt;
+  return std::pair{lo, hi};
 }
 int64_t BoundPattern::nnz() const {
   int64_t n = 0;

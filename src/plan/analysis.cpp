@@ -61,6 +61,35 @@ struct Part {
   int64_t g = -1, slo = INT64_MAX;
 };
 
+// The row walk's results for band rows (BoundPattern::band: offsets lo <= 0 <= hi, as every band of the spec has),
+// in closed form. Row q keeps [max(0, q + lo), min(lk - 1, q + hi)]: rows 0 .. n - 1 keep keys, n = min(lq, lk - lo);
+// cut where either end stops being clamped, a row's count is linear in q, so each piece's sum, least and most are
+// those of its ends.
+void band_in_closed_form(Analysis& a, int64_t lo, int64_t hi) {
+  const int64_t lq = a.q_len, lk = a.k_len;
+  const int64_t n = std::clamp<int64_t>(lk - lo, 0, lq);  // rows keeping keys (q + lo <= lk - 1)
+  auto keys = [&](int64_t q) { return std::min(lk - 1, q + hi) - std::max<int64_t>(0, q + lo) + 1; };
+  std::vector<int64_t> cuts = {0, n};
+  for (int64_t c : {-lo, lk - 1 - hi})
+    if (c > 0 && c < n) cuts.push_back(c);
+  std::sort(cuts.begin(), cuts.end());
+  a.min_row = n < lq ? 0 : INT64_MAX;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const int64_t q0 = cuts[i], q1 = cuts[i + 1] - 1;
+    if (q0 > q1) continue;
+    const int64_t k0 = keys(q0), k1 = keys(q1);
+    a.nnz += (k0 + k1) * (q1 - q0 + 1) / 2;
+    a.min_row = std::min({a.min_row, k0, k1});
+    a.max_row = std::max({a.max_row, k0, k1});
+  }
+  a.empty_rows = lq - n;
+  // Dense rows: q + lo <= 0 and q + hi >= lk - 1.
+  a.dense_rows = std::max<int64_t>(0, std::min(lq - 1, -lo) - std::max<int64_t>(0, lk - 1 - hi) + 1);
+  // The offsets the rows show: the least first key - q at the last row keeping keys, the most last key - q at row 0.
+  const int64_t shown_lo = std::max(-(n - 1), lo), shown_hi = std::min(lk - 1, hi);
+  a.band = {true, int32_t(std::max(shown_lo, -lq)), int32_t(std::min(shown_hi, lk))};
+}
+
 }  // namespace
 
 Analysis analyze(const BoundPattern& pat) {
@@ -72,6 +101,13 @@ Analysis analyze(const BoundPattern& pat) {
   if (lq > 0 && lk > 0) {
     a.residue = residue_stride(pat);
     a.grid = pat.neighborhood_grid();
+  }
+  // Band rows by the spec (local, causal, dense, ...): no row walked.
+  if (const auto band = pat.band(); band && lq > 0 && lk > 0 && band->first <= 0 && band->second >= 0 &&
+                                    !general_paths_only()) {
+    band_in_closed_form(a, band->first, band->second);
+    a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return a;
   }
   // Rows' first and last keys where every row is one interval (band check, second pass); rows of two intervals
   // (sinks check): the second interval's, with the first's length in prefix.

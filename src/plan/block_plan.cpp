@@ -365,6 +365,52 @@ std::string BlockPlan::describe() const {
 }
 
 namespace {
+// The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
+// form, O(entries + bits of the few bitmask tiles): what the row walk and detect_band give them. A query tile's rows
+// keep one interval of key tiles together (each row's interval overlaps the next row's); a key tile is full where
+// the last row starts at or before it and the first row ends at or past it (both ends grow with the row); else a
+// band entry, whose lo (hi) binds, as detect_band finds it, where some row keeping keys in the tile starts (ends)
+// inside it, or a bitmask where detect_band's band does not hold (below).
+void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi) {
+  const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn;
+  for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
+    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+    const int64_t q0 = qt * bm, q1 = std::min(lq, q0 + bm) - 1;  // the tile's rows
+    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // those keeping keys
+    if (pa > pb) continue;
+    const int64_t first = std::max<int64_t>(0, pa + lo), last = std::min(lk - 1, pb + hi);
+    for (int64_t kt = first / bn; kt <= last / bn; ++kt) {
+      const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
+      TileEntry e{int32_t(kt), kFull, 0, 0};
+      if (kvalid == bn && std::max<int64_t>(0, q1 + lo) <= k0 && std::min(lk - 1, q0 + hi) >= k0 + bn - 1) {
+        ++plan.n_full;
+      } else {
+        const int64_t ta = std::max(q0, k0 - hi), tb = std::min(q1, k0 + kvalid - 1 - lo);  // rows keeping keys here
+        const bool has_lo = tb > k0 - lo, has_hi = ta < k0 + kvalid - 1 - hi;
+        // detect_band's band predicts every row of the tile; an unbound side (no row keeping keys here starts or
+        // ends inside it) mispredicts the rows that end before the tile (starting after it): a bitmask then.
+        if ((q0 < k0 - hi && !has_hi) || (q1 > k0 + kvalid - 1 - lo && !has_lo)) {
+          e.mask = int32_t(plan.masks.size() / size_t(bm * bn / 64));
+          plan.masks.resize(plan.masks.size() + size_t(bm * bn / 64), 0);
+          uint64_t* m = plan.masks.data() + plan.masks.size() - size_t(bm * bn / 64);
+          for (int64_t p = ta; p <= tb; ++p)
+            set_bits(m + (p - q0) * (bn / 64), std::max<int64_t>(0, p + lo - k0), std::min(kvalid - 1, p + hi - k0) + 1);
+          ++plan.n_bitmask;
+        } else {
+          e.mask = kBand;
+          e.lo = int32_t(has_lo ? lo : kNegInf);
+          e.hi = int32_t(has_hi ? hi : kPosInf);
+          ++plan.n_band;
+        }
+      }
+      plan.entries.push_back(e);
+    }
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+}
+
+void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp);
+
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
 // maps: a mapped plan space (then d is 1 and bm, bn the boxes' volumes).
 BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr) {
@@ -399,6 +445,35 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return plan;
   }
+  Analysis own;
+  if (d == 1 && !maps && !analysis) own = analyze(pat), analysis = &own;
+  if (d == 1 && !maps && analysis->band.ok && !general_paths_only()) {
+    build_band_entries(plan, sp, analysis->band.lo, analysis->band.hi);
+    plan.nnz = analysis->nnz;
+  } else {
+    build_walked(plan, pat, sp);
+  }
+  plan.order.resize(size_t(sp.q_tiles));
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
+    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
+           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
+  });
+  if (d == 1 && !maps) {
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
+    plan.band = br.ok;
+    plan.band_shifted = !analysis->band.ok && analysis->window.ok;
+    plan.band_lo = br.lo;
+    plan.band_hi = br.hi;
+    plan.band_prefix = !analysis->band.ok && !analysis->window.ok && br.ok ? analysis->prefix : 0;
+  }
+  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+// The entries and bitmasks of any pattern from its rows (BoundPattern::row), query tiles on worker threads.
+void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
+  const int bm = sp.bm, bn = sp.bn;
 
   const int words = bm * bn / 64, row_words = bn / 64;
   // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
@@ -589,25 +664,6 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     part = Part{};
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
-
-  plan.order.resize(size_t(sp.q_tiles));
-  std::iota(plan.order.begin(), plan.order.end(), 0);
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
-    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
-           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
-  });
-  if (d == 1 && !maps) {
-    Analysis own;
-    if (!analysis) own = analyze(pat), analysis = &own;
-    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
-    plan.band = br.ok;
-    plan.band_shifted = !analysis->band.ok && analysis->window.ok;
-    plan.band_lo = br.lo;
-    plan.band_hi = br.hi;
-    plan.band_prefix = !analysis->band.ok && !analysis->window.ok && br.ok ? analysis->prefix : 0;
-  }
-  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return plan;
 }
 }  // namespace
 
