@@ -62,6 +62,13 @@ const std::vector<Case>& cases() {
       {"causal | local(3)", 800, 500},
       {"local(left=64, right=0) | local(left=0, right=200)", 1000, 1300},
       {"local(1)", 1, 1},
+      // Band rows with a key prefix (Analysis::sinks; longformer's tiles part): prefix tiles from their rows' bits.
+      {"local(256) | global_cols(0:32)", 4096, 4096},
+      {"local(left=100, right=0) | global_cols(0:4)", 3001, 3001},
+      {"local(64) | global_cols(0:130)", 2000, 2100},
+      {"local(10) | global_cols(0:3)", 1000, 700},
+      {"local(left=5, right=300) | global_cols(0:64)", 777, 3001},
+      {"causal | global_cols(0:40)", 1000, 1000},
   };
   return c;
 }

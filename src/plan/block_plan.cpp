@@ -371,15 +371,48 @@ namespace {
 // the last row starts at or before it and the first row ends at or past it (both ends grow with the row); else a
 // band entry, whose lo (hi) binds, as detect_band finds it, where some row keeping keys in the tile starts (ends)
 // inside it, or a bitmask where detect_band's band does not hold (below).
-void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi) {
-  const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn;
+//
+// With a key prefix (Analysis::sinks: every row also keeps [0, prefix)), the key tiles below the prefix's end are
+// built from their rows' bits (O(rows) each: a few a query tile) and priced as the walk prices them (full, else
+// detect_band, else a bitmask); the tiles past it hold band keys only.
+void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix) {
+  const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
+  std::vector<uint64_t> pmask(static_cast<size_t>(words));
+  std::vector<int64_t> band_scratch;
+  const int64_t prefix_tiles = (std::min(prefix, lk) + bn - 1) / bn;
   for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
     plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
     const int64_t q0 = qt * bm, q1 = std::min(lq, q0 + bm) - 1;  // the tile's rows
-    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // those keeping keys
+    for (int64_t kt = 0; kt < prefix_tiles; ++kt) {  // the prefix's tiles, from their rows' bits
+      const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
+      std::fill(pmask.begin(), pmask.end(), 0);
+      int64_t count = 0;
+      for (int64_t p = q0; p <= q1; ++p) {
+        uint64_t* m = pmask.data() + (p - q0) * (bn / 64);
+        const int64_t a = std::max<int64_t>(0, p + lo - k0), b = std::min(kvalid - 1, p + hi - k0);  // band keys here
+        const int64_t pe = std::min(prefix - k0, kvalid);  // prefix keys here: [0, pe)
+        set_bits(m, 0, pe);
+        if (a <= b && p + lo <= lk - 1 && p + hi >= 0) set_bits(m, a, b + 1);
+        for (int64_t w = 0; w < bn / 64; ++w) count += __builtin_popcountll(m[w]);
+      }
+      TileEntry e{int32_t(kt), kFull, 0, 0};
+      int64_t blo, bhi;
+      if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
+        ++plan.n_full;
+      } else if (detect_band(pmask.data(), sp, qt, kt, kvalid, blo, bhi, band_scratch)) {
+        e = {int32_t(kt), kBand, int32_t(blo), int32_t(bhi)};
+        ++plan.n_band;
+      } else {
+        e.mask = int32_t(plan.masks.size() / size_t(words));
+        plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
+        ++plan.n_bitmask;
+      }
+      plan.entries.push_back(e);
+    }
+    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // rows keeping band keys
     if (pa > pb) continue;
     const int64_t first = std::max<int64_t>(0, pa + lo), last = std::min(lk - 1, pb + hi);
-    for (int64_t kt = first / bn; kt <= last / bn; ++kt) {
+    for (int64_t kt = std::max(first / bn, prefix_tiles); kt <= last / bn; ++kt) {
       const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
       TileEntry e{int32_t(kt), kFull, 0, 0};
       if (kvalid == bn && std::max<int64_t>(0, q1 + lo) <= k0 && std::min(lk - 1, q0 + hi) >= k0 + bn - 1) {
@@ -390,9 +423,9 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
         // detect_band's band predicts every row of the tile; an unbound side (no row keeping keys here starts or
         // ends inside it) mispredicts the rows that end before the tile (starting after it): a bitmask then.
         if ((q0 < k0 - hi && !has_hi) || (q1 > k0 + kvalid - 1 - lo && !has_lo)) {
-          e.mask = int32_t(plan.masks.size() / size_t(bm * bn / 64));
-          plan.masks.resize(plan.masks.size() + size_t(bm * bn / 64), 0);
-          uint64_t* m = plan.masks.data() + plan.masks.size() - size_t(bm * bn / 64);
+          e.mask = int32_t(plan.masks.size() / size_t(words));
+          plan.masks.resize(plan.masks.size() + size_t(words), 0);
+          uint64_t* m = plan.masks.data() + plan.masks.size() - size_t(words);
           for (int64_t p = ta; p <= tb; ++p)
             set_bits(m + (p - q0) * (bn / 64), std::max<int64_t>(0, p + lo - k0), std::min(kvalid - 1, p + hi - k0) + 1);
           ++plan.n_bitmask;
@@ -447,8 +480,9 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   }
   Analysis own;
   if (d == 1 && !maps && !analysis) own = analyze(pat), analysis = &own;
-  if (d == 1 && !maps && analysis->band.ok && !general_paths_only()) {
-    build_band_entries(plan, sp, analysis->band.lo, analysis->band.hi);
+  if (d == 1 && !maps && (analysis->band.ok || analysis->sinks.ok) && !general_paths_only()) {
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->sinks;
+    build_band_entries(plan, sp, br.lo, br.hi, analysis->band.ok ? 0 : analysis->prefix);
     plan.nnz = analysis->nnz;
   } else {
     build_walked(plan, pat, sp);
