@@ -12,6 +12,7 @@
 #include "cpu/fused_plan.hpp"
 #include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
+#include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -69,6 +70,15 @@ const std::vector<Case>& cases() {
       {"local(10) | global_cols(0:3)", 1000, 700},
       {"local(left=5, right=300) | global_cols(0:64)", 777, 3001},
       {"causal | global_cols(0:40)", 1000, 1000},
+      // ... and with dense rows (global(0:g), global_rows(0:r): longformer's analysis in closed form).
+      {"longformer(256, 32)", 16384, 16384},
+      {"longformer(100, 7)", 3001, 2999},
+      {"local(left=100, right=0) | global(0:4)", 2000, 2000},
+      {"global(0:64) | local(10)", 1000, 700},
+      {"global_rows(0:8) | global_cols(0:16) | local(32)", 1500, 1500},
+      {"global_rows(0:8) | local(32)", 1000, 1000},
+      {"local(900) | global(0:4)", 1000, 1000},
+      {"global(0:3) | local(1)", 40, 40},
   };
   return c;
 }
@@ -157,6 +167,65 @@ TEST(PlanPaths, AnalysisShortcutsGiveTheSameAnalysis) {
           EXPECT_EQ(runs[0].start, s) << "row " << q;
           EXPECT_EQ(runs[0].last(), e) << "row " << q;
         }
+      }
+    }
+  }
+}
+
+// What the specs say of their bands and prefixes (the closed forms' inputs).
+TEST(PlanPaths, BandSpecs) {
+  auto spec = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).band_spec(); };
+  const auto lf = spec("longformer(256, 32)", 4096);
+  ASSERT_TRUE(lf);
+  EXPECT_EQ(lf->lo, -256);
+  EXPECT_EQ(lf->hi, 256);
+  EXPECT_EQ(lf->key_prefix, 32);
+  EXPECT_EQ(lf->row_prefix, 32);
+  const auto sinks = spec("local(left=100, right=0) | global_cols(0:4)", 4096);
+  ASSERT_TRUE(sinks);
+  EXPECT_EQ(sinks->key_prefix, 4);
+  EXPECT_EQ(sinks->row_prefix, 0);
+  EXPECT_TRUE(spattn::parse("causal").bind(100, 50).band());
+  EXPECT_FALSE(spattn::parse("longformer(256, 32)").bind(4096, 4096).band());
+  EXPECT_FALSE(spec("global_cols(0:4)", 64));
+  EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
+  EXPECT_FALSE(spec("dilated(4, 2)", 64));
+  EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));
+}
+
+// Rows of all keys or none by the spec (the split's owned rows): the rows the walk finds.
+TEST(PlanPaths, DenseRowRangesAreTheRows) {
+  for (const Case& c : std::vector<Case>{{"global_rows(0:32)", 4096, 4096}, {"global_rows(5, 10:20, 2990:3001)", 3001, 50},
+                                         {"global_rows(0:4) | global_rows(2:9) | global_rows(9)", 100, 100},
+                                         {"global_rows(4)", 5, 5}}) {
+    SCOPED_TRACE(c.spec);
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto ranges = b.dense_row_ranges();
+    ASSERT_TRUE(ranges);
+    std::vector<char> in(size_t(c.lq), 0);
+    for (auto [f, e] : *ranges)
+      for (int64_t q = f; q < e; ++q) in[size_t(q)] = 1;
+    for (int64_t q = 0; q < c.lq; ++q) EXPECT_EQ(b.row_nnz(q), in[size_t(q)] ? c.lk : 0) << "row " << q;
+  }
+  EXPECT_FALSE(spattn::parse("global(0:4)").bind(64, 64).dense_row_ranges());
+  EXPECT_FALSE(spattn::parse("global_rows(0:4) | local(2)").bind(64, 64).dense_row_ranges());
+  // The split's rows part from them, as from the walk.
+  for (const char* spec : {"longformer(256, 32)", "local(64) | global_rows(100:120)", "causal | global_rows(0:8)"}) {
+    SCOPED_TRACE(spec);
+    const auto b = spattn::parse(spec).bind(4096, 4096);
+    const auto an = spattn::plan::analyze(b);
+    for (int mode : {-1, 1}) {
+      set_general(true);
+      const auto g = spattn::plan::split_pattern(b, an, mode, spattn::plan::SplitTarget{true});
+      set_general(false);
+      const auto f = spattn::plan::split_pattern(b, an, mode, spattn::plan::SplitTarget{true});
+      ASSERT_EQ(f.parts.size(), g.parts.size());
+      for (size_t i = 0; i < f.parts.size(); ++i) {
+        EXPECT_EQ(f.parts[i].kind, g.parts[i].kind);
+        EXPECT_EQ(f.parts[i].row_begin, g.parts[i].row_begin);
+        EXPECT_EQ(f.parts[i].row_end, g.parts[i].row_end);
+        EXPECT_EQ(f.parts[i].nnz, g.parts[i].nnz);
+        EXPECT_EQ(f.parts[i].terms, g.parts[i].terms);
       }
     }
   }

@@ -100,6 +100,17 @@ class BoundPattern {
   // offsets overlap or touch): (lo, hi), lo <= hi, such that row q keeps exactly the keys k with lo <= k - q <= hi
   // and 0 <= k < k_len (offsets past every row's reach: -q_len, k_len); else none. O(spec), no row walked.
   std::optional<std::pair<int64_t, int64_t>> band() const;
+  // Where the spec is a union of such bands and prefixes global_cols(0:g), global_rows(0:r), global(0:g) (sliding
+  // windows with attention sinks, longformer): row q keeps the band's keys, the keys [0, key_prefix), and every key
+  // where q < row_prefix (band() where both prefixes are 0). O(spec), no row walked.
+  struct BandSpec {
+    int64_t lo = 0, hi = 0;
+    int64_t key_prefix = 0, row_prefix = 0;
+  };
+  std::optional<BandSpec> band_spec() const;
+  // Where the spec makes every row keep every key or none (global_rows and unions of them): the rows that keep keys,
+  // as sorted disjoint ranges [first, end) of [0, q_len); else none. O(spec), no row walked.
+  std::optional<std::vector<std::pair<int64_t, int64_t>>> dense_row_ranges() const;
   // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
   int64_t nnz() const;
 

@@ -249,10 +249,21 @@ struct UnionB : BoundNode {
   }
   // Bands whose offset ranges overlap or touch (in order of lo) are one band; an empty band (lo > hi) is none.
   bool band(int64_t& lo, int64_t& hi) const override {
+    int64_t g = 0, r = 0;
+    return band_prefixes(lo, hi, g, r) && g == 0 && r == 0;
+  }
+  // The same with prefixes among the kids: their unions [0, g) of keys and [0, r) of rows beside the bands'.
+  bool band_prefixes(int64_t& lo, int64_t& hi, int64_t& g, int64_t& r) const override {
     std::vector<std::pair<int64_t, int64_t>> b;
+    g = r = 0;
     for (auto& c : kids) {
-      int64_t l, h;
-      if (!c->band(l, h)) return false;
+      int64_t l, h, pg, pr;
+      if (c->prefixes(pg, pr)) {
+        g = std::max(g, pg), r = std::max(r, pr);
+        continue;
+      }
+      if (!c->band_prefixes(l, h, pg, pr)) return false;
+      g = std::max(g, pg), r = std::max(r, pr);
       if (l <= h) b.push_back({l, h});
     }
     if (b.empty()) return false;
@@ -262,6 +273,15 @@ struct UnionB : BoundNode {
       if (l > hi + 1) return false;
       hi = std::max(hi, h);
     }
+    return true;
+  }
+  bool dense_rows(IndexSet& ranges) const override {
+    IndexSet all, one;
+    for (auto& c : kids) {
+      if (!c->dense_rows(one)) return false;
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    ranges = std::move(all);  // sorted and merged by BoundPattern::dense_row_ranges
     return true;
   }
 };
@@ -425,6 +445,19 @@ struct GlobalB : BoundNode {
   IndexSet set;
   bool rows = true, cols = true;
   bool contains(int64_t q, int64_t k) const override { return (rows && in_set(set, q)) || (cols && in_set(set, k)); }
+  bool prefixes(int64_t& g, int64_t& r) const override {  // global_cols(0:g), global_rows(0:r), global(0:g)
+    if (set.size() != 1 || set[0].first != 0) return false;
+    g = cols ? std::min(set[0].second, k_len) : 0;
+    r = rows && k_len > 0 ? std::min(set[0].second, q_len) : 0;
+    return true;
+  }
+  bool dense_rows(IndexSet& ranges) const override {  // global_rows: the set's rows (none where Lk = 0)
+    if (cols) return false;
+    ranges.clear();
+    for (auto& r : set)
+      if (r.first < q_len && k_len > 0) ranges.push_back({r.first, std::min(r.second, q_len)});
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     if (rows && in_set(set, q)) {
@@ -831,6 +864,22 @@ int64_t BoundPattern::row_nnz(int64_t q) const {
   if (q < 0 || q >= q_len_) throw Error("row " + std::to_string(q) + " is out of range for query length " + std::to_string(q_len_));
   RowRuns r;
   return root_->row_nnz(q, r);
+}
+std::optional<std::vector<std::pair<int64_t, int64_t>>> BoundPattern::dense_row_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> ranges, merged;
+  if (!root_ || !root_->dense_rows(ranges)) return std::nullopt;
+  std::sort(ranges.begin(), ranges.end());
+  for (auto& r : ranges) {
+    if (r.first >= r.second) continue;
+    if (!merged.empty() && r.first <= merged.back().second) merged.back().second = std::max(merged.back().second, r.second);
+    else merged.push_back(r);
+  }
+  return merged;
+}
+std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
+  BandSpec b;
+  if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;
+  return b;
 }
 std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {
   int64_t lo = 0, hi = 0;
