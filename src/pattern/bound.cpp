@@ -680,7 +680,8 @@ struct NeighborhoodB : BoundNode {
     const Run w0 = window(0, c[0]);
     const Run w1 = naxes > 1 ? window(1, c[1]) : Run{0, 1, 1};
     const Run w2 = naxes > 2 ? window(2, c[2]) : Run{0, 1, 1};
-    const Run inner = naxes == 1 ? w0 : naxes == 2 ? w1 : w2;  // the fastest-varying axis
+    Run inner = naxes == 1 ? w0 : naxes == 2 ? w1 : w2;  // the fastest-varying axis
+    if (inner.count == 1) inner.stride = 1;            // (normalised)
     const int64_t n1 = naxes > 1 ? n[1] : 1, n2 = naxes > 2 ? n[2] : 1;
     if (naxes == 1) {
       out.push_back(inner);
@@ -693,7 +694,9 @@ struct NeighborhoodB : BoundNode {
           out.push_back({((w0.start + a * w0.stride) * n1 + (w1.start + b2 * w1.stride)) * n2 + inner.start, inner.stride,
                          inner.count});
     }
-    normalize(out);
+    // One run a line of the last axis, in increasing order: normalised already unless a run spans its whole line
+    // (then consecutive lines' runs may touch and merge).
+    if (inner.count >= n[size_t(naxes - 1)]) normalize(out);
   }
 };
 

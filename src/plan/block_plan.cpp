@@ -110,18 +110,25 @@ struct Space {
   }
   // Mapped: a run along the key grid's last axis at its dilation (a neighborhood row's runs) steps one offset a
   // key inside a box, so it maps to one plan interval per box it crosses; other runs map key by key.
+  // (The last-axis coordinate is carried from piece to piece, and without dilation the offset in a box of a power-of-
+  // two side is a mask: no division a piece, which were most of a neighborhood plan's row mapping.)
   void map_run_mapped(const Run& r, std::vector<Run>& out) const {
-    const bool along = r.stride == m->d2;
+    const bool along = r.stride == m->d2, plain = m->d2 == 1 && (m->s2 & (m->s2 - 1)) == 0;
+    int64_t c = along ? r.start % m->n2 : 0;  // last-axis coordinate of t
     for (int64_t t = r.start, left = r.count; left > 0;) {
       int64_t len = 1;
       if (along && left > 1) {
-        const int64_t c = t % m->n2;                 // last-axis coordinate
-        const int64_t o = (c / m->d2) % m->s2;       // offset in the box
-        len = std::min({left, m->s2 - o, (m->n2 - 1 - c) / m->d2 + 1});
+        if (plain) {
+          len = std::min({left, m->s2 - (c & (m->s2 - 1)), m->n2 - c});
+        } else {
+          const int64_t o = (c / m->d2) % m->s2;  // offset in the box
+          len = std::min({left, m->s2 - o, (m->n2 - 1 - c) / m->d2 + 1});
+        }
       }
       out.push_back({m->kpos[size_t(t)], 1, len});
       t += len * r.stride;
       left -= len;
+      if (along && (c += len * m->d2) >= m->n2) c = t % m->n2;
     }
   }
 };
