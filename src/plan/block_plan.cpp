@@ -526,8 +526,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
     std::vector<uint64_t> masks;
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
   };
-  // out: the part; room: query tiles whose bitmasks `out` will hold (part 0 is the merged plan's start, so it
-  // makes room for all of them; see the merge below).
+  // out: the part; room: query tiles whose bitmasks `out` will hold (its own: reserved at the rate of its first
+  // tiles).
   //
   // Bits are set in scratch masks that lie `stride` words apart: at their own size (1 KiB for 64x128) a row's
   // bits, one per partial key tile, fell into a few cache sets (most of a random plan's mask time was L1
@@ -678,32 +678,36 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   std::vector<Part> parts(static_cast<size_t>(nthreads));
   common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
     const int64_t qt0 = sp.q_tiles * t / nthreads, qt1 = sp.q_tiles * (t + 1) / nthreads;
-    build_range(qt0, qt1, t == 0 ? sp.q_tiles : qt1 - qt0, parts[size_t(t)]);
+    build_range(qt0, qt1, qt1 - qt0, parts[size_t(t)]);
   });
-  // Part 0's bitmasks (reserved for the whole plan at its rate) become the plan's; the others' are appended.
-  size_t nmasks = 0;
-  for (const Part& part : parts) nmasks += part.masks.size();
-  plan.masks = std::move(parts[0].masks);
-  plan.masks.reserve(nmasks);
-  int64_t qt = 0;
+  // The parts concatenated in order, each copied by its own thread into arrays sized once (a random plan's bitmasks
+  // are tens of MB: appended part after part, their copy and first touch of the pages ran on one thread).
+  std::vector<int64_t> entry_base(parts.size() + 1, 0), mask_base(parts.size() + 1, 0);
   for (size_t pi = 0; pi < parts.size(); ++pi) {
-    Part& part = parts[pi];
-    const int64_t base = int64_t(plan.entries.size());
-    const int64_t mask_base = pi == 0 ? 0 : int64_t(plan.masks.size()) / words;
-    for (int64_t off : part.offsets) plan.row_offsets[size_t(qt++)] = base + off;
-    for (TileEntry& e : part.entries)
-      if (e.mask >= 0) {
-        if (mask_base + e.mask >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
-        e.mask = int32_t(mask_base + e.mask);
-      }
-    plan.entries.insert(plan.entries.end(), part.entries.begin(), part.entries.end());
-    if (pi > 0) plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
+    const Part& part = parts[pi];
+    entry_base[pi + 1] = entry_base[pi] + int64_t(part.entries.size());
+    mask_base[pi + 1] = mask_base[pi] + int64_t(part.masks.size());
     plan.nnz += part.nnz;
     plan.n_full += part.n_full;
     plan.n_band += part.n_band;
     plan.n_bitmask += part.n_bitmask;
-    part = Part{};
   }
+  if (mask_base.back() / words >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+  plan.entries.resize(size_t(entry_base.back()));
+  plan.masks.resize(size_t(mask_base.back()));  // not zeroed (MaskWords): every word is copied below
+  common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
+    Part& part = parts[size_t(t)];
+    const int64_t qt0 = sp.q_tiles * t / nthreads;
+    for (size_t i = 0; i < part.offsets.size(); ++i) plan.row_offsets[size_t(qt0) + i] = entry_base[size_t(t)] + part.offsets[i];
+    TileEntry* e = plan.entries.data() + entry_base[size_t(t)];
+    const int32_t mb = int32_t(mask_base[size_t(t)] / words);
+    for (TileEntry x : part.entries) {
+      if (x.mask >= 0) x.mask += mb;
+      *e++ = x;
+    }
+    std::copy(part.masks.begin(), part.masks.end(), plan.masks.begin() + mask_base[size_t(t)]);
+    part = Part{};
+  });
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }
 }  // namespace
