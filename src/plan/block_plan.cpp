@@ -866,11 +866,16 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     reach = std::max(reach, tiles[j].end);
   }
   seg_begin.push_back(tiles.size());
+  // A row of many runs has its keys counted once per 64-key tile (row64), then added into each candidate tile that
+  // holds the row (a 128-key tile: two 64-key ones): random rows' ~800 runs were counted once per candidate.
   std::vector<std::vector<TileScratch>> scratch(static_cast<size_t>(threads));
+  std::vector<std::unique_ptr<TileScratch>> row64s(static_cast<size_t>(threads));
   common::parallel_for(int64_t(seg_begin.size()) - 1, threads, [&](int64_t sg, int t) {
     std::vector<TileScratch>& scr = scratch[size_t(t)];
     if (scr.empty())
       for (const Space& sp : spaces) scr.emplace_back(sp.k_tiles);
+    if (!row64s[size_t(t)]) row64s[size_t(t)] = std::make_unique<TileScratch>(ceil_div(pat.k_len(), 64));
+    TileScratch& row64 = *row64s[size_t(t)];
     const size_t j0 = seg_begin[size_t(sg)], j1 = seg_begin[size_t(sg) + 1];
     int64_t end = 0;
     for (size_t j = j0; j < j1; ++j) end = std::max(end, tiles[j].end);
@@ -878,11 +883,20 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
       pat.row(q, runs);
       const int64_t row_nnz = count_keys(runs);
+      const bool many = runs.size() > 64;  // (a few runs are counted per candidate at once)
+      row64.nt = 0;
+      if (many) row64.add_runs(runs, 64);
       for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
         const Sample& tile = tiles[j];
         if (q >= tile.end) continue;
         TileScratch& ts = scr[tile.cand];
-        ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
+        if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        for (int64_t t64 : row64.touched()) {
+          const int64_t kt = t64 >> sh;
+          if (ts.count[size_t(kt)] == 0) ts.tbuf[ts.nt++] = kt;
+          ts.count[size_t(kt)] += row64.count[size_t(t64)];
+        }
         nnz[tile.cand][size_t(tile.i)] += row_nnz;
         if (q + 1 < tile.end) continue;
         const Space& sp = spaces[tile.cand];
@@ -893,6 +907,7 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
         }
         ts.nt = 0;
       }
+      for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
     }
   });
   for (size_t s = 0; s < shared.size(); ++s) {
