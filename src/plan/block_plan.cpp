@@ -387,11 +387,34 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
   std::vector<uint64_t> pmask(static_cast<size_t>(words));
   std::vector<int64_t> band_scratch;
   const int64_t prefix_tiles = (std::min(prefix, lk) + bn - 1) / bn;
+  // Query tiles whose bands all miss a prefix tile have the same rows there (the prefix's keys): the first one's
+  // full or bitmask outcome (which, unlike a band entry's bounds, does not depend on the rows' positions) is reused
+  // for the others of as many valid rows.
+  struct Reuse {
+    int64_t rows = -1;  // valid rows of the tile it was made for (-1: none)
+    bool full = false;
+    std::vector<uint64_t> mask;
+  };
+  std::vector<Reuse> reuse(static_cast<size_t>(prefix_tiles));
   for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
     plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
     const int64_t q0 = qt * bm, q1 = std::min(lq, q0 + bm) - 1;  // the tile's rows
     for (int64_t kt = 0; kt < prefix_tiles; ++kt) {  // the prefix's tiles, from their rows' bits
       const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
+      const bool prefix_only = q0 + lo > k0 + kvalid - 1 || q1 + hi < k0;  // no row's band keys in this tile
+      Reuse& ru = reuse[size_t(kt)];
+      if (prefix_only && ru.rows == q1 - q0 + 1) {
+        TileEntry e{int32_t(kt), kFull, 0, 0};
+        if (ru.full) {
+          ++plan.n_full;
+        } else {
+          e.mask = int32_t(plan.masks.size() / size_t(words));
+          plan.masks.insert(plan.masks.end(), ru.mask.begin(), ru.mask.end());
+          ++plan.n_bitmask;
+        }
+        plan.entries.push_back(e);
+        continue;
+      }
       std::fill(pmask.begin(), pmask.end(), 0);
       int64_t count = 0;
       for (int64_t p = q0; p <= q1; ++p) {
@@ -406,6 +429,7 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
       int64_t blo, bhi;
       if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
         ++plan.n_full;
+        if (prefix_only) ru = {q1 - q0 + 1, true, {}};
       } else if (detect_band(pmask.data(), sp, qt, kt, kvalid, blo, bhi, band_scratch)) {
         e = {int32_t(kt), kBand, int32_t(blo), int32_t(bhi)};
         ++plan.n_band;
@@ -413,6 +437,7 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
         e.mask = int32_t(plan.masks.size() / size_t(words));
         plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
         ++plan.n_bitmask;
+        if (prefix_only) ru = {q1 - q0 + 1, false, pmask};
       }
       plan.entries.push_back(e);
     }
