@@ -79,6 +79,10 @@ const std::vector<Case>& cases() {
       {"global_rows(0:8) | local(32)", 1000, 1000},
       {"local(900) | global(0:4)", 1000, 1000},
       {"global(0:3) | local(1)", 40, 40},
+      // Rows alike by blocks (BoundPattern::row_block): blocks off the tile sizes, ragged, unions of two blocks.
+      {"blocked(48, local(1) | random(2, seed=3))", 1000, 1000},
+      {"blocked(64, causal) | blocked(32, local(1))", 777, 900},
+      {"blocked(128, local(1) | global(0:1))", 3000, 3000},
   };
   return c;
 }
@@ -191,6 +195,12 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
   EXPECT_FALSE(spec("dilated(4, 2)", 64));
   EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));
+  auto block = [](const char* s) { return spattn::parse(s).bind(1000, 1000).row_block(); };
+  EXPECT_EQ(block("bigbird(64, 1, 2, 3, seed=0)"), 64);
+  EXPECT_EQ(block("blocked(64, causal) | blocked(48, local(1))"), 16);
+  EXPECT_EQ(block("blocked(64, causal) & blocked(32, local(1))"), 32);
+  EXPECT_EQ(block("local(3) | blocked(8, causal)"), 1);
+  EXPECT_EQ(block("random(5)"), 1);
 }
 
 // Rows of all keys or none by the spec (the split's owned rows): the rows the walk finds.

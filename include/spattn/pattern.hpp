@@ -111,6 +111,9 @@ class BoundPattern {
   // Where the spec makes every row keep every key or none (global_rows and unions of them): the rows that keep keys,
   // as sorted disjoint ranges [first, end) of [0, q_len); else none. O(spec), no row walked.
   std::optional<std::vector<std::pair<int64_t, int64_t>>> dense_row_ranges() const;
+  // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), and unions and
+  // intersections of such: the gcd of their n); 1 where it promises nothing. O(spec).
+  int64_t row_block() const;
   // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
   int64_t nnz() const;
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -231,6 +232,13 @@ int64_t sat_mul(int64_t a, int64_t b) { return (a != 0 && b > kMax / a) ? kMax :
 using BoundPtr = std::shared_ptr<const BoundNode>;
 
 // ---- composites ----
+// Blocks of rows alike in every kid are alike in a union or intersection of them: the gcd of the kids' blocks.
+int64_t kids_row_block(const std::vector<BoundPtr>& kids) {
+  int64_t g = 0;
+  for (auto& c : kids) g = std::gcd(g, c->row_block());
+  return std::max<int64_t>(g, 1);
+}
+
 struct UnionB : BoundNode {
   std::vector<BoundPtr> kids;
   bool contains(int64_t q, int64_t k) const override {
@@ -275,6 +283,7 @@ struct UnionB : BoundNode {
     }
     return true;
   }
+  int64_t row_block() const override { return kids_row_block(kids); }
   bool dense_rows(IndexSet& ranges) const override {
     IndexSet all, one;
     for (auto& c : kids) {
@@ -321,6 +330,7 @@ struct InterB : BoundNode {
       }
     }
   }
+  int64_t row_block() const override { return kids_row_block(kids); }
   bool band(int64_t& lo, int64_t& hi) const override {
     lo = -q_len, hi = k_len;
     for (auto& c : kids) {
@@ -593,6 +603,7 @@ struct BlockedB : BoundNode {
   BoundPtr inner;
   uint64_t id = 0;  // identifies this bound node in the per-thread row cache
   bool contains(int64_t q, int64_t k) const override { return inner->contains(q / b, k / b); }
+  int64_t row_block() const override { return b; }
   void row(int64_t q, RowRuns& out) const override {
     // The b rows of a block row share their keys: the last block row's per thread (rows are walked in order:
     // bigbird(64, ...) drew and normalised each block row 64 times).
@@ -879,6 +890,7 @@ std::optional<std::vector<std::pair<int64_t, int64_t>>> BoundPattern::dense_row_
   }
   return merged;
 }
+int64_t BoundPattern::row_block() const { return root_ ? std::max<int64_t>(1, root_->row_block()) : 1; }
 std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
   BandSpec b;
   if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;

@@ -154,17 +154,21 @@ Analysis analyze(const BoundPattern& pat) {
   const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
   const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
   std::vector<Part> parts(size_t(std::max<int64_t>(nchunks, 1)));
+  const int64_t block = general_paths_only() ? 1 : pat.row_block();  // rows alike by the spec
   common::parallel_for(nchunks, threads, [&](int64_t c, int) {
     Part& p = parts[size_t(c)];
     RowRuns runs;
-    for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
+    int64_t n = 0;
+    for (int64_t q = c * lq / nchunks, q0 = q, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
       // While the rows can still be band rows, their runs; after the first row that is not one interval, only
-      // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw).
-      int64_t n = 0;
-      if (p.single || p.sinks) {
+      // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw). A row alike the
+      // one before (blocked(b, ...)) keeps its runs and count.
+      const bool alike = block > 1 && q > q0 && q / block == (q - 1) / block;
+      if (!alike && (p.single || p.sinks)) {
         pat.row(q, runs);
+        n = 0;
         for (const Run& r : runs) n += r.count;
-      } else {
+      } else if (!alike) {
         n = pat.row_nnz(q);
       }
       p.nnz += n;

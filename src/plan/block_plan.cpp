@@ -188,12 +188,13 @@ struct TileScratch {
   }
   // Runs within one key tile (a scattered row's, most of a band's) take no branch on whether the tile is new
   // (random rows' ~800 runs made it a coin toss).
-  void add_run(const Run& r, int sh, int64_t bn) {
+  // mult: the run stands for that many rows' (rows alike, BoundPattern::row_block).
+  void add_run(const Run& r, int sh, int64_t bn, int64_t mult = 1) {
     int64_t* cnt = count.data();
     int64_t* t = tbuf.data();
     if ((r.stride == 1 || r.count == 1) && r.count > 0 && r.start >> sh == (r.start + r.count - 1) >> sh) {
       const int64_t kt = r.start >> sh, old = cnt[kt];
-      cnt[kt] = old + r.count;
+      cnt[kt] = old + r.count * mult;
       t[nt] = kt;
       nt += old == 0;
     } else if (shortcuts && r.stride > 1 && r.stride < bn && r.count > 1) {
@@ -205,37 +206,42 @@ struct TileScratch {
         const int64_t i1 = (std::min(last, k0 + bn - 1) - r.start) / r.stride;
         if (i1 < i0) continue;
         if (cnt[kt] == 0) t[nt++] = kt;
-        cnt[kt] += i1 - i0 + 1;
+        cnt[kt] += (i1 - i0 + 1) * mult;
       }
     } else {
       for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
         if (cnt[kt] == 0) t[nt++] = kt;
-        cnt[kt] += b - a;
+        cnt[kt] += (b - a) * mult;
       });
     }
   }
   // count_runs for the builder, which sorts the touched tiles after: an interval over three key tiles or more
   // counts its two end tiles and adds bn to the ones between through a difference array, swept once per query
-  // tile (a causal row spans up to Lk / bn tiles: rows x tiles steps before).
-  void count_runs_unordered(const std::vector<RowRuns>& rows, int64_t bn) {
+  // tile (a causal row spans up to Lk / bn tiles: rows x tiles steps before). same[r]: row r is row r - 1 again
+  // (tile_rows), counted with it.
+  void count_runs_unordered(const std::vector<RowRuns>& rows, int64_t bn, const std::vector<char>& same) {
     if (!shortcuts) return count_runs(rows, bn);
     nt = 0;
     if (diff.empty()) diff.assign(count.size() + 1, 0);
     const int sh = bn == 64 ? 6 : 7;
     int64_t lo = INT64_MAX, hi = -1;  // the tiles between some interval's ends
-    for (const RowRuns& runs : rows)
-      for (const Run& r : runs) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (same[i]) continue;
+      int64_t mult = 1;
+      while (i + size_t(mult) < rows.size() && same[i + size_t(mult)]) ++mult;
+      for (const Run& r : rows[i]) {
         const int64_t a = r.start >> sh, b = (r.start + r.count - 1) >> sh;
         if (r.stride != 1 || b - a < 2) {
-          add_run(r, sh, bn);
+          add_run(r, sh, bn, mult);
           continue;
         }
-        add_run({r.start, 1, ((a + 1) << sh) - r.start}, sh, bn);
-        add_run({b << sh, 1, r.start + r.count - (b << sh)}, sh, bn);
-        diff[size_t(a + 1)] += bn;
-        diff[size_t(b)] -= bn;
+        add_run({r.start, 1, ((a + 1) << sh) - r.start}, sh, bn, mult);
+        add_run({b << sh, 1, r.start + r.count - (b << sh)}, sh, bn, mult);
+        diff[size_t(a + 1)] += bn * mult;
+        diff[size_t(b)] -= bn * mult;
         lo = std::min(lo, a + 1), hi = std::max(hi, b - 1);
       }
+    }
     for (int64_t kt = lo, run = 0; kt <= hi + 1; ++kt) {
       run += diff[size_t(kt)];
       diff[size_t(kt)] = 0;
@@ -258,12 +264,15 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
 }
 
 // Collects the plan-space runs of every row of query tile qt into rows[0, bm) (rows past the end: none);
-// returns the number of valid rows. nruns: the runs of them all.
+// returns the number of valid rows. nruns: the runs of them all. same (where given, unpermuted and unmapped): rows
+// alike by the spec (BoundPattern::row_block) copy the row before, marked 1, not drawn and counted again.
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns& tmp, std::vector<RowRuns>& rows,
-                  int64_t& nruns, int64_t& nnz) {
+                  int64_t& nruns, int64_t& nnz, std::vector<char>* same = nullptr) {
   rows.resize(size_t(sp.bm));
   nruns = 0;
-  int64_t valid = 0;
+  int64_t valid = 0, row_nnz = 0;
+  const int64_t block = same && sp.d == 1 && !sp.m && !general_paths_only() ? pat.row_block() : 1;
+  if (same) same->assign(size_t(sp.bm), 0);
   for (int r = 0; r < sp.bm; ++r) {
     RowRuns& out = rows[size_t(r)];
     const int64_t q = sp.q_token(qt * sp.bm + r);
@@ -272,9 +281,13 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
       continue;
     }
     ++valid;
-    if (sp.d == 1 && !sp.m) {
+    if (block > 1 && r > 0 && q / block == (q - 1) / block) {
+      out = rows[size_t(r) - 1];
+      nnz += row_nnz;
+      (*same)[size_t(r)] = 1;
+    } else if (sp.d == 1 && !sp.m) {
       pat.row(q, out);
-      nnz += count_keys(out);
+      nnz += row_nnz = count_keys(out);
     } else {
       pat.row(q, tmp);
       nnz += count_keys(tmp);
@@ -561,6 +574,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
     TileScratch scr(sp.k_tiles);
     RowRuns tmp;
     std::vector<RowRuns> rows;
+    std::vector<char> same;  // tile_rows': rows alike
     std::vector<int64_t> band_scratch;
     std::vector<int64_t> partial_kts;  // the query tile's partial key tiles, ascending (their slots' order)
     const int64_t stride = words + 8;
@@ -577,7 +591,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
       out.offsets.push_back(int64_t(out.entries.size()));
       const int64_t nnz0 = out.nnz;
       int64_t nruns = 0;
-      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz);
+      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
       // Many short runs (a random tile: ~800 a row, a run every few keys) are set as bits of one row at a time
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
@@ -638,7 +652,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
         }
       } else {
-        scr.count_runs_unordered(rows, bn);
+        scr.count_runs_unordered(rows, bn, same);
         std::sort(scr.touched().begin(), scr.touched().end());
         partial_kts.clear();
         for (int64_t kt : scr.touched())
@@ -895,6 +909,7 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
   // holds the row (a 128-key tile: two 64-key ones): random rows' ~800 runs were counted once per candidate.
   std::vector<std::vector<TileScratch>> scratch(static_cast<size_t>(threads));
   std::vector<std::unique_ptr<TileScratch>> row64s(static_cast<size_t>(threads));
+  const int64_t block = pat.row_block();
   common::parallel_for(int64_t(seg_begin.size()) - 1, threads, [&](int64_t sg, int t) {
     std::vector<TileScratch>& scr = scratch[size_t(t)];
     if (scr.empty())
@@ -905,12 +920,18 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     int64_t end = 0;
     for (size_t j = j0; j < j1; ++j) end = std::max(end, tiles[j].end);
     RowRuns runs;
+    int64_t row_nnz = 0;
+    bool many = false;
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
-      pat.row(q, runs);
-      const int64_t row_nnz = count_keys(runs);
-      const bool many = runs.size() > 64;  // (a few runs are counted per candidate at once)
-      row64.nt = 0;
-      if (many) row64.add_runs(runs, 64);
+      // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
+      if (q == tiles[j0].begin || q / block != (q - 1) / block) {
+        for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
+        pat.row(q, runs);
+        row_nnz = count_keys(runs);
+        many = runs.size() > 64;  // (a few runs are counted per candidate at once)
+        row64.nt = 0;
+        if (many) row64.add_runs(runs, 64);
+      }
       for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
         const Sample& tile = tiles[j];
         if (q >= tile.end) continue;
@@ -932,8 +953,9 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
         }
         ts.nt = 0;
       }
-      for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
     }
+    for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
+    row64.nt = 0;
   });
   for (size_t s = 0; s < shared.size(); ++s) {
     int64_t n = 0;
