@@ -83,6 +83,8 @@ const std::vector<Case>& cases() {
       {"blocked(48, local(1) | random(2, seed=3))", 1000, 1000},
       {"blocked(64, causal) | blocked(32, local(1))", 777, 900},
       {"blocked(128, local(1) | global(0:1))", 3000, 3000},
+      {"sparse_fixed(100, 3)", 3001, 3001},
+      {"block_diag(70) | summary(64)", 1000, 1100},
   };
   return c;
 }
@@ -201,6 +203,9 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_EQ(block("blocked(64, causal) & blocked(32, local(1))"), 32);
   EXPECT_EQ(block("local(3) | blocked(8, causal)"), 1);
   EXPECT_EQ(block("random(5)"), 1);
+  EXPECT_EQ(block("sparse_fixed(128)"), 128);  // summary: every row alike
+  EXPECT_EQ(block("summary(8) | global_cols(3)"), 1000);
+  EXPECT_EQ(block("global_rows(3) | dense"), 1);
 }
 
 // Rows of all keys or none by the spec (the split's owned rows): the rows the walk finds.
@@ -237,6 +242,31 @@ TEST(PlanPaths, DenseRowRangesAreTheRows) {
         EXPECT_EQ(f.parts[i].nnz, g.parts[i].nnz);
         EXPECT_EQ(f.parts[i].terms, g.parts[i].terms);
       }
+    }
+  }
+}
+
+// The compound split's parts (gathered columns less the tiles' keys, with owned rows: rows alike by blocks of the
+// skipped rows' ends): the same analyses and block plans by either path.
+TEST(PlanPaths, PartsGiveTheSamePlans) {
+  for (const Case& c : std::vector<Case>{{"sparse_fixed(128)", 4096, 4096}, {"sparse_fixed(100, 3)", 3001, 3001},
+                                         {"dilated(6, 3) | summary(12, c=2) | global_rows(3:5)", 1000, 1000},
+                                         {"block_diag(64) | summary(64) | global_rows(32:96)", 2000, 2000}}) {
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    for (const auto& part : spattn::plan::split_pattern(b, spattn::plan::analyze(b), 1).parts) {
+      if (part.kind == spattn::plan::PartKind::scattered) continue;
+      SCOPED_TRACE(c.spec + " part " + part.terms);
+      set_general(true);
+      const auto ga = spattn::plan::analyze(part.pattern);
+      const auto g = spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &ga);
+      set_general(false);
+      const auto fa = spattn::plan::analyze(part.pattern);
+      EXPECT_EQ(fa.nnz, ga.nnz);
+      EXPECT_EQ(fa.min_row, ga.min_row);
+      EXPECT_EQ(fa.max_row, ga.max_row);
+      EXPECT_EQ(fa.empty_rows, ga.empty_rows);
+      EXPECT_EQ(fa.dense_rows, ga.dense_rows);
+      expect_same(spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &fa), g);
     }
   }
 }

@@ -111,10 +111,12 @@ class BoundPattern {
   // Where the spec makes every row keep every key or none (global_rows and unions of them): the rows that keep keys,
   // as sorted disjoint ranges [first, end) of [0, q_len); else none. O(spec), no row walked.
   std::optional<std::vector<std::pair<int64_t, int64_t>>> dense_row_ranges() const;
-  // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), and unions and
-  // intersections of such: the gcd of their n); 1 where it promises nothing. O(spec).
+  // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), block_diag(n);
+  // dense, global_cols and summary: q_len; unions and intersections: the gcd of their n); 1 where it promises
+  // nothing. O(spec).
   int64_t row_block() const;
-  // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
+  // Total number of kept (q, k) pairs (walks every row, one a block of rows alike (row_block); a random atom's row
+  // count is r, without its keys).
   int64_t nnz() const;
 
   // A pattern given by its kept keys (a mask the caller already holds, e.g. as CSR): row q keeps

@@ -60,7 +60,8 @@ struct BoundNode {
     g = r = 0;
     return band(lo, hi);
   }
-  // Rows q and q' with q / n == q' / n keep the same keys (BoundPattern::row_block); 1: no such promise.
+  // Rows q and q' with q / n == q' / n keep the same keys (BoundPattern::row_block); 1: no such promise; 0: every
+  // row keeps the same keys.
   virtual int64_t row_block() const { return 1; }
   // Rows of all keys or none (BoundPattern::dense_row_ranges): the rows keeping keys as sorted disjoint [first, end).
   virtual bool dense_rows(std::vector<std::pair<int64_t, int64_t>>& /*ranges*/) const { return false; }

@@ -232,11 +232,12 @@ int64_t sat_mul(int64_t a, int64_t b) { return (a != 0 && b > kMax / a) ? kMax :
 using BoundPtr = std::shared_ptr<const BoundNode>;
 
 // ---- composites ----
-// Blocks of rows alike in every kid are alike in a union or intersection of them: the gcd of the kids' blocks.
+// Blocks of rows alike in every kid are alike in a union or intersection of them: the gcd of the kids' blocks (0,
+// every row alike, where every kid's are).
 int64_t kids_row_block(const std::vector<BoundPtr>& kids) {
   int64_t g = 0;
   for (auto& c : kids) g = std::gcd(g, c->row_block());
-  return std::max<int64_t>(g, 1);
+  return g;
 }
 
 struct UnionB : BoundNode {
@@ -345,6 +346,7 @@ struct InterB : BoundNode {
 // ---- atoms ----
 struct DenseB : BoundNode {
   bool contains(int64_t, int64_t) const override { return true; }
+  int64_t row_block() const override { return 0; }
   bool band(int64_t& lo, int64_t& hi) const override {
     lo = -q_len, hi = k_len;  // offsets past every row's reach
     return true;
@@ -412,6 +414,7 @@ struct StrideB : BoundNode {
 struct BlockDiagB : BoundNode {
   int64_t s = 1;
   bool contains(int64_t q, int64_t k) const override { return q / s == k / s; }
+  int64_t row_block() const override { return s; }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t lo = (q / s) * s;
@@ -423,6 +426,7 @@ struct BlockDiagB : BoundNode {
 struct SummaryB : BoundNode {
   int64_t s = 1, c = 1;
   bool contains(int64_t, int64_t k) const override { return k % s >= s - c; }
+  int64_t row_block() const override { return 0; }
   void row(int64_t, RowRuns& out) const override {
     out.clear();
     if (c <= 0 || k_len <= 0) return;
@@ -455,6 +459,7 @@ struct GlobalB : BoundNode {
   IndexSet set;
   bool rows = true, cols = true;
   bool contains(int64_t q, int64_t k) const override { return (rows && in_set(set, q)) || (cols && in_set(set, k)); }
+  int64_t row_block() const override { return rows ? 1 : 0; }
   bool prefixes(int64_t& g, int64_t& r) const override {  // global_cols(0:g), global_rows(0:r), global(0:g)
     if (set.size() != 1 || set[0].first != 0) return false;
     g = cols ? std::min(set[0].second, k_len) : 0;
@@ -890,7 +895,10 @@ std::optional<std::vector<std::pair<int64_t, int64_t>>> BoundPattern::dense_row_
   }
   return merged;
 }
-int64_t BoundPattern::row_block() const { return root_ ? std::max<int64_t>(1, root_->row_block()) : 1; }
+int64_t BoundPattern::row_block() const {
+  const int64_t b = root_ ? root_->row_block() : 1;
+  return b == 0 ? std::max<int64_t>(q_len_, 1) : std::max<int64_t>(b, 1);
+}
 std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
   BandSpec b;
   if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;
@@ -904,7 +912,8 @@ std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {
 int64_t BoundPattern::nnz() const {
   int64_t n = 0;
   RowRuns r;
-  for (int64_t q = 0; q < q_len_; ++q) n += root_->row_nnz(q, r);
+  const int64_t b = row_block();  // rows alike: one a block
+  for (int64_t q = 0; q < q_len_; q += b) n += root_->row_nnz(q, r) * std::min(b, q_len_ - q);
   return n;
 }
 
