@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -30,9 +32,15 @@ int cuda_device_count() {
 }
 
 std::string cuda_device_name(int device) {
+  // Read once per device: cudaGetDeviceProperties can take milliseconds, and explain() (the C API's plan_create
+  // calls it) asks each time.
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = names.find(device); it != names.end()) return it->second;
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
-  return p.name;
+  return names[device] = p.name;
 }
 
 namespace {
