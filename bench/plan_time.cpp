@@ -17,6 +17,7 @@
 #include "plan/key_plan.hpp"
 #include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
+#include "spattn/plan.hpp"
 #include "tools/args.hpp"
 #include "tools/commands.hpp"
 
@@ -24,12 +25,15 @@ namespace spattn::tools {
 namespace {
 
 const char* kPlanTimeUsage =
-    "usage: spattn bench --plan-time [--pattern SPEC] [--len L] [--dim D] [--reps N]\n"
+    "usage: spattn bench --plan-time [--pattern SPEC] [--len L] [--dim D] [--reps N] [--gpu]\n"
     "The fused GPU engine's planning on the host, stage by stage (median of --reps runs, default 7), for the suite\n"
     "at --len (default 16384) or one pattern: analysis, split (the compound parts, band kernel assumed: sm_90a),\n"
     "the parts' analyses, the forward's block plan choice and build (sm_90a rows; 'choose' prices the tile shapes,\n"
     "'build' builds the chosen one), the backward's key-major plan (built at the first backward call), and the\n"
-    "forward's total (analysis to block plans; uploads not included). SPATTN_PLAN_THREADS caps the threads.\n";
+    "forward's total (analysis to block plans; uploads not included). SPATTN_PLAN_THREADS caps the threads.\n"
+    "--gpu: make_plan itself on CUDA device 0 instead (the fused engine; batch 2, 16 heads, bf16), in process:\n"
+    "Plan::plan_ms of the first plan of each pattern (its device blocks may come from cudaMalloc) and the median of\n"
+    "the next --reps (each plan destroyed before the next: blocks from the device pool), and the first's stage line.\n";
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -92,8 +96,39 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+// --gpu: make_plan on CUDA device 0, timed by the plan itself (Plan::plan_ms).
+void gpu_plan_times(const std::vector<BenchCase>& cases, int64_t L, int64_t dim, int64_t reps) {
+  Problem pr;
+  pr.batch = 2;
+  pr.q_heads = pr.kv_heads = 16;
+  pr.q_len = pr.kv_len = L;
+  pr.head_dim = dim;
+  pr.dtype = DType::bf16;
+  std::printf("make_plan on cuda:0, L=%lld, D=%lld, B=2, H=16, bf16, %d plan threads (ms; Plan::plan_ms)\n",
+              (long long)L, (long long)dim, plan::plan_thread_cap());
+  std::printf("%-10s %9s %9s  %s\n", "pattern", "first", "median", "kernel; first plan's stages");
+  for (const BenchCase& c : cases) {
+    const Pattern pat = Pattern::parse(c.spec);
+    std::vector<double> ms;
+    std::string kernel, stages;
+    for (int64_t r = 0; r <= reps; ++r) {
+      const Plan plan = make_plan(pat, pr, Device::cuda(0));
+      ms.push_back(plan.plan_ms());
+      if (r == 0) {
+        kernel = plan.kernel();
+        const std::string ex = plan.explain();
+        const size_t at = ex.find("plan time by stage: ");
+        stages = at == std::string::npos ? "" : ex.substr(at + 20, ex.find('\n', at) - at - 20);
+      }
+    }
+    const double first = ms[0];
+    ms.erase(ms.begin());
+    std::printf("%-10s %9.3f %9.3f  %s; %s\n", c.name.c_str(), first, median(ms), kernel.c_str(), stages.c_str());
+  }
+}
+
 int bench_plan_main(int argc, char** argv) {
-  Args a(argc, argv, 2, {"pattern", "len", "dim", "reps"}, {"plan-time", "help"});
+  Args a(argc, argv, 2, {"pattern", "len", "dim", "reps"}, {"plan-time", "help", "gpu"});
   if (a.has("help")) {
     std::printf("%s", kPlanTimeUsage);
     return 0;
@@ -107,6 +142,10 @@ int bench_plan_main(int argc, char** argv) {
     cases = standard_suite(L);
     cases.push_back({"bandrand", "local(256) | random(4, seed=1)"});
     cases.push_back({"sprandom", "random(" + std::to_string(std::max<int64_t>(1, (L * 81 + 8192) / 16384)) + ", seed=0)"});
+  }
+  if (a.has("gpu")) {
+    gpu_plan_times(cases, L, dim, reps);
+    return 0;
   }
   std::printf("plan time, L=%lld, D=%lld, %d plan threads, median of %lld runs (ms)\n", (long long)L, (long long)dim,
               plan::plan_thread_cap(), (long long)reps);

@@ -269,6 +269,11 @@ TEST(PatternAtoms, NeighborhoodOneTwoThreeD) {
       {"neighborhood(dims=(17,47), kernel=3, dilation=(2,3), causal=(0,1))", {17, 47}, {3, 3}, {2, 3}, {false, true}},
       {"neighborhood(dims=(9,10,8), kernel=(3,3,2), dilation=(1,2,3))", {9, 10, 8}, {3, 3, 2}, {1, 2, 3}, {false, false, false}},
       {"neighborhood(dims=(6,7,5), kernel=(2,3,3), causal=(1,0,1))", {6, 7, 5}, {2, 3, 3}, {1, 1, 1}, {true, false, true}},
+      // Windows spanning a whole last-axis line (consecutive lines' runs touch) and windows of one key a line.
+      {"neighborhood(dims=(6,5), kernel=(3,5))", {6, 5}, {3, 5}, {1, 1}, {false, false}},
+      {"neighborhood(dims=(4,3,4), kernel=(2,3,4))", {4, 3, 4}, {2, 3, 4}, {1, 1, 1}, {false, false, false}},
+      {"neighborhood(dims=(8,6), kernel=(3,1), dilation=(1,2))", {8, 6}, {3, 1}, {1, 2}, {false, false}},
+      {"neighborhood(dims=(8,6), kernel=(3,3), dilation=(1,2))", {8, 6}, {3, 3}, {1, 2}, {false, false}},
   };
   for (const C& c : cases) {
     int64_t L = 1;

@@ -4,6 +4,7 @@
 // every shape, to the bit, and the same block plan, entry by entry and mask by mask.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cpu/fused_plan.hpp"
 #include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
+#include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 
 namespace {
@@ -46,6 +48,43 @@ const std::vector<Case>& cases() {
       {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
       {"causal", 2048, 2048},
       {"dense", 1000, 1000},
+      // Band rows by the spec (analysis and block plans in closed form): ragged and unequal lengths, bands wider
+      // than the keys, one-sided and one-key bands, intersections and unions of bands.
+      {"local(256)", 1000, 3001},
+      {"local(100)", 3001, 777},
+      {"local(5000)", 1000, 1000},
+      {"local(left=300, right=0)", 2049, 2047},
+      {"local(left=0, right=130)", 1500, 1100},
+      {"local(left=0, right=0)", 700, 900},
+      {"causal", 3000, 1000},
+      {"causal", 333, 4097},
+      {"dense", 191, 4000},
+      {"local(50) & causal", 1025, 1025},
+      {"causal | local(3)", 800, 500},
+      {"local(left=64, right=0) | local(left=0, right=200)", 1000, 1300},
+      {"local(1)", 1, 1},
+      // Band rows with a key prefix (Analysis::sinks; longformer's tiles part): prefix tiles from their rows' bits.
+      {"local(256) | global_cols(0:32)", 4096, 4096},
+      {"local(left=100, right=0) | global_cols(0:4)", 3001, 3001},
+      {"local(64) | global_cols(0:130)", 2000, 2100},
+      {"local(10) | global_cols(0:3)", 1000, 700},
+      {"local(left=5, right=300) | global_cols(0:64)", 777, 3001},
+      {"causal | global_cols(0:40)", 1000, 1000},
+      // ... and with dense rows (global(0:g), global_rows(0:r): longformer's analysis in closed form).
+      {"longformer(256, 32)", 16384, 16384},
+      {"longformer(100, 7)", 3001, 2999},
+      {"local(left=100, right=0) | global(0:4)", 2000, 2000},
+      {"global(0:64) | local(10)", 1000, 700},
+      {"global_rows(0:8) | global_cols(0:16) | local(32)", 1500, 1500},
+      {"global_rows(0:8) | local(32)", 1000, 1000},
+      {"local(900) | global(0:4)", 1000, 1000},
+      {"global(0:3) | local(1)", 40, 40},
+      // Rows alike by blocks (BoundPattern::row_block): blocks off the tile sizes, ragged, unions of two blocks.
+      {"blocked(48, local(1) | random(2, seed=3))", 1000, 1000},
+      {"blocked(64, causal) | blocked(32, local(1))", 777, 900},
+      {"blocked(128, local(1) | global(0:1))", 3000, 3000},
+      {"sparse_fixed(100, 3)", 3001, 3001},
+      {"block_diag(70) | summary(64)", 1000, 1100},
   };
   return c;
 }
@@ -99,6 +138,136 @@ void expect_same(const spattn::plan::BlockPlan& a, const spattn::plan::BlockPlan
   for (size_t i = 0; i < a.entries.size(); ++i) {
     const auto &x = a.entries[i], &y = b.entries[i];
     ASSERT_TRUE(x.kt == y.kt && x.mask == y.mask && x.lo == y.lo && x.hi == y.hi) << "entry " << i;
+  }
+}
+
+TEST(PlanPaths, AnalysisShortcutsGiveTheSameAnalysis) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    set_general(true);
+    const auto g = spattn::plan::analyze(b);
+    set_general(false);
+    const auto f = spattn::plan::analyze(b);
+    EXPECT_EQ(f.nnz, g.nnz);
+    EXPECT_EQ(f.nnz, b.nnz());
+    EXPECT_EQ(f.empty_rows, g.empty_rows);
+    EXPECT_EQ(f.dense_rows, g.dense_rows);
+    EXPECT_EQ(f.min_row, g.min_row);
+    EXPECT_EQ(f.max_row, g.max_row);
+    for (auto [x, y] : {std::pair{f.band, g.band}, std::pair{f.window, g.window}, std::pair{f.sinks, g.sinks}}) {
+      EXPECT_EQ(x.ok, y.ok);
+      EXPECT_EQ(x.lo, y.lo);
+      EXPECT_EQ(x.hi, y.hi);
+    }
+    EXPECT_EQ(f.prefix, g.prefix);
+    EXPECT_EQ(f.residue, g.residue);
+    if (const auto band = b.band()) {  // the spec's band is the rows'
+      for (int64_t q : {int64_t(0), c.lq / 3, c.lq / 2, c.lq - 1}) {
+        const int64_t s = std::max<int64_t>(0, q + band->first), e = std::min(c.lk - 1, q + band->second);
+        const auto runs = b.row(q);
+        if (s > e) {
+          EXPECT_TRUE(runs.empty()) << "row " << q;
+        } else {
+          ASSERT_EQ(runs.size(), 1u) << "row " << q;
+          EXPECT_EQ(runs[0].start, s) << "row " << q;
+          EXPECT_EQ(runs[0].last(), e) << "row " << q;
+        }
+      }
+    }
+  }
+}
+
+// What the specs say of their bands and prefixes (the closed forms' inputs).
+TEST(PlanPaths, BandSpecs) {
+  auto spec = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).band_spec(); };
+  const auto lf = spec("longformer(256, 32)", 4096);
+  ASSERT_TRUE(lf);
+  EXPECT_EQ(lf->lo, -256);
+  EXPECT_EQ(lf->hi, 256);
+  EXPECT_EQ(lf->key_prefix, 32);
+  EXPECT_EQ(lf->row_prefix, 32);
+  const auto sinks = spec("local(left=100, right=0) | global_cols(0:4)", 4096);
+  ASSERT_TRUE(sinks);
+  EXPECT_EQ(sinks->key_prefix, 4);
+  EXPECT_EQ(sinks->row_prefix, 0);
+  EXPECT_TRUE(spattn::parse("causal").bind(100, 50).band());
+  EXPECT_FALSE(spattn::parse("longformer(256, 32)").bind(4096, 4096).band());
+  EXPECT_FALSE(spec("global_cols(0:4)", 64));
+  EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
+  EXPECT_FALSE(spec("dilated(4, 2)", 64));
+  EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));
+  auto block = [](const char* s) { return spattn::parse(s).bind(1000, 1000).row_block(); };
+  EXPECT_EQ(block("bigbird(64, 1, 2, 3, seed=0)"), 64);
+  EXPECT_EQ(block("blocked(64, causal) | blocked(48, local(1))"), 16);
+  EXPECT_EQ(block("blocked(64, causal) & blocked(32, local(1))"), 32);
+  EXPECT_EQ(block("local(3) | blocked(8, causal)"), 1);
+  EXPECT_EQ(block("random(5)"), 1);
+  EXPECT_EQ(block("sparse_fixed(128)"), 128);  // summary: every row alike
+  EXPECT_EQ(block("summary(8) | global_cols(3)"), 1000);
+  EXPECT_EQ(block("global_rows(3) | dense"), 1);
+}
+
+// Rows of all keys or none by the spec (the split's owned rows): the rows the walk finds.
+TEST(PlanPaths, DenseRowRangesAreTheRows) {
+  for (const Case& c : std::vector<Case>{{"global_rows(0:32)", 4096, 4096}, {"global_rows(5, 10:20, 2990:3001)", 3001, 50},
+                                         {"global_rows(0:4) | global_rows(2:9) | global_rows(9)", 100, 100},
+                                         {"global_rows(4)", 5, 5}}) {
+    SCOPED_TRACE(c.spec);
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    const auto ranges = b.dense_row_ranges();
+    ASSERT_TRUE(ranges);
+    std::vector<char> in(size_t(c.lq), 0);
+    for (auto [f, e] : *ranges)
+      for (int64_t q = f; q < e; ++q) in[size_t(q)] = 1;
+    for (int64_t q = 0; q < c.lq; ++q) EXPECT_EQ(b.row_nnz(q), in[size_t(q)] ? c.lk : 0) << "row " << q;
+  }
+  EXPECT_FALSE(spattn::parse("global(0:4)").bind(64, 64).dense_row_ranges());
+  EXPECT_FALSE(spattn::parse("global_rows(0:4) | local(2)").bind(64, 64).dense_row_ranges());
+  // The split's rows part from them, as from the walk.
+  for (const char* spec : {"longformer(256, 32)", "local(64) | global_rows(100:120)", "causal | global_rows(0:8)"}) {
+    SCOPED_TRACE(spec);
+    const auto b = spattn::parse(spec).bind(4096, 4096);
+    const auto an = spattn::plan::analyze(b);
+    for (int mode : {-1, 1}) {
+      set_general(true);
+      const auto g = spattn::plan::split_pattern(b, an, mode, spattn::plan::SplitTarget{true});
+      set_general(false);
+      const auto f = spattn::plan::split_pattern(b, an, mode, spattn::plan::SplitTarget{true});
+      ASSERT_EQ(f.parts.size(), g.parts.size());
+      for (size_t i = 0; i < f.parts.size(); ++i) {
+        EXPECT_EQ(f.parts[i].kind, g.parts[i].kind);
+        EXPECT_EQ(f.parts[i].row_begin, g.parts[i].row_begin);
+        EXPECT_EQ(f.parts[i].row_end, g.parts[i].row_end);
+        EXPECT_EQ(f.parts[i].nnz, g.parts[i].nnz);
+        EXPECT_EQ(f.parts[i].terms, g.parts[i].terms);
+      }
+    }
+  }
+}
+
+// The compound split's parts (gathered columns less the tiles' keys, with owned rows: rows alike by blocks of the
+// skipped rows' ends): the same analyses and block plans by either path.
+TEST(PlanPaths, PartsGiveTheSamePlans) {
+  for (const Case& c : std::vector<Case>{{"sparse_fixed(128)", 4096, 4096}, {"sparse_fixed(100, 3)", 3001, 3001},
+                                         {"dilated(6, 3) | summary(12, c=2) | global_rows(3:5)", 1000, 1000},
+                                         {"block_diag(64) | summary(64) | global_rows(32:96)", 2000, 2000}}) {
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    for (const auto& part : spattn::plan::split_pattern(b, spattn::plan::analyze(b), 1).parts) {
+      if (part.kind == spattn::plan::PartKind::scattered) continue;
+      SCOPED_TRACE(c.spec + " part " + part.terms);
+      set_general(true);
+      const auto ga = spattn::plan::analyze(part.pattern);
+      const auto g = spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &ga);
+      set_general(false);
+      const auto fa = spattn::plan::analyze(part.pattern);
+      EXPECT_EQ(fa.nnz, ga.nnz);
+      EXPECT_EQ(fa.min_row, ga.min_row);
+      EXPECT_EQ(fa.max_row, ga.max_row);
+      EXPECT_EQ(fa.empty_rows, ga.empty_rows);
+      EXPECT_EQ(fa.dense_rows, ga.dense_rows);
+      expect_same(spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &fa), g);
+    }
   }
 }
 

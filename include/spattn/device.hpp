@@ -1,5 +1,6 @@
 // spattn/device.hpp — which GPUs this build of spattn can see.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,5 +18,14 @@ struct GpuInfo {
 // The GPUs the CUDA runtime reports. When there are none (no CUDA in this build, no driver, no device),
 // returns an empty list and sets *why_none to the reason.
 std::vector<GpuInfo> list_gpus(std::string* why_none = nullptr);
+
+// GPU plans take their device memory (tile lists, bitmasks, workspaces, scratch) from a caching pool, one per
+// device: a destroyed plan's blocks go back to the pool (once the device has finished its work, as cudaFree would
+// wait) and later plans reuse them, so that building a plan calls no cudaMalloc once the pool holds blocks of its
+// sizes. Cached blocks are kept until this call or the end of the process (the driver reclaims them); a cudaMalloc
+// that runs out of memory frees the device's cached blocks and tries again. Frees the cached (unused) blocks of
+// `device` (-1: every device) and returns their bytes; the memory of live plans is untouched. Thread-safe; 0 in
+// a build without CUDA.
+size_t release_cached_device_memory(int device = -1);
 
 }  // namespace spattn

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "spattn/error.hpp"
@@ -106,7 +107,27 @@ class BoundPattern {
   // The keys of row q in increasing order.
   void row_keys(int64_t q, std::vector<int64_t>& out) const;
   int64_t row_nnz(int64_t q) const;
-  // Total number of kept (q, k) pairs (walks every row; a random atom's row count is r, without its keys).
+  // Where the spec makes every row one band (dense, causal, local and their intersections, unions of bands whose
+  // offsets overlap or touch): (lo, hi), lo <= hi, such that row q keeps exactly the keys k with lo <= k - q <= hi
+  // and 0 <= k < k_len (offsets past every row's reach: -q_len, k_len); else none. O(spec), no row walked.
+  std::optional<std::pair<int64_t, int64_t>> band() const;
+  // Where the spec is a union of such bands and prefixes global_cols(0:g), global_rows(0:r), global(0:g) (sliding
+  // windows with attention sinks, longformer): row q keeps the band's keys, the keys [0, key_prefix), and every key
+  // where q < row_prefix (band() where both prefixes are 0). O(spec), no row walked.
+  struct BandSpec {
+    int64_t lo = 0, hi = 0;
+    int64_t key_prefix = 0, row_prefix = 0;
+  };
+  std::optional<BandSpec> band_spec() const;
+  // Where the spec makes every row keep every key or none (global_rows and unions of them): the rows that keep keys,
+  // as sorted disjoint ranges [first, end) of [0, q_len); else none. O(spec), no row walked.
+  std::optional<std::vector<std::pair<int64_t, int64_t>>> dense_row_ranges() const;
+  // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), block_diag(n);
+  // dense, global_cols and summary: q_len; unions and intersections: the gcd of their n); 1 where it promises
+  // nothing. O(spec).
+  int64_t row_block() const;
+  // Total number of kept (q, k) pairs (walks every row, one a block of rows alike (row_block); a random atom's row
+  // count is r, without its keys).
   int64_t nnz() const;
 
   // A pattern given by its kept keys (a mask the caller already holds, e.g. as CSR): row q keeps

@@ -8,6 +8,7 @@ std::vector<GpuInfo> list_gpus(std::string* why_none) {
   if (why_none) *why_none = "this build of spattn has no CUDA support (configured with SPATTN_CUDA=OFF or no nvcc found)";
   return {};
 }
+size_t release_cached_device_memory(int) { return 0; }
 }  // namespace spattn
 #endif
 

@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "common/alloc.hpp"
 #include "cpu/fused_kernel.hpp"
 #include "cpu/fused_plan.hpp"
 #include "plan/tile_map.hpp"
@@ -37,42 +38,9 @@ struct TileInfo {
   double cost;
 };
 
-// A std::allocator that leaves new elements of trivial types uninitialised (resize() writes nothing).
-// Blocks of 2 MiB or more are 2 MiB aligned and advised for transparent huge pages (Linux): a random plan's
-// residue keys are written once, and 4 KiB pages made a page fault per thousand keys.
+// Residue keys: written once, in huge pages (common/alloc.hpp).
 template <class T>
-struct KeyAlloc : std::allocator<T> {
-  static constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(2) << 20;
-  T* allocate(size_t n) {
-    const size_t bytes = n * sizeof(T);
-    if (bytes < kHugeFrom) return std::allocator<T>::allocate(n);
-    void* mem = nullptr;
-    if (posix_memalign(&mem, kHuge, (bytes + kHuge - 1) / kHuge * kHuge) != 0) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    madvise(mem, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
-#endif
-    return static_cast<T*>(mem);
-  }
-  void deallocate(T* p, size_t n) noexcept {
-    if (n * sizeof(T) < kHugeFrom) std::allocator<T>::deallocate(p, n);
-    else std::free(p);
-  }
-  template <class U>
-  struct rebind {
-    using other = KeyAlloc<U>;
-  };
-  KeyAlloc() = default;
-  template <class U>
-  KeyAlloc(const KeyAlloc<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
+using KeyAlloc = common::HugeUninitAllocator<T>;
 
 // The keys of the dense blocks, their row masks and the residue keys of a run of whole work items (the tiles
 // one build task made): each task's stay where it wrote them rather than being copied into one array

@@ -50,6 +50,21 @@ struct BoundNode {
     row(q, scratch);
     return count_keys(scratch);
   }
+  // Band rows (BoundPattern::band): every row q keeps exactly the keys k with lo <= k - q <= hi, 0 <= k < k_len.
+  virtual bool band(int64_t& /*lo*/, int64_t& /*hi*/) const { return false; }
+  // Every row keeps the keys [0, g) (g = 0: none), the rows [0, r) every key (r = 0: none), and nothing else
+  // (global_cols(0:g), global_rows(0:r), global(0:g) with r = g).
+  virtual bool prefixes(int64_t& /*g*/, int64_t& /*r*/) const { return false; }
+  // Band rows with prefixes (BoundPattern::band_spec): a union of bands and prefixes.
+  virtual bool band_prefixes(int64_t& lo, int64_t& hi, int64_t& g, int64_t& r) const {
+    g = r = 0;
+    return band(lo, hi);
+  }
+  // Rows q and q' with q / n == q' / n keep the same keys (BoundPattern::row_block); 1: no such promise; 0: every
+  // row keeps the same keys.
+  virtual int64_t row_block() const { return 1; }
+  // Rows of all keys or none (BoundPattern::dense_row_ranges): the rows keeping keys as sorted disjoint [first, end).
+  virtual bool dense_rows(std::vector<std::pair<int64_t, int64_t>>& /*ranges*/) const { return false; }
 };
 
 std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& node, const std::string& spec,

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -231,6 +232,14 @@ int64_t sat_mul(int64_t a, int64_t b) { return (a != 0 && b > kMax / a) ? kMax :
 using BoundPtr = std::shared_ptr<const BoundNode>;
 
 // ---- composites ----
+// Blocks of rows alike in every kid are alike in a union or intersection of them: the gcd of the kids' blocks (0,
+// every row alike, where every kid's are).
+int64_t kids_row_block(const std::vector<BoundPtr>& kids) {
+  int64_t g = 0;
+  for (auto& c : kids) g = std::gcd(g, c->row_block());
+  return g;
+}
+
 struct UnionB : BoundNode {
   std::vector<BoundPtr> kids;
   bool contains(int64_t q, int64_t k) const override {
@@ -246,6 +255,44 @@ struct UnionB : BoundNode {
       out.insert(out.end(), tmp.begin(), tmp.end());
     }
     normalize(out);
+  }
+  // Bands whose offset ranges overlap or touch (in order of lo) are one band; an empty band (lo > hi) is none.
+  bool band(int64_t& lo, int64_t& hi) const override {
+    int64_t g = 0, r = 0;
+    return band_prefixes(lo, hi, g, r) && g == 0 && r == 0;
+  }
+  // The same with prefixes among the kids: their unions [0, g) of keys and [0, r) of rows beside the bands'.
+  bool band_prefixes(int64_t& lo, int64_t& hi, int64_t& g, int64_t& r) const override {
+    std::vector<std::pair<int64_t, int64_t>> b;
+    g = r = 0;
+    for (auto& c : kids) {
+      int64_t l, h, pg, pr;
+      if (c->prefixes(pg, pr)) {
+        g = std::max(g, pg), r = std::max(r, pr);
+        continue;
+      }
+      if (!c->band_prefixes(l, h, pg, pr)) return false;
+      g = std::max(g, pg), r = std::max(r, pr);
+      if (l <= h) b.push_back({l, h});
+    }
+    if (b.empty()) return false;
+    std::sort(b.begin(), b.end());
+    lo = b[0].first, hi = b[0].second;
+    for (auto& [l, h] : b) {
+      if (l > hi + 1) return false;
+      hi = std::max(hi, h);
+    }
+    return true;
+  }
+  int64_t row_block() const override { return kids_row_block(kids); }
+  bool dense_rows(IndexSet& ranges) const override {
+    IndexSet all, one;
+    for (auto& c : kids) {
+      if (!c->dense_rows(one)) return false;
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    ranges = std::move(all);  // sorted and merged by BoundPattern::dense_row_ranges
+    return true;
   }
 };
 
@@ -284,11 +331,26 @@ struct InterB : BoundNode {
       }
     }
   }
+  int64_t row_block() const override { return kids_row_block(kids); }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = k_len;
+    for (auto& c : kids) {
+      int64_t l, h;
+      if (!c->band(l, h)) return false;
+      lo = std::max(lo, l), hi = std::min(hi, h);
+    }
+    return true;
+  }
 };
 
 // ---- atoms ----
 struct DenseB : BoundNode {
   bool contains(int64_t, int64_t) const override { return true; }
+  int64_t row_block() const override { return 0; }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = k_len;  // offsets past every row's reach
+    return true;
+  }
   void row(int64_t, RowRuns& out) const override {
     out.clear();
     if (k_len > 0) out.push_back({0, 1, k_len});
@@ -297,6 +359,10 @@ struct DenseB : BoundNode {
 
 struct CausalB : BoundNode {
   bool contains(int64_t q, int64_t k) const override { return k <= q; }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -q_len, hi = 0;
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t n = std::min(q + 1, k_len);
@@ -307,6 +373,10 @@ struct CausalB : BoundNode {
 struct LocalB : BoundNode {
   int64_t left = 0, right = 0;
   bool contains(int64_t q, int64_t k) const override { return k >= q - left && k <= sat_add(q, right); }
+  bool band(int64_t& lo, int64_t& hi) const override {
+    lo = -std::min(left, q_len), hi = std::min(right, k_len);
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t lo = q - std::min(left, q);
@@ -344,6 +414,7 @@ struct StrideB : BoundNode {
 struct BlockDiagB : BoundNode {
   int64_t s = 1;
   bool contains(int64_t q, int64_t k) const override { return q / s == k / s; }
+  int64_t row_block() const override { return s; }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     const int64_t lo = (q / s) * s;
@@ -355,6 +426,7 @@ struct BlockDiagB : BoundNode {
 struct SummaryB : BoundNode {
   int64_t s = 1, c = 1;
   bool contains(int64_t, int64_t k) const override { return k % s >= s - c; }
+  int64_t row_block() const override { return 0; }
   void row(int64_t, RowRuns& out) const override {
     out.clear();
     if (c <= 0 || k_len <= 0) return;
@@ -387,6 +459,20 @@ struct GlobalB : BoundNode {
   IndexSet set;
   bool rows = true, cols = true;
   bool contains(int64_t q, int64_t k) const override { return (rows && in_set(set, q)) || (cols && in_set(set, k)); }
+  int64_t row_block() const override { return rows ? 1 : 0; }
+  bool prefixes(int64_t& g, int64_t& r) const override {  // global_cols(0:g), global_rows(0:r), global(0:g)
+    if (set.size() != 1 || set[0].first != 0) return false;
+    g = cols ? std::min(set[0].second, k_len) : 0;
+    r = rows && k_len > 0 ? std::min(set[0].second, q_len) : 0;
+    return true;
+  }
+  bool dense_rows(IndexSet& ranges) const override {  // global_rows: the set's rows (none where Lk = 0)
+    if (cols) return false;
+    ranges.clear();
+    for (auto& r : set)
+      if (r.first < q_len && k_len > 0) ranges.push_back({r.first, std::min(r.second, q_len)});
+    return true;
+  }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();
     if (rows && in_set(set, q)) {
@@ -522,6 +608,7 @@ struct BlockedB : BoundNode {
   BoundPtr inner;
   uint64_t id = 0;  // identifies this bound node in the per-thread row cache
   bool contains(int64_t q, int64_t k) const override { return inner->contains(q / b, k / b); }
+  int64_t row_block() const override { return b; }
   void row(int64_t q, RowRuns& out) const override {
     // The b rows of a block row share their keys: the last block row's per thread (rows are walked in order:
     // bigbird(64, ...) drew and normalised each block row 64 times).
@@ -609,7 +696,8 @@ struct NeighborhoodB : BoundNode {
     const Run w0 = window(0, c[0]);
     const Run w1 = naxes > 1 ? window(1, c[1]) : Run{0, 1, 1};
     const Run w2 = naxes > 2 ? window(2, c[2]) : Run{0, 1, 1};
-    const Run inner = naxes == 1 ? w0 : naxes == 2 ? w1 : w2;  // the fastest-varying axis
+    Run inner = naxes == 1 ? w0 : naxes == 2 ? w1 : w2;  // the fastest-varying axis
+    if (inner.count == 1) inner.stride = 1;            // (normalised)
     const int64_t n1 = naxes > 1 ? n[1] : 1, n2 = naxes > 2 ? n[2] : 1;
     if (naxes == 1) {
       out.push_back(inner);
@@ -622,7 +710,9 @@ struct NeighborhoodB : BoundNode {
           out.push_back({((w0.start + a * w0.stride) * n1 + (w1.start + b2 * w1.stride)) * n2 + inner.start, inner.stride,
                          inner.count});
     }
-    normalize(out);
+    // One run a line of the last axis, in increasing order: normalised already unless a run spans its whole line
+    // (then consecutive lines' runs may touch and merge).
+    if (inner.count >= n[size_t(naxes - 1)]) normalize(out);
   }
 };
 
@@ -794,10 +884,36 @@ int64_t BoundPattern::row_nnz(int64_t q) const {
   RowRuns r;
   return root_->row_nnz(q, r);
 }
+std::optional<std::vector<std::pair<int64_t, int64_t>>> BoundPattern::dense_row_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> ranges, merged;
+  if (!root_ || !root_->dense_rows(ranges)) return std::nullopt;
+  std::sort(ranges.begin(), ranges.end());
+  for (auto& r : ranges) {
+    if (r.first >= r.second) continue;
+    if (!merged.empty() && r.first <= merged.back().second) merged.back().second = std::max(merged.back().second, r.second);
+    else merged.push_back(r);
+  }
+  return merged;
+}
+int64_t BoundPattern::row_block() const {
+  const int64_t b = root_ ? root_->row_block() : 1;
+  return b == 0 ? std::max<int64_t>(q_len_, 1) : std::max<int64_t>(b, 1);
+}
+std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
+  BandSpec b;
+  if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;
+  return b;
+}
+std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {
+  int64_t lo = 0, hi = 0;
+  if (!root_ || !root_->band(lo, hi) || lo > hi) return std::nullopt;
+  return std::pair{lo, hi};
+}
 int64_t BoundPattern::nnz() const {
   int64_t n = 0;
   RowRuns r;
-  for (int64_t q = 0; q < q_len_; ++q) n += root_->row_nnz(q, r);
+  const int64_t b = row_block();  // rows alike: one a block
+  for (int64_t q = 0; q < q_len_; q += b) n += root_->row_nnz(q, r) * std::min(b, q_len_ - q);
   return n;
 }
 

@@ -1,6 +1,7 @@
 // pattern/explicit.cpp — patterns given otherwise than by a spec: BoundPattern::from_rows (by their kept keys),
 // BoundPattern::gathered (columns less another pattern's keys) and BoundPattern::less (a pattern less others).
 #include <algorithm>
+#include <numeric>
 #include <atomic>
 #include <string>
 
@@ -37,6 +38,12 @@ struct GatheredNode final : detail::BoundNode {
   bool skipped(int64_t q) const { return q >= skip_begin && q < skip_end; }
   bool contains(int64_t q, int64_t j) const override {
     return q >= 0 && q < q_len && j >= 0 && j < k_len && !skipped(q) && !(minus && minus->contains(q, keys[size_t(j)]));
+  }
+  // Rows alike in `minus` and on one side of the skipped rows' ends are alike here.
+  int64_t row_block() const override {
+    int64_t b = minus ? minus->row_block() : 0;
+    if (skip_begin < skip_end) b = std::gcd(std::gcd(b, skip_begin), skip_end);
+    return b;
   }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();

@@ -102,6 +102,11 @@ bool may_share(const Run& a, const Run& b) {
 }  // namespace
 
 void normalize(RowRuns& runs) {
+  if (runs.size() <= 1) {  // one run is normalised as it is (a single key as an interval); no scratch
+    if (!runs.empty() && runs[0].count <= 0) runs.clear();
+    else if (!runs.empty() && runs[0].count == 1) runs[0].stride = 1;
+    return;
+  }
   std::vector<Interval> iv;
   std::vector<Run> strided;
   for (const Run& r : runs) {

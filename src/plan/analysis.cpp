@@ -61,6 +61,69 @@ struct Part {
   int64_t g = -1, slo = INT64_MAX;
 };
 
+// The row walk's counts for rows whose key count is piecewise linear in q, linear between consecutive `cuts` (which
+// include 0 and lq): nnz, empty, dense, least and most keys a row, from the ends of the pieces.
+template <class Keys>
+void count_rows_in_pieces(Analysis& a, std::vector<int64_t> cuts, Keys&& keys) {
+  const int64_t lq = a.q_len, lk = a.k_len;
+  for (int64_t& c : cuts) c = std::clamp<int64_t>(c, 0, lq);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  a.min_row = INT64_MAX;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const int64_t q0 = cuts[i], q1 = cuts[i + 1] - 1;
+    const int64_t k0 = keys(q0), k1 = keys(q1);
+    a.nnz += (k0 + k1) * (q1 - q0 + 1) / 2;
+    a.min_row = std::min({a.min_row, k0, k1});
+    a.max_row = std::max({a.max_row, k0, k1});
+    // Rows of count c in the piece: all where it is constant, else the one q (if whole) where the line meets c.
+    auto rows_of = [&](int64_t c) -> int64_t {
+      if (k0 == k1) return k0 == c ? q1 - q0 + 1 : 0;
+      const int64_t num = (c - k0) * (q1 - q0), den = k1 - k0;
+      return num % den == 0 && num / den >= 0 && num / den <= q1 - q0 ? 1 : 0;
+    };
+    a.empty_rows += rows_of(0);
+    a.dense_rows += rows_of(lk);
+  }
+}
+
+// The row walk's results for band rows (BoundPattern::band: offsets lo <= 0 <= hi, as every band of the spec has),
+// in closed form. Row q keeps [max(0, q + lo), min(lk - 1, q + hi)]: rows 0 .. n - 1 keep keys, n = min(lq, lk - lo);
+// cut where either end stops being clamped, a row's count is linear in q.
+void band_in_closed_form(Analysis& a, int64_t lo, int64_t hi) {
+  const int64_t lq = a.q_len, lk = a.k_len;
+  const int64_t n = std::clamp<int64_t>(lk - lo, 0, lq);  // rows keeping keys (q + lo <= lk - 1)
+  count_rows_in_pieces(a, {0, n, lq, -lo, lk - 1 - hi}, [&](int64_t q) {
+    return q >= n ? 0 : std::min(lk - 1, q + hi) - std::max<int64_t>(0, q + lo) + 1;
+  });
+  // The offsets the rows show: the least first key - q at the last row keeping keys, the most last key - q at row 0.
+  const int64_t shown_lo = std::max(-(n - 1), lo), shown_hi = std::min(lk - 1, hi);
+  a.band = {true, int32_t(std::max(shown_lo, -lq)), int32_t(std::min(shown_hi, lk))};
+}
+
+// The same for band rows with a key prefix [0, g) and dense rows [0, r) (BoundPattern::band_spec: sliding windows
+// with sinks, longformer) where some row past r keeps the two apart (q + lo > g for a row whose band keeps keys):
+// what the walk's sinks check finds. Such a row keeps g keys plus its band's past the prefix; without dense rows the
+// band's lo shows in those rows, its hi at the first row whose band reaches key g; with them the check fails at row
+// r, whose band ends before the last key (required here). False (the walk decides) where these do not hold.
+bool sinks_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t g, int64_t r) {
+  const int64_t lq = a.q_len, lk = a.k_len;
+  const int64_t n = std::clamp<int64_t>(lk - lo, 0, lq);  // rows whose band keeps keys
+  if (g < 1 || g >= lk || std::max<int64_t>(r, g - lo + 1) > n - 1 || (r > 0 && r + hi >= lk - 1)) return false;
+  count_rows_in_pieces(a, {0, r, n, lq, -lo, lk - 1 - hi, g - lo, g - lo + 1, g - 1 - hi, g - hi}, [&](int64_t q) {
+    if (q < r) return lk;
+    if (q >= n) return g;
+    const int64_t s = std::max<int64_t>(0, q + lo), e = std::min(lk - 1, q + hi);
+    return g + (e - s + 1) - std::max<int64_t>(0, std::min(g - 1, e) - s + 1);
+  });
+  if (r == 0) {
+    const int64_t q_min = std::max<int64_t>(0, g - hi);  // the first row whose band reaches key g
+    a.sinks = {true, int32_t(lo), int32_t(std::min({lk - 1 - q_min, hi, lk}))};
+    a.prefix = int32_t(g);
+  }
+  return true;
+}
+
 }  // namespace
 
 Analysis analyze(const BoundPattern& pat) {
@@ -73,6 +136,17 @@ Analysis analyze(const BoundPattern& pat) {
     a.residue = residue_stride(pat);
     a.grid = pat.neighborhood_grid();
   }
+  // Band rows by the spec (local, causal, dense, ...), with or without a key prefix: no row walked.
+  if (lq > 0 && lk > 0 && !general_paths_only()) {
+    const auto b = pat.band_spec();
+    const bool plain = b && b->key_prefix == 0 && b->row_prefix == 0;
+    if (b && b->lo <= 0 && b->hi >= 0 && b->key_prefix < (int64_t(1) << 30) &&
+        (plain ? (band_in_closed_form(a, b->lo, b->hi), true)
+               : sinks_in_closed_form(a, b->lo, b->hi, b->key_prefix, b->row_prefix))) {
+      a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return a;
+    }
+  }
   // Rows' first and last keys where every row is one interval (band check, second pass); rows of two intervals
   // (sinks check): the second interval's, with the first's length in prefix.
   std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
@@ -80,17 +154,21 @@ Analysis analyze(const BoundPattern& pat) {
   const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
   const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
   std::vector<Part> parts(size_t(std::max<int64_t>(nchunks, 1)));
+  const int64_t block = general_paths_only() ? 1 : pat.row_block();  // rows alike by the spec
   common::parallel_for(nchunks, threads, [&](int64_t c, int) {
     Part& p = parts[size_t(c)];
     RowRuns runs;
-    for (int64_t q = c * lq / nchunks, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
+    int64_t n = 0;
+    for (int64_t q = c * lq / nchunks, q0 = q, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
       // While the rows can still be band rows, their runs; after the first row that is not one interval, only
-      // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw).
-      int64_t n = 0;
-      if (p.single || p.sinks) {
+      // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw). A row alike the
+      // one before (blocked(b, ...)) keeps its runs and count.
+      const bool alike = block > 1 && q > q0 && q / block == (q - 1) / block;
+      if (!alike && (p.single || p.sinks)) {
         pat.row(q, runs);
+        n = 0;
         for (const Run& r : runs) n += r.count;
-      } else {
+      } else if (!alike) {
         n = pat.row_nnz(q);
       }
       p.nnz += n;

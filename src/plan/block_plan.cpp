@@ -110,18 +110,25 @@ struct Space {
   }
   // Mapped: a run along the key grid's last axis at its dilation (a neighborhood row's runs) steps one offset a
   // key inside a box, so it maps to one plan interval per box it crosses; other runs map key by key.
+  // (The last-axis coordinate is carried from piece to piece, and without dilation the offset in a box of a power-of-
+  // two side is a mask: no division a piece, which were most of a neighborhood plan's row mapping.)
   void map_run_mapped(const Run& r, std::vector<Run>& out) const {
-    const bool along = r.stride == m->d2;
+    const bool along = r.stride == m->d2, plain = m->d2 == 1 && (m->s2 & (m->s2 - 1)) == 0;
+    int64_t c = along ? r.start % m->n2 : 0;  // last-axis coordinate of t
     for (int64_t t = r.start, left = r.count; left > 0;) {
       int64_t len = 1;
       if (along && left > 1) {
-        const int64_t c = t % m->n2;                 // last-axis coordinate
-        const int64_t o = (c / m->d2) % m->s2;       // offset in the box
-        len = std::min({left, m->s2 - o, (m->n2 - 1 - c) / m->d2 + 1});
+        if (plain) {
+          len = std::min({left, m->s2 - (c & (m->s2 - 1)), m->n2 - c});
+        } else {
+          const int64_t o = (c / m->d2) % m->s2;  // offset in the box
+          len = std::min({left, m->s2 - o, (m->n2 - 1 - c) / m->d2 + 1});
+        }
       }
       out.push_back({m->kpos[size_t(t)], 1, len});
       t += len * r.stride;
       left -= len;
+      if (along && (c += len * m->d2) >= m->n2) c = t % m->n2;
     }
   }
 };
@@ -181,12 +188,13 @@ struct TileScratch {
   }
   // Runs within one key tile (a scattered row's, most of a band's) take no branch on whether the tile is new
   // (random rows' ~800 runs made it a coin toss).
-  void add_run(const Run& r, int sh, int64_t bn) {
+  // mult: the run stands for that many rows' (rows alike, BoundPattern::row_block).
+  void add_run(const Run& r, int sh, int64_t bn, int64_t mult = 1) {
     int64_t* cnt = count.data();
     int64_t* t = tbuf.data();
     if ((r.stride == 1 || r.count == 1) && r.count > 0 && r.start >> sh == (r.start + r.count - 1) >> sh) {
       const int64_t kt = r.start >> sh, old = cnt[kt];
-      cnt[kt] = old + r.count;
+      cnt[kt] = old + r.count * mult;
       t[nt] = kt;
       nt += old == 0;
     } else if (shortcuts && r.stride > 1 && r.stride < bn && r.count > 1) {
@@ -198,37 +206,42 @@ struct TileScratch {
         const int64_t i1 = (std::min(last, k0 + bn - 1) - r.start) / r.stride;
         if (i1 < i0) continue;
         if (cnt[kt] == 0) t[nt++] = kt;
-        cnt[kt] += i1 - i0 + 1;
+        cnt[kt] += (i1 - i0 + 1) * mult;
       }
     } else {
       for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
         if (cnt[kt] == 0) t[nt++] = kt;
-        cnt[kt] += b - a;
+        cnt[kt] += (b - a) * mult;
       });
     }
   }
   // count_runs for the builder, which sorts the touched tiles after: an interval over three key tiles or more
   // counts its two end tiles and adds bn to the ones between through a difference array, swept once per query
-  // tile (a causal row spans up to Lk / bn tiles: rows x tiles steps before).
-  void count_runs_unordered(const std::vector<RowRuns>& rows, int64_t bn) {
+  // tile (a causal row spans up to Lk / bn tiles: rows x tiles steps before). same[r]: row r is row r - 1 again
+  // (tile_rows), counted with it.
+  void count_runs_unordered(const std::vector<RowRuns>& rows, int64_t bn, const std::vector<char>& same) {
     if (!shortcuts) return count_runs(rows, bn);
     nt = 0;
     if (diff.empty()) diff.assign(count.size() + 1, 0);
     const int sh = bn == 64 ? 6 : 7;
     int64_t lo = INT64_MAX, hi = -1;  // the tiles between some interval's ends
-    for (const RowRuns& runs : rows)
-      for (const Run& r : runs) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (same[i]) continue;
+      int64_t mult = 1;
+      while (i + size_t(mult) < rows.size() && same[i + size_t(mult)]) ++mult;
+      for (const Run& r : rows[i]) {
         const int64_t a = r.start >> sh, b = (r.start + r.count - 1) >> sh;
         if (r.stride != 1 || b - a < 2) {
-          add_run(r, sh, bn);
+          add_run(r, sh, bn, mult);
           continue;
         }
-        add_run({r.start, 1, ((a + 1) << sh) - r.start}, sh, bn);
-        add_run({b << sh, 1, r.start + r.count - (b << sh)}, sh, bn);
-        diff[size_t(a + 1)] += bn;
-        diff[size_t(b)] -= bn;
+        add_run({r.start, 1, ((a + 1) << sh) - r.start}, sh, bn, mult);
+        add_run({b << sh, 1, r.start + r.count - (b << sh)}, sh, bn, mult);
+        diff[size_t(a + 1)] += bn * mult;
+        diff[size_t(b)] -= bn * mult;
         lo = std::min(lo, a + 1), hi = std::max(hi, b - 1);
       }
+    }
     for (int64_t kt = lo, run = 0; kt <= hi + 1; ++kt) {
       run += diff[size_t(kt)];
       diff[size_t(kt)] = 0;
@@ -251,12 +264,15 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
 }
 
 // Collects the plan-space runs of every row of query tile qt into rows[0, bm) (rows past the end: none);
-// returns the number of valid rows. nruns: the runs of them all.
+// returns the number of valid rows. nruns: the runs of them all. same (where given, unpermuted and unmapped): rows
+// alike by the spec (BoundPattern::row_block) copy the row before, marked 1, not drawn and counted again.
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns& tmp, std::vector<RowRuns>& rows,
-                  int64_t& nruns, int64_t& nnz) {
+                  int64_t& nruns, int64_t& nnz, std::vector<char>* same = nullptr) {
   rows.resize(size_t(sp.bm));
   nruns = 0;
-  int64_t valid = 0;
+  int64_t valid = 0, row_nnz = 0;
+  const int64_t block = same && sp.d == 1 && !sp.m && !general_paths_only() ? pat.row_block() : 1;
+  if (same) same->assign(size_t(sp.bm), 0);
   for (int r = 0; r < sp.bm; ++r) {
     RowRuns& out = rows[size_t(r)];
     const int64_t q = sp.q_token(qt * sp.bm + r);
@@ -265,9 +281,13 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
       continue;
     }
     ++valid;
-    if (sp.d == 1 && !sp.m) {
+    if (block > 1 && r > 0 && q / block == (q - 1) / block) {
+      out = rows[size_t(r) - 1];
+      nnz += row_nnz;
+      (*same)[size_t(r)] = 1;
+    } else if (sp.d == 1 && !sp.m) {
       pat.row(q, out);
-      nnz += count_keys(out);
+      nnz += row_nnz = count_keys(out);
     } else {
       pat.row(q, tmp);
       nnz += count_keys(tmp);
@@ -365,6 +385,110 @@ std::string BlockPlan::describe() const {
 }
 
 namespace {
+// The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
+// form, O(entries + bits of the few bitmask tiles): what the row walk and detect_band give them. A query tile's rows
+// keep one interval of key tiles together (each row's interval overlaps the next row's); a key tile is full where
+// the last row starts at or before it and the first row ends at or past it (both ends grow with the row); else a
+// band entry, whose lo (hi) binds, as detect_band finds it, where some row keeping keys in the tile starts (ends)
+// inside it, or a bitmask where detect_band's band does not hold (below).
+//
+// With a key prefix (Analysis::sinks: every row also keeps [0, prefix)), the key tiles below the prefix's end are
+// built from their rows' bits (O(rows) each: a few a query tile) and priced as the walk prices them (full, else
+// detect_band, else a bitmask); the tiles past it hold band keys only.
+void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix) {
+  const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
+  std::vector<uint64_t> pmask(static_cast<size_t>(words));
+  std::vector<int64_t> band_scratch;
+  const int64_t prefix_tiles = (std::min(prefix, lk) + bn - 1) / bn;
+  // Query tiles whose bands all miss a prefix tile have the same rows there (the prefix's keys): the first one's
+  // full or bitmask outcome (which, unlike a band entry's bounds, does not depend on the rows' positions) is reused
+  // for the others of as many valid rows.
+  struct Reuse {
+    int64_t rows = -1;  // valid rows of the tile it was made for (-1: none)
+    bool full = false;
+    std::vector<uint64_t> mask;
+  };
+  std::vector<Reuse> reuse(static_cast<size_t>(prefix_tiles));
+  for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
+    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+    const int64_t q0 = qt * bm, q1 = std::min(lq, q0 + bm) - 1;  // the tile's rows
+    for (int64_t kt = 0; kt < prefix_tiles; ++kt) {  // the prefix's tiles, from their rows' bits
+      const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
+      const bool prefix_only = q0 + lo > k0 + kvalid - 1 || q1 + hi < k0;  // no row's band keys in this tile
+      Reuse& ru = reuse[size_t(kt)];
+      if (prefix_only && ru.rows == q1 - q0 + 1) {
+        TileEntry e{int32_t(kt), kFull, 0, 0};
+        if (ru.full) {
+          ++plan.n_full;
+        } else {
+          e.mask = int32_t(plan.masks.size() / size_t(words));
+          plan.masks.insert(plan.masks.end(), ru.mask.begin(), ru.mask.end());
+          ++plan.n_bitmask;
+        }
+        plan.entries.push_back(e);
+        continue;
+      }
+      std::fill(pmask.begin(), pmask.end(), 0);
+      int64_t count = 0;
+      for (int64_t p = q0; p <= q1; ++p) {
+        uint64_t* m = pmask.data() + (p - q0) * (bn / 64);
+        const int64_t a = std::max<int64_t>(0, p + lo - k0), b = std::min(kvalid - 1, p + hi - k0);  // band keys here
+        const int64_t pe = std::min(prefix - k0, kvalid);  // prefix keys here: [0, pe)
+        set_bits(m, 0, pe);
+        if (a <= b && p + lo <= lk - 1 && p + hi >= 0) set_bits(m, a, b + 1);
+        for (int64_t w = 0; w < bn / 64; ++w) count += __builtin_popcountll(m[w]);
+      }
+      TileEntry e{int32_t(kt), kFull, 0, 0};
+      int64_t blo, bhi;
+      if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
+        ++plan.n_full;
+        if (prefix_only) ru = {q1 - q0 + 1, true, {}};
+      } else if (detect_band(pmask.data(), sp, qt, kt, kvalid, blo, bhi, band_scratch)) {
+        e = {int32_t(kt), kBand, int32_t(blo), int32_t(bhi)};
+        ++plan.n_band;
+      } else {
+        e.mask = int32_t(plan.masks.size() / size_t(words));
+        plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
+        ++plan.n_bitmask;
+        if (prefix_only) ru = {q1 - q0 + 1, false, pmask};
+      }
+      plan.entries.push_back(e);
+    }
+    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // rows keeping band keys
+    if (pa > pb) continue;
+    const int64_t first = std::max<int64_t>(0, pa + lo), last = std::min(lk - 1, pb + hi);
+    for (int64_t kt = std::max(first / bn, prefix_tiles); kt <= last / bn; ++kt) {
+      const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
+      TileEntry e{int32_t(kt), kFull, 0, 0};
+      if (kvalid == bn && std::max<int64_t>(0, q1 + lo) <= k0 && std::min(lk - 1, q0 + hi) >= k0 + bn - 1) {
+        ++plan.n_full;
+      } else {
+        const int64_t ta = std::max(q0, k0 - hi), tb = std::min(q1, k0 + kvalid - 1 - lo);  // rows keeping keys here
+        const bool has_lo = tb > k0 - lo, has_hi = ta < k0 + kvalid - 1 - hi;
+        // detect_band's band predicts every row of the tile; an unbound side (no row keeping keys here starts or
+        // ends inside it) mispredicts the rows that end before the tile (starting after it): a bitmask then.
+        if ((q0 < k0 - hi && !has_hi) || (q1 > k0 + kvalid - 1 - lo && !has_lo)) {
+          e.mask = int32_t(plan.masks.size() / size_t(words));
+          plan.masks.resize(plan.masks.size() + size_t(words), 0);
+          uint64_t* m = plan.masks.data() + plan.masks.size() - size_t(words);
+          for (int64_t p = ta; p <= tb; ++p)
+            set_bits(m + (p - q0) * (bn / 64), std::max<int64_t>(0, p + lo - k0), std::min(kvalid - 1, p + hi - k0) + 1);
+          ++plan.n_bitmask;
+        } else {
+          e.mask = kBand;
+          e.lo = int32_t(has_lo ? lo : kNegInf);
+          e.hi = int32_t(has_hi ? hi : kPosInf);
+          ++plan.n_band;
+        }
+      }
+      plan.entries.push_back(e);
+    }
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+}
+
+void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp);
+
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
 // maps: a mapped plan space (then d is 1 and bm, bn the boxes' volumes).
 BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr) {
@@ -399,6 +523,36 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return plan;
   }
+  Analysis own;
+  if (d == 1 && !maps && !analysis) own = analyze(pat), analysis = &own;
+  if (d == 1 && !maps && (analysis->band.ok || analysis->sinks.ok) && !general_paths_only()) {
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->sinks;
+    build_band_entries(plan, sp, br.lo, br.hi, analysis->band.ok ? 0 : analysis->prefix);
+    plan.nnz = analysis->nnz;
+  } else {
+    build_walked(plan, pat, sp);
+  }
+  plan.order.resize(size_t(sp.q_tiles));
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
+    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
+           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
+  });
+  if (d == 1 && !maps) {
+    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
+    plan.band = br.ok;
+    plan.band_shifted = !analysis->band.ok && analysis->window.ok;
+    plan.band_lo = br.lo;
+    plan.band_hi = br.hi;
+    plan.band_prefix = !analysis->band.ok && !analysis->window.ok && br.ok ? analysis->prefix : 0;
+  }
+  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
+// The entries and bitmasks of any pattern from its rows (BoundPattern::row), query tiles on worker threads.
+void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
+  const int bm = sp.bm, bn = sp.bn;
 
   const int words = bm * bn / 64, row_words = bn / 64;
   // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
@@ -410,8 +564,8 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     std::vector<uint64_t> masks;
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
   };
-  // out: the part; room: query tiles whose bitmasks `out` will hold (part 0 is the merged plan's start, so it
-  // makes room for all of them; see the merge below).
+  // out: the part; room: query tiles whose bitmasks `out` will hold (its own: reserved at the rate of its first
+  // tiles).
   //
   // Bits are set in scratch masks that lie `stride` words apart: at their own size (1 KiB for 64x128) a row's
   // bits, one per partial key tile, fell into a few cache sets (most of a random plan's mask time was L1
@@ -420,6 +574,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     TileScratch scr(sp.k_tiles);
     RowRuns tmp;
     std::vector<RowRuns> rows;
+    std::vector<char> same;  // tile_rows': rows alike
     std::vector<int64_t> band_scratch;
     std::vector<int64_t> partial_kts;  // the query tile's partial key tiles, ascending (their slots' order)
     const int64_t stride = words + 8;
@@ -436,7 +591,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
       out.offsets.push_back(int64_t(out.entries.size()));
       const int64_t nnz0 = out.nnz;
       int64_t nruns = 0;
-      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz);
+      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
       // Many short runs (a random tile: ~800 a row, a run every few keys) are set as bits of one row at a time
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
@@ -497,7 +652,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
           if (!scr.full(kt, valid_rows, sp)) scr.slot[size_t(kt)] = int32_t(npartial++);
         }
       } else {
-        scr.count_runs_unordered(rows, bn);
+        scr.count_runs_unordered(rows, bn, same);
         std::sort(scr.touched().begin(), scr.touched().end());
         partial_kts.clear();
         for (int64_t kt : scr.touched())
@@ -562,52 +717,37 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   std::vector<Part> parts(static_cast<size_t>(nthreads));
   common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
     const int64_t qt0 = sp.q_tiles * t / nthreads, qt1 = sp.q_tiles * (t + 1) / nthreads;
-    build_range(qt0, qt1, t == 0 ? sp.q_tiles : qt1 - qt0, parts[size_t(t)]);
+    build_range(qt0, qt1, qt1 - qt0, parts[size_t(t)]);
   });
-  // Part 0's bitmasks (reserved for the whole plan at its rate) become the plan's; the others' are appended.
-  size_t nmasks = 0;
-  for (const Part& part : parts) nmasks += part.masks.size();
-  plan.masks = std::move(parts[0].masks);
-  plan.masks.reserve(nmasks);
-  int64_t qt = 0;
+  // The parts concatenated in order, each copied by its own thread into arrays sized once (a random plan's bitmasks
+  // are tens of MB: appended part after part, their copy and first touch of the pages ran on one thread).
+  std::vector<int64_t> entry_base(parts.size() + 1, 0), mask_base(parts.size() + 1, 0);
   for (size_t pi = 0; pi < parts.size(); ++pi) {
-    Part& part = parts[pi];
-    const int64_t base = int64_t(plan.entries.size());
-    const int64_t mask_base = pi == 0 ? 0 : int64_t(plan.masks.size()) / words;
-    for (int64_t off : part.offsets) plan.row_offsets[size_t(qt++)] = base + off;
-    for (TileEntry& e : part.entries)
-      if (e.mask >= 0) {
-        if (mask_base + e.mask >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
-        e.mask = int32_t(mask_base + e.mask);
-      }
-    plan.entries.insert(plan.entries.end(), part.entries.begin(), part.entries.end());
-    if (pi > 0) plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
+    const Part& part = parts[pi];
+    entry_base[pi + 1] = entry_base[pi] + int64_t(part.entries.size());
+    mask_base[pi + 1] = mask_base[pi] + int64_t(part.masks.size());
     plan.nnz += part.nnz;
     plan.n_full += part.n_full;
     plan.n_band += part.n_band;
     plan.n_bitmask += part.n_bitmask;
+  }
+  if (mask_base.back() / words >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+  plan.entries.resize(size_t(entry_base.back()));
+  plan.masks.resize(size_t(mask_base.back()));  // not zeroed (MaskWords): every word is copied below
+  common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
+    Part& part = parts[size_t(t)];
+    const int64_t qt0 = sp.q_tiles * t / nthreads;
+    for (size_t i = 0; i < part.offsets.size(); ++i) plan.row_offsets[size_t(qt0) + i] = entry_base[size_t(t)] + part.offsets[i];
+    TileEntry* e = plan.entries.data() + entry_base[size_t(t)];
+    const int32_t mb = int32_t(mask_base[size_t(t)] / words);
+    for (TileEntry x : part.entries) {
+      if (x.mask >= 0) x.mask += mb;
+      *e++ = x;
+    }
+    std::copy(part.masks.begin(), part.masks.end(), plan.masks.begin() + mask_base[size_t(t)]);
     part = Part{};
-  }
-  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
-
-  plan.order.resize(size_t(sp.q_tiles));
-  std::iota(plan.order.begin(), plan.order.end(), 0);
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
-    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
-           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
   });
-  if (d == 1 && !maps) {
-    Analysis own;
-    if (!analysis) own = analyze(pat), analysis = &own;
-    const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
-    plan.band = br.ok;
-    plan.band_shifted = !analysis->band.ok && analysis->window.ok;
-    plan.band_lo = br.lo;
-    plan.band_hi = br.hi;
-    plan.band_prefix = !analysis->band.ok && !analysis->window.ok && br.ok ? analysis->prefix : 0;
-  }
-  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return plan;
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }
 }  // namespace
 
@@ -765,23 +905,44 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     reach = std::max(reach, tiles[j].end);
   }
   seg_begin.push_back(tiles.size());
+  // A row of many runs has its keys counted once per 64-key tile (row64), then added into each candidate tile that
+  // holds the row (a 128-key tile: two 64-key ones): random rows' ~800 runs were counted once per candidate.
   std::vector<std::vector<TileScratch>> scratch(static_cast<size_t>(threads));
+  std::vector<std::unique_ptr<TileScratch>> row64s(static_cast<size_t>(threads));
+  const int64_t block = pat.row_block();
   common::parallel_for(int64_t(seg_begin.size()) - 1, threads, [&](int64_t sg, int t) {
     std::vector<TileScratch>& scr = scratch[size_t(t)];
     if (scr.empty())
       for (const Space& sp : spaces) scr.emplace_back(sp.k_tiles);
+    if (!row64s[size_t(t)]) row64s[size_t(t)] = std::make_unique<TileScratch>(ceil_div(pat.k_len(), 64));
+    TileScratch& row64 = *row64s[size_t(t)];
     const size_t j0 = seg_begin[size_t(sg)], j1 = seg_begin[size_t(sg) + 1];
     int64_t end = 0;
     for (size_t j = j0; j < j1; ++j) end = std::max(end, tiles[j].end);
     RowRuns runs;
+    int64_t row_nnz = 0;
+    bool many = false;
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
-      pat.row(q, runs);
-      const int64_t row_nnz = count_keys(runs);
+      // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
+      if (q == tiles[j0].begin || q / block != (q - 1) / block) {
+        for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
+        pat.row(q, runs);
+        row_nnz = count_keys(runs);
+        many = runs.size() > 64;  // (a few runs are counted per candidate at once)
+        row64.nt = 0;
+        if (many) row64.add_runs(runs, 64);
+      }
       for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
         const Sample& tile = tiles[j];
         if (q >= tile.end) continue;
         TileScratch& ts = scr[tile.cand];
-        ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
+        if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        for (int64_t t64 : row64.touched()) {
+          const int64_t kt = t64 >> sh;
+          if (ts.count[size_t(kt)] == 0) ts.tbuf[ts.nt++] = kt;
+          ts.count[size_t(kt)] += row64.count[size_t(t64)];
+        }
         nnz[tile.cand][size_t(tile.i)] += row_nnz;
         if (q + 1 < tile.end) continue;
         const Space& sp = spaces[tile.cand];
@@ -793,6 +954,8 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
         ts.nt = 0;
       }
     }
+    for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
+    row64.nt = 0;
   });
   for (size_t s = 0; s < shared.size(); ++s) {
     int64_t n = 0;

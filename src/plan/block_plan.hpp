@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/alloc.hpp"
 #include "plan/analysis.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
@@ -43,6 +44,10 @@ struct TileEntry {
 inline constexpr int32_t kFull = -1;
 inline constexpr int32_t kBand = -2;
 
+// The bitmasks' words: left uninitialised where the vector is sized without a value (resize(n)), in huge pages where
+// large (a random plan's are tens of MB, written right after they are sized).
+using MaskWords = std::vector<uint64_t, common::HugeUninitAllocator<uint64_t>>;
+
 struct BlockPlan {
   int block_m = 0, block_n = 0;
   int64_t q_len = 0, k_len = 0;   // token lengths
@@ -51,7 +56,7 @@ struct BlockPlan {
   int64_t q_tiles = 0, k_tiles = 0;  // plan-space tiles: perm_d * q_group / block_m, ...
   std::vector<int64_t> row_offsets;  // [q_tiles + 1] into entries
   std::vector<TileEntry> entries;    // per query tile, ascending kt
-  std::vector<uint64_t> masks;       // [nbitmask * words_per_mask()]
+  MaskWords masks;                   // [nbitmask * words_per_mask()]
   std::vector<int32_t> order;        // query tiles, most work first (longest-processing-time order)
   int64_t nnz = 0;                   // kept (q, k) pairs (per head)
   // Band rows (perm_d 1 only; Analysis::band): every row q keeps exactly the keys k with

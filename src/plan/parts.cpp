@@ -124,12 +124,20 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   if (!rows.empty()) {
     const BoundPattern u = BoundPattern::union_of(rows);
     int64_t first = -1, last = -1, count = 0;
-    for (int64_t q = 0; q < lq; ++q)
-      if (u.row_nnz(q) > 0) {
-        if (first < 0) first = q;
-        last = q;
-        ++count;
+    if (const auto ranges = u.dense_row_ranges(); ranges && !general_paths_only()) {  // global_rows: from the spec
+      for (const auto& [b, e] : *ranges) {
+        if (first < 0) first = b;
+        last = e - 1;
+        count += e - b;
       }
+    } else {
+      for (int64_t q = 0; q < lq; ++q)
+        if (u.row_nnz(q) > 0) {
+          if (first < 0) first = q;
+          last = q;
+          ++count;
+        }
+    }
     const bool one_range = count > 0 && last - first + 1 == count;
     // Chosen (mode -1) only where the rest runs on the band kernel: band rows, or band rows with a short key prefix
     // (the rest of longformer: local(w) | global_cols(0:G)), and the rows are few. Else the tile kernels' own

@@ -194,6 +194,23 @@ TEST(PlanGpu, BandRowsWithKeyPrefixSmall) {
   }
 }
 
+// The device pool (cuda/common/pool.hpp): a plan built again after the first is destroyed takes its blocks from the
+// cache (no cudaMalloc, explain says so) and, on the stale memory, still matches the reference (counters zeroed by
+// the upload); release_cached_device_memory() gives the cache back.
+TEST(PlanGpu, DevicePoolReusesBlocks) {
+  REQUIRE_GPU();
+  const std::vector<spattn::Pattern> pats{spattn::parse("local(100) | global_cols(0:4)")};
+  const auto pr = problem(2, 4, 2, 777, 64, DType::bf16);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0));
+    if (round == 1) EXPECT_NE(plan.explain().find(" 0 cudaMalloc"), std::string::npos) << plan.explain();
+    EXPECT_LE(run_vs_reference(plan, pats, DType::bf16, 11 + round), 1e-2) << plan.explain();
+  }
+  EXPECT_GT(spattn::release_cached_device_memory(), 0u);
+  EXPECT_EQ(spattn::release_cached_device_memory(), 0u);
+}
+
 TEST(PlanGpu, PerHeadPatterns) {
   REQUIRE_GPU();
   const std::vector<spattn::Pattern> pats{spattn::parse("local(30)"), spattn::parse("causal"), spattn::parse("local(30)"),

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -13,6 +15,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/empty_backend.hpp"
+#include "cuda/common/pool.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
 #include "plan/parts.hpp"
@@ -29,9 +32,15 @@ int cuda_device_count() {
 }
 
 std::string cuda_device_name(int device) {
+  // Read once per device: cudaGetDeviceProperties can take milliseconds, and explain() (the C API's plan_create
+  // calls it) asks each time.
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = names.find(device); it != names.end()) return it->second;
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
-  return p.name;
+  return names[device] = p.name;
 }
 
 namespace {
@@ -100,6 +109,7 @@ class CudaFusedBackend final : public Backend {
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
       : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p, problem, o.backward_kernel) {
     for (const Analysis& a : p.analyses) analysis_ms_ += a.ms;
+    const cuda::PoolStats pool0 = cuda::pool_stats();
     DeviceScope scope(device);
     int want_row = -1, want_kind = -1;
     const FusedOptions f = fused_options(o, &want_row, &want_kind);
@@ -139,6 +149,9 @@ class CudaFusedBackend final : public Backend {
                     (row >= 0 ? kKernels[row].name : "none") + " (" + r.explain() + ")");
       attn_.push_back(std::move(r));
     }
+    const cuda::PoolStats pool1 = cuda::pool_stats();
+    pool_hits_ = pool1.hits - pool0.hits;
+    pool_mallocs_ = pool1.mallocs - pool0.mallocs;
   }
 
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -179,8 +192,10 @@ class CudaFusedBackend final : public Backend {
     for (const PatternRun& r : attn_) t += r.plan_times();
     s << "\nplan time by stage: analysis " << analysis_ms_ << " ms (make_plan), split " << t.split
       << " ms, the parts' analyses " << t.analysis << " ms, choosing tile shapes " << t.choose << " ms, building tile plans "
-      << t.build << " ms, allocations and uploads " << t.upload
-      << " ms; the backward's plan is built at the first backward call";
+      << t.build << " ms, allocations and uploads " << t.upload << " ms (device memory: " << pool_hits_
+      << " blocks from the pool's cache, " << pool_mallocs_
+      << " cudaMalloc; process-wide counts while this plan was built); the backward's plan is built at the first "
+         "backward call";
     return s.str();
   }
 
@@ -190,6 +205,7 @@ class CudaFusedBackend final : public Backend {
   std::vector<int> of_head_;
   std::vector<PatternRun> attn_;
   double analysis_ms_ = 0;  // make_plan's analyses of the distinct patterns
+  size_t pool_hits_ = 0, pool_mallocs_ = 0;  // the device pool's requests served from its cache, its cudaMallocs
   cuda::PatternsBackward bwd_;
 };
 

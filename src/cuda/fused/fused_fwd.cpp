@@ -20,19 +20,6 @@
 namespace spattn::cuda::fused {
 
 namespace {
-template <class T>
-T* upload(const std::vector<T>& v, const char* what) {
-  if (v.empty()) return nullptr;
-  T* d = nullptr;
-  check(cudaMalloc(&d, v.size() * sizeof(T)), what, __FILE__, __LINE__);
-  const cudaError_t e = cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  if (e != cudaSuccess) {
-    cudaFree(d);
-    check(e, what, __FILE__, __LINE__);
-  }
-  return d;
-}
-
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -120,74 +107,75 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   const auto t0 = std::chrono::steady_clock::now();
   device_ = current_device();
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
-  try {
-    row_offsets_ = upload(host_.row_offsets, "upload plan row offsets");
-    if (!host_.entries.empty()) {
-      // 64x128 plans: mark partial tiles whose kept keys lie in one 64-key half (kHalfShift, fused_params.hpp).
-      std::vector<plan::TileEntry> up(host_.entries);
-      if (host_.block_m == 64 && host_.block_n == 128) {
-        for (int64_t qt = 0; qt < host_.q_tiles; ++qt)
-          for (int64_t i = host_.row_offsets[size_t(qt)]; i < host_.row_offsets[size_t(qt) + 1]; ++i) {
-            const int bits = plan::entry_halves(host_, qt, i);
-            if (bits == 1 || bits == 2) {
-              up[size_t(i)].kt |= int32_t(unsigned(bits) << kHalfShift);
-              ++narrow_;
-            }
-          }
-      }
-      // Mapped plans: each entry's key box as its last two words (base token, box_limits of its extents), from
-      // which the kernels compute their rows' tokens (key_boxes.hpp); mapped plans have no band entries, whose
-      // words those are.
-      if (host_.mapped()) {
-        const std::vector<plan::GridTiling::BoxRows> boxes = host_.k_tiling.boxes();
-        if (int64_t(boxes.size()) != host_.k_tiles) throw Error("fused kernel: the key tiling's boxes are not the plan's key tiles");
-        for (plan::TileEntry& e : up) {
-          if (e.mask == plan::kBand) throw Error("fused kernel: a mapped plan with a band entry");
-          const plan::GridTiling::BoxRows& b = boxes[size_t(e.kt & kKtMask)];
-          e.lo = int32_t(b.base);
-          e.hi = box_limits(b.extent[0], b.extent[1], b.extent[2]);
+  // 64x128 plans: mark partial tiles whose kept keys lie in one 64-key half (kHalfShift, fused_params.hpp).
+  std::vector<plan::TileEntry> up(host_.entries);
+  if (host_.block_m == 64 && host_.block_n == 128) {
+    for (int64_t qt = 0; qt < host_.q_tiles; ++qt)
+      for (int64_t i = host_.row_offsets[size_t(qt)]; i < host_.row_offsets[size_t(qt) + 1]; ++i) {
+        const int bits = plan::entry_halves(host_, qt, i);
+        if (bits == 1 || bits == 2) {
+          up[size_t(i)].kt |= int32_t(unsigned(bits) << kHalfShift);
+          ++narrow_;
         }
       }
-      SPATTN_CUDA_CHECK(cudaMalloc(&entries_, up.size() * sizeof(int4)));
-      SPATTN_CUDA_CHECK(cudaMemcpy(entries_, up.data(), up.size() * sizeof(int4), cudaMemcpyHostToDevice));
-    }
-    // The bitmasks as they are (a random plan's are tens of MB: no converted copy).
-    static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
-    masks_ = reinterpret_cast<unsigned long long*>(upload(host_.masks, "upload plan bitmasks"));
-    order_ = upload(host_.order, "upload plan order");
-    q_map_ = upload(host_.q_map, "upload plan query map");  // empty (null) where the plan is not mapped
-    k_map_ = upload(host_.k_map, "upload plan key map");
-    // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
-    if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
-      split_cap_ = device_info(device_).sms;
-      SPATTN_CUDA_CHECK(cudaMalloc(&split_ws_, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)));
-    }
-    SPATTN_CUDA_CHECK(cudaMalloc(&work_counter_, counter_ints() * sizeof(int)));
-    SPATTN_CUDA_CHECK(cudaMemset(work_counter_, 0, counter_ints() * sizeof(int)));
-  } catch (...) {
-    cudaFree(row_offsets_);
-    cudaFree(entries_);
-    cudaFree(masks_);
-    cudaFree(order_);
-    cudaFree(q_map_);
-    cudaFree(k_map_);
-    cudaFree(split_ws_);
-    cudaFree(work_counter_);
-    throw;
   }
+  // Mapped plans: each entry's key box as its last two words (base token, box_limits of its extents), from which the
+  // kernels compute their rows' tokens (key_boxes.hpp); mapped plans have no band entries, whose words those are.
+  if (host_.mapped() && !up.empty()) {
+    const std::vector<plan::GridTiling::BoxRows> boxes = host_.k_tiling.boxes();
+    if (int64_t(boxes.size()) != host_.k_tiles) throw Error("fused kernel: the key tiling's boxes are not the plan's key tiles");
+    for (plan::TileEntry& e : up) {
+      if (e.mask == plan::kBand) throw Error("fused kernel: a mapped plan with a band entry");
+      const plan::GridTiling::BoxRows& b = boxes[size_t(e.kt & kKtMask)];
+      e.lo = int32_t(b.base);
+      e.hi = box_limits(b.extent[0], b.extent[1], b.extent[2]);
+    }
+  }
+  // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
+  if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) split_cap_ = device_info(device_).sms;
+  // One block of the device pool (cuda/common/pool.hpp) holds every array, each at a 256-byte boundary: the small
+  // ones and the zeroed work counters staged on the host and copied at once, then the bitmasks (a random plan's
+  // are tens of MB: copied as they are, no staged copy), then the split workspace (not copied). So a plan makes
+  // one pool request and one or two copies, no cudaMalloc once the pool holds a block of its size.
+  struct Seg {
+    const void* src;  // null: zeros
+    size_t bytes, at = 0;
+  };
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  Seg segs[] = {{host_.row_offsets.data(), host_.row_offsets.size() * sizeof(int64_t)},
+                {up.data(), up.size() * sizeof(int4)},
+                {host_.order.data(), host_.order.size() * sizeof(int32_t)},
+                {host_.q_map.data(), host_.q_map.size() * sizeof(int32_t)},  // empty where the plan is not mapped
+                {host_.k_map.data(), host_.k_map.size() * sizeof(int32_t)},
+                {nullptr, counter_ints() * sizeof(int)},
+                {host_.masks.data(), host_.masks.size() * sizeof(uint64_t)},
+                {nullptr, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)}};
+  constexpr size_t kStaged = 6;  // segs[0, kStaged) staged; then the masks; then the workspace
+  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  size_t total = 0;
+  for (Seg& g : segs) g.at = total, total += align(g.bytes);
+  block_ = DeviceBuffer(total, "a fused plan's arrays");
+  char* base = block_.get<char>();
+  const size_t staged = segs[kStaged].at;
+  std::vector<char> stage(staged, 0);
+  for (size_t i = 0; i < kStaged; ++i)
+    if (segs[i].src && segs[i].bytes) std::memcpy(stage.data() + segs[i].at, segs[i].src, segs[i].bytes);
+  SPATTN_CUDA_CHECK(cudaMemcpy(base, stage.data(), staged, cudaMemcpyHostToDevice));
+  if (segs[kStaged].bytes)
+    SPATTN_CUDA_CHECK(cudaMemcpy(base + segs[kStaged].at, segs[kStaged].src, segs[kStaged].bytes, cudaMemcpyHostToDevice));
+  auto at = [&](size_t i) -> char* { return segs[i].bytes ? base + segs[i].at : nullptr; };
+  row_offsets_ = reinterpret_cast<int64_t*>(at(0));
+  entries_ = reinterpret_cast<int4*>(at(1));
+  order_ = reinterpret_cast<int32_t*>(at(2));
+  q_map_ = reinterpret_cast<int32_t*>(at(3));
+  k_map_ = reinterpret_cast<int32_t*>(at(4));
+  work_counter_ = reinterpret_cast<int*>(at(5));
+  masks_ = reinterpret_cast<unsigned long long*>(at(6));
+  split_ws_ = reinterpret_cast<float*>(at(7));
   upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-DevicePlan::~DevicePlan() {
-  cudaFree(work_counter_);
-  cudaFree(split_ws_);
-  cudaFree(row_offsets_);
-  cudaFree(entries_);
-  cudaFree(masks_);
-  cudaFree(order_);
-  cudaFree(q_map_);
-  cudaFree(k_map_);
-}
+DevicePlan::~DevicePlan() = default;
 
 Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Params* params) {
   const Problem& pr = a.problem;

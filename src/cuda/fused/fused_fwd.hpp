@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "cuda/common/buffer.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
 #include "plan/block_plan.hpp"
@@ -24,7 +25,7 @@ struct Status {
   static Status fail(std::string r) { return {false, std::move(r)}; }
 };
 
-// A BlockPlan uploaded to the current CUDA device (owned device arrays), with the kernel-table row chosen to
+// A BlockPlan uploaded to the current CUDA device (its arrays in one block of the device pool), with the kernel-table row chosen to
 // run it (plan/kernels.hpp; a run may fall back from it where the tensors' strides admit no tensor map:
 // FusedFwd::to_params).
 class DevicePlan {
@@ -59,6 +60,7 @@ class DevicePlan {
 
  private:
   plan::BlockPlan host_;
+  DeviceBuffer block_;  // every array below
   int kernel_row_ = -1;
   int device_ = 0;
   int64_t* row_offsets_ = nullptr;
