@@ -580,12 +580,20 @@ struct DistRank::Impl {
       const TensorView K = kf.view.slice(1, 0, A), V = vf.view.slice(1, 0, A);
       const TensorView dK = dkf.view.slice(1, 0, A), dV = dvf.view.slice(1, 0, A);
       Buf dk2, dv2;  // a second part's dK/dV, added to the first's
+      std::vector<Buf> lse_parts;
       for (size_t i = 0; i < whole.size(); ++i) {
         const RowsPart& r = whole[i];
         if (i == 1) dk2 = scratch(gt, {B, A, Hkv, D}), dv2 = scratch(gt, {B, A, Hkv, Dv});
-        r.plan.backward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len),
-                        lse.slice(2, r.li, r.li + r.len), dout.slice(1, r.li, r.li + r.len),
-                        dq.slice(1, r.li, r.li + r.len), i ? dk2.view : dK, i ? dv2.view : dV, stream);
+        // The GPU backward takes lse contiguous [B, Hq, rows]: a part's slice of several parts' rows is copied out.
+        TensorView L = lse.slice(2, r.li, r.li + r.len);
+        if (cuda && whole.size() > 1) {
+          lse_parts.push_back(scratch(DType::f32, {B, L.shape[1], r.len, 1}));  // alive until the parts are done
+          move(lse_parts.back().view, L, false, stream);
+          L = lse_parts.back().view;
+        }
+        r.plan.backward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len), L,
+                        dout.slice(1, r.li, r.li + r.len), dq.slice(1, r.li, r.li + r.len), i ? dk2.view : dK,
+                        i ? dv2.view : dV, stream);
         if (i) {
           move(dK, dk2.view, true, stream);
           move(dV, dv2.view, true, stream);
