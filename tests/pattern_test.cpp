@@ -88,6 +88,7 @@ void check_against(const std::string& spec, int64_t Lq, int64_t Lk, const Pred& 
     }
     p.row_keys(q, keys);
     ASSERT_EQ(keys, expect) << "row " << q;
+    ASSERT_EQ(p.row_nnz(q), int64_t(expect.size())) << "row " << q;
     // Row runs: disjoint, ordered by start, intervals neither overlapping nor touching.
     const RowRuns runs = p.row(q);
     for (size_t i = 0; i < runs.size(); ++i) {

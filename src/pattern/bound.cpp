@@ -714,6 +714,13 @@ struct NeighborhoodB : BoundNode {
     // (then consecutive lines' runs may touch and merge).
     if (inner.count >= n[size_t(naxes - 1)]) normalize(out);
   }
+  // The product of the axes' window sizes (the kept set is the product of the windows), without the row.
+  int64_t row_nnz(int64_t q, RowRuns&) const override {
+    int64_t c[3], keys = 1;
+    coords(q, c);
+    for (int ax = 0; ax < naxes; ++ax) keys *= window(ax, c[ax]).count;
+    return keys;
+  }
 };
 
 }  // namespace
