@@ -561,7 +561,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   struct Part {
     std::vector<int64_t> offsets;  // entries before each query tile, within this part
     std::vector<TileEntry> entries;
-    std::vector<uint64_t> masks;
+    MaskWords masks;  // (huge pages where large)
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
   };
   // out: the part; room: query tiles whose bitmasks `out` will hold (its own: reserved at the rate of its first
