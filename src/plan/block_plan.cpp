@@ -155,6 +155,46 @@ void for_each_tile_span(const Run& r, int bn, F&& f) {
   }
 }
 
+// Rows as bits (BoundPattern::row_bits): a row's keys and maximal runs (a run continues across words), and each
+// word's keys (a 64-key tile's) added to counts of the nonzero words, listed in touched. With the CPU's popcnt where
+// it has one: the library is built for baseline x86-64, where __builtin_popcountll is a libgcc call (it was a
+// quarter of a random plan's build).
+#define SPATTN_ROW_BITS_FUNCTIONS(SUFFIX, ATTR)                                                                  \
+  ATTR void keys_and_runs##SUFFIX(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {                 \
+    uint64_t carry = 0;                                                                                          \
+    for (int64_t w = 0; w < n; ++w) {                                                                            \
+      const uint64_t x = b[w];                                                                                   \
+      keys += __builtin_popcountll(x);                                                                           \
+      runs += __builtin_popcountll(x & ~((x << 1) | carry)); /* a run starts at each 1 after a 0 */              \
+      carry = x >> 63;                                                                                           \
+    }                                                                                                            \
+  }                                                                                                              \
+  ATTR int64_t word_counts##SUFFIX(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) { \
+    int64_t keys = 0;                                                                                            \
+    for (int64_t w = 0; w < n; ++w)                                                                              \
+      if (const int64_t c = __builtin_popcountll(b[w])) count[w] = c, touched[nt++] = w, keys += c;              \
+    return keys;                                                                                                 \
+  }
+SPATTN_ROW_BITS_FUNCTIONS(_generic, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SPATTN_ROW_BITS_FUNCTIONS(_popcnt, __attribute__((target("popcnt"))))
+bool have_popcnt() {
+  static const bool v = __builtin_cpu_supports("popcnt");
+  return v;
+}
+#else
+bool have_popcnt() { return false; }
+#define keys_and_runs_popcnt keys_and_runs_generic
+#define word_counts_popcnt word_counts_generic
+#endif
+#undef SPATTN_ROW_BITS_FUNCTIONS
+void keys_and_runs(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {
+  return have_popcnt() ? keys_and_runs_popcnt(b, n, keys, runs) : keys_and_runs_generic(b, n, keys, runs);
+}
+int64_t word_counts(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) {
+  return have_popcnt() ? word_counts_popcnt(b, n, count, touched, nt) : word_counts_generic(b, n, count, touched, nt);
+}
+
 // Sets bits [a, b) of a row of mask words.
 inline void set_bits(uint64_t* m, int64_t a, int64_t b) {
   for (int64_t c = a; c < b;) {
@@ -615,13 +655,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
         for (int64_t r = 0; r < valid_rows; ++r) {
           uint64_t* b = bitrows.data() + r * kw;
           pat.row_bits(qt * bm + r, b);  // the first lkw words; the rest stay zero
-          uint64_t carry = 0;
-          for (int64_t w = 0; w < lkw; ++w) {
-            const uint64_t x = b[w];
-            n += __builtin_popcountll(x);
-            nruns += __builtin_popcountll(x & ~((x << 1) | carry));  // a run starts at each 1 after a 0
-            carry = x >> 63;
-          }
+          keys_and_runs(b, lkw, n, nruns);
         }
         std::fill(bitrows.begin() + valid_rows * kw, bitrows.end(), 0);
         from_bits = scattered = scattered_tile(n);
@@ -968,13 +1002,8 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
         row64.nt = 0;
         if (bits_ok) {  // rows drawn as bits (random): a 64-key tile is a word
           pat.row_bits(q, bits[size_t(t)].data());
-          row_nnz = 0;
-          for (size_t w = 0; w < bits[size_t(t)].size(); ++w)
-            if (const int64_t c = __builtin_popcountll(bits[size_t(t)][w])) {
-              row64.count[w] = c;
-              row64.tbuf[row64.nt++] = int64_t(w);
-              row_nnz += c;
-            }
+          row_nnz = word_counts(bits[size_t(t)].data(), int64_t(bits[size_t(t)].size()), row64.count.data(),
+                                row64.tbuf.data(), row64.nt);
           many = true;
         } else {
           pat.row(q, runs);
