@@ -685,7 +685,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           int64_t cw = -1;  // the word `acc` holds
           uint64_t acc = 0;
           const uint64_t* src = from_bits ? bitrows.data() + r * kw : rb;  // the row's bits
-          for (const Run *x = rows[size_t(r)].data(), *xe = x + (from_bits ? 0 : rows[size_t(r)].size()); x < xe; ++x) {
+          const Run* x = from_bits ? nullptr : rows[size_t(r)].data();  // (rows are not drawn as runs from bits)
+          for (const Run* xe = from_bits ? nullptr : x + rows[size_t(r)].size(); x < xe; ++x) {
             if (x->count == 1 && ordered) {
               const int64_t w = x->start >> 6;
               acc = (w == cw ? acc : 0) | uint64_t(1) << (x->start & 63);
