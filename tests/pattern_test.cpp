@@ -88,6 +88,7 @@ void check_against(const std::string& spec, int64_t Lq, int64_t Lk, const Pred& 
     }
     p.row_keys(q, keys);
     ASSERT_EQ(keys, expect) << "row " << q;
+    ASSERT_EQ(p.row_nnz(q), int64_t(expect.size())) << "row " << q;
     // Row runs: disjoint, ordered by start, intervals neither overlapping nor touching.
     const RowRuns runs = p.row(q);
     for (size_t i = 0; i < runs.size(); ++i) {
@@ -439,6 +440,32 @@ TEST(Pattern, BlockedRowsFromTheCacheAreTheirOwn) {
       for (int64_t k = 0; k < 64; ++k)
         if (p.contains(q, k)) want.push_back(k);
       ASSERT_EQ(keys, want) << p.spec() << " row " << q;
+    }
+  }
+}
+
+// Rows as bits (BoundPattern::row_bits): random atoms keeping a key in 256 or more give their keys' bits, the rest
+// (sparser random rows, any other pattern) none.
+TEST(PatternRows, RowBitsAreTheRowsKeys) {
+  struct C {
+    const char* spec;
+    int64_t lq, lk;
+    bool bits;
+  };
+  for (const C& c : {C{"random(820, seed=0)", 300, 16384, true}, C{"random(100)", 50, 5000, true},
+                     C{"random(5000)", 20, 4000, true}, C{"random(3)", 20, 10000, false}, C{"local(3)", 20, 100, false},
+                     C{"local(3) | random(50)", 20, 1000, false}}) {
+    SCOPED_TRACE(c.spec);
+    const auto p = spattn::parse(c.spec).bind(c.lq, c.lk);
+    std::vector<uint64_t> words(size_t((c.lk + 63) / 64));
+    for (int64_t q = 0; q < c.lq; ++q) {
+      ASSERT_EQ(p.row_bits(q, words.data()), c.bits);
+      if (!c.bits) continue;
+      std::vector<int64_t> keys, from_bits;
+      p.row_keys(q, keys);
+      for (int64_t k = 0; k < int64_t(words.size()) * 64; ++k)
+        if ((words[size_t(k / 64)] >> (k % 64)) & 1) from_bits.push_back(k);
+      ASSERT_EQ(from_bits, keys) << "row " << q;
     }
   }
 }

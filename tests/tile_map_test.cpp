@@ -146,6 +146,12 @@ TEST(TileMap, MapsAreBijectionsAndPlansCoverThePattern) {
       // The best boxes, and the most elongated ones of each (first and last in tile_boxes' order).
       const auto best = spattn::plan::best_boxes(*grid, bm, bn, 1.1);
       ASSERT_TRUE(best.ok);
+      {  // its scores (from the axes' windows computed once) are tiling_scores' (windows asked one by one)
+        const auto s = spattn::plan::tiling_scores(*grid, best.q, best.k);
+        EXPECT_EQ(best.scores.visited, s.visited);
+        EXPECT_EQ(best.scores.full, s.full);
+        EXPECT_EQ(best.scores.kept, s.kept);
+      }
       for (auto [q, k] : {std::pair{best.q, best.k}, std::pair{qb.front(), kb.back()}, std::pair{qb.back(), kb.front()}}) {
         SCOPED_TRACE(q.str(3) + " / " + k.str(3));
         const GridTiling qt = GridTiling::of(*grid, q), ktl = GridTiling::of(*grid, k);

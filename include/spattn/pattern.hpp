@@ -107,6 +107,10 @@ class BoundPattern {
   // The keys of row q in increasing order.
   void row_keys(int64_t q, std::vector<int64_t>& out) const;
   int64_t row_nnz(int64_t q) const;
+  // Row q's keys as bits (key k: bit k % 64 of words[k / 64]; all ceil(k_len / 64) words written) where the pattern
+  // draws them as bits anyway (a random atom keeping one key in 256 or more: no runs made); false, nothing written
+  // that the caller may use, otherwise. q must be in range.
+  bool row_bits(int64_t q, uint64_t* words) const;
   // Where the spec makes every row one band (dense, causal, local and their intersections, unions of bands whose
   // offsets overlap or touch): (lo, hi), lo <= hi, such that row q keeps exactly the keys k with lo <= k - q <= hi
   // and 0 <= k < k_len (offsets past every row's reach: -q_len, k_len); else none. O(spec), no row walked.

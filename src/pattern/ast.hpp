@@ -60,6 +60,8 @@ struct BoundNode {
     g = r = 0;
     return band(lo, hi);
   }
+  // Row q's keys as bits of words[0, ceil(k_len / 64)) (all written), where the node has them as bits anyway.
+  virtual bool row_bits(int64_t /*q*/, uint64_t* /*words*/) const { return false; }
   // Rows q and q' with q / n == q' / n keep the same keys (BoundPattern::row_block); 1: no such promise; 0: every
   // row keeps the same keys.
   virtual int64_t row_block() const { return 1; }

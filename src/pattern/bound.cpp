@@ -496,6 +496,34 @@ struct RandomB : BoundNode {
     std::vector<int32_t> first, last;
     int64_t n = 0;
   };
+  // Floyd's set of draws t[0, r) (j = lo + i for draw i) as bits of b (zero where no key is).
+  static void set_draws(const uint32_t* t_, int64_t r, int64_t lo, uint64_t* b) {
+    for (int64_t i = 0; i < r; ++i) {
+      const uint32_t t = t_[i];
+      const uint64_t w = b[t >> 6];
+      if ((w >> (t & 63)) & 1) {  // t is in the set: j, which is not yet (only keys below j are)
+        const uint32_t j = uint32_t(lo + i);
+        b[j >> 6] |= uint64_t(1) << (j & 63);
+      } else {
+        b[t >> 6] = w | uint64_t(1) << (t & 63);
+      }
+    }
+  }
+  // Row q's keys as bits (BoundPattern::row_bits) where they live in a bitmap anyway (draw_row's bitmap rows).
+  bool row_bits(int64_t q, uint64_t* out) const override {
+    const int64_t words = (k_len + 63) / 64;
+    std::fill(out, out + words, 0);
+    if (r >= k_len) {
+      for (int64_t k = 0; k < k_len; k += 64) out[k >> 6] = k_len - k >= 64 ? ~uint64_t(0) : (uint64_t(1) << (k_len - k)) - 1;
+      return true;
+    }
+    if (words > 4 * r) return false;
+    thread_local std::vector<uint32_t> t;
+    t.resize(size_t(r));
+    random_draws(random_mix(random_mix(seed) + uint64_t(q)), k_len - r, r, t.data());
+    set_draws(t.data(), r, k_len - r, out);
+    return true;
+  }
   // Row q (r < k_len): Floyd's sampling as PATTERNS.md writes it. The draws are hashed in bulk; the set lives
   // in a per-thread bitmap of Lk bits when the row keeps at least one key in 256 (its scan yields the keys in
   // increasing order, and clears it), else in a small hash set whose keys are then sorted.
@@ -515,16 +543,7 @@ struct RandomB : BoundNode {
     if (words <= 4 * r) {
       if (int64_t(s.bits.size()) < words) s.bits.resize(size_t(words), 0);
       uint64_t* b = s.bits.data();
-      for (int64_t i = 0; i < r; ++i) {
-        const uint32_t t = s.t[size_t(i)];
-        const uint64_t w = b[t >> 6];
-        if ((w >> (t & 63)) & 1) {  // t is in the set: j, which is not yet (only keys below j are)
-          const uint32_t j = uint32_t(lo + i);
-          b[j >> 6] |= uint64_t(1) << (j & 63);
-        } else {
-          b[t >> 6] = w | uint64_t(1) << (t & 63);
-        }
-      }
+      set_draws(s.t.data(), r, lo, b);
       bitmap_keys(b, words, keys);
     } else {
       // Open addressing on keys (< 2^31) with Fibonacci hashing, at most half full; ~0u marks an empty slot.
@@ -714,6 +733,13 @@ struct NeighborhoodB : BoundNode {
     // (then consecutive lines' runs may touch and merge).
     if (inner.count >= n[size_t(naxes - 1)]) normalize(out);
   }
+  // The product of the axes' window sizes (the kept set is the product of the windows), without the row.
+  int64_t row_nnz(int64_t q, RowRuns&) const override {
+    int64_t c[3], keys = 1;
+    coords(q, c);
+    for (int ax = 0; ax < naxes; ++ax) keys *= window(ax, c[ax]).count;
+    return keys;
+  }
 };
 
 }  // namespace
@@ -884,6 +910,7 @@ int64_t BoundPattern::row_nnz(int64_t q) const {
   RowRuns r;
   return root_->row_nnz(q, r);
 }
+bool BoundPattern::row_bits(int64_t q, uint64_t* words) const { return root_ && root_->row_bits(q, words); }
 std::optional<std::vector<std::pair<int64_t, int64_t>>> BoundPattern::dense_row_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> ranges, merged;
   if (!root_ || !root_->dense_rows(ranges)) return std::nullopt;

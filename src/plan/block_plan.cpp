@@ -155,6 +155,46 @@ void for_each_tile_span(const Run& r, int bn, F&& f) {
   }
 }
 
+// Rows as bits (BoundPattern::row_bits): a row's keys and maximal runs (a run continues across words), and each
+// word's keys (a 64-key tile's) added to counts of the nonzero words, listed in touched. With the CPU's popcnt where
+// it has one: the library is built for baseline x86-64, where __builtin_popcountll is a libgcc call (it was a
+// quarter of a random plan's build).
+#define SPATTN_ROW_BITS_FUNCTIONS(SUFFIX, ATTR)                                                                  \
+  ATTR void keys_and_runs##SUFFIX(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {                 \
+    uint64_t carry = 0;                                                                                          \
+    for (int64_t w = 0; w < n; ++w) {                                                                            \
+      const uint64_t x = b[w];                                                                                   \
+      keys += __builtin_popcountll(x);                                                                           \
+      runs += __builtin_popcountll(x & ~((x << 1) | carry)); /* a run starts at each 1 after a 0 */              \
+      carry = x >> 63;                                                                                           \
+    }                                                                                                            \
+  }                                                                                                              \
+  ATTR int64_t word_counts##SUFFIX(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) { \
+    int64_t keys = 0;                                                                                            \
+    for (int64_t w = 0; w < n; ++w)                                                                              \
+      if (const int64_t c = __builtin_popcountll(b[w])) count[w] = c, touched[nt++] = w, keys += c;              \
+    return keys;                                                                                                 \
+  }
+SPATTN_ROW_BITS_FUNCTIONS(_generic, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SPATTN_ROW_BITS_FUNCTIONS(_popcnt, __attribute__((target("popcnt"))))
+bool have_popcnt() {
+  static const bool v = __builtin_cpu_supports("popcnt");
+  return v;
+}
+#else
+bool have_popcnt() { return false; }
+#define keys_and_runs_popcnt keys_and_runs_generic
+#define word_counts_popcnt word_counts_generic
+#endif
+#undef SPATTN_ROW_BITS_FUNCTIONS
+void keys_and_runs(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {
+  return have_popcnt() ? keys_and_runs_popcnt(b, n, keys, runs) : keys_and_runs_generic(b, n, keys, runs);
+}
+int64_t word_counts(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) {
+  return have_popcnt() ? word_counts_popcnt(b, n, count, touched, nt) : word_counts_generic(b, n, count, touched, nt);
+}
+
 // Sets bits [a, b) of a row of mask words.
 inline void set_bits(uint64_t* m, int64_t a, int64_t b) {
   for (int64_t c = a; c < b;) {
@@ -555,13 +595,21 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   const int bm = sp.bm, bn = sp.bn;
 
   const int words = bm * bn / 64, row_words = bn / 64;
+  // Rows as bits where the pattern draws them so (BoundPattern::row_bits): lkw words of keys, kw with the last key
+  // tile's padding.
+  const int64_t lkw = (sp.lk + 63) / 64, kw = sp.k_tiles * row_words;
+  bool bits_ok = sp.d == 1 && !sp.m && !general_paths_only() && sp.lq > 0;
+  if (bits_ok) {
+    std::vector<uint64_t> probe(static_cast<size_t>(lkw));
+    bits_ok = pat.row_bits(0, probe.data());
+  }
   // Query tiles are independent: contiguous ranges of them are built on worker threads (a random pattern's
   // row costs O(Lk) hashes: 16384 rows took seconds on one thread), then concatenated in order, so the plan
   // is the same for any thread count.
   struct Part {
     std::vector<int64_t> offsets;  // entries before each query tile, within this part
     std::vector<TileEntry> entries;
-    std::vector<uint64_t> masks;
+    MaskWords masks;  // (huge pages where large)
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
   };
   // out: the part; room: query tiles whose bitmasks `out` will hold (its own: reserved at the rate of its first
@@ -575,6 +623,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
     RowRuns tmp;
     std::vector<RowRuns> rows;
     std::vector<char> same;  // tile_rows': rows alike
+    std::vector<uint64_t> bitrows;  // the tile's rows as bits, kw words a row (bits_ok)
     std::vector<int64_t> band_scratch;
     std::vector<int64_t> partial_kts;  // the query tile's partial key tiles, ascending (their slots' order)
     const int64_t stride = words + 8;
@@ -590,13 +639,33 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
     for (int64_t qt = qt_begin; qt < qt_end; ++qt) {
       out.offsets.push_back(int64_t(out.entries.size()));
       const int64_t nnz0 = out.nnz;
-      int64_t nruns = 0;
-      const int64_t valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
+      int64_t nruns = 0, valid_rows = 0;
       // Many short runs (a random tile: ~800 a row, a run every few keys) are set as bits of one row at a time
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
       // (Not in a mapped space: its rows' runs come in any order, and padding rows sit anywhere in a tile.)
-      const bool scattered = !sp.m && !general_paths_only() && nruns * 8 >= out.nnz - nnz0 && nruns * 4 >= int64_t(bm) * sp.k_tiles;
+      // Rows the pattern draws as bits (BoundPattern::row_bits: random) are taken as bits, their keys and runs
+      // counted from the words; a tile that is not scattered after all takes its rows' runs (drawn again).
+      auto scattered_tile = [&](int64_t n) { return nruns * 8 >= n && nruns * 4 >= int64_t(bm) * sp.k_tiles; };
+      bool scattered = false, from_bits = false;
+      if (bits_ok) {
+        valid_rows = std::min<int64_t>(bm, sp.lq - qt * bm);
+        if (bitrows.empty()) bitrows.assign(size_t(bm * kw), 0);
+        int64_t n = 0;
+        for (int64_t r = 0; r < valid_rows; ++r) {
+          uint64_t* b = bitrows.data() + r * kw;
+          pat.row_bits(qt * bm + r, b);  // the first lkw words; the rest stay zero
+          keys_and_runs(b, lkw, n, nruns);
+        }
+        std::fill(bitrows.begin() + valid_rows * kw, bitrows.end(), 0);
+        from_bits = scattered = scattered_tile(n);
+        if (from_bits) out.nnz += n;
+        else nruns = 0;
+      }
+      if (!from_bits) {
+        valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
+        scattered = !sp.m && !general_paths_only() && scattered_tile(out.nnz - nnz0);
+      }
       int64_t npartial = 0;
       if (scattered) {
         if (blocks.empty()) {
@@ -615,7 +684,9 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           bool ordered = sp.d == 1;
           int64_t cw = -1;  // the word `acc` holds
           uint64_t acc = 0;
-          for (const Run *x = rows[size_t(r)].data(), *xe = x + rows[size_t(r)].size(); x < xe; ++x) {
+          const uint64_t* src = from_bits ? bitrows.data() + r * kw : rb;  // the row's bits
+          const Run* x = from_bits ? nullptr : rows[size_t(r)].data();  // (rows are not drawn as runs from bits)
+          for (const Run* xe = from_bits ? nullptr : x + rows[size_t(r)].size(); x < xe; ++x) {
             if (x->count == 1 && ordered) {
               const int64_t w = x->start >> 6;
               acc = (w == cw ? acc : 0) | uint64_t(1) << (x->start & 63);
@@ -635,9 +706,9 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
             uint64_t o = 0, a = ~uint64_t(0);
             for (int w = 0; w < row_words; ++w) {
-              const uint64_t v = rb[kt * row_words + w];
+              const uint64_t v = src[kt * row_words + w];
               dst[kt * stride + w] = v;
-              rb[kt * row_words + w] = 0;
+              if (!from_bits) rb[kt * row_words + w] = 0;
               o |= v, a &= v;
             }
             any[size_t(kt)] |= o != 0;
@@ -910,6 +981,9 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
   std::vector<std::vector<TileScratch>> scratch(static_cast<size_t>(threads));
   std::vector<std::unique_ptr<TileScratch>> row64s(static_cast<size_t>(threads));
   const int64_t block = pat.row_block();
+  // Rows the pattern draws as bits (BoundPattern::row_bits): counted from their words, no runs made.
+  std::vector<std::vector<uint64_t>> bits(static_cast<size_t>(threads), std::vector<uint64_t>(size_t((lq > 0 ? pat.k_len() : 0) + 63) / 64));
+  const bool bits_ok = lq > 0 && pat.row_bits(0, bits[0].data());
   common::parallel_for(int64_t(seg_begin.size()) - 1, threads, [&](int64_t sg, int t) {
     std::vector<TileScratch>& scr = scratch[size_t(t)];
     if (scr.empty())
@@ -926,11 +1000,18 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
       // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
       if (q == tiles[j0].begin || q / block != (q - 1) / block) {
         for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
-        pat.row(q, runs);
-        row_nnz = count_keys(runs);
-        many = runs.size() > 64;  // (a few runs are counted per candidate at once)
         row64.nt = 0;
-        if (many) row64.add_runs(runs, 64);
+        if (bits_ok) {  // rows drawn as bits (random): a 64-key tile is a word
+          pat.row_bits(q, bits[size_t(t)].data());
+          row_nnz = word_counts(bits[size_t(t)].data(), int64_t(bits[size_t(t)].size()), row64.count.data(),
+                                row64.tbuf.data(), row64.nt);
+          many = true;
+        } else {
+          pat.row(q, runs);
+          row_nnz = count_keys(runs);
+          many = runs.size() > 64;  // (a few runs are counted per candidate at once)
+          if (many) row64.add_runs(runs, 64);
+        }
       }
       for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
         const Sample& tile = tiles[j];

@@ -37,7 +37,8 @@ void aligned(const NeighborhoodGrid& g, std::array<int64_t, 3>& dims, std::array
 struct AxisScores {
   double visited = 0, full = 0, kept = 0;
 };
-AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk) {
+// windows: the grid's window of every coordinate of axis a (Run window(ga, i)), where the caller has them.
+AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk, const std::vector<Run>* windows = nullptr) {
   std::array<int64_t, 3> dims, dil;
   aligned(g, dims, dil);
   const int ga = grid_axis(g, a);
@@ -52,6 +53,7 @@ AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk)
     int64_t start, stride, count;  // in sub-grid coordinates
   };
   std::vector<W> wins;
+  std::vector<int64_t> sums;  // per key of [lo, hi + 1]: kept pairs of the keys before it
   for (int64_t grp = 0; grp < std::min(d, n); ++grp) {
     const int64_t ng = (n - 1 - grp) / d + 1;
     for (int64_t i0 = 0; i0 < ng; i0 += tq) {
@@ -59,7 +61,7 @@ AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk)
       wins.clear();
       int64_t lo = INT64_MAX, hi = -1;
       for (int64_t i = i0; i < i1; ++i) {
-        const Run r = g.window(ga, grp + i * d);
+        const Run r = windows ? (*windows)[size_t(grp + i * d)] : g.window(ga, grp + i * d);
         if (r.count <= 0) continue;
         // The atom's window stays in its query's residue group of the atom's dilation, a multiple of the grid's.
         const W w{(r.start - grp) / d, r.count > 1 ? r.stride / d : 1, r.count};
@@ -69,14 +71,27 @@ AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk)
         s.kept += double(w.count);
       }
       if (hi < 0) continue;
+      // Windows of consecutive coordinates (every one here without the atom's own dilation): the kept pairs of a key
+      // interval from prefix sums of how many windows hold each key, not window by window.
+      const bool intervals = std::all_of(wins.begin(), wins.end(), [](const W& w) { return w.stride == 1 || w.count == 1; });
+      if (intervals) {
+        sums.assign(size_t(hi - lo + 2), 0);
+        for (const W& w : wins) sums[size_t(w.start - lo)] += 1, sums[size_t(w.start + w.count - lo)] -= 1;
+        int64_t cover = 0, total = 0;
+        for (int64_t& x : sums) cover += x, x = total, total += cover;  // sums[j - lo]: kept pairs of keys < j
+      }
       for (int64_t j0 = lo / tk * tk; j0 <= hi; j0 += tk) {
         const int64_t j1 = j0 + tk;  // [j0, j1); real keys below ng
         int64_t c = 0;
-        for (const W& w : wins) {
-          // keys start + t * stride in [j0, j1), 0 <= t < count
-          const int64_t t_lo = w.start >= j0 ? 0 : (j0 - w.start + w.stride - 1) / w.stride;
-          const int64_t t_hi = std::min(w.count - 1, w.start < j1 ? (j1 - 1 - w.start) / w.stride : -1);
-          c += std::max<int64_t>(0, t_hi - t_lo + 1);
+        if (intervals) {
+          c = sums[size_t(std::min(j1, hi + 1) - lo)] - sums[size_t(std::max(j0, lo) - lo)];
+        } else {
+          for (const W& w : wins) {
+            // keys start + t * stride in [j0, j1), 0 <= t < count
+            const int64_t t_lo = w.start >= j0 ? 0 : (j0 - w.start + w.stride - 1) / w.stride;
+            const int64_t t_hi = std::min(w.count - 1, w.start < j1 ? (j1 - 1 - w.start) / w.stride : -1);
+            c += std::max<int64_t>(0, t_hi - t_lo + 1);
+          }
         }
         if (c == 0) continue;
         s.visited += double(tq * tk);
@@ -257,11 +272,18 @@ TilingScores tiling_scores(const NeighborhoodGrid& grid, const TileBox& q, const
 BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost) {
   BoxChoice best;
   const std::vector<TileBox> qb = tile_boxes(grid, q_volume), kb = tile_boxes(grid, k_volume);
-  // Each axis's scores depend on its two sides only: computed once per (axis, query side, key side).
+  // Each axis's scores depend on its two sides only: computed once per (axis, query side, key side), from the
+  // axis's windows computed once.
   std::map<std::array<int64_t, 3>, AxisScores> memo;
+  std::array<std::vector<Run>, 3> windows;
+  for (int a = 0; a < 3; ++a) {
+    const int ga = grid_axis(grid, a);
+    if (ga < 0) continue;
+    for (int64_t i = 0; i < grid.dims[size_t(ga)]; ++i) windows[size_t(a)].push_back(grid.window(ga, i));
+  }
   auto axis = [&](int a, int64_t tq, int64_t tk) -> const AxisScores& {
     auto [it, fresh] = memo.try_emplace({a, tq, tk});
-    if (fresh) it->second = axis_scores(grid, a, tq, tk);
+    if (fresh) it->second = axis_scores(grid, a, tq, tk, &windows[size_t(a)]);
     return it->second;
   };
   double best_cost = 0;
