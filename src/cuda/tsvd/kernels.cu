@@ -25,11 +25,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 template <bool kBf16>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  if constexpr (kBf16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-  else return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <bool kBf16>
 __device__ __forceinline__ float to_float(uint16_t h) {
   if constexpr (kBf16) return __bfloat162float(__ushort_as_bfloat16(h));
   else return __half2float(__ushort_as_half(h));
@@ -214,6 +209,7 @@ __global__ void __launch_bounds__(kMmaThreads) tsvd_mma(const Params p) {
 // the S slots in order.
 template <bool kBf16>
 __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
+  using gemv::to_float2;
   extern __shared__ __align__(16) float fsm[];
   float* xs = fsm;              // [tile_k]
   float* ps = xs + p.tile_k;    // [rp]
@@ -249,7 +245,7 @@ __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv(const Params p) {
       for (int v = t.gl; v < t.vk; v += t.G) {
         const uint4 a8 = ld_stream(ar + v * 8);
         const float4 x0 = *reinterpret_cast<const float4*>(&xs[v * 8]), x1 = *reinterpret_cast<const float4*>(&xs[v * 8 + 4]);
-        const float2 a0 = unpack2<kBf16>(a8.x), a1 = unpack2<kBf16>(a8.y), a2 = unpack2<kBf16>(a8.z), a3 = unpack2<kBf16>(a8.w);
+        const float2 a0 = to_float2<kBf16>(a8.x), a1 = to_float2<kBf16>(a8.y), a2 = to_float2<kBf16>(a8.z), a3 = to_float2<kBf16>(a8.w);
         acc = fmaf(a0.x, x0.x, fmaf(a0.y, x0.y, fmaf(a1.x, x0.z, fmaf(a1.y, x0.w, acc))));
         acc = fmaf(a2.x, x1.x, fmaf(a2.y, x1.y, fmaf(a3.x, x1.z, fmaf(a3.y, x1.w, acc))));
       }

@@ -263,7 +263,7 @@ void launch_b(const WgParams& w, cudaStream_t stream) {
 template <bool kBf16>
 __device__ __forceinline__ void gemv_bulk_body(const Params& p) {
   using namespace ptx;
-  using fused::detail::unpack2;
+  using gemv::to_float2;
   extern __shared__ __align__(16) uint8_t gsm[];
   const GemvSmem L = gemv_smem(p.tile_k, p.tile_n, p.rp);
   const uint32_t s0 = smem_u32(gsm), bar0 = s0 + L.bar_off;
@@ -307,8 +307,8 @@ __device__ __forceinline__ void gemv_bulk_body(const Params& p) {
 #pragma unroll 4
       for (int v = t.gl; v < t.vk; v += t.G) {
         const uint4 a8 = *reinterpret_cast<const uint4*>(ar + v * 8), x8 = *reinterpret_cast<const uint4*>(xs + v * 8);
-        const float2 a0 = unpack2<kBf16>(a8.x), a1 = unpack2<kBf16>(a8.y), a2 = unpack2<kBf16>(a8.z), a3 = unpack2<kBf16>(a8.w);
-        const float2 x0 = unpack2<kBf16>(x8.x), x1 = unpack2<kBf16>(x8.y), x2 = unpack2<kBf16>(x8.z), x3 = unpack2<kBf16>(x8.w);
+        const float2 a0 = to_float2<kBf16>(a8.x), a1 = to_float2<kBf16>(a8.y), a2 = to_float2<kBf16>(a8.z), a3 = to_float2<kBf16>(a8.w);
+        const float2 x0 = to_float2<kBf16>(x8.x), x1 = to_float2<kBf16>(x8.y), x2 = to_float2<kBf16>(x8.z), x3 = to_float2<kBf16>(x8.w);
         acc0 = fmaf(a0.x, x0.x, fmaf(a0.y, x0.y, fmaf(a1.x, x1.x, fmaf(a1.y, x1.y, acc0))));
         acc1 = fmaf(a2.x, x2.x, fmaf(a2.y, x2.y, fmaf(a3.x, x3.x, fmaf(a3.y, x3.y, acc1))));
       }
