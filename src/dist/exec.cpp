@@ -23,6 +23,7 @@
 #if SPATTN_HAVE_CUDA
 #include "cuda/common/check.hpp"
 #include "cuda/common/fill.hpp"
+#include "cuda/common/pool.hpp"
 #include "cuda/fused/parts_kernels.hpp"
 #endif
 
@@ -235,9 +236,10 @@ struct DistRank::Impl {
   }
 
   // ---- memory: host or the rank's device ----
-  // GPU exchange buffers and scratch come from a pool the rank keeps: a call takes buffers from it (allocating only
-  // what it lacks) and gives them all back at its start, so calls enqueue without cudaMalloc / cudaFree (whose
-  // implicit synchronisation would serialise them); a buffer reused by the next call is reused in stream order.
+  // GPU exchange buffers and scratch come from a list the rank keeps: a call takes buffers from it (what it lacks
+  // from the library's device pool, cuda/common/pool.hpp) and gives them all back at its start, so calls enqueue
+  // without a runtime allocation or the pool's free (whose device synchronisation would serialise them); a buffer
+  // reused by the next call is reused in stream order.
   // Hence one call at a time per rank, on one stream.
   struct Pooled {
     std::shared_ptr<char> mem;
@@ -255,9 +257,8 @@ struct DistRank::Impl {
         return p.mem;
       }
 #if SPATTN_HAVE_CUDA
-    void* ptr = nullptr;
-    SPATTN_CUDA_CHECK(cudaMalloc(&ptr, size_t(bytes)));
-    pool.push_back({std::shared_ptr<char>(static_cast<char*>(ptr), [](char* q) { cudaFree(q); }), bytes, true});
+    void* ptr = cuda::pool_alloc(size_t(bytes), "a rank's exchange buffer");  // the library's device pool
+    pool.push_back({std::shared_ptr<char>(static_cast<char*>(ptr), [](char* q) { cuda::pool_free(q); }), bytes, true});
     return pool.back().mem;
 #else
     throw Error("device buffer in a build without CUDA");
@@ -580,20 +581,12 @@ struct DistRank::Impl {
       const TensorView K = kf.view.slice(1, 0, A), V = vf.view.slice(1, 0, A);
       const TensorView dK = dkf.view.slice(1, 0, A), dV = dvf.view.slice(1, 0, A);
       Buf dk2, dv2;  // a second part's dK/dV, added to the first's
-      std::vector<Buf> lse_parts;
       for (size_t i = 0; i < whole.size(); ++i) {
         const RowsPart& r = whole[i];
         if (i == 1) dk2 = scratch(gt, {B, A, Hkv, D}), dv2 = scratch(gt, {B, A, Hkv, Dv});
-        // The GPU backward takes lse contiguous [B, Hq, rows]: a part's slice of several parts' rows is copied out.
-        TensorView L = lse.slice(2, r.li, r.li + r.len);
-        if (cuda && whole.size() > 1) {
-          lse_parts.push_back(scratch(DType::f32, {B, L.shape[1], r.len, 1}));  // alive until the parts are done
-          move(lse_parts.back().view, L, false, stream);
-          L = lse_parts.back().view;
-        }
-        r.plan.backward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len), L,
-                        dout.slice(1, r.li, r.li + r.len), dq.slice(1, r.li, r.li + r.len), i ? dk2.view : dK,
-                        i ? dv2.view : dV, stream);
+        r.plan.backward(q.slice(1, r.li, r.li + r.len), K, V, o.slice(1, r.li, r.li + r.len),
+                        lse.slice(2, r.li, r.li + r.len), dout.slice(1, r.li, r.li + r.len),
+                        dq.slice(1, r.li, r.li + r.len), i ? dk2.view : dK, i ? dv2.view : dV, stream);
         if (i) {
           move(dK, dk2.view, true, stream);
           move(dV, dv2.view, true, stream);

@@ -26,8 +26,8 @@ struct Args {
   void *dq, *dk, *dv;
   int64_t dq_sb, dq_sl, dq_sh, dk_sb, dk_sl, dk_sh, dv_sb, dv_sl, dv_sh;
   const float* lse;  // [B, Hq, Lq] with strides lse_sb, lse_sh (query axis contiguous)
-  float* delta;      // laid out as lse
-  int64_t lse_sb, lse_sh;
+  float* delta;      // [B, Hq, Lq] with strides delta_sb, delta_sh
+  int64_t lse_sb, lse_sh, delta_sb, delta_sh;
   int B, H, group, Lq, Lk, D, Dv;
   float scale;
   const int64_t* row_off;
@@ -80,7 +80,7 @@ __global__ void dq_kernel(Args a) {
   const float delta = dot(dor, orow);
   const int64_t li = b * a.lse_sb + h * a.lse_sh + i;
   const float lse = a.lse[li];
-  if (lane == 0) a.delta[li] = delta;
+  if (lane == 0) a.delta[b * a.delta_sb + h * a.delta_sh + i] = delta;
   for (int64_t e = a.row_off[i]; e < a.row_off[i + 1]; ++e) {
     const int j = a.cols[e];
     load_row<T>(a.k.p, b * a.k.sb + j * a.k.sl + hk * a.k.sh, a.D, kr);
@@ -114,7 +114,7 @@ __global__ void dkv_kernel(Args a) {
       load_row<T>(a.dout.p, b * a.dout.sb + i * a.dout.sl + h * a.dout.sh, a.Dv, dor);
       const int64_t li = b * a.lse_sb + h * a.lse_sh + i;
       const float p = __expf(a.scale * dot(qr, kr) - a.lse[li]);
-      const float ds = p * (dot(dor, vr) - a.delta[li]) * a.scale;
+      const float ds = p * (dot(dor, vr) - a.delta[b * a.delta_sb + h * a.delta_sh + i]) * a.scale;
 #pragma unroll
       for (int t = 0; t < kMaxPerLane; ++t) gk[t] += ds * qr[t], gv[t] += p * dor[t];
     }
@@ -176,7 +176,8 @@ CsrBackward::~CsrBackward() {
 
 void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-                      const TensorView& dk, const TensorView& dv, float* delta, void* stream) const {
+                      const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,
+                      void* stream) const {
   if (p.q_len != q_len_ || p.kv_len != k_len_)
     throw Error("gpu backward: built for lengths " + std::to_string(q_len_) + " x " + std::to_string(k_len_) +
                 ", problem has " + std::to_string(p.q_len) + " x " + std::to_string(p.kv_len));
@@ -196,7 +197,7 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
   auto view = [](const TensorView& t) { return View{t.data, t.stride[0], t.stride[1], t.stride[2]}; };
   Args a{view(q), view(k), view(v), view(o), view(dout), dq.data, dk.data, dv.data,
          dq.stride[0], dq.stride[1], dq.stride[2], dk.stride[0], dk.stride[1], dk.stride[2],
-         dv.stride[0], dv.stride[1], dv.stride[2], static_cast<const float*>(lse.data), delta, lse.stride[0], lse.stride[1],
+         dv.stride[0], dv.stride[1], dv.stride[2], static_cast<const float*>(lse.data), delta, lse.stride[0], lse.stride[1], delta_sb, delta_sh,
          int(p.batch), int(p.q_heads), int(p.q_heads / p.kv_heads), int(p.q_len), int(p.kv_len), int(p.head_dim),
          int(p.dv()), float(p.softmax_scale()), row_off_, cols_, col_off_, rows_};
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -260,11 +261,12 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!csr_[i]) csr_[i] = std::make_unique<CsrBackward>(patterns_[i]);
-    // The CSR pass's delta scratch, laid out as lse ([B, Hq, Lq], contiguous; per-head runs at their offset).
+    // The CSR pass's delta scratch: [B, Hq, Lq] of the whole problem, contiguous (per-head runs at their offset).
     const Problem& a = problem_;
     if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, a.batch * a.q_heads * a.q_len)) * 4));
   }
-  csr_[i]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, stream);
+  csr_[i]->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, problem_.q_heads * problem_.q_len,
+               problem_.q_len, stream);
   last_row_ = plan::find_kernel("cuda_csr_bwd");
 }
 
@@ -273,9 +275,8 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
                            const TensorView& dv, void* stream) const {
   const Problem& p = problem_;
   if (!lse.data) throw Error("gpu backward: needs the forward's lse");
-  // The CSR pass's delta is laid out as lse: [B, Hq, Lq] with lse's strides inside a contiguous buffer.
-  if (lse.stride[1] != p.q_len || lse.stride[0] != p.q_heads * p.q_len)
-    throw Error("gpu backward: lse must be contiguous fp32 [B, Hq, Lq]");
+  if (lse.dtype != DType::f32 || lse.stride[2] != 1)
+    throw Error("gpu backward: lse must be fp32 [B, Hq, Lq], contiguous along the queries");
   if (patterns_.size() == 1) return run_one(0, p, q, k, v, o, lse, dout, dq, dk, dv, 0, stream);
   // Per-head patterns: each query head through its pattern on one-head views. dk / dv of a kv head shared by
   // query heads of different patterns would need summing: refused.

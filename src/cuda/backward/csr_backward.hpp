@@ -28,11 +28,12 @@ class CsrBackward {
   CsrBackward& operator=(const CsrBackward&) = delete;
 
   // q/k/v/o/dout device views [B, L, H, D] of one dtype (bf16, fp16 or f32; head dim contiguous), lse fp32
-  // [B, Hq, Lq] from the forward (required; query axis contiguous), dq/dk/dv in that dtype. `delta`: fp32 scratch
-  // laid out as lse (its strides), e.g. B * Hq * Lq floats for a contiguous lse.
+  // [B, Hq, Lq] from the forward (required; query axis contiguous; any batch and head strides), dq/dk/dv in that
+  // dtype. `delta`: fp32 scratch [B, Hq, Lq] with batch and head strides delta_sb, delta_sh.
   void run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
-           const TensorView& dk, const TensorView& dv, float* delta, void* stream) const;
+           const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,
+           void* stream) const;
 
  private:
   int64_t q_len_ = 0, k_len_ = 0;
