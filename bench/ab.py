@@ -77,6 +77,13 @@ def suite(L):
             ("causal", "causal", 64), ("causal", "causal", 128), ("dense", "dense", 64), ("dense", "dense", 128),
             ("fixed", "sparse_fixed(128)", 64), ("random", f"random({r}, seed=0)", 64),
             ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", 64),
+            ("na2d", f"neighborhood(dims=({n},{n}), kernel=13)", 128),
+            # the other neighborhood cases of gpu_bench.py's suite (issue 23)
+            ("na2d_dil", f"neighborhood(dims=({n},{n}), kernel=7, dilation=2)", 64),
+            ("na2d_dil", f"neighborhood(dims=({n},{n}), kernel=7, dilation=2)", 128),
+            ("na3d", f"neighborhood(dims=({max(1, L // 1024)},32,32), kernel=7, causal=(1,0,0))", 64),
+            ("na3d", f"neighborhood(dims=({max(1, L // 1024)},32,32), kernel=7, causal=(1,0,0))", 128),
+            ("na1d", "neighborhood(kernel=257)", 128),
             # band rows with a key prefix (the band kernel's prefix chunks)
             ("lfcols", "local(256) | global_cols(0:32)", 64), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 64)]
 

@@ -132,7 +132,9 @@ __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e,
     }
     fused::detail::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
   } else if (e.y >= 0) {
-    fused::detail::mask_fragment(s, [&](int c, int hh) { return !((mw[hh] >> (c + cb)) & 1ull); });
+    static_assert(BM == 64, "one mask word a row");
+    const unsigned long long w[2][1] = {{mw[0]}, {mw[1]}};
+    fused::detail::tile_mask_bits<BM>(s, w, cb);
   }
 }
 

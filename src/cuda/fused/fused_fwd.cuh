@@ -297,6 +297,22 @@ __device__ __forceinline__ void tile_mask_band(float (&s)[BN / 2], int d0, int l
   }
   mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
 }
+// Bitmask of a BN-wide S tile: column c of row hh is kept iff bit c % 64 of mw[hh][c / 64] is set. The words are
+// shifted by the thread's first column cb once, so that each score's bit sits at a compile-time position (8j + ee):
+// a test and a select a score instead of a 64-bit shift by a variable amount (c & 63) each.
+template <int BN>
+__device__ __forceinline__ void tile_mask_bits(float (&s)[BN / 2], const unsigned long long (&mw)[2][BN / 64], int cb) {
+  uint32_t half[2][BN / 32];  // (word >> cb)'s 32-bit halves: bits 32i ... 32i + 31
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int w = 0; w < BN / 64; ++w) {
+      const unsigned long long x = mw[hh][w] >> cb;  // cb + ee < 8 and 8j % 64 <= 56: no bit crosses a word
+      half[hh][2 * w] = uint32_t(x);
+      half[hh][2 * w + 1] = uint32_t(x >> 32);
+    }
+  mask_fragment(s, [&](int c, int hh) { return ((half[hh][c >> 5] >> (c & 31)) & 1u) == 0u; });
+}
 // Band entries (e.y == -2: kept iff e.z <= kp - qp <= e.w, keys < kvalid) and bitmask entries (e.y >= 0).
 template <int BN>
 __device__ __forceinline__ void tile_mask(const FusedParams& p, float (&s)[BN / 2], const int4& e,
@@ -305,15 +321,7 @@ __device__ __forceinline__ void tile_mask(const FusedParams& p, float (&s)[BN / 
     const int k0 = (e.x & kKtMask) * BN;
     tile_mask_band<BN>(s, k0 - q0 - (r0 & ~15), e.z, e.w, tile_kvalid(p, k0), (threadIdx.x & 31));
   } else if (e.y >= 0) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int ee = 0; ee < 2; ++ee) {
-          const int c = 8 * j + cb + ee;
-          if (!((mw[hh][c >> 6] >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
-        }
+    tile_mask_bits<BN>(s, mw, cb);
   }
 }
 // Row hh of a BN-wide tile: p = 2^(s sl2 - ms) in place; returns the row's sum of them over this thread's columns
@@ -687,13 +695,6 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
       constexpr int BNX = decltype(bnx_c)::value;
       static_assert(BNX == BN || kSm90, "narrow tiles: wgmma path only");
       const int col0 = half ? 64 * (half - 1) : 0;  // first key of this step within the BN-wide tile
-      auto mask_word = [&](int hh, int c) -> unsigned long long {
-        if constexpr (BNX == BN) {
-          return mw[hh][c >> 6];
-        } else {
-          return half == 2 ? mw[hh][MW - 1] : mw[hh][0];
-        }
-      };
       // ---- S = Q K^T ----
       float s[BNX / 2];
       if constexpr (kSm90) {
@@ -732,15 +733,12 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
         const int k0 = (e.x & kKtMask) * BN + col0;
         tile_mask_band<BNX>(s, k0 - q0 - warp * 16, e.z, e.w, tile_kvalid(p, k0), lane);
       } else if (e.y >= 0) {
-  #pragma unroll
-        for (int j = 0; j < BNX / 8; ++j)
-  #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-  #pragma unroll
-            for (int ee = 0; ee < 2; ++ee) {
-              const int c = 8 * j + cb + ee;
-              if (!((mask_word(hh, c) >> (c & 63)) & 1ull)) s[4 * j + 2 * hh + ee] = -INFINITY;
-            }
+        if constexpr (BNX == BN) {
+          tile_mask_bits<BN>(s, mw, cb);
+        } else {  // the half's one word a row
+          const unsigned long long hw[2][1] = {{half == 2 ? mw[0][MW - 1] : mw[0][0]}, {half == 2 ? mw[1][MW - 1] : mw[1][0]}};
+          tile_mask_bits<64>(s, hw, cb);
+        }
       }
 
       // ---- online softmax (base 2; a row with no key yet keeps max -inf and contributes nothing) ----
