@@ -68,6 +68,14 @@ __device__ __forceinline__ bool scaled_max_lost(float m, float sl2) {
   return m != -INFINITY && fabsf(m * sl2) >= 268435456.f;
 }
 
+// a * b as 64 bits, one 32 x 32 -> 64-bit multiply (a row gather's offset, token x stride: the compiler keeps an
+// int64 product of two widened ints as a 64 x 64-bit multiply, three IMADs).
+__device__ __forceinline__ uint64_t mul_wide_u32(uint32_t a, uint32_t b) {
+  uint64_t r;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // ---- cp.async (sm_80+) --------------------------------------------------------------------------------------
 // 16 bytes from global to shared memory; of them src_bytes (0 or 16) are read, the rest zero-filled (src_bytes 0:
 // a row past the end, whose source is never read). The destination as a shared-memory address (smem_u32: hoisted

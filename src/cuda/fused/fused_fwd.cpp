@@ -233,6 +233,10 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
         t.stride[2] % align)
       return Status::fail(std::string("fused kernel: ") + names[i] + " must be " + std::to_string(2 * align) +
                           "-byte aligned, pointer and strides");
+    // Mapped plans gather q, k and v rows with 32-bit token strides (MappedRows::copy).
+    if (i < 3 && hp.mapped() && 2 * t.stride[1] >= (int64_t(1) << 31))
+      return Status::fail(std::string("fused kernel: ") + names[i] + "'s token stride (" + std::to_string(t.stride[1]) +
+                          " elements) must stay below 2^30 elements for a tile-mapped plan");
   }
   if (a.lse.data) {
     if (a.lse.dtype != DType::f32) return Status::fail("fused kernel: lse must be fp32");

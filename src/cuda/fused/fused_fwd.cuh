@@ -133,13 +133,16 @@ struct MappedRows {
       tok[j] = ((l - kb.pack8[i]) & kBoxInside) == kBoxInside ? t + kb.off8[i] : -1;
     }
   }
+  // A row's address is one 32 x 32 -> 64-bit multiply-add (the host keeps a mapped plan's token strides below 2^31
+  // bytes: FusedFwd's checks); a padding row reads nothing (source size 0) from the thread's own chunk of token 0.
   __device__ __forceinline__ void copy(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int len, int tid) const {
-    const int ch = tid % CH;
+    const int ch = tid % CH, rs = int(row_stride_bytes);
+    const char* base = gbase + ch * 16;
     const uint32_t dst = sdst + sw_off<ROWS>(tid / CH, ch);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const bool ok = unsigned(tok[j]) < unsigned(len);
-      cp_async16(dst + j * (NT / CH) * 128, gbase + (ok ? int64_t(tok[j]) * row_stride_bytes + ch * 16 : 0), ok ? 16 : 0);
+      cp_async16(dst + j * (NT / CH) * 128, base + mul_wide_u32(ok ? tok[j] : 0, rs), ok ? 16 : 0);
     }
   }
 };
