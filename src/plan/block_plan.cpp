@@ -931,6 +931,46 @@ void estimate_cost(const BoundPattern& pat, Candidate& c) {
   price(c, sp, full, nnz);
 }
 
+// One sample tile's touched key tiles (f: full or not, in order of first touch) and kept scores (nnz), for rows
+// the pattern draws as bits (BoundPattern::row_bits: random), as the row walk finds them. Once every key tile is
+// touched and none is still filled by every row so far, the tile's other rows change neither (a key tile touched
+// stays touched; one a row left unfilled is not full): they add their keys only, which row_nnz counts without
+// drawing them (O(1) for random). random(820) at L = 16384 settles within a few rows of 64-192.
+struct SettleScratch {
+  std::vector<uint64_t> bits;
+  std::vector<char> seen, maybe_full;
+  std::vector<int64_t> order;
+};
+void sample_from_bits(const BoundPattern& pat, const Space& sp, int64_t begin, int64_t end, std::vector<char>& f,
+                      int64_t& nnz, SettleScratch& s) {
+  const int64_t lkw = (sp.lk + 63) / 64, wpt = sp.bn / 64;
+  s.bits.resize(size_t(lkw));
+  s.seen.assign(size_t(sp.k_tiles), 0);
+  s.maybe_full.assign(size_t(sp.k_tiles), 0);
+  s.order.clear();
+  int64_t n_maybe = 0;
+  for (int64_t kt = 0; kt < sp.k_tiles; ++kt)
+    if (sp.k_whole(kt)) s.maybe_full[size_t(kt)] = 1, ++n_maybe;  // a tile with padding is never full
+  for (int64_t q = begin; q < end; ++q) {
+    if (int64_t(s.order.size()) == sp.k_tiles && n_maybe == 0) {
+      nnz += pat.row_nnz(q);
+      continue;
+    }
+    pat.row_bits(q, s.bits.data());
+    const uint64_t* b = s.bits.data();
+    for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
+      uint64_t o = 0, a = ~uint64_t(0);
+      for (int64_t w = kt * wpt; w < std::min(kt * wpt + wpt, lkw); ++w) {
+        o |= b[w], a &= b[w];
+        nnz += __builtin_popcountll(b[w]);
+      }
+      if (o && !s.seen[size_t(kt)]) s.seen[size_t(kt)] = 1, s.order.push_back(kt);
+      if (s.maybe_full[size_t(kt)] && a != ~uint64_t(0)) s.maybe_full[size_t(kt)] = 0, --n_maybe;
+    }
+  }
+  for (int64_t kt : s.order) f.push_back(s.maybe_full[size_t(kt)]);
+}
+
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
 // their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
 // 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
@@ -965,6 +1005,23 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     for (int64_t i = 0; i < samples; ++i) {
       const int64_t qt = sampled_tile(spaces.back(), samples, i);
       tiles.push_back({qt * c.block_m, std::min(lq, (qt + 1) * c.block_m), s, i});
+    }
+  }
+  if (lq > 0 && !general_paths_only()) {
+    std::vector<uint64_t> probe(size_t(pat.k_len() + 63) / 64);
+    if (pat.row_bits(0, probe.data())) {  // rows drawn as bits (random): each sample alone, until settled
+      std::vector<SettleScratch> scratch(static_cast<size_t>(threads));
+      common::parallel_for(int64_t(tiles.size()), threads, [&](int64_t j, int t) {
+        const Sample& tile = tiles[size_t(j)];
+        sample_from_bits(pat, spaces[tile.cand], tile.begin, tile.end, full[tile.cand][size_t(tile.i)],
+                         nnz[tile.cand][size_t(tile.i)], scratch[size_t(t)]);
+      });
+      for (size_t s = 0; s < shared.size(); ++s) {
+        int64_t n = 0;
+        for (int64_t x : nnz[s]) n += x;
+        price(cands[shared[s]], spaces[s], full[s], n);
+      }
+      return;
     }
   }
   // Segments: rows that overlapping sample tiles join; a segment's tiles are walked by one thread.
