@@ -156,19 +156,15 @@ void for_each_tile_span(const Run& r, int bn, F&& f) {
   }
 }
 
-// Rows as bits (BoundPattern::row_bits): a row's keys and maximal runs (a run continues across words), and each
+// Rows as bits (BoundPattern::row_bits): a row's keys, and each
 // word's keys (a 64-key tile's) added to counts of the nonzero words, listed in touched. With the CPU's popcnt where
 // it has one: the library is built for baseline x86-64, where __builtin_popcountll is a libgcc call (it was a
 // quarter of a random plan's build).
 #define SPATTN_ROW_BITS_FUNCTIONS(SUFFIX, ATTR)                                                                  \
-  ATTR void keys_and_runs##SUFFIX(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {                 \
-    uint64_t carry = 0;                                                                                          \
-    for (int64_t w = 0; w < n; ++w) {                                                                            \
-      const uint64_t x = b[w];                                                                                   \
-      keys += __builtin_popcountll(x);                                                                           \
-      runs += __builtin_popcountll(x & ~((x << 1) | carry)); /* a run starts at each 1 after a 0 */              \
-      carry = x >> 63;                                                                                           \
-    }                                                                                                            \
+  ATTR int64_t bit_keys##SUFFIX(const uint64_t* b, int64_t n) {                                                  \
+    int64_t keys = 0;                                                                                            \
+    for (int64_t w = 0; w < n; ++w) keys += __builtin_popcountll(b[w]);                                         \
+    return keys;                                                                                                 \
   }                                                                                                              \
   ATTR int64_t word_counts##SUFFIX(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) { \
     int64_t keys = 0;                                                                                            \
@@ -185,13 +181,11 @@ bool have_popcnt() {
 }
 #else
 bool have_popcnt() { return false; }
-#define keys_and_runs_popcnt keys_and_runs_generic
+#define bit_keys_popcnt bit_keys_generic
 #define word_counts_popcnt word_counts_generic
 #endif
 #undef SPATTN_ROW_BITS_FUNCTIONS
-void keys_and_runs(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {
-  return have_popcnt() ? keys_and_runs_popcnt(b, n, keys, runs) : keys_and_runs_generic(b, n, keys, runs);
-}
+int64_t bit_keys(const uint64_t* b, int64_t n) { return have_popcnt() ? bit_keys_popcnt(b, n) : bit_keys_generic(b, n); }
 int64_t word_counts(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) {
   return have_popcnt() ? word_counts_popcnt(b, n, count, touched, nt) : word_counts_generic(b, n, count, touched, nt);
 }
@@ -654,8 +648,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
       // (Not in a mapped space: its rows' runs come in any order, and padding rows sit anywhere in a tile.)
-      // Rows the pattern draws as bits (BoundPattern::row_bits: random) are taken as bits, their keys and runs
-      // counted from the words; a tile that is not scattered after all takes its rows' runs (drawn again).
+      // Rows the pattern draws as bits (BoundPattern::row_bits: random) are taken as bits, their keys counted from
+      // the words, and the tile as a scattered one whatever its runs (its rows' bits cost O(Lk) a row anyway).
       auto scattered_tile = [&](int64_t n) { return nruns * 8 >= n && nruns * 4 >= int64_t(bm) * sp.k_tiles; };
       bool scattered = false, from_bits = false;
       if (bits_ok) {
@@ -665,12 +659,11 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
         for (int64_t r = 0; r < valid_rows; ++r) {
           uint64_t* b = bitrows.data() + r * kw;
           pat.row_bits(qt * bm + r, b);  // the first lkw words; the rest stay zero
-          keys_and_runs(b, lkw, n, nruns);
+          n += bit_keys(b, lkw);
         }
         std::fill(bitrows.begin() + valid_rows * kw, bitrows.end(), 0);
-        from_bits = scattered = scattered_tile(n);
-        if (from_bits) out.nnz += n;
-        else nruns = 0;
+        from_bits = scattered = true;
+        out.nnz += n;
       }
       if (!from_bits) {
         valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
@@ -981,12 +974,10 @@ void sample_from_bits(const BoundPattern& pat, const Space& sp, int64_t begin, i
     }
     pat.row_bits(q, s.bits.data());
     const uint64_t* b = s.bits.data();
+    nnz += bit_keys(b, lkw);
     for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
       uint64_t o = 0, a = ~uint64_t(0);
-      for (int64_t w = kt * wpt; w < std::min(kt * wpt + wpt, lkw); ++w) {
-        o |= b[w], a &= b[w];
-        nnz += __builtin_popcountll(b[w]);
-      }
+      for (int64_t w = kt * wpt; w < std::min(kt * wpt + wpt, lkw); ++w) o |= b[w], a &= b[w];
       if (o && !s.seen[size_t(kt)]) s.seen[size_t(kt)] = 1, s.order.push_back(kt);
       if (s.maybe_full[size_t(kt)] && a != ~uint64_t(0)) s.maybe_full[size_t(kt)] = 0, --n_maybe;
     }
