@@ -596,8 +596,14 @@ struct RandomB : BoundNode {
       Spans spans;
     };
     thread_local std::unordered_map<uint64_t, Entry> cache;
-    if (cache.size() > 64) cache.clear();
-    Entry& e = cache[id];
+    thread_local uint64_t last_id = 0;  // the atom asked last and its entry (map entries stay put until a clear)
+    thread_local Entry* last = nullptr;
+    if (!last || last_id != id) {  // (the map's hash and bucket division were a sparse row's largest cost)
+      if (cache.size() > 64) cache.clear();
+      last = &cache[id];
+      last_id = id;
+    }
+    Entry& e = *last;
     if (e.q != q) {
       e.q = q;
       draw_row(r, seed, q, k_len, e.spans);
