@@ -1067,6 +1067,8 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     RowRuns runs;
     int64_t row_nnz = 0;
     bool many = false;
+    std::vector<size_t> active;  // into tiles
+    size_t next = j0;
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
       // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
       if (q == tiles[j0].begin || q / block != (q - 1) / block) {
@@ -1084,9 +1086,13 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
           if (many) row64.add_runs(runs, 64);
         }
       }
-      for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
-        const Sample& tile = tiles[j];
-        if (q >= tile.end) continue;
+      // The sample tiles holding row q: those begun (in order of their first rows) and not ended (a segment of
+      // the unpermuted candidates' samples can span every row: scanning all its tiles a row was quadratic).
+      while (next < j1 && tiles[next].begin <= q) active.push_back(next++);
+      for (size_t a = 0; a < active.size();) {
+        const Sample& tile = tiles[active[a]];
+        if (q + 1 < tile.end) ++a;
+        else active[a] = active.back(), active.pop_back();  // its last row (one tile a candidate at a time)
         TileScratch& ts = scr[tile.cand];
         const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
         if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n);
