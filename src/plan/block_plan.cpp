@@ -5,7 +5,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -605,16 +604,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
     std::vector<int64_t> offsets;  // entries before each query tile, within this part
     std::vector<TileEntry> entries;
     MaskWords masks;  // (huge pages where large)
-    uint64_t* place = nullptr;  // in place (below): the part's masks are written here, not to `masks`
-    int64_t nwords = 0;         // mask words written
     int64_t nnz = 0, n_full = 0, n_band = 0, n_bitmask = 0;
-    // Appends a mask; returns its index within the part (rebased when merged).
-    int32_t put(const uint64_t* m, int words) {
-      if (place) std::copy(m, m + words, place + nwords);
-      else masks.insert(masks.end(), m, m + words);
-      nwords += words;
-      return int32_t(nwords / words - 1);
-    }
   };
   // out: the part; room: query tiles whose bitmasks `out` will hold (its own: reserved at the rate of its first
   // tiles).
@@ -760,7 +750,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           }
         }
       }
-      if (npartial > 0 && !out.place && qt == probe && out.masks.capacity() < out.masks.size() * size_t(room) / size_t(qt - qt_begin))
+      if (npartial > 0 && qt == probe && out.masks.capacity() < out.masks.size() * size_t(room) / size_t(qt - qt_begin))
         out.masks.reserve(out.masks.size() * size_t(room) / size_t(qt - qt_begin) * 17 / 16);  // this part's rate
       for (int64_t kt : scr.touched()) {
         TileEntry e{int32_t(kt), kFull, 0, 0};
@@ -774,7 +764,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
             e.hi = int32_t(hi);
             ++out.n_band;
           } else {
-            e.mask = out.put(m, words);
+            e.mask = int32_t(out.masks.size() / size_t(words));  // within this part; rebased when merged
+            out.masks.insert(out.masks.end(), m, m + words);
             ++out.n_bitmask;
           }
         } else {
@@ -788,17 +779,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   };
   const int64_t nthreads = plan_threads(sp.q_tiles, pat.k_len());
   std::vector<Part> parts(static_cast<size_t>(nthreads));
-  // Masks in place, where the bound is at most 1 GiB: plan.masks sized for a mask at every (query tile, key tile)
-  // (address space only: pages are touched where written), each part writing from its first query tile's bound on;
-  // the parts are moved down after to close the gaps, none where every tile is a bitmask (random: tens of MB that
-  // were written by the parts, then copied into the plan).
-  const int64_t bound = sp.q_tiles * sp.k_tiles * words;
-  const bool in_place = nthreads > 1 && !general_paths_only() && bound <= (int64_t(1) << 27);
-  if (in_place) plan.masks.resize(size_t(bound));  // not zeroed (MaskWords)
-  auto part_begin = [&](int64_t t) { return sp.q_tiles * t / nthreads; };
   common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
-    const int64_t qt0 = part_begin(t), qt1 = part_begin(t + 1);
-    if (in_place) parts[size_t(t)].place = plan.masks.data() + qt0 * sp.k_tiles * words;
+    const int64_t qt0 = sp.q_tiles * t / nthreads, qt1 = sp.q_tiles * (t + 1) / nthreads;
     build_range(qt0, qt1, qt1 - qt0, parts[size_t(t)]);
   });
   // The parts concatenated in order, each copied by its own thread into arrays sized once (a random plan's bitmasks
@@ -807,7 +789,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   for (size_t pi = 0; pi < parts.size(); ++pi) {
     const Part& part = parts[pi];
     entry_base[pi + 1] = entry_base[pi] + int64_t(part.entries.size());
-    mask_base[pi + 1] = mask_base[pi] + part.nwords;
+    mask_base[pi + 1] = mask_base[pi] + int64_t(part.masks.size());
     plan.nnz += part.nnz;
     plan.n_full += part.n_full;
     plan.n_band += part.n_band;
@@ -815,15 +797,10 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
   }
   if (mask_base.back() / words >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
   plan.entries.resize(size_t(entry_base.back()));
-  if (in_place) {  // in order: a part's words move down past its predecessor's, which have moved already
-    for (size_t t = 1; t < parts.size(); ++t)
-      if (parts[t].place != plan.masks.data() + mask_base[t])
-        std::memmove(plan.masks.data() + mask_base[t], parts[t].place, size_t(parts[t].nwords) * sizeof(uint64_t));
-  }
-  plan.masks.resize(size_t(mask_base.back()));  // not zeroed (MaskWords): every word is copied below (or was)
+  plan.masks.resize(size_t(mask_base.back()));  // not zeroed (MaskWords): every word is copied below
   common::parallel_for(nthreads, int(nthreads), [&](int64_t t, int) {
     Part& part = parts[size_t(t)];
-    const int64_t qt0 = part_begin(t);
+    const int64_t qt0 = sp.q_tiles * t / nthreads;
     for (size_t i = 0; i < part.offsets.size(); ++i) plan.row_offsets[size_t(qt0) + i] = entry_base[size_t(t)] + part.offsets[i];
     TileEntry* e = plan.entries.data() + entry_base[size_t(t)];
     const int32_t mb = int32_t(mask_base[size_t(t)] / words);
@@ -831,7 +808,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
       if (x.mask >= 0) x.mask += mb;
       *e++ = x;
     }
-    if (!in_place) std::copy(part.masks.begin(), part.masks.end(), plan.masks.begin() + mask_base[size_t(t)]);
+    std::copy(part.masks.begin(), part.masks.end(), plan.masks.begin() + mask_base[size_t(t)]);
     part = Part{};
   });
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
