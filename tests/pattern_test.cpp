@@ -164,7 +164,7 @@ TEST(PatternAtoms, RandomRowsAreFloydsSample) {
   // Row keys, row_nnz and contains() against the literal transcription, row by row: suite sizes, r = 1,
   // r = Lk - 1, r >= Lk, r = 0, both sides of the library's switch from a hash set to a bitmap (one key in 256:
   // Lk = 70000 is 1094 words of 64 keys, a bitmap from r = 274), keys near 2^31 (the largest divisors j + 1),
-  // cross lengths, seeds at the ends of the range.
+  // cross lengths, seeds at the ends of the range, bitmaps of more words than keys.
   struct C {
     int64_t r, Lq, Lk;
     uint64_t seed;
@@ -177,7 +177,9 @@ TEST(PatternAtoms, RandomRowsAreFloydsSample) {
                      {274, 40, 70000, 5, 40},       {1, 2, 2, 4, 2},              {1, 1, 2, 7, 1},
                      {0, 10, 10, 1, 10},            {2, 300, 7, ~0ull, 300},      {6, 300, 7, 1ull << 63, 300},
                      {1000, 8, kMaxK, 11, 8},       {3, 4, kMaxK, ~0ull, 4},      {64, 6, kMaxK - 1000, 12345, 6},
-                     {31, 100, 32, 77, 100},        {63, 7, 64, 78, 7},           {65, 7, 66, 79, 7}};
+                     {31, 100, 32, 77, 100},        {63, 7, 64, 78, 7},           {65, 7, 66, 79, 7},
+                     // bitmaps of more words than keys (scanned eight words at a time): sparse random, a ragged group
+                     {81, 16384, 16384, 0, 32},     {7, 50, 1700, 4, 50}};
   std::vector<int64_t> keys;
   for (const C& c : cases) {
     const std::string spec = "random(" + std::to_string(c.r) + ", seed=" + std::to_string(int64_t(c.seed)) + ")";

@@ -34,6 +34,8 @@ const std::vector<Case>& cases() {
       {"random(700, seed=5)", 2048, 2048},   // about where dense segments start
       {"random(100)", 3000, 5000},
       {"random(900)", 777, 1000},
+      {"random(1020, seed=1)", 1030, 1030},  // 99%: full tiles to the last rows (samples that never settle)
+      {"random(60, seed=4)", 1000, 1500},    // 4%, ragged key tiles: samples settle late
       {"local(64) | random(100)", 4096, 4096},
       {"global(0:32) | random(300)", 2048, 2048},
       {"causal & random(700)", 2048, 2048},

@@ -118,33 +118,50 @@ int64_t bitmap_keys_scalar(uint64_t* b, int64_t words, int32_t* out) {
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 // A word's set bit positions compressed as bytes and widened 16 at a time: no branch per bit, nor per word
-// while words hold at most 16 keys (up to 64 entries written).
-__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) int64_t bitmap_keys_avx512(uint64_t* b, int64_t words, int32_t* out) {
+// while words hold at most 16 keys (up to 64 entries written). Word x is word w of the bitmap; returns its keys.
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) inline int word_keys_avx512(uint64_t x, int64_t w, int32_t* out) {
   const __m512i iota = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43,
                                        42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
                                        21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i step = _mm512_set1_epi32(64);
-  __m512i base = _mm512_setzero_si512();
+  const __m512i base = _mm512_set1_epi32(int32_t(w * 64));
+  const __m512i pos = _mm512_maskz_compress_epi8(x, iota);
+  const int c = __builtin_popcountll(x);
+  _mm512_storeu_si512(out, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 0))));
+  if (c > 16) {
+    _mm512_storeu_si512(out + 16, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 1))));
+    _mm512_storeu_si512(out + 32, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 2))));
+    _mm512_storeu_si512(out + 48, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 3))));
+  }
+  return c;
+}
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) int64_t bitmap_keys_avx512(uint64_t* b, int64_t words, int32_t* out) {
   int64_t n = 0;
-  for (int64_t w = 0; w < words; ++w, base = _mm512_add_epi32(base, step)) {
-    const uint64_t x = b[w];
+  for (int64_t w = 0; w < words; ++w) {
+    n += word_keys_avx512(b[w], w, out + n);
     b[w] = 0;
-    const __m512i pos = _mm512_maskz_compress_epi8(x, iota);
-    const int c = __builtin_popcountll(x);
-    _mm512_storeu_si512(out + n, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 0))));
-    if (c > 16) {
-      _mm512_storeu_si512(out + n + 16, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 1))));
-      _mm512_storeu_si512(out + n + 32, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 2))));
-      _mm512_storeu_si512(out + n + 48, _mm512_add_epi32(base, _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm512_maskz_extracti32x4_epi32(0xF, pos, 3))));
+  }
+  return n;
+}
+// Sparse bitmaps (more words than keys: most words empty): eight words tested at a time, the nonzero ones taken.
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"))) int64_t bitmap_keys_sparse_avx512(uint64_t* b, int64_t words,
+                                                                                         int32_t* out) {
+  int64_t n = 0;
+  for (int64_t g = 0; g < words; g += 8) {
+    const __mmask8 valid = words - g >= 8 ? __mmask8(0xFF) : __mmask8((1u << (words - g)) - 1);
+    const __m512i v = _mm512_maskz_loadu_epi64(valid, b + g);
+    for (unsigned m = _mm512_test_epi64_mask(v, v); m; m &= m - 1) {
+      const int64_t w = g + __builtin_ctz(m);
+      n += word_keys_avx512(b[w], w, out + n);
+      b[w] = 0;
     }
-    n += c;
   }
   return n;
 }
 #endif
-int64_t bitmap_keys(uint64_t* b, int64_t words, int32_t* out) {
+// sparse: most words are expected empty (fewer keys than words).
+int64_t bitmap_keys(uint64_t* b, int64_t words, int32_t* out, bool sparse) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (have_vbmi2()) return bitmap_keys_avx512(b, words, out);
+  if (have_vbmi2()) return sparse ? bitmap_keys_sparse_avx512(b, words, out) : bitmap_keys_avx512(b, words, out);
 #endif
   return bitmap_keys_scalar(b, words, out);
 }
@@ -544,7 +561,7 @@ struct RandomB : BoundNode {
       if (int64_t(s.bits.size()) < words) s.bits.resize(size_t(words), 0);
       uint64_t* b = s.bits.data();
       set_draws(s.t.data(), r, lo, b);
-      bitmap_keys(b, words, keys);
+      bitmap_keys(b, words, keys, words > r);
     } else {
       // Open addressing on keys (< 2^31) with Fibonacci hashing, at most half full; ~0u marks an empty slot.
       int bits = 4;
@@ -579,8 +596,14 @@ struct RandomB : BoundNode {
       Spans spans;
     };
     thread_local std::unordered_map<uint64_t, Entry> cache;
-    if (cache.size() > 64) cache.clear();
-    Entry& e = cache[id];
+    thread_local uint64_t last_id = 0;  // the atom asked last and its entry (map entries stay put until a clear)
+    thread_local Entry* last = nullptr;
+    if (!last || last_id != id) {  // (the map's hash and bucket division were a sparse row's largest cost)
+      if (cache.size() > 64) cache.clear();
+      last = &cache[id];
+      last_id = id;
+    }
+    Entry& e = *last;
     if (e.q != q) {
       e.q = q;
       draw_row(r, seed, q, k_len, e.spans);

@@ -155,19 +155,15 @@ void for_each_tile_span(const Run& r, int bn, F&& f) {
   }
 }
 
-// Rows as bits (BoundPattern::row_bits): a row's keys and maximal runs (a run continues across words), and each
+// Rows as bits (BoundPattern::row_bits): a row's keys, and each
 // word's keys (a 64-key tile's) added to counts of the nonzero words, listed in touched. With the CPU's popcnt where
 // it has one: the library is built for baseline x86-64, where __builtin_popcountll is a libgcc call (it was a
 // quarter of a random plan's build).
 #define SPATTN_ROW_BITS_FUNCTIONS(SUFFIX, ATTR)                                                                  \
-  ATTR void keys_and_runs##SUFFIX(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {                 \
-    uint64_t carry = 0;                                                                                          \
-    for (int64_t w = 0; w < n; ++w) {                                                                            \
-      const uint64_t x = b[w];                                                                                   \
-      keys += __builtin_popcountll(x);                                                                           \
-      runs += __builtin_popcountll(x & ~((x << 1) | carry)); /* a run starts at each 1 after a 0 */              \
-      carry = x >> 63;                                                                                           \
-    }                                                                                                            \
+  ATTR int64_t bit_keys##SUFFIX(const uint64_t* b, int64_t n) {                                                  \
+    int64_t keys = 0;                                                                                            \
+    for (int64_t w = 0; w < n; ++w) keys += __builtin_popcountll(b[w]);                                         \
+    return keys;                                                                                                 \
   }                                                                                                              \
   ATTR int64_t word_counts##SUFFIX(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) { \
     int64_t keys = 0;                                                                                            \
@@ -184,13 +180,11 @@ bool have_popcnt() {
 }
 #else
 bool have_popcnt() { return false; }
-#define keys_and_runs_popcnt keys_and_runs_generic
+#define bit_keys_popcnt bit_keys_generic
 #define word_counts_popcnt word_counts_generic
 #endif
 #undef SPATTN_ROW_BITS_FUNCTIONS
-void keys_and_runs(const uint64_t* b, int64_t n, int64_t& keys, int64_t& runs) {
-  return have_popcnt() ? keys_and_runs_popcnt(b, n, keys, runs) : keys_and_runs_generic(b, n, keys, runs);
-}
+int64_t bit_keys(const uint64_t* b, int64_t n) { return have_popcnt() ? bit_keys_popcnt(b, n) : bit_keys_generic(b, n); }
 int64_t word_counts(const uint64_t* b, int64_t n, int64_t* count, int64_t* touched, size_t& nt) {
   return have_popcnt() ? word_counts_popcnt(b, n, count, touched, nt) : word_counts_generic(b, n, count, touched, nt);
 }
@@ -644,8 +638,8 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
       // in `rowbits` (the row's keys, a few KiB) and the row is then copied into every key tile's block; the
       // tiles a row touches and whether it fills them come from its words (no count per run).
       // (Not in a mapped space: its rows' runs come in any order, and padding rows sit anywhere in a tile.)
-      // Rows the pattern draws as bits (BoundPattern::row_bits: random) are taken as bits, their keys and runs
-      // counted from the words; a tile that is not scattered after all takes its rows' runs (drawn again).
+      // Rows the pattern draws as bits (BoundPattern::row_bits: random) are taken as bits, their keys counted from
+      // the words, and the tile as a scattered one whatever its runs (its rows' bits cost O(Lk) a row anyway).
       auto scattered_tile = [&](int64_t n) { return nruns * 8 >= n && nruns * 4 >= int64_t(bm) * sp.k_tiles; };
       bool scattered = false, from_bits = false;
       if (bits_ok) {
@@ -655,12 +649,11 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
         for (int64_t r = 0; r < valid_rows; ++r) {
           uint64_t* b = bitrows.data() + r * kw;
           pat.row_bits(qt * bm + r, b);  // the first lkw words; the rest stay zero
-          keys_and_runs(b, lkw, n, nruns);
+          n += bit_keys(b, lkw);
         }
         std::fill(bitrows.begin() + valid_rows * kw, bitrows.end(), 0);
-        from_bits = scattered = scattered_tile(n);
-        if (from_bits) out.nnz += n;
-        else nruns = 0;
+        from_bits = scattered = true;
+        out.nnz += n;
       }
       if (!from_bits) {
         valid_rows = tile_rows(pat, sp, qt, tmp, rows, nruns, out.nnz, &same);
@@ -931,6 +924,44 @@ void estimate_cost(const BoundPattern& pat, Candidate& c) {
   price(c, sp, full, nnz);
 }
 
+// One sample tile's touched key tiles (f: full or not, in order of first touch) and kept scores (nnz), for rows
+// the pattern draws as bits (BoundPattern::row_bits: random), as the row walk finds them. Once every key tile is
+// touched and none is still filled by every row so far, the tile's other rows change neither (a key tile touched
+// stays touched; one a row left unfilled is not full): they add their keys only, which row_nnz counts without
+// drawing them (O(1) for random). random(820) at L = 16384 settles within a few rows of 64-192.
+struct SettleScratch {
+  std::vector<uint64_t> bits;
+  std::vector<char> seen, maybe_full;
+  std::vector<int64_t> order;
+};
+void sample_from_bits(const BoundPattern& pat, const Space& sp, int64_t begin, int64_t end, std::vector<char>& f,
+                      int64_t& nnz, SettleScratch& s) {
+  const int64_t lkw = (sp.lk + 63) / 64, wpt = sp.bn / 64;
+  s.bits.resize(size_t(lkw));
+  s.seen.assign(size_t(sp.k_tiles), 0);
+  s.maybe_full.assign(size_t(sp.k_tiles), 0);
+  s.order.clear();
+  int64_t n_maybe = 0;
+  for (int64_t kt = 0; kt < sp.k_tiles; ++kt)
+    if (sp.k_whole(kt)) s.maybe_full[size_t(kt)] = 1, ++n_maybe;  // a tile with padding is never full
+  for (int64_t q = begin; q < end; ++q) {
+    if (int64_t(s.order.size()) == sp.k_tiles && n_maybe == 0) {
+      nnz += pat.row_nnz(q);
+      continue;
+    }
+    pat.row_bits(q, s.bits.data());
+    const uint64_t* b = s.bits.data();
+    nnz += bit_keys(b, lkw);
+    for (int64_t kt = 0; kt < sp.k_tiles; ++kt) {
+      uint64_t o = 0, a = ~uint64_t(0);
+      for (int64_t w = kt * wpt; w < std::min(kt * wpt + wpt, lkw); ++w) o |= b[w], a &= b[w];
+      if (o && !s.seen[size_t(kt)]) s.seen[size_t(kt)] = 1, s.order.push_back(kt);
+      if (s.maybe_full[size_t(kt)] && a != ~uint64_t(0)) s.maybe_full[size_t(kt)] = 0, --n_maybe;
+    }
+  }
+  for (int64_t kt : s.order) f.push_back(s.maybe_full[size_t(kt)]);
+}
+
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
 // their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
 // 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
@@ -967,6 +998,23 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
       tiles.push_back({qt * c.block_m, std::min(lq, (qt + 1) * c.block_m), s, i});
     }
   }
+  if (lq > 0 && !general_paths_only()) {
+    std::vector<uint64_t> probe(size_t(pat.k_len() + 63) / 64);
+    if (pat.row_bits(0, probe.data())) {  // rows drawn as bits (random): each sample alone, until settled
+      std::vector<SettleScratch> scratch(static_cast<size_t>(threads));
+      common::parallel_for(int64_t(tiles.size()), threads, [&](int64_t j, int t) {
+        const Sample& tile = tiles[size_t(j)];
+        sample_from_bits(pat, spaces[tile.cand], tile.begin, tile.end, full[tile.cand][size_t(tile.i)],
+                         nnz[tile.cand][size_t(tile.i)], scratch[size_t(t)]);
+      });
+      for (size_t s = 0; s < shared.size(); ++s) {
+        int64_t n = 0;
+        for (int64_t x : nnz[s]) n += x;
+        price(cands[shared[s]], spaces[s], full[s], n);
+      }
+      return;
+    }
+  }
   // Segments: rows that overlapping sample tiles join; a segment's tiles are walked by one thread.
   std::sort(tiles.begin(), tiles.end(), [](const Sample& a, const Sample& b) { return a.begin < b.begin; });
   std::vector<size_t> seg_begin;  // into tiles
@@ -996,6 +1044,8 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     RowRuns runs;
     int64_t row_nnz = 0;
     bool many = false;
+    std::vector<size_t> active;  // into tiles
+    size_t next = j0;
     for (int64_t q = tiles[j0].begin; q < end; ++q) {
       // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
       if (q == tiles[j0].begin || q / block != (q - 1) / block) {
@@ -1013,9 +1063,13 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
           if (many) row64.add_runs(runs, 64);
         }
       }
-      for (size_t j = j0; j < j1 && tiles[j].begin <= q; ++j) {
-        const Sample& tile = tiles[j];
-        if (q >= tile.end) continue;
+      // The sample tiles holding row q: those begun (in order of their first rows) and not ended (a segment of
+      // the unpermuted candidates' samples can span every row: scanning all its tiles a row was quadratic).
+      while (next < j1 && tiles[next].begin <= q) active.push_back(next++);
+      for (size_t a = 0; a < active.size();) {
+        const Sample& tile = tiles[active[a]];
+        if (q + 1 < tile.end) ++a;
+        else active[a] = active.back(), active.pop_back();  // its last row (one tile a candidate at a time)
         TileScratch& ts = scr[tile.cand];
         const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
         if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n);
