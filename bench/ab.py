@@ -84,6 +84,7 @@ def suite(L):
             ("na3d", f"neighborhood(dims=({max(1, L // 1024)},32,32), kernel=7, causal=(1,0,0))", 64),
             ("na3d", f"neighborhood(dims=({max(1, L // 1024)},32,32), kernel=7, causal=(1,0,0))", 128),
             ("na1d", "neighborhood(kernel=257)", 128),
+            ("bigbird", "bigbird(64, 1, 2, 3, seed=0)", 128), ("fixed", "sparse_fixed(128)", 128),
             # band rows with a key prefix (the band kernel's prefix chunks)
             ("lfcols", "local(256) | global_cols(0:32)", 64), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 64)]
 

@@ -56,7 +56,11 @@ struct Traits {
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;               // mbarriers after the tiles
-  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + alignment slack
+  // + alignment slack. The mbarriers only where the stages use them: the 64x64 CTA at D=128 (112 KB of tiles) then
+  // fits twice in an SM's 228 KB with the 1 KB a CTA the hardware reserves (2 x (113 KB + 1 KB)); with 48 more bytes
+  // it ran alone on its SM.
+  static constexpr int kSmemBytes = kBarOffset + (kDecoupled ? 2 * kStages * 8 : 0) + 1024;
+  static_assert(BM != 64 || BN != 64 || D != 128 || 2 * (kSmemBytes + 1024) <= 228 * 1024, "two 64x64 CTAs an SM at D=128");
   static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? 3 : 2);
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
