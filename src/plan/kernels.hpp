@@ -46,6 +46,10 @@ struct KernelConfig {
   // tiles) pay and long ones (random 5%: 128) do not. Fitted at L=16384: the TMA rows' partial 1.6 and item 0 of
   // before (local(256), longformer) became 1.2 and 1.6, which keeps those choices and prices random(820)'s 128
   // bitmask tiles an item at 0.78x the 64x128 cp.async row's, as measured (5.57 vs 7.14 ms, bench/LOG.md).
+  // The 64x64 cp.async row at D=128 (two CTAs an SM since de3c4f6; dense 231 TFLOP/s against the 128x128 cp.async
+  // row's 425) takes its partial tiles at 1.0: mapped neighborhoods at L=4096 ran 1.24x (na2d) and 1.23x (na3d)
+  // faster on it than on 128x128, where 1.1 kept 128x128; below 1.0 the 1-D window na1d and local|random(4) would
+  // move off the TMA row unmeasured.
   double full_cost, partial_cost;
   double item_cost = 0;
 };
@@ -70,7 +74,7 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_cp_128x128_d64", Engine::cuda_fused, KernelKind::sm90_cp, 128, 128, 64, kF16 | kBF16, 1.1, 1.1},
     {"sm90_cp_64x64_d64", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 64, kF16 | kBF16, 1.18, 1.1},
     {"sm90_cp_128x128_d128", Engine::cuda_fused, KernelKind::sm90_cp, 128, 128, 128, kF16 | kBF16, 1.2, 1.1},
-    {"sm90_cp_64x64_d128", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 128, kF16 | kBF16, 2.0, 1.1},
+    {"sm90_cp_64x64_d128", Engine::cuda_fused, KernelKind::sm90_cp, 64, 64, 128, kF16 | kBF16, 2.0, 1.0},
     // sm_90a warp-specialized TMA kernels (no permutation)
     {"sm90_tma_128x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 64, kF16 | kBF16, 0.82, 1.2, 1.6},
     {"sm90_tma_192x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 192, 128, 64, kF16 | kBF16, 0.70, 1.2, 1.6},
