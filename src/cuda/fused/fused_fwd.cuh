@@ -39,7 +39,7 @@ struct Traits {
   static_assert(D == 64 || D == 128, "head dim is 64 or 128");
   static constexpr int kWarps = BM / 16;
   static constexpr int kThreads = kWarps * 32;
-  // One-warpgroup CTAs (BM = 64) are meant to run 2-3 per SM, so that one CTA's softmax overlaps another's
+  // One-warpgroup CTAs (BM = 64) are meant to run 2-4 per SM, so that one CTA's softmax overlaps another's
   // wgmma: 2 stages where a stage is 32 KB or more (D=64 64x128: 72 KB a CTA, 3 per SM). The two-warpgroup
   // 128x128 CTA runs alone on its SM (219-226 registers a thread): 3 stages at D=64, 2 at D=128 (64 KB a stage).
   //
@@ -56,12 +56,14 @@ struct Traits {
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;               // mbarriers after the tiles
-  // + alignment slack. The mbarriers only where the stages use them: the 64x64 CTA at D=128 (112 KB of tiles) then
-  // fits twice in an SM's 228 KB with the 1 KB a CTA the hardware reserves (2 x (113 KB + 1 KB)); with 48 more bytes
-  // it ran alone on its SM.
-  static constexpr int kSmemBytes = kBarOffset + (kDecoupled ? 2 * kStages * 8 : 0) + 1024;
-  static_assert(BM != 64 || BN != 64 || D != 128 || 2 * (kSmemBytes + 1024) <= 228 * 1024, "two 64x64 CTAs an SM at D=128");
-  static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? 3 : 2);
+  // The mbarriers only where the stages use them: the 64x64 CTA at D=128 (112 KB of tiles) fits twice an SM; 48
+  // bytes more (with the 1 KB of alignment slack there was) left it alone on its SM.
+  static constexpr int kSmemBytes = kBarOffset + (kDecoupled ? 2 * kStages * 8 : 0);
+  // CTAs an SM (launch bounds: registers; shared memory: 228 KB an SM, 1 KB of it reserved a CTA): the 64x64 CTA
+  // four at D=64 on sm_90a (4 x 57 KB; the mma.sync one would spill at 128 registers), the other one-warpgroup
+  // CTAs three at D=64 and two at D=128.
+  static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? (BN == 64 && kSm90 ? 4 : 3) : 2);
+  static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024, "kMinBlocks CTAs an SM");
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
@@ -524,8 +526,12 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads, S = Tr::kStages;
   constexpr bool kSm90 = Tr::kSm90, kBf16 = Tr::kBf16;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // The tiles need 1024-byte alignment (128-byte swizzle atoms). Dynamic shared memory starts there; kSmemBytes
+  // has no slack to round up with (a 64x64 CTA then fits four times an SM), so a base that is not aligned traps
+  // instead of overrunning the allocation.
+  extern __shared__ __align__(1024) uint8_t smem_cp[];
+  if (smem_u32(smem_cp) & 1023u) __trap();
+  uint8_t* smem = smem_cp;
   const uint32_t s_q = smem_u32(smem);
   const uint32_t s_kv0 = s_q + Tr::kQBytes;  // stage s: K at s_kv0 + 2s*tile, V right after
 
