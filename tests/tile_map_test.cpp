@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,24 @@ void expect_bijection(const std::vector<int32_t>& map, int64_t len, int tile, co
 void expect_covers(const BoundPattern& pat, const BlockPlan& p) {
   SCOPED_TRACE(p.describe());
   const int64_t lq = pat.q_len(), lk = pat.k_len();
-  if (p.mapped()) {
+  if (p.key_strips()) {  // a token sits in the strips of several query tiles: each strip's slots are the strip's
+    expect_bijection(p.q_map, lq, p.block_m, "q_map");
+    ASSERT_EQ(p.k_tiles, int64_t(p.strips.size()));
+    EXPECT_EQ(p.n_bitmask, p.nentries()) << "every strip entry is a bitmask";
+    for (size_t kt = 0; kt < p.strips.size(); ++kt) {
+      const spattn::plan::KeyStrip& s = p.strips[kt];
+      ASSERT_TRUE(s.width >= 1 && s.width <= 64 && s.count >= 1 && s.count <= 64 && s.count % s.width == 0) << kt;
+      std::vector<int32_t> toks;
+      for (int r = 0; r < 64; ++r) {
+        const int32_t t = p.k_map[kt * 64 + size_t(r)];
+        EXPECT_EQ(t < 0, r >= s.count) << "strip " << kt << " slot " << r;
+        if (t >= 0) toks.push_back(t);
+        ASSERT_LT(t, lk);
+      }
+      std::sort(toks.begin(), toks.end());
+      EXPECT_TRUE(std::adjacent_find(toks.begin(), toks.end()) == toks.end()) << "strip " << kt << " holds a token twice";
+    }
+  } else if (p.mapped()) {
     expect_bijection(p.q_map, lq, p.block_m, "q_map");
     expect_bijection(p.k_map, lk, p.block_n, "k_map");
     EXPECT_EQ(p.n_band, 0) << "mapped plans have no band entries";
@@ -69,6 +87,7 @@ void expect_covers(const BoundPattern& pat, const BlockPlan& p) {
     EXPECT_FALSE(p.band);
   }
   if (p.mapped()) {
+    EXPECT_EQ(p.n_band, 0) << "mapped plans have no band entries";
     ASSERT_EQ(p.q_tiles * p.block_m, int64_t(p.q_map.size()));
     ASSERT_EQ(p.k_tiles * p.block_n, int64_t(p.k_map.size()));
   }
@@ -345,7 +364,7 @@ TEST(TileMap, BadTilingsSayWhy) {
   }
   EXPECT_THROW(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 64, 0, 0, 1, false, 1), spattn::Error)
       << "tile_map 1 with a forced permutation";
-  EXPECT_THROW(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 64, 0, 0, -1, false, 2), spattn::Error);
+  EXPECT_THROW(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 64, 0, 0, -1, false, 3), spattn::Error);
 }
 
 // The planner takes the tile map for 2-D and 3-D neighborhoods where it keeps more of the scores it visits, and
@@ -382,9 +401,138 @@ TEST(TileMap, PlannerChoosesMappedTilesAndSaysWhy) {
   const BoundPattern loc = spattn::parse("local(100)").bind(2000);
   EXPECT_FALSE(spattn::plan::choose_block_plan(loc, spattn::plan::analyze(loc), 64).mapped());
   // A narrow grid: image rows of 41 tokens make a 64-token run nearly a box already, and boxes pad 37 x 41 to
-  // 40 x 48: the row-major plan keeps more (0.15 against 0.10) and is chosen.
+  // 40 x 48: the row-major plan keeps more (0.15 against 0.10) than key boxes; key strips (14x14 unions in 4 strips of
+  // 4 rows) keep more than either, and are chosen.
   const BoundPattern narrow = bind("neighborhood(dims=(37, 41), kernel=7)");
-  EXPECT_FALSE(spattn::plan::choose_block_plan(narrow, spattn::plan::analyze(narrow), 64).mapped());
+  const auto an_narrow = spattn::plan::analyze(narrow);
+  EXPECT_TRUE(spattn::plan::choose_block_plan(narrow, an_narrow, 64).key_strips());
+  EXPECT_FALSE(spattn::plan::choose_block_plan(narrow, an_narrow, 64, 0, 0, -1, true, 1).key_strips());
+  EXPECT_FALSE(spattn::plan::choose_block_plan(narrow, an_narrow, 64, 64, 128).mapped())
+      << "64x128 tiles: row-major beats key boxes (strips are 64x64 only)";
+}
+
+// Key strips (tile_map 2; plan/block_plan.hpp): each query box's key tiles are strips of its window union. For every
+// query the tokens of the set bits of its entries are exactly its row's keys (BoundPattern::row), none twice, and the
+// slots' tokens are the kernels' arithmetic (key_boxes.hpp, strip_token) — for grid sides off the box sides, windows
+// clamped at the edges, dilation with unequal groups, causal axes, 13x13 and 7x7 windows, a 7x9 grid, every query box
+// shape of 64 tokens.
+const std::vector<std::string> kStripSpecs = {
+    "neighborhood(dims=(37, 41), kernel=7)", "neighborhood(dims=(40, 48), kernel=13)", "neighborhood(dims=(7, 9), kernel=3)",
+    "neighborhood(dims=(7, 9), kernel=(7, 5))", "neighborhood(dims=(45, 51), kernel=13, dilation=2)",
+    "neighborhood(dims=(23, 29), kernel=(5, 3), dilation=(2, 3))", "neighborhood(dims=(30, 33), kernel=7, causal=(1, 0))",
+    "neighborhood(dims=(30, 33), kernel=(3, 7), causal=(0, 1))", "neighborhood(dims=(19, 45), kernel=4, causal=1, dilation=(1, 2))",
+    "neighborhood(dims=(33, 35), kernel=13, dilation=(2, 1))", "neighborhood(dims=(9, 1, 30), kernel=(3, 1, 7))",
+    "neighborhood(dims=(20, 30), kernel=5) | global(0:3)", "neighborhood(dims=(20, 30), kernel=7) & causal",
+};
+
+void expect_rows_exact(const BoundPattern& pat, const BlockPlan& p) {
+  spattn::RowRuns runs;
+  int64_t bad = 0;
+  for (int64_t qt = 0; qt < p.q_tiles; ++qt)
+    for (int r = 0; r < 64; ++r) {
+      const int64_t q = p.q_token(qt * 64 + r);
+      if (q >= pat.q_len()) continue;
+      std::vector<int64_t> got, want;
+      for (int64_t i = p.row_offsets[size_t(qt)]; i < p.row_offsets[size_t(qt) + 1]; ++i) {
+        const spattn::plan::TileEntry& e = p.entries[size_t(i)];
+        const uint64_t w = p.masks[size_t(e.mask) * 64 + size_t(r)];
+        for (int c = 0; c < 64; ++c)
+          if ((w >> c) & 1) got.push_back(p.k_token(int64_t(e.kt) * 64 + c));
+      }
+      pat.row(q, runs);
+      for (const spattn::Run& x : runs)
+        for (int64_t j = 0; j < x.count; ++j) want.push_back(x.start + j * x.stride);
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      bad += got != want;
+    }
+  EXPECT_EQ(bad, 0) << "queries whose strip bits are not their row's keys (or hold one twice)";
+}
+
+TEST(TileMap, StripPlansCoverThePatternExactly) {
+  namespace f = spattn::cuda::fused;
+  for (const std::string& spec : kStripSpecs) {
+    SCOPED_TRACE(spec);
+    const BoundPattern pat = bind(spec);
+    const auto grid = pat.neighborhood_grid();
+    ASSERT_TRUE(grid.has_value());
+    int built = 0;
+    for (const TileBox& box : spattn::plan::tile_boxes(*grid, 64)) {
+      SCOPED_TRACE(box.str(3));
+      std::string why;
+      const std::optional<BlockPlan> p = spattn::plan::build_strip_plan(pat, GridTiling::of(*grid, box), &why);
+      if (!p) {
+        EXPECT_NE(why.find("key strips: "), std::string::npos) << why;
+        continue;
+      }
+      ++built;
+      ASSERT_TRUE(p->key_strips() && p->mapped());
+      expect_covers(pat, *p);
+      expect_rows_exact(pat, *p);
+      for (size_t kt = 0; kt < p->strips.size(); ++kt) {  // the slots as the kernels compute them (key_boxes.hpp)
+        const spattn::plan::KeyStrip& s = p->strips[kt];
+        const int packed = f::strip_pack(s.width, s.count);
+        for (int r = 0; r < 64; ++r)
+          ASSERT_EQ(f::strip_token(s.base, packed, r, p->strip_sx, p->strip_sy), p->k_map[kt * 64 + size_t(r)]);
+      }
+    }
+    EXPECT_GT(built, 0) << "no query box shape takes strips";
+  }
+}
+
+// r / W as the kernels compute it, (r * strip_inv(W)) >> 12, for every slot r < 64 and width W <= 64; the packing.
+TEST(TileMap, StripDivisionIsExact) {
+  namespace f = spattn::cuda::fused;
+  for (int w = 1; w <= 64; ++w)
+    for (int count = w; count <= 64; count += w) {
+      const int packed = f::strip_pack(w, count);
+      EXPECT_EQ(packed & 127, w);
+      EXPECT_EQ((packed >> 7) & 127, count);
+      for (int r = 0; r < 64; ++r) {
+        ASSERT_EQ(f::strip_div(r, packed), r / w) << "r " << r << " W " << w;
+        ASSERT_EQ(f::strip_token(1000, packed, r, 100, 3), r < count ? 1000 + (r / w) * 100 + (r % w) * 3 : -1);
+      }
+    }
+}
+
+// The planner takes key strips for the H100 suite's na2d (128x128, 13x13 windows) at head dim 64 and 128: 7 strips of
+// 3 rows (448 slots) per 8x8 query box where 8x8 key boxes take 9 (576); tile_map 2 forces them, and is refused,
+// saying why, where they do not fit.
+TEST(TileMap, PlannerChoosesStripsForNa2d) {
+  const BoundPattern pat = spattn::parse("neighborhood(dims=(128, 128), kernel=13)").bind(16384);
+  const auto an = spattn::plan::analyze(pat);
+  for (int64_t hd : {64, 128}) {
+    const BlockPlan chosen = spattn::plan::choose_block_plan(pat, an, hd, 0, 0, -1, true);
+    const BlockPlan boxes = spattn::plan::choose_block_plan(pat, an, hd, 0, 0, -1, true, 1);
+    std::printf("  na2d 128x128 K=13 D=%lld\n    chosen: %s\n    boxes:  %s\n", (long long)hd, chosen.describe().c_str(),
+                boxes.describe().c_str());
+    EXPECT_TRUE(chosen.key_strips()) << chosen.describe();
+    EXPECT_FALSE(boxes.key_strips());
+    EXPECT_NE(chosen.describe().find("map 8x8/strips"), std::string::npos);
+    // 7 strips a query box, fewer at the grid's edges (windows shifted inside: unions of 14 to 19 rows)
+    EXPECT_LE(chosen.k_tiles, 7 * 256);
+    EXPECT_GE(chosen.k_tiles, 6 * 256);
+    EXPECT_GT(chosen.kept_fraction(), 1.2 * boxes.kept_fraction());
+    expect_covers(pat, chosen);
+    const BlockPlan forced = spattn::plan::choose_block_plan(pat, an, hd, 0, 0, -1, true, 2);
+    EXPECT_TRUE(forced.key_strips());
+    EXPECT_EQ(forced.masks, chosen.masks);
+    const auto costs = spattn::plan::block_shape_costs(pat, an, hd, true);
+    EXPECT_TRUE(std::any_of(costs.begin(), costs.end(), [](const auto& c) { return c.strips; }));
+  }
+  auto refusal = [](const std::string& spec, int64_t len, int bm, int bn) {
+    const BoundPattern p = spattn::parse(spec).bind(len);
+    try {
+      spattn::plan::choose_block_plan(p, spattn::plan::analyze(p), 64, bm, bn, -1, true, 2);
+    } catch (const spattn::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal("neighborhood(dims=(4, 8, 8), kernel=3)", 256, 0, 0).find("three axes longer than 1"), std::string::npos);
+  EXPECT_NE(refusal("neighborhood(dims=(8, 100), kernel=(3, 71))", 800, 0, 0).find("more than 64 coordinates"), std::string::npos);
+  EXPECT_NE(refusal("local(5)", 256, 0, 0).find("no neighborhood grid"), std::string::npos);
+  EXPECT_NE(refusal("neighborhood(dims=(16, 16), kernel=3)", 256, 64, 128).find("64x64 tiles only"), std::string::npos);
 }
 
 }  // namespace

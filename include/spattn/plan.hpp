@@ -70,7 +70,8 @@ struct PlanOptions {
   int perm_d = -1;               // residue permutation (-1: chosen, 1: none)
   // Neighborhood patterns of 2-3 axes on the fused GPU engine: query and key tiles as boxes of the token grid
   // through a row map (multi-dimensional tiles): -1 chosen by predicted cost, 0 never, 1 always (refused without
-  // such a grid). Mapped plans run on the cp.async / mma.sync kernels.
+  // such a grid), 2 key strips (64x64 tiles whose key tiles are strips of each query box's window union; refused,
+  // saying why, where they do not fit). Mapped plans run on the cp.async / mma.sync kernels.
   int tile_map = -1;
   // Fused GPU scheduling, for tests and benchmarks (-1: chosen): TMA/band kernels' persistent CTAs (1 / 0);
   // the band kernel's split of work items (0 never, 1 last items as slabs, 2-4 parts over keys). The CPU

@@ -90,8 +90,8 @@ bool fused_gpu_takes(const Problem& pr, std::string* why) {
 
 Plan build(plan::Planned planned, const Problem& problem, Device device, const PlanOptions& options,
            std::chrono::steady_clock::time_point t0) {
-  if (options.tile_map < -1 || options.tile_map > 1)
-    throw Error("tile_map must be -1 (chosen), 0 (never) or 1 (always), got " + std::to_string(options.tile_map));
+  if (options.tile_map < -1 || options.tile_map > 2)
+    throw Error("tile_map must be -1 (chosen), 0 (never), 1 (always) or 2 (key strips), got " + std::to_string(options.tile_map));
   auto im = std::make_unique<Plan::Impl>();
   im->problem = problem;
   im->device = device;

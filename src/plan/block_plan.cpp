@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/parallel.hpp"
+#include "cuda/fused/key_boxes.hpp"  // strip_token, strip_pack: the kernels' key strips (plain arithmetic)
 #include "plan/kernels.hpp"
 
 namespace spattn::plan {
@@ -394,7 +395,11 @@ std::string BlockPlan::describe() const {
   s << "block " << block_m << "x" << block_n << ", perm_d " << perm_d << ", " << q_tiles << "x" << k_tiles
     << " tiles, " << nentries() << " visited (" << n_full << " full, " << n_band << " band, " << n_bitmask
     << " bitmask), nnz " << nnz << ", waste " << waste() << " (kept " << kept_fraction() << " of visited scores)";
-  if (mapped())
+  if (key_strips())
+    s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles strips of each query box's window union ("
+      << strips.size() << " strips, " << q_map.size() - size_t(q_len)
+      << " query padding positions; cp.async and mma.sync 64x64 kernels only)";
+  else if (mapped())
     s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles " << k_tiling.box.str(k_tiling.naxes)
       << " (" << q_map.size() - size_t(q_len) << " + " << k_map.size() - size_t(k_len)
       << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
@@ -842,6 +847,144 @@ BlockPlan build_block_plan(const BoundPattern& pat, const GridTiling& q, const G
   return build_plan(pat, int(q.box.volume()), int(k.box.volume()), 1, nullptr, &maps);
 }
 
+std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTiling& qt, std::string* why) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto fail = [&](const std::string& reason) -> std::optional<BlockPlan> {
+    if (why) *why = "key strips: " + reason;
+    return std::nullopt;
+  };
+  if (qt.box.volume() != 64) return fail("query boxes must hold 64 tokens, " + qt.box.str(3) + " holds " + std::to_string(qt.box.volume()));
+  if (qt.tokens() != pat.q_len() || qt.tokens() != pat.k_len())
+    return fail("the grid (" + qt.describe() + ") must hold the queries and the keys, " + std::to_string(pat.q_len()) +
+                " x " + std::to_string(pat.k_len()));
+  // The grid's used axes (longer than 1): the last one is the strips' inner axis ai (its tokens are consecutive: every
+  // axis after it has size 1), the other, if any, the outer axis ao; an unused axis stands in for a missing one (its
+  // coordinate is always 0).
+  std::array<int64_t, 3> step{1, 1, 1};  // tokens per coordinate of each axis (dilation 1)
+  for (int a = 1; a >= 0; --a) step[size_t(a)] = step[size_t(a) + 1] * qt.dims[size_t(a) + 1];
+  int used[3], nused = 0;
+  for (int a = 0; a < 3; ++a)
+    if (qt.dims[size_t(a)] > 1) used[nused++] = a;
+  if (nused > 2) return fail("the grid (" + qt.describe() + ") has three axes longer than 1");
+  const int ai = nused > 0 ? used[nused - 1] : 2;
+  const int ao = nused > 1 ? used[0] : (ai == 0 ? 1 : 0);
+  const int64_t ni = qt.dims[size_t(ai)], no = qt.dims[size_t(ao)];
+  const int64_t di = qt.dilation[size_t(ai)], dout = qt.dilation[size_t(ao)];
+  const int64_t sx = qt.token_stride(ao), sy = qt.token_stride(ai);  // sy == di: the axes after ai have size 1
+  if (sx >= INT32_MAX || int64_t(pat.k_len()) >= INT32_MAX) return fail("the grid is too large for 32-bit tokens");
+
+  BlockPlan plan;
+  plan.block_m = plan.block_n = 64;
+  plan.q_len = pat.q_len();
+  plan.k_len = pat.k_len();
+  plan.q_map = qt.map();
+  plan.q_group = int64_t(plan.q_map.size());
+  plan.q_tiles = plan.q_group / 64;
+  plan.q_tiling = plan.k_tiling = qt;
+  plan.strip_keys = true;
+  plan.strip_sx = int32_t(sx);
+  plan.strip_sy = int32_t(sy);
+  const std::vector<GridTiling::BoxRows> qboxes = qt.boxes();
+
+  // Per query tile: its strips (base, width, count), its entries' masks (64 words each), nnz; or a failure.
+  struct Part {
+    std::vector<KeyStrip> strips;
+    std::vector<uint64_t> masks;
+    int64_t nnz = 0;
+    std::string error;
+  };
+  std::vector<Part> parts(size_t(plan.q_tiles));
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(plan_thread_cap(), plan.q_tiles / 8)));
+  struct Piece {
+    int32_t row, x, y, ystep, n;  // query row; keys at group coordinates (x, y + i ystep), i < n
+  };
+  common::parallel_for(plan.q_tiles, threads, [&](int64_t t, int) {
+    Part& out = parts[size_t(t)];
+    const int64_t b = qboxes[size_t(t)].base;
+    const int64_t go = (b / step[size_t(ao)]) % no % dout, gi = (b / step[size_t(ai)]) % ni % di;  // the box's group
+    const int64_t gbase = go * step[size_t(ao)] + gi * step[size_t(ai)];  // the group's token at coordinates (0, 0)
+    RowRuns runs;
+    std::vector<Piece> pieces;
+    int64_t x0 = INT64_MAX, x1 = -1, y0 = INT64_MAX, y1 = -1;
+    for (int r = 0; r < 64; ++r) {
+      const int32_t q = plan.q_map[size_t(t * 64 + r)];
+      if (q < 0) continue;
+      pat.row(q, runs);
+      out.nnz += count_keys(runs);
+      for (const Run& run : runs) {
+        // The run line by line of the inner axis: a piece is its keys on one line.
+        for (int64_t k = run.start, left = run.count; left > 0;) {
+          const int64_t ci = (k / step[size_t(ai)]) % ni, co = (k / step[size_t(ao)]) % no;
+          const int64_t n = left == 1 || run.stride <= 0 ? 1 : std::min(left, (ni - 1 - ci) / run.stride + 1);
+          const int64_t rest = k - ci * step[size_t(ai)] - co * step[size_t(ao)];  // the third axis: size 1
+          if (rest != 0 || co % dout != go || ci % di != gi || (n > 1 && run.stride % di != 0)) {
+            out.error = "the keys of query " + std::to_string(q) + " leave its dilation group (" + qt.describe() + ")";
+            return;
+          }
+          const int64_t x = co / dout, y = ci / di, ye = (ci + (n - 1) * run.stride) / di;
+          x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, ye);
+          if (y1 - y0 >= 64) {
+            out.error = "the keys of query box " + std::to_string(t) + " span more than 64 coordinates of the grid's last used axis";
+            return;
+          }
+          pieces.push_back({r, int32_t(x), int32_t(y), int32_t(n > 1 ? run.stride / di : 1), int32_t(n)});
+          k += n * run.stride;
+          left -= n;
+        }
+      }
+    }
+    if (x1 < 0) return;  // no kept key
+    const int64_t h = x1 - x0 + 1, w = y1 - y0 + 1, rows = 64 / w, nst = (h + rows - 1) / rows;
+    std::vector<uint64_t> m(size_t(nst * 64), 0);
+    for (const Piece& pc : pieces)
+      for (int32_t i = 0; i < pc.n; ++i) {
+        const int64_t xr = pc.x - x0, st = xr / rows, slot = (xr % rows) * w + (pc.y + int64_t(i) * pc.ystep - y0);
+        m[size_t(st * 64 + pc.row)] |= uint64_t(1) << slot;
+      }
+    for (int64_t st = 0; st < nst; ++st) {
+      const uint64_t* sm = m.data() + st * 64;
+      if (std::all_of(sm, sm + 64, [](uint64_t v) { return v == 0; })) continue;  // no kept key in this strip
+      const int64_t base = gbase + (x0 + st * rows) * sx + y0 * sy;
+      out.strips.push_back({int32_t(base), int32_t(w), int32_t(std::min(rows, h - st * rows) * w)});
+      out.masks.insert(out.masks.end(), sm, sm + 64);
+    }
+  });
+  for (const Part& part : parts)
+    if (!part.error.empty()) return fail(part.error);
+  plan.row_offsets.assign(size_t(plan.q_tiles) + 1, 0);
+  for (int64_t t = 0; t < plan.q_tiles; ++t) {
+    const Part& part = parts[size_t(t)];
+    plan.row_offsets[size_t(t)] = int64_t(plan.entries.size());
+    for (const KeyStrip& k : part.strips) {
+      if (plan.strips.size() >= size_t(INT32_MAX)) return fail("too many strips");
+      plan.entries.push_back({int32_t(plan.strips.size()), int32_t(plan.strips.size()), 0, 0});
+      plan.strips.push_back(k);
+    }
+    plan.masks.insert(plan.masks.end(), part.masks.begin(), part.masks.end());
+    plan.nnz += part.nnz;
+  }
+  plan.row_offsets[size_t(plan.q_tiles)] = int64_t(plan.entries.size());
+  plan.k_tiles = int64_t(plan.strips.size());
+  plan.n_bitmask = plan.k_tiles;
+  plan.k_group = plan.k_tiles * 64;
+  if (plan.k_group >= int64_t(INT32_MAX) - 256) return fail("too many strips");
+  // The strips' slots as a key map, by the kernels' arithmetic (key_boxes.hpp).
+  plan.k_map.resize(size_t(plan.k_group));
+  for (size_t kt = 0; kt < plan.strips.size(); ++kt) {
+    const KeyStrip& k = plan.strips[kt];
+    const int packed = cuda::fused::strip_pack(k.width, k.count);
+    for (int r = 0; r < 64; ++r) plan.k_map[kt * 64 + size_t(r)] = cuda::fused::strip_token(k.base, packed, r, int(sx), int(sy));
+  }
+  plan.order.resize(size_t(plan.q_tiles));
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
+    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
+           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
+  });
+  plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
+
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   if (plan.block_n != 128) return 1;
   const TileEntry& e = plan.entries[size_t(i)];
@@ -872,6 +1015,7 @@ struct Candidate {
   int block_m, block_n, d;
   const KernelConfig* row;
   std::shared_ptr<const Maps> maps;  // a mapped candidate (d is 1)
+  std::shared_ptr<BlockPlan> strip;  // a strip candidate (maps: its query boxes): its plan, built to price it
   double cost = 0;
   double kept = 0;  // sampled: kept scores over the visited tiles' scores
 };
@@ -971,9 +1115,9 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
     if (cands[i].d == 1 && !cands[i].maps && !general_paths_only()) shared.push_back(i);
-  std::vector<size_t> alone;
+  std::vector<size_t> alone;  // (strip candidates are priced already: from their plans)
   for (size_t i = 0; i < cands.size(); ++i)
-    if (std::find(shared.begin(), shared.end(), i) == shared.end()) alone.push_back(i);
+    if (std::find(shared.begin(), shared.end(), i) == shared.end() && !cands[i].strip) alone.push_back(i);
   common::parallel_for(int64_t(alone.size()), int(std::min<int64_t>(int64_t(alone.size()), threads)),
                        [&](int64_t i, int) { estimate_cost(pat, cands[alone[size_t(i)]]); });
   if (shared.empty()) return;
@@ -1109,7 +1253,7 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
     auto same = std::find_if(out.begin(), out.end(), [&](const Candidate& c) {
       return c.block_m == r.block_m && c.block_n == r.block_n;
     });
-    if (same == out.end()) out.push_back({r.block_m, r.block_n, d, &r, nullptr});
+    if (same == out.end()) out.push_back({r.block_m, r.block_n, d, &r, nullptr, nullptr});
     else if (ws) same->row = &r;
   }
   return out;
@@ -1138,8 +1282,31 @@ std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, i
 std::string candidate_name(const Candidate& c) {
   std::string s = std::to_string(c.block_m) + "x" + std::to_string(c.block_n);
   if (c.d > 1) s += " perm_d " + std::to_string(c.d);
-  if (c.maps) s += " map " + c.maps->q.box.str(c.maps->q.naxes) + "/" + c.maps->k.box.str(c.maps->k.naxes);
+  if (c.maps) s += " map " + c.maps->q.box.str(c.maps->q.naxes) + "/" + (c.strip ? std::string("strips") : c.maps->k.box.str(c.maps->k.naxes));
   return s;
+}
+
+// The strip candidate of a 64x64 mapped candidate (its query boxes): the strip plan, priced exactly (every strip a
+// partial tile of the row); none where strips do not fit the pattern (*why: the reason).
+std::optional<Candidate> strip_candidate(const BoundPattern& pat, const Candidate& boxes, std::string* why) {
+  if (!boxes.maps || boxes.block_m != 64 || boxes.block_n != 64) return std::nullopt;
+  std::optional<BlockPlan> sp = build_strip_plan(pat, boxes.maps->q, why);
+  if (!sp) return std::nullopt;
+  Candidate c = boxes;
+  c.strip = std::make_shared<BlockPlan>(std::move(*sp));
+  const BlockPlan& p = *c.strip;
+  int64_t items = 0;
+  for (int64_t qt = 0; qt < p.q_tiles; ++qt) items += p.row_offsets[size_t(qt) + 1] > p.row_offsets[size_t(qt)];
+  c.cost = predicted_cost(*c.row, 0, double(p.nentries()), double(items), 64.0 * 64.0);
+  c.kept = p.kept_fraction();
+  return c;
+}
+
+// Appends the strip candidates of the 64x64 mapped candidates among `mapped`.
+void add_strip_candidates(const BoundPattern& pat, std::vector<Candidate>& mapped, std::string* why = nullptr) {
+  const size_t n = mapped.size();
+  for (size_t i = 0; i < n; ++i)
+    if (std::optional<Candidate> c = strip_candidate(pat, mapped[i], why)) mapped.push_back(std::move(*c));
 }
 }  // namespace
 
@@ -1149,29 +1316,45 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
   const int d = an.permutation(kMaxGpuPermutation);
   for (int pd : d > 1 ? std::vector<int>{1, d} : std::vector<int>{1})
     for (const Candidate& c : candidates(head_dim, pd, tma)) cands.push_back(c);
-  if (tile_map != 0)
-    for (Candidate& c : mapped_candidates(an, head_dim, 0, 0, tile_map == 1)) cands.push_back(std::move(c));
+  if (tile_map != 0) {
+    std::vector<Candidate> m = mapped_candidates(an, head_dim, 0, 0, tile_map >= 1);
+    if (tile_map != 1) add_strip_candidates(pat, m);
+    for (Candidate& c : m)
+      if (tile_map != 2 || c.strip) cands.push_back(std::move(c));
+  }
   estimate_costs(pat, cands);
   std::vector<ShapeCost> out;
   for (const Candidate& c : cands)
-    out.push_back({c.block_m, c.block_n, c.d, c.cost, c.kept, c.maps != nullptr, c.maps ? c.maps->q.box : TileBox{},
-                   c.maps ? c.maps->k.box : TileBox{}});
+    out.push_back({c.block_m, c.block_n, c.d, c.cost, c.kept, c.maps != nullptr, c.strip != nullptr,
+                   c.maps ? c.maps->q.box : TileBox{}, c.maps ? c.maps->k.box : TileBox{}});
   return out;
 }
 
 BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
                             int perm_d, bool tma, int tile_map) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (tile_map < -1 || tile_map > 1)
-    throw Error("block plan: tile_map must be -1 (chosen), 0 (never) or 1 (always), got " + std::to_string(tile_map));
+  if (tile_map < -1 || tile_map > 2)
+    throw Error("block plan: tile_map must be -1 (chosen), 0 (never), 1 (always) or 2 (key strips), got " +
+                std::to_string(tile_map));
   const bool forced = block_m > 0 && block_n > 0;
+  if (tile_map == 2 && forced && (block_m != 64 || block_n != 64))
+    throw Error("block plan: tile_map 2 (key strips) runs 64x64 tiles only, got " + std::to_string(block_m) + "x" +
+                std::to_string(block_n));
   std::vector<Candidate> mapped;
-  if (tile_map != 0 && perm_d < 1) mapped = mapped_candidates(an, head_dim, block_m, block_n, tile_map == 1);
-  if (tile_map == 1 && (perm_d >= 1 || mapped.empty()))
-    throw Error("block plan: tile_map 1 (multi-dimensional tiles) for '" + pat.spec() + "' at head dim " +
+  std::string strip_why = "no 64x64 kernel at this head dim";
+  if (tile_map != 0 && perm_d < 1) {
+    mapped = tile_map == 2 ? mapped_candidates(an, head_dim, 64, 64, true)
+                           : mapped_candidates(an, head_dim, block_m, block_n, tile_map == 1);
+    if (tile_map != 1) add_strip_candidates(pat, mapped, &strip_why);
+    if (tile_map == 2) std::erase_if(mapped, [](const Candidate& c) { return !c.strip; });
+  }
+  if (tile_map >= 1 && (perm_d >= 1 || mapped.empty()))
+    throw Error("block plan: tile_map " + std::to_string(tile_map) +
+                (tile_map == 1 ? " (multi-dimensional tiles)" : " (key strips)") + " for '" + pat.spec() + "' at head dim " +
                 std::to_string(head_dim) + (forced ? ", tiles " + std::to_string(block_m) + "x" + std::to_string(block_n) : "") +
                 ": " + (perm_d >= 1 ? "a permutation is forced (perm_d " + std::to_string(perm_d) + ")"
                         : !an.grid ? std::string("the pattern has no neighborhood grid")
+                        : tile_map == 2 && grid_axes_used(*an.grid) > 0 ? strip_why
                                    : std::string("no box of the tile sizes fits its grid")));
   std::vector<int> perms;
   if (perm_d >= 1) {
@@ -1184,15 +1367,16 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
   // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
   // warpgroups (bench/LOG.md).
-  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map != 1 &&
+  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map < 1 &&
                          (an.band.ok || an.window.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) &&
                          find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
   int bm = 192, bn = 128, bd = 1;
   std::shared_ptr<const Maps> maps;
+  std::shared_ptr<BlockPlan> strip;
   std::string choice;
   if (!band_plan) {
     std::vector<Candidate> cands;
-    if (tile_map != 1)
+    if (tile_map < 1)
       for (int d : perms)
         for (const Candidate& c : candidates(head_dim, d, tma))
           if (!forced || (c.block_m == block_m && c.block_n == block_n)) cands.push_back(c);
@@ -1214,10 +1398,11 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       for (size_t i = 1; i < cands.size(); ++i)  // in order: ties keep the earlier candidate
         if (cands[i].cost < cands[best].cost) best = i;
       bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
+      strip = cands[best].strip;
     }
   }
   const double choice_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  BlockPlan p = build_plan(pat, bm, bn, bd, &an, maps.get());
+  BlockPlan p = strip ? std::move(*strip) : build_plan(pat, bm, bn, bd, &an, maps.get());
   p.choice = choice;
   p.choice_ms = choice_ms;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

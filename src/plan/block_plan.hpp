@@ -20,11 +20,20 @@
 // Padding may sit anywhere in a tile, so mapped plans have full and bitmask entries only (no band entries) and run
 // on the cp.async and mma.sync kernels only (the TMA and band kernels load affine rows by tensor maps).
 //
+// Key strips (tile_map 2; 64x64 tiles, grids of at most two axes longer than 1): query tiles are the boxes of a query
+// tiling as above, but each query box gets key tiles of its own: strips of its window union U (the bounding box, in
+// the query's dilation group, of every key its rows keep). With U of H x W group coordinates (W <= 64 along the
+// grid's last used axis), a strip holds R = 64 / W rows of U: strip t's slot r < count is the key at group
+// coordinates (U.x0 + t R + r / W, U.y0 + r % W), slots past count are padding (cuda/fused/key_boxes.hpp,
+// strip_token: one formula for the kernels, the plan's k_map and the tests). A 20 x 20 union (8x8 box, 13x13
+// windows) takes 7 strips of 3 rows (448 slots) where 8x8 key boxes take 9 (576). Every strip entry is a bitmask.
+//
 // Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains() (mapped:
 // plus O(L) for the maps).
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +52,14 @@ struct TileEntry {
 };
 inline constexpr int32_t kFull = -1;
 inline constexpr int32_t kBand = -2;
+
+// One key tile of a strip plan (BlockPlan::strips): slot r < count holds token base + (r / width) * strip_sx +
+// (r % width) * strip_sy (key_boxes.hpp, strip_token), slots past count are padding.
+struct KeyStrip {
+  int32_t base = 0;   // the token of slot 0
+  int32_t width = 0;  // W: group coordinates of the last used axis a strip row holds (1 ... 64)
+  int32_t count = 0;  // slots that hold tokens: rows of U in this strip x W (1 ... 64)
+};
 
 // The bitmasks' words: left uninitialised where the vector is sized without a value (resize(n)), in huge pages where
 // large (a random plan's are tens of MB, written right after they are sized).
@@ -82,12 +99,20 @@ struct BlockPlan {
   int64_t n_full = 0, n_band = 0, n_bitmask = 0;
   // Mapped plan space (see above; perm_d is 1, q_group / k_group the maps' lengths): empty maps where unmapped.
   std::vector<int32_t> q_map, k_map;
-  GridTiling q_tiling, k_tiling;  // the boxes of query and key tiles (mapped plans)
+  GridTiling q_tiling, k_tiling;  // the boxes of query and key tiles (mapped plans; strip plans: k_tiling is q_tiling)
+  // Key strips (see above): one record per key tile (entry.kt indexes it; k_tiles == strips.size()); k_map then holds
+  // each strip's 64 slots' tokens (-1: padding), so k_token works as for key boxes (a token may sit in several strips,
+  // of different query tiles). strip_sx / strip_sy: the token strides of one step of the outer / last used axis in a
+  // dilation group (GridTiling::token_stride).
+  bool strip_keys = false;
+  std::vector<KeyStrip> strips;
+  int32_t strip_sx = 0, strip_sy = 0;
   std::string choice;             // choose_block_plan's candidates and costs, for explain (empty: built directly)
   double build_ms = 0;            // choosing (choice_ms) and building
   double choice_ms = 0;           // choose_block_plan's pricing of the candidate shapes
 
   bool mapped() const { return !q_map.empty(); }
+  bool key_strips() const { return strip_keys; }  // mapped, key tiles are per-entry strips
   int64_t words_per_mask() const { return int64_t(block_m) * block_n / 64; }
   int64_t nentries() const { return int64_t(entries.size()); }
   // Visited tile area over nnz: 1.0 means no computed score is wasted; kept_fraction() is its inverse.
@@ -120,6 +145,12 @@ BlockPlan build_block_plan(const BoundPattern& pattern, int block_m, int block_n
 // token grid, GridTiling::of; boxes of 64 or 128 tokens: the tile sizes). Throws Error naming what does not fit.
 BlockPlan build_block_plan(const BoundPattern& pattern, const GridTiling& q_tiling, const GridTiling& k_tiling);
 
+// A strip plan (see above; tile_map 2) with query tiles the boxes of q_tiling (64 tokens) over a grid whose keys are
+// its queries' (self attention on the grid). Empty, with the reason in *why, where strips do not fit: a grid of three
+// axes longer than 1, a query box whose keys leave its dilation group or span more than 64 coordinates of the last
+// used axis. O(rows' runs + kept keys + strips x 64).
+std::optional<BlockPlan> build_strip_plan(const BoundPattern& pattern, const GridTiling& q_tiling, std::string* why = nullptr);
+
 // The longest key prefix (BlockPlan::band_prefix) the band kernel takes: each of its 64-key chunks is a 64-key
 // step of every slab, not paired into 128-key steps, so only a few (attention sinks, longformer's global columns).
 inline constexpr int32_t kBandPrefixMax = 128;
@@ -147,7 +178,9 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // dim 64 there the plan is 192x128 for the band kernel. tile_map: where the pattern has a neighborhood grid of 2
 // or 3 axes (analysis.grid), mapped candidates too, one per cp.async shape with the query and key boxes of least
 // cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those, for grids of one
-// axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced).
+// axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced); 2 key strips only (64x64
+// tiles, query boxes of the 64x64 mapped candidate; Error where they do not fit, saying why). Chosen (-1), the strip
+// candidate (64x64 rows only) is priced exactly from its built plan: every strip a partial tile.
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
                             int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1);
 
@@ -158,6 +191,7 @@ struct ShapeCost {
   double cost;
   double kept = 0;
   bool mapped = false;  // a tile map (boxes q_box / k_box of the grid)
+  bool strips = false;  // mapped with key strips (k_box unused)
   TileBox q_box, k_box;
 };
 std::vector<ShapeCost> block_shape_costs(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,

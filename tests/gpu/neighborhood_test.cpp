@@ -4,7 +4,7 @@
 // plan's map, O and LSE stored at the mapped tokens): 1-D (forced map: residue groups, and row-major order), 2-D and
 // 3-D grids, dilation with groups of unequal size, causal axes, sides off the box sizes, D 64 and 128, bf16 and
 // fp16, GQA, every cp.async tile shape and the mma.sync kernel, a union with other terms (one tile list, and a
-// compound plan whose tiles part is mapped). 1-D windows shifted at the ends on the band kernel and the others.
+// compound plan whose tiles part is mapped); key strips (tile_map 2) on the 64x64 cp.async and mma.sync kernels. 1-D windows shifted at the ends on the band kernel and the others.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -68,6 +68,17 @@ const Case kCases[] = {
     {"forced 64x64 tiles D128", "neighborhood(dims=(40, 36), kernel=(7, 5))", 1440, 1, 2, 2, 128, fp, 1, "", 64, 64},
     {"sm80 kernel, mapped", "neighborhood(dims=(40, 36), kernel=(7, 5), dilation=(2, 1))", 1440, 1, 2, 2, 64, bf, 1, "sm80"},
     {"sm80 kernel, mapped D128", "neighborhood(dims=(20, 18, 4), kernel=3)", 1440, 1, 2, 2, 128, fp, 1, "sm80"},
+    // Key strips (tile_map 2: each query box's keys as strips of its window union, 64x64 tiles; key rows' tokens from
+    // each entry's base and strip_pack, key_boxes.hpp): chosen for na2d-like grids, forced elsewhere.
+    {"strips chosen, 13x13 windows (na2d-like)", "neighborhood(dims=(64, 64), kernel=13)", 4096, 1, 2, 2, 64, bf, 2},
+    {"strips, sides off the boxes, clamped windows, GQA", "neighborhood(dims=(37, 41), kernel=7)", 1517, 1, 4, 2, 64, bf, 2},
+    {"strips D128 fp16, 13x13", "neighborhood(dims=(40, 48), kernel=13)", 1920, 1, 2, 2, 128, fp, 2},
+    {"strips, dilation 2 with unequal groups", "neighborhood(dims=(45, 51), kernel=(5, 7), dilation=2)", 2295, 1, 2, 1, 64, fp, 2},
+    {"strips, causal axis 0, D128", "neighborhood(dims=(30, 34), kernel=(5, 9), causal=(1, 0))", 1020, 2, 2, 2, 128, bf, 2},
+    {"strips, 7x9 grid (one strip set covers it)", "neighborhood(dims=(7, 9), kernel=(7, 5))", 63, 1, 2, 2, 64, bf, 2},
+    {"strips, union with global rows (wide unions)", "neighborhood(dims=(20, 30), kernel=5) | global(0:3)", 600, 1, 2, 2, 64, bf, 2, "", 0, 0, 0},
+    {"strips on the sm80 kernel", "neighborhood(dims=(40, 36), kernel=(7, 5), dilation=(2, 1))", 1440, 1, 2, 2, 64, bf, 2, "sm80"},
+    {"strips on the sm80 kernel D128", "neighborhood(dims=(33, 30), kernel=9)", 990, 1, 2, 2, 128, fp, 2, "sm80"},
 };
 
 class NeighborhoodGpu : public ::testing::TestWithParam<Case> {};
@@ -94,6 +105,10 @@ TEST_P(NeighborhoodGpu, MatchesReference) {
   EXPECT_TRUE(ran.rfind("sm90_cp_", 0) == 0 || ran.rfind("sm80_", 0) == 0) << "mapped plans run the cp.async or mma.sync kernels: " << ran;
   if (c.kernel[0]) EXPECT_EQ(ran.rfind(std::string(c.kernel) + "_", 0), 0u) << ran;
   if (c.block_m) EXPECT_NE(ran.find(std::to_string(c.block_m) + "x" + std::to_string(c.block_n)), std::string::npos) << ran;
+  if (c.tile_map == 2) {
+    EXPECT_NE(ex.find("key tiles strips of each query box's window union"), std::string::npos) << "the plan must use strips: " << ex;
+    EXPECT_NE(ran.find("64x64"), std::string::npos) << "strip plans run the 64x64 kernels: " << ran;
+  }
   std::printf("  %s: rel err %.2e, lse err %.2e, %s\n", c.what, rel, lse_err, ran.c_str());
 }
 

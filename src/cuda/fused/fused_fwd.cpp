@@ -67,7 +67,10 @@ bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
 // FusedParams::kb of a mapped plan's key boxes (zero where unmapped).
 static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
   k.kb = KeyBoxes{};
-  if (!hp.mapped()) return;
+  k.strips = hp.key_strips() ? 1 : 0;
+  k.strip_sx = hp.strip_sx;
+  k.strip_sy = hp.strip_sy;
+  if (!hp.mapped() || hp.key_strips()) return;
   const plan::GridTiling& t = hp.k_tiling;
   int side[3];
   int64_t stride[3];
@@ -121,7 +124,18 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   }
   // Mapped plans: each entry's key box as its last two words (base token, box_limits of its extents), from which the
   // kernels compute their rows' tokens (key_boxes.hpp); mapped plans have no band entries, whose words those are.
-  if (host_.mapped() && !up.empty()) {
+  // Strip plans: each entry's strip (base token, strip_pack of its width and count).
+  if (host_.key_strips()) {
+    if (host_.block_m != 64 || host_.block_n != 64) throw Error("fused kernel: a key-strip plan must have 64x64 tiles");
+    for (plan::TileEntry& e : up) {
+      if (e.mask == plan::kBand) throw Error("fused kernel: a key-strip plan with a band entry");
+      const plan::KeyStrip& st = host_.strips[size_t(e.kt)];
+      if (st.width < 1 || st.width > 64 || st.count < 1 || st.count > 64)
+        throw Error("fused kernel: a key strip of width " + std::to_string(st.width) + " and " + std::to_string(st.count) + " slots");
+      e.lo = st.base;
+      e.hi = strip_pack(st.width, st.count);
+    }
+  } else if (host_.mapped() && !up.empty()) {
     const std::vector<plan::GridTiling::BoxRows> boxes = host_.k_tiling.boxes();
     if (int64_t(boxes.size()) != host_.k_tiles) throw Error("fused kernel: the key tiling's boxes are not the plan's key tiles");
     for (plan::TileEntry& e : up) {
@@ -208,6 +222,9 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
     return Status::fail("fused kernel: lengths must stay below 2^31");
   if (hp.mapped() && (plan::kKernels[row].kind != plan::KernelKind::sm90_cp && plan::kKernels[row].kind != plan::KernelKind::sm80_mma))
     return Status::fail(std::string("fused kernel: a mapped plan (tile map) runs on the cp.async and mma.sync kernels only, not ") +
+                        plan::kKernels[row].name);
+  if (hp.key_strips() && (plan::kKernels[row].block_m != 64 || plan::kKernels[row].block_n != 64))
+    return Status::fail(std::string("fused kernel: a key-strip plan (tile_map 2) runs on the 64x64 cp.async and mma.sync kernels only, not ") +
                         plan::kKernels[row].name);
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
     return Status::fail("fused kernel: too many query tiles x heads for one grid");

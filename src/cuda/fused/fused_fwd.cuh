@@ -144,6 +144,14 @@ struct MappedRows {
       tok[j] = ((l - kb.pack8[i]) & kBoxInside) == kBoxInside ? t + kb.off8[i] : -1;
     }
   }
+  // A key strip's rows (key_boxes.hpp, strip_token; BlockPlan::strips): slot r < count is token base + (r / W) sx +
+  // (r % W) sy, padding from count on; r / W by strip_inv's multiply and shift (packed: strip_pack(W, count)).
+  struct Strip {};
+  __device__ __forceinline__ MappedRows(Strip, int base, int packed, int sx, int sy, int tid) {
+    static_assert(ROWS == 64, "key strips are 64-key tiles");
+#pragma unroll
+    for (int j = 0; j < J; ++j) tok[j] = strip_token(base, packed, tid / CH + j * (NT / CH), sx, sy);
+  }
   // A row's address is one 32 x 32 -> 64-bit multiply-add (the host keeps a mapped plan's token strides below 2^31
   // bytes: FusedFwd's checks); a padding row reads nothing (source size 0) from the thread's own chunk of token 0.
   __device__ __forceinline__ void copy(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int len, int tid) const {
@@ -555,12 +563,20 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
 
   // Mapped plans: the K and V tiles (ROWS keys of key box e, from box row 64 where `upper`; V at sk + tile bytes) at
   // tokens computed from the box's geometry (entry words z, w), each its own cp.async group where `commit`.
+  // 64x64 tiles: the entry is a key strip's where p.strips (base token, strip_pack; the host refuses strip plans for
+  // other shapes), its rows computed so instead.
   auto load_kv_mapped = [&](auto rows_c, auto nt_c, uint32_t sk, const int4& e, bool upper, bool commit) {
-    const MappedRows<decltype(rows_c)::value, D, decltype(nt_c)::value> rows(p.kb, e.z, e.w, upper, tid);
-    rows.copy(sk, kg, p.k_sl * 2, p.k_len, tid);
-    if (commit) cp_async_commit();
-    rows.copy(sk + Tr::kTileBytes, vg, p.v_sl * 2, p.k_len, tid);
-    if (commit) cp_async_commit();
+    using Rows = MappedRows<decltype(rows_c)::value, D, decltype(nt_c)::value>;
+    auto copy = [&](const Rows& rows) {
+      rows.copy(sk, kg, p.k_sl * 2, p.k_len, tid);
+      if (commit) cp_async_commit();
+      rows.copy(sk + Tr::kTileBytes, vg, p.v_sl * 2, p.k_len, tid);
+      if (commit) cp_async_commit();
+    };
+    if constexpr (BM == 64 && BN == 64) {
+      if (p.strips) return copy(Rows(typename Rows::Strip{}, e.z, e.w, p.strip_sx, p.strip_sy, tid));
+    }
+    copy(Rows(p.kb, e.z, e.w, upper, tid));
   };
   using Rows64 = std::integral_constant<int, 64>;
   using RowsBN = std::integral_constant<int, BN>;

@@ -70,6 +70,11 @@ struct FusedParams {
   // Band kernel: every row also keeps the keys [0, band_prefix) (BlockPlan::band_prefix; 0: none); its chunks are
   // steps of every slab before the band's, whose chunks then start past them.
   int band_prefix;
+  // Mapped plans with key strips (BlockPlan::key_strips; 64x64 tiles): 1 where each entry's last two words are a
+  // strip's base token and strip_pack(W, count) (key_boxes.hpp) rather than a key box's; the token strides of one
+  // step of the strips' outer and inner (last used) grid axes in a dilation group.
+  int strips;
+  int strip_sx, strip_sy;
 };
 
 // Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and
