@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "common/parallel.hpp"
-#include "cuda/fused/key_boxes.hpp"  // strip_token, strip_pack: the kernels' key strips (plain arithmetic)
 #include "plan/kernels.hpp"
+#include "plan/key_strips.hpp"
 
 namespace spattn::plan {
 namespace {
@@ -972,8 +972,8 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
   plan.k_map.resize(size_t(plan.k_group));
   for (size_t kt = 0; kt < plan.strips.size(); ++kt) {
     const KeyStrip& k = plan.strips[kt];
-    const int packed = cuda::fused::strip_pack(k.width, k.count);
-    for (int r = 0; r < 64; ++r) plan.k_map[kt * 64 + size_t(r)] = cuda::fused::strip_token(k.base, packed, r, int(sx), int(sy));
+    const int packed = strip_pack(k.width, k.count);
+    for (int r = 0; r < 64; ++r) plan.k_map[kt * 64 + size_t(r)] = strip_token(k.base, packed, r, int(sx), int(sy));
   }
   plan.order.resize(size_t(plan.q_tiles));
   std::iota(plan.order.begin(), plan.order.end(), 0);

@@ -24,9 +24,9 @@
 // tiling as above, but each query box gets key tiles of its own: strips of its window union U (the bounding box, in
 // the query's dilation group, of every key its rows keep). With U of H x W group coordinates (W <= 64 along the
 // grid's last used axis), a strip holds R = 64 / W rows of U: strip t's slot r < count is the key at group
-// coordinates (U.x0 + t R + r / W, U.y0 + r % W), slots past count are padding (cuda/fused/key_boxes.hpp,
-// strip_token: one formula for the kernels, the plan's k_map and the tests). A 20 x 20 union (8x8 box, 13x13
-// windows) takes 7 strips of 3 rows (448 slots) where 8x8 key boxes take 9 (576). Every strip entry is a bitmask.
+// coordinates (U.x0 + t R + r / W, U.y0 + r % W), slots past count are padding (plan/key_strips.hpp, strip_token: one
+// formula for the kernels, the plan's k_map and the tests). A 20 x 20 union (8x8 box, 13x13 windows) takes 7 strips
+// of 3 rows (448 slots) where 8x8 key boxes take 9 (576). Every strip entry is a bitmask.
 //
 // Built in O(runs + touched tiles + partial-tile bits) from BoundPattern::row(), never from contains() (mapped:
 // plus O(L) for the maps).
@@ -54,7 +54,7 @@ inline constexpr int32_t kFull = -1;
 inline constexpr int32_t kBand = -2;
 
 // One key tile of a strip plan (BlockPlan::strips): slot r < count holds token base + (r / width) * strip_sx +
-// (r % width) * strip_sy (key_boxes.hpp, strip_token), slots past count are padding.
+// (r % width) * strip_sy (plan/key_strips.hpp, strip_token), slots past count are padding.
 struct KeyStrip {
   int32_t base = 0;   // the token of slot 0
   int32_t width = 0;  // W: group coordinates of the last used axis a strip row holds (1 ... 64)
