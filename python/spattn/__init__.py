@@ -287,8 +287,9 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     0 never, 1 every column, row and scattered term (the CPU too).
     tile_map: neighborhood patterns on the fused GPU engine, query and key tiles as boxes of the token grid (8x16,
     4x4x8, ...; explain() says "tile map: query tiles ..."): -1 where the planner predicts they pay (2-D and 3-D
-    grids), 0 never (row-major tiles), 1 always (an Error for a pattern without a neighborhood grid). Other engines
-    ignore it.
+    grids; on 2-D grids key strips too), 0 never (row-major tiles), 1 boxes always (an Error for a pattern without a
+    neighborhood grid), 2 key strips (64x64 tiles whose key tiles are strips of each query box's window union; an
+    Error, saying why, where they do not fit). Other engines ignore it.
     """
     dt = _dtype_name(dtype)
     dev = _device_name(device)
