@@ -198,14 +198,16 @@ def test_errors_name_the_array_and_value():
 
 def test_tile_map_option():
     """spattn.plan(..., tile_map=): multi-dimensional tiles of neighborhood patterns on the fused GPU engine (-1 chosen,
-    0 never, 1 always); other engines take and ignore it, and a value outside those is refused on every engine."""
+    0 never, 1 boxes, 2 key strips); other engines take and ignore it, and a value outside those is refused on every
+    engine."""
     spec, L, H, D = "neighborhood(dims=(12, 16), kernel=5)", 192, 2, 64
     q, k, v = rand(1, L, H, D), rand(1, L, H, D, seed=1), rand(1, L, H, D, seed=2)
     ro, _ = oracle(q, k, v, spec)
-    for tm in (-1, 0, 1):
+    for tm in (-1, 0, 1, 2):
         np.testing.assert_allclose(spattn.plan(spec, L, L, H, H, D, tile_map=tm).forward(q, k, v), ro, rtol=1e-5, atol=2e-6)
-    with pytest.raises(spattn.Error, match=r"tile_map must be -1 \(chosen\), 0 \(never\) or 1 \(always\), got 2"):
-        spattn.plan(spec, L, L, H, H, D, tile_map=2)
+    with pytest.raises(spattn.Error,
+                       match=r"tile_map must be -1 \(chosen\), 0 \(never\), 1 \(always\) or 2 \(key strips\), got 3"):
+        spattn.plan(spec, L, L, H, H, D, tile_map=3)
     if not spattn.build_info()["gpus"]:
         return
     # On a GPU: tile_map=1 maps the tiles (explain says so), 0 does not; both compute the pattern.
