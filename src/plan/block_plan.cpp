@@ -528,6 +528,16 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
 
 void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp);
 
+// The launch order of a plan's query tiles: most entries first (stable), so the longest work items start earliest.
+void order_by_entries(BlockPlan& plan) {
+  plan.order.resize(size_t(plan.q_tiles));
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
+    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
+           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
+  });
+}
+
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
 // maps: a mapped plan space (then d is 1 and bm, bn the boxes' volumes).
 BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr) {
@@ -571,12 +581,7 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   } else {
     build_walked(plan, pat, sp);
   }
-  plan.order.resize(size_t(sp.q_tiles));
-  std::iota(plan.order.begin(), plan.order.end(), 0);
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
-    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
-           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
-  });
+  order_by_entries(plan);
   if (d == 1 && !maps) {
     const BandRows& br = analysis->band.ok ? analysis->band : analysis->window.ok ? analysis->window : analysis->sinks;
     plan.band = br.ok;
@@ -975,12 +980,7 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
     const int packed = strip_pack(k.width, k.count);
     for (int r = 0; r < 64; ++r) plan.k_map[kt * 64 + size_t(r)] = strip_token(k.base, packed, r, int(sx), int(sy));
   }
-  plan.order.resize(size_t(plan.q_tiles));
-  std::iota(plan.order.begin(), plan.order.end(), 0);
-  std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
-    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
-           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
-  });
+  order_by_entries(plan);
   plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return plan;
 }

@@ -57,13 +57,12 @@ struct Traits {
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBytes + kStages * 2 * kTileBytes;               // mbarriers after the tiles
-  // The mbarriers only where the stages use them: the 64x64 CTA at D=128 (112 KB of tiles) fits twice an SM; 48
-  // bytes more (with the 1 KB of alignment slack there was) left it alone on its SM.
   // CTAs an SM, set by the launch bounds (registers) and the shared memory asked for (228 KB an SM, 1 KB of it
-  // reserved a CTA): the mapped 64x64 CTA four at D=64 on sm_90a (4 x 57 KB, 117 registers: na2d +11%, na3d +9%;
-  // the unmapped one measured 6.5% slower so on bigbird, and the mma.sync one would spill at 128 registers), the
-  // other one-warpgroup CTAs three at D=64 and two at D=128. The request is raised where the tiles alone would let
-  // one CTA more onto the SM.
+  // reserved a CTA; the tiles plus the mbarriers where the stages use them, no alignment slack: smem_cp is declared
+  // 1024-aligned): the mapped 64x64 CTA four at D=64 on sm_90a (4 x 57 KB, 117 registers: na2d +11%, na3d +9%; the
+  // unmapped one measured 6.5% slower so on bigbird, and the mma.sync one would spill at 128 registers), the other
+  // one-warpgroup CTAs three at D=64 and two at D=128 (the 64x64 one's 112 KB of tiles exactly). The request is raised
+  // where the tiles alone would let one CTA more onto the SM.
   static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? (BN == 64 && kSm90 && kMapped ? 4 : 3) : 2);
   static constexpr int kSmemNeed = kBarOffset + (kDecoupled ? 2 * kStages * 8 : 0);
   static constexpr int kSmemBytes = std::max(kSmemNeed, 228 * 1024 / (kMinBlocks + 1) - 1024 + 16);
@@ -539,11 +538,9 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads, S = Tr::kStages;
   constexpr bool kSm90 = Tr::kSm90, kBf16 = Tr::kBf16;
-  // The tiles need 1024-byte alignment (128-byte swizzle atoms). Dynamic shared memory starts there; kSmemBytes
-  // has no slack to round up with (a 64x64 CTA then fits four times an SM), so a base that is not aligned traps
-  // instead of overrunning the allocation.
+  // The tiles need 1024-byte alignment (128-byte swizzle atoms): the declaration asks for it (PTX .align 1024 on the
+  // dynamic shared memory), so kSmemBytes has no slack to round the base up with.
   extern __shared__ __align__(1024) uint8_t smem_cp[];
-  if (smem_u32(smem_cp) & 1023u) __trap();
   uint8_t* smem = smem_cp;
   const uint32_t s_q = smem_u32(smem);
   const uint32_t s_kv0 = s_q + Tr::kQBytes;  // stage s: K at s_kv0 + 2s*tile, V right after
@@ -696,13 +693,7 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
     const int4 e = __ldg(&p.entries[e_begin + i]);
     // Bitmask words of this thread's two rows, fetched before the wait so their latency hides behind it.
     unsigned long long mw[2][MW];
-    if (e.y >= 0) {
-      const unsigned long long* mp = p.masks + int64_t(e.y) * (BM * BN / 64);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int w = 0; w < MW; ++w) mw[hh][w] = __ldg(mp + (r0 + 8 * hh) * MW + w);
-    }
+    tile_mask_words<BM, BN>(p, e, r0, mw);
 
     // One barrier per key tile: wait for K_i and V_i together, so that after it the warpgroups of a CTA run
     // unsynchronised through S = QK^T, softmax and PV (one warpgroup's softmax overlaps the other's wgmma).
