@@ -86,7 +86,10 @@ def suite(L):
             ("na1d", "neighborhood(kernel=257)", 128),
             ("bigbird", "bigbird(64, 1, 2, 3, seed=0)", 128), ("fixed", "sparse_fixed(128)", 128),
             # band rows with a key prefix (the band kernel's prefix chunks)
-            ("lfcols", "local(256) | global_cols(0:32)", 64), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 64)]
+            ("lfcols", "local(256) | global_cols(0:32)", 64), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 64),
+            # band rows at head dim 128 (the band kernel's 128-row items)
+            ("local", "local(256)", 128), ("longformer", "longformer(256, 32)", 128),
+            ("lfcols", "local(256) | global_cols(0:32)", 128), ("sinks", "local(left=1024, right=0) | global_cols(0:4)", 128)]
 
 
 def graph(fn):

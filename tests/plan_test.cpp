@@ -217,8 +217,11 @@ TEST(BlockPlan, BandRowsWithKeyPrefix) {
     const bool runs = c.prefix <= spattn::plan::kBandPrefixMax;
     EXPECT_EQ(chosen.block_m == 192 && chosen.band_prefix == c.prefix, runs) << chosen.describe();
     EXPECT_EQ(spattn::plan::band_kernel_runs(chosen, 64, -1), runs) << chosen.describe();
-    EXPECT_FALSE(spattn::plan::band_kernel_runs(spattn::plan::choose_block_plan(b, an, 128, 0, 0, -1, true), 128, -1))
-        << "head dim 128: no band kernel";
+    // Head dim 128: the band kernel's 128-row items.
+    const auto chosen128 = spattn::plan::choose_block_plan(b, an, 128, 0, 0, -1, true);
+    EXPECT_EQ(chosen128.block_m == 128 && chosen128.band_prefix == c.prefix, runs) << chosen128.describe();
+    EXPECT_EQ(spattn::plan::band_kernel_runs(chosen128, 128, -1), runs) << chosen128.describe();
+    EXPECT_FALSE(spattn::plan::band_kernel_runs(chosen128, 64, -1)) << "a 128-row plan at head dim 64";
   }
 }
 

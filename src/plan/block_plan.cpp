@@ -406,7 +406,8 @@ std::string BlockPlan::describe() const {
   if (band) {
     s << ", band rows [" << band_lo << ", " << band_hi << "]" << (band_shifted ? " shifted inside the keys at the ends" : "");
     if (band_prefix > 0) s << " with key prefix 0:" << band_prefix;
-    if (block_m == 192) {  // what the band kernel visits: each 64-row slab its own 64-key chunks (and the prefix's)
+    if (block_n == 128 && (block_m == 192 || block_m == 128)) {  // what the band kernel visits: each 64-row slab
+                                                                  // its own 64-key chunks (and the prefix's)
       double area = 0;
       const int64_t pc = band_prefix_chunks();
       for (int64_t qs = 0; qs < q_len; qs += 64) {
@@ -1364,13 +1365,14 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     perms = {1};
     if (d > 1) perms.push_back(d);
   }
-  // Band rows on the TMA kernel's device at head dim 64: the band kernel multiplies 64-row slabs over 64-key
-  // chunks, so the tile's height costs no area there, and 192-row items share each chunk among three consumer
+  // Band rows on the TMA kernel's device: the band kernel multiplies 64-row slabs over 64-key chunks, so the tile's
+  // height costs no area there, and 192-row items (128 at head dim 128) share each chunk among three (two) consumer
   // warpgroups (bench/LOG.md).
-  const bool band_plan = block_m <= 0 && tma && head_dim == 64 && perm_d <= 1 && tile_map < 1 &&
+  const int band_bm = band_block_m(head_dim);
+  const bool band_plan = block_m <= 0 && tma && band_bm > 0 && perm_d <= 1 && tile_map < 1 &&
                          (an.band.ok || an.window.ok || (an.sinks.ok && an.prefix <= kBandPrefixMax)) &&
-                         find_kernel(KernelKind::sm90_band, 192, 128, 64) >= 0;
-  int bm = 192, bn = 128, bd = 1;
+                         find_kernel(KernelKind::sm90_band, band_bm, 128, int(head_dim)) >= 0;
+  int bm = band_plan ? band_bm : 192, bn = 128, bd = 1;
   std::shared_ptr<const Maps> maps;
   std::shared_ptr<BlockPlan> strip;
   std::string choice;

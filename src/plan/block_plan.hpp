@@ -39,6 +39,7 @@
 
 #include "common/alloc.hpp"
 #include "plan/analysis.hpp"
+#include "plan/kernels.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 
@@ -155,11 +156,11 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pattern, const Gri
 // step of every slab, not paired into 128-key steps, so only a few (attention sinks, longformer's global columns).
 inline constexpr int32_t kBandPrefixMax = 128;
 
-// Whether the sm_90a band kernel (src/cuda/fused/fused_fwd_band.cuh) runs this plan: band rows (shifted or not, or
-// with a key prefix of at most kBandPrefixMax keys), no permutation, 192x128 tiles (its work items: three 64-row
-// slabs), head dim 64, Lq + Lk < 2^30.
+// Whether the sm_90a band kernel runs this plan: band rows (shifted or not, or with a key prefix of at most
+// kBandPrefixMax keys), no permutation, band_block_m(head_dim) x 128 tiles, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && !plan.mapped() && head_dim == 64 && plan.block_m == 192 && plan.block_n == 128 && plan.perm_d == 1 &&
+  return plan.band && !plan.mapped() && band_block_m(head_dim) > 0 && plan.block_m == band_block_m(head_dim) &&
+         plan.block_n == 128 && plan.perm_d == 1 &&
          plan.band_prefix <= kBandPrefixMax && !(plan.band_prefix > 0 && plan.band_shifted) &&
          plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }
@@ -174,8 +175,8 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // Chooses the tile shape and permutation with the least predicted cost among the fused GPU rows of the kernel
 // table (plan/kernels.hpp: their shapes and costs) and returns the plan built with them. block_m / block_n > 0
 // force a shape, perm_d >= 1 a permutation (and no tile map). tma: the sm_90a TMA rows are available (sm_90a
-// device, TMA allowed), which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) at head
-// dim 64 there the plan is 192x128 for the band kernel. tile_map: where the pattern has a neighborhood grid of 2
+// device, TMA allowed), which adds 192x128 tiles and prices 128x128 lower; with band rows (analysis.band) there
+// the plan is band_block_m(head_dim) x 128 for the band kernel. tile_map: where the pattern has a neighborhood grid of 2
 // or 3 axes (analysis.grid), mapped candidates too, one per cp.async shape with the query and key boxes of least
 // cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those, for grids of one
 // axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced); 2 key strips only (64x64

@@ -79,9 +79,11 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_tma_128x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 64, kF16 | kBF16, 0.82, 1.2, 1.6},
     {"sm90_tma_192x128_d64", Engine::cuda_fused, KernelKind::sm90_tma, 192, 128, 64, kF16 | kBF16, 0.70, 1.2, 1.6},
     {"sm90_tma_128x128_d128", Engine::cuda_fused, KernelKind::sm90_tma, 128, 128, 128, kF16 | kBF16, 1.0, 1.2, 1.6},
-    // sm_90a band kernels: 192-row work items of three 64-row slabs, 64-key chunks
+    // sm_90a band kernels: work items of 64-row slabs (three at D=64, two at D=128) over 64-key chunks; band plans
+    // are built for them directly (choose_block_plan), so their costs price nothing
     {"sm90_band_d64", Engine::cuda_fused, KernelKind::sm90_band, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
     {"sm90_band_rmax_d64", Engine::cuda_fused, KernelKind::sm90_band_rmax, 192, 128, 64, kF16 | kBF16, 0.70, 1.0},
+    {"sm90_band_d128", Engine::cuda_fused, KernelKind::sm90_band, 128, 128, 128, kF16 | kBF16, 1.0, 1.0},
     {"cuda_unfused", Engine::cuda_unfused, KernelKind::cuda_unfused, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
     {"cuda_scattered", Engine::cuda_fused, KernelKind::cuda_scattered, 0, 0, 0, kF16 | kBF16, 0, 0},
     // the backward pass (Plan::backward on a GPU; src/cuda/backward)
@@ -115,6 +117,10 @@ inline constexpr int64_t kPartsMaxFraction = 8;
 // vs 1.29; cp.async steps: dilated 1.29 vs 1.25. The warp-specialized rows (sm90_bwd_ws) replace the 128-key ones
 // where steps come by TMA: local 0.975 -> 0.902 ms (D=128 1.673 -> 1.394), causal 8.149 -> 7.102 (D=128 14.64 ->
 // 10.61), longformer 1.197 -> 1.095 (D=128 2.047 -> 1.729).
+
+// The band kernel's work items (src/cuda/fused/fused_fwd_band.cuh), as a plan's tile height: three 64-row slabs at
+// head dim 64, two at 128 (0: no band kernel at that head dim). Its plans' tiles are that many rows by 128 keys.
+constexpr int band_block_m(int64_t head_dim) { return head_dim == 64 ? 192 : head_dim == 128 ? 128 : 0; }
 
 // The band kernel runs a slab's later steps against the running maximum where the slabs average this many
 // 64-key chunks or more (H100: causal +4% at L=16384, +2% at 4096; local(256), 9 chunks, -1.3 to -2.5%).

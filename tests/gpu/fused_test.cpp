@@ -310,6 +310,27 @@ const Case kCases[] = {
     {"band 192 rmax slabs, causal", "causal", 1, 4, 2, 2000, 2000, 64, fp, 192, false, -1, 128, false, false, -1, 1, 1, false, 1},
     {"band 192 causal 4099 chosen rmax", "causal", 1, 2, 2, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1, false, -1},
     {"band 192 local no rmax", "local(256)", 1, 2, 2, 4099, 4099, 64, bf, 192, false, -1, 128, false, false, -1, 1, -1, false, 0},
+    // The band kernel at head dim 128: 128-row items of two slabs, tiles as two 64-column panels, a 4-stage ring, one
+    // Q buffer; the cases above that apply (no running-max steps at 128: long rows take the plain steps).
+    {"band 128 local, tails", "local(256)", 1, 2, 2, 1023, 1023, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 local, tails fp16", "local(256)", 1, 2, 2, 1023, 1023, 128, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 narrow window (one chunk a slab)", "local(5)", 1, 2, 2, 1000, 1000, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 sliding window", "local(left=200, right=0)", 2, 4, 2, 2047, 2047, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 causal 4099 (long rows: plain steps)", "causal", 1, 1, 1, 4099, 4099, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 causal GQA", "causal", 2, 4, 1, 1500, 1500, 128, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 dense", "dense", 1, 2, 2, 777, 777, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 cross attention Lq < Lk", "local(left=300, right=40)", 2, 4, 2, 300, 1000, 128, fp, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 cross attention Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, bf, 128, false, -1, 128, false, false, -1, 1},
+    {"band 128 one item a CTA", "local(256)", 2, 4, 4, 2000, 2000, 128, bf, 128, false, -1, 128, false, false, 0, 1},
+    {"band 128 packed qkv", "local(100)", 2, 2, 2, 777, 777, 128, bf, 128, false, -1, 128, false, true, -1, 1},
+    {"no band kernel: 128x128 local d128", "local(256)", 1, 2, 2, 1023, 1023, 128, bf, 128, false, -1, 128, false, false, -1, 0},
+    {"band 128 local, no split", "local(256)", 1, 2, 2, 1023, 1023, 128, bf, 128, false, -1, 128, false, false, -1, 1, 0},
+    {"band 128 split 2, last items of many", "local(256)", 2, 8, 8, 4099, 4099, 128, bf, 128, false, -1, 128, false, false, -1, 1, 2},
+    {"band 128 split 3, causal (empty parts)", "causal", 1, 4, 2, 2000, 2000, 128, bf, 128, false, -1, 128, false, false, -1, 1, 3},
+    {"band 128 split 4, Lq > Lk, empty rows", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, fp, 128, false, -1, 128, false, false, -1, 1, 4},
+    {"band 128 slabs, last items of many", "local(256)", 2, 8, 4, 4099, 4099, 128, bf, 128, false, -1, 128, false, false, -1, 1, 1},
+    {"band 128 chosen, last wave as slabs (132 SMs)", "local(256)", 2, 16, 16, 4096, 4096, 128, bf, 128, false, -1, 128, false, false, -1, 1, -1},
+    {"band 128 rising scores, causal", "causal", 1, 2, 2, 1500, 1500, 128, bf, 128, false, -1, 128, false, false, -1, 1, -1, true},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 

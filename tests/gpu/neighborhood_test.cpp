@@ -113,8 +113,8 @@ TEST_P(NeighborhoodGpu, MatchesReference) {
 }
 
 // 1-D neighborhoods (issue 23): rows that keep W keys from clamp(q - K/2, 0, L - W) on (windows shifted inside the
-// keys at the ends) are band rows with two clamps (Analysis::window): on sm_90a at head dim 64 the band kernel's
-// shifted instantiation runs them (chosen; forced variants: running-max steps, split items, slabs, one item a CTA),
+// keys at the ends) are band rows with two clamps (Analysis::window): on sm_90a (head dims 64 and 128) the band
+// kernel's shifted instantiation runs them (chosen; forced variants: running-max steps, split items, slabs, one item a CTA),
 // and the other kernels run the same plan through its per-tile entries (TMA, cp.async, mma.sync).
 struct WindowCase {
   const char* what;
@@ -124,11 +124,13 @@ struct WindowCase {
   const char* kernel = "";  // PlanOptions::kernel ("": chosen, the band kernel on sm_90a)
   int split = -1, persistent = -1;
   bool union_ = false;  // a union: a compound plan whose parts run on their own kernels (no kernel expected)
+  int64_t D = 64;
+  const char* chosen = "sm90_band";  // the kernel a chosen plan (kernel "") runs on sm_90a
 };
 std::ostream& operator<<(std::ostream& os, const WindowCase& c) {
   return os << c.what << " [" << c.spec << " L" << c.L << " B" << c.B << " H" << c.H << "/" << c.HK << " "
             << spattn::dtype_name(c.dt) << (c.kernel[0] ? " kernel " : "") << c.kernel << " split " << c.split
-            << " persistent " << c.persistent << "]";
+            << " persistent " << c.persistent << " D" << c.D << "]";
 }
 const WindowCase kWindowCases[] = {
     {"na1d chosen: clamped first and last 128 rows, tails", "neighborhood(kernel=257)", 4099, 1, 2, 2, bf},
@@ -144,6 +146,17 @@ const WindowCase kWindowCases[] = {
     {"the mma.sync kernel", "neighborhood(kernel=99)", 1500, 1, 2, 2, bf, "sm80"},
     {"a union with global tokens: the window part of a compound plan", "neighborhood(kernel=257) | global(0:4)", 2000,
      1, 2, 2, bf, "", -1, -1, true},
+    {"D128 na1d chosen: clamped rows, tails", "neighborhood(kernel=257)", 4099, 1, 2, 2, bf, "", -1, -1, false, 128},
+    {"D128 even kernel, GQA fp16", "neighborhood(kernel=64)", 2000, 2, 4, 1, fp, "", -1, -1, false, 128},
+    {"D128 window almost the whole sequence", "neighborhood(kernel=257)", 300, 1, 2, 2, bf, "", -1, -1, false, 128},
+    {"D128 narrow window", "neighborhood(kernel=5)", 1000, 1, 2, 2, fp, "", -1, -1, false, 128},
+    {"D128 long rows, forced (plain steps)", "neighborhood(kernel=1601)", 3001, 1, 2, 2, bf, "sm90_band", -1, -1, false, 128},
+    {"D128 long rows chosen: the TMA kernel", "neighborhood(kernel=1601)", 3001, 1, 2, 2, bf, "", -1, -1, false, 128,
+     "sm90_tma"},
+    {"D128 split items: 3 parts", "neighborhood(kernel=257)", 2000, 1, 4, 2, bf, "sm90_band", 3, -1, false, 128},
+    {"D128 split items: slabs", "neighborhood(kernel=129)", 4099, 2, 8, 4, fp, "sm90_band", 1, -1, false, 128},
+    {"D128 one item a CTA", "neighborhood(kernel=257)", 2000, 2, 4, 4, bf, "sm90_band", -1, 0, false, 128},
+    {"D128 the TMA kernel: per-tile entries", "neighborhood(kernel=257)", 2000, 1, 2, 2, bf, "sm90_tma", -1, -1, false, 128},
 };
 
 class NeighborhoodWindowGpu : public ::testing::TestWithParam<WindowCase> {};
@@ -163,17 +176,19 @@ TEST_P(NeighborhoodWindowGpu, MatchesReference) {
   o.split = c.split;
   o.persistent = c.persistent;
   const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
-  const spattn::Plan plan = spattn::make_plan(pats, problem(c.B, c.H, c.HK, c.L, 64, c.dt), spattn::Device::cuda(0), o);
+  const spattn::Plan plan = spattn::make_plan(pats, problem(c.B, c.H, c.HK, c.L, c.D, c.dt), spattn::Device::cuda(0), o);
   const std::string ex = plan.explain();
   double lse_err = 0;
   const double rel = run_vs_reference(plan, pats, c.dt, 29, &lse_err);
   EXPECT_LE(rel, 1e-2) << ex;
   EXPECT_LE(lse_err, 2e-2) << ex;
   const std::string ran = plan.last_kernel();
-  const bool band_expected = sm90 && !c.union_ && (!c.kernel[0] || std::string(c.kernel).rfind("sm90_band", 0) == 0);
-  if (band_expected) {
-    EXPECT_EQ(ran.rfind(c.kernel[0] ? c.kernel : "sm90_band", 0), 0u) << ran << "; " << ex;
+  const std::string want = c.kernel[0] ? c.kernel : c.chosen;
+  if (sm90 && !c.union_ && want.rfind("sm90_band", 0) == 0) {
+    EXPECT_EQ(ran.rfind(want, 0), 0u) << ran << "; " << ex;
     EXPECT_NE(ex.find("shifted inside the keys"), std::string::npos) << "the plan's rows are shifted windows: " << ex;
+  } else if (sm90 && !c.union_ && !c.kernel[0]) {
+    EXPECT_EQ(ran.rfind(want + "_", 0), 0u) << ran << "; " << ex;
   } else if (c.kernel[0]) {
     EXPECT_EQ(ran.rfind(std::string(c.kernel) + "_", 0), 0u) << ran;
   }

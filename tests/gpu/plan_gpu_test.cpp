@@ -99,7 +99,7 @@ TEST(PlanGpu, CompoundMatchesReference) {
 // which runs the prefix's chunks first in every slab; and longformer-like specs split into that tiles part and a
 // rows part of dense rows on the band kernel's split over keys, written over the tiles part's rows. Awkward
 // lengths, G off the chunk size, the band overlapping the prefix, Lq != Lk, GQA, fp16, a split over keys and
-// slab splits of the prefix plans, and head dim 128 (no band kernel: one tile list). Such rows are never empty
+// slab splits of the prefix plans, and head dim 128 (the band kernel's 128-row items). Such rows are never empty
 // (every row keeps the prefix).
 TEST(PlanGpu, BandRowsWithKeyPrefix) {
   REQUIRE_GPU();
@@ -126,7 +126,11 @@ TEST(PlanGpu, BandRowsWithKeyPrefix) {
       {"local(left=64, right=0) | global(0:4)", 2, 4, 2, 900, 900, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
       {"local(64) | global_rows(0:8)", 1, 3, 1, 1000, 1000, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
       {"local(70) | global_cols(0:20) | global_rows(0:13)", 1, 2, 2, 600, 900, 64, DType::bf16, -1, "sm90_band_d64", "tiles rows", "sm90_band_d64"},
-      {"longformer(100, 20)", 2, 4, 2, 1000, 1000, 128, DType::bf16, -1, "", "", ""},
+      {"longformer(100, 20)", 2, 4, 2, 1000, 1000, 128, DType::bf16, -1, "sm90_band_d128", "tiles rows", "sm90_band_d128"},
+      {"local(50) | global_cols(0:70)", 1, 4, 4, 1000, 1000, 128, DType::f16, -1, "sm90_band_d128", "", ""},
+      {"local(left=3000, right=0) | global_cols(0:4)", 1, 2, 2, 4099, 4099, 128, DType::bf16, -1, "sm90_band_d128", "", ""},
+      {"local(100) | global_cols(0:32)", 1, 2, 2, 1100, 1100, 128, DType::bf16, 3, "sm90_band_d128", "", ""},
+      {"longformer(256, 32)", 1, 4, 4, 4100, 4100, 128, DType::f16, -1, "sm90_band_d128", "tiles rows", "sm90_band_d128"},
   };
   for (const C& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + " " + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " D=" +
@@ -146,7 +150,7 @@ TEST(PlanGpu, BandRowsWithKeyPrefix) {
     if (*c.kernel) EXPECT_EQ(plan.last_kernel(), c.kernel) << ex;
     if (!*c.parts) {
       EXPECT_EQ(ex.find("compound plan"), std::string::npos) << ex;
-      if (c.D == 64) EXPECT_NE(ex.find("key prefix"), std::string::npos) << ex;
+      EXPECT_NE(ex.find("key prefix"), std::string::npos) << ex;
       continue;
     }
     ASSERT_NE(ex.find("compound plan"), std::string::npos) << ex;

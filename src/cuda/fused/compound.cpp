@@ -71,7 +71,7 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
         break;
       case plan::PartKind::rows: {
         // Dense rows against every key: few work items (one query tile a head), so the band kernel where it
-        // applies (head dim 64, sm_90a), whose split over keys runs each item in up to 4 parts merged on chip
+        // applies (head dim 64 or 128, sm_90a), whose split over keys runs each item in up to 4 parts merged on chip
         // (FusedOptions::split); the chosen rule would leave dense rows to the TMA kernel, one CTA an item.
         FusedOptions rows_options = sub_options;
         rows_options.band = 1;

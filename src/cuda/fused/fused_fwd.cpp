@@ -83,10 +83,10 @@ static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
   k.kb = key_boxes(side, stride);
 }
 
-// Chunks of the band kernel's slab c of query tile qt (192-row items, BandTraits): 0 where the slab is empty. A key
-// prefix's chunks first, then the band's past them.
+// Chunks of the band kernel's slab c of query tile qt (items of block_m / 64 slabs, BandTraits): 0 where the slab is
+// empty. A key prefix's chunks first, then the band's past them.
 static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
-  const int64_t qs = qt * 192 + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
+  const int64_t qs = qt * hp.block_m + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
   if (qs >= hp.q_len) return 0;
   const int64_t pc = hp.band_prefix_chunks();
   const int64_t a = std::max(hp.band_first(qs), 64 * pc), z = hp.band_last(qe);
@@ -98,7 +98,7 @@ static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
 static bool band_rows_are_long(const plan::BlockPlan& hp) {
   int64_t chunks = 0, slabs = 0;
   for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
-    for (int c = 0; c < 3; ++c) {
+    for (int c = 0; c < hp.block_m / 64; ++c) {
       const int n = slab_chunks(hp, qt, c);
       chunks += n;
       slabs += n > 0;
@@ -145,8 +145,14 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
       e.hi = box_limits(b.extent[0], b.extent[1], b.extent[2]);
     }
   }
-  // Band plans of 192-row items may run the band kernel with split work items: workspace for one part per SM.
-  if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) split_cap_ = device_info(device_).sms;
+  // Plans the band kernel runs may have split work items: workspace for one part per SM.
+  // A part's floats: split_floats(D) a thread of each consumer warp (fused_fwd_band.cuh, split_merge).
+  size_t split_ws_floats = 0;
+  if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
+    const plan::KernelConfig& c = plan::kKernels[kernel_row_];
+    split_cap_ = device_info(device_).sms;
+    split_ws_floats = size_t(c.block_m / 64) * 4 * 32 * size_t(split_floats(c.head_dim));
+  }
   // One block of the device pool (cuda/common/pool.hpp) holds every array, each at a 256-byte boundary: the small
   // ones and the zeroed work counters staged on the host and copied at once, then the bitmasks (a random plan's
   // are tens of MB: copied as they are, no staged copy), then the split workspace (not copied). So a plan makes
@@ -163,7 +169,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
                 {host_.k_map.data(), host_.k_map.size() * sizeof(int32_t)},
                 {nullptr, counter_ints() * sizeof(int)},
                 {host_.masks.data(), host_.masks.size() * sizeof(uint64_t)},
-                {nullptr, size_t(split_cap_) * kSplitWarps * 32 * kSplitFloats * sizeof(float)}};
+                {nullptr, size_t(split_cap_) * split_ws_floats * sizeof(float)}};
   constexpr size_t kStaged = 6;  // segs[0, kStaged) staged; then the masks; then the workspace
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
   size_t total = 0;
@@ -369,9 +375,10 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
 void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k) {
   const int64_t n = hp.q_tiles * bh;  // work items, drawn in order: query tile order[w / bh], head w % bh
   if (split == 0 || n == 0) return;
+  const int nslab = hp.block_m / 64;  // slabs an item
   auto slab_split = [&](int64_t first) {  // items first... as their slabs (no workspace)
     k.split_first = int(first);
-    k.split_k = 3;
+    k.split_k = nslab;
     k.split_slabs = 1;
   };
   if (split == 1) return slab_split(std::max<int64_t>(0, n - sms));  // forced: the last items (up to an SM each)
@@ -386,7 +393,7 @@ void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int spli
     int last_cost = 0, max_cost = 0, multi = 0;
     auto cost = [&](int64_t qt, int* nslabs) {  // an item's time ~ its longest slab's chunks
       int c_max = 0, ns = 0;
-      for (int c = 0; c < 3; ++c) {
+      for (int c = 0; c < nslab; ++c) {
         const int ch = slab_chunks(hp, qt, c);
         c_max = std::max(c_max, ch);
         ns += ch > 0;
@@ -482,9 +489,12 @@ int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc,
   if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);
   if (o.tma && hp.perm_d == 1 && !hp.mapped()) {  // the TMA and band kernels load affine rows by tensor maps
     if (plan::band_kernel_runs(hp, head_dim, o.band)) {
-      // (A key prefix runs on the plain steps only: launch.cuh has no running-max instantiation with it.)
+      // (A key prefix runs on the plain steps only: launch.cuh has no running-max instantiation with it.) Head dim
+      // 128 has no running-max row: its long rows run on the TMA kernel, unless the band kernel is forced (then on
+      // its plain steps). H100, L=16384, D=128: causal 0.91x on the band kernel's plain steps.
       const bool rmax = hp.band_prefix == 0 && (o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp));
-      const int row = plan::find_kernel(rmax ? KernelKind::sm90_band_rmax : KernelKind::sm90_band, hp.block_m, hp.block_n, d);
+      int row = rmax ? plan::find_kernel(KernelKind::sm90_band_rmax, hp.block_m, hp.block_n, d) : -1;
+      if (row < 0 && (!rmax || o.band == 1)) row = plan::find_kernel(KernelKind::sm90_band, hp.block_m, hp.block_n, d);
       if (row >= 0) return row;
     }
     const int row = plan::find_kernel(KernelKind::sm90_tma, hp.block_m, hp.block_n, d);

@@ -53,8 +53,8 @@ class DevicePlan {
   // counter, the count of CTAs done drawing, then the band kernel's split counters (kSplitWarps per part of the
   // workspace).
   size_t counter_ints() const { return 2 + size_t(split_cap_) * kSplitWarps; }
-  // The band kernel's split workspace (band plans of 192-row items; else null): split_cap() parts, one per SM
-  // (kSplitWarps * 32 * kSplitFloats floats each: 7.3 MB on a 132-SM H100).
+  // The band kernel's split workspace (plans the band kernel runs; else null): split_cap() parts, one per SM
+  // (consumer warps x 32 x split_floats(D) floats each: 7.3 MB at D=64, 9.2 MB at D=128 on a 132-SM H100).
   float* split_ws() const { return split_ws_; }
   int split_cap() const { return split_cap_; }
 

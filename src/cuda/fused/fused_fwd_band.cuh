@@ -5,12 +5,15 @@
 // Why: a rectangular BM x 128 tile of a band visits every key that any of its BM rows keeps. local(256)'s
 // rows keep 513 keys; a 128-row tile visits 640 of them a row (area / nnz 1.25), a 192-row tile 704-768.
 // Here each consumer warpgroup (64 rows) multiplies only its own slab's chunks: 576 keys a row (1.12) at
-// any BM, so BM = 192 (three consumers sharing every chunk load, FA3's D=64 shape) costs no extra area.
+// any BM, so BM = 192 at D=64 (three consumers sharing every chunk load, FA3's D=64 shape) and 128 at D=128 (two,
+// FA3's D=128 shape) cost no extra area. Tiles lie in shared memory as 64-column panels (128-byte swizzle), one
+// at D=64, two at D=128.
 //
 //   persistent CTAs, one per SM, draw work items (BM-row query tile, batch, head) from a global counter
 //   warpgroup 0      producer: one thread computes the item's chunk range (the union of its slabs' ranges)
 //                    and each slab's range, leaves them in the item's slot, and issues bulk tensor copies of
-//                    the Q tile and of each 64-key K/V chunk into a kStages ring. A chunk's `empty` mbarrier
+//                    the Q tile and of each 64-key K/V chunk into a kStages ring (at D=128 K and V with
+//                    barriers of their own, K copies two chunks ahead: kSplitKV). A chunk's `empty` mbarrier
 //                    expects every consumer thread; the producer arrives for the warpgroups whose slab does
 //                    not use the chunk, so each consumer waits for and releases only its own chunks. Lane 0 of
 //                    warps 1..C: each consumer's storer, a bulk tensor copy of every output slab it hands over.
@@ -27,9 +30,9 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false, bool kPrefix_ = false>
+template <int BM_, int D_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false, bool kPrefix_ = false>
 struct BandTraits {
-  static constexpr int BM = BM_, D = 64, kChunk = 64;
+  static constexpr int BM = BM_, D = D_, kChunk = 64;
   // A key prefix (FusedParams::band_prefix, BlockPlan::band_prefix: local(w) | global_cols(0:G), attention sinks):
   // every live slab first runs the prefix's 64-key chunks as 64-key steps (masked: the prefix's keys, and the band's
   // where it reaches into them), then its band chunks past them; one online softmax, each key visited once. An
@@ -46,6 +49,7 @@ struct BandTraits {
   // row-max reduction in front of them (band_softmax_running; LaunchParams::band_running_max): causal +1.4% at
   // L=4096, +3.1% at L=16384; local(256) -1.6% (its short rows: 4-5 steps), so chosen for long rows only.
   static constexpr bool kRunningMax = kRunningMax_;
+  static_assert(!(kRunningMax && D != 64), "band kernel: running-max steps at head dim 64 only (band_redo_s)");
   // Their row sums as 4 partial chains (no max chain in front of them): causal +0.9% at L=16384, +0.4% at 4096
   // against 2 (same-process A/B, bench/LOG.md, session 11).
   static constexpr int kRunningParts = 4;
@@ -53,36 +57,54 @@ struct BandTraits {
   // The 128-key steps' row max and row sum over 2 partial chains each (tile_softmax's kP): causal +1.1-1.6%,
   // local +0.2-0.4% (H100, both timed in one process, bench/LOG.md, session 10; 4 partials: less).
   static constexpr int kSoftmaxParts = 2;
-  // 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (bench/LOG.md, v14).
-  static_assert(BM == 192, "band kernel: three consumer warpgroups");
+  // D=64: 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (bench/LOG.md,
+  // v14). D=128: 128 rows (two consumer warpgroups at 240 registers, FA3's D=128 shape: O and S of a 128-key step
+  // are 64 registers each).
+  static_assert((D == 64 && BM == 192) || (D == 128 && BM == 128), "band kernel: 192 rows at head dim 64, 128 at 128");
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kQBufs = 2;  // the next item's Q tile loads during this item's last chunks
+  // The next item's Q tile loads during this item's last chunks (D=64); D=128 has room for one Q buffer only.
+  static constexpr int kQBufs = D == 64 ? 2 : 1;
+  // Tiles are stored in panels of 64 columns (128 bytes a row, the tensor maps' 128-byte swizzle): a Q tile as
+  // D / 64 panels of BM rows; each ring below as D / 64 panel rings, so that consecutive chunks of one panel lie
+  // side by side at either head dim.
+  static constexpr int kPanels = D / 64;
   static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kChunkBytes = kChunk * D * 2;  // K (or V) of one chunk
-  // A ring of 8 chunks (stage = chunk index & 7); K and V each have a ninth slot that mirrors slot 0, so that
-  // the chunks of stages 7 and 0 also lie side by side: every pair of consecutive chunks is one 128-key tile
-  // (one m64n128 S wgmma, PV descriptors from one base).
-  static constexpr int kStages = 8;
-  static constexpr int kRingBytes = (kStages + 1) * kChunkBytes;
-  // One output slab (64 rows x 128 bytes, 128-byte swizzle) a consumer: its rows go out by one bulk tensor copy.
+  static constexpr int kChunkBytes = kChunk * 128;  // one panel of a K (or V) chunk
+  // A ring of kStages chunks (stage = chunk index & (kStages - 1)); K and V each have a slot more that mirrors slot
+  // 0, so that the chunks of stages kStages - 1 and 0 also lie side by side: every pair of consecutive chunks is
+  // one 128-key tile (one m64n128 S wgmma, PV descriptors from one base). 8 stages at D=64, 4 at D=128.
+  static constexpr int kStages = D == 64 ? 8 : 4;
+  static constexpr int kPanelRingBytes = (kStages + 1) * kChunkBytes;
+  static constexpr int kRingBytes = kPanels * kPanelRingBytes;
+  // One output slab (64 rows x D columns in 128-byte-swizzled panels) a consumer: its rows go out by one bulk
+  // tensor copy a panel.
   static constexpr int kOBytes = 64 * D * 2;
   static constexpr int kOOffset = kQBufs * kQBytes + 2 * kRingBytes;
   static constexpr int kBarOffset = kOOffset + kConsumers * kOBytes;
   // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk
   // (7-12), then the split part (13): -1 the whole item, -2 - c slab c alone (split_slabs), else part id << 4 |
   // part << 2 | (parts - 1).
-  // mbarriers: full and empty per ring stage, per Q buffer, per output buffer (o_full: the slab is written;
-  // o_empty: its copy has read it).
-  static constexpr int kBars = 2 * kStages + 2 * kQBufs + 2 * kConsumers;
+  // kSplitKV (D=128): K and V have pipelines of their own. A chunk's K is released once its S is done, a step before
+  // its V (released after PV), and the producer issues each K copy kVLag chunks ahead of the V copy it pairs with,
+  // so that the next step's K loads while this step's PV runs. (With one full/empty pair a chunk, a ring of 4 chunks
+  // held only the step in S and the step in PV: every step waited for its copies; H100, causal ran at 0.62x and
+  // local(256) at 0.98x the TMA kernel's speed, bench/LOG.md.) D=64: one pair a chunk for K and V, as measured (8
+  // stages hold lookahead enough; split barriers there drew C7511 in the shifted and prefix instantiations).
+  static constexpr bool kSplitKV = D == 128;
+  static constexpr int kVLag = 2;
+  // mbarriers: full and empty per ring stage (of K and of V where split), per Q buffer, per output buffer (o_full:
+  // the slab is written; o_empty: its copy has read it).
+  static constexpr int kBars = (kSplitKV ? 4 : 2) * kStages + 2 * kQBufs + 2 * kConsumers;
   // Per consumer a store record (slab's first row, head, batch; batch -1: no more stores) for its storer warp.
   static constexpr int kRecOffset = kBarOffset + kBars * 8;
   static constexpr int kSlotOffset = kRecOffset + kConsumers * 16;
   static constexpr int kSlotInts = 16;
   static constexpr int kSmemBytes = kSlotOffset + kQBufs * kSlotInts * 4 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  // (Two consumers: 232, not FA3's 240 with a 24-register producer; at 24 the producer thread's chunk ranges spilled.)
   static constexpr int kProducerRegs = 32;
-  static constexpr int kConsumerRegs = 160;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
@@ -95,6 +117,16 @@ __device__ __forceinline__ float (&lower_half(float (&s)[2 * N]))[N] {
 template <int N>
 __device__ __forceinline__ float (&upper_half(float (&s)[2 * N]))[N] {
   return *reinterpret_cast<float(*)[N]>(&s[N]);
+}
+// `own` where kOwn, else `fallback` (own then has one element and is unused).
+template <bool kOwn, int N, int M>
+__device__ __forceinline__ float (&own_or(float (&own)[M], float (&fallback)[N]))[N] {
+  if constexpr (kOwn) {
+    static_assert(M == N, "own_or: own's size");
+    return own;
+  } else {
+    return fallback;
+  }
 }
 }  // namespace detail
 
@@ -186,22 +218,24 @@ __device__ __forceinline__ void tile_mask_band_prefix(float (&s)[BN / 2], int d0
   detail::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh] && c >= kb; });
 }
 
-// A split part's epilogue (FusedParams::split_*): this thread's O accumulators, row maxima and row sums go to the
-// workspace of part `us`; the warp then counts itself in at its (item, warp) counter. The last of the item's
+// A split part's epilogue (FusedParams::split_*): this thread's O accumulators (N: D / 2), row maxima and row sums
+// go to the workspace of part `us` (split_floats(D) a thread, kWarps consumer warps a part); the warp then counts itself in at its (item, warp) counter. The last of the item's
 // `parts` parts to arrive zeroes the counter (for the next launch), reads every part's values back in part
 // order (its own too), merges them into o / row_max / row_sum and returns true: it stores the rows. Others return
 // false. The merge order is fixed, so the result does not depend on which part finishes last.
-__device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32], float (&row_max)[2],
+template <int N, int kWarps>
+__device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[N], float (&row_max)[2],
                                             float (&row_sum)[2], int us, int part, int parts, int wi, int lane) {
   using namespace detail;
-  constexpr int V = kSplitFloats / 4;  // float4s a thread
+  constexpr int V = split_floats(2 * N) / 4;  // float4s a thread
+  constexpr int NV = N / 4;                   // of O
   auto at = [&](int u) {  // this thread's float4s of part u: 32 lanes apart
-    return reinterpret_cast<float4*>(p.split_ws) + (size_t(u) * kSplitWarps + wi) * V * 32 + lane;
+    return reinterpret_cast<float4*>(p.split_ws) + (size_t(u) * kWarps + wi) * V * 32 + lane;
   };
   float4* mine = at(us);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) __stcg(mine + 32 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
-  __stcg(mine + 32 * 8, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
+  for (int i = 0; i < NV; ++i) __stcg(mine + 32 * i, make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]));
+  __stcg(mine + 32 * NV, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
   __threadfence();
   __syncwarp();
   int* counter = p.split_count + (us / parts) * kSplitWarps + wi;
@@ -214,10 +248,10 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
   const float sl2 = p.scale_log2;
   float mm[2] = {-INFINITY, -INFINITY}, ms[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  for (int i = 0; i < N; ++i) o[i] = 0.f;
   for (int q = 0; q < parts; ++q) {  // every part from the workspace (its own too: the same order for all)
     const float4* src = at(us - part + q);
-    const float4 t = __ldcg(src + 32 * 8);
+    const float4 t = __ldcg(src + 32 * NV);
     const float xm[2] = {t.x, t.y}, xs[2] = {t.z, t.w};
     float a[2], bx[2];
 #pragma unroll
@@ -229,7 +263,7 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
       ms[hh] = ms[hh] * a[hh] + xs[hh] * bx[hh];
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {  // float4 i: columns of rows hh = 0, 0, 1, 1
+    for (int i = 0; i < NV; ++i) {  // float4 i: columns of rows hh = 0, 0, 1, 1
       const float4 x = __ldcg(src + 32 * i);
       o[4 * i] = o[4 * i] * a[0] + x.x * bx[0];
       o[4 * i + 1] = o[4 * i + 1] * a[0] + x.y * bx[0];
@@ -242,7 +276,8 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
 }
 
 // The epilogue of slab c: O / l as 16-bit values into the warpgroup's output buffer s_o in the tensor map's
-// 128-byte swizzle (16-byte group j of row r at r * 128 + (j ^ (r & 7)) * 16), then the slab's coordinates into
+// 128-byte swizzle (16-byte group j of row r at (j / 8) * 8192 + r * 128 + ((j % 8) ^ (r & 7)) * 16: panels of 64
+// columns), then the slab's coordinates into
 // its store record and an arrival on o_full: the storer warp of this consumer (in the producer warpgroup) issues
 // the bulk tensor copy (rows past Lq dropped by the copy) and arrives on o_empty once the copy has read the buffer.
 // Measured: the per-thread global stores of tile_store cost ~12% of local(256)'s time (a build without them ran
@@ -250,7 +285,7 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[32]
 // address of a kernel parameter) in the consumers tipped ptxas into serializing their wgmmas (C7511). LSE, if
 // asked for, by the threads directly. `stores`: this warpgroup's earlier slabs (o_empty's phase).
 template <class Tr>
-__device__ __forceinline__ void band_store(const FusedParams& p, const float (&o)[32], const float (&row_max)[2],
+__device__ __forceinline__ void band_store(const FusedParams& p, const float (&o)[Tr::D / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], int b, int h, int qs, int c, uint32_t s_o,
                                            uint32_t o_full, uint32_t o_empty, uint32_t rec, unsigned& stores,
                                            int lane, int wtid) {
@@ -272,9 +307,9 @@ __device__ __forceinline__ void band_store(const FusedParams& p, const float (&o
   const uint32_t base = (s_o + uint32_t(((wtid >> 5) << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^
                         uint32_t((m >> 1) << 4);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < Tr::D / 16; ++k) {
     const int j0 = 2 * k, j1 = 2 * k + 1;
-    stmatrix_x4(base ^ uint32_t(k << 5), pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * 8192, pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
                 pack2<Tr::kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
                 pack2<Tr::kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
                 pack2<Tr::kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
@@ -289,8 +324,9 @@ __device__ __forceinline__ void band_store(const FusedParams& p, const float (&o
   }
 }
 
-// A consumer's storer (lane 0 of warp 1 + c of the producer warpgroup): a bulk tensor copy of each slab the
-// consumer hands over (band_store), until a record with batch -1.
+// A consumer's storer (lane 0 of warp 1 + c of the producer warpgroup): bulk tensor copies of each slab the
+// consumer hands over (band_store; one a 64-column panel), until a record with batch -1.
+template <int kPanels>
 __device__ __forceinline__ void band_storer(const FusedParams& p, uint32_t s_o, uint32_t o_full, uint32_t o_empty,
                                             uint32_t rec) {
   using namespace detail;
@@ -298,7 +334,8 @@ __device__ __forceinline__ void band_storer(const FusedParams& p, uint32_t s_o, 
     mbar_wait(o_full, int(n & 1));
     const int qs = ld_shared_s32(rec), h = ld_shared_s32(rec + 4), b = ld_shared_s32(rec + 8);
     if (b < 0) break;
-    tma_store_4d(&p.tmap_o, s_o, 0, qs, h, b);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) tma_store_4d(&p.tmap_o, s_o + uint32_t(pn) * 8192, 64 * pn, qs, h, b);
     bulk_commit();
     bulk_wait_all<true>();
     mbar_arrive(o_empty);
@@ -310,16 +347,21 @@ template <class Tr>
 __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, D = Tr::D, S = Tr::kStages, C = Tr::kConsumers, NQ = Tr::kQBufs;
-  constexpr int CB = Tr::kChunkBytes;
+  constexpr int CB = Tr::kChunkBytes, P = Tr::kPanels, PRB = Tr::kPanelRingBytes;
   static_assert((S & (S - 1)) == 0, "ring index arithmetic by masks");
   constexpr bool kBf16 = Tr::kBf16;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t s_q = smem_u32(smem);               // NQ query tiles
-  const uint32_t s_k0 = s_q + NQ * Tr::kQBytes;      // K ring: stage s at s_k0 + s * kChunkBytes (+ mirror)
+  // K ring: stage s of panel pn at s_k0 + pn * kPanelRingBytes + s * kChunkBytes (+ mirror)
+  const uint32_t s_k0 = s_q + NQ * Tr::kQBytes;
   const uint32_t s_v0 = s_k0 + Tr::kRingBytes;       // V ring, the same
-  const uint32_t bar_full = s_q + Tr::kBarOffset, bar_empty = bar_full + 8 * S;
-  const uint32_t bar_qfull = bar_empty + 8 * S, bar_qempty = bar_qfull + 8 * NQ;
+  // Ring stage st's barriers: K full / empty at bar_kfull / bar_kempty + 8 st, V's at bar_vfull / bar_vempty
+  // (kSplitKV; else K's stand for both).
+  constexpr bool kSplit = Tr::kSplitKV;
+  const uint32_t bar_kfull = s_q + Tr::kBarOffset, bar_kempty = bar_kfull + 8 * S;
+  const uint32_t bar_vfull = kSplit ? bar_kempty + 8 * S : bar_kfull, bar_vempty = kSplit ? bar_vfull + 8 * S : bar_kempty;
+  const uint32_t bar_qfull = bar_kfull + 8 * S * (kSplit ? 4 : 2), bar_qempty = bar_qfull + 8 * NQ;
   const uint32_t bar_ofull = bar_qempty + 8 * NQ, bar_oempty = bar_ofull + 8 * C;
   const uint32_t slots = s_q + Tr::kSlotOffset;  // work-item slots (ints)
 
@@ -334,8 +376,12 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);         // the producer's expect_tx; completes on the bytes
-      mbar_init(bar_empty + 8 * s, 128 * C);  // every consumer thread (the producer stands in for non-users)
+      mbar_init(bar_kfull + 8 * s, 1);         // the producer's expect_tx; completes on the bytes
+      mbar_init(bar_kempty + 8 * s, 128 * C);  // every consumer thread (the producer stands in for non-users)
+      if constexpr (kSplit) {
+        mbar_init(bar_vfull + 8 * s, 1);
+        mbar_init(bar_vempty + 8 * s, 128 * C);
+      }
     }
     for (int s = 0; s < NQ; ++s) {
       mbar_init(bar_qfull + 8 * s, 1);
@@ -353,7 +399,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     // ---- producer ----
     setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0) {
-      unsigned g = 0;  // chunks loaded so far
+      unsigned gk = 0, gv = 0;  // K and V chunks loaded so far
       for (int nq = 0;; ++nq) {
         const int qb = nq % NQ;
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
@@ -418,30 +464,49 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           continue;
         }
         mbar_expect_tx(bar_qfull + 8 * qb, Tr::kQBytes);
-        tma_load_4d(s_q + qb * Tr::kQBytes, &p.tmap_q, bar_qfull + 8 * qb, 0, q0, h, b);
-        for (int j = 0; j < nch; ++j, ++g) {
+#pragma unroll
+        for (int pn = 0; pn < P; ++pn)
+          tma_load_4d(s_q + qb * Tr::kQBytes + pn * BM * 128, &p.tmap_q, bar_qfull + 8 * qb, 64 * pn, q0, h, b);
+        // Chunk j of the item: K (kv 1), V (kv 2) or both (kv 3, one pair of barriers) into ring stage g % S (and
+        // the mirror after stage S - 1), once that stage's previous chunk is released; the producer arrives for the
+        // slabs that do not use the chunk.
+        auto load = [&](int j, unsigned g, int kv) {
           const int st = int(g % S);
-          if (g >= unsigned(S)) mbar_wait(bar_empty + 8 * st, int((g / S) - 1) & 1);
+          const uint32_t full = (kv == 2 ? bar_vfull : bar_kfull) + 8 * st;
+          const uint32_t empty = (kv == 2 ? bar_vempty : bar_kempty) + 8 * st;
+          if (g >= unsigned(S)) mbar_wait(empty, int((g / S) - 1) & 1);
           const int x = Tr::kPrefix ? (j < npre ? j : cf + j - npre) : cf + j;
-          const uint32_t off = uint32_t(st) * CB, full = bar_full + 8 * st;
-          mbar_expect_tx(full, st == 0 ? 4 * CB : 2 * CB);
-          tma_load_4d(s_k0 + off, &p.tmap_k, full, 0, x * 64, hk, b);
-          tma_load_4d(s_v0 + off, &p.tmap_v, full, 0, x * 64, hk, b);
-          if (st == 0) {  // the mirrors after stage S - 1
-            tma_load_4d(s_k0 + S * CB, &p.tmap_k, full, 0, x * 64, hk, b);
-            tma_load_4d(s_v0 + S * CB, &p.tmap_v, full, 0, x * 64, hk, b);
+          const uint32_t off = uint32_t(st) * CB;
+          mbar_expect_tx(full, (st == 0 ? 2 * CB : CB) * P * (kv == 3 ? 2 : 1));
+#pragma unroll
+          for (int pn = 0; pn < P; ++pn) {
+            const uint32_t pr = uint32_t(pn) * PRB;  // the panel's rings
+            if (kv & 1) tma_load_4d(s_k0 + pr + off, &p.tmap_k, full, 64 * pn, x * 64, hk, b);
+            if (kv & 2) tma_load_4d(s_v0 + pr + off, &p.tmap_v, full, 64 * pn, x * 64, hk, b);
+            if (st == 0) {  // the mirrors after stage S - 1
+              if (kv & 1) tma_load_4d(s_k0 + pr + S * CB, &p.tmap_k, full, 64 * pn, x * 64, hk, b);
+              if (kv & 2) tma_load_4d(s_v0 + pr + S * CB, &p.tmap_v, full, 64 * pn, x * 64, hk, b);
+            }
           }
           int users = 0;
 #pragma unroll
           for (int c = 0; c < C; ++c)
             users += (Tr::kPrefix && j < npre ? (live >> c) & 1 : (get(7 + 2 * c) <= x && x <= get(8 + 2 * c))) ? 1 : 0;
           // This phase of `empty` began when the wait above returned: the arrivals count for chunk g.
-          if (users < C) mbar_arrive_n(bar_empty + 8 * st, 128u * unsigned(C - users));
+          if (users < C) mbar_arrive_n(empty, 128u * unsigned(C - users));
+        };
+        if constexpr (kSplit) {
+          for (int j = 0; j < nch + Tr::kVLag; ++j) {  // K of chunk j, then V of chunk j - kVLag
+            if (j < nch) load(j, gk++, 1);
+            if (j >= Tr::kVLag) load(j - Tr::kVLag, gv++, 2);
+          }
+        } else {
+          for (int j = 0; j < nch; ++j) load(j, gk++, 3);
         }
       }
     } else if (lane == 0 && warp <= C) {  // warps 1..C: the consumers' storers
       const int c = warp - 1;
-      band_storer(p, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes, bar_ofull + 8 * c, bar_oempty + 8 * c,
+      band_storer<Tr::kPanels>(p, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes, bar_ofull + 8 * c, bar_oempty + 8 * c,
                   s_q + Tr::kRecOffset + 16 * c);
     }
   } else {
@@ -453,7 +518,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     const uint32_t o_full = bar_ofull + 8 * c, o_empty = bar_oempty + 8 * c, rec = s_q + Tr::kRecOffset + 16 * c;
     unsigned stores = 0;  // slabs handed to the storer
     // Low descriptor words of the K and V rings' slot 0 (see desc_lo): a chunk's descriptors are these plus offsets.
-    const uint32_t k_lo = desc_lo(s_k0, 16), v_lo = desc_lo(s_v0, 64 * 128);
+    // V's leading byte offset: from one 64-column panel to the next (its panel rings; unused at D=64).
+    const uint32_t k_lo = desc_lo(s_k0, 16), v_lo = desc_lo(s_v0, P == 1 ? 64 * 128 : PRB);
     unsigned g = 0;  // chunks of the items before this one
     // The consumers take turns at their S / PV issue, in the order 0, 1, ..., C - 1 (named barriers C + 1 ...
     // 2C; 1 ... C are band_store's): one consumer's softmax runs under the others' wgmmas.
@@ -510,17 +576,30 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         uint32_t pa[8][4];
         const uint32_t s_qs = s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128;  // the slab's Q rows
         const uint32_t q_lo = desc_lo(s_qs, 16);
+        // Descriptors of 16-column slice kk of the slab's Q rows and of ring stage st's K chunk (kk / 4: the panel).
+        auto q_desc = [&](int kk) { return desc_of_lo(q_lo + (kk >> 2) * (BM * 8) + (kk & 3) * 2); };
+        auto k_desc = [&](unsigned st, int kk) {
+          return desc_of_lo(k_lo + st * (CB >> 4) + unsigned(kk >> 2) * (PRB >> 4) + unsigned(kk & 3) * 2);
+        };
         const int qs = q0 + 64 * c, qe = min(qs + 63, p.q_len - 1);
         const int kp0 = sf * 64;  // key of the slab's first chunk
         auto ring = [&](int j) { return (j0 + unsigned(j)) & unsigned(S - 1); };
-        auto wait_full = [&](int j) { mbar_wait(bar_full + 8 * ring(j), int(((j0 + unsigned(j)) / S) & 1)); };
-        auto release = [&](int j) { mbar_arrive(bar_empty + 8 * ring(j)); };
+        // Chunk j's K (V) landed; released (K once its S is done, V once its PV is). Without kSplitKV, K's barriers
+        // stand for both: wait_k waits for both, release_k does nothing and release_v releases both.
+        auto wait_k = [&](int j) { mbar_wait(bar_kfull + 8 * ring(j), int(((j0 + unsigned(j)) / S) & 1)); };
+        auto wait_v = [&](int j) {
+          if constexpr (kSplit) mbar_wait(bar_vfull + 8 * ring(j), int(((j0 + unsigned(j)) / S) & 1));
+        };
+        auto release_k = [&](int j) {
+          if constexpr (kSplit) mbar_arrive(bar_kempty + 8 * ring(j));
+        };
+        auto release_v = [&](int j) { mbar_arrive(bar_vempty + 8 * ring(j)); };
         // S of chunks j, j + 1 (W = 128; their K chunks lie side by side, see kRingBytes) or of chunk j (W = 64).
         auto issue_s = [&](auto& s, int j) {
           constexpr int W = sizeof(s) / sizeof(float) * 2;
 #pragma unroll
           for (int kk = 0; kk < D / 16; ++kk)
-            wgmma::Op<W, kBf16>::ss(s, desc_of_lo(q_lo + 2 * kk), desc_of_lo(k_lo + ring(j) * (CB >> 4) + 2 * kk), kk > 0 ? 1 : 0);
+            wgmma::Op<W, kBf16>::ss(s, q_desc(kk), k_desc(ring(j), kk), kk > 0 ? 1 : 0);
         };
         // O += P V over W keys from chunk j on; pa: W / 16 fragments of P.
         auto issue_pv = [&](auto w_c, int j) {
@@ -563,23 +642,25 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           // the prefix kernels' wgmmas, C7511.)
           for (int i = 0; i < mp; ++i) {
             const unsigned jr = jp + unsigned(i), st = jr & unsigned(S - 1);
-            mbar_wait(bar_full + 8 * st, int((jr / S) & 1));
+            mbar_wait(bar_kfull + 8 * st, int((jr / S) & 1));
             fence_regs(s_lo);
             turns.wait();
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-              wgmma::Op<64, kBf16>::ss(s_lo, desc_of_lo(q_lo + 2 * kk), desc_of_lo(k_lo + st * (CB >> 4) + 2 * kk), kk > 0 ? 1 : 0);
+              wgmma::Op<64, kBf16>::ss(s_lo, q_desc(kk), k_desc(st, kk), kk > 0 ? 1 : 0);
             wgmma_commit();
             turns.pass();
             wgmma_wait<0>();
             fence_regs(s_lo);
+            if constexpr (kSplit) mbar_arrive(bar_kempty + 8 * st);
             if (m == 0 && i == mp - 1) mbar_arrive(bar_qempty + 8 * qb);  // no band step: every S of the item done
             const int kp = 64 * i;
             tile_mask_band_prefix<64>(s_lo, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, p.band_prefix - kp, lane);
             tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
             tile_rescale<D>(o, alpha);
             tile_to_p<64, kBf16>(s_lo, p64());
+            if constexpr (kSplit) mbar_wait(bar_vfull + 8 * st, int((jr / S) & 1));
             fence_regs(o);
             fence_regs(pa);
             wgmma_fence();
@@ -589,14 +670,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(o);
-            mbar_arrive(bar_empty + 8 * st);
+            mbar_arrive(bar_vempty + 8 * st);
           }
         }
         const int np = m >> 1;
         if (np > 0) {
           // chunks 0 and 1: S only
-          wait_full(0);
-          wait_full(1);
+          wait_k(0);
+          wait_k(1);
           fence_regs(sacc);
           turns.wait();
           wgmma_fence();
@@ -605,6 +686,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           turns.pass();
           wgmma_wait<0>();
           fence_regs(sacc);
+          if constexpr (!Tr::kRunningMax) {  // (running maxima: a step later, see below)
+            release_k(0);
+            release_k(1);
+          }
           mask_pair(0);
           tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
           // kPrefix: O already holds the prefix's chunks (without a prefix it is 0 here: nothing to rescale).
@@ -615,8 +700,10 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           bool running = Tr::kRunningMax && __all_sync(0xffffffffu, row_max[0] != -INFINITY && row_max[1] != -INFINITY);
           for (int t = 1; t < np; ++t) {
             const int j = 2 * t;
-            wait_full(j);
-            wait_full(j + 1);
+            wait_v(j - 2);
+            wait_v(j - 1);
+            wait_k(j);
+            wait_k(j + 1);
             fence_regs(sacc);
             fence_regs(o);
             fence_regs(pa);
@@ -646,19 +733,27 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs(pa);
-            release(j - 2);
-            release(j - 1);
+            // K of chunks j, j + 1 (S done), a step before their V; with running maxima the step before's, since the
+            // redo below reads this step's K again.
+            release_v(j - 2);
+            release_v(j - 1);
+            release_k(Tr::kRunningMax ? j - 2 : j);
+            release_k(Tr::kRunningMax ? j - 1 : j + 1);
             tile_rescale<D>(o, alpha);
             tile_to_p<128, kBf16>(sacc, pa);
-            if (redo) {  // S again by mma.sync (this warp alone; the PV is done, its registers free)
-              band_redo_s<kBf16>(sacc, s_qs, s_k0 + ring(j) * CB, (warp & 3) * 16, lane);
-              mask_pair(j);
-              tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
-              tile_rescale<D>(o, alpha);
-              tile_to_p<128, kBf16>(sacc, pa);
+            if constexpr (Tr::kRunningMax) {
+              if (redo) {  // S again by mma.sync (this warp alone; the PV is done, its registers free)
+                band_redo_s<kBf16>(sacc, s_qs, s_k0 + ring(j) * CB, (warp & 3) * 16, lane);
+                mask_pair(j);
+                tile_softmax<128, Tr::kSoftmaxParts>(sacc, row_max, row_sum, sl2, alpha);
+                tile_rescale<D>(o, alpha);
+                tile_to_p<128, kBf16>(sacc, pa);
+              }
             }
           }
           if (!(m & 1)) mbar_arrive(bar_qempty + 8 * qb);  // every S of the item done: the Q buffer is free
+          wait_v(2 * np - 2);
+          wait_v(2 * np - 1);
           fence_regs(o);
           fence_regs(pa);
           wgmma_fence();
@@ -666,25 +761,35 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          release(2 * np - 2);
-          release(2 * np - 1);
+          release_v(2 * np - 2);
+          release_v(2 * np - 1);
+          if constexpr (Tr::kRunningMax) {
+            release_k(2 * np - 2);
+            release_k(2 * np - 1);
+          }
         }
         if (m & 1) {  // an odd last chunk: a 64-key step on its own
           const int j = 2 * np;
-          wait_full(j);
-          fence_regs(s_lo);
+          // Its scores: the lower half of the 128-key steps' at D=64; registers of their own at D=128, where sharing
+          // them made ptxas serialize the kernel's wgmmas (C7511).
+          float s_own[D == 128 ? 32 : 1];
+          float(&s1)[32] = own_or<D == 128>(s_own, s_lo);
+          wait_k(j);
+          fence_regs(s1);
           turns.wait();
           wgmma_fence();
-          issue_s(s_lo, j);
+          issue_s(s1, j);
           wgmma_commit();
           turns.pass();
           wgmma_wait<0>();
-          fence_regs(s_lo);
+          fence_regs(s1);
+          release_k(j);
           mbar_arrive(bar_qempty + 8 * qb);
-          mask_chunk(s_lo, j);
-          tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
+          mask_chunk(s1, j);
+          tile_softmax<64>(s1, row_max, row_sum, sl2, alpha);
           tile_rescale<D>(o, alpha);
-          tile_to_p<64, kBf16>(s_lo, p64());
+          tile_to_p<64, kBf16>(s1, p64());
+          wait_v(j);
           fence_regs(o);
           fence_regs(pa);
           wgmma_fence();
@@ -692,7 +797,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
-          release(j);
+          release_v(j);
         }
       }
       for (int t = mp + ((m + 1) >> 1); t < n_turns; ++t) {  // the busiest slab's turns past this slab's own
@@ -707,7 +812,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       } else if (split >= 0) {
         // A part over the keys merges per warp (each warp's last part to arrive, possibly in different CTAs for
         // the warps of one slab), so it stores per warp, directly.
-        if (split_merge(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
+        if (split_merge<D / 2, 4 * C>(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
           tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, 2 * (lane & 3), lane);
         continue;
       }

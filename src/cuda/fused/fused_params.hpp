@@ -50,10 +50,10 @@ struct FusedParams {
   int band_lo, band_hi;  // band kernel (LaunchParams::band): row q keeps band_lo <= k - q <= band_hi, k < Lk
   // Band kernel, split work items (FusedFwd::to_params): items from split_first on are each run as split_k parts
   // (contiguous ranges of the item's key chunks); part u = w - split_first writes its unnormalized O, row max and
-  // row sum to split_ws (kSplitFloats a thread), and the last part of an item to arrive (split_count, per item and
+  // row sum to split_ws (split_floats(D) a thread), and the last part of an item to arrive (split_count, per item and
   // warp, zero at launch; the merger zeroes it again) merges them and stores. split_k 1: no split.
-  // split_slabs 1: the parts are the item's 64-row slabs instead (split_k = 3, part c runs slab c alone and stores
-  // it; no workspace, no merge).
+  // split_slabs 1: the parts are the item's 64-row slabs instead (split_k = its slabs, part c runs slab c alone and
+  // stores it; no workspace, no merge).
   int split_first, split_k, split_slabs;
   float* split_ws;
   int* split_count;
@@ -77,9 +77,9 @@ struct FusedParams {
   int strip_sx, strip_sy;
 };
 
-// Floats a consumer thread of the band kernel writes per split part: its 32 O accumulators, 2 row maxima and
-// 2 row sums; 12 consumer warps an item.
-inline constexpr int kSplitFloats = 36;
+// Floats a consumer thread of the band kernel writes per split part at head dim d: its d / 2 O accumulators, 2 row
+// maxima and 2 row sums; at most 12 consumer warps an item (three consumer warpgroups at d = 64, two at 128).
+constexpr int split_floats(int d) { return d / 2 + 4; }
 inline constexpr int kSplitWarps = 12;
 // Events a SPATTN_TRACE build records at most (FusedParams::trace); later ones are counted and dropped.
 inline constexpr unsigned kTraceEvents = 1u << 20;

@@ -60,22 +60,23 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
     if (p.bf16) return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, true>, Kind::kWs>(p, stream));
     return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, false>, Kind::kWs>(p, stream));
   } else if constexpr (kSm90 && plan::is_band(c.kind)) {
-    static_assert(c.block_m == 192 && c.head_dim == 64, "the band kernel has 192-row items at head dim 64");
+    constexpr int BM = c.block_m, D = c.head_dim;
+    static_assert(BM == plan::band_block_m(D) && c.block_n == 128, "the band kernel's items: plan::band_block_m");
     constexpr bool kRunningMax = c.kind == KernelKind::sm90_band_rmax;
     if (p.kernel.band_shifted) {  // shifted window rows (1-D neighborhoods): the instantiation with the clamps
-      if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax, true>, Kind::kBand>(p, stream));
-      return int(launch_one<BandTraits<192, false, kRunningMax, true>, Kind::kBand>(p, stream));
+      if (p.bf16) return int(launch_one<BandTraits<BM, D, true, kRunningMax, true>, Kind::kBand>(p, stream));
+      return int(launch_one<BandTraits<BM, D, false, kRunningMax, true>, Kind::kBand>(p, stream));
     }
     if constexpr (!kRunningMax) {
       if (p.kernel.band_prefix > 0) {  // band rows with a key prefix: the instantiation that runs its chunks first
-        if (p.bf16) return int(launch_one<BandTraits<192, true, false, false, true>, Kind::kBand>(p, stream));
-        return int(launch_one<BandTraits<192, false, false, false, true>, Kind::kBand>(p, stream));
+        if (p.bf16) return int(launch_one<BandTraits<BM, D, true, false, false, true>, Kind::kBand>(p, stream));
+        return int(launch_one<BandTraits<BM, D, false, false, false, true>, Kind::kBand>(p, stream));
       }
     } else if (p.kernel.band_prefix > 0) {
       return int(cudaErrorInvalidConfiguration);  // no running-max instantiation with a key prefix
     }
-    if (p.bf16) return int(launch_one<BandTraits<192, true, kRunningMax>, Kind::kBand>(p, stream));
-    return int(launch_one<BandTraits<192, false, kRunningMax>, Kind::kBand>(p, stream));
+    if (p.bf16) return int(launch_one<BandTraits<BM, D, true, kRunningMax>, Kind::kBand>(p, stream));
+    return int(launch_one<BandTraits<BM, D, false, kRunningMax>, Kind::kBand>(p, stream));
   } else if constexpr ((kSm90 && c.kind == KernelKind::sm90_cp) || (!kSm90 && c.kind == KernelKind::sm80_mma)) {
     if (p.kernel.q_map != nullptr) {  // a mapped plan (tile map): the instantiation that gathers through the map
       if (p.bf16) return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, true, kSm90, true>>(p, stream));
