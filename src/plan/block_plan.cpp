@@ -234,14 +234,17 @@ struct TileScratch {
       nt += old == 0;
     } else if (shortcuts && r.stride > 1 && r.stride < bn && r.count > 1) {
       // A strided run (dilated rows unpermuted) counted tile by tile: its keys in tile kt are those of index
-      // ceil((k0 - start) / stride) ... floor((k0 + bn - 1 - start) / stride), not walked one by one.
+      // ceil((k0 - start) / stride) ... floor((k0 + bn - 1 - start) / stride), not walked one by one; the first is
+      // the tile before's last plus one (one division a tile, not two: dilated(256, 2)'s unpermuted candidates).
       const int64_t last = r.last();
+      int64_t i0 = 0;
       for (int64_t kt = r.start >> sh, k0 = kt << sh; k0 <= last; ++kt, k0 += bn) {
-        const int64_t i0 = k0 > r.start ? (k0 - r.start + r.stride - 1) / r.stride : 0;
         const int64_t i1 = (std::min(last, k0 + bn - 1) - r.start) / r.stride;
-        if (i1 < i0) continue;
-        if (cnt[kt] == 0) t[nt++] = kt;
-        cnt[kt] += (i1 - i0 + 1) * mult;
+        if (i1 >= i0) {
+          if (cnt[kt] == 0) t[nt++] = kt;
+          cnt[kt] += (i1 - i0 + 1) * mult;
+        }
+        i0 = std::max(i0, i1 + 1);
       }
     } else {
       for_each_tile_span(r, int(bn), [&](int64_t kt, int64_t a, int64_t b) {
