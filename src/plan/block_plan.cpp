@@ -1237,7 +1237,7 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
     bool many = false;
     std::vector<size_t> active;  // into tiles
     size_t next = j0;
-    for (int64_t q = tiles[j0].begin; q < end; ++q) {
+    for (int64_t q = tiles[j0].begin, m = 1; q < end; q += m) {
       // Rows alike by the spec (BoundPattern::row_block) take the row before's runs and counts.
       if (q == tiles[j0].begin || q / block != (q - 1) / block) {
         for (int64_t t64 : row64.touched()) row64.count[size_t(t64)] = 0;
@@ -1257,20 +1257,27 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
       // The sample tiles holding row q: those begun (in order of their first rows) and not ended (a segment of
       // the unpermuted candidates' samples can span every row: scanning all its tiles a row was quadratic).
       while (next < j1 && tiles[next].begin <= q) active.push_back(next++);
+      // Rows q .. q + m - 1: alike (one block) and in the same sample tiles (none begins or ends among them), added
+      // to the tiles' counts once, m times (bigbird(64, ...)'s 64 rows a block were each added to every tile, its
+      // global rows spanning every key tile: most of its choice).
+      m = std::min((q / block + 1) * block, end) - q;
+      if (next < j1) m = std::min(m, tiles[next].begin - q);
+      for (size_t a : active) m = std::min(m, tiles[a].end - q);
       for (size_t a = 0; a < active.size();) {
         const Sample& tile = tiles[active[a]];
-        if (q + 1 < tile.end) ++a;
+        if (q + m < tile.end) ++a;
         else active[a] = active.back(), active.pop_back();  // its last row (one tile a candidate at a time)
         TileScratch& ts = scr[tile.cand];
         const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
-        if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n);
+        if (!many)
+          for (const Run& r : runs) ts.add_run(r, sh + 6, cands[shared[tile.cand]].block_n, m);
         for (int64_t t64 : row64.touched()) {
           const int64_t kt = t64 >> sh;
           if (ts.count[size_t(kt)] == 0) ts.tbuf[ts.nt++] = kt;
-          ts.count[size_t(kt)] += row64.count[size_t(t64)];
+          ts.count[size_t(kt)] += row64.count[size_t(t64)] * m;
         }
-        nnz[tile.cand][size_t(tile.i)] += row_nnz;
-        if (q + 1 < tile.end) continue;
+        nnz[tile.cand][size_t(tile.i)] += row_nnz * m;
+        if (q + m < tile.end) continue;
         const Space& sp = spaces[tile.cand];
         std::vector<char>& f = full[tile.cand][size_t(tile.i)];
         for (int64_t kt : ts.touched()) {
