@@ -707,8 +707,9 @@ struct BlockedB : BoundNode {
 }  // namespace
 
 Run neighborhood_window(int64_t n, int64_t K, int64_t d, bool causal, int64_t i) {
-  const int64_t g = i % d, p = i / d;
-  const int64_t ng = (n - 1 - g) / d + 1;
+  // (Without dilation: no division. Six a 2-D row were a tenth of choosing na2d's tile shape, which draws ~40k rows.)
+  const int64_t g = d == 1 ? 0 : i % d, p = d == 1 ? i : i / d;
+  const int64_t ng = d == 1 ? n : (n - 1 - g) / d + 1;
   int64_t t0, cnt;
   if (causal) {
     t0 = std::max<int64_t>(0, p - K + 1);
