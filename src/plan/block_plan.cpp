@@ -349,22 +349,31 @@ bool detect_band(const uint64_t* mask, const Space& sp, int64_t qt, int64_t kt, 
   scratch.resize(2 * size_t(sp.bm));
   int64_t* a = scratch.data();
   int64_t* b = a + sp.bm;
-  auto valid = [&](int r) { return sp.q_token(q0 + r) < sp.lq; };
+  // Unmapped plan space (every caller's): the tile's rows lie in one residue group g, at tokens g + (j0 + r) d, so
+  // row r is valid iff that is below Lq, without Space::q_token's division a row (twice a row, two partial tiles a
+  // query tile: a quarter of dilated(256, 2)'s build with the popcounts below).
+  const int64_t g = sp.d == 1 ? 0 : q0 / sp.q_group, j0 = q0 - g * sp.q_group;
+  auto valid = [&](int r) { return g + (j0 + r) * sp.d < sp.lq; };
   for (int r = 0; r < sp.bm; ++r) {
-    int64_t first = -1, last = -1, pop = 0;
+    int64_t first = -1, last = -1;
     for (int w = 0; w < words; ++w) {
       const uint64_t x = mask[size_t(r) * words + w];
       if (!x) continue;
-      pop += __builtin_popcountll(x);
       if (first < 0) first = w * 64 + __builtin_ctzll(x);
       last = w * 64 + 63 - __builtin_clzll(x);
     }
     if (!valid(r)) continue;
-    if (pop == 0) {
+    if (first < 0) {
       a[size_t(r)] = b[size_t(r)] = 0;
       continue;
     }
-    if (pop != last - first + 1) return false;  // a hole: not a band
+    // A hole: some bit of [first, last] unset (word by word against that range's bits: the library's baseline
+    // x86-64 build has no popcnt instruction, __builtin_popcountll is a libgcc call).
+    for (int w = 0; w < words; ++w) {
+      const int64_t lo = std::max<int64_t>(first, w * 64) - w * 64, hi = std::min<int64_t>(last, w * 64 + 63) - w * 64;
+      const uint64_t want = lo > hi ? 0 : (~uint64_t(0) >> (63 - (hi - lo))) << lo;
+      if (mask[size_t(r) * words + w] != want) return false;  // not a band
+    }
     a[size_t(r)] = first;
     b[size_t(r)] = last + 1;
     const int64_t p = q0 + r;
