@@ -303,12 +303,13 @@ int64_t plan_threads(int64_t q_tiles, int64_t k_len) {
 
 // Collects the plan-space runs of every row of query tile qt into rows[0, bm) (rows past the end: none);
 // returns the number of valid rows. nruns: the runs of them all. same (where given, unpermuted and unmapped): rows
-// alike by the spec (BoundPattern::row_block) copy the row before, marked 1, not drawn and counted again.
+// alike by the spec (BoundPattern::row_block) are marked 1 and left empty, not drawn, counted or copied: their runs
+// are those of the last row before them marked 0 (the copies were a tenth of sparse_fixed's forward plan).
 int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns& tmp, std::vector<RowRuns>& rows,
                   int64_t& nruns, int64_t& nnz, std::vector<char>* same = nullptr) {
   rows.resize(size_t(sp.bm));
   nruns = 0;
-  int64_t valid = 0, row_nnz = 0;
+  int64_t valid = 0, row_nnz = 0, src_runs = 0;
   const int64_t block = same && sp.d == 1 && !sp.m && !general_paths_only() ? pat.row_block() : 1;
   if (same) same->assign(size_t(sp.bm), 0);
   for (int r = 0; r < sp.bm; ++r) {
@@ -320,9 +321,11 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
     }
     ++valid;
     if (block > 1 && r > 0 && q / block == (q - 1) / block) {
-      out = rows[size_t(r) - 1];
+      out.clear();
       nnz += row_nnz;
+      nruns += src_runs;
       (*same)[size_t(r)] = 1;
+      continue;
     } else if (sp.d == 1 && !sp.m) {
       pat.row(q, out);
       nnz += row_nnz = count_keys(out);
@@ -332,7 +335,7 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
       out.clear();
       for (const Run& x : tmp) sp.map_run(x, out);
     }
-    nruns += int64_t(out.size());
+    nruns += src_runs = int64_t(out.size());
   }
   return valid;
 }
@@ -692,6 +695,7 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
         uint64_t* rb = rowbits.data();
         std::fill(any.begin(), any.end(), 0);
         std::fill(all.begin(), all.end(), 1);
+        int drawn = 0;  // the row whose runs are row r's (tile_rows: rows alike)
         for (int r = 0; r < bm; ++r) {
           // Runs in increasing order of their words (no permutation, no strided run so far): a word's bits are
           // gathered in `acc` and stored, not or-ed into memory (keys a few apart made a chain of loads and
@@ -700,8 +704,9 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           int64_t cw = -1;  // the word `acc` holds
           uint64_t acc = 0;
           const uint64_t* src = from_bits ? bitrows.data() + r * kw : rb;  // the row's bits
-          const Run* x = from_bits ? nullptr : rows[size_t(r)].data();  // (rows are not drawn as runs from bits)
-          for (const Run* xe = from_bits ? nullptr : x + rows[size_t(r)].size(); x < xe; ++x) {
+          if (!from_bits && !same[size_t(r)]) drawn = r;  // (rows are not drawn as runs from bits)
+          const Run* x = from_bits ? nullptr : rows[size_t(drawn)].data();
+          for (const Run* xe = from_bits ? nullptr : x + rows[size_t(drawn)].size(); x < xe; ++x) {
             if (x->count == 1 && ordered) {
               const int64_t w = x->start >> 6;
               acc = (w == cw ? acc : 0) | uint64_t(1) << (x->start & 63);
@@ -748,13 +753,15 @@ void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp) {
           }
         if (npartial > 0) {
           pmask.assign(size_t(npartial * stride), 0);
+          int drawn = 0;  // (as above)
           for (int r = 0; r < bm; ++r) {
             uint64_t* rm = pmask.data() + size_t(r) * row_words;
             auto mark = [&](int64_t kt, int64_t a, int64_t b) {
               const int32_t s = scr.slot[size_t(kt)];
               if (s >= 0) set_bits(rm + size_t(s) * stride, a, b);
             };
-            for (const Run& x : rows[size_t(r)]) {
+            if (!same[size_t(r)]) drawn = r;
+            for (const Run& x : rows[size_t(drawn)]) {
               if (one_tile(x)) {
                 mark(x.start >> sh, x.start & (bn - 1), (x.start & (bn - 1)) + x.count);
               } else if (scr.shortcuts && x.stride == 1) {
