@@ -309,7 +309,7 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
                   int64_t& nruns, int64_t& nnz, std::vector<char>* same = nullptr) {
   rows.resize(size_t(sp.bm));
   nruns = 0;
-  int64_t valid = 0, row_nnz = 0, src_runs = 0;
+  int64_t valid = 0, row_nnz = 0, src_runs = 0, bend = -1;  // bend: the end of the last drawn row's block
   const int64_t block = same && sp.d == 1 && !sp.m && !general_paths_only() ? pat.row_block() : 1;
   if (same) same->assign(size_t(sp.bm), 0);
   for (int r = 0; r < sp.bm; ++r) {
@@ -320,7 +320,7 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
       continue;
     }
     ++valid;
-    if (block > 1 && r > 0 && q / block == (q - 1) / block) {
+    if (q < bend) {  // (r > 0: bend is set at a row drawn; no division a row, two were a tenth of fixed's build)
       out.clear();
       nnz += row_nnz;
       nruns += src_runs;
@@ -329,6 +329,7 @@ int64_t tile_rows(const BoundPattern& pat, const Space& sp, int64_t qt, RowRuns&
     } else if (sp.d == 1 && !sp.m) {
       pat.row(q, out);
       nnz += row_nnz = count_keys(out);
+      if (block > 1) bend = (q / block + 1) * block;
     } else {
       pat.row(q, tmp);
       nnz += count_keys(tmp);
