@@ -932,6 +932,20 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
     }
   }
 
+  // One neighborhood atom on this tiling's grid (NeighborhoodGrid::exact, the same dims and dilations): a query's keys
+  // are the product of its axis windows, so a row's pieces (one a line of the outer axis's window) come from its two
+  // windows, not from its runs and each run's coordinates (a row whose first key is not in its group, or whose windows
+  // step other than by the grid's dilation, takes its runs). na2d 128x128 K=13: choose 5.12 -> 4.16 ms, one thread.
+  std::optional<NeighborhoodGrid> grid = general_paths_only() ? std::nullopt : pat.neighborhood_grid();
+  const int shift = grid ? 3 - grid->naxes : 0;  // tiling axis a is grid axis a - shift (right-aligned)
+  for (int a = 0; a < 3 && grid; ++a) {
+    const bool on = a >= shift;
+    if (!grid->exact || (on ? grid->dims[size_t(a - shift)] : 1) != qt.dims[size_t(a)] ||
+        (on ? grid->dilation[size_t(a - shift)] : 1) != qt.dilation[size_t(a)])
+      grid.reset();
+  }
+  auto window = [&](int a, int64_t c) { return a >= shift ? grid->window(a - shift, c) : Run{0, 1, 1}; };
+
   // Per query tile: its strips (base, width, count), its entries' masks (64 words each), nnz; or a failure.
   struct Part {
     std::vector<KeyStrip> strips;
@@ -965,6 +979,25 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
     for (int r = 0; r < 64; ++r) {
       const int32_t q = plan.q_map[size_t(t * 64 + r)];
       if (q < 0) continue;
+      if (grid) {  // the product of the query's windows: a piece a line of the outer one (see above)
+        const Coord& qc = coord[size_t(q)];
+        const Run wo = window(ao, qc.co), wi = window(ai, qc.ci);
+        const Coord& kc = coord[size_t(wo.start * step[size_t(ao)] + wi.start * step[size_t(ai)])];  // the first key
+        if (wo.count > 0 && wi.count > 0 && kc.co - int64_t(kc.x) * dout == go && kc.ci - int64_t(kc.y) * di == gi &&
+            (wo.count == 1 || wo.stride == dout) && (wi.count == 1 || wi.stride % di == 0)) {
+          out.nnz += wo.count * wi.count;
+          const int64_t ystep = wi.count > 1 ? wi.stride / di : 1, y = kc.y, x = kc.x;
+          x0 = std::min(x0, x), x1 = std::max(x1, x + wo.count - 1);
+          y0 = std::min(y0, y), y1 = std::max(y1, y + (wi.count - 1) * ystep);
+          if (y1 - y0 >= 64) {
+            out.error = "the keys of query box " + std::to_string(t) + " span more than 64 coordinates of the grid's last used axis";
+            return;
+          }
+          for (int64_t a = 0; a < wo.count; ++a)
+            pieces.push_back({r, int32_t(x + a), int32_t(y), int32_t(ystep), int32_t(wi.count)});
+          continue;
+        }
+      }
       pat.row(q, runs);
       out.nnz += count_keys(runs);
       for (const Run& run : runs) {
