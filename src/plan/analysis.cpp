@@ -159,21 +159,26 @@ Analysis analyze(const BoundPattern& pat) {
     Part& p = parts[size_t(c)];
     RowRuns runs;
     int64_t n = 0;
-    for (int64_t q = c * lq / nchunks, q0 = q, qe = (c + 1) * lq / nchunks; q < qe; ++q) {
+    // bend: the end of the block of the last row drawn (no division a row: two were a seventh of sparse_fixed's plan).
+    for (int64_t q = c * lq / nchunks, bend = q, qe = (c + 1) * lq / nchunks, m = 1; q < qe; q += m) {
       // While the rows can still be band rows, their runs; after the first row that is not one interval, only
       // their key counts (row_nnz: O(1) a row for random, whose rows are the costly ones to draw). A row alike the
-      // one before (blocked(b, ...)) keeps its runs and count.
-      const bool alike = block > 1 && q > q0 && q / block == (q - 1) / block;
-      if (!alike && (p.single || p.sinks)) {
+      // one before (blocked(b, ...)) keeps its runs and count; once no band is possible, the rest of its block is
+      // counted with it (m rows).
+      const bool alike = q < bend;
+      const bool band_possible = p.single || p.sinks;
+      if (!alike && block > 1) bend = (q / block + 1) * block;
+      if (!alike && band_possible) {
         pat.row(q, runs);
         n = 0;
         for (const Run& r : runs) n += r.count;
       } else if (!alike) {
         n = pat.row_nnz(q);
       }
-      p.nnz += n;
-      p.empty += n == 0;
-      p.dense += n == lk && n > 0;  // (with Lk = 0 a row is empty, not dense)
+      m = band_possible || block == 1 ? 1 : std::min(bend, qe) - q;
+      p.nnz += n * m;
+      p.empty += (n == 0) * m;
+      p.dense += (n == lk && n > 0) * m;  // (with Lk = 0 a row is empty, not dense)
       p.min_row = std::min(p.min_row, n);
       p.max_row = std::max(p.max_row, n);
       if (runs.empty() || !(p.single || p.sinks)) continue;

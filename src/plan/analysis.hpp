@@ -70,7 +70,8 @@ int plan_thread_cap();
 // SPATTN_PLAN_GENERAL=1: the analysis and the tilers skip their shortcuts for common cases (the analysis's and the GPU
 // builder's band rows in closed form; the CPU tiler's all-residue tiles; the
 // GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of scattered query tiles, its counts
-// of strided runs tile by tile, and its builder's intervals counted and marked by their end tiles and partial tiles)
+// of strided runs tile by tile, its builder's intervals counted and marked by their end tiles and partial tiles, and the
+// strip plan's rows from an exact neighborhood grid's windows)
 // and take their general paths everywhere; the plans are the same (tests/plan_paths_test.cpp checks it).
 bool general_paths_only();
 
