@@ -63,8 +63,13 @@ struct BandTraits {
   static_assert((D == 64 && BM == 192) || (D == 128 && BM == 128), "band kernel: 192 rows at head dim 64, 128 at 128");
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // The next item's Q tile loads during this item's last chunks (D=64); D=128 has room for one Q buffer only.
-  static constexpr int kQBufs = D == 64 ? 2 : 1;
+  // kOInQ (D=128 but with a key prefix): a slab's output is staged in the slab's own Q rows (its S are done by
+  // then), not in buffers of its own: the 32 KB that frees holds a second Q buffer. That Q buffer is then released by
+  // the storer once the copy has read the slab (or by the consumer, where it stores nothing). (The prefix
+  // instantiation drew C7511 with it.)
+  static constexpr bool kOInQ = D == 128 && !kPrefix;
+  // The next item's Q tile loads during this item's last chunks (D=64, kOInQ); else room for one Q buffer only.
+  static constexpr int kQBufs = D == 64 || kOInQ ? 2 : 1;
   // Tiles are stored in panels of 64 columns (128 bytes a row, the tensor maps' 128-byte swizzle): a Q tile as
   // D / 64 panels of BM rows; each ring below as D / 64 panel rings, so that consecutive chunks of one panel lie
   // side by side at either head dim.
@@ -79,7 +84,8 @@ struct BandTraits {
   static constexpr int kRingBytes = kPanels * kPanelRingBytes;
   // One output slab (64 rows x D columns in 128-byte-swizzled panels) a consumer: its rows go out by one bulk
   // tensor copy a panel.
-  static constexpr int kOBytes = 64 * D * 2;
+  static constexpr int kOBytes = kOInQ ? 0 : 64 * D * 2;
+  static constexpr int kOPanelStride = kOInQ ? BM * 128 : 64 * 128;  // from one 64-column panel of a slab to the next
   static constexpr int kOOffset = kQBufs * kQBytes + 2 * kRingBytes;
   static constexpr int kBarOffset = kOOffset + kConsumers * kOBytes;
   // Work-item slots, one per Q buffer: id, b, h, hk, q0, first chunk, chunks, then per slab first/last chunk
@@ -284,13 +290,14 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[N],
 // 317-321 vs 281-286 TFLOP/s at L=4096). The copy is not issued here: the tensor map's address (a generic
 // address of a kernel parameter) in the consumers tipped ptxas into serializing their wgmmas (C7511). LSE, if
 // asked for, by the threads directly. `stores`: this warpgroup's earlier slabs (o_empty's phase).
+// Returns whether the slab went to the storer (kOInQ: which then releases the Q buffer qb).
 template <class Tr>
-__device__ __forceinline__ void band_store(const FusedParams& p, const float (&o)[Tr::D / 2], const float (&row_max)[2],
+__device__ __forceinline__ bool band_store(const FusedParams& p, const float (&o)[Tr::D / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], int b, int h, int qs, int c, uint32_t s_o,
                                            uint32_t o_full, uint32_t o_empty, uint32_t rec, unsigned& stores,
-                                           int lane, int wtid) {
+                                           int lane, int wtid, int qb) {
   using namespace detail;
-  if (qs >= p.q_len) return;  // a slab wholly past the end (the last query tile's)
+  if (qs >= p.q_len) return false;  // a slab wholly past the end (the last query tile's)
   const int rr = ((wtid >> 5) << 4) + (lane >> 2);  // this thread's first row in the slab (second: + 8)
   float inv[2];
 #pragma unroll
@@ -309,7 +316,7 @@ __device__ __forceinline__ void band_store(const FusedParams& p, const float (&o
 #pragma unroll
   for (int k = 0; k < Tr::D / 16; ++k) {
     const int j0 = 2 * k, j1 = 2 * k + 1;
-    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * 8192, pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * Tr::kOPanelStride, pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
                 pack2<Tr::kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
                 pack2<Tr::kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
                 pack2<Tr::kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
@@ -320,25 +327,32 @@ __device__ __forceinline__ void band_store(const FusedParams& p, const float (&o
     st_shared_s32(rec, qs);
     st_shared_s32(rec + 4, h);
     st_shared_s32(rec + 8, b);
+    if constexpr (Tr::kOInQ) st_shared_s32(rec + 12, qb);
     mbar_arrive(o_full);
   }
+  return true;
 }
 
 // A consumer's storer (lane 0 of warp 1 + c of the producer warpgroup): bulk tensor copies of each slab the
 // consumer hands over (band_store; one a 64-column panel), until a record with batch -1.
-template <int kPanels>
+// kOInQ: the slab lies in Q buffer qb (the record's fourth word) at s_o + qb * kQBytes; once read, the storer
+// arrives on that buffer's q_empty for the consumer's 128 threads.
+template <class Tr>
 __device__ __forceinline__ void band_storer(const FusedParams& p, uint32_t s_o, uint32_t o_full, uint32_t o_empty,
-                                            uint32_t rec) {
+                                            uint32_t rec, uint32_t q_empty) {
   using namespace detail;
   for (unsigned n = 0;; ++n) {
     mbar_wait(o_full, int(n & 1));
     const int qs = ld_shared_s32(rec), h = ld_shared_s32(rec + 4), b = ld_shared_s32(rec + 8);
     if (b < 0) break;
+    const int qb = Tr::kOInQ ? ld_shared_s32(rec + 12) : 0;
+    const uint32_t so = s_o + uint32_t(qb) * Tr::kQBytes;
 #pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) tma_store_4d(&p.tmap_o, s_o + uint32_t(pn) * 8192, 64 * pn, qs, h, b);
+    for (int pn = 0; pn < Tr::kPanels; ++pn) tma_store_4d(&p.tmap_o, so + uint32_t(pn) * Tr::kOPanelStride, 64 * pn, qs, h, b);
     bulk_commit();
     bulk_wait_all<true>();
     mbar_arrive(o_empty);
+    if constexpr (Tr::kOInQ) mbar_arrive_n(q_empty + 8 * qb, 128u);
   }
   bulk_wait_all<false>();  // the copies have completed before the CTA exits
 }
@@ -506,8 +520,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       }
     } else if (lane == 0 && warp <= C) {  // warps 1..C: the consumers' storers
       const int c = warp - 1;
-      band_storer<Tr::kPanels>(p, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes, bar_ofull + 8 * c, bar_oempty + 8 * c,
-                  s_q + Tr::kRecOffset + 16 * c);
+      band_storer<Tr>(p, Tr::kOInQ ? s_q + uint32_t(c) * 64 * 128 : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
+                      bar_ofull + 8 * c, bar_oempty + 8 * c, s_q + Tr::kRecOffset + 16 * c, bar_qempty);
     }
   } else {
     // ---- consumers ----
@@ -528,6 +542,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
     for (int nq = 0;; ++nq) {
       const int qb = nq % NQ;
       mbar_wait(bar_qfull + 8 * qb, (nq / NQ) & 1);
+      // This consumer is done with Q buffer qb: after its last S (q_done), or with kOInQ at the item's end where it
+      // stores nothing (q_free; else the storer releases the buffer once its copy has read the slab).
+      auto q_done = [&] {
+        if constexpr (!Tr::kOInQ) mbar_arrive(bar_qempty + 8 * qb);
+      };
+      auto q_free = [&] {
+        if constexpr (Tr::kOInQ) mbar_arrive(bar_qempty + 8 * qb);
+      };
       const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
       auto get = [&](int i) { return ld_shared_s32(sl + 4 * i); };
       if (get(0) < 0) {
@@ -570,7 +592,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
       float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
       if (m == 0 && mp == 0) {
-        mbar_arrive(bar_qempty + 8 * qb);
+        q_done();
       } else {
         float sacc[64];
         uint32_t pa[8][4];
@@ -654,7 +676,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_wait<0>();
             fence_regs(s_lo);
             if constexpr (kSplit) mbar_arrive(bar_kempty + 8 * st);
-            if (m == 0 && i == mp - 1) mbar_arrive(bar_qempty + 8 * qb);  // no band step: every S of the item done
+            if (m == 0 && i == mp - 1) q_done();  // no band step: every S of the item done
             const int kp = 64 * i;
             tile_mask_band_prefix<64>(s_lo, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, p.band_prefix - kp, lane);
             tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
@@ -751,7 +773,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
               }
             }
           }
-          if (!(m & 1)) mbar_arrive(bar_qempty + 8 * qb);  // every S of the item done: the Q buffer is free
+          if (!(m & 1)) q_done();  // every S of the item done: the Q buffer is free
           wait_v(2 * np - 2);
           wait_v(2 * np - 1);
           fence_regs(o);
@@ -784,7 +806,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           wgmma_wait<0>();
           fence_regs(s1);
           release_k(j);
-          mbar_arrive(bar_qempty + 8 * qb);
+          q_done();
           mask_chunk(s1, j);
           tile_softmax<64>(s1, row_max, row_sum, sl2, alpha);
           tile_rescale<D>(o, alpha);
@@ -808,16 +830,23 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       const unsigned long long t_pre = globaltimer_ns();
 #endif
       if (split <= -2) {
-        if (c != -2 - split) continue;  // a slab part: only its own slab's warpgroup stores
+        if (c != -2 - split) {  // a slab part: only its own slab's warpgroup stores
+          q_free();
+          continue;
+        }
       } else if (split >= 0) {
         // A part over the keys merges per warp (each warp's last part to arrive, possibly in different CTAs for
         // the warps of one slab), so it stores per warp, directly.
         if (split_merge<D / 2, 4 * C>(p, o, row_max, row_sum, split >> 4, (split >> 2) & 3, (split & 3) + 1, warp - 4, lane))
           tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, b, h, q0, r0, 2 * (lane & 3), lane);
+        q_free();
         continue;
       }
-      band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
-                     o_full, o_empty, rec, stores, lane, tid & 127);
+      const uint32_t s_o = Tr::kOInQ ? s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128
+                                     : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes;
+      if (!band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_o, o_full, o_empty, rec, stores, lane,
+                          tid & 127, qb))
+        q_free();
 #ifdef SPATTN_TRACE
       const unsigned long long t_end = globaltimer_ns();
       if (p.trace != nullptr && (tid & 127) == 0 && trace_i < kTraceEvents) {
