@@ -216,10 +216,10 @@ struct TileScratch {
     nt = 0;
     for (const RowRuns& runs : rows) add_runs(runs, bn);
   }
-  // count_runs, one row at a time: adds to the counts and touched tiles so far.
-  void add_runs(const std::vector<Run>& runs, int64_t bn) {
+  // count_runs, one row at a time: adds to the counts and touched tiles so far (mult: as add_run's).
+  void add_runs(const std::vector<Run>& runs, int64_t bn, int64_t mult = 1) {
     const int sh = bn == 64 ? 6 : 7;
-    for (const Run& r : runs) add_run(r, sh, bn);
+    for (const Run& r : runs) add_run(r, sh, bn, mult);
   }
   // Runs within one key tile (a scattered row's, most of a band's) take no branch on whether the tile is new
   // (random rows' ~800 runs made it a coin toss).
@@ -1327,8 +1327,7 @@ void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
         else active[a] = active.back(), active.pop_back();  // its last row (one tile a candidate at a time)
         TileScratch& ts = scr[tile.cand];
         const int sh = cands[shared[tile.cand]].block_n == 128 ? 1 : 0;
-        if (!many)
-          for (const Run& r : runs) ts.add_run(r, sh + 6, cands[shared[tile.cand]].block_n, m);
+        if (!many) ts.add_runs(runs, cands[shared[tile.cand]].block_n, m);
         for (int64_t t64 : row64.touched()) {
           const int64_t kt = t64 >> sh;
           if (ts.count[size_t(kt)] == 0) ts.tbuf[ts.nt++] = kt;

@@ -159,8 +159,8 @@ inline constexpr int32_t kBandPrefixMax = 128;
 // Whether the sm_90a band kernel runs this plan: band rows (shifted or not, or with a key prefix of at most
 // kBandPrefixMax keys), no permutation, band_block_m(head_dim) x 128 tiles, Lq + Lk < 2^30.
 inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && !plan.mapped() && band_block_m(head_dim) > 0 && plan.block_m == band_block_m(head_dim) &&
-         plan.block_n == 128 && plan.perm_d == 1 &&
+  return plan.band && !plan.mapped() && plan.block_m == band_block_m(head_dim) && plan.block_n == 128 &&
+         plan.perm_d == 1 &&
          plan.band_prefix <= kBandPrefixMax && !(plan.band_prefix > 0 && plan.band_shifted) &&
          plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
 }

@@ -146,12 +146,11 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
     }
   }
   // Plans the band kernel runs may have split work items: workspace for one part per SM.
-  // A part's floats: split_floats(D) a thread of each consumer warp (fused_fwd_band.cuh, split_merge).
   size_t split_ws_floats = 0;
   if (kernel_row_ >= 0 && plan::is_band(plan::kKernels[kernel_row_].kind)) {
     const plan::KernelConfig& c = plan::kKernels[kernel_row_];
     split_cap_ = device_info(device_).sms;
-    split_ws_floats = size_t(c.block_m / 64) * 4 * 32 * size_t(split_floats(c.head_dim));
+    split_ws_floats = size_t(split_part_floats(c.block_m, c.head_dim));
   }
   // One block of the device pool (cuda/common/pool.hpp) holds every array, each at a 256-byte boundary: the small
   // ones and the zeroed work counters staged on the host and copied at once, then the bitmasks (a random plan's

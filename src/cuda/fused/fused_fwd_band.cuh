@@ -58,15 +58,15 @@ struct BandTraits {
   // local +0.2-0.4% (H100, both timed in one process, bench/LOG.md, session 10; 4 partials: less).
   static constexpr int kSoftmaxParts = 2;
   // D=64: 192 rows (three consumer warpgroups, FA3's D=64 shape): 128 rows measured 10-14% slower (bench/LOG.md,
-  // v14). D=128: 128 rows (two consumer warpgroups at 240 registers, FA3's D=128 shape: O and S of a 128-key step
-  // are 64 registers each).
+  // v14). D=128: 128 rows (two consumer warpgroups, FA3's D=128 shape: O and S of a 128-key step are 64 registers
+  // each).
   static_assert((D == 64 && BM == 192) || (D == 128 && BM == 128), "band kernel: 192 rows at head dim 64, 128 at 128");
   static constexpr int kConsumers = BM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // kOInQ (D=128 but with a key prefix): a slab's output is staged in the slab's own Q rows (its S are done by
-  // then), not in buffers of its own: the 32 KB that frees holds a second Q buffer. That Q buffer is then released by
-  // the storer once the copy has read the slab (or by the consumer, where it stores nothing). (The prefix
-  // instantiation drew C7511 with it.)
+  // kOInQ (D=128, not with a key prefix: that instantiation drew C7511 with it): a slab's output is staged in the
+  // slab's own Q rows (its S are done by then), not in buffers of its own: the 32 KB that frees holds a second Q
+  // buffer. That Q buffer is then released by the storer once the copy has read the slab (or by the consumer, where
+  // it stores nothing).
   static constexpr bool kOInQ = D == 128 && !kPrefix;
   // The next item's Q tile loads during this item's last chunks (D=64, kOInQ); else room for one Q buffer only.
   static constexpr int kQBufs = D == 64 || kOInQ ? 2 : 1;
@@ -102,7 +102,8 @@ struct BandTraits {
   // mbarriers: full and empty per ring stage (of K and of V where split), per Q buffer, per output buffer (o_full:
   // the slab is written; o_empty: its copy has read it).
   static constexpr int kBars = (kSplitKV ? 4 : 2) * kStages + 2 * kQBufs + 2 * kConsumers;
-  // Per consumer a store record (slab's first row, head, batch; batch -1: no more stores) for its storer warp.
+  // Per consumer a store record (slab's first row, head, batch, kOInQ: Q buffer; batch -1: no more stores) for its
+  // storer warp.
   static constexpr int kRecOffset = kBarOffset + kBars * 8;
   static constexpr int kSlotOffset = kRecOffset + kConsumers * 16;
   static constexpr int kSlotInts = 16;
@@ -225,8 +226,8 @@ __device__ __forceinline__ void tile_mask_band_prefix(float (&s)[BN / 2], int d0
 }
 
 // A split part's epilogue (FusedParams::split_*): this thread's O accumulators (N: D / 2), row maxima and row sums
-// go to the workspace of part `us` (split_floats(D) a thread, kWarps consumer warps a part); the warp then counts itself in at its (item, warp) counter. The last of the item's
-// `parts` parts to arrive zeroes the counter (for the next launch), reads every part's values back in part
+// go to the workspace of part `us` (split_part_floats: split_floats(D) a thread of kWarps consumer warps); the warp
+// then counts itself in at its (item, warp) counter. The last of the item's `parts` parts to arrive zeroes the counter (for the next launch), reads every part's values back in part
 // order (its own too), merges them into o / row_max / row_sum and returns true: it stores the rows. Others return
 // false. The merge order is fixed, so the result does not depend on which part finishes last.
 template <int N, int kWarps>
@@ -282,8 +283,8 @@ __device__ __forceinline__ bool split_merge(const FusedParams& p, float (&o)[N],
 }
 
 // The epilogue of slab c: O / l as 16-bit values into the warpgroup's output buffer s_o in the tensor map's
-// 128-byte swizzle (16-byte group j of row r at (j / 8) * 8192 + r * 128 + ((j % 8) ^ (r & 7)) * 16: panels of 64
-// columns), then the slab's coordinates into
+// 128-byte swizzle (16-byte group j of row r at (j / 8) * kOPanelStride + r * 128 + ((j % 8) ^ (r & 7)) * 16:
+// panels of 64 columns), then the slab's coordinates into
 // its store record and an arrival on o_full: the storer warp of this consumer (in the producer warpgroup) issues
 // the bulk tensor copy (rows past Lq dropped by the copy) and arrives on o_empty once the copy has read the buffer.
 // Measured: the per-thread global stores of tile_store cost ~12% of local(256)'s time (a build without them ran
@@ -335,8 +336,8 @@ __device__ __forceinline__ bool band_store(const FusedParams& p, const float (&o
 
 // A consumer's storer (lane 0 of warp 1 + c of the producer warpgroup): bulk tensor copies of each slab the
 // consumer hands over (band_store; one a 64-column panel), until a record with batch -1.
-// kOInQ: the slab lies in Q buffer qb (the record's fourth word) at s_o + qb * kQBytes; once read, the storer
-// arrives on that buffer's q_empty for the consumer's 128 threads.
+// kOInQ: the slab lies in Q buffer qb (the record's fourth word) at s_o (its place in buffer 0) + qb * kQBytes; once
+// read, the storer arrives on that buffer's q_empty for the consumer's 128 threads.
 template <class Tr>
 __device__ __forceinline__ void band_storer(const FusedParams& p, uint32_t s_o, uint32_t o_full, uint32_t o_empty,
                                             uint32_t rec, uint32_t q_empty) {
@@ -378,6 +379,11 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
   const uint32_t bar_qfull = bar_kfull + 8 * S * (kSplit ? 4 : 2), bar_qempty = bar_qfull + 8 * NQ;
   const uint32_t bar_ofull = bar_qempty + 8 * NQ, bar_oempty = bar_ofull + 8 * C;
   const uint32_t slots = s_q + Tr::kSlotOffset;  // work-item slots (ints)
+  // Consumer c's output slab for an item in Q buffer qb: its own buffer, or (kOInQ) the slab's Q rows.
+  auto slab_out = [&](int qb, int c) {
+    return Tr::kOInQ ? s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128
+                     : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes;
+  };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
@@ -520,8 +526,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
       }
     } else if (lane == 0 && warp <= C) {  // warps 1..C: the consumers' storers
       const int c = warp - 1;
-      band_storer<Tr>(p, Tr::kOInQ ? s_q + uint32_t(c) * 64 * 128 : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes,
-                      bar_ofull + 8 * c, bar_oempty + 8 * c, s_q + Tr::kRecOffset + 16 * c, bar_qempty);
+      band_storer<Tr>(p, slab_out(0, c), bar_ofull + 8 * c, bar_oempty + 8 * c, s_q + Tr::kRecOffset + 16 * c,
+                      bar_qempty);
     }
   } else {
     // ---- consumers ----
@@ -663,8 +669,9 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
           // chunk's step below, kept apart: one lambda for both, its parts passed as lambdas, made ptxas serialize
           // the prefix kernels' wgmmas, C7511.)
           for (int i = 0; i < mp; ++i) {
-            const unsigned jr = jp + unsigned(i), st = jr & unsigned(S - 1);
-            mbar_wait(bar_kfull + 8 * st, int((jr / S) & 1));
+            const int jc = int(jp + unsigned(i) - j0);  // the chunk's index relative to the band's first (wraps below)
+            const unsigned st = ring(jc);
+            wait_k(jc);
             fence_regs(s_lo);
             turns.wait();
             wgmma_fence();
@@ -675,14 +682,14 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             turns.pass();
             wgmma_wait<0>();
             fence_regs(s_lo);
-            if constexpr (kSplit) mbar_arrive(bar_kempty + 8 * st);
+            release_k(jc);
             if (m == 0 && i == mp - 1) q_done();  // no band step: every S of the item done
             const int kp = 64 * i;
             tile_mask_band_prefix<64>(s_lo, kp - q0 - (r0 & ~15), lo, hi, p.k_len - kp, p.band_prefix - kp, lane);
             tile_softmax<64>(s_lo, row_max, row_sum, sl2, alpha);
             tile_rescale<D>(o, alpha);
             tile_to_p<64, kBf16>(s_lo, p64());
-            if constexpr (kSplit) mbar_wait(bar_vfull + 8 * st, int((jr / S) & 1));
+            wait_v(jc);
             fence_regs(o);
             fence_regs(pa);
             wgmma_fence();
@@ -692,7 +699,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(o);
-            mbar_arrive(bar_vempty + 8 * st);
+            release_v(jc);
           }
         }
         const int np = m >> 1;
@@ -842,10 +849,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         q_free();
         continue;
       }
-      const uint32_t s_o = Tr::kOInQ ? s_q + uint32_t(qb) * Tr::kQBytes + uint32_t(c) * 64 * 128
-                                     : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes;
-      if (!band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, s_o, o_full, o_empty, rec, stores, lane,
-                          tid & 127, qb))
+      if (!band_store<Tr>(p, o, row_max, row_sum, b, h, q0 + 64 * c, c, slab_out(qb, c), o_full, o_empty, rec, stores,
+                          lane, tid & 127, qb))
         q_free();
 #ifdef SPATTN_TRACE
       const unsigned long long t_end = globaltimer_ns();

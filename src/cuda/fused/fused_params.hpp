@@ -81,6 +81,9 @@ struct FusedParams {
 // maxima and 2 row sums; at most 12 consumer warps an item (three consumer warpgroups at d = 64, two at 128).
 constexpr int split_floats(int d) { return d / 2 + 4; }
 inline constexpr int kSplitWarps = 12;
+// A split part's floats in the workspace: split_floats(d) a thread of each consumer warp of a band item of block_m
+// rows (fused_fwd_band.cuh, split_merge: part u's warp w at (u * warps + w) * 32 * split_floats(d)).
+constexpr int split_part_floats(int block_m, int d) { return block_m / 64 * 4 * 32 * split_floats(d); }
 // Events a SPATTN_TRACE build records at most (FusedParams::trace); later ones are counted and dropped.
 inline constexpr unsigned kTraceEvents = 1u << 20;
 
