@@ -58,26 +58,33 @@ def fused(name, doc):
     r0 = rows[0]
     Ls = sorted({L for _p, L, _D in cases(rows, "spattn")})
     Lmax = Ls[-1]
-    pats = [p for p, L, D in cases(rows, "spattn") if D == 64 and L == Lmax and p != "dense"]
+    # A row per (pattern, D) of the longest length, but dense and causal D=128 (the line below the table); a D column
+    # where the baseline has other head dims than 64 (the suite's baselines have not).
+    pats = []
+    for p, _L, D in cases(rows, "spattn"):
+        if p != "dense" and (p, D) != ("causal", 128) and (p, D) not in pats:
+            pats.append((p, D))
+    dims = any(D != 64 for _p, D in pats)
 
     def eff(impl, p, L, D=64):
         r = ix.get((impl, p, L, D))
         return r["eff_tflops"] if r and r["eff_tflops"] else None
 
-    out = [caption(name, doc, f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}, D=64"), ""]
-    head = ["pattern"]
+    what = f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}" + ("" if dims else ", D=64")
+    out = [caption(name, doc, what), ""]
+    head = ["pattern"] + (["D"] if dims else [])
     for L in Ls:
         head += [f"L={L} ours", "FlexAttention", "ratio"]
     out += [row(head + [f"of dense cuDNN (L={Lmax})"]), rule(len(head) + 1)]
-    cudnn = eff("sdpa_cudnn", "dense", Lmax)
-    for p in pats:
-        cells = [p]
-        for L in Ls:  # a case the run skipped (--budget-s) stays empty
-            o, f = eff("spattn", p, L), eff("flex_attention", p, L)
+    for p, D in pats:
+        cells = [p] + ([str(D)] if dims else [])
+        for L in Ls:  # a case the run skipped (--budget-s, or its length not run for it) stays empty
+            o, f = eff("spattn", p, L, D), eff("flex_attention", p, L, D)
             cells += [f"{o:.1f}" if o else "", f"{f:.1f}" if f else "", f"{o / f:.2f}" if o and f else ""]
-        o = eff("spattn", p, Lmax)
+        o, cudnn = eff("spattn", p, Lmax, D), eff("sdpa_cudnn", "dense", Lmax, D)
         cells.append(f"{o / cudnn:.2f}" if p in CLUSTERED and o and cudnn else "")
         out.append(row(cells))
+    cudnn = eff("sdpa_cudnn", "dense", Lmax)
     d64, d128 = eff("spattn", "dense", Lmax), eff("spattn", "dense", Lmax, 128)
     c64, c128 = cudnn, eff("sdpa_cudnn", "dense", Lmax, 128)
     cz, cf = eff("spattn", "causal", Lmax, 128), eff("flex_attention", "causal", Lmax, 128)

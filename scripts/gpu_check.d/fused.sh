@@ -47,14 +47,15 @@ if [ -x "$TEST" ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |rel err|Failure|Expected|Which is|actual|error" "$OUTD/fused_test.log" | head -90
   echo "== fused: compute-sanitizer (memcheck, racecheck, synccheck) on a small case"
   if command -v compute-sanitizer >/dev/null; then
-    # cases 1 (longformer, TMA), 51 (band kernel, tails, split items), 59 (band kernel, empty rows, Lq > Lk) and
-    # 69 (band kernel, causal split in 3: parts without chunks), 74 (band kernel, causal slab parts)
+    # cases 1 (longformer, TMA), 51 (band kernel, tails, split items), 59 (band kernel, empty rows, Lq > Lk),
+    # 69 (band kernel, causal split in 3: parts without chunks), 74 (band kernel, causal slab parts), 86 and 99 (the
+    # band kernel at D=128: tails; split in 2)
     compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" \
-      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69:Fused/FusedSuite.MatchesReference/74' \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/1:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/59:Fused/FusedSuite.MatchesReference/69:Fused/FusedSuite.MatchesReference/74:Fused/FusedSuite.MatchesReference/86:Fused/FusedSuite.MatchesReference/99' \
       >"$OUTD/fused_memcheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_memcheck.log"
     compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" \
-      --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/74' \
+      --gtest_filter='Fused/FusedSuite.MatchesReference/12:Fused/FusedSuite.MatchesReference/51:Fused/FusedSuite.MatchesReference/74:Fused/FusedSuite.MatchesReference/86' \
       >"$OUTD/fused_racecheck.log" 2>&1 || rc=1
     tail -3 "$OUTD/fused_racecheck.log"
     # synccheck: barriers (__syncthreads, named barriers) reached by every thread they wait for
