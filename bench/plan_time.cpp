@@ -33,7 +33,8 @@ const char* kPlanTimeUsage =
     "forward's total (analysis to block plans; uploads not included). SPATTN_PLAN_THREADS caps the threads.\n"
     "--gpu: make_plan itself on CUDA device 0 instead (the fused engine; batch 2, 16 heads, bf16), in process:\n"
     "Plan::plan_ms of the first plan of each pattern (its device blocks may come from cudaMalloc) and the median of\n"
-    "the next --reps (each plan destroyed before the next: blocks from the device pool), and the first's stage line.\n";
+    "the next --reps (each plan destroyed before the next: blocks from the device pool), the first's stage line and\n"
+    "that of a run at the median.\n";
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -106,24 +107,26 @@ void gpu_plan_times(const std::vector<BenchCase>& cases, int64_t L, int64_t dim,
   pr.dtype = DType::bf16;
   std::printf("make_plan on cuda:0, L=%lld, D=%lld, B=2, H=16, bf16, %d plan threads (ms; Plan::plan_ms)\n",
               (long long)L, (long long)dim, plan::plan_thread_cap());
-  std::printf("%-10s %9s %9s  %s\n", "pattern", "first", "median", "kernel; first plan's stages");
+  std::printf("%-10s %9s %9s  %s\n", "pattern", "first", "median", "kernel; the first plan's stages and a median run's");
   for (const BenchCase& c : cases) {
     const Pattern pat = Pattern::parse(c.spec);
-    std::vector<double> ms;
-    std::string kernel, stages;
+    std::vector<std::pair<double, std::string>> runs;  // plan_ms and its stage line
+    std::string kernel;
     for (int64_t r = 0; r <= reps; ++r) {
       const Plan plan = make_plan(pat, pr, Device::cuda(0));
-      ms.push_back(plan.plan_ms());
-      if (r == 0) {
-        kernel = plan.kernel();
-        const std::string ex = plan.explain();
-        const size_t at = ex.find("plan time by stage: ");
-        stages = at == std::string::npos ? "" : ex.substr(at + 20, ex.find('\n', at) - at - 20);
-      }
+      if (r == 0) kernel = plan.kernel();
+      const std::string ex = plan.explain();
+      const size_t at = ex.find("plan time by stage: ");
+      runs.emplace_back(plan.plan_ms(), at == std::string::npos ? "" : ex.substr(at + 20, ex.find('\n', at) - at - 20));
     }
-    const double first = ms[0];
-    ms.erase(ms.begin());
-    std::printf("%-10s %9.3f %9.3f  %s; %s\n", c.name.c_str(), first, median(ms), kernel.c_str(), stages.c_str());
+    const auto first = runs[0];
+    runs.erase(runs.begin());
+    std::vector<double> ms;
+    for (const auto& r : runs) ms.push_back(r.first);
+    std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    const std::string& mid = runs.empty() ? first.second : runs[(runs.size() - 1) / 2].second;
+    std::printf("%-10s %9.3f %9.3f  %s; first: %s\n%-10s %9s %9s  median run: %s\n", c.name.c_str(), first.first, median(ms),
+                kernel.c_str(), first.second.c_str(), "", "", "", mid.c_str());
   }
 }
 

@@ -46,6 +46,19 @@ const std::vector<Case>& cases() {
       {"dilated(256, 2)", 4096, 4096},
       {"dilated(128, 3) | random(30)", 3001, 3001},
       {"stride(7)", 2048, 2048},
+      // Band rows in residue groups by the spec (Analysis::groups: analysis, builds and prices in closed form):
+      // ragged and unequal lengths, groups of unequal size, bands wider than a group, intersections with bands,
+      // dilations past the permutations the GPU takes.
+      {"dilated(256, 2)", 3001, 3001},
+      {"dilated(100, 3)", 1000, 1500},
+      {"dilated(100, 3)", 1500, 1000},
+      {"dilated(5, 4) & causal", 2000, 2000},
+      {"dilated(300, 7)", 500, 500},
+      {"dilated(16, 16)", 4096, 4096},
+      {"local(300) & dilated(64, 5)", 3000, 2999},
+      {"dilated(1, 2)", 777, 777},
+      {"dilated(40, 20)", 2000, 2000},
+      {"dilated(3, 9) & local(left=0, right=30)", 100, 130},
       {"sparse_fixed(128)", 4096, 4096},
       {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
       {"causal", 2048, 2048},
@@ -198,6 +211,24 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_FALSE(spec("global_cols(0:4)", 64));
   EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
   EXPECT_FALSE(spec("dilated(4, 2)", 64));
+  auto dil = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).dilated_band(); };
+  const auto d1 = dil("dilated(4, 2)", 64);
+  ASSERT_TRUE(d1);
+  EXPECT_EQ(d1->lo, -4);
+  EXPECT_EQ(d1->hi, 4);
+  EXPECT_EQ(d1->d, 2);
+  const auto d2 = dil("dilated(10, 3) & causal & local(left=20, right=5)", 100);  // m 3 in [-20, 0]: -6 .. 0
+  ASSERT_TRUE(d2);
+  EXPECT_EQ(d2->lo, -6);
+  EXPECT_EQ(d2->hi, 0);
+  EXPECT_EQ(d2->d, 3);
+  const auto d3 = dil("local(left=7, right=5)", 100);  // a band: d 1
+  ASSERT_TRUE(d3);
+  EXPECT_EQ(d3->lo, -7);
+  EXPECT_EQ(d3->hi, 5);
+  EXPECT_EQ(d3->d, 1);
+  EXPECT_FALSE(dil("dilated(4, 2) & dilated(4, 3)", 64));
+  EXPECT_FALSE(dil("dilated(4, 2) | local(3)", 64));
   EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));
   auto block = [](const char* s) { return spattn::parse(s).bind(1000, 1000).row_block(); };
   EXPECT_EQ(block("bigbird(64, 1, 2, 3, seed=0)"), 64);
@@ -293,6 +324,7 @@ TEST(PlanPaths, GpuTilerShortcutsGiveTheSamePlan) {
           EXPECT_EQ(fast_costs[i].block_n, general_costs[i].block_n);
           EXPECT_EQ(fast_costs[i].perm_d, general_costs[i].perm_d);
           EXPECT_EQ(fast_costs[i].cost, general_costs[i].cost) << "shape " << i;  // exactly: same sums, same order
+          EXPECT_EQ(fast_costs[i].kept, general_costs[i].kept) << "shape " << i;  // the samples' kept scores
         }
         expect_same(fast, general);
       }

@@ -115,6 +115,13 @@ class BoundPattern {
   // offsets overlap or touch): (lo, hi), lo <= hi, such that row q keeps exactly the keys k with lo <= k - q <= hi
   // and 0 <= k < k_len (offsets past every row's reach: -q_len, k_len); else none. O(spec), no row walked.
   std::optional<std::pair<int64_t, int64_t>> band() const;
+  // Where the spec makes every row one dilated band (dilated(w, d), its intersections with bands and dilated bands
+  // of the same d; bands: d = 1): (lo, hi, d), lo <= hi, such that row q keeps exactly the keys k with
+  // (k - q) mod d == 0, lo <= (k - q) / d <= hi and 0 <= k < k_len; else none. O(spec), no row walked.
+  struct DilatedBand {
+    int64_t lo = 0, hi = 0, d = 1;
+  };
+  std::optional<DilatedBand> dilated_band() const;
   // Where the spec is a union of such bands and prefixes global_cols(0:g), global_rows(0:r), global(0:g) (sliding
   // windows with attention sinks, longformer): row q keeps the band's keys, the keys [0, key_prefix), and every key
   // where q < row_prefix (band() where both prefixes are 0). O(spec), no row walked.

@@ -52,6 +52,12 @@ struct BoundNode {
   }
   // Band rows (BoundPattern::band): every row q keeps exactly the keys k with lo <= k - q <= hi, 0 <= k < k_len.
   virtual bool band(int64_t& /*lo*/, int64_t& /*hi*/) const { return false; }
+  // Dilated band rows (BoundPattern::dilated_band): every row q keeps exactly the keys k with (k - q) mod d == 0,
+  // lo <= (k - q) / d <= hi, 0 <= k < k_len; band rows are the case d = 1.
+  virtual bool dilated_band(int64_t& lo, int64_t& hi, int64_t& d) const {
+    d = 1;
+    return band(lo, hi);
+  }
   // Every row keeps the keys [0, g) (g = 0: none), the rows [0, r) every key (r = 0: none), and nothing else
   // (global_cols(0:g), global_rows(0:r), global(0:g) with r = g).
   virtual bool prefixes(int64_t& /*g*/, int64_t& /*r*/) const { return false; }

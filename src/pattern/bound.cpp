@@ -1,5 +1,6 @@
 // Binding a parsed pattern to lengths: validation, the reference predicate and row enumeration per atom.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <limits>
@@ -374,6 +375,27 @@ struct InterB : BoundNode {
     }
     return true;
   }
+  // Dilated bands of one dilation d and bands (d = 1): offsets k - q = m d with m in every kid's range (a band's
+  // [l, h] holds m d iff ceil(l / d) <= m <= floor(h / d)).
+  bool dilated_band(int64_t& lo, int64_t& hi, int64_t& d) const override {
+    std::vector<std::array<int64_t, 3>> b;  // each kid's (lo, hi, d)
+    d = 1;
+    for (auto& c : kids) {
+      std::array<int64_t, 3> x;
+      if (!c->dilated_band(x[0], x[1], x[2])) return false;
+      if (x[2] > 1 && d > 1 && x[2] != d) return false;
+      d = std::max(d, x[2]);
+      b.push_back(x);
+    }
+    auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
+    lo = -q_len, hi = k_len;
+    for (const auto& x : b) {
+      const bool band = x[2] == 1 && d > 1;
+      lo = std::max(lo, band ? -floor_div(-x[0], d) : x[0]);
+      hi = std::min(hi, band ? floor_div(x[1], d) : x[1]);
+    }
+    return true;
+  }
 };
 
 // ---- atoms ----
@@ -420,6 +442,10 @@ struct LocalB : BoundNode {
 
 struct DilatedB : BoundNode {
   int64_t w = 0, d = 1;
+  bool dilated_band(int64_t& lo, int64_t& hi, int64_t& dd) const override {
+    lo = -std::min(w, q_len), hi = std::min(w, k_len), dd = d;
+    return true;
+  }
   bool contains(int64_t q, int64_t k) const override {
     const int64_t diff = q > k ? q - k : k - q;
     return diff <= sat_mul(w, d) && diff % d == 0;
@@ -969,6 +995,11 @@ int64_t BoundPattern::row_block() const {
 std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
   BandSpec b;
   if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;
+  return b;
+}
+std::optional<BoundPattern::DilatedBand> BoundPattern::dilated_band() const {
+  DilatedBand b;
+  if (!root_ || !root_->dilated_band(b.lo, b.hi, b.d) || b.lo > b.hi) return std::nullopt;
   return b;
 }
 std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {

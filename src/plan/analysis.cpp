@@ -124,6 +124,29 @@ bool sinks_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t g, int64_
   return true;
 }
 
+// The row walk's results for dilated band rows (BoundPattern::dilated_band, d >= 2, lo <= 0 <= hi) in closed form,
+// group by group: the rows q = g + j d of residue group g keep the group's keys g + j' d with lo <= j' - j <= hi, band
+// rows of a group's lengths (band_in_closed_form's pieces). No row keeps every key (Lk > d: keys of another residue).
+// The walk finds no band, window or sinks rows: residue_stride saw a row of several keys d apart.
+void groups_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t d) {
+  const int64_t lq = a.q_len, lk = a.k_len;
+  a.min_row = INT64_MAX;
+  for (int64_t g = 0; g < d && g < lq; ++g) {
+    Analysis grp;
+    grp.q_len = (lq - g + d - 1) / d;
+    grp.k_len = g < lk ? (lk - g + d - 1) / d : 0;
+    const int64_t n = std::clamp<int64_t>(grp.k_len - lo, 0, grp.q_len);  // rows keeping keys
+    count_rows_in_pieces(grp, {0, n, grp.q_len, -lo, grp.k_len - 1 - hi}, [&](int64_t j) {
+      return j >= n ? 0 : std::min(grp.k_len - 1, j + hi) - std::max<int64_t>(0, j + lo) + 1;
+    });
+    a.nnz += grp.nnz;
+    a.empty_rows += grp.empty_rows;
+    a.min_row = std::min(a.min_row, grp.min_row);
+    a.max_row = std::max(a.max_row, grp.max_row);
+  }
+  a.groups = {true, int32_t(lo), int32_t(hi)};
+}
+
 }  // namespace
 
 Analysis analyze(const BoundPattern& pat) {
@@ -143,6 +166,14 @@ Analysis analyze(const BoundPattern& pat) {
     if (b && b->lo <= 0 && b->hi >= 0 && b->key_prefix < (int64_t(1) << 30) &&
         (plain ? (band_in_closed_form(a, b->lo, b->hi), true)
                : sinks_in_closed_form(a, b->lo, b->hi, b->key_prefix, b->row_prefix))) {
+      a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return a;
+    }
+    // Dilated band rows by the spec (dilated(w, d), with causal, ...): band rows in each residue group.
+    const auto db = b ? std::nullopt : pat.dilated_band();
+    if (db && db->d >= 2 && db->d == a.residue && lk > db->d && db->lo <= 0 && db->hi >= 0 && db->hi - db->lo >= 1 &&
+        db->hi - db->lo < (int64_t(1) << 30)) {
+      groups_in_closed_form(a, db->lo, db->hi, db->d);
       a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return a;
     }
@@ -278,6 +309,7 @@ std::string Analysis::describe() const {
   if (window.ok) s << ", window rows [" << window.lo << ", " << window.hi << "] shifted inside the keys at the ends";
   if (sinks.ok) s << ", band rows [" << sinks.lo << ", " << sinks.hi << "] with key prefix 0:" << prefix;
   if (residue > 1) s << ", residue stride " << residue;
+  if (groups.ok) s << ", band rows [" << groups.lo << ", " << groups.hi << "] in each residue group";
   if (grid) s << ", neighborhood " << describe_grid(*grid);
   s << "; analysed in " << ms << " ms";
   return s.str();

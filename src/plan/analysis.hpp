@@ -37,6 +37,11 @@ struct Analysis {
   // kernel runs such rows with the prefix's 64-key chunks as extra steps of every slab (BlockPlan::band_prefix).
   BandRows sinks;
   int32_t prefix = 0;  // sinks: the prefix's keys
+  // Band rows inside residue groups, by the spec (BoundPattern::dilated_band: dilated(w, d), alone or intersected
+  // with bands), where residue is that d: row q keeps the keys k = q + m residue with lo <= m <= hi and 0 <= k < Lk.
+  // Tokens regrouped by residue (BlockPlan::perm_d), each group's rows are band rows [lo, hi]: the GPU tiler builds
+  // and prices such plans in closed form. Not set by the row walk (SPATTN_PLAN_GENERAL=1).
+  BandRows groups;
   // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
   // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.
   // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use

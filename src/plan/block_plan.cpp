@@ -451,6 +451,21 @@ namespace {
 // With a key prefix (Analysis::sinks: every row also keeps [0, prefix)), the key tiles below the prefix's end are
 // built from their rows' bits (O(rows) each: a few a query tile) and priced as the walk prices them (full, else
 // detect_band, else a bitmask); the tiles past it hold band keys only.
+// Band rows' key tiles of the query rows q0 .. q1 (lo <= 0 <= hi: the rows keeping keys keep one interval of key tiles
+// together): [first, last] (first > last: none), and whether key tile [k0, k0 + bn) is full (every row keeps all of
+// it). Shared by the builder and the closed-form estimate (estimate_groups).
+struct BandTiles {
+  int64_t q0, q1, lo, hi, lk, bn;
+  int64_t first_tile() const { return std::max<int64_t>(0, std::max(q0, -hi) + lo) / bn; }
+  int64_t last_tile() const {
+    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // rows keeping keys
+    return pa > pb ? -1 : std::min(lk - 1, pb + hi) / bn;
+  }
+  bool full(int64_t k0) const {
+    return lk - k0 >= bn && std::max<int64_t>(0, q1 + lo) <= k0 && std::min(lk - 1, q0 + hi) >= k0 + bn - 1;
+  }
+};
+
 void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix) {
   const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
   std::vector<uint64_t> pmask(static_cast<size_t>(words));
@@ -510,13 +525,11 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
       }
       plan.entries.push_back(e);
     }
-    const int64_t pa = std::max(q0, -hi), pb = std::min(q1, lk - 1 - lo);  // rows keeping band keys
-    if (pa > pb) continue;
-    const int64_t first = std::max<int64_t>(0, pa + lo), last = std::min(lk - 1, pb + hi);
-    for (int64_t kt = std::max(first / bn, prefix_tiles); kt <= last / bn; ++kt) {
+    const BandTiles bt{q0, q1, lo, hi, lk, bn};
+    for (int64_t kt = std::max(bt.first_tile(), prefix_tiles), last = bt.last_tile(); kt <= last; ++kt) {
       const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
       TileEntry e{int32_t(kt), kFull, 0, 0};
-      if (kvalid == bn && std::max<int64_t>(0, q1 + lo) <= k0 && std::min(lk - 1, q0 + hi) >= k0 + bn - 1) {
+      if (bt.full(k0)) {
         ++plan.n_full;
       } else {
         const int64_t ta = std::max(q0, k0 - hi), tb = std::min(q1, k0 + kvalid - 1 - lo);  // rows keeping keys here
@@ -539,6 +552,42 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
       }
       plan.entries.push_back(e);
     }
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+}
+
+// The entries of band rows inside residue groups (Analysis::groups; plan space of perm_d = d: group g's rows and keys
+// at g q_group + j and g k_group + j'), group by group as band rows of the group's lengths (build_band_entries, in
+// the group's own positions), moved to the group's tiles. A band entry's bounds move by g (k_group - q_group) (kp - qp
+// of plan positions; the unbound sides stay unbound), what detect_band finds on the walked plan's tiles.
+void build_group_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi) {
+  const int64_t d = sp.d, words = int64_t(sp.bm) * sp.bn / 64;
+  const int64_t q_per = sp.q_group / sp.bm, k_per = sp.k_group / sp.bn;  // tiles a group
+  int64_t qt = 0;
+  for (int64_t g = 0; g < d; ++g) {
+    const int64_t nq = g < sp.lq ? (sp.lq - g + d - 1) / d : 0, nk = g < sp.lk ? (sp.lk - g + d - 1) / d : 0;
+    BlockPlan sub;
+    const Space gs(nq, nk, sp.bm, sp.bn, 1);
+    sub.row_offsets.assign(size_t(gs.q_tiles) + 1, 0);
+    if (nq > 0 && nk > 0) build_band_entries(sub, gs, lo, hi, 0);
+    const int64_t shift = g * (sp.k_group - sp.q_group), mask0 = int64_t(plan.masks.size()) / words;
+    for (int64_t i = 0; i < q_per; ++i, ++qt) {
+      plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+      if (i >= gs.q_tiles || sub.row_offsets.back() == 0) continue;
+      for (int64_t e = sub.row_offsets[size_t(i)]; e < sub.row_offsets[size_t(i) + 1]; ++e) {
+        TileEntry t = sub.entries[size_t(e)];
+        t.kt = int32_t(t.kt + g * k_per);
+        if (t.mask == kBand) {
+          if (t.lo != kNegInf) t.lo = int32_t(t.lo + shift);
+          if (t.hi != kPosInf) t.hi = int32_t(t.hi + shift);
+        } else if (t.mask >= 0) {
+          t.mask = int32_t(t.mask + mask0);
+        }
+        plan.entries.push_back(t);
+      }
+    }
+    plan.masks.insert(plan.masks.end(), sub.masks.begin(), sub.masks.end());
+    plan.n_full += sub.n_full, plan.n_band += sub.n_band, plan.n_bitmask += sub.n_bitmask;
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }
@@ -594,6 +643,9 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   if (d == 1 && !maps && (analysis->band.ok || analysis->sinks.ok) && !general_paths_only()) {
     const BandRows& br = analysis->band.ok ? analysis->band : analysis->sinks;
     build_band_entries(plan, sp, br.lo, br.hi, analysis->band.ok ? 0 : analysis->prefix);
+    plan.nnz = analysis->nnz;
+  } else if (d > 1 && !maps && analysis && analysis->groups.ok && d == analysis->residue && !general_paths_only()) {
+    build_group_band_entries(plan, sp, analysis->groups.lo, analysis->groups.hi);
     plan.nnz = analysis->nnz;
   } else {
     build_walked(plan, pat, sp);
@@ -1121,6 +1173,7 @@ struct Candidate {
   const KernelConfig* row;
   std::shared_ptr<const Maps> maps;  // a mapped candidate (d is 1)
   std::shared_ptr<BlockPlan> strip;  // a strip candidate (maps: its query boxes): its plan, built to price it
+  bool priced = false;               // priced in closed form (estimate_groups)
   double cost = 0;
   double kept = 0;  // sampled: kept scores over the visited tiles' scores
 };
@@ -1139,16 +1192,20 @@ int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
 // Prices a candidate from its samples: the cost of visiting a sample's touched key tiles (full[j]: the j-th
 // touched is full), summed in the order the tiles were touched, scaled to all query tiles; and the kept fraction
 // of the samples' visited scores (nnz: their kept scores).
+// The same from the samples' counts: full and partial tiles, samples touching any (items).
+void price(Candidate& c, const Space& sp, int64_t samples, int64_t n_full, int64_t n_partial, int64_t items, int64_t nnz) {
+  const double tile = double(c.block_m) * c.block_n;
+  c.cost = predicted_cost(*c.row, double(n_full), double(n_partial), double(items), tile) * double(sp.q_tiles) /
+           double(std::max<int64_t>(samples, 1));
+  c.kept = n_full + n_partial > 0 ? double(nnz) / (double(n_full + n_partial) * tile) : 0.0;
+}
 void price(Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full, int64_t nnz) {
-  double n_full = 0, n_partial = 0, items = 0;
+  int64_t n_full = 0, n_partial = 0, items = 0;
   for (const std::vector<char>& f : full) {
-    for (char is_full : f) (is_full ? n_full : n_partial) += 1;
+    for (char is_full : f) ++(is_full ? n_full : n_partial);
     items += f.empty() ? 0 : 1;
   }
-  const double tile = double(c.block_m) * c.block_n;
-  c.cost = predicted_cost(*c.row, n_full, n_partial, items, tile) * double(sp.q_tiles) /
-           double(std::max<int64_t>(int64_t(full.size()), 1));
-  c.kept = n_full + n_partial > 0 ? double(nnz) / ((n_full + n_partial) * tile) : 0.0;
+  price(c, sp, int64_t(full.size()), n_full, n_partial, items, nnz);
 }
 
 // Predicted cost of a candidate from a sample of query tiles (no bitmasks built).
@@ -1211,18 +1268,93 @@ void sample_from_bits(const BoundPattern& pat, const Space& sp, int64_t begin, i
   for (int64_t kt : s.order) f.push_back(s.maybe_full[size_t(kt)]);
 }
 
+// Keys of the rows q0 .. q1 of dilated band rows (row q keeps q + m d, lo <= m <= hi, inside [0, lk)), lo <= 0 <= hi.
+// A row q < lk keeps m from Lo(q) = max(lo, -floor(q / d)) to U(q) = min(hi, floor((lk - 1 - q) / d)), one key at
+// least (m = 0); each clamp binds on one side of a cut (q < -lo d, q > lk - 1 - hi d), so the sums of U and Lo are
+// sums of floor(t / d) over ranges of t, in closed form. Rows q >= lk (cross attention, Lq > Lk) are counted one by one.
+int64_t dilated_rows_keys(int64_t q0, int64_t q1, int64_t lo, int64_t hi, int64_t d, int64_t lk) {
+  auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
+  auto prefix = [d](int64_t n) {  // sum of floor(t / d), 0 <= t < n
+    const int64_t m = n / d, r = n % d;
+    return d * m * (m - 1) / 2 + r * m;
+  };
+  auto sum_floor = [&](int64_t a, int64_t b) { return a > b ? 0 : prefix(b + 1) - prefix(a); };  // t in [a, b]
+  int64_t n = 0;
+  for (int64_t q = std::max(q0, lk); q <= q1; ++q)
+    n += std::max<int64_t>(0, std::min(hi, floor_div(lk - 1 - q, d)) - std::max(lo, -floor_div(q, d)) + 1);
+  const int64_t b = std::min(q1, lk - 1);
+  if (q0 > b) return n;
+  const int64_t c = -lo * d, e = lk - 1 - hi * d;  // Lo(q) = lo from c on; U(q) = hi up to e
+  const int64_t lo_sum = -sum_floor(q0, std::min(b, c - 1)) + lo * std::max<int64_t>(0, b - std::max(q0, c) + 1);
+  const int64_t a2 = std::max(q0, e + 1);
+  const int64_t hi_sum = hi * std::max<int64_t>(0, std::min(b, e) - q0 + 1) + (a2 > b ? 0 : sum_floor(lk - 1 - b, lk - 1 - a2));
+  return n + hi_sum - lo_sum + (b - q0 + 1);
+}
+
+// estimate_cost in closed form for band rows inside residue groups (Analysis::groups, residue d): the samples'
+// touched tiles, full or not, and kept scores, as the row walk counts them.
+//  - Candidates of that permutation: a sample's rows are band rows of its group's lengths (BandTiles: the touched key
+//    tiles and the full ones, as build_group_band_entries builds them).
+//  - Unpermuted candidates where Lq <= Lk, d <= 64 and lo <= 0 <= hi: row q keeps q itself and keys d <= bn apart, so
+//    it touches every key tile from its first key's to its last's, and the tile's rows together one interval of key
+//    tiles (each row's holds the row's own tile), from the least first key (among the first d rows: first(q + d) >=
+//    first(q)) to the most last key (the last d rows); none full (a row keeps at most every d-th key of a tile).
+// Others are left to the walk.
+void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
+  if (!an.groups.ok || general_paths_only()) return;
+  const int64_t lq = pat.q_len(), lk = pat.k_len(), d = an.residue, lo = an.groups.lo, hi = an.groups.hi;
+  auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
+  for (Candidate& c : cands) {
+    if (c.maps || c.strip || (c.d != d && c.d != 1)) continue;
+    const Space sp = space_of(pat, c);
+    const int64_t samples = estimate_samples(sp);
+    int64_t nnz = 0, n_full = 0, n_partial = 0, items = 0;
+    if (c.d == d) {
+      const int64_t q_per = sp.q_group / sp.bm;
+      for (int64_t i = 0; i < samples; ++i) {
+        const int64_t qt = sampled_tile(sp, samples, i);
+        const int64_t g = qt / q_per, j0 = (qt - g * q_per) * sp.bm;
+        const int64_t nq = g < lq ? (lq - g + d - 1) / d : 0, nk = g < lk ? (lk - g + d - 1) / d : 0;
+        if (j0 >= nq || nk == 0) continue;
+        const BandTiles bt{j0, std::min(nq, j0 + sp.bm) - 1, lo, hi, nk, sp.bn};
+        const int64_t first = bt.first_tile(), last = bt.last_tile();
+        for (int64_t kt = first; kt <= last; ++kt) ++(bt.full(kt * sp.bn) ? n_full : n_partial);
+        items += last >= first;
+        nnz += dilated_rows_keys(bt.q0, bt.q1, lo, hi, 1, nk);
+      }
+    } else {
+      if (lq > lk || d > 64 || lo > 0 || hi < 0) continue;
+      const int sh = sp.bn == 64 ? 6 : 7;
+      for (int64_t i = 0; i < samples; ++i) {
+        const int64_t qt = sampled_tile(sp, samples, i), q0 = qt * sp.bm, q1 = std::min(lq, q0 + sp.bm) - 1;
+        int64_t first = INT64_MAX, last = -1;
+        for (int64_t q = q0; q <= std::min(q1, q0 + d - 1); ++q) first = std::min(first, q + d * std::max(lo, -floor_div(q, d)));
+        for (int64_t q = std::max(q0, q1 - d + 1); q <= q1; ++q)
+          last = std::max(last, q + d * std::min(hi, floor_div(lk - 1 - q, d)));
+        n_partial += (last >> sh) - (first >> sh) + 1;
+        items += 1;
+        nnz += dilated_rows_keys(q0, q1, lo, hi, d, lk);
+      }
+    }
+    price(c, sp, samples, n_full, n_partial, items, nnz);
+    c.priced = true;
+  }
+}
+
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
 // their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
 // 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
 // to every candidate tile holding it. The per-sample results are summed as estimate_cost sums them.
-void estimate_costs(const BoundPattern& pat, std::vector<Candidate>& cands) {
+void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
   const int threads = plan_thread_cap();
+  estimate_groups(pat, an, cands);
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
-    if (cands[i].d == 1 && !cands[i].maps && !general_paths_only()) shared.push_back(i);
+    if (cands[i].d == 1 && !cands[i].maps && !cands[i].priced && !general_paths_only()) shared.push_back(i);
   std::vector<size_t> alone;  // (strip candidates are priced already: from their plans)
   for (size_t i = 0; i < cands.size(); ++i)
-    if (std::find(shared.begin(), shared.end(), i) == shared.end() && !cands[i].strip) alone.push_back(i);
+    if (std::find(shared.begin(), shared.end(), i) == shared.end() && !cands[i].strip && !cands[i].priced)
+      alone.push_back(i);
   common::parallel_for(int64_t(alone.size()), int(std::min<int64_t>(int64_t(alone.size()), threads)),
                        [&](int64_t i, int) { estimate_cost(pat, cands[alone[size_t(i)]]); });
   if (shared.empty()) return;
@@ -1433,7 +1565,7 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
     for (Candidate& c : m)
       if (tile_map != 2 || c.strip) cands.push_back(std::move(c));
   }
-  estimate_costs(pat, cands);
+  estimate_costs(pat, an, cands);
   std::vector<ShapeCost> out;
   for (const Candidate& c : cands)
     out.push_back({c.block_m, c.block_n, c.d, c.cost, c.kept, c.maps != nullptr, c.strip != nullptr,
@@ -1497,7 +1629,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     if (cands.empty() && !forced)
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
     if (cands.size() > 1) {
-      estimate_costs(pat, cands);
+      estimate_costs(pat, an, cands);
       std::ostringstream why;
       why << "chosen by predicted cost per kept score among";
       for (const Candidate& c : cands)
