@@ -15,7 +15,7 @@ void exact_backward(const std::vector<BoundPattern>& patterns, const Problem& p,
   const int64_t B = p.batch, Lq = p.q_len, Lk = p.kv_len, H = p.q_heads, HK = p.kv_heads, D = p.head_dim, Dv = p.dv();
   const double scale = p.softmax_scale();
   const int64_t group = H / HK, tasks = groups.empty() ? B * HK : int64_t(groups.size());
-  const int nthreads = int(std::clamp<int64_t>(threads > 0 ? threads : int64_t(std::thread::hardware_concurrency()), 1,
+  const int nthreads = int(std::clamp<int64_t>(threads > 0 ? threads : int64_t(common::hardware_threads()), 1,
                                                std::max<int64_t>(tasks, 1)));
   common::parallel_for(tasks, nthreads, [&](int64_t task, int) {
     const int64_t g = groups.empty() ? task : groups[size_t(task)];

@@ -81,7 +81,7 @@ void CompoundPlan::run(const TensorView& q, const TensorView& k, const TensorVie
     const TensorView ov = TensorView::contiguous(o2.data(), DType::f32, {B, Lq, H, Dv});
     const TensorView lv = TensorView::contiguous(lse2.data(), DType::f32, {B, H, Lq, 1});
     fp.run(q, kk, vv, ov, lv, options);
-    common::parallel_for(B * Lq, threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency())), [&](int64_t bq, int) {
+    common::parallel_for(B * Lq, threads > 0 ? threads : common::hardware_threads(), [&](int64_t bq, int) {
       const int64_t b = bq / Lq, qi = bq % Lq;
       for (int64_t h = 0; h < H; ++h) {
         float& l = static_cast<float*>(lse.data)[lse.offset(b, h, qi, 0)];

@@ -564,7 +564,7 @@ void exact_row(const BoundPattern& pat, const Problem& p, const TensorView& q, c
 int resolve_threads(int threads) {
   if (threads > 0) return threads;
   if (threads < 0) throw Error("threads must be >= 0 (0: all hardware threads), got " + std::to_string(threads));
-  return int(std::max(1u, std::thread::hardware_concurrency()));
+  return common::hardware_threads();
 }
 
 void convert_row(const TensorView& t, int64_t b, int64_t l, int64_t h, float* out, int64_t width) {

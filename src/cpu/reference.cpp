@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "spattn/reference.hpp"
+#include "common/parallel.hpp"
 
 namespace spattn::cpu {
 
@@ -31,7 +32,7 @@ void reference_attention(const std::vector<BoundPattern>& patterns, const Proble
   const double scale = p.softmax_scale();
   const int64_t group = H / HK;
   const int64_t rows = B * H * Lq;
-  const unsigned nthreads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+  const unsigned nthreads = unsigned(std::min(common::hardware_threads(), 64));
   auto work = [&](int64_t r0, int64_t r1) {
     std::vector<double> s(static_cast<size_t>(Lk)), qrow(static_cast<size_t>(D)), acc(static_cast<size_t>(Dv));
     std::vector<int64_t> kept;
@@ -128,7 +129,7 @@ void reference_attention_backward(const std::vector<BoundPattern>& patterns, con
     }
   };
   const int64_t tasks = B * HK;
-  const unsigned nthreads = std::max(1u, std::min(std::thread::hardware_concurrency(), 64u));
+  const unsigned nthreads = unsigned(std::min(common::hardware_threads(), 64));
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < nthreads && int64_t(t) < tasks; ++t)
     pool.emplace_back([&, t] {

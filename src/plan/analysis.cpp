@@ -18,7 +18,7 @@
 namespace spattn::plan {
 
 int plan_thread_cap() {
-  int cap = std::min(32, std::max(1, int(std::thread::hardware_concurrency())));
+  int cap = std::min(32, common::hardware_threads());
   if (const char* env = std::getenv("SPATTN_PLAN_THREADS")) {
     const long v = std::strtol(env, nullptr, 10);
     if (v >= 1) cap = int(std::min<long>(cap, v));

@@ -466,7 +466,13 @@ struct BandTiles {
   }
 };
 
-void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix) {
+// at: where the rows and keys of sp sit in the plan (a residue group's, build_group_band_entries): query tile qt of sp is
+// the plan's qt + at.qt, key tile kt its kt + at.kt, and a band entry's bounds move by at.shift (its unbound sides stay
+// unbound).
+struct TileOffsets {
+  int64_t qt = 0, kt = 0, shift = 0;
+};
+void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix, TileOffsets at = {}) {
   const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
   std::vector<uint64_t> pmask(static_cast<size_t>(words));
   std::vector<int64_t> band_scratch;
@@ -480,15 +486,19 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
     std::vector<uint64_t> mask;
   };
   std::vector<Reuse> reuse(static_cast<size_t>(prefix_tiles));
+  // At most the prefix's tiles and two band tiles a query tile are bitmasks: reserved at once (pages untouched cost
+  // nothing), not grown by doubling (each growth a copy into fresh pages: page faults were a third of longformer's
+  // tiles part).
+  plan.masks.reserve(plan.masks.size() + size_t((prefix_tiles + 2) * sp.q_tiles * words));
   for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
-    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+    plan.row_offsets[size_t(qt + at.qt)] = int64_t(plan.entries.size());
     const int64_t q0 = qt * bm, q1 = std::min(lq, q0 + bm) - 1;  // the tile's rows
     for (int64_t kt = 0; kt < prefix_tiles; ++kt) {  // the prefix's tiles, from their rows' bits
       const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
       const bool prefix_only = q0 + lo > k0 + kvalid - 1 || q1 + hi < k0;  // no row's band keys in this tile
       Reuse& ru = reuse[size_t(kt)];
       if (prefix_only && ru.rows == q1 - q0 + 1) {
-        TileEntry e{int32_t(kt), kFull, 0, 0};
+        TileEntry e{int32_t(kt + at.kt), kFull, 0, 0};
         if (ru.full) {
           ++plan.n_full;
         } else {
@@ -509,13 +519,13 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
         if (a <= b && p + lo <= lk - 1 && p + hi >= 0) set_bits(m, a, b + 1);
         for (int64_t w = 0; w < bn / 64; ++w) count += __builtin_popcountll(m[w]);
       }
-      TileEntry e{int32_t(kt), kFull, 0, 0};
+      TileEntry e{int32_t(kt + at.kt), kFull, 0, 0};
       int64_t blo, bhi;
       if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
         ++plan.n_full;
         if (prefix_only) ru = {q1 - q0 + 1, true, {}};
       } else if (detect_band(pmask.data(), sp, qt, kt, kvalid, blo, bhi, band_scratch)) {
-        e = {int32_t(kt), kBand, int32_t(blo), int32_t(bhi)};
+        e = {int32_t(kt + at.kt), kBand, int32_t(blo + at.shift), int32_t(bhi + at.shift)};
         ++plan.n_band;
       } else {
         e.mask = int32_t(plan.masks.size() / size_t(words));
@@ -528,7 +538,7 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
     const BandTiles bt{q0, q1, lo, hi, lk, bn};
     for (int64_t kt = std::max(bt.first_tile(), prefix_tiles), last = bt.last_tile(); kt <= last; ++kt) {
       const int64_t k0 = kt * bn, kvalid = std::min(bn, lk - k0);
-      TileEntry e{int32_t(kt), kFull, 0, 0};
+      TileEntry e{int32_t(kt + at.kt), kFull, 0, 0};
       if (bt.full(k0)) {
         ++plan.n_full;
       } else {
@@ -545,49 +555,32 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
           ++plan.n_bitmask;
         } else {
           e.mask = kBand;
-          e.lo = int32_t(has_lo ? lo : kNegInf);
-          e.hi = int32_t(has_hi ? hi : kPosInf);
+          e.lo = int32_t(has_lo ? lo + at.shift : kNegInf);
+          e.hi = int32_t(has_hi ? hi + at.shift : kPosInf);
           ++plan.n_band;
         }
       }
       plan.entries.push_back(e);
     }
   }
-  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+  plan.row_offsets[size_t(sp.q_tiles + at.qt)] = int64_t(plan.entries.size());
 }
 
 // The entries of band rows inside residue groups (Analysis::groups; plan space of perm_d = d: group g's rows and keys
-// at g q_group + j and g k_group + j'), group by group as band rows of the group's lengths (build_band_entries, in
-// the group's own positions), moved to the group's tiles. A band entry's bounds move by g (k_group - q_group) (kp - qp
-// of plan positions; the unbound sides stay unbound), what detect_band finds on the walked plan's tiles.
+// at g q_group + j and g k_group + j'), group by group as band rows of the group's lengths (build_band_entries in the
+// group's own positions, placed at the group's tiles: kp - qp of plan positions is the group's plus g (k_group -
+// q_group)), what the walk and detect_band give the group's tiles; the group's padding query tiles visit nothing.
 void build_group_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi) {
-  const int64_t d = sp.d, words = int64_t(sp.bm) * sp.bn / 64;
-  const int64_t q_per = sp.q_group / sp.bm, k_per = sp.k_group / sp.bn;  // tiles a group
-  int64_t qt = 0;
+  const int64_t d = sp.d, q_per = sp.q_group / sp.bm, k_per = sp.k_group / sp.bn;  // tiles a group
   for (int64_t g = 0; g < d; ++g) {
     const int64_t nq = g < sp.lq ? (sp.lq - g + d - 1) / d : 0, nk = g < sp.lk ? (sp.lk - g + d - 1) / d : 0;
-    BlockPlan sub;
     const Space gs(nq, nk, sp.bm, sp.bn, 1);
-    sub.row_offsets.assign(size_t(gs.q_tiles) + 1, 0);
-    if (nq > 0 && nk > 0) build_band_entries(sub, gs, lo, hi, 0);
-    const int64_t shift = g * (sp.k_group - sp.q_group), mask0 = int64_t(plan.masks.size()) / words;
-    for (int64_t i = 0; i < q_per; ++i, ++qt) {
-      plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
-      if (i >= gs.q_tiles || sub.row_offsets.back() == 0) continue;
-      for (int64_t e = sub.row_offsets[size_t(i)]; e < sub.row_offsets[size_t(i) + 1]; ++e) {
-        TileEntry t = sub.entries[size_t(e)];
-        t.kt = int32_t(t.kt + g * k_per);
-        if (t.mask == kBand) {
-          if (t.lo != kNegInf) t.lo = int32_t(t.lo + shift);
-          if (t.hi != kPosInf) t.hi = int32_t(t.hi + shift);
-        } else if (t.mask >= 0) {
-          t.mask = int32_t(t.mask + mask0);
-        }
-        plan.entries.push_back(t);
-      }
+    int64_t qt = 0;
+    if (nq > 0 && nk > 0) {
+      build_band_entries(plan, gs, lo, hi, 0, {g * q_per, g * k_per, g * (sp.k_group - sp.q_group)});
+      qt = gs.q_tiles;
     }
-    plan.masks.insert(plan.masks.end(), sub.masks.begin(), sub.masks.end());
-    plan.n_full += sub.n_full, plan.n_band += sub.n_band, plan.n_bitmask += sub.n_bitmask;
+    for (; qt < q_per; ++qt) plan.row_offsets[size_t(g * q_per + qt)] = int64_t(plan.entries.size());
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }

@@ -63,7 +63,7 @@ void gather(const float* w, int64_t n, int64_t r0, int64_t c0, int64_t h, int64_
     for (int64_t p = 0; p < ld; ++p) out[c * ld + p] = p < h ? double(w[(r0 + p) * n + c0 + c]) : 0.0;
 }
 
-int pool_threads(int threads) { return threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency())); }
+int pool_threads(int threads) { return threads > 0 ? threads : common::hardware_threads(); }
 
 void check_options(int64_t k, int64_t n, const TsvdOptions& o) {
   if (k < 1 || n < 1) throw Error("TSVD: W is " + num(k) + " x " + num(n) + ", expected at least 1 x 1");

@@ -14,7 +14,7 @@ namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-int pool_threads(int threads) { return threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency())); }
+int pool_threads(int threads) { return threads > 0 ? threads : common::hardware_threads(); }
 
 }  // namespace
 

@@ -37,7 +37,7 @@ void matmul_cpu(const TsvdFactors& f, const float* x, int64_t m, float* y, int t
 #endif
   const int64_t tr = f.tile_rows(), tc = f.tile_cols(), mb = (m + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t rmax = f.max_rank();
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = common::hardware_threads();
   common::parallel_for(mb * tc, threads, [&](int64_t task, int) {
     const int64_t j = task % tc, m0 = (task / tc) * kRowsPerTask, rows = std::min(kRowsPerTask, m - m0);
     const int64_t tn = f.cols_of(j);
