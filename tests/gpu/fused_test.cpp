@@ -331,6 +331,10 @@ const Case kCases[] = {
     {"band 128 slabs, last items of many", "local(256)", 2, 8, 4, 4099, 4099, 128, bf, 128, false, -1, 128, false, false, -1, 1, 1},
     {"band 128 chosen, last wave as slabs (132 SMs)", "local(256)", 2, 16, 16, 4096, 4096, 128, bf, 128, false, -1, 128, false, false, -1, 1, -1},
     {"band 128 rising scores, causal", "causal", 1, 2, 2, 1500, 1500, 128, bf, 128, false, -1, 128, false, false, -1, 1, -1, true},
+    // Band rows in residue groups by the spec (plans built in closed form, group by group): with causal, cross lengths.
+    {"dilated & causal: one-sided bands in residue groups", "dilated(40, 4) & causal", 1, 2, 2, 1001, 1001, 64, bf},
+    {"dilated D=128, Lq < Lk: groups of unequal size", "dilated(60, 3)", 1, 2, 2, 700, 1000, 128, bf},
+    {"dilated, Lq > Lk: group rows past the keys", "dilated(30, 2) & local(left=50, right=10)", 1, 2, 2, 1000, 601, 64, fp},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 
