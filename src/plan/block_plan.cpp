@@ -441,16 +441,6 @@ std::string BlockPlan::describe() const {
 }
 
 namespace {
-// The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
-// form, O(entries + bits of the few bitmask tiles): what the row walk and detect_band give them. A query tile's rows
-// keep one interval of key tiles together (each row's interval overlaps the next row's); a key tile is full where
-// the last row starts at or before it and the first row ends at or past it (both ends grow with the row); else a
-// band entry, whose lo (hi) binds, as detect_band finds it, where some row keeping keys in the tile starts (ends)
-// inside it, or a bitmask where detect_band's band does not hold (below).
-//
-// With a key prefix (Analysis::sinks: every row also keeps [0, prefix)), the key tiles below the prefix's end are
-// built from their rows' bits (O(rows) each: a few a query tile) and priced as the walk prices them (full, else
-// detect_band, else a bitmask); the tiles past it hold band keys only.
 // Band rows' key tiles of the query rows q0 .. q1 (lo <= 0 <= hi: the rows keeping keys keep one interval of key tiles
 // together): [first, last] (first > last: none), and whether key tile [k0, k0 + bn) is full (every row keeps all of
 // it). Shared by the builder and the closed-form estimate (estimate_groups).
@@ -466,12 +456,23 @@ struct BandTiles {
   }
 };
 
-// at: where the rows and keys of sp sit in the plan (a residue group's, build_group_band_entries): query tile qt of sp is
-// the plan's qt + at.qt, key tile kt its kt + at.kt, and a band entry's bounds move by at.shift (its unbound sides stay
-// unbound).
+// Where the rows and keys of a Space sit in a plan (a residue group's, build_group_band_entries): query tile qt of the
+// space is the plan's qt + TileOffsets::qt, key tile kt its kt + TileOffsets::kt, and a band entry's bounds move by
+// shift (its unbound sides stay unbound).
 struct TileOffsets {
   int64_t qt = 0, kt = 0, shift = 0;
 };
+
+// The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
+// form, O(entries + bits of the few bitmask tiles): what the row walk and detect_band give them. A query tile's rows
+// keep one interval of key tiles together (each row's interval overlaps the next row's); a key tile is full where
+// the last row starts at or before it and the first row ends at or past it (both ends grow with the row); else a
+// band entry, whose lo (hi) binds, as detect_band finds it, where some row keeping keys in the tile starts (ends)
+// inside it, or a bitmask where detect_band's band does not hold (below).
+//
+// With a key prefix (Analysis::sinks: every row also keeps [0, prefix)), the key tiles below the prefix's end are
+// built from their rows' bits (O(rows) each: a few a query tile) and priced as the walk prices them (full, else
+// detect_band, else a bitmask); the tiles past it hold band keys only. at: where sp's tiles sit in the plan.
 void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix, TileOffsets at = {}) {
   const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
   std::vector<uint64_t> pmask(static_cast<size_t>(words));
@@ -1182,10 +1183,9 @@ int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
   return samples == sp.q_tiles ? i : (i * sp.q_tiles) / samples;
 }
 
-// Prices a candidate from its samples: the cost of visiting a sample's touched key tiles (full[j]: the j-th
-// touched is full), summed in the order the tiles were touched, scaled to all query tiles; and the kept fraction
-// of the samples' visited scores (nnz: their kept scores).
-// The same from the samples' counts: full and partial tiles, samples touching any (items).
+// Prices a candidate from its samples: the cost of visiting the samples' touched key tiles (n_full full, n_partial
+// not; items: samples touching any), scaled to all query tiles; and the kept fraction of the samples' visited scores
+// (nnz: their kept scores). Or from each sample's touched tiles (full[i][j]: sample i's j-th touched tile is full).
 void price(Candidate& c, const Space& sp, int64_t samples, int64_t n_full, int64_t n_partial, int64_t items, int64_t nnz) {
   const double tile = double(c.block_m) * c.block_n;
   c.cost = predicted_cost(*c.row, double(n_full), double(n_partial), double(items), tile) * double(sp.q_tiles) /
