@@ -5,7 +5,8 @@
 //   full     every in-range (q, k) of the tile is kept: the kernel runs it unmasked;
 //   band     kept iff lo <= kp - qp <= hi (positions in plan space): an in-kernel predicate, no memory
 //            (causal and sliding-window diagonals, the edges of local bands, dilated bands after permutation);
-//   bitmask  anything else: block_m x block_n bits, row-major (bit r * block_n + c is (q0 + r, k0 + c)).
+//   bitmask  anything else: block_m x block_n bits, row-major (bit r * block_n + c is (q0 + r, k0 + c)); entries
+//            with the same bits may share one (a key prefix's tiles that no row's band reaches).
 //
 // Plan space. With perm_d == 1 plan positions are token indices. With perm_d = d > 1 (dilated and strided
 // patterns) tokens are regrouped by residue: token t sits in group g = t % d at position j = t / d, and each
