@@ -100,6 +100,28 @@ const std::vector<Case>& cases() {
       {"blocked(128, local(1) | global(0:1))", 3000, 3000},
       {"sparse_fixed(100, 3)", 3001, 3001},
       {"block_diag(70) | summary(64)", 1000, 1100},
+      // Blocked rows by their block rows (Analysis::blocks: analysis, prices and builds from the block rows): bigbird
+      // at its bench size, ragged lengths, blocks of 32, 64, 128 and off the tile sizes, Lq != Lk, a last block of one
+      // row (tiles of one valid row: band entries), blocks of one row, global rows, unions and intersections inside.
+      {"bigbird(64, 1, 2, 3, seed=0)", 16384, 16384},
+      {"bigbird(64, 1, 2, 3, seed=0)", 3001, 3001},
+      {"bigbird(32, 1, 2, 3, seed=1)", 2000, 2000},
+      {"bigbird(128, 2, 1, 2, seed=2)", 3000, 2500},
+      {"bigbird(64, 1, 2, 3)", 1000, 3001},
+      {"bigbird(64, 1, 2, 3)", 3001, 1000},
+      {"bigbird(64, 1, 2, 3)", 1025, 1090},
+      {"bigbird(100, 1, 1, 2, seed=4)", 2049, 2049},
+      {"blocked(1, local(2) | random(3))", 500, 600},
+      {"blocked(16, local(3) | random(2, seed=9))", 1000, 1000},
+      {"blocked(64, (local(2) | random(4, seed=7)) & causal)", 2000, 2000},
+      {"blocked(32, (causal & local(3)) | global_rows(3) | global_cols(5) | random(2))", 1500, 1300},
+      {"blocked(128, local(1) | global(0:1) | random(1))", 4097, 4097},
+      // ... and those the walk decides: strided inner rows, rows of one or two spans (band, window, sinks rows).
+      {"blocked(32, local(1) | stride(9))", 1000, 1000},
+      {"blocked(64, local(1))", 1000, 1000},
+      {"blocked(64, local(1))", 1025, 900},
+      {"blocked(64, dense)", 1000, 777},
+      {"blocked(64, local(1) | global_cols(0:1))", 2000, 2000},
   };
   return c;
 }
@@ -236,6 +258,14 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_FALSE(dil("dilated(4, 2) & dilated(4, 3)", 64));
   EXPECT_FALSE(dil("dilated(4, 2) | local(3)", 64));
   EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));
+  const auto bb = spattn::parse("bigbird(64, 1, 2, 3, seed=0)").bind(1000, 3001).blocked();  // blocks 16 x 47
+  ASSERT_TRUE(bb);
+  EXPECT_EQ(bb->block, 64);
+  EXPECT_EQ(bb->inner.q_len(), 16);
+  EXPECT_EQ(bb->inner.k_len(), 47);
+  EXPECT_EQ(bb->inner.spec(), "local(1) | global(0:2) | random(3, seed=0)");
+  EXPECT_FALSE(spattn::parse("blocked(64, causal) | local(1)").bind(100, 100).blocked());
+  EXPECT_FALSE(spattn::parse("local(1)").bind(100, 100).blocked());
   auto block = [](const char* s) { return spattn::parse(s).bind(1000, 1000).row_block(); };
   EXPECT_EQ(block("bigbird(64, 1, 2, 3, seed=0)"), 64);
   EXPECT_EQ(block("blocked(64, causal) | blocked(48, local(1))"), 16);

@@ -133,6 +133,11 @@ class BoundPattern {
   // Where the spec makes every row keep every key or none (global_rows and unions of them): the rows that keep keys,
   // as sorted disjoint ranges [first, end) of [0, q_len); else none. O(spec), no row walked.
   std::optional<std::vector<std::pair<int64_t, int64_t>>> dense_row_ranges() const;
+  // Where the spec is blocked(b, inner) (bigbird): b, and inner bound to the block grid of ceil(q_len / b) x
+  // ceil(k_len / b) blocks, so that row q keeps the keys [j b, min((j + 1) b, k_len)) of every block j of inner's row
+  // q / b; else none. O(spec), no row walked.
+  struct Blocked;
+  std::optional<Blocked> blocked() const;
   // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), block_diag(n);
   // dense, global_cols and summary: q_len; unions and intersections: the gcd of their n); 1 where it promises
   // nothing. O(spec).
@@ -193,6 +198,11 @@ class BoundPattern {
   int64_t q_len_ = 0, k_len_ = 0;
   std::shared_ptr<const detail::BoundNode> root_;
   std::shared_ptr<const detail::Node> node_;  // the parsed spec (null for explicit patterns)
+};
+
+struct BoundPattern::Blocked {
+  int64_t block = 1;
+  BoundPattern inner;
 };
 
 // Number of keys in a row given as runs.

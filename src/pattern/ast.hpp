@@ -73,6 +73,8 @@ struct BoundNode {
   virtual int64_t row_block() const { return 1; }
   // Rows of all keys or none (BoundPattern::dense_row_ranges): the rows keeping keys as sorted disjoint [first, end).
   virtual bool dense_rows(std::vector<std::pair<int64_t, int64_t>>& /*ranges*/) const { return false; }
+  // blocked(b, inner) (BoundPattern::blocked): inner, bound to the block grid, and b; null otherwise.
+  virtual std::shared_ptr<const BoundNode> blocked(int64_t& /*b*/) const { return nullptr; }
 };
 
 std::shared_ptr<const BoundNode> bind_node(const std::shared_ptr<const Node>& node, const std::string& spec,

@@ -693,6 +693,10 @@ struct BlockedB : BoundNode {
   uint64_t id = 0;  // identifies this bound node in the per-thread row cache
   bool contains(int64_t q, int64_t k) const override { return inner->contains(q / b, k / b); }
   int64_t row_block() const override { return b; }
+  BoundPtr blocked(int64_t& block) const override {
+    block = b;
+    return inner;
+  }
   void row(int64_t q, RowRuns& out) const override {
     // The b rows of a block row share their keys: the last block row's per thread (rows are walked in order:
     // bigbird(64, ...) drew and normalised each block row 64 times).

@@ -1,5 +1,5 @@
 // pattern/terms.cpp — a bound pattern's union terms (BoundPattern::union_terms), their union and their shape: what
-// the planner's split (plan/parts.hpp) reads of the spec.
+// the planner's split (plan/parts.hpp) reads of the spec; and a blocked spec's inner pattern (BoundPattern::blocked).
 #include <numeric>
 #include <string>
 
@@ -154,6 +154,17 @@ BoundPattern BoundPattern::union_of(const std::vector<BoundPattern>& terms) {
   b.node_ = u;
   b.root_ = detail::bind_node(u, b.spec_, b.q_len_, b.k_len_);
   return b;
+}
+
+std::optional<BoundPattern::Blocked> BoundPattern::blocked() const {
+  if (!root_ || !node_ || node_->kind != Kind::Blocked) return std::nullopt;
+  Blocked out{1, {}};
+  out.inner.root_ = root_->blocked(out.block);
+  out.inner.node_ = node_->children[0];
+  out.inner.spec_ = spec_of(*out.inner.node_);
+  out.inner.q_len_ = out.inner.root_->q_len;
+  out.inner.k_len_ = out.inner.root_->k_len;
+  return out;
 }
 
 BoundPattern::Shape BoundPattern::shape() const {

@@ -147,6 +147,56 @@ void groups_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t d) {
   a.groups = {true, int32_t(lo), int32_t(hi)};
 }
 
+// The block rows of blocked(b, inner) (BoundPattern::blocked), from inner's rows (one a block row, where the walk draws
+// one a block row and copies it to each of its rows); none where an inner row has a strided run (a span a block: O(its
+// keys), where the walk's runs are O(1)) or no block row keeps three spans or more (the walk may find band, window or
+// sinks rows: left to it).
+std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat) {
+  const auto bl = pat.blocked();
+  if (!bl) return nullptr;
+  auto br = std::make_shared<BlockRows>();
+  const int64_t n = bl->inner.q_len(), b = bl->block, lk = pat.k_len();
+  br->block = b;
+  br->offsets.resize(size_t(n) + 1);
+  RowRuns runs;
+  bool three = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t begin = br->spans.size();
+    br->offsets[size_t(i)] = int64_t(begin);
+    bl->inner.row(i, runs);
+    for (const Run& r : runs) {  // ordered by start (RowRuns)
+      if (r.stride != 1 && r.count > 1) return nullptr;
+      const int32_t first = int32_t(r.start * b), end = int32_t(std::min(lk, (r.start + r.count) * b));
+      if (br->spans.size() > begin && first == br->spans.back().second)  // (a single key's run may touch an interval)
+        br->spans.back().second = end;
+      else
+        br->spans.push_back({first, end});
+    }
+    three = three || br->spans.size() - begin >= 3;
+  }
+  br->offsets[size_t(n)] = int64_t(br->spans.size());
+  return three ? br : nullptr;
+}
+
+// The row walk's results for blocked rows by their block rows (block_rows): a row's keys are its block row's, counted
+// once for its rows. A row keeping three key intervals or more apart fails the walk's band and sinks checks (one
+// interval; [0, g) and one interval), so it finds no band, window or sinks rows; no row has a strided run, so the
+// residue stride is 1.
+void blocks_in_closed_form(Analysis& a, std::shared_ptr<const BlockRows> br) {
+  const int64_t lq = a.q_len, lk = a.k_len, b = br->block;
+  a.min_row = INT64_MAX;
+  for (int64_t i = 0; i < br->block_rows(); ++i) {
+    const int64_t rows = std::min(lq, (i + 1) * b) - i * b, n = br->keys(i);
+    a.nnz += n * rows;
+    a.empty_rows += n == 0 ? rows : 0;
+    a.dense_rows += n == lk ? rows : 0;
+    a.min_row = std::min(a.min_row, n);
+    a.max_row = std::max(a.max_row, n);
+  }
+  a.residue = 1;
+  a.blocks = std::move(br);
+}
+
 }  // namespace
 
 Analysis analyze(const BoundPattern& pat) {
@@ -155,10 +205,15 @@ Analysis analyze(const BoundPattern& pat) {
   const int64_t lq = pat.q_len(), lk = pat.k_len();
   a.q_len = lq;
   a.k_len = lk;
-  if (lq > 0 && lk > 0) {
-    a.residue = residue_stride(pat);
-    a.grid = pat.neighborhood_grid();
-  }
+  if (lq > 0 && lk > 0) a.grid = pat.neighborhood_grid();
+  // Blocked rows (bigbird) by their block rows, each drawn once: no row walked.
+  if (lq > 0 && lk > 0 && !general_paths_only())
+    if (std::shared_ptr<const BlockRows> br = block_rows(pat)) {
+      blocks_in_closed_form(a, std::move(br));
+      a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return a;
+    }
+  if (lq > 0 && lk > 0) a.residue = residue_stride(pat);
   // Band rows by the spec (local, causal, dense, ...), with or without a key prefix: no row walked.
   if (lq > 0 && lk > 0 && !general_paths_only()) {
     const auto b = pat.band_spec();

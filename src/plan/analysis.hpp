@@ -5,8 +5,11 @@
 // permutation, neighborhood grid and band rows from here instead of sampling the pattern themselves.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "spattn/pattern.hpp"
 
@@ -20,6 +23,21 @@ struct BandRows {
   int32_t lo = 0, hi = 0;
 };
 
+// The rows of blocked(b, inner) (BoundPattern::blocked: bigbird) by block rows: block row i, the rows
+// [i b, min((i + 1) b, Lq)), keeps the keys of spans[offsets[i], offsets[i + 1]), intervals [first, end) in increasing
+// order and apart (whole key blocks, the last one clipped to Lk).
+struct BlockRows {
+  int64_t block = 1;
+  std::vector<int64_t> offsets;                     // [ceil(Lq / b) + 1]
+  std::vector<std::pair<int32_t, int32_t>> spans;  // keys [first, end)
+  int64_t block_rows() const { return int64_t(offsets.size()) - 1; }
+  int64_t keys(int64_t i) const {  // a row's of block row i
+    int64_t n = 0;
+    for (int64_t s = offsets[size_t(i)]; s < offsets[size_t(i) + 1]; ++s)
+      n += spans[size_t(s)].second - spans[size_t(s)].first;
+    return n;
+  }
+};
 
 struct Analysis {
   int64_t q_len = 0, k_len = 0;
@@ -42,6 +60,10 @@ struct Analysis {
   // Tokens regrouped by residue (BlockPlan::perm_d), each group's rows are band rows [lo, hi]: the GPU tiler builds
   // and prices such plans in closed form. Not set by the row walk (SPATTN_PLAN_GENERAL=1).
   BandRows groups;
+  // Blocked rows (BoundPattern::blocked) whose inner rows have no strided run and where some block row keeps three key
+  // spans or more (so no band, window or sinks rows): their block rows, drawn once, from which the analysis counts and
+  // the GPU tiler prices and builds its unpermuted, unmapped plans. Not set by the row walk (SPATTN_PLAN_GENERAL=1).
+  std::shared_ptr<const BlockRows> blocks;
   // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
   // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.
   // Tokens regrouped by residue mod this stride make such rows dense; each tiler caps what it can use
@@ -73,7 +95,7 @@ std::string block_histogram(const BoundPattern& pattern);
 int plan_thread_cap();
 
 // SPATTN_PLAN_GENERAL=1: the analysis and the tilers skip their shortcuts for common cases (the analysis's and the GPU
-// builder's band rows in closed form; the CPU tiler's all-residue tiles; the
+// builder's band rows in closed form; blocked rows by their block rows; the CPU tiler's all-residue tiles; the
 // GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of scattered query tiles, its counts
 // of strided runs tile by tile, its builder's intervals counted and marked by their end tiles and partial tiles, and the
 // strip plan's rows from an exact neighborhood grid's windows)

@@ -586,6 +586,112 @@ void build_group_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int6
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }
 
+// The key tiles (bn keys) that the rows q0 .. q1 of blocked rows (Analysis::blocks) touch, ascending, each full where
+// every row keeps all its keys, as the walk's counts find them (tile()): the rows are those of a few block rows, so the
+// tiles are those block rows' merged, full where full in each; a block row's tiles are its spans', full where one span
+// holds the tile whole (spans are apart: a tile a row keeps whole lies in one span). O(the block rows' spans' tiles).
+// Shared by the builder and the closed-form estimate (estimate_blocks).
+struct BlockTiles {
+  struct Tile {
+    int32_t kt;
+    bool full;
+  };
+  const BlockRows& br;
+  int sh;  // bn = 1 << sh
+  std::vector<Tile> merged, row, scratch;
+  BlockTiles(const BlockRows& rows, int bn) : br(rows), sh(bn == 64 ? 6 : 7) {}
+  // Key tiles of block row i's spans, at most (a tile two spans reach counted twice).
+  int64_t most(int64_t i) const {
+    int64_t n = 0;
+    for (int64_t s = br.offsets[size_t(i)]; s < br.offsets[size_t(i) + 1]; ++s)
+      n += ((br.spans[size_t(s)].second - 1) >> sh) - (br.spans[size_t(s)].first >> sh) + 1;
+    return n;
+  }
+  void row_tiles(int64_t i, std::vector<Tile>& out) const {
+    out.clear();
+    for (int64_t s = br.offsets[size_t(i)]; s < br.offsets[size_t(i) + 1]; ++s) {
+      const auto [a, e] = br.spans[size_t(s)];
+      for (int64_t kt = a >> sh; (kt << sh) < e; ++kt) {
+        if (!out.empty() && out.back().kt == kt) continue;  // (a tile the span before ended in: whole in neither)
+        out.push_back({int32_t(kt), (kt << sh) >= a && ((kt + 1) << sh) <= e});
+      }
+    }
+  }
+  std::span<const Tile> tile(int64_t q0, int64_t q1) {
+    const int64_t i0 = q0 / br.block, i1 = q1 / br.block;
+    row_tiles(i0, merged);
+    for (int64_t i = i0 + 1; i <= i1; ++i) {
+      row_tiles(i, row);
+      scratch.clear();
+      size_t x = 0, y = 0;
+      while (x < merged.size() || y < row.size()) {
+        if (y == row.size() || (x < merged.size() && merged[x].kt < row[y].kt)) {
+          scratch.push_back({merged[x++].kt, false});
+        } else if (x == merged.size() || row[y].kt < merged[x].kt) {
+          scratch.push_back({row[y++].kt, false});
+        } else {
+          scratch.push_back({row[y].kt, merged[x].full && row[y].full});
+          ++x, ++y;
+        }
+      }
+      merged.swap(scratch);
+    }
+    return merged;
+  }
+};
+
+// The entries of blocked rows (Analysis::blocks) query tile by query tile from their block rows' key tiles
+// (BlockTiles): a partial tile's bitmask is its block rows' bits in the tile, each set in its first row and copied to
+// its others, and is run through detect_band as the walk's are (a tile of one valid row can make a band).
+// O(entries + partial tiles' bits).
+void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) {
+  const int64_t b = br.block, row_words = sp.bn / 64, words = sp.bm * row_words;
+  BlockTiles bt(br, sp.bn);
+  int64_t most = 0;  // entries at most: each block row's tiles, a query tile it is in (reserved, not grown by doubling)
+  for (int64_t i = 0; i < br.block_rows(); ++i)
+    most += bt.most(i) * ((std::min(sp.lq, (i + 1) * b) - 1) / sp.bm - i * b / sp.bm + 1);
+  plan.entries.reserve(size_t(most));
+  std::vector<uint64_t> pmask(static_cast<size_t>(words));
+  std::vector<int64_t> band_scratch, cursor;
+  for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
+    plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
+    const int64_t q0 = qt * sp.bm, q1 = std::min(sp.lq, q0 + sp.bm) - 1, i0 = q0 / b, i1 = q1 / b;
+    cursor.assign(br.offsets.begin() + i0, br.offsets.begin() + i1 + 1);  // per block row: its first span not behind
+    for (const BlockTiles::Tile& t : bt.tile(q0, q1)) {
+      const int64_t k0 = int64_t(t.kt) * sp.bn;
+      TileEntry e{t.kt, kFull, 0, 0};
+      if (t.full) {
+        ++plan.n_full;
+        plan.entries.push_back(e);
+        continue;
+      }
+      std::fill(pmask.begin(), pmask.end(), 0);
+      for (int64_t i = i0; i <= i1; ++i) {
+        const int64_t r0 = std::max(q0, i * b) - q0, r1 = std::min(q1, i * b + b - 1) - q0;  // its rows in the tile
+        uint64_t* m = pmask.data() + r0 * row_words;
+        int64_t& s = cursor[size_t(i - i0)];
+        while (s < br.offsets[size_t(i) + 1] && br.spans[size_t(s)].second <= k0) ++s;
+        for (int64_t x = s; x < br.offsets[size_t(i) + 1] && br.spans[size_t(x)].first < k0 + sp.bn; ++x) {
+          const auto [a, e] = br.spans[size_t(x)];
+          set_bits(m, std::max<int64_t>(a, k0) - k0, std::min<int64_t>(e, k0 + sp.bn) - k0);
+        }
+        for (int64_t r = 1; r <= r1 - r0; ++r) std::copy(m, m + row_words, m + r * row_words);
+      }
+      int64_t lo, hi;
+      if (detect_band(pmask.data(), sp, qt, t.kt, sp.k_valid(t.kt), lo, hi, band_scratch)) {
+        e = {t.kt, kBand, int32_t(lo), int32_t(hi)};
+        ++plan.n_band;
+      } else {
+        e.mask = int32_t(plan.masks.size() / size_t(words));
+        plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
+        ++plan.n_bitmask;
+      }
+      plan.entries.push_back(e);
+    }
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
+}
+
 void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp);
 
 // The launch order of a plan's query tiles: most entries first (stable), so the longest work items start earliest.
@@ -640,6 +746,9 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
     plan.nnz = analysis->nnz;
   } else if (d > 1 && !maps && analysis && analysis->groups.ok && d == analysis->residue && !general_paths_only()) {
     build_group_band_entries(plan, sp, analysis->groups.lo, analysis->groups.hi);
+    plan.nnz = analysis->nnz;
+  } else if (d == 1 && !maps && analysis->blocks && !general_paths_only()) {
+    build_block_entries(plan, sp, *analysis->blocks);
     plan.nnz = analysis->nnz;
   } else {
     build_walked(plan, pat, sp);
@@ -1334,6 +1443,31 @@ void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Ca
   }
 }
 
+// estimate_cost in closed form for blocked rows (Analysis::blocks), for the unpermuted, unmapped candidates: a
+// sample's touched key tiles, full or not (BlockTiles::tile), and kept scores (each block row's keys times its rows in
+// the sample), as the row walk counts them.
+void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
+  if (!an.blocks || general_paths_only()) return;
+  const BlockRows& br = *an.blocks;
+  for (Candidate& c : cands) {
+    if (c.maps || c.strip || c.d != 1 || c.priced) continue;
+    const Space sp = space_of(pat, c);
+    const int64_t samples = estimate_samples(sp), b = br.block;
+    BlockTiles bt(br, sp.bn);
+    int64_t nnz = 0, n_full = 0, n_partial = 0, items = 0;
+    for (int64_t i = 0; i < samples; ++i) {
+      const int64_t qt = sampled_tile(sp, samples, i), q0 = qt * sp.bm, q1 = std::min(sp.lq, q0 + sp.bm) - 1;
+      const std::span<const BlockTiles::Tile> tiles = bt.tile(q0, q1);
+      for (const BlockTiles::Tile& t : tiles) ++(t.full ? n_full : n_partial);
+      items += !tiles.empty();
+      for (int64_t x = q0 / b; x <= q1 / b; ++x)
+        nnz += br.keys(x) * (std::min(q1, x * b + b - 1) - std::max(q0, x * b) + 1);
+    }
+    price(c, sp, samples, n_full, n_partial, items, nnz);
+    c.priced = true;
+  }
+}
+
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
 // their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
 // 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
@@ -1341,6 +1475,7 @@ void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Ca
 void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
   const int threads = plan_thread_cap();
   estimate_groups(pat, an, cands);
+  estimate_blocks(pat, an, cands);
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
     if (cands[i].d == 1 && !cands[i].maps && !cands[i].priced && !general_paths_only()) shared.push_back(i);
