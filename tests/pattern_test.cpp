@@ -179,7 +179,9 @@ TEST(PatternAtoms, RandomRowsAreFloydsSample) {
                      {1000, 8, kMaxK, 11, 8},       {3, 4, kMaxK, ~0ull, 4},      {64, 6, kMaxK - 1000, 12345, 6},
                      {31, 100, 32, 77, 100},        {63, 7, 64, 78, 7},           {65, 7, 66, 79, 7},
                      // bitmaps of more words than keys (scanned eight words at a time): sparse random, a ragged group
-                     {81, 16384, 16384, 0, 32},     {7, 50, 1700, 4, 50}};
+                     {81, 16384, 16384, 0, 32},     {7, 50, 1700, 4, 50},
+                     // the most draws kept in the sorted keys (8), nearly every key drawn twice; the fewest in a set
+                     {8, 40, 9, 5, 40},             {9, 40, 10, 6, 40}};
   std::vector<int64_t> keys;
   for (const C& c : cases) {
     const std::string spec = "random(" + std::to_string(c.r) + ", seed=" + std::to_string(int64_t(c.seed)) + ")";
