@@ -240,21 +240,17 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
   EXPECT_FALSE(spec("dilated(4, 2)", 64));
   auto dil = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).dilated_band(); };
-  const auto d1 = dil("dilated(4, 2)", 64);
-  ASSERT_TRUE(d1);
-  EXPECT_EQ(d1->lo, -4);
-  EXPECT_EQ(d1->hi, 4);
-  EXPECT_EQ(d1->d, 2);
-  const auto d2 = dil("dilated(10, 3) & causal & local(left=20, right=5)", 100);  // m 3 in [-20, 0]: -6 .. 0
-  ASSERT_TRUE(d2);
-  EXPECT_EQ(d2->lo, -6);
-  EXPECT_EQ(d2->hi, 0);
-  EXPECT_EQ(d2->d, 3);
-  const auto d3 = dil("local(left=7, right=5)", 100);  // a band: d 1
-  ASSERT_TRUE(d3);
-  EXPECT_EQ(d3->lo, -7);
-  EXPECT_EQ(d3->hi, 5);
-  EXPECT_EQ(d3->d, 1);
+  auto expect_dil = [&](const char* s, int64_t l, int64_t lo, int64_t hi, int64_t d) {
+    SCOPED_TRACE(s);
+    const auto db = dil(s, l);
+    ASSERT_TRUE(db);
+    EXPECT_EQ(db->lo, lo);
+    EXPECT_EQ(db->hi, hi);
+    EXPECT_EQ(db->d, d);
+  };
+  expect_dil("dilated(4, 2)", 64, -4, 4, 2);
+  expect_dil("dilated(10, 3) & causal & local(left=20, right=5)", 100, -6, 0, 3);  // m 3 in [-20, 0]: -6 .. 0
+  expect_dil("local(left=7, right=5)", 100, -7, 5, 1);                           // a band: d 1
   EXPECT_FALSE(dil("dilated(4, 2) & dilated(4, 3)", 64));
   EXPECT_FALSE(dil("dilated(4, 2) | local(3)", 64));
   EXPECT_FALSE(spec("local(1) | local(left=0, right=5) & global_cols(0:3)", 64));

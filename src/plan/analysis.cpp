@@ -126,19 +126,16 @@ bool sinks_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t g, int64_
 
 // The row walk's results for dilated band rows (BoundPattern::dilated_band, d >= 2, lo <= 0 <= hi) in closed form,
 // group by group: the rows q = g + j d of residue group g keep the group's keys g + j' d with lo <= j' - j <= hi, band
-// rows of a group's lengths (band_in_closed_form's pieces). No row keeps every key (Lk > d: keys of another residue).
-// The walk finds no band, window or sinks rows: residue_stride saw a row of several keys d apart.
+// rows of the group's lengths (band_in_closed_form; a group's dense rows and band are not the pattern's: no row keeps
+// every key, Lk > d leaving keys of another residue). The walk finds no band, window or sinks rows: residue_stride saw
+// a row of several keys d apart.
 void groups_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t d) {
-  const int64_t lq = a.q_len, lk = a.k_len;
   a.min_row = INT64_MAX;
-  for (int64_t g = 0; g < d && g < lq; ++g) {
+  for (int64_t g = 0; g < d && g < a.q_len; ++g) {
     Analysis grp;
-    grp.q_len = (lq - g + d - 1) / d;
-    grp.k_len = g < lk ? (lk - g + d - 1) / d : 0;
-    const int64_t n = std::clamp<int64_t>(grp.k_len - lo, 0, grp.q_len);  // rows keeping keys
-    count_rows_in_pieces(grp, {0, n, grp.q_len, -lo, grp.k_len - 1 - hi}, [&](int64_t j) {
-      return j >= n ? 0 : std::min(grp.k_len - 1, j + hi) - std::max<int64_t>(0, j + lo) + 1;
-    });
+    grp.q_len = residue_group_len(a.q_len, g, d);
+    grp.k_len = residue_group_len(a.k_len, g, d);
+    band_in_closed_form(grp, lo, hi);
     a.nnz += grp.nnz;
     a.empty_rows += grp.empty_rows;
     a.min_row = std::min(a.min_row, grp.min_row);

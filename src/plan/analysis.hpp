@@ -39,6 +39,9 @@ struct BlockRows {
   }
 };
 
+// Tokens of [0, len) in residue group g of stride d (g, g + d, g + 2d, ...): a permuted plan's groups (BlockPlan::perm_d).
+inline int64_t residue_group_len(int64_t len, int64_t g, int64_t d) { return g < len ? (len - g + d - 1) / d : 0; }
+
 struct Analysis {
   int64_t q_len = 0, k_len = 0;
   int64_t nnz = 0;                        // kept (q, k)

@@ -22,6 +22,7 @@ constexpr int64_t kNegInf = -(int64_t(1) << 30);  // band bounds that never bind
 constexpr int64_t kPosInf = (int64_t(1) << 30);
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0, any sign of a
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // A mapped plan space (tile_map.hpp): the maps, the key map's inverse and what map_run needs of the key grid.
@@ -82,7 +83,7 @@ struct Space {
     const int64_t k0 = kt * bn;
     if (d == 1) return std::clamp<int64_t>(lk - k0, 0, bn);
     const int64_t g = k0 / k_group, j0 = k0 - g * k_group;
-    const int64_t ng = g < lk ? (lk - g + d - 1) / d : 0;
+    const int64_t ng = residue_group_len(lk, g, d);
     return std::clamp<int64_t>(ng - j0, 0, bn);
   }
   // Appends the plan-space runs of a token-space run.
@@ -463,6 +464,21 @@ struct TileOffsets {
   int64_t qt = 0, kt = 0, shift = 0;
 };
 
+// A partial tile's entry from its rows' bits (mask: block_m x block_n, kvalid valid keys), as the walk makes it: a band
+// where detect_band finds one (its bounds moved by at.shift), else the bits appended to the plan's bitmasks; counted.
+TileEntry partial_entry(BlockPlan& plan, const std::vector<uint64_t>& mask, const Space& sp, int64_t qt, int64_t kt,
+                        int64_t kvalid, TileOffsets at, std::vector<int64_t>& scratch) {
+  int64_t lo, hi;
+  if (detect_band(mask.data(), sp, qt, kt, kvalid, lo, hi, scratch)) {
+    ++plan.n_band;
+    return {int32_t(kt + at.kt), kBand, int32_t(lo + at.shift), int32_t(hi + at.shift)};
+  }
+  const int32_t index = int32_t(plan.masks.size() / mask.size());
+  plan.masks.insert(plan.masks.end(), mask.begin(), mask.end());
+  ++plan.n_bitmask;
+  return {int32_t(kt + at.kt), index, 0, 0};
+}
+
 // The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
 // form, O(entries + bits of the few bitmask tiles): what the row walk and detect_band give them. A query tile's rows
 // keep one interval of key tiles together (each row's interval overlaps the next row's); a key tile is full where
@@ -521,19 +537,12 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
         count += bit_keys(m, bn / 64);
       }
       TileEntry e{int32_t(kt + at.kt), kFull, 0, 0};
-      int64_t blo, bhi;
       if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
         ++plan.n_full;
-        if (prefix_only) ru = {q1 - q0 + 1, true, -1};
-      } else if (detect_band(pmask.data(), sp, qt, kt, kvalid, blo, bhi, band_scratch)) {
-        e = {int32_t(kt + at.kt), kBand, int32_t(blo + at.shift), int32_t(bhi + at.shift)};
-        ++plan.n_band;
       } else {
-        e.mask = int32_t(plan.masks.size() / size_t(words));
-        plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
-        ++plan.n_bitmask;
-        if (prefix_only) ru = {q1 - q0 + 1, false, e.mask};
+        e = partial_entry(plan, pmask, sp, qt, kt, kvalid, at, band_scratch);
       }
+      if (prefix_only && e.mask != kBand) ru = {q1 - q0 + 1, e.mask == kFull, e.mask};  // (a band's bounds are the rows')
       plan.entries.push_back(e);
     }
     const BandTiles bt{q0, q1, lo, hi, lk, bn};
@@ -574,7 +583,7 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
 void build_group_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi) {
   const int64_t d = sp.d, q_per = sp.q_group / sp.bm, k_per = sp.k_group / sp.bn;  // tiles a group
   for (int64_t g = 0; g < d; ++g) {
-    const int64_t nq = g < sp.lq ? (sp.lq - g + d - 1) / d : 0, nk = g < sp.lk ? (sp.lk - g + d - 1) / d : 0;
+    const int64_t nq = residue_group_len(sp.lq, g, d), nk = residue_group_len(sp.lk, g, d);
     const Space gs(nq, nk, sp.bm, sp.bn, 1);
     int64_t qt = 0;
     if (nq > 0 && nk > 0) {
@@ -659,10 +668,9 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
     cursor.assign(br.offsets.begin() + i0, br.offsets.begin() + i1 + 1);  // per block row: its first span not behind
     for (const BlockTiles::Tile& t : bt.tile(q0, q1)) {
       const int64_t k0 = int64_t(t.kt) * sp.bn;
-      TileEntry e{t.kt, kFull, 0, 0};
       if (t.full) {
         ++plan.n_full;
-        plan.entries.push_back(e);
+        plan.entries.push_back({t.kt, kFull, 0, 0});
         continue;
       }
       std::fill(pmask.begin(), pmask.end(), 0);
@@ -677,16 +685,7 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
         }
         for (int64_t r = 1; r <= r1 - r0; ++r) std::copy(m, m + row_words, m + r * row_words);
       }
-      int64_t lo, hi;
-      if (detect_band(pmask.data(), sp, qt, t.kt, sp.k_valid(t.kt), lo, hi, band_scratch)) {
-        e = {t.kt, kBand, int32_t(lo), int32_t(hi)};
-        ++plan.n_band;
-      } else {
-        e.mask = int32_t(plan.masks.size() / size_t(words));
-        plan.masks.insert(plan.masks.end(), pmask.begin(), pmask.end());
-        ++plan.n_bitmask;
-      }
-      plan.entries.push_back(e);
+      plan.entries.push_back(partial_entry(plan, pmask, sp, qt, t.kt, sp.k_valid(t.kt), {}, band_scratch));
     }
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
@@ -1276,7 +1275,7 @@ struct Candidate {
   const KernelConfig* row;
   std::shared_ptr<const Maps> maps;  // a mapped candidate (d is 1)
   std::shared_ptr<BlockPlan> strip;  // a strip candidate (maps: its query boxes): its plan, built to price it
-  bool priced = false;               // priced in closed form (estimate_groups)
+  bool priced = false;               // priced already: from its plan (strips) or in closed form (estimate_groups, ...)
   double cost = 0;
   double kept = 0;  // sampled: kept scores over the visited tiles' scores
 };
@@ -1375,7 +1374,6 @@ void sample_from_bits(const BoundPattern& pat, const Space& sp, int64_t begin, i
 // least (m = 0); each clamp binds on one side of a cut (q < -lo d, q > lk - 1 - hi d), so the sums of U and Lo are
 // sums of floor(t / d) over ranges of t, in closed form. Rows q >= lk (cross attention, Lq > Lk) are counted one by one.
 int64_t dilated_rows_keys(int64_t q0, int64_t q1, int64_t lo, int64_t hi, int64_t d, int64_t lk) {
-  auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
   auto prefix = [d](int64_t n) {  // sum of floor(t / d), 0 <= t < n
     const int64_t m = n / d, r = n % d;
     return d * m * (m - 1) / 2 + r * m;
@@ -1405,9 +1403,8 @@ int64_t dilated_rows_keys(int64_t q0, int64_t q1, int64_t lo, int64_t hi, int64_
 void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
   if (!an.groups.ok || general_paths_only()) return;
   const int64_t lq = pat.q_len(), lk = pat.k_len(), d = an.residue, lo = an.groups.lo, hi = an.groups.hi;
-  auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
   for (Candidate& c : cands) {
-    if (c.maps || c.strip || (c.d != d && c.d != 1)) continue;
+    if (c.maps || c.priced || (c.d != d && c.d != 1)) continue;
     const Space sp = space_of(pat, c);
     const int64_t samples = estimate_samples(sp);
     int64_t nnz = 0, n_full = 0, n_partial = 0, items = 0;
@@ -1416,7 +1413,7 @@ void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Ca
       for (int64_t i = 0; i < samples; ++i) {
         const int64_t qt = sampled_tile(sp, samples, i);
         const int64_t g = qt / q_per, j0 = (qt - g * q_per) * sp.bm;
-        const int64_t nq = g < lq ? (lq - g + d - 1) / d : 0, nk = g < lk ? (lk - g + d - 1) / d : 0;
+        const int64_t nq = residue_group_len(lq, g, d), nk = residue_group_len(lk, g, d);
         if (j0 >= nq || nk == 0) continue;
         const BandTiles bt{j0, std::min(nq, j0 + sp.bm) - 1, lo, hi, nk, sp.bn};
         const int64_t first = bt.first_tile(), last = bt.last_tile();
@@ -1450,7 +1447,7 @@ void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Ca
   if (!an.blocks || general_paths_only()) return;
   const BlockRows& br = *an.blocks;
   for (Candidate& c : cands) {
-    if (c.maps || c.strip || c.d != 1 || c.priced) continue;
+    if (c.maps || c.priced || c.d != 1) continue;
     const Space sp = space_of(pat, c);
     const int64_t samples = estimate_samples(sp), b = br.block;
     BlockTiles bt(br, sp.bn);
@@ -1479,9 +1476,9 @@ void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Can
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
     if (cands[i].d == 1 && !cands[i].maps && !cands[i].priced && !general_paths_only()) shared.push_back(i);
-  std::vector<size_t> alone;  // (strip candidates are priced already: from their plans)
+  std::vector<size_t> alone;
   for (size_t i = 0; i < cands.size(); ++i)
-    if (std::find(shared.begin(), shared.end(), i) == shared.end() && !cands[i].strip && !cands[i].priced)
+    if (std::find(shared.begin(), shared.end(), i) == shared.end() && !cands[i].priced)
       alone.push_back(i);
   common::parallel_for(int64_t(alone.size()), int(std::min<int64_t>(int64_t(alone.size()), threads)),
                        [&](int64_t i, int) { estimate_cost(pat, cands[alone[size_t(i)]]); });
@@ -1670,6 +1667,7 @@ std::optional<Candidate> strip_candidate(const BoundPattern& pat, const Candidat
   for (int64_t qt = 0; qt < p.q_tiles; ++qt) items += p.row_offsets[size_t(qt) + 1] > p.row_offsets[size_t(qt)];
   c.cost = predicted_cost(*c.row, 0, double(p.nentries()), double(items), 64.0 * 64.0);
   c.kept = p.kept_fraction();
+  c.priced = true;
   return c;
 }
 
