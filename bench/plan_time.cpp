@@ -3,7 +3,8 @@
 // (analysis, the compound split with the band kernel, each tile part's analysis and block plan choice for the sm_90a
 // rows) and those of the backward's first call (src/cuda/backward: the sm90_bwd row's block plan, turned key-major),
 // and prints each stage's median over --reps runs. What it leaves out: the uploads and the device allocations
-// (Plan::explain on the GPU prints those), and the kernel choice (cuda/fused/fused_fwd.cpp: O(query tiles)).
+// (Plan::explain on the GPU prints those), random rows the device draws (cuda/fused/random_rows.hpp: "drawn"), and the
+// kernel choice (cuda/fused/fused_fwd.cpp: O(query tiles)).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,7 +31,8 @@ const char* kPlanTimeUsage =
     "at --len (default 16384) or one pattern: analysis, split (the compound parts, band kernel assumed: sm_90a),\n"
     "the parts' analyses, the forward's block plan choice and build (sm_90a rows; 'choose' prices the tile shapes,\n"
     "'build' builds the chosen one), the backward's key-major plan (built at the first backward call), and the\n"
-    "forward's total (analysis to block plans; uploads not included). SPATTN_PLAN_THREADS caps the threads.\n"
+    "forward's total (analysis to block plans; uploads and random rows drawn on the device, marked 'drawn', not\n"
+    "included). SPATTN_PLAN_THREADS caps the threads.\n"
     "--gpu: make_plan itself on CUDA device 0 instead (the fused engine; batch 2, 16 heads, bf16), in process:\n"
     "Plan::plan_ms of the first plan of each pattern (its device blocks may come from cudaMalloc) and the median of\n"
     "the next --reps (each plan destroyed before the next: blocks from the device pool), the first's stage line and\n"
@@ -54,12 +56,12 @@ Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
   const plan::Analysis an = plan::analyze(pat);
   s.analyse = since(t0);
   t0 = std::chrono::steady_clock::now();
-  const plan::Split split = plan::split_pattern(pat, an, -1, plan::SplitTarget{true});
+  const plan::Split split = plan::split_pattern(pat, an, -1, plan::SplitTarget{true, true});
   s.split = since(t0);
   kernels->clear();
   for (const plan::Part& part : split.parts) {
-    if (part.kind == plan::PartKind::scattered) {  // a CSR kernel: its rows are the split's
-      *kernels += (kernels->empty() ? "" : " + ") + std::string("scattered csr");
+    if (part.kind == plan::PartKind::scattered) {  // a CSR kernel: its rows are the split's (or the device's)
+      *kernels += (kernels->empty() ? "" : " + ") + std::string(part.drawn.r > 0 ? "scattered csr drawn" : "scattered csr");
       continue;
     }
     // A compound plan's parts are analysed by FusedAttention (no analysis passed); one tile list takes make_plan's
@@ -71,13 +73,13 @@ Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
       s.part_analyses += since(t0);
     }
     const plan::Analysis& pa = !split.compound() ? an : part.analysis ? *part.analysis : own;
-    const plan::BlockPlan bp = plan::choose_block_plan(part.pattern, pa, dim, 0, 0, -1, /*tma=*/true, -1);
+    const plan::BlockPlan bp = plan::choose_block_plan(part.pattern, pa, dim, 0, 0, -1, /*tma=*/true, -1, /*device_draw=*/true);
     s.choose += bp.choice_ms;
     s.build += bp.build_ms - bp.choice_ms;
     *kernels += (kernels->empty() ? "" : " + ") + std::string(plan::part_kind_name(part.kind)) + " " +
                 std::to_string(bp.block_m) + "x" + std::to_string(bp.block_n) +
                 (bp.perm_d > 1 ? "/" + std::to_string(bp.perm_d) : "") + (bp.mapped() ? " mapped" : "") +
-                (bp.band ? " band" : "");
+                (bp.band ? " band" : "") + (bp.masks_drawn() ? " drawn" : "");
   }
   t0 = std::chrono::steady_clock::now();
   const int row = plan::choose_backward_row(an, dim);

@@ -299,6 +299,78 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
 // Zero lengths: the GPU planner gives an empty plan (no entries, nnz 0) for every tile shape, permutation and
 // choice, the key-major plan and the compound split likewise. They threw "block plan: empty lengths", so make_plan
 // failed on the GPU engines for an empty problem.
+// Bitmasks left to the device (BlockPlan::drawn, choose_block_plan's device_draw): where they apply, the plan has the
+// host plan's shape and nnz and visits every tile, each a bitmask, in order; where they do not (sparse rows leaving
+// tiles empty, unions, r >= Lk, rows past kDrawMaxKeys), the host builds them. The split's scattered part likewise.
+TEST(BlockPlan, DrawnMasks) {
+  using namespace spattn::plan;
+  const auto pat = spattn::parse("random(51, seed=0)").bind(1023, 1023);
+  const Analysis an = analyze(pat);
+  for (bool tma : {false, true})
+    for (int64_t dim : {64, 128}) {
+      SCOPED_TRACE(std::string(tma ? "tma" : "no tma") + " D=" + std::to_string(dim));
+      const BlockPlan host = choose_block_plan(pat, an, dim, 0, 0, -1, tma);
+      const BlockPlan dev = choose_block_plan(pat, an, dim, 0, 0, -1, tma, -1, true);
+      EXPECT_FALSE(host.masks_drawn());
+      ASSERT_TRUE(dev.masks_drawn()) << dev.describe();
+      EXPECT_EQ(dev.drawn.r, 51);
+      EXPECT_EQ(dev.block_m, host.block_m);
+      EXPECT_EQ(dev.block_n, host.block_n);
+      EXPECT_EQ(dev.nnz, host.nnz);
+      EXPECT_TRUE(dev.masks.empty());
+      EXPECT_EQ(dev.nentries(), dev.q_tiles * dev.k_tiles);
+      EXPECT_EQ(host.nentries(), dev.nentries()) << "every tile holds kept keys here";
+      EXPECT_EQ(dev.n_bitmask, dev.nentries());
+      for (int64_t i = 0; i < dev.nentries(); ++i) {
+        EXPECT_EQ(dev.entries[size_t(i)].mask, i);
+        EXPECT_EQ(dev.entries[size_t(i)].kt, i % dev.k_tiles);
+      }
+      EXPECT_NE(dev.describe().find("drawn on the device"), std::string::npos);
+    }
+  const BlockPlan forced = choose_block_plan(pat, an, 64, 64, 128, -1, false, -1, true);
+  ASSERT_TRUE(forced.masks_drawn());
+  try {
+    key_major(forced);
+    ADD_FAILURE() << "a drawn plan has no host bitmasks to transpose";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("drawn on the device"), std::string::npos) << e.what();
+  }
+  auto applies = [](const char* spec, int64_t lq, int64_t lk, int bm, int bn) {
+    return drawn_masks_apply(spattn::parse(spec).bind(lq, lk), bm, bn);
+  };
+  EXPECT_TRUE(applies("random(820)", 16384, 16384, 192, 128));
+  EXPECT_TRUE(applies("random(40, seed=9)", 1100, 333, 64, 128));
+  EXPECT_FALSE(applies("random(2)", 16384, 16384, 192, 128)) << "sparse rows leave tiles empty";
+  EXPECT_FALSE(applies("local(8) | random(51)", 1023, 1023, 64, 128)) << "not one random atom";
+  EXPECT_FALSE(applies("random(1023)", 1023, 1023, 64, 128)) << "every key";
+  EXPECT_FALSE(applies("random(5)", 4, kDrawMaxKeys + 1, 64, 128)) << "rows past kDrawMaxKeys";
+  SplitTarget target;
+  target.device_draw = true;
+  const auto rnd = spattn::parse("random(9, seed=2)").bind(1000, 1000);
+  const Split s = split_pattern(rnd, analyze(rnd), -1, target);
+  ASSERT_EQ(s.parts.size(), 1u);
+  EXPECT_EQ(s.parts[0].kind, PartKind::scattered);
+  EXPECT_EQ(s.parts[0].drawn.r, 9);
+  EXPECT_EQ(s.parts[0].nnz, 9000);
+  EXPECT_TRUE(s.parts[0].cols.empty());
+  // Beside band rows: the part less the band, its kept scores those the host's CSR holds.
+  const auto band_rnd = spattn::parse("local(64) | random(4, seed=3)").bind(1000, 1000);
+  const Split host = split_pattern(band_rnd, analyze(band_rnd), -1);
+  const Split dev = split_pattern(band_rnd, analyze(band_rnd), -1, target);
+  ASSERT_EQ(dev.parts.size(), 2u);
+  ASSERT_EQ(host.parts.size(), 2u);
+  EXPECT_EQ(dev.parts[1].kind, PartKind::scattered);
+  EXPECT_EQ(dev.parts[1].drawn.r, 4);
+  EXPECT_EQ(dev.parts[1].drawn_lo, -64);
+  EXPECT_EQ(dev.parts[1].drawn_hi, 64);
+  EXPECT_EQ(dev.parts[1].nnz, int64_t(host.parts[1].cols.size()));
+  // Not beside columns or owned rows, nor for a random term inside an intersection.
+  for (const char* spec : {"global_cols(0:4) | random(3)", "local(left=90, right=0) | random(3) & causal"}) {
+    const auto pat = spattn::parse(spec).bind(1000, 1000);
+    for (const Part& p : split_pattern(pat, analyze(pat), 1, target).parts) EXPECT_EQ(p.drawn.r, 0) << spec;
+  }
+}
+
 TEST(BlockPlan, EmptyLengths) {
   for (auto [lq, lk] : {std::pair<int64_t, int64_t>{0, 0}, {0, 300}, {300, 0}})
     for (const char* spec : {"local(3)", "dilated(4, 3)", "causal", "dense", "longformer(8, 2)", "random(2, seed=1)",

@@ -138,6 +138,13 @@ class BoundPattern {
   // q / b; else none. O(spec), no row walked.
   struct Blocked;
   std::optional<Blocked> blocked() const;
+  // Where the spec is one random atom, random(r, seed=x): r and x, whose rows PATTERNS.md's sampling draws (the GPU
+  // planner draws them on the device: cuda/fused/random_rows.hpp); else none. O(1).
+  struct RandomSpec {
+    int64_t r = 0;
+    uint64_t seed = 0;
+  };
+  std::optional<RandomSpec> random_spec() const;
   // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), block_diag(n);
   // dense, global_cols and summary: q_len; unions and intersections: the gcd of their n); 1 where it promises
   // nothing. O(spec).

@@ -14,22 +14,11 @@
 #endif
 
 #include "pattern/ast.hpp"
+#include "pattern/random_hash.hpp"
 
 namespace spattn {
 
-namespace {
-// PATTERNS.md's mix (splitmix64's finalizer): x ^= x >> 30; x *= kMix1; x ^= x >> 27; x *= kMix2; x ^= x >> 31.
-constexpr uint64_t kMix1 = 0xBF58476D1CE4E5B9ull, kMix2 = 0x94D049BB133111EBull;
-}  // namespace
-
-uint64_t random_mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= kMix1;
-  x ^= x >> 27;
-  x *= kMix2;
-  x ^= x >> 31;
-  return x;
-}
+uint64_t random_mix(uint64_t x) { return detail::mix64(x); }
 uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k) { return random_mix(random_mix(random_mix(seed) + q) + k); }
 
 namespace detail {
@@ -58,7 +47,7 @@ bool have_vbmi2() {  // byte compress
 void random_draws_scalar(uint64_t a, int64_t lo, int64_t i0, int64_t n, uint32_t* t) {
   for (int64_t i = i0; i < n; ++i) {
     const uint64_t j = uint64_t(lo + i);
-    t[i] = uint32_t(random_mix(a + j) % (j + 1));
+    t[i] = detail::random_draw(a, j);
   }
 }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -597,7 +586,7 @@ struct RandomB : BoundNode {
     if (words > 4 * r) return false;
     thread_local std::vector<uint32_t> t;
     t.resize(size_t(r));
-    random_draws(random_mix(random_mix(seed) + uint64_t(q)), k_len - r, r, t.data());
+    random_draws(detail::random_row_key(seed, uint64_t(q)), k_len - r, r, t.data());
     set_draws(t.data(), r, k_len - r, out);
     return true;
   }
@@ -614,7 +603,7 @@ struct RandomB : BoundNode {
     thread_local Scratch s;
     const int64_t lo = k_len - r;
     s.t.resize(size_t(r));
-    random_draws(random_mix(random_mix(seed) + uint64_t(q)), lo, r, s.t.data());
+    random_draws(detail::random_row_key(seed, uint64_t(q)), lo, r, s.t.data());
     s.keys.resize(size_t(r) + 2 + kSlack);
     int32_t* keys = s.keys.data() + 1;
     const int64_t words = (k_len + 63) / 64;

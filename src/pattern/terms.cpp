@@ -167,6 +167,11 @@ std::optional<BoundPattern::Blocked> BoundPattern::blocked() const {
   return out;
 }
 
+std::optional<BoundPattern::RandomSpec> BoundPattern::random_spec() const {
+  if (!root_ || !node_ || node_->kind != Kind::Random) return std::nullopt;
+  return RandomSpec{node_->a, uint64_t(node_->b)};
+}
+
 BoundPattern::Shape BoundPattern::shape() const {
   if (!node_) return Shape::general;
   switch (node_->kind) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <climits>
 #include <cstdlib>
 #include <memory>
@@ -420,6 +421,7 @@ std::string BlockPlan::describe() const {
     s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles " << k_tiling.box.str(k_tiling.naxes)
       << " (" << q_map.size() - size_t(q_len) << " + " << k_map.size() - size_t(k_len)
       << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
+  if (masks_drawn()) s << ", bitmasks drawn on the device (random(" << drawn.r << ", seed=" << drawn.seed << "): every tile)";
   if (band) {
     s << ", band rows [" << band_lo << ", " << band_hi << "]" << (band_shifted ? " shifted inside the keys at the ends" : "");
     if (band_prefix > 0) s << " with key prefix 0:" << band_prefix;
@@ -693,6 +695,21 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
 
 void build_walked(BlockPlan& plan, const BoundPattern& pat, const Space& sp);
 
+// Every tile a bitmask entry, in order (BlockPlan::drawn): the device draws the bits.
+void build_drawn_entries(BlockPlan& plan, const Space& sp, const BoundPattern::RandomSpec& rs) {
+  const int64_t n = sp.q_tiles * sp.k_tiles;
+  if (n >= int64_t(INT32_MAX)) throw Error("block plan: too many bitmasks");
+  plan.entries.resize(size_t(n));
+  for (int64_t qt = 0, i = 0; qt < sp.q_tiles; ++qt) {
+    plan.row_offsets[size_t(qt)] = i;
+    for (int64_t kt = 0; kt < sp.k_tiles; ++kt, ++i) plan.entries[size_t(i)] = {int32_t(kt), int32_t(i), 0, 0};
+  }
+  plan.row_offsets[size_t(sp.q_tiles)] = n;
+  plan.n_bitmask = n;
+  plan.nnz = sp.lq * rs.r;
+  plan.drawn = {rs.r, rs.seed};
+}
+
 // The launch order of a plan's query tiles: most entries first (stable), so the longest work items start earliest.
 void order_by_entries(BlockPlan& plan) {
   plan.order.resize(size_t(plan.q_tiles));
@@ -705,7 +722,9 @@ void order_by_entries(BlockPlan& plan) {
 
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
 // maps: a mapped plan space (then d is 1 and bm, bn the boxes' volumes).
-BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr) {
+// drawn: the bitmasks left to the device (BlockPlan::drawn; drawn_masks_apply holds, d is 1, no maps).
+BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analysis* analysis, const Maps* maps = nullptr,
+                     bool drawn = false) {
   const auto t0 = std::chrono::steady_clock::now();
   if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))  // for_each_tile_span shifts by bn
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
@@ -739,7 +758,9 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   }
   Analysis own;
   if (d == 1 && !maps && !analysis) own = analyze(pat), analysis = &own;
-  if (d == 1 && !maps && (analysis->band.ok || analysis->sinks.ok) && !general_paths_only()) {
+  if (drawn) {
+    build_drawn_entries(plan, sp, *pat.random_spec());
+  } else if (d == 1 && !maps && (analysis->band.ok || analysis->sinks.ok) && !general_paths_only()) {
     const BandRows& br = analysis->band.ok ? analysis->band : analysis->sinks;
     build_band_entries(plan, sp, br.lo, br.hi, analysis->band.ok ? 0 : analysis->prefix);
     plan.nnz = analysis->nnz;
@@ -1247,7 +1268,7 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
 int entry_halves(const BlockPlan& plan, int64_t qt, int64_t i) {
   if (plan.block_n != 128) return 1;
   const TileEntry& e = plan.entries[size_t(i)];
-  if (e.mask == kFull) return 3;
+  if (e.mask == kFull || plan.masks_drawn()) return 3;
   int bits = 0;
   if (e.mask == kBand) {
     const Space sp(plan.q_len, plan.k_len, plan.block_m, plan.block_n, plan.perm_d);
@@ -1465,14 +1486,28 @@ void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Ca
   }
 }
 
+// random(r) with bitmasks drawn on the device (drawn_masks_apply, device_draw): every tile a bitmask entry, every query
+// tile an item, r keys a row, exactly as that plan visits them (the host plan may find a tile full or a band in one:
+// sampled as any other).
+void estimate_random(const BoundPattern& pat, std::vector<Candidate>& cands) {
+  if (general_paths_only()) return;
+  for (Candidate& c : cands) {
+    if (c.maps || c.priced || c.d != 1 || !drawn_masks_apply(pat, c.block_m, c.block_n)) continue;
+    const Space sp = space_of(pat, c);
+    price(c, sp, sp.q_tiles, 0, sp.q_tiles * sp.k_tiles, sp.q_tiles, sp.lq * pat.random_spec()->r);
+    c.priced = true;
+  }
+}
+
 // estimate_cost of every candidate. Those without a permutation sample query tiles of consecutive rows, and
 // their samples overlap (a 64-row tile's rows are those of a 128-row one; random(820) at L = 16384 walked
 // 12288 rows for three shapes, 6144 distinct): each distinct row is walked once, on the plan threads, and fed
 // to every candidate tile holding it. The per-sample results are summed as estimate_cost sums them.
-void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
+void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands, bool device_draw = false) {
   const int threads = plan_thread_cap();
   estimate_groups(pat, an, cands);
   estimate_blocks(pat, an, cands);
+  if (device_draw) estimate_random(pat, cands);
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
     if (cands[i].d == 1 && !cands[i].maps && !cands[i].priced && !general_paths_only()) shared.push_back(i);
@@ -1699,8 +1734,22 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
   return out;
 }
 
+bool drawn_masks_apply(const BoundPattern& pat, int bm, int bn) {
+  const auto rs = pat.random_spec();
+  const int64_t lq = pat.q_len(), lk = pat.k_len();
+  if (!rs || rs->r < 1 || rs->r >= lk || lk > kDrawMaxKeys || lq == 0 || lq >= int64_t(INT32_MAX)) return false;
+  // A row keeps none of w given keys with probability C(Lk - w, r) / C(Lk, r) <= (1 - w / Lk)^r, its rows drawn
+  // independently: a tile of h rows by w keys is empty with probability at most (1 - w / Lk)^(r h). Summed over the
+  // tiles (whole ones, and the last row and column of narrower ones).
+  const int64_t qt = ceil_div(lq, bm), kt = ceil_div(lk, bn), h_last = lq - (qt - 1) * bm, w_last = lk - (kt - 1) * bn;
+  auto empty = [&](int64_t h, int64_t w) { return std::exp(double(rs->r) * double(h) * std::log1p(-double(w) / double(lk))); };
+  const double expected = double(qt - 1) * double(kt - 1) * empty(bm, bn) + double(qt - 1) * empty(bm, w_last) +
+                          double(kt - 1) * empty(h_last, bn) + empty(h_last, w_last);
+  return expected <= kDrawnEmptyTiles;
+}
+
 BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
-                            int perm_d, bool tma, int tile_map) {
+                            int perm_d, bool tma, int tile_map, bool device_draw) {
   const auto t0 = std::chrono::steady_clock::now();
   if (tile_map < -1 || tile_map > 2)
     throw Error("block plan: tile_map must be -1 (chosen), 0 (never), 1 (always) or 2 (key strips), got " +
@@ -1755,7 +1804,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     if (cands.empty() && !forced)
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
     if (cands.size() > 1) {
-      estimate_costs(pat, an, cands);
+      estimate_costs(pat, an, cands, device_draw);
       std::ostringstream why;
       why << "chosen by predicted cost per kept score among";
       for (const Candidate& c : cands)
@@ -1772,7 +1821,8 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     }
   }
   const double choice_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  BlockPlan p = strip ? std::move(*strip) : build_plan(pat, bm, bn, bd, &an, maps.get());
+  const bool drawn = device_draw && !strip && !maps && bd == 1 && drawn_masks_apply(pat, bm, bn);
+  BlockPlan p = strip ? std::move(*strip) : build_plan(pat, bm, bn, bd, &an, maps.get(), drawn);
   p.choice = choice;
   p.choice_ms = choice_ms;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

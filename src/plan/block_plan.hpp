@@ -109,6 +109,14 @@ struct BlockPlan {
   bool strip_keys = false;
   std::vector<KeyStrip> strips;
   int32_t strip_sx = 0, strip_sy = 0;
+  // Bitmasks drawn on the device (choose_block_plan's device_draw; plan::kDrawMaxKeys): where drawn.r > 0 the pattern is
+  // random(drawn.r, seed=drawn.seed), every (query tile, key tile) is an entry, in order, a bitmask (entry i's mask is
+  // i), and `masks` is empty: the uploader draws them (cuda/fused/random_rows.hpp) instead of copying them.
+  struct Drawn {
+    int64_t r = 0;
+    uint64_t seed = 0;
+  } drawn;
+  bool masks_drawn() const { return drawn.r > 0; }
   std::string choice;             // choose_block_plan's candidates and costs, for explain (empty: built directly)
   double build_ms = 0;            // choosing (choice_ms) and building
   double choice_ms = 0;           // choose_block_plan's pricing of the candidate shapes
@@ -182,9 +190,17 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // cost (tile_map.hpp, best_boxes): -1 chosen by cost against the others, 0 never, 1 only those, for grids of one
 // axis too (Error where the pattern has no grid, no box fits it, or a permutation is forced); 2 key strips only (64x64
 // tiles, query boxes of the 64x64 mapped candidate; Error where they do not fit, saying why). Chosen (-1), the strip
-// candidate (64x64 rows only) is priced exactly from its built plan: every strip a partial tile.
+// candidate (64x64 rows only) is priced exactly from its built plan: every strip a partial tile. device_draw: where the
+// pattern is one random atom and the chosen tiles are unpermuted and unmapped, with every tile expected to hold kept
+// keys (drawn_masks_apply), the plan's bitmasks are left to the device (BlockPlan::drawn): O(tiles) here.
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
-                            int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1);
+                            int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1,
+                            bool device_draw = false);
+
+// Whether a plan of block_m x block_n unpermuted, unmapped tiles may leave its bitmasks to the device (BlockPlan::drawn):
+// the pattern is random(r) with 1 <= r < Lk <= kDrawMaxKeys, and the tiles it leaves empty, expected over its random
+// rows, are at most kDrawnEmptyTiles (every tile is visited).
+bool drawn_masks_apply(const BoundPattern& pattern, int block_m, int block_n);
 
 // The predicted cost of each tile shape that choose_block_plan weighs when nothing is forced (before the band
 // kernel's rule), in its order: for tests and explain. kept: the sampled fraction of visited scores kept.

@@ -111,6 +111,13 @@ inline constexpr int64_t kMaxCpuPermutation = 4096;
 inline constexpr int64_t kScatteredMaxFill = 64;
 inline constexpr int64_t kPartsMaxFraction = 8;
 
+// Random rows drawn on the GPU (cuda/fused/random_rows.hpp: a random(r) plan's tile bitmasks, a scattered part's
+// CSR): a row's keys are a bitmap in shared memory while Floyd's sampling runs, so up to this many keys (128 KiB a
+// row); longer rows are drawn on the host. A plan takes device-drawn tile bitmasks only where its tiles all hold kept
+// keys but for at most kDrawnEmptyTiles of them expected (it visits every tile).
+inline constexpr int64_t kDrawMaxKeys = int64_t(1) << 20;
+inline constexpr double kDrawnEmptyTiles = 0.01;
+
 // The backward's tiles (sm90_bwd rows, 64 queries a step) at head dim 64: 128 keys a CTA (two warpgroups), but 64
 // (one warpgroup, two CTAs an SM) for residue-permuted plans, whose steps load by cp.async rather than TMA. H100,
 // L=16384, TMA steps: local 1.09 vs 1.13 ms, bigbird 1.50 vs 1.67, causal 8.2 vs 9.4 (before TMA), longformer 1.31

@@ -10,6 +10,8 @@
 namespace spattn::plan {
 
 KeyMajorPlan key_major(const BlockPlan& plan) {
+  if (plan.masks_drawn())
+    throw Error("key-major plan: the plan's bitmasks are drawn on the device (BlockPlan::drawn), none on the host");
   if (plan.block_m != 64)
     throw Error("key-major plan: needs 64-row query tiles, the plan has " + std::to_string(plan.block_m));
   KeyMajorPlan out;

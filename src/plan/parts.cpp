@@ -33,6 +33,7 @@ std::string describe(const Part& p) {
   s << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores";
   if (p.kind == PartKind::columns) s << " over " << p.columns.size() << " gathered keys";
   if (p.kind == PartKind::rows) s << ", rows " << p.row_begin << ":" << p.row_end << " (replaced, not merged)";
+  if (p.kind == PartKind::scattered && p.drawn.r > 0) s << ", CSR drawn on the device";
   return s.str();
 }
 
@@ -216,14 +217,24 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     if (have_tiles) minus.push_back(tile_pat);
     if (!columns.empty()) minus.push_back(BoundPattern::union_of(columns));
     p.pattern = BoundPattern::less(BoundPattern::union_of(scattered), minus, rb, re);
-    build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
-      thread_local RowRuns runs;
-      p.pattern.row(q, runs);
-      for (const Run& r : runs)
-        for (int64_t i = 0; i < r.count; ++i) out.push_back(int32_t(r.start + i * r.stride));
-    });
-    p.nnz = int64_t(p.cols.size());
     p.terms = join_specs(scattered);
+    const auto rs = scattered.size() == 1 ? scattered[0].random_spec() : std::nullopt;
+    const auto band = have_tiles ? tile_pat.band() : std::nullopt;
+    if (target.device_draw && rs && columns.empty() && rb == re && (!have_tiles || band) && rs->r >= 1 && rs->r < lk &&
+        lk <= kDrawMaxKeys) {
+      // The device draws the CSR (compound.cpp). Beside the tiles part (pushed first) the two cover the pattern.
+      p.drawn = *rs;
+      if (band) p.drawn_lo = band->first, p.drawn_hi = band->second;
+      p.nnz = have_tiles ? analysis.nnz - split.parts.front().nnz : lq * rs->r;
+    } else {
+      build_csr(lq, p.offsets, p.cols, [&](int64_t q, std::vector<int32_t>& out) {
+        thread_local RowRuns runs;
+        p.pattern.row(q, runs);
+        for (const Run& r : runs)
+          for (int64_t i = 0; i < r.count; ++i) out.push_back(int32_t(r.start + i * r.stride));
+      });
+      p.nnz = int64_t(p.cols.size());
+    }
     if (p.nnz) split.parts.push_back(std::move(p));
   }
   if (!rows.empty()) {

@@ -44,6 +44,12 @@ struct Part {
   int64_t row_begin = 0, row_end = 0;  // rows: the query rows this part owns
   std::vector<int64_t> offsets;        // scattered: row q keeps cols[offsets[q] .. offsets[q + 1])
   std::vector<int32_t> cols;
+  // scattered, where drawn.r > 0 (SplitTarget::device_draw): the part is random(drawn.r, seed=drawn.seed) less the tiles
+  // part's band rows drawn_lo <= k - q <= drawn_hi (drawn_lo > drawn_hi: no tiles part, the atom itself), its CSR left
+  // to the device (cuda/fused/random_rows.hpp), offsets and cols empty; nnz exact all the same (the pattern's less the
+  // tiles part's, which it covers with this part).
+  BoundPattern::RandomSpec drawn;
+  int64_t drawn_lo = 1, drawn_hi = 0;
   int64_t nnz = 0;                     // kept scores of the part (per head)
   std::string terms;                   // the spec terms it runs
   // analyze(pattern) where the split made it (the tiles part beside a rows part: its rule reads the band rows of
@@ -67,6 +73,10 @@ struct Split {
 // its split over keys.
 struct SplitTarget {
   bool band_kernel = false;
+  // A scattered part that is one random atom, with 1 <= r < Lk <= kDrawMaxKeys, alone or beside a tiles part of band
+  // rows (BoundPattern::band: local | random, the suite's bandrand) and nothing else (no columns part, no owned rows):
+  // its CSR drawn by the device (Part::drawn), not here.
+  bool device_draw = false;
 };
 
 // mode: -1 chosen by the rules above; 0 never (one tiles part); 1 every columns, rows and scattered term out of

@@ -38,6 +38,8 @@ struct Case {
   bool rising = false;  // scores that rise along the keys (q[..., 0] = 32, k[j, 0] = (j % 256) / 16, k[j, 0] = 40 at
                         // j % 700 == 699): row maxima that grow step after step, and jump by more than 128 log2 units
   int running_max = -1;  // band kernel: -1 chosen, 1 running-max steps (checked to run on sm_90a), 0 never
+  int draw = -1;         // random patterns: -1 chosen (not checked), 1 chosen and checked to draw the bitmasks on the
+                         // device, 0 drawn on the host (checked)
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -45,7 +47,8 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << " D" << c.D << " " << spattn::dtype_name(c.dtype) << " block " << c.block << "x" << c.block_n
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
-            << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "") << "]";
+            << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "")
+            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -121,7 +124,10 @@ void check_case(const Case& c) {
   opt.band = c.band;
   opt.split = c.split;
   opt.running_max = c.running_max;
+  opt.device_draw = c.draw == 0 ? 0 : -1;
   spattn::FusedAttention attn(bound, c.D, opt);
+  if (c.draw >= 0)
+    EXPECT_EQ(attn.explain().find("drawn on the device") != std::string::npos, c.draw == 1) << attn.explain();
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
     if (on_sm90a()) {
       EXPECT_NE(attn.kernel_name().find("_band"), std::string::npos) << "the band kernel should run: " << attn.explain();
@@ -335,6 +341,14 @@ const Case kCases[] = {
     {"dilated & causal: one-sided bands in residue groups", "dilated(40, 4) & causal", 1, 2, 2, 1001, 1001, 64, bf},
     {"dilated D=128, Lq < Lk: groups of unequal size", "dilated(60, 3)", 1, 2, 2, 700, 1000, 128, bf},
     {"dilated, Lq > Lk: group rows past the keys", "dilated(30, 2) & local(left=50, right=10)", 1, 2, 2, 1000, 601, 64, fp},
+    // random(r) bitmasks drawn on the device at upload (cuda/fused/random_rows.hpp; every tile visited) and on the host,
+    // each checked to be the one that ran: ragged tiles, Lq != Lk, each tile shape and kernel kind, r near Lk.
+    {"random drawn on the device, 192x128 TMA", "random(51, seed=0)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, -1, -1, false, -1, 1},
+    {"random drawn on the host, 192x128 TMA", "random(51, seed=0)", 1, 2, 2, 1023, 1023, 64, bf, 192, false, -1, 128, false, false, -1, -1, -1, false, -1, 0},
+    {"random drawn, chosen tiles, Lq < Lk", "random(120, seed=5)", 2, 4, 2, 500, 1300, 64, fp, 0, false, -1, 0, false, false, -1, -1, -1, false, -1, 1},
+    {"random drawn, 64x128 cp.async, Lq > Lk", "random(40, seed=9)", 1, 2, 1, 1100, 333, 64, bf, 64, false, -1, 128, true, false, -1, -1, -1, false, -1, 1},
+    {"random drawn, 64x64 mma.sync d128", "random(30, seed=2)", 1, 2, 2, 700, 700, 128, bf, 64, true, -1, 64, false, false, -1, -1, -1, false, -1, 1},
+    {"random drawn, r = Lk - 1, 128x128 d128", "random(999, seed=4)", 1, 2, 2, 515, 1000, 128, fp, 128, false, -1, 128, false, false, -1, -1, -1, false, -1, 1},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
 

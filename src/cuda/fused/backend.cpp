@@ -118,6 +118,7 @@ class CudaFusedBackend final : public Backend {
     plan::SplitTarget target;
     target.band_kernel = plan::band_block_m(problem.head_dim) > 0 && cuda::device_info(device).sm90a() && f.tma &&
                          !f.force_sm80 && f.band != 0 && f.block_m <= 0 && f.perm_d <= 1 && f.tile_map < 1;
+    target.device_draw = f.device_draw != 0;
     Problem one = problem;  // what each pattern's plan runs: all heads, or one head of per-head patterns
     if (p.per_head()) one.q_heads = one.kv_heads = 1;
     for (size_t i = 0; i < p.patterns.size(); ++i) {

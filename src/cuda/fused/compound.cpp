@@ -1,13 +1,16 @@
 // cuda/fused/compound.cpp — CompoundAttention (compound.hpp).
 #include "cuda/fused/compound.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "cuda/common/buffer.hpp"
 #include "cuda/fused/parts_kernels.hpp"
+#include "cuda/fused/random_rows.hpp"
 #include "plan/kernels.hpp"
 
 namespace spattn::cuda::fused {
@@ -91,6 +94,33 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
         break;
       }
       case plan::PartKind::scattered:
+        if (p.drawn.r > 0) {  // drawn here (plan::Part::drawn), waited for as the uploads are
+          const int64_t lq = problem.q_len, lk = problem.kv_len;
+          const bool band = p.drawn_lo <= p.drawn_hi;
+          if (band) {  // rows less the band: their counts first, the offsets from them here
+            DeviceBuffer counts(size_t(lq) * sizeof(int32_t));
+            launched(launch_random_counts(p.drawn.r, p.drawn.seed, lq, lk, p.drawn_lo, p.drawn_hi, counts.get<int32_t>(),
+                                          nullptr),
+                     "random_counts");
+            std::vector<int32_t> n(static_cast<size_t>(lq));
+            check(cudaMemcpy(n.data(), counts.get(), n.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), "random_counts",
+                  __FILE__, __LINE__);
+            std::vector<int64_t> off(static_cast<size_t>(lq) + 1, 0);
+            for (size_t q = 0; q < n.size(); ++q) off[q + 1] = off[q] + n[q];
+            if (off.back() != p.nnz)
+              throw Error("compound plan: the scattered part drew " + std::to_string(off.back()) + " keys, its plan says " +
+                          std::to_string(p.nnz));
+            r.offsets = DeviceBuffer::upload(off);
+          } else {
+            r.offsets = DeviceBuffer(size_t(lq + 1) * sizeof(int64_t));
+          }
+          r.cols = DeviceBuffer(size_t(checked_bytes("a scattered part's keys", {std::max<int64_t>(p.nnz, 1)}, 4)));
+          launched(launch_random_csr(p.drawn.r, p.drawn.seed, lq, lk, p.drawn_lo, p.drawn_hi, band, r.offsets.get<int64_t>(),
+                                     r.cols.get<int32_t>(), nullptr),
+                   "random_csr");
+          check(cudaStreamSynchronize(nullptr), "random_csr", __FILE__, __LINE__);
+          break;
+        }
         r.offsets = DeviceBuffer::upload(p.offsets);
         r.cols = DeviceBuffer::upload(p.cols);
         r.part.offsets.clear();  // on the device now (the explicit pattern keeps its own copy)

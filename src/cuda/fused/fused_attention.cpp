@@ -38,7 +38,8 @@ FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, co
   // The TMA rows of the kernel table (and their 192-row tiles) exist on compute capability 9.0 (sm_90a).
   const bool tma = info.sm90a() && options.tma && !options.force_sm80;
   plan::BlockPlan hp =
-      plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma, options.tile_map);
+      plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma, options.tile_map,
+                              options.device_draw != 0);
   const int row = FusedFwd::choose_kernel(hp, head_dim, cc, options);
   PlanTimes& t = impl_->times;
   t.analysis = analysis ? 0.0 : own.ms;

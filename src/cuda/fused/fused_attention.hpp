@@ -41,6 +41,9 @@ struct FusedOptions {
                                  // wave's items fit in one wave as single 64-row slabs (and are not the list's
                                  // cheap items), those items as slabs; 0 never, 1 the last items (up to one per
                                  // SM) as slabs, 2-4 the last items (up to one part per SM) in that many parts
+  int device_draw = -1;          // random(r) patterns whose every tile holds kept keys (block_plan.hpp,
+                                 // drawn_masks_apply): -1 their bitmasks drawn on the device at upload
+                                 // (cuda/fused/random_rows.hpp), 0 drawn on the host and copied
   int running_max = -1;          // band kernel: -1 chosen (rows keeping 1536 keys or more on average), 1 the
                                  // exponentials of a row's later 128-key steps against its running maximum
                                  // (rescaled only when the maximum rises; a step whose exponentials overflow runs

@@ -16,6 +16,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/fused/random_rows.hpp"
 
 namespace spattn::cuda::fused {
 
@@ -167,7 +168,8 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
                 {host_.q_map.data(), host_.q_map.size() * sizeof(int32_t)},  // empty where the plan is not mapped
                 {host_.k_map.data(), host_.k_map.size() * sizeof(int32_t)},
                 {nullptr, counter_ints() * sizeof(int)},
-                {host_.masks.data(), host_.masks.size() * sizeof(uint64_t)},
+                {host_.masks.data(), size_t(host_.masks_drawn() ? host_.nentries() * host_.words_per_mask()
+                                                                : int64_t(host_.masks.size())) * sizeof(uint64_t)},
                 {nullptr, size_t(split_cap_) * split_ws_floats * sizeof(float)}};
   constexpr size_t kStaged = 6;  // segs[0, kStaged) staged; then the masks; then the workspace
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
@@ -180,8 +182,15 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   for (size_t i = 0; i < kStaged; ++i)
     if (segs[i].src && segs[i].bytes) std::memcpy(stage.data() + segs[i].at, segs[i].src, segs[i].bytes);
   SPATTN_CUDA_CHECK(cudaMemcpy(base, stage.data(), staged, cudaMemcpyHostToDevice));
-  if (segs[kStaged].bytes)
+  if (segs[kStaged].bytes && host_.masks_drawn()) {
+    // Drawn here instead (BlockPlan::drawn); waited for, as the copies are: the plan is ready for any stream.
+    auto* m = reinterpret_cast<unsigned long long*>(base + segs[kStaged].at);
+    SPATTN_CUDA_CHECK(cudaError_t(launch_random_tile_masks(host_.drawn.r, host_.drawn.seed, host_.q_len, host_.k_len,
+                                                           host_.block_m, host_.block_n, m, nullptr)));
+    SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  } else if (segs[kStaged].bytes) {
     SPATTN_CUDA_CHECK(cudaMemcpy(base + segs[kStaged].at, segs[kStaged].src, segs[kStaged].bytes, cudaMemcpyHostToDevice));
+  }
   auto at = [&](size_t i) -> char* { return segs[i].bytes ? base + segs[i].at : nullptr; };
   row_offsets_ = reinterpret_cast<int64_t*>(at(0));
   entries_ = reinterpret_cast<int4*>(at(1));

@@ -1,0 +1,27 @@
+// cuda/fused/random_rows.hpp — random(r, seed) rows drawn on the device, where the host would otherwise draw them and
+// upload the result (a random(820) plan's bitmasks at L = 16384 are 34 MB, drawn in ~8 ms and uploaded in ~4): each
+// row by PATTERNS.md's Floyd sampling (pattern/random_hash.hpp, the CPU rows' definition), one thread a row, its keys a
+// bitmap in shared memory (so k_len <= plan::kDrawMaxKeys). Plain data, no CUDA header; defined in random_rows.cu.
+// Both launches require 1 <= r < k_len <= plan::kDrawMaxKeys (else they return cudaErrorInvalidValue, launching
+// nothing) and leave their result ready in stream order.
+#pragma once
+#include <cstdint>
+
+namespace spattn::cuda::fused {
+
+// The bitmasks of a plan that visits every tile (plan::BlockPlan::drawn): tile (qt, kt) of q_tiles x k_tiles, block_m x
+// block_n bits row-major at masks + (qt * k_tiles + kt) * block_m * block_n / 64, bit (r, c) set iff row qt * block_m + r
+// keeps key kt * block_n + c; rows past q_len and keys past k_len zero. Every word written.
+int launch_random_tile_masks(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int block_m, int block_n,
+                             unsigned long long* masks, void* stream);
+
+// The rows less a band (a scattered part beside a tiles part of band rows): row q keeps its keys k outside
+// band_lo <= k - q <= band_hi (band_lo > band_hi: every key). counts[q] = how many (q < q_len).
+int launch_random_counts(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
+                         int32_t* counts, void* stream);
+// A CSR of those rows, keys increasing: offsets_given, row q's at cols[offsets[q] ..) (offsets from the counts above);
+// else (no band: band_lo > band_hi) offsets[q] = q r (q <= q_len) written too, row q's at cols[q r .. (q + 1) r).
+int launch_random_csr(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
+                      bool offsets_given, int64_t* offsets, int32_t* cols, void* stream);
+
+}  // namespace spattn::cuda::fused
