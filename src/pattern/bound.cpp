@@ -19,7 +19,7 @@
 namespace spattn {
 
 uint64_t random_mix(uint64_t x) { return detail::mix64(x); }
-uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k) { return random_mix(random_mix(random_mix(seed) + q) + k); }
+uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k) { return detail::mix64(detail::random_row_key(seed, q) + k); }
 
 namespace detail {
 namespace {

@@ -1737,7 +1737,7 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
 bool drawn_masks_apply(const BoundPattern& pat, int bm, int bn) {
   const auto rs = pat.random_spec();
   const int64_t lq = pat.q_len(), lk = pat.k_len();
-  if (!rs || rs->r < 1 || rs->r >= lk || lk > kDrawMaxKeys || lq == 0 || lq >= int64_t(INT32_MAX)) return false;
+  if (!rs || lq == 0 || !device_draws_random(rs->r, lq, lk)) return false;
   // A row keeps none of w given keys with probability C(Lk - w, r) / C(Lk, r) <= (1 - w / Lk)^r, its rows drawn
   // independently: a tile of h rows by w keys is empty with probability at most (1 - w / Lk)^(r h). Summed over the
   // tiles (whole ones, and the last row and column of narrower ones).

@@ -198,8 +198,8 @@ BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysi
                             bool device_draw = false);
 
 // Whether a plan of block_m x block_n unpermuted, unmapped tiles may leave its bitmasks to the device (BlockPlan::drawn):
-// the pattern is random(r) with 1 <= r < Lk <= kDrawMaxKeys, and the tiles it leaves empty, expected over its random
-// rows, are at most kDrawnEmptyTiles (every tile is visited).
+// the pattern is random(r) with device_draws_random (plan/kernels.hpp), and the tiles it leaves empty, expected over its
+// random rows, are at most kDrawnEmptyTiles (every tile is visited).
 bool drawn_masks_apply(const BoundPattern& pattern, int block_m, int block_n);
 
 // The predicted cost of each tile shape that choose_block_plan weighs when nothing is forced (before the band

@@ -117,6 +117,11 @@ inline constexpr int64_t kPartsMaxFraction = 8;
 // keys but for at most kDrawnEmptyTiles of them expected (it visits every tile).
 inline constexpr int64_t kDrawMaxKeys = int64_t(1) << 20;
 inline constexpr double kDrawnEmptyTiles = 0.01;
+// The rows the device draws: random(r) over q_len x k_len with 1 <= r < k_len <= kDrawMaxKeys (r >= k_len keeps every
+// key), q_len < 2^31. The planner's rules (drawn_masks_apply, the split's drawn parts) and the draw launches check this.
+constexpr bool device_draws_random(int64_t r, int64_t q_len, int64_t k_len) {
+  return r >= 1 && r < k_len && k_len <= kDrawMaxKeys && q_len >= 0 && q_len < (int64_t(1) << 31);
+}
 
 // The backward's tiles (sm90_bwd rows, 64 queries a step) at head dim 64: 128 keys a CTA (two warpgroups), but 64
 // (one warpgroup, two CTAs an SM) for residue-permuted plans, whose steps load by cp.async rather than TMA. H100,

@@ -220,8 +220,8 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     p.terms = join_specs(scattered);
     const auto rs = scattered.size() == 1 ? scattered[0].random_spec() : std::nullopt;
     const auto band = have_tiles ? tile_pat.band() : std::nullopt;
-    if (target.device_draw && rs && columns.empty() && rb == re && (!have_tiles || band) && rs->r >= 1 && rs->r < lk &&
-        lk <= kDrawMaxKeys) {
+    if (target.device_draw && rs && columns.empty() && rb == re && (!have_tiles || band) &&
+        device_draws_random(rs->r, lq, lk)) {
       // The device draws the CSR (compound.cpp). Beside the tiles part (pushed first) the two cover the pattern.
       p.drawn = *rs;
       if (band) p.drawn_lo = band->first, p.drawn_hi = band->second;

@@ -73,9 +73,9 @@ struct Split {
 // its split over keys.
 struct SplitTarget {
   bool band_kernel = false;
-  // A scattered part that is one random atom, with 1 <= r < Lk <= kDrawMaxKeys, alone or beside a tiles part of band
-  // rows (BoundPattern::band: local | random, the suite's bandrand) and nothing else (no columns part, no owned rows):
-  // its CSR drawn by the device (Part::drawn), not here.
+  // A scattered part that is one random atom the device draws (device_draws_random), alone or beside a tiles part of
+  // band rows (BoundPattern::band: local | random, the suite's bandrand) and nothing else (no columns part, no owned
+  // rows): its CSR drawn by the device (Part::drawn), not here.
   bool device_draw = false;
 };
 

@@ -96,15 +96,11 @@ int launch(Args a, int64_t ctas, void* stream) {
   return int(cudaGetLastError());
 }
 
-bool valid(int64_t r, int64_t q_len, int64_t k_len) {
-  return r >= 1 && r < k_len && k_len <= plan::kDrawMaxKeys && q_len >= 0 && q_len < (int64_t(1) << 31);
-}
-
 }  // namespace
 
 int launch_random_tile_masks(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int block_m, int block_n,
                              unsigned long long* masks, void* stream) {
-  if (!valid(r, q_len, k_len) || (block_m != 64 && block_m != 128 && block_m != 192) || (block_n != 64 && block_n != 128) ||
+  if (!plan::device_draws_random(r, q_len, k_len) || (block_m != 64 && block_m != 128 && block_m != 192) || (block_n != 64 && block_n != 128) ||
       !masks)
     return int(cudaErrorInvalidValue);
   if (q_len == 0) return 0;
@@ -132,7 +128,7 @@ Args csr_args(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t ba
 
 int launch_random_counts(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
                          int32_t* counts, void* stream) {
-  if (!valid(r, q_len, k_len) || (q_len > 0 && !counts)) return int(cudaErrorInvalidValue);
+  if (!plan::device_draws_random(r, q_len, k_len) || (q_len > 0 && !counts)) return int(cudaErrorInvalidValue);
   if (q_len == 0) return 0;
   Args a = csr_args(r, seed, q_len, k_len, band_lo, band_hi);
   a.counts = counts;
@@ -141,7 +137,7 @@ int launch_random_counts(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len,
 
 int launch_random_csr(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
                       bool offsets_given, int64_t* offsets, int32_t* cols, void* stream) {
-  if (!valid(r, q_len, k_len) || !offsets || (q_len > 0 && !cols) || (!offsets_given && band_lo <= band_hi))
+  if (!plan::device_draws_random(r, q_len, k_len) || !offsets || (q_len > 0 && !cols) || (!offsets_given && band_lo <= band_hi))
     return int(cudaErrorInvalidValue);
   if (q_len == 0)
     return offsets_given ? 0 : int(cudaMemsetAsync(offsets, 0, sizeof(int64_t), static_cast<cudaStream_t>(stream)));

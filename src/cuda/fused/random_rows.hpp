@@ -2,8 +2,8 @@
 // upload the result (a random(820) plan's bitmasks at L = 16384 are 34 MB, drawn in ~8 ms and uploaded in ~4): each
 // row by PATTERNS.md's Floyd sampling (pattern/random_hash.hpp, the CPU rows' definition), one thread a row, its keys a
 // bitmap in shared memory (so k_len <= plan::kDrawMaxKeys). Plain data, no CUDA header; defined in random_rows.cu.
-// Both launches require 1 <= r < k_len <= plan::kDrawMaxKeys (else they return cudaErrorInvalidValue, launching
-// nothing) and leave their result ready in stream order.
+// Every launch requires plan::device_draws_random(r, q_len, k_len) (else it returns cudaErrorInvalidValue, launching
+// nothing) and leaves its result ready in stream order.
 #pragma once
 #include <cstdint>
 
