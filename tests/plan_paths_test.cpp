@@ -61,6 +61,13 @@ const std::vector<Case>& cases() {
       {"dilated(3, 9) & local(left=0, right=30)", 100, 130},
       {"sparse_fixed(128)", 4096, 4096},
       {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
+      // A lone neighborhood atom's analysis in closed form (products of its axes' windows): dilation, causal axes,
+      // whole-axis windows (dense rows), 3-D, one used axis of a 2-D grid (one interval a row: the walk decides).
+      {"neighborhood(dims=(37,41), kernel=(5,7), dilation=(2,3))", 1517, 1517},
+      {"neighborhood(dims=(30,33), kernel=(7,33), causal=(1,0))", 990, 990},
+      {"neighborhood(dims=(6,20,22), kernel=(3,5,7))", 2640, 2640},
+      {"neighborhood(dims=(16,40), kernel=(3,40))", 640, 640},
+      {"neighborhood(dims=(1,300), kernel=(1,9))", 300, 300},
       {"causal", 2048, 2048},
       {"dense", 1000, 1000},
       // Band rows by the spec (analysis and block plans in closed form): ragged and unequal lengths, bands wider

@@ -480,6 +480,86 @@ TEST(TileMap, StripPlansCoverThePatternExactly) {
   }
 }
 
+// Strip plans with their bitmasks left to the device (build_strip_plan's device_masks: a lone neighborhood atom's strips
+// from its axes' windows): the strips, entries, order and nnz of the plan built from the rows, and the bits that
+// BlockPlan::grid_windows describes (the device's rule, cuda/fused/strip_masks.hpp, evaluated here) are its bitmasks;
+// patterns other than one atom keep their bitmasks on the host; refusals say what the rows' path says.
+TEST(TileMap, StripPlansWithDeviceMasksAreTheRowsPlans) {
+  for (const std::string& spec : kStripSpecs) {
+    SCOPED_TRACE(spec);
+    const BoundPattern pat = bind(spec);
+    const auto grid = pat.neighborhood_grid();
+    ASSERT_TRUE(grid.has_value());
+    int drawn = 0;
+    for (const TileBox& box : spattn::plan::tile_boxes(*grid, 64)) {
+      SCOPED_TRACE(box.str(3));
+      const GridTiling qt = GridTiling::of(*grid, box);
+      std::string why_host, why_dev;
+      const std::optional<BlockPlan> h = spattn::plan::build_strip_plan(pat, qt, &why_host);
+      const std::optional<BlockPlan> d = spattn::plan::build_strip_plan(pat, qt, &why_dev, true);
+      ASSERT_EQ(h.has_value(), d.has_value()) << why_host << " / " << why_dev;
+      if (!h) {
+        EXPECT_EQ(why_host, why_dev);
+        continue;
+      }
+      EXPECT_EQ(d->row_offsets, h->row_offsets);
+      ASSERT_EQ(d->nentries(), h->nentries());
+      for (int64_t i = 0; i < h->nentries(); ++i) {
+        EXPECT_EQ(d->entries[size_t(i)].kt, h->entries[size_t(i)].kt);
+        EXPECT_EQ(d->entries[size_t(i)].mask, h->entries[size_t(i)].mask);
+      }
+      ASSERT_EQ(d->strips.size(), h->strips.size());
+      for (size_t i = 0; i < h->strips.size(); ++i) {
+        EXPECT_EQ(d->strips[i].base, h->strips[i].base) << i;
+        EXPECT_EQ(d->strips[i].width, h->strips[i].width) << i;
+        EXPECT_EQ(d->strips[i].count, h->strips[i].count) << i;
+      }
+      EXPECT_EQ(d->order, h->order);
+      EXPECT_EQ(d->nnz, h->nnz);
+      EXPECT_EQ(d->q_map, h->q_map);
+      EXPECT_EQ(d->k_tiles, h->k_tiles);
+      EXPECT_EQ(d->n_bitmask, h->n_bitmask);
+      if (!d->masks_drawn()) {
+        EXPECT_FALSE(grid->exact) << "a lone atom's strip masks are the device's";
+        EXPECT_EQ(d->masks, h->masks);
+        continue;
+      }
+      ++drawn;
+      EXPECT_TRUE(d->masks.empty());
+      for (int64_t p = 0; p < h->k_tiles * 64; ++p) ASSERT_EQ(d->k_token(p), h->k_token(p)) << p;
+      // The device's rule: on every right-aligned axis, the key's coordinate in the query's coordinate's window.
+      const auto& dims = d->q_tiling.dims;
+      ASSERT_EQ(d->grid_windows.size(), size_t(3 * (dims[0] + dims[1] + dims[2])));
+      auto coords = [&](int64_t t, int64_t* c) {
+        c[2] = t % dims[2], c[1] = (t / dims[2]) % dims[1], c[0] = t / (dims[2] * dims[1]);
+      };
+      int64_t bad = 0;
+      for (int64_t qt = 0; qt < h->q_tiles; ++qt)
+        for (int64_t i = h->row_offsets[size_t(qt)]; i < h->row_offsets[size_t(qt) + 1]; ++i)
+          for (int r = 0; r < 64; ++r) {
+            const int64_t q = h->q_token(qt * 64 + r);
+            uint64_t word = 0;
+            for (int s = 0; s < 64 && q < pat.q_len(); ++s) {
+              const int64_t k = d->k_token(int64_t(h->entries[size_t(i)].kt) * 64 + s);
+              if (k >= pat.k_len()) continue;
+              int64_t cq[3], ck[3];
+              coords(q, cq), coords(k, ck);
+              bool in = true;
+              for (int a = 0, off = 0; a < 3; off += int(dims[size_t(a)]), ++a) {
+                const int32_t* w = &d->grid_windows[size_t(3 * (off + cq[a]))];
+                const int64_t x = ck[a] - w[0];
+                in = in && x >= 0 && x % w[1] == 0 && x / w[1] < w[2];
+              }
+              word |= uint64_t(in) << s;
+            }
+            bad += word != h->masks[size_t(h->entries[size_t(i)].mask) * 64 + size_t(r)];
+          }
+      EXPECT_EQ(bad, 0) << "words the windows give otherwise than the rows";
+    }
+    if (grid->exact) EXPECT_GT(drawn, 0) << "a lone atom's strip plans leave their masks to the device";
+  }
+}
+
 // r / W as the kernels compute it, (r * strip_inv(W)) >> 12, for every slot r < 64 and width W <= 64; the packing.
 TEST(TileMap, StripDivisionIsExact) {
   namespace f = spattn::cuda::fused;

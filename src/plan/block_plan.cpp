@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <sstream>
@@ -26,23 +27,31 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0, any sign of a
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-// A mapped plan space (tile_map.hpp): the maps, the key map's inverse and what map_run needs of the key grid.
+// A mapped plan space (tile_map.hpp): the maps, the key map's inverse and what map_run needs of the key grid; the
+// arrays (O(L) each) built at the first Space over them (build()), so that a candidate priced from its grid's windows
+// (mapped_candidates) and never chosen builds none.
 struct Maps {
   GridTiling q, k;
-  std::vector<int32_t> qmap, kmap;
-  std::vector<int32_t> kpos;   // token -> key plan position
-  std::vector<char> kwhole;    // per key tile: no padding position
-  int64_t n2 = 1, d2 = 1, s2 = 1;  // the key grid's last axis: size, dilation, box side
+  mutable std::vector<int32_t> qmap, kmap;
+  mutable std::vector<int32_t> kpos;   // token -> key plan position
+  mutable std::vector<char> kwhole;    // per key tile: no padding position
+  mutable int64_t n2 = 1, d2 = 1, s2 = 1;  // the key grid's last axis: size, dilation, box side
+  mutable std::once_flag built;
 
-  Maps(const GridTiling& q_, const GridTiling& k_) : q(q_), k(k_), qmap(q_.map()), kmap(k_.map()) {
-    const int64_t bn = k.box.volume();
-    kpos.assign(size_t(k.tokens()), -1);
-    kwhole.assign(kmap.size() / size_t(bn), 1);
-    for (size_t p = 0; p < kmap.size(); ++p) {
-      if (kmap[p] >= 0) kpos[size_t(kmap[p])] = int32_t(p);
-      else kwhole[p / size_t(bn)] = 0;
-    }
-    n2 = k.dims[2], d2 = k.dilation[2], s2 = k.box.side[2];
+  Maps(const GridTiling& q_, const GridTiling& k_) : q(q_), k(k_) {}
+  void build() const {
+    std::call_once(built, [&] {
+      qmap = q.map();
+      kmap = k.map();
+      const int64_t bn = k.box.volume();
+      kpos.assign(size_t(k.tokens()), -1);
+      kwhole.assign(kmap.size() / size_t(bn), 1);
+      for (size_t p = 0; p < kmap.size(); ++p) {
+        if (kmap[p] >= 0) kpos[size_t(kmap[p])] = int32_t(p);
+        else kwhole[p / size_t(bn)] = 0;
+      }
+      n2 = k.dims[2], d2 = k.dilation[2], s2 = k.box.side[2];
+    });
   }
 };
 
@@ -53,6 +62,7 @@ struct Space {
   const Maps* m = nullptr;  // mapped plan space (d is 1)
 
   Space(int64_t lq_, int64_t lk_, int bm_, int bn_, const Maps& maps) : bm(bm_), bn(bn_), d(1), lq(lq_), lk(lk_), m(&maps) {
+    maps.build();
     q_group = int64_t(maps.qmap.size());
     k_group = int64_t(maps.kmap.size());
     q_tiles = q_group / bm;
@@ -421,7 +431,8 @@ std::string BlockPlan::describe() const {
     s << ", tile map: query tiles " << q_tiling.describe() << ", key tiles " << k_tiling.box.str(k_tiling.naxes)
       << " (" << q_map.size() - size_t(q_len) << " + " << k_map.size() - size_t(k_len)
       << " padding positions; cp.async and mma.sync kernels only: the TMA and band kernels load affine rows)";
-  if (masks_drawn()) s << ", bitmasks drawn on the device (random(" << drawn.r << ", seed=" << drawn.seed << "): every tile)";
+  if (drawn.r > 0) s << ", bitmasks drawn on the device (random(" << drawn.r << ", seed=" << drawn.seed << "): every tile)";
+  if (!grid_windows.empty()) s << ", bitmasks computed on the device from the grid's windows";
   if (band) {
     s << ", band rows [" << band_lo << ", " << band_hi << "]" << (band_shifted ? " shifted inside the keys at the ends" : "");
     if (band_prefix > 0) s << " with key prefix 0:" << band_prefix;
@@ -1048,7 +1059,90 @@ BlockPlan build_block_plan(const BoundPattern& pat, const GridTiling& q, const G
   return build_plan(pat, int(q.box.volume()), int(k.box.volume()), 1, nullptr, &maps);
 }
 
-std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTiling& qt, std::string* why) {
+namespace {
+// build_strip_plan's strips of a lone neighborhood atom with its bitmasks left to the device (BlockPlan::grid_windows),
+// from the axes' windows: where on the strips' outer and inner axes (ao, ai) every coordinate's window steps by the
+// axis's dilation inside the coordinate's own dilation group (so every row is a product of its two windows, the strip
+// builder's grid path), a query box's window union U spans, on each axis, the least start to the most last of its
+// coordinates' windows, a strip is kept where some coordinate's window on ao reaches its rows of U (every window on ai
+// holds a key), and the box keeps the product of its axes' window sums. The strips, entries and nnz are those the rows
+// give (plan_test). O(grid axes + boxes x box sides + strips). Returns 1 (built into plan), 0 (the windows do not fit:
+// the rows' path applies) or -1 (the strips do not fit: error says why, as the rows' path says it).
+template <class Window>
+int geometric_strips(BlockPlan& plan, const GridTiling& qt, const std::vector<GridTiling::BoxRows>& qboxes, int ao,
+                     int ai, Window&& window, std::string& error) {
+  std::array<std::vector<Run>, 3> win;
+  for (int a : {ao, ai}) {
+    const int64_t dl = qt.dilation[size_t(a)];
+    for (int64_t c = 0; c < qt.dims[size_t(a)]; ++c) {
+      const Run w = window(a, c);
+      if (w.count < 1 || (w.start - c) % dl != 0 || (w.count > 1 && w.stride != dl)) return 0;
+      win[size_t(a)].push_back(w);
+    }
+  }
+  const int64_t dout = qt.dilation[size_t(ao)], di = qt.dilation[size_t(ai)];
+  const int64_t sx = plan.strip_sx, sy = plan.strip_sy;
+  plan.row_offsets.assign(size_t(plan.q_tiles) + 1, 0);
+  std::vector<int32_t> cover;
+  for (int64_t t = 0; t < plan.q_tiles; ++t) {
+    plan.row_offsets[size_t(t)] = plan.nentries();
+    const GridTiling::BoxRows& b = qboxes[size_t(t)];
+    int64_t c[3];  // the box's first query's coordinates
+    for (int64_t a = 2, x = b.base; a >= 0; --a) c[a] = x % qt.dims[size_t(a)], x /= qt.dims[size_t(a)];
+    int64_t x0 = INT64_MAX, x1 = -1, y0 = INT64_MAX, y1 = -1, no = 0, ni = 0;
+    for (int o = 0; o < b.extent[size_t(ao)]; ++o) {
+      const Run& w = win[size_t(ao)][size_t(c[ao] + o * dout)];
+      x0 = std::min(x0, w.start / dout), x1 = std::max(x1, w.last() / dout), no += w.count;
+    }
+    for (int o = 0; o < b.extent[size_t(ai)]; ++o) {
+      const Run& w = win[size_t(ai)][size_t(c[ai] + o * di)];
+      y0 = std::min(y0, w.start / di), y1 = std::max(y1, w.last() / di), ni += w.count;
+    }
+    if (y1 - y0 >= 64) {
+      error = "the keys of query box " + std::to_string(t) + " span more than 64 coordinates of the grid's last used axis";
+      return -1;
+    }
+    plan.nnz += no * ni;
+    const int64_t h = x1 - x0 + 1, w = y1 - y0 + 1, rows = 64 / w, nst = (h + rows - 1) / rows;
+    cover.assign(size_t(h) + 1, 0);  // rows of U some window on ao reaches: a difference array
+    for (int o = 0; o < b.extent[size_t(ao)]; ++o) {
+      const Run& wo = win[size_t(ao)][size_t(c[ao] + o * dout)];
+      ++cover[size_t(wo.start / dout - x0)], --cover[size_t(wo.last() / dout - x0 + 1)];
+    }
+    const int64_t gbase = (c[ao] % dout) * qt.token_stride(ao) / dout + (c[ai] % di) * qt.token_stride(ai) / di;
+    for (int64_t st = 0, run = 0, xr = 0; st < nst; ++st) {
+      bool kept = false;
+      for (; xr < std::min(h, (st + 1) * rows); ++xr) kept |= (run += cover[size_t(xr)]) > 0;
+      if (!kept) continue;
+      if (plan.strips.size() >= size_t(INT32_MAX)) {
+        error = "too many strips";
+        return -1;
+      }
+      plan.entries.push_back({int32_t(plan.strips.size()), int32_t(plan.strips.size()), 0, 0});
+      plan.strips.push_back({int32_t(gbase + (x0 + st * rows) * sx + y0 * sy), int32_t(w),
+                             int32_t(std::min(rows, h - st * rows) * w)});
+    }
+  }
+  plan.row_offsets[size_t(plan.q_tiles)] = plan.nentries();
+  plan.k_tiles = int64_t(plan.strips.size());
+  plan.n_bitmask = plan.k_tiles;
+  plan.k_group = plan.k_tiles * 64;
+  if (plan.k_group >= int64_t(INT32_MAX) - 256) {
+    error = "too many strips";
+    return -1;
+  }
+  // The device's windows: every axis's, right-aligned, a coordinate's (start, stride, count) (stride 1 where count is 1).
+  for (int a = 0; a < 3; ++a)
+    for (int64_t x = 0; x < qt.dims[size_t(a)]; ++x) {
+      const Run w = a == ao || a == ai ? win[size_t(a)][size_t(x)] : window(a, x);
+      plan.grid_windows.insert(plan.grid_windows.end(), {int32_t(w.start), int32_t(w.count > 1 ? w.stride : 1), int32_t(w.count)});
+    }
+  return 1;
+}
+}  // namespace
+
+std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTiling& qt, std::string* why,
+                                          bool device_masks) {
   const auto t0 = std::chrono::steady_clock::now();
   auto fail = [&](const std::string& reason) -> std::optional<BlockPlan> {
     if (why) *why = "key strips: " + reason;
@@ -1086,6 +1180,33 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
   plan.strip_sx = int32_t(sx);
   plan.strip_sy = int32_t(sy);
   const std::vector<GridTiling::BoxRows> qboxes = qt.boxes();
+  // One neighborhood atom on this tiling's grid (NeighborhoodGrid::exact, the same dims and dilations): a query's keys
+  // are the product of its axis windows, so a row's pieces (one a line of the outer axis's window) come from its two
+  // windows, not from its runs and each run's coordinates (a row whose first key is not in its group, or whose windows
+  // step other than by the grid's dilation, takes its runs). na2d 128x128 K=13: choose 5.12 -> 4.16 ms, one thread.
+  std::optional<NeighborhoodGrid> grid = general_paths_only() ? std::nullopt : pat.neighborhood_grid();
+  const int shift = grid ? 3 - grid->naxes : 0;  // tiling axis a is grid axis a - shift (right-aligned)
+  for (int a = 0; a < 3 && grid; ++a) {
+    const bool on = a >= shift;
+    if (!grid->exact || (on ? grid->dims[size_t(a - shift)] : 1) != qt.dims[size_t(a)] ||
+        (on ? grid->dilation[size_t(a - shift)] : 1) != qt.dilation[size_t(a)])
+      grid.reset();
+  }
+  auto window = [&](int a, int64_t c) { return a >= shift ? grid->window(a - shift, c) : Run{0, 1, 1}; };
+
+  // Bitmasks left to the device (device_masks): where every query's windows stay in its dilation group at the group's
+  // step (then every row takes the grid path below), a box's strips come from its axes' windows alone.
+  if (device_masks && grid) {
+    std::string error;
+    const int g = geometric_strips(plan, qt, qboxes, ao, ai, window, error);
+    if (g < 0) return fail(error);
+    if (g > 0) {
+      order_by_entries(plan);
+      plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return plan;
+    }
+  }
+
   // Every token's coordinates on the two axes (ci, co) and in its dilation group (y = ci / di, x = co / dout), counted
   // up token by token: a run's piece reads them here instead of dividing (about ten 64-bit divisions a piece, 213k
   // pieces for na2d 128x128 K=13 at L = 16384: the strip plan took 6.2 ms, 2.9 after, on the shared 2-core VM).
@@ -1108,19 +1229,6 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
     }
   }
 
-  // One neighborhood atom on this tiling's grid (NeighborhoodGrid::exact, the same dims and dilations): a query's keys
-  // are the product of its axis windows, so a row's pieces (one a line of the outer axis's window) come from its two
-  // windows, not from its runs and each run's coordinates (a row whose first key is not in its group, or whose windows
-  // step other than by the grid's dilation, takes its runs). na2d 128x128 K=13: choose 5.12 -> 4.16 ms, one thread.
-  std::optional<NeighborhoodGrid> grid = general_paths_only() ? std::nullopt : pat.neighborhood_grid();
-  const int shift = grid ? 3 - grid->naxes : 0;  // tiling axis a is grid axis a - shift (right-aligned)
-  for (int a = 0; a < 3 && grid; ++a) {
-    const bool on = a >= shift;
-    if (!grid->exact || (on ? grid->dims[size_t(a - shift)] : 1) != qt.dims[size_t(a)] ||
-        (on ? grid->dilation[size_t(a - shift)] : 1) != qt.dilation[size_t(a)])
-      grid.reset();
-  }
-  auto window = [&](int a, int64_t c) { return a >= shift ? grid->window(a - shift, c) : Run{0, 1, 1}; };
 
   // Per query tile: its strips (base, width, count), its entries' masks (64 words each), nnz; or a failure.
   struct Part {
@@ -1486,6 +1594,92 @@ void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Ca
   }
 }
 
+// estimate_cost in closed form for a lone neighborhood atom (NeighborhoodGrid::exact), for the unpermuted, unmapped
+// candidates: a sample's rows are tokens in row-major order, so they split into segments of one line of the grid's last
+// axis (fixed leading coordinates c0, c1; last coordinates a ... b). A segment's queries keep, on every line (e0, e1) of
+// their leading windows' product, the keys e2 of their last windows: the keys of key tile kt on that line are a range
+// [u, v] of e2, and the segment's kept scores there the sum over its queries of their windows' keys in [u, v]: a range
+// sum of how many of the segment's windows hold each e2 (with the windows' step, for dilation). So a sample costs its
+// segments' lines x tiles a line, not its rows' runs: the same touched tiles, full or not, and kept scores as the walk
+// (plan_paths_test), which was three quarters of na2d's choice at L = 16384 after its mapped shapes were priced from
+// their windows.
+void estimate_grid_rows(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
+  if (!an.grid || !an.grid->exact || general_paths_only() || pat.q_len() != pat.k_len()) return;
+  const NeighborhoodGrid& g = *an.grid;
+  const int shift = 3 - g.naxes;
+  std::array<int64_t, 3> n{1, 1, 1};
+  std::array<std::vector<Run>, 3> win;  // per right-aligned axis, every coordinate's window (stride: the axis's step)
+  for (int a = 0; a < 3; ++a) {
+    if (a < shift) {
+      win[size_t(a)].push_back({0, 1, 1});
+      continue;
+    }
+    n[size_t(a)] = g.dims[size_t(a - shift)];
+    for (int64_t c = 0; c < n[size_t(a)]; ++c) {
+      Run w = g.window(a - shift, c);
+      if (w.count == 1) w.stride = std::max<int64_t>(w.stride, 1);
+      if (w.count < 1 || w.stride < 1) return;
+      win[size_t(a)].push_back(w);
+    }
+  }
+  const int64_t lq = pat.q_len(), lk = pat.k_len(), n1 = n[1], n2 = n[2];
+  std::vector<int64_t> cov, pre;
+  for (Candidate& c : cands) {
+    if (c.maps || c.priced || c.d != 1) continue;
+    const Space sp = space_of(pat, c);
+    const int64_t samples = estimate_samples(sp), bn = sp.bn;
+    TileScratch ts(sp.k_tiles);
+    int64_t nnz = 0, n_full = 0, n_partial = 0, items = 0;
+    for (int64_t i = 0; i < samples; ++i) {
+      const int64_t qt = sampled_tile(sp, samples, i), q0 = qt * sp.bm, q1 = std::min(lq, q0 + sp.bm);
+      for (int64_t q = q0; q < q1;) {
+        const int64_t c2 = q % n2, c1 = (q / n2) % n1, c0 = q / (n2 * n1), len = std::min(q1 - q, n2 - c2);
+        int64_t lo = INT64_MAX, hi = -1, keys2 = 0, step = 1;
+        for (int64_t x = c2; x < c2 + len; ++x) {
+          const Run& w = win[2][size_t(x)];
+          lo = std::min(lo, w.start), hi = std::max(hi, w.last()), keys2 += w.count;
+          if (w.count > 1) step = w.stride;
+        }
+        // cov[e - lo]: the segment's windows holding e2 = e (a difference array stepped by the windows' stride);
+        // pre[j]: their sum over e2 < lo + j.
+        cov.assign(size_t(hi - lo + 1 + step), 0);
+        for (int64_t x = c2; x < c2 + len; ++x) {
+          const Run& w = win[2][size_t(x)];
+          ++cov[size_t(w.start - lo)], --cov[size_t(w.start + w.count * step - lo)];
+        }
+        pre.assign(size_t(hi - lo + 2), 0);
+        for (int64_t e = 0; e <= hi - lo; ++e) {
+          if (e >= step) cov[size_t(e)] += cov[size_t(e - step)];
+          pre[size_t(e) + 1] = pre[size_t(e)] + cov[size_t(e)];
+        }
+        const Run& w0 = win[0][size_t(c0)];
+        const Run& w1 = win[1][size_t(c1)];
+        nnz += w0.count * w1.count * keys2;
+        for (int64_t j0 = 0; j0 < w0.count; ++j0)
+          for (int64_t j1 = 0; j1 < w1.count; ++j1) {
+            const int64_t base = ((w0.start + j0 * w0.stride) * n1 + w1.start + j1 * w1.stride) * n2;
+            for (int64_t kt = (base + lo) / bn; kt <= (base + hi) / bn; ++kt) {
+              const int64_t u = std::max(lo, kt * bn - base), v = std::min(hi, kt * bn + bn - 1 - base);
+              const int64_t kept = pre[size_t(v - lo) + 1] - pre[size_t(u - lo)];
+              if (kept == 0) continue;
+              if (ts.count[size_t(kt)] == 0) ts.tbuf[ts.nt++] = kt;
+              ts.count[size_t(kt)] += kept;
+            }
+          }
+        q += len;
+      }
+      for (int64_t kt : ts.touched()) {
+        ++(ts.full(kt, q1 - q0, sp) ? n_full : n_partial);
+        ts.count[size_t(kt)] = 0;
+      }
+      items += ts.nt > 0;
+      ts.nt = 0;
+    }
+    price(c, sp, samples, n_full, n_partial, items, nnz);
+    c.priced = true;
+  }
+}
+
 // random(r) with bitmasks drawn on the device (drawn_masks_apply, device_draw): every tile a bitmask entry, every query
 // tile an item, r keys a row, exactly as that plan visits them (the host plan may find a tile full or a band in one:
 // sampled as any other).
@@ -1507,6 +1701,7 @@ void estimate_costs(const BoundPattern& pat, const Analysis& an, std::vector<Can
   const int threads = plan_thread_cap();
   estimate_groups(pat, an, cands);
   estimate_blocks(pat, an, cands);
+  estimate_grid_rows(pat, an, cands);
   if (device_draw) estimate_random(pat, cands);
   std::vector<size_t> shared;
   for (size_t i = 0; i < cands.size(); ++i)
@@ -1669,14 +1864,27 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
 std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, int block_m, int block_n, bool forced) {
   std::vector<Candidate> out;
   if (!an.grid || grid_axes_used(*an.grid) < (forced ? 1 : 2)) return out;
+  BoxScoreCache cache;
   for (const Candidate& c : candidates(head_dim, 1, false)) {
     if (block_m > 0 && (c.block_m != block_m || c.block_n != block_n)) continue;
-    const BoxChoice b = best_boxes(*an.grid, c.block_m, c.block_n, c.row->partial_cost);
+    const BoxChoice b = best_boxes(*an.grid, c.block_m, c.block_n, c.row->partial_cost, &cache);
     if (!b.ok) continue;
     const GridTiling q = GridTiling::of(*an.grid, b.q), k = GridTiling::of(*an.grid, b.k);
     if (q.identity() && k.identity() && !forced) continue;
     Candidate m = c;
     m.maps = std::make_shared<const Maps>(q, k);
+    // A lone neighborhood atom: the boxes' scores are the plan's own, counted axis by axis (tiling_scores, exact:
+    // tile_map_test), and every query box visits a key box (each holds a token, whose window holds a coordinate at
+    // least on every axis: neighborhood_window). Priced from them as estimate_cost prices a walk's counts, with every
+    // query tile its sample: the walk of 48 sampled boxes for each of three shapes was a third of na2d's choice at
+    // L = 16384, and its maps are built only if it is chosen (Maps::build).
+    if (an.grid->exact) {
+      const double tile = double(c.block_m) * c.block_n, full = b.scores.full / tile;
+      const int64_t q_tiles = q.length() / c.block_m;
+      m.cost = predicted_cost(*m.row, full, b.scores.visited / tile - full, double(q_tiles), tile);
+      m.kept = b.scores.kept_fraction();
+      m.priced = true;
+    }
     out.push_back(std::move(m));
   }
   return out;
@@ -1691,9 +1899,10 @@ std::string candidate_name(const Candidate& c) {
 
 // The strip candidate of a 64x64 mapped candidate (its query boxes): the strip plan, priced exactly (every strip a
 // partial tile of the row); none where strips do not fit the pattern (*why: the reason).
-std::optional<Candidate> strip_candidate(const BoundPattern& pat, const Candidate& boxes, std::string* why) {
+std::optional<Candidate> strip_candidate(const BoundPattern& pat, const Candidate& boxes, std::string* why,
+                                         bool device_masks) {
   if (!boxes.maps || boxes.block_m != 64 || boxes.block_n != 64) return std::nullopt;
-  std::optional<BlockPlan> sp = build_strip_plan(pat, boxes.maps->q, why);
+  std::optional<BlockPlan> sp = build_strip_plan(pat, boxes.maps->q, why, device_masks);
   if (!sp) return std::nullopt;
   Candidate c = boxes;
   c.strip = std::make_shared<BlockPlan>(std::move(*sp));
@@ -1707,10 +1916,12 @@ std::optional<Candidate> strip_candidate(const BoundPattern& pat, const Candidat
 }
 
 // Appends the strip candidates of the 64x64 mapped candidates among `mapped`.
-void add_strip_candidates(const BoundPattern& pat, std::vector<Candidate>& mapped, std::string* why = nullptr) {
+// device_masks: their bitmasks left to the device where they can be (build_strip_plan).
+void add_strip_candidates(const BoundPattern& pat, std::vector<Candidate>& mapped, std::string* why = nullptr,
+                          bool device_masks = false) {
   const size_t n = mapped.size();
   for (size_t i = 0; i < n; ++i)
-    if (std::optional<Candidate> c = strip_candidate(pat, mapped[i], why)) mapped.push_back(std::move(*c));
+    if (std::optional<Candidate> c = strip_candidate(pat, mapped[i], why, device_masks)) mapped.push_back(std::move(*c));
 }
 }  // namespace
 
@@ -1763,7 +1974,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   if (tile_map != 0 && perm_d < 1) {
     mapped = tile_map == 2 ? mapped_candidates(an, head_dim, 64, 64, true)
                            : mapped_candidates(an, head_dim, block_m, block_n, tile_map == 1);
-    if (tile_map != 1) add_strip_candidates(pat, mapped, &strip_why);
+    if (tile_map != 1) add_strip_candidates(pat, mapped, &strip_why, device_draw);
     if (tile_map == 2) std::erase_if(mapped, [](const Candidate& c) { return !c.strip; });
   }
   if (tile_map >= 1 && (perm_d >= 1 || mapped.empty()))

@@ -41,6 +41,7 @@
 #include "common/alloc.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
+#include "plan/key_strips.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 
@@ -116,7 +117,13 @@ struct BlockPlan {
     int64_t r = 0;
     uint64_t seed = 0;
   } drawn;
-  bool masks_drawn() const { return drawn.r > 0; }
+  // Strip plans of a lone neighborhood atom (build_strip_plan's device_masks): the bitmasks are the device's too, and
+  // grid_windows holds each axis's windows (the 3 right-aligned axes of q_tiling in order, each coordinate x < dims[a]
+  // of axis a a triple start, stride, count of the key coordinates it keeps): bit (r, s) of a strip entry is set iff
+  // query row r and key slot s are tokens and on every axis the key's coordinate is start + i stride, 0 <= i < count,
+  // of the query's coordinate's window (cuda/fused/random_rows.hpp). k_map is then empty (k_token: the strips').
+  std::vector<int32_t> grid_windows;
+  bool masks_drawn() const { return drawn.r > 0 || !grid_windows.empty(); }
   std::string choice;             // choose_block_plan's candidates and costs, for explain (empty: built directly)
   double build_ms = 0;            // choosing (choice_ms) and building
   double choice_ms = 0;           // choose_block_plan's pricing of the candidate shapes
@@ -130,7 +137,14 @@ struct BlockPlan {
   double kept_fraction() const { return nentries() ? double(nnz) / (double(nentries()) * block_m * block_n) : 0.0; }
   // Plan-space position -> token (or a value >= len for padding).
   int64_t q_token(int64_t p) const { return mapped() ? mapped_token(q_map, p, q_len) : token(p, q_group); }
-  int64_t k_token(int64_t p) const { return mapped() ? mapped_token(k_map, p, k_len) : token(p, k_group); }
+  int64_t k_token(int64_t p) const {
+    if (strip_keys && k_map.empty()) {
+      const KeyStrip& s = strips[size_t(p / 64)];
+      const int t = strip_token(s.base, strip_pack(s.width, s.count), int(p % 64), strip_sx, strip_sy);
+      return t < 0 ? k_len : t;
+    }
+    return mapped() ? mapped_token(k_map, p, k_len) : token(p, k_group);
+  }
   int64_t token(int64_t p, int64_t group) const {
     if (perm_d == 1) return p;
     const int64_t g = p / group, j = p - g * group;
@@ -159,7 +173,10 @@ BlockPlan build_block_plan(const BoundPattern& pattern, const GridTiling& q_tili
 // its queries' (self attention on the grid). Empty, with the reason in *why, where strips do not fit: a grid of three
 // axes longer than 1, a query box whose keys leave its dilation group or span more than 64 coordinates of the last
 // used axis. O(rows' runs + kept keys + strips x 64).
-std::optional<BlockPlan> build_strip_plan(const BoundPattern& pattern, const GridTiling& q_tiling, std::string* why = nullptr);
+// device_masks: for a lone neighborhood atom whose windows stay in their dilation groups, the bitmasks are left to the
+// device (BlockPlan::grid_windows) and the strips come from the axes' windows: O(grid axes + boxes x box sides + strips).
+std::optional<BlockPlan> build_strip_plan(const BoundPattern& pattern, const GridTiling& q_tiling, std::string* why = nullptr,
+                                          bool device_masks = false);
 
 // The longest key prefix (BlockPlan::band_prefix) the band kernel takes: each of its 64-key chunks is a 64-key
 // step of every slab, not paired into 128-key steps, so only a few (attention sinks, longformer's global columns).
@@ -192,7 +209,8 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // tiles, query boxes of the 64x64 mapped candidate; Error where they do not fit, saying why). Chosen (-1), the strip
 // candidate (64x64 rows only) is priced exactly from its built plan: every strip a partial tile. device_draw: where the
 // pattern is one random atom and the chosen tiles are unpermuted and unmapped, with every tile expected to hold kept
-// keys (drawn_masks_apply), the plan's bitmasks are left to the device (BlockPlan::drawn): O(tiles) here.
+// keys (drawn_masks_apply), the plan's bitmasks are left to the device (BlockPlan::drawn): O(tiles) here; and a strip
+// plan's of a lone neighborhood atom (build_strip_plan's device_masks, BlockPlan::grid_windows).
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
                             int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1,
                             bool device_draw = false);

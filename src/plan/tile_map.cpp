@@ -32,28 +32,28 @@ void aligned(const NeighborhoodGrid& g, std::array<int64_t, 3>& dims, std::array
   }
 }
 
-// One axis's share of tiling_scores: the sums over (query interval, key interval) pairs of one dilation group that
-// hold a kept pair (visited), that are full (full), and the kept pairs (kept), over all groups of the axis.
-struct AxisScores {
-  double visited = 0, full = 0, kept = 0;
-};
+// One axis's share of tiling_scores (its fields per axis, multiplied over the axes): the sums over (query interval, key
+// interval) pairs of one dilation group that hold a kept pair (visited), that are full (full), and the kept pairs
+// (kept), over all groups of the axis; out[i] for key side tks[i] (a query interval's windows and their sums serve
+// every key side: best_boxes asks for 8 a query side, which were 8 passes over the windows).
 // windows: the grid's window of every coordinate of axis a (Run window(ga, i)), where the caller has them.
-AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk, const std::vector<Run>* windows = nullptr) {
+void axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, const std::vector<int64_t>& tks, std::vector<TilingScores>& out,
+                 const std::vector<Run>* windows = nullptr) {
   std::array<int64_t, 3> dims, dil;
   aligned(g, dims, dil);
   const int ga = grid_axis(g, a);
   const int64_t n = dims[size_t(a)], d = dil[size_t(a)];
-  AxisScores s;
+  out.assign(tks.size(), TilingScores{});
   if (ga < 0) {  // a leading axis of size 1: one coordinate, its own window
-    s.visited = s.full = double(tq * tk);
-    s.kept = 1;
-    return s;
+    for (size_t t = 0; t < tks.size(); ++t) out[t] = {double(tq * tks[t]), double(tq * tks[t]), 1};
+    return;
   }
   struct W {
     int64_t start, stride, count;  // in sub-grid coordinates
   };
   std::vector<W> wins;
   std::vector<int64_t> sums;  // per key of [lo, hi + 1]: kept pairs of the keys before it
+  double kept = 0;
   for (int64_t grp = 0; grp < std::min(d, n); ++grp) {
     const int64_t ng = (n - 1 - grp) / d + 1;
     for (int64_t i0 = 0; i0 < ng; i0 += tq) {
@@ -68,7 +68,7 @@ AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk,
         wins.push_back(w);
         lo = std::min(lo, w.start);
         hi = std::max(hi, w.start + (w.count - 1) * w.stride);
-        s.kept += double(w.count);
+        kept += double(w.count);
       }
       if (hi < 0) continue;
       // Windows of consecutive coordinates (every one here without the atom's own dilation): the kept pairs of a key
@@ -80,26 +80,29 @@ AxisScores axis_scores(const NeighborhoodGrid& g, int a, int64_t tq, int64_t tk,
         int64_t cover = 0, total = 0;
         for (int64_t& x : sums) cover += x, x = total, total += cover;  // sums[j - lo]: kept pairs of keys < j
       }
-      for (int64_t j0 = lo / tk * tk; j0 <= hi; j0 += tk) {
-        const int64_t j1 = j0 + tk;  // [j0, j1); real keys below ng
-        int64_t c = 0;
-        if (intervals) {
-          c = sums[size_t(std::min(j1, hi + 1) - lo)] - sums[size_t(std::max(j0, lo) - lo)];
-        } else {
-          for (const W& w : wins) {
-            // keys start + t * stride in [j0, j1), 0 <= t < count
-            const int64_t t_lo = w.start >= j0 ? 0 : (j0 - w.start + w.stride - 1) / w.stride;
-            const int64_t t_hi = std::min(w.count - 1, w.start < j1 ? (j1 - 1 - w.start) / w.stride : -1);
-            c += std::max<int64_t>(0, t_hi - t_lo + 1);
+      for (size_t t = 0; t < tks.size(); ++t) {
+        const int64_t tk = tks[t];
+        for (int64_t j0 = lo / tk * tk; j0 <= hi; j0 += tk) {
+          const int64_t j1 = j0 + tk;  // [j0, j1); real keys below ng
+          int64_t c = 0;
+          if (intervals) {
+            c = sums[size_t(std::min(j1, hi + 1) - lo)] - sums[size_t(std::max(j0, lo) - lo)];
+          } else {
+            for (const W& w : wins) {
+              // keys start + t * stride in [j0, j1), 0 <= t < count
+              const int64_t t_lo = w.start >= j0 ? 0 : (j0 - w.start + w.stride - 1) / w.stride;
+              const int64_t t_hi = std::min(w.count - 1, w.start < j1 ? (j1 - 1 - w.start) / w.stride : -1);
+              c += std::max<int64_t>(0, t_hi - t_lo + 1);
+            }
           }
+          if (c == 0) continue;
+          out[t].visited += double(tq * tk);
+          if (c == (i1 - i0) * tk && j1 <= ng) out[t].full += double(tq * tk);
         }
-        if (c == 0) continue;
-        s.visited += double(tq * tk);
-        if (c == (i1 - i0) * tk && j1 <= ng) s.full += double(tq * tk);
       }
     }
   }
-  return s;
+  for (TilingScores& o : out) o.kept = kept;
 }
 
 }  // namespace
@@ -253,7 +256,7 @@ template <class Axis>
 TilingScores product_scores(const TileBox& q, const TileBox& k, Axis&& axis) {
   TilingScores t{1, 1, 1};
   for (int a = 0; a < 3; ++a) {
-    const AxisScores& s = axis(a, q.side[size_t(a)], k.side[size_t(a)]);
+    const TilingScores& s = axis(a, q.side[size_t(a)], k.side[size_t(a)]);
     t.visited *= s.visited;
     t.full *= s.full;
     t.kept *= s.kept;
@@ -263,35 +266,51 @@ TilingScores product_scores(const TileBox& q, const TileBox& k, Axis&& axis) {
 }  // namespace
 
 TilingScores tiling_scores(const NeighborhoodGrid& grid, const TileBox& q, const TileBox& k) {
-  AxisScores tmp;
-  return product_scores(q, k, [&](int a, int64_t tq, int64_t tk) -> const AxisScores& {
-    return tmp = axis_scores(grid, a, tq, tk);
+  std::vector<TilingScores> tmp;
+  return product_scores(q, k, [&](int a, int64_t tq, int64_t tk) -> const TilingScores& {
+    axis_scores(grid, a, tq, {tk}, tmp);
+    return tmp[0];
   });
 }
 
-BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost) {
+BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost,
+                     BoxScoreCache* cache) {
   BoxChoice best;
   const std::vector<TileBox> qb = tile_boxes(grid, q_volume), kb = tile_boxes(grid, k_volume);
-  // Each axis's scores depend on its two sides only: computed once per (axis, query side, key side), from the
-  // axis's windows computed once.
-  std::map<std::array<int64_t, 3>, AxisScores> memo;
-  std::array<std::vector<Run>, 3> windows;
-  for (int a = 0; a < 3; ++a) {
-    const int ga = grid_axis(grid, a);
-    if (ga < 0) continue;
-    for (int64_t i = 0; i < grid.dims[size_t(ga)]; ++i) windows[size_t(a)].push_back(grid.window(ga, i));
+  BoxScoreCache own;
+  BoxScoreCache& c = cache ? *cache : own;
+  if (!c.ready) {
+    for (int a = 0; a < 3; ++a) {
+      const int ga = grid_axis(grid, a);
+      if (ga < 0) continue;
+      for (int64_t i = 0; i < grid.dims[size_t(ga)]; ++i) c.windows[size_t(a)].push_back(grid.window(ga, i));
+    }
+    c.ready = true;
   }
-  auto axis = [&](int a, int64_t tq, int64_t tk) -> const AxisScores& {
-    auto [it, fresh] = memo.try_emplace({a, tq, tk});
-    if (fresh) it->second = axis_scores(grid, a, tq, tk, &windows[size_t(a)]);
-    return it->second;
-  };
+  // Every (axis, query side)'s scores for all the key boxes' sides on that axis at once, where any is missing.
+  std::vector<TilingScores> scores;
+  for (int a = 0; a < 3; ++a) {
+    std::vector<int64_t> tqs, tks;
+    for (const TileBox& q : qb) tqs.push_back(q.side[size_t(a)]);
+    for (const TileBox& k : kb) tks.push_back(k.side[size_t(a)]);
+    std::sort(tqs.begin(), tqs.end()), tqs.erase(std::unique(tqs.begin(), tqs.end()), tqs.end());
+    std::sort(tks.begin(), tks.end()), tks.erase(std::unique(tks.begin(), tks.end()), tks.end());
+    for (int64_t tq : tqs) {
+      std::vector<int64_t> missing;
+      for (int64_t tk : tks)
+        if (!c.axes.count({a, tq, tk})) missing.push_back(tk);
+      if (missing.empty()) continue;
+      axis_scores(grid, a, tq, missing, scores, &c.windows[size_t(a)]);
+      for (size_t t = 0; t < missing.size(); ++t) c.axes[{a, tq, missing[t]}] = scores[t];
+    }
+  }
+  auto axis = [&](int a, int64_t tq, int64_t tk) -> const TilingScores& { return c.axes.at({a, tq, tk}); };
   double best_cost = 0;
   for (const TileBox& q : qb)
     for (const TileBox& k : kb) {
       const TilingScores t = product_scores(q, k, axis);
-      const double c = t.cost(partial_cost);
-      if (!best.ok || c < best_cost) best = {true, q, k, t}, best_cost = c;
+      const double cost = t.cost(partial_cost);
+      if (!best.ok || cost < best_cost) best = {true, q, k, t}, best_cost = cost;
     }
   return best;
 }

@@ -19,6 +19,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,16 @@ struct BoxChoice {
   TileBox q, k;
   TilingScores scores;
 };
-BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost);
+// Each axis's scores depend on its two sides only: best_boxes computes them once per (axis, query side, key side), from
+// the axes' windows computed once, and keeps them here where the caller passes one cache for several calls on one grid
+// (the GPU planner asks for three tile shapes, whose pairs of sides are mostly shared).
+struct BoxScoreCache {
+  std::map<std::array<int64_t, 3>, TilingScores> axes;  // (axis, query side, key side): that axis's share
+  std::array<std::vector<Run>, 3> windows;              // per right-aligned axis, every coordinate's window
+  bool ready = false;
+};
+BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost,
+                     BoxScoreCache* cache = nullptr);
 
 // Axes of the grid longer than one coordinate (a tiling pays where there are two or more).
 int grid_axes_used(const NeighborhoodGrid& grid);

@@ -11,9 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda/fused/strip_masks.hpp"
 #include "gpu/plan_run.hpp"
 #include "gpu/require_gpu.hpp"
+#include "plan/block_plan.hpp"
 #include "plan/kernels.hpp"
+#include "plan/key_strips.hpp"
+#include "plan/tile_map.hpp"
 #include "spattn/device.hpp"
 #include "spattn/plan.hpp"
 
@@ -107,6 +111,8 @@ TEST_P(NeighborhoodGpu, MatchesReference) {
   if (c.block_m) EXPECT_NE(ran.find(std::to_string(c.block_m) + "x" + std::to_string(c.block_n)), std::string::npos) << ran;
   if (c.tile_map == 2) {
     EXPECT_NE(ex.find("key tiles strips of each query box's window union"), std::string::npos) << "the plan must use strips: " << ex;
+    const bool lone = spattn::parse(c.spec).bind(c.L).neighborhood_grid()->exact;  // one atom: masks from its windows
+    EXPECT_EQ(ex.find("bitmasks computed on the device from the grid's windows") != std::string::npos, lone) << ex;
     EXPECT_NE(ran.find("64x64"), std::string::npos) << "strip plans run the 64x64 kernels: " << ran;
   }
   std::printf("  %s: rel err %.2e, lse err %.2e, %s\n", c.what, rel, lse_err, ran.c_str());
@@ -214,6 +220,63 @@ TEST(NeighborhoodGpuSmall, MappedPlansForSanitizers) {
     const std::vector<spattn::Pattern> pats{spattn::parse(spec)};
     const spattn::Plan plan = spattn::make_plan(pats, problem(1, 2, 1, L, D, bf), spattn::Device::cuda(0), o);
     EXPECT_LE(run_vs_reference(plan, pats, bf, 5), 1e-2) << plan.explain();
+  }
+}
+
+// A strip plan's bitmasks computed on the device from its grid's windows (cuda/fused/strip_masks.hpp) are, word for word,
+// those the host builds from the rows, every word written (the buffer is poisoned first): 2-D and 3-D grids with
+// two axes used, dilation with unequal groups, causal axes, clamped windows, grids off the box sides, the suite's na2d.
+TEST(NeighborhoodGpuSmall, StripMasksOnTheDeviceAreTheRows) {
+  REQUIRE_GPU();
+  for (auto [spec, L] : {std::pair{"neighborhood(dims=(37, 41), kernel=7)", 1517}, {"neighborhood(dims=(45, 51), kernel=13, dilation=2)", 2295},
+                         {"neighborhood(dims=(23, 29), kernel=(5, 3), dilation=(2, 3))", 667},
+                         {"neighborhood(dims=(30, 33), kernel=7, causal=(1, 0))", 990},
+                         {"neighborhood(dims=(19, 45), kernel=4, causal=1, dilation=(1, 2))", 855},
+                         {"neighborhood(dims=(9, 1, 30), kernel=(3, 1, 7))", 270}, {"neighborhood(dims=(7, 9), kernel=(7, 5))", 63},
+                         {"neighborhood(dims=(128, 128), kernel=13)", 16384}}) {
+    SCOPED_TRACE(spec);
+    const spattn::BoundPattern pat = spattn::parse(spec).bind(L);
+    const auto grid = pat.neighborhood_grid();
+    int checked = 0;
+    for (const spattn::plan::TileBox& box : spattn::plan::tile_boxes(*grid, 64)) {
+      const spattn::plan::GridTiling qt = spattn::plan::GridTiling::of(*grid, box);
+      const auto h = spattn::plan::build_strip_plan(pat, qt), d = spattn::plan::build_strip_plan(pat, qt, nullptr, true);
+      if (!h) continue;
+      ASSERT_TRUE(d && d->masks_drawn()) << box.str(3);
+      std::vector<int32_t> up;  // entries as the upload makes them: kt, mask, base, strip_pack(W, count)
+      for (const spattn::plan::TileEntry& e : d->entries) {
+        const spattn::plan::KeyStrip& st = d->strips[size_t(e.kt)];
+        up.insert(up.end(), {e.kt, e.mask, st.base, spattn::plan::strip_pack(st.width, st.count)});
+      }
+      const size_t words = size_t(d->nentries()) * 64;
+      int64_t* ro = nullptr;
+      int32_t *en = nullptr, *qm = nullptr, *win = nullptr;
+      unsigned long long* m = nullptr;
+      ASSERT_EQ(cudaMalloc(&ro, d->row_offsets.size() * 8), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&en, up.size() * 4 + 16), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&qm, d->q_map.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&win, d->grid_windows.size() * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&m, words * 8 + 8), cudaSuccess);
+      cudaMemcpy(ro, d->row_offsets.data(), d->row_offsets.size() * 8, cudaMemcpyHostToDevice);
+      cudaMemcpy(en, up.data(), up.size() * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(qm, d->q_map.data(), d->q_map.size() * 4, cudaMemcpyHostToDevice);
+      cudaMemcpy(win, d->grid_windows.data(), d->grid_windows.size() * 4, cudaMemcpyHostToDevice);
+      cudaMemset(m, 0xA5, words * 8 + 8);
+      ASSERT_EQ(spattn::cuda::fused::launch_grid_strip_masks(d->q_tiles, ro, en, qm, win, d->q_tiling.dims.data(), d->strip_sx,
+                                                             d->strip_sy, m, nullptr),
+                0);
+      std::vector<unsigned long long> got(words + 1);
+      ASSERT_EQ(cudaMemcpy(got.data(), m, (words + 1) * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (void* p : {static_cast<void*>(ro), static_cast<void*>(en), static_cast<void*>(qm), static_cast<void*>(win), static_cast<void*>(m)})
+        cudaFree(p);
+      ASSERT_EQ(h->masks.size(), words);
+      int64_t bad = 0;
+      for (size_t i = 0; i < words; ++i) bad += got[i] != h->masks[i];
+      EXPECT_EQ(bad, 0) << box.str(3) << ": device words that differ from the host's, of " << words;
+      EXPECT_EQ(got[words], 0xA5A5A5A5A5A5A5A5ull) << "a word past the masks written";
+      ++checked;
+    }
+    EXPECT_GT(checked, 0);
   }
 }
 

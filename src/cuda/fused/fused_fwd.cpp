@@ -17,6 +17,7 @@
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/fused/random_rows.hpp"
+#include "cuda/fused/strip_masks.hpp"
 
 namespace spattn::cuda::fused {
 
@@ -168,10 +169,11 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
                 {host_.q_map.data(), host_.q_map.size() * sizeof(int32_t)},  // empty where the plan is not mapped
                 {host_.k_map.data(), host_.k_map.size() * sizeof(int32_t)},
                 {nullptr, counter_ints() * sizeof(int)},
+                {host_.grid_windows.data(), host_.grid_windows.size() * sizeof(int32_t)},  // (strip masks drawn here)
                 {host_.masks.data(), size_t(host_.masks_drawn() ? host_.nentries() * host_.words_per_mask()
                                                                 : int64_t(host_.masks.size())) * sizeof(uint64_t)},
                 {nullptr, size_t(split_cap_) * split_ws_floats * sizeof(float)}};
-  constexpr size_t kStaged = 6;  // segs[0, kStaged) staged; then the masks; then the workspace
+  constexpr size_t kStaged = 7;  // segs[0, kStaged) staged; then the masks; then the workspace
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
   size_t total = 0;
   for (Seg& g : segs) g.at = total, total += align(g.bytes);
@@ -183,10 +185,17 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
     if (segs[i].src && segs[i].bytes) std::memcpy(stage.data() + segs[i].at, segs[i].src, segs[i].bytes);
   SPATTN_CUDA_CHECK(cudaMemcpy(base, stage.data(), staged, cudaMemcpyHostToDevice));
   if (segs[kStaged].bytes && host_.masks_drawn()) {
-    // Drawn here instead (BlockPlan::drawn); waited for, as the copies are: the plan is ready for any stream.
+    // Drawn here instead (BlockPlan::drawn, grid_windows); waited for, as the copies are: the plan is ready for any
+    // stream.
     auto* m = reinterpret_cast<unsigned long long*>(base + segs[kStaged].at);
-    SPATTN_CUDA_CHECK(cudaError_t(launch_random_tile_masks(host_.drawn.r, host_.drawn.seed, host_.q_len, host_.k_len,
-                                                           host_.block_m, host_.block_n, m, nullptr)));
+    if (host_.drawn.r > 0)
+      SPATTN_CUDA_CHECK(cudaError_t(launch_random_tile_masks(host_.drawn.r, host_.drawn.seed, host_.q_len, host_.k_len,
+                                                             host_.block_m, host_.block_n, m, nullptr)));
+    else
+      SPATTN_CUDA_CHECK(cudaError_t(launch_grid_strip_masks(
+          host_.q_tiles, reinterpret_cast<const int64_t*>(base + segs[0].at), reinterpret_cast<const int32_t*>(base + segs[1].at),
+          reinterpret_cast<const int32_t*>(base + segs[3].at), reinterpret_cast<const int32_t*>(base + segs[6].at),
+          host_.q_tiling.dims.data(), host_.strip_sx, host_.strip_sy, m, nullptr)));
     SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   } else if (segs[kStaged].bytes) {
     SPATTN_CUDA_CHECK(cudaMemcpy(base + segs[kStaged].at, segs[kStaged].src, segs[kStaged].bytes, cudaMemcpyHostToDevice));
@@ -198,8 +207,8 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   q_map_ = reinterpret_cast<int32_t*>(at(3));
   k_map_ = reinterpret_cast<int32_t*>(at(4));
   work_counter_ = reinterpret_cast<int*>(at(5));
-  masks_ = reinterpret_cast<unsigned long long*>(at(6));
-  split_ws_ = reinterpret_cast<float*>(at(7));
+  masks_ = reinterpret_cast<unsigned long long*>(at(7));
+  split_ws_ = reinterpret_cast<float*>(at(8));
   upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
