@@ -262,7 +262,7 @@ TEST(NeighborhoodGpuSmall, StripMasksOnTheDeviceAreTheRows) {
       cudaMemcpy(qm, d->q_map.data(), d->q_map.size() * 4, cudaMemcpyHostToDevice);
       cudaMemcpy(win, d->grid_windows.data(), d->grid_windows.size() * 4, cudaMemcpyHostToDevice);
       cudaMemset(m, 0xA5, words * 8 + 8);
-      ASSERT_EQ(spattn::cuda::fused::launch_grid_strip_masks(d->q_tiles, ro, en, qm, win, d->q_tiling.dims.data(), d->strip_sx,
+      ASSERT_EQ(spattn::cuda::fused::launch_grid_strip_masks(d->q_tiles, d->nentries(), ro, en, qm, win, d->q_tiling.dims.data(), d->strip_sx,
                                                              d->strip_sy, m, nullptr),
                 0);
       std::vector<unsigned long long> got(words + 1);

@@ -193,7 +193,7 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
                                                              host_.block_m, host_.block_n, m, nullptr)));
     else
       SPATTN_CUDA_CHECK(cudaError_t(launch_grid_strip_masks(
-          host_.q_tiles, reinterpret_cast<const int64_t*>(base + segs[0].at), reinterpret_cast<const int32_t*>(base + segs[1].at),
+          host_.q_tiles, host_.nentries(), reinterpret_cast<const int64_t*>(base + segs[0].at), reinterpret_cast<const int32_t*>(base + segs[1].at),
           reinterpret_cast<const int32_t*>(base + segs[3].at), reinterpret_cast<const int32_t*>(base + segs[6].at),
           host_.q_tiling.dims.data(), host_.strip_sx, host_.strip_sy, m, nullptr)));
     SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
