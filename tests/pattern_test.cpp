@@ -207,6 +207,40 @@ TEST(PatternAtoms, RandomRowsAreFloydsSample) {
   }
 }
 
+// random_rows_keys (rows counted by their keys, plan::analyze's band | random rows): every row's keys, drawn eight rows
+// at a time for a few draws a row (rows past a multiple of eight, ranges starting anywhere), one at a time for more.
+TEST(PatternAtoms, RandomRowsKeysAreTheRows) {
+  struct C {
+    int64_t r, Lq, Lk;
+    uint64_t seed;
+  };
+  for (const C& c : {C{4, 100, 16384, 1}, C{1, 19, 2, 3}, C{3, 13, 4, 0}, C{8, 40, 9, 5}, C{7, 33, 1700, ~0ull},
+                     C{9, 17, 10, 6}, C{81, 20, 16384, 0}, C{300, 9, 3000, 5}, C{2, 5, 2147483647, 1ull << 63}}) {
+    const auto b = Pattern::parse("random(" + std::to_string(c.r) + ", seed=" + std::to_string(int64_t(c.seed)) + ")")
+                       .bind(c.Lq, c.Lk);
+    std::vector<int32_t> keys;
+    std::vector<int64_t> row;
+    for (auto [q0, q1] : {std::pair<int64_t, int64_t>{0, c.Lq}, {3, c.Lq - 2}, {5, 5}}) {
+      SCOPED_TRACE("random(" + std::to_string(c.r) + ") at " + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
+                   ", rows " + std::to_string(q0) + ":" + std::to_string(q1));
+      random_rows_keys(c.seed, c.r, q0, q1, c.Lk, keys);
+      ASSERT_EQ(int64_t(keys.size()), (q1 - q0) * c.r);
+      for (int64_t q = q0; q < q1; ++q) {
+        std::vector<int64_t> got(keys.begin() + (q - q0) * c.r, keys.begin() + (q - q0 + 1) * c.r);
+        std::sort(got.begin(), got.end());
+        b.row_keys(q, row);
+        ASSERT_EQ(got, row) << "row " << q;
+        const auto want = floyd_random(c.r, c.seed, q, c.Lk);
+        ASSERT_EQ(got, std::vector<int64_t>(want.begin(), want.end())) << "row " << q;
+      }
+    }
+  }
+  std::vector<int32_t> keys;
+  EXPECT_THROW(random_rows_keys(0, 5, 0, 1, 5, keys), Error);  // r >= Lk: every key, no draws
+  EXPECT_THROW(random_rows_keys(0, 0, 0, 1, 5, keys), Error);
+  EXPECT_THROW(random_rows_keys(0, 2, 3, 1, 5, keys), Error);
+}
+
 TEST(PatternAtoms, RandomRowsAreTheSameOnEveryThread) {
   // The per-thread scratch and row cache: rows drawn on two threads at once, interleaved with contains() on
   // other rows and with a second random atom, match the transcription.

@@ -191,27 +191,32 @@ void expect_same(const spattn::plan::BlockPlan& a, const spattn::plan::BlockPlan
   }
 }
 
+// The analysis of b by its shortcuts and by the row walk (SPATTN_PLAN_GENERAL=1): the same counts and rows found.
+void expect_same_analysis(const spattn::BoundPattern& b) {
+  set_general(true);
+  const auto g = spattn::plan::analyze(b);
+  set_general(false);
+  const auto f = spattn::plan::analyze(b);
+  EXPECT_EQ(f.nnz, g.nnz);
+  EXPECT_EQ(f.nnz, b.nnz());
+  EXPECT_EQ(f.empty_rows, g.empty_rows);
+  EXPECT_EQ(f.dense_rows, g.dense_rows);
+  EXPECT_EQ(f.min_row, g.min_row);
+  EXPECT_EQ(f.max_row, g.max_row);
+  for (auto [x, y] : {std::pair{f.band, g.band}, std::pair{f.window, g.window}, std::pair{f.sinks, g.sinks}}) {
+    EXPECT_EQ(x.ok, y.ok);
+    EXPECT_EQ(x.lo, y.lo);
+    EXPECT_EQ(x.hi, y.hi);
+  }
+  EXPECT_EQ(f.prefix, g.prefix);
+  EXPECT_EQ(f.residue, g.residue);
+}
+
 TEST(PlanPaths, AnalysisShortcutsGiveTheSameAnalysis) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
     const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
-    set_general(true);
-    const auto g = spattn::plan::analyze(b);
-    set_general(false);
-    const auto f = spattn::plan::analyze(b);
-    EXPECT_EQ(f.nnz, g.nnz);
-    EXPECT_EQ(f.nnz, b.nnz());
-    EXPECT_EQ(f.empty_rows, g.empty_rows);
-    EXPECT_EQ(f.dense_rows, g.dense_rows);
-    EXPECT_EQ(f.min_row, g.min_row);
-    EXPECT_EQ(f.max_row, g.max_row);
-    for (auto [x, y] : {std::pair{f.band, g.band}, std::pair{f.window, g.window}, std::pair{f.sinks, g.sinks}}) {
-      EXPECT_EQ(x.ok, y.ok);
-      EXPECT_EQ(x.lo, y.lo);
-      EXPECT_EQ(x.hi, y.hi);
-    }
-    EXPECT_EQ(f.prefix, g.prefix);
-    EXPECT_EQ(f.residue, g.residue);
+    expect_same_analysis(b);
     if (const auto band = b.band()) {  // the spec's band is the rows'
       for (int64_t q : {int64_t(0), c.lq / 3, c.lq / 2, c.lq - 1}) {
         const int64_t s = std::max<int64_t>(0, q + band->first), e = std::min(c.lk - 1, q + band->second);
@@ -225,6 +230,64 @@ TEST(PlanPaths, AnalysisShortcutsGiveTheSameAnalysis) {
         }
       }
     }
+  }
+}
+
+// Band rows united with random rows (BoundPattern::band_random: counted by the random rows' keys outside the band):
+// the suite's bandrand, causal and sliding windows, ragged lengths, r near Lk and past it (the walk), tiny lengths,
+// bands covering every key (rows that never fail the walk's checks: the walk decides), specs that are not such unions.
+TEST(PlanPaths, BandRandomRowsGiveTheWalksAnalysis) {
+  for (const Case& c : std::vector<Case>{{"local(256) | random(4, seed=1)", 16384, 16384},
+                                         {"local(256) | random(4, seed=1)", 3001, 1000},
+                                         {"local(256) | random(4, seed=1)", 1000, 3001},
+                                         {"causal | random(3)", 2000, 2000},
+                                         {"random(5, seed=2) | causal", 1000, 3000},
+                                         {"causal | random(5, seed=2)", 3000, 1000},
+                                         {"local(left=100, right=0) | random(2, seed=7)", 2049, 2049},
+                                         {"local(left=0, right=50) | random(8)", 777, 900},
+                                         {"local(10) | causal | random(6)", 1500, 1500},
+                                         {"local(64) | random(9, seed=3)", 1000, 1000},
+                                         {"local(16) | random(200, seed=2)", 1000, 1000},
+                                         {"causal | random(500)", 700, 1500},
+                                         {"local(1) | random(1000, seed=8)", 300, 1200},
+                                         {"local(3) | random(99)", 100, 100},
+                                         {"local(1) | random(127, seed=4)", 300, 128},
+                                         {"causal | random(1000)", 500, 1001},
+                                         {"local(2) | random(50)", 40, 40},
+                                         {"local(2) | random(40)", 41, 41},
+                                         {"local(1) | random(1)", 1, 1},
+                                         {"local(1) | random(1)", 2, 2},
+                                         {"local(1) | random(1, seed=5)", 3, 5},
+                                         {"local(1) | random(2)", 5, 3},
+                                         {"local(2) | random(3)", 1, 7},
+                                         {"local(left=3, right=0) | random(1)", 10, 10},
+                                         {"local(5) | random(1, seed=3)", 64, 64},
+                                         {"local(1000) | random(4)", 500, 500},
+                                         {"local(left=0, right=0) | random(1)", 9, 9},
+                                         {"dilated(8, 2) | random(3)", 500, 500},
+                                         {"local(8) | random(3) | random(2)", 500, 500},
+                                         {"local(8) | global_cols(0:4) | random(3)", 500, 500}}) {
+    SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
+    const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
+    expect_same_analysis(b);
+    // The split beside it (the device draws the random part: its nnz from the analysis's, less the band part's).
+    const auto an = spattn::plan::analyze(b);
+    set_general(true);
+    const auto g = spattn::plan::split_pattern(b, an, -1, spattn::plan::SplitTarget{true, true});
+    set_general(false);
+    const auto f = spattn::plan::split_pattern(b, an, -1, spattn::plan::SplitTarget{true, true});
+    ASSERT_EQ(f.parts.size(), g.parts.size());
+    int64_t nnz = 0;
+    for (size_t i = 0; i < f.parts.size(); ++i) {
+      EXPECT_EQ(f.parts[i].kind, g.parts[i].kind);
+      EXPECT_EQ(f.parts[i].nnz, g.parts[i].nnz);
+      EXPECT_EQ(f.parts[i].terms, g.parts[i].terms);
+      EXPECT_EQ(f.parts[i].drawn_lo, g.parts[i].drawn_lo);
+      EXPECT_EQ(f.parts[i].drawn_hi, g.parts[i].drawn_hi);
+      if (f.parts[i].analysis) EXPECT_EQ(f.parts[i].analysis->nnz, f.parts[i].nnz);
+      nnz += f.parts[i].nnz;
+    }
+    EXPECT_EQ(nnz, b.nnz());
   }
 }
 
@@ -246,6 +309,24 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_FALSE(spec("global_cols(0:4)", 64));
   EXPECT_FALSE(spec("local(2) | global_cols(1:4)", 64));
   EXPECT_FALSE(spec("dilated(4, 2)", 64));
+  auto band_random = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).band_random(); };
+  const auto br = band_random("local(256) | random(4, seed=1)", 4096);
+  ASSERT_TRUE(br);
+  EXPECT_EQ(br->lo, -256);
+  EXPECT_EQ(br->hi, 256);
+  EXPECT_EQ(br->random.r, 4);
+  EXPECT_EQ(br->random.seed, 1u);
+  const auto br2 = band_random("random(7, seed=3) | causal | local(3)", 100);
+  ASSERT_TRUE(br2);
+  EXPECT_EQ(br2->lo, -100);
+  EXPECT_EQ(br2->hi, 3);
+  EXPECT_EQ(br2->random.r, 7);
+  EXPECT_FALSE(band_random("random(3)", 64));
+  EXPECT_FALSE(band_random("local(3)", 64));
+  EXPECT_FALSE(band_random("local(8) | random(3) | random(2)", 64));
+  EXPECT_FALSE(band_random("local(8) | global_cols(0:4) | random(3)", 64));
+  EXPECT_FALSE(band_random("dilated(8, 2) | random(3)", 64));
+  EXPECT_FALSE(band_random("local(8) | random(3) & causal", 64));
   auto dil = [](const char* s, int64_t l) { return spattn::parse(s).bind(l, l).dilated_band(); };
   auto expect_dil = [&](const char* s, int64_t l, int64_t lo, int64_t hi, int64_t d) {
     SCOPED_TRACE(s);

@@ -145,12 +145,19 @@ class BoundPattern {
     uint64_t seed = 0;
   };
   std::optional<RandomSpec> random_spec() const;
+  // Where the spec is a union of band rows and one random atom (local(w) | random(r, seed=x), the suite's bandrand):
+  // the band the other terms make (lo <= hi, as band() gives it) and the atom's random_spec(); else none. O(spec).
+  struct BandRandom {
+    int64_t lo = 0, hi = 0;
+    RandomSpec random;
+  };
+  std::optional<BandRandom> band_random() const;
   // n such that rows q and q' with q / n == q' / n keep the same keys by the spec (blocked(n, ...), block_diag(n);
   // dense, global_cols and summary: q_len; unions and intersections: the gcd of their n); 1 where it promises
   // nothing. O(spec).
   int64_t row_block() const;
   // Total number of kept (q, k) pairs (walks every row, one a block of rows alike (row_block); a random atom's row
-  // count is r, without its keys).
+  // count is r, without its keys, and its rows are counted as one).
   int64_t nnz() const;
 
   // A pattern given by its kept keys (a mask the caller already holds, e.g. as CSR): row q keeps
@@ -223,5 +230,9 @@ void compress_keys(const std::vector<int64_t>& sorted_keys, RowRuns& runs);
 // The hash behind random(r, seed=x), exactly as PATTERNS.md defines it.
 uint64_t random_mix(uint64_t x);
 uint64_t random_hash(uint64_t seed, uint64_t q, uint64_t k);
+// The keys of rows [q0, q1) of random(r, seed=x) over k_len keys, 1 <= r < k_len, 0 <= q0 <= q1: row q's r keys, in no
+// set order, at keys[(q - q0) r, (q - q0 + 1) r) (keys resized to (q1 - q0) r). The rows' own draws (BoundPattern::row's),
+// without their runs: for counting rows by their keys (plan::analyze's band | random rows).
+void random_rows_keys(uint64_t seed, int64_t r, int64_t q0, int64_t q1, int64_t k_len, std::vector<int32_t>& keys);
 
 }  // namespace spattn

@@ -66,8 +66,14 @@ struct BoundNode {
     g = r = 0;
     return band(lo, hi);
   }
+  // random(r, seed=x) (BoundPattern::random_spec): r and x.
+  virtual bool random(int64_t& /*r*/, uint64_t& /*seed*/) const { return false; }
+  // A union of band rows (band) and one random atom (BoundPattern::band_random): the band's lo, hi and the atom's r, x.
+  virtual bool band_random(int64_t& /*lo*/, int64_t& /*hi*/, int64_t& /*r*/, uint64_t& /*seed*/) const { return false; }
   // Row q's keys as bits of words[0, ceil(k_len / 64)) (all written), where the node has them as bits anyway.
   virtual bool row_bits(int64_t /*q*/, uint64_t* /*words*/) const { return false; }
+  // Every row keeps as many keys as row 0 (BoundPattern::nnz counts one row).
+  virtual bool counts_alike() const { return false; }
   // Rows q and q' with q / n == q' / n keep the same keys (BoundPattern::row_block); 1: no such promise; 0: every
   // row keeps the same keys.
   virtual int64_t row_block() const { return 1; }

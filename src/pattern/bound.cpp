@@ -72,22 +72,36 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512i mod_avx512(__m512i x,
   r = _mm512_mask_add_epi64(r, _mm512_cmplt_epi64_mask(r, _mm512_setzero_si512()), r, d);
   return _mm512_mask_sub_epi64(r, _mm512_cmpge_epi64_mask(r, d), r, d);
 }
+// mix64 (pattern/random_hash.hpp) in eight lanes.
+__attribute__((target("avx512f,avx512dq"))) inline __m512i mix_avx512(__m512i x) {
+  x = _mm512_mullo_epi64(xorshift(x, 30), _mm512_set1_epi64(int64_t(kMix1)));
+  x = _mm512_mullo_epi64(xorshift(x, 27), _mm512_set1_epi64(int64_t(kMix2)));
+  return xorshift(x, 31);
+}
 // Eight draws at a time.
 __attribute__((target("avx512f,avx512dq"))) void random_draws_avx512(uint64_t a, int64_t lo, int64_t n, uint32_t* t) {
-  const __m512i m1 = _mm512_set1_epi64(int64_t(kMix1)), m2 = _mm512_set1_epi64(int64_t(kMix2));
   const __m512i va = _mm512_set1_epi64(int64_t(a)), step = _mm512_set1_epi64(8), one = _mm512_set1_epi64(1);
   __m512i j = _mm512_add_epi64(_mm512_set1_epi64(lo), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m512i x = _mm512_add_epi64(va, j);
-    x = _mm512_mullo_epi64(xorshift(x, 30), m1);
-    x = _mm512_mullo_epi64(xorshift(x, 27), m2);
-    x = xorshift(x, 31);
-    const __m512i r = mod_avx512(x, _mm512_add_epi64(j, one));
+    const __m512i r = mod_avx512(mix_avx512(_mm512_add_epi64(va, j)), _mm512_add_epi64(j, one));
     j = _mm512_add_epi64(j, step);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + i), _mm512_maskz_cvtepi64_epi32(0xFF, r));
   }
   random_draws_scalar(a, lo, i, n, t);
+}
+// The n draws (j = lo + i, i < n) of eight rows q0 .. q0 + 7 at once, draw i of row q0 + l at t[8 i + l]: a lane a row,
+// whose divisor j + 1 is the same in every lane (a few draws a row: one row's fill few lanes, and its scalar
+// remainders are 64-bit divisions, 40 ns of local(256) | random(4)'s row).
+__attribute__((target("avx512f,avx512dq"))) void random_draws_rows_avx512(uint64_t seed, int64_t q0, int64_t lo, int64_t n,
+                                                                         uint32_t* t) {
+  const __m512i q = _mm512_add_epi64(_mm512_set1_epi64(q0), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m512i a = mix_avx512(_mm512_add_epi64(_mm512_set1_epi64(int64_t(detail::mix64(seed))), q));  // random_row_key
+  for (int64_t i = 0; i < n; ++i) {
+    const __m512i j = _mm512_set1_epi64(lo + i);
+    const __m512i r = mod_avx512(mix_avx512(_mm512_add_epi64(a, j)), _mm512_set1_epi64(lo + i + 1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 8 * i), _mm512_maskz_cvtepi64_epi32(0xFF, r));
+  }
 }
 #endif
 void random_draws(uint64_t a, int64_t lo, int64_t n, uint32_t* t) {
@@ -304,9 +318,25 @@ struct UnionB : BoundNode {
   }
   // The same with prefixes among the kids: their unions [0, g) of keys and [0, r) of rows beside the bands'.
   bool band_prefixes(int64_t& lo, int64_t& hi, int64_t& g, int64_t& r) const override {
+    return band_prefixes_but(nullptr, lo, hi, g, r);
+  }
+  // One random kid, the others band rows.
+  bool band_random(int64_t& lo, int64_t& hi, int64_t& r, uint64_t& seed) const override {
+    const BoundNode* random = nullptr;
+    for (auto& c : kids)
+      if (c->random(r, seed)) {
+        if (random) return false;
+        random = c.get();
+      }
+    int64_t g = 0, rows = 0;
+    return random && band_prefixes_but(random, lo, hi, g, rows) && g == 0 && rows == 0;
+  }
+  // band_prefixes of the kids but `skip`.
+  bool band_prefixes_but(const BoundNode* skip, int64_t& lo, int64_t& hi, int64_t& g, int64_t& r) const {
     std::vector<std::pair<int64_t, int64_t>> b;
     g = r = 0;
     for (auto& c : kids) {
+      if (c.get() == skip) continue;
       int64_t l, h, pg, pr;
       if (c->prefixes(pg, pr)) {
         g = std::max(g, pg), r = std::max(r, pr);
@@ -590,31 +620,42 @@ struct RandomB : BoundNode {
     set_draws(t.data(), r, k_len - r, out);
     return true;
   }
-  // Row q (r < k_len): Floyd's sampling as PATTERNS.md writes it. The draws are hashed in bulk; the set lives
-  // in a per-thread bitmap of Lk bits when the row keeps at least one key in 256 (its scan yields the keys in
-  // increasing order, and clears it), else in a small hash set whose keys are then sorted; up to 8 draws, in the sorted
-  // keys themselves.
-  static void draw_row(int64_t r, uint64_t seed, int64_t q, int64_t k_len, Spans& out) {
-    struct Scratch {
-      std::vector<uint32_t> t, set;
-      std::vector<uint64_t> bits;  // all zero between rows
-      std::vector<int32_t> keys;   // keys[0] and keys[r + 1] for key_spans' sentinels
-    };
+  // A few draws (r <= 8, draw i at t[i * step]) as their keys at keys[0, r): the set is the keys so far, scanned.
+  // kSorted: in increasing order, by insertion (random(3): 50 -> 35 ns a row); else in the draws' order (the insertion's
+  // mispredicted branches were 17 ns of the 28 a row of local(256) | random(4)'s analysis, which needs no order).
+  template <bool kSorted>
+  static void few_draws_keys(const uint32_t* t, int64_t step, int64_t r, int64_t lo, int32_t* keys) {
+    for (int64_t i = 0; i < r; ++i) {
+      int32_t k = int32_t(t[i * step]);
+      if (std::find(keys, keys + i, k) != keys + i) k = int32_t(lo + i);
+      int64_t at = i;
+      if constexpr (kSorted)
+        for (; at > 0 && keys[at - 1] > k; --at) keys[at] = keys[at - 1];
+      keys[at] = k;
+    }
+  }
+  // A thread's buffers for drawing rows.
+  struct Scratch {
+    std::vector<uint32_t> t, set;
+    std::vector<uint64_t> bits;  // all zero between rows
+    std::vector<int32_t> keys;   // draw_row's: keys[0] and keys[r + 1] for key_spans' sentinels
+  };
+  static Scratch& scratch() {
     thread_local Scratch s;
+    return s;
+  }
+  // Row q's keys (r < k_len) in increasing order at keys[0, r), up to keys[r + kSlack) written: Floyd's sampling as
+  // PATTERNS.md writes it. The draws are hashed in bulk; the set lives in a per-thread bitmap of Lk bits when the row
+  // keeps at least one key in 256 (its scan yields the keys in increasing order, and clears it), else in a small hash
+  // set whose keys are then sorted; up to 8 draws, in the sorted keys themselves. (Inlined into draw_row, as it was
+  // before random_rows_keys shared it: a call was 2-3 ns of random(4)'s 48 a row.)
+  [[gnu::always_inline]] static void draw_keys(int64_t r, uint64_t seed, int64_t q, int64_t k_len, int32_t* keys, Scratch& s) {
     const int64_t lo = k_len - r;
     s.t.resize(size_t(r));
     random_draws(detail::random_row_key(seed, uint64_t(q)), lo, r, s.t.data());
-    s.keys.resize(size_t(r) + 2 + kSlack);
-    int32_t* keys = s.keys.data() + 1;
     const int64_t words = (k_len + 63) / 64;
-    if (r <= 8) {  // a few draws: the set is the keys so far, scanned, sorted by insertion (random(3): 50 -> 35 ns)
-      for (int64_t i = 0; i < r; ++i) {
-        int32_t k = int32_t(s.t[size_t(i)]);
-        if (std::find(keys, keys + i, k) != keys + i) k = int32_t(lo + i);
-        int64_t at = i;
-        for (; at > 0 && keys[at - 1] > k; --at) keys[at] = keys[at - 1];
-        keys[at] = k;
-      }
+    if (r <= 8) {  // sorted by insertion (random(3): 50 -> 35 ns a row with the set scanned)
+      few_draws_keys<true>(s.t.data(), 1, r, lo, keys);
     } else if (words <= 4 * r) {
       if (int64_t(s.bits.size()) < words) s.bits.resize(size_t(words), 0);
       uint64_t* b = s.bits.data();
@@ -642,6 +683,13 @@ struct RandomB : BoundNode {
       }
       std::sort(keys, keys + r);
     }
+  }
+  // Row q (r < k_len): its keys (draw_keys) as intervals.
+  static void draw_row(int64_t r, uint64_t seed, int64_t q, int64_t k_len, Spans& out) {
+    Scratch& s = scratch();
+    s.keys.resize(size_t(r) + 2 + kSlack);
+    int32_t* keys = s.keys.data() + 1;
+    draw_keys(r, seed, q, k_len, keys, s);
     out.first.resize(size_t(r) + kSlack);
     out.last.resize(size_t(r) + kSlack);
     // (A few keys, stored one by one, by the scalar path: the vector one's loads of them wait for the stores; random(3)
@@ -691,6 +739,11 @@ struct RandomB : BoundNode {
     span_runs(sp.first.data(), sp.last.data(), sp.n, out.data());
   }
   int64_t row_nnz(int64_t, RowRuns&) const override { return std::min(r, k_len); }
+  bool counts_alike() const override { return true; }
+  bool random(int64_t& r_, uint64_t& seed_) const override {
+    r_ = r, seed_ = seed;
+    return true;
+  }
 };
 std::atomic<uint64_t> g_row_cache_ids{1};
 
@@ -965,6 +1018,28 @@ BoundPtr bind_node(const std::shared_ptr<const Node>& np, const std::string& spe
 
 }  // namespace detail
 
+void random_rows_keys(uint64_t seed, int64_t r, int64_t q0, int64_t q1, int64_t k_len, std::vector<int32_t>& keys) {
+  if (r < 1 || r >= k_len || q0 < 0 || q1 < q0)
+    throw Error("random_rows_keys: needs 1 <= r < k_len and 0 <= q0 <= q1, got r " + std::to_string(r) + ", k_len " +
+                std::to_string(k_len) + ", rows " + std::to_string(q0) + ":" + std::to_string(q1));
+  const size_t n = size_t((q1 - q0) * r);
+  keys.resize(n + detail::kSlack);  // (draw_keys writes up to kSlack past a row's keys: the next row's, or these)
+  int64_t q = q0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (r <= 8 && detail::have_avx512()) {  // eight rows' draws at a time (local(256) | random(4): 40 -> 8 ns a row)
+    uint32_t t[64];
+    for (; q < q1; q += 8) {
+      detail::random_draws_rows_avx512(seed, q, k_len - r, r, t);
+      for (int64_t l = 0; l < 8 && q + l < q1; ++l)
+        detail::RandomB::few_draws_keys<false>(t + l, 8, r, k_len - r, keys.data() + (q + l - q0) * r);
+    }
+  }
+#endif
+  for (detail::RandomB::Scratch& s = detail::RandomB::scratch(); q < q1; ++q)
+    detail::RandomB::draw_keys(r, seed, q, k_len, keys.data() + (q - q0) * r, s);
+  keys.resize(n);
+}
+
 BoundPattern Pattern::bind(int64_t q_len, int64_t k_len) const {
   if (!root_) throw Error("pattern is empty: parse a spec first");
   if (q_len < 0 || k_len < 0)
@@ -1020,6 +1095,11 @@ std::optional<BoundPattern::BandSpec> BoundPattern::band_spec() const {
   if (!root_ || !root_->band_prefixes(b.lo, b.hi, b.key_prefix, b.row_prefix) || b.lo > b.hi) return std::nullopt;
   return b;
 }
+std::optional<BoundPattern::BandRandom> BoundPattern::band_random() const {
+  BandRandom b;
+  if (!root_ || !root_->band_random(b.lo, b.hi, b.random.r, b.random.seed) || b.lo > b.hi) return std::nullopt;
+  return b;
+}
 std::optional<BoundPattern::DilatedBand> BoundPattern::dilated_band() const {
   DilatedBand b;
   if (!root_ || !root_->dilated_band(b.lo, b.hi, b.d) || b.lo > b.hi) return std::nullopt;
@@ -1033,6 +1113,8 @@ std::optional<std::pair<int64_t, int64_t>> BoundPattern::band() const {
 int64_t BoundPattern::nnz() const {
   int64_t n = 0;
   RowRuns r;
+  // One row for all where the spec says (random: a call a row was 30 us of local(256) | random(4)'s split, L = 16384).
+  if (root_ && q_len_ > 0 && root_->counts_alike()) return root_->row_nnz(0, r) * q_len_;
   const int64_t b = row_block();  // rows alike: one a block
   for (int64_t q = 0; q < q_len_; q += b) n += root_->row_nnz(q, r) * std::min(b, q_len_ - q);
   return n;

@@ -87,7 +87,8 @@ struct Analysis {
 // Walks every row once on up to plan_thread_cap() threads: the runs of rows while they can still be band rows, the
 // key count (BoundPattern::row_nnz) after that; cost follows the runs, never rows x keys, and a random atom's rows
 // are counted without being drawn. Band rows by the spec (BoundPattern::band: local, causal, dense, ...) walk no row:
-// the same results in closed form, O(1).
+// the same results in closed form, O(1); band rows united with one random atom (BoundPattern::band_random: local(w) |
+// random(r)) are counted by each row's r drawn keys, O(r) a row, without its runs.
 Analysis analyze(const BoundPattern& pattern);
 
 // The pattern's BSR blocks at sizes 16, 32, 64 and 128: stored, full, partial, fill and a histogram of the
@@ -98,10 +99,10 @@ std::string block_histogram(const BoundPattern& pattern);
 int plan_thread_cap();
 
 // SPATTN_PLAN_GENERAL=1: the analysis and the tilers skip their shortcuts for common cases (the analysis's and the GPU
-// builder's band rows in closed form; blocked rows by their block rows; the CPU tiler's all-residue tiles; the
-// GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of scattered query tiles, its counts
-// of strided runs tile by tile, its builder's intervals counted and marked by their end tiles and partial tiles, and the
-// strip plan's rows from an exact neighborhood grid's windows)
+// builder's band rows in closed form; blocked rows by their block rows; band | random rows by their random keys; the
+// CPU tiler's all-residue tiles; the GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of
+// scattered query tiles, its counts of strided runs tile by tile, its builder's intervals counted and marked by their
+// end tiles and partial tiles, and the strip plan's rows from an exact neighborhood grid's windows)
 // and take their general paths everywhere; the plans are the same (tests/plan_paths_test.cpp checks it).
 bool general_paths_only();
 
