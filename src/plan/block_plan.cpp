@@ -1622,7 +1622,7 @@ void estimate_grid_rows(const BoundPattern& pat, const Analysis& an, std::vector
       win[size_t(a)].push_back(w);
     }
   }
-  const int64_t lq = pat.q_len(), lk = pat.k_len(), n1 = n[1], n2 = n[2];
+  const int64_t lq = pat.q_len(), n1 = n[1], n2 = n[2];
   std::vector<int64_t> cov, pre;
   for (Candidate& c : cands) {
     if (c.maps || c.priced || c.d != 1) continue;
