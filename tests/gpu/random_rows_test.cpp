@@ -19,6 +19,7 @@ namespace {
 
 using spattn::cuda::fused::launch_random_counts;
 using spattn::cuda::fused::launch_random_csr;
+using spattn::cuda::fused::launch_random_offsets;
 using spattn::cuda::fused::launch_random_tile_masks;
 
 struct Dev {
@@ -74,7 +75,7 @@ TEST(RandomRows, CsrMatchesHostRows) {
     Dev doff(size_t(c.q_len + 1) * 8), dcols(size_t(c.q_len * c.r) * 4);
     ASSERT_EQ(cudaMemset(doff.p, 0xAB, size_t(c.q_len + 1) * 8), cudaSuccess);
     ASSERT_EQ(launch_random_csr(c.r, c.seed, c.q_len, c.k_len, 1, 0, false, static_cast<int64_t*>(doff.p),
-                                static_cast<int32_t*>(dcols.p), nullptr),
+                                static_cast<int32_t*>(dcols.p), c.q_len * c.r, nullptr),
               0);
     std::vector<int64_t> off(size_t(c.q_len + 1));
     std::vector<int32_t> cols(size_t(c.q_len * c.r));
@@ -121,13 +122,48 @@ TEST(RandomRows, CsrLessABandMatchesHostRows) {
     int64_t bad = 0;
     for (int64_t q = 0; q < c.q_len; ++q) bad += n[size_t(q)] != off[size_t(q + 1)] - off[size_t(q)];
     EXPECT_EQ(bad, 0) << "rows counted wrong";
-    ASSERT_EQ(cudaMemcpy(doff.p, off.data(), off.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+    // The offsets from the counts, made on the device (poisoned first), are the host's.
+    ASSERT_EQ(cudaMemset(doff.p, 0xAB, off.size() * 8), cudaSuccess);
+    ASSERT_EQ(launch_random_offsets(static_cast<int32_t*>(dn.p), c.q_len, static_cast<int64_t*>(doff.p), nullptr), 0);
+    std::vector<int64_t> got_off(off.size());
+    ASSERT_EQ(cudaMemcpy(got_off.data(), doff.p, off.size() * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got_off == off) << "offsets differ";
     ASSERT_EQ(launch_random_csr(c.r, c.seed, c.q_len, c.k_len, b.lo, b.hi, true, static_cast<int64_t*>(doff.p),
-                                static_cast<int32_t*>(dcols.p), nullptr),
+                                static_cast<int32_t*>(dcols.p), int64_t(want.size()), nullptr),
               0);
     std::vector<int32_t> got(want.size());
     ASSERT_EQ(cudaMemcpy(got.data(), dcols.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_TRUE(got == want) << "keys differ";
+    // Offsets past the keys the buffer holds (counts other than the draws'): those rows are left alone.
+    const int64_t half = int64_t(want.size()) / 2;
+    ASSERT_EQ(cudaMemset(dcols.p, 0xCD, want.size() * 4), cudaSuccess);
+    ASSERT_EQ(launch_random_csr(c.r, c.seed, c.q_len, c.k_len, b.lo, b.hi, true, static_cast<int64_t*>(doff.p),
+                                static_cast<int32_t*>(dcols.p), half, nullptr),
+              0);
+    ASSERT_EQ(cudaMemcpy(got.data(), dcols.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t past = 0;
+    for (size_t i = size_t(half); i < got.size(); ++i) past += got[i] != int32_t(0xCDCDCDCD);
+    EXPECT_EQ(past, 0) << "keys written past cols_len";
+  }
+}
+
+// The offsets from counts over several of the scan's blocks (16384 rows each), lengths off them, and none.
+TEST(RandomRows, OffsetsFromCountsOverBlocks) {
+  REQUIRE_GPU();
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(16384), int64_t(40001)}) {
+    std::vector<int32_t> counts(static_cast<size_t>(n));
+    std::vector<int64_t> want(size_t(n) + 1, 0);
+    for (int64_t q = 0; q < n; ++q) {
+      counts[size_t(q)] = int32_t((q * 2654435761u) % 1000);
+      want[size_t(q) + 1] = want[size_t(q)] + counts[size_t(q)];
+    }
+    Dev dc(counts.size() * 4), doff(want.size() * 8);
+    ASSERT_EQ(cudaMemcpy(dc.p, counts.data(), counts.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(doff.p, 0xAB, want.size() * 8), cudaSuccess);
+    ASSERT_EQ(launch_random_offsets(static_cast<int32_t*>(dc.p), n, static_cast<int64_t*>(doff.p), nullptr), 0);
+    std::vector<int64_t> got(want.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), doff.p, got.size() * 8, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == want) << n << " rows";
   }
 }
 
@@ -139,8 +175,8 @@ TEST(RandomRows, RefusesWhatItCannotDraw) {
   EXPECT_NE(launch_random_tile_masks(10, 0, 10, 10, 64, 64, m, nullptr), 0) << "r = Lk";
   EXPECT_NE(launch_random_tile_masks(1, 0, 10, (int64_t(1) << 20) + 1, 64, 64, m, nullptr), 0) << "Lk past kDrawMaxKeys";
   EXPECT_NE(launch_random_tile_masks(1, 0, 10, 10, 96, 64, m, nullptr), 0) << "a tile height of no kernel";
-  EXPECT_NE(launch_random_csr(3, 0, 10, 10, 1, 0, false, nullptr, nullptr, nullptr), 0) << "no offsets";
-  EXPECT_NE(launch_random_csr(3, 0, 10, 10, -1, 1, false, reinterpret_cast<int64_t*>(m), reinterpret_cast<int32_t*>(m), nullptr), 0)
+  EXPECT_NE(launch_random_csr(3, 0, 10, 10, 1, 0, false, nullptr, nullptr, 30, nullptr), 0) << "no offsets";
+  EXPECT_NE(launch_random_csr(3, 0, 10, 10, -1, 1, false, reinterpret_cast<int64_t*>(m), reinterpret_cast<int32_t*>(m), 30, nullptr), 0)
       << "rows less a band need their offsets";
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a refusal launches nothing";
 }

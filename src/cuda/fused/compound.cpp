@@ -97,28 +97,27 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
         if (p.drawn.r > 0) {  // drawn here (plan::Part::drawn), waited for as the uploads are
           const int64_t lq = problem.q_len, lk = problem.kv_len;
           const bool band = p.drawn_lo <= p.drawn_hi;
-          if (band) {  // rows less the band: their counts first, the offsets from them here
-            DeviceBuffer counts(size_t(lq) * sizeof(int32_t));
+          r.offsets = DeviceBuffer(size_t(lq + 1) * sizeof(int64_t));
+          DeviceBuffer counts(band ? size_t(std::max<int64_t>(lq, 1)) * sizeof(int32_t) : 0);  // kept to the wait below
+          if (band) {  // rows less the band: their counts first, the offsets from them on the device
             launched(launch_random_counts(p.drawn.r, p.drawn.seed, lq, lk, p.drawn_lo, p.drawn_hi, counts.get<int32_t>(),
                                           nullptr),
                      "random_counts");
-            std::vector<int32_t> n(static_cast<size_t>(lq));
-            check(cudaMemcpy(n.data(), counts.get(), n.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), "random_counts",
-                  __FILE__, __LINE__);
-            std::vector<int64_t> off(static_cast<size_t>(lq) + 1, 0);
-            for (size_t q = 0; q < n.size(); ++q) off[q + 1] = off[q] + n[q];
-            if (off.back() != p.nnz)
-              throw Error("compound plan: the scattered part drew " + std::to_string(off.back()) + " keys, its plan says " +
-                          std::to_string(p.nnz));
-            r.offsets = DeviceBuffer::upload(off);
-          } else {
-            r.offsets = DeviceBuffer(size_t(lq + 1) * sizeof(int64_t));
+            launched(launch_random_offsets(counts.get<int32_t>(), lq, r.offsets.get<int64_t>(), nullptr), "random_offsets");
           }
           r.cols = DeviceBuffer(size_t(checked_bytes("a scattered part's keys", {std::max<int64_t>(p.nnz, 1)}, 4)));
           launched(launch_random_csr(p.drawn.r, p.drawn.seed, lq, lk, p.drawn_lo, p.drawn_hi, band, r.offsets.get<int64_t>(),
-                                     r.cols.get<int32_t>(), nullptr),
+                                     r.cols.get<int32_t>(), p.nnz, nullptr),
                    "random_csr");
           check(cudaStreamSynchronize(nullptr), "random_csr", __FILE__, __LINE__);
+          if (band) {  // the keys drawn are the plan's (checked after the fill: one wait, not one before it too)
+            int64_t drawn = 0;
+            check(cudaMemcpy(&drawn, r.offsets.get<int64_t>() + lq, sizeof drawn, cudaMemcpyDeviceToHost), "random_offsets",
+                  __FILE__, __LINE__);
+            if (drawn != p.nnz)
+              throw Error("compound plan: the scattered part drew " + std::to_string(drawn) + " keys, its plan says " +
+                          std::to_string(p.nnz));
+          }
           break;
         }
         r.offsets = DeviceBuffer::upload(p.offsets);

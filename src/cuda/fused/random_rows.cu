@@ -20,6 +20,7 @@ struct Args {
   int64_t band_lo, band_hi;         // kCount, kFill: keys with band_lo <= k - q <= band_hi dropped (lo > hi: none)
   int32_t* counts;                  // kCount
   bool offsets_given;               // kFill: row q's keys at cols + offsets[q]; else offsets[q] = q r written too
+  int64_t cols_len;                 // kFill: keys cols holds (a row past it is not written)
   int rows, words;                  // rows a CTA; words a row's bitmap (the key tiles' words for kTiles)
   int block_m, block_n, k_tiles;    // kTiles
   unsigned long long* masks;        // kTiles
@@ -62,12 +63,14 @@ __global__ void __launch_bounds__(32) random_rows_kernel(Args a) {
     const unsigned long long* b = bits + lane * a.words;
     const int64_t lo = q + a.band_lo, hi = q + a.band_hi;  // the band's keys of row q
     int32_t* out = kMode == kFill ? a.cols + (a.offsets_given ? a.offsets[q] : q * a.r) : nullptr;
+    if (kMode == kFill && a.offsets_given && (a.offsets[q] < 0 || a.offsets[q + 1] > a.cols_len)) out = nullptr;
     int32_t n = 0;
     for (int w = 0; w < a.words; ++w)
       for (unsigned long long x = b[w]; x; x &= x - 1) {
         const int64_t k = int64_t(w) * 64 + __ffsll(static_cast<long long>(x)) - 1;
         if (k >= lo && k <= hi) continue;
-        if constexpr (kMode == kFill) out[n] = int32_t(k);
+        if constexpr (kMode == kFill)
+          if (out) out[n] = int32_t(k);
         ++n;
       }
     if constexpr (kMode == kCount) a.counts[q] = n;
@@ -135,14 +138,50 @@ int launch_random_counts(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len,
   return launch<kCount>(a, (q_len + a.rows - 1) / a.rows, stream);
 }
 
+namespace {
+// One CTA of 1024 threads: the rows in blocks of 1024 x 16, a thread's 16 summed, the sums scanned in shared memory
+// (Hillis-Steele), then each thread's offsets written from its prefix; the carry from block to block.
+__global__ void __launch_bounds__(1024) offsets_kernel(const int32_t* counts, int64_t n, int64_t* offsets) {
+  __shared__ int64_t sums[1024];
+  constexpr int kPer = 16;
+  const int t = int(threadIdx.x);
+  int64_t carry = 0;
+  if (t == 0) offsets[0] = 0;
+  for (int64_t b0 = 0; b0 < n; b0 += 1024 * kPer) {
+    const int64_t i0 = b0 + int64_t(t) * kPer;
+    int64_t s = 0;
+    for (int j = 0; j < kPer; ++j) s += i0 + j < n ? counts[i0 + j] : 0;
+    sums[t] = s;
+    __syncthreads();
+    for (int d = 1; d < 1024; d *= 2) {
+      const int64_t v = t >= d ? sums[t - d] : 0;
+      __syncthreads();
+      sums[t] += v;
+      __syncthreads();
+    }
+    int64_t run = carry + sums[t] - s;  // the rows before this thread's
+    for (int j = 0; j < kPer && i0 + j < n; ++j) offsets[i0 + j + 1] = run += counts[i0 + j];
+    carry += sums[1023];
+    __syncthreads();
+  }
+}
+}  // namespace
+
+int launch_random_offsets(const int32_t* counts, int64_t q_len, int64_t* offsets, void* stream) {
+  if (q_len < 0 || !offsets || (q_len > 0 && !counts)) return int(cudaErrorInvalidValue);
+  offsets_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(counts, q_len, offsets);
+  return int(cudaGetLastError());
+}
+
 int launch_random_csr(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
-                      bool offsets_given, int64_t* offsets, int32_t* cols, void* stream) {
+                      bool offsets_given, int64_t* offsets, int32_t* cols, int64_t cols_len, void* stream) {
   if (!plan::device_draws_random(r, q_len, k_len) || !offsets || (q_len > 0 && !cols) || (!offsets_given && band_lo <= band_hi))
     return int(cudaErrorInvalidValue);
   if (q_len == 0)
     return offsets_given ? 0 : int(cudaMemsetAsync(offsets, 0, sizeof(int64_t), static_cast<cudaStream_t>(stream)));
   Args a = csr_args(r, seed, q_len, k_len, band_lo, band_hi);
-  a.offsets = offsets, a.cols = cols, a.offsets_given = offsets_given;
+  if (!offsets_given && cols_len < q_len * r) return int(cudaErrorInvalidValue);
+  a.offsets = offsets, a.cols = cols, a.offsets_given = offsets_given, a.cols_len = cols_len;
   return launch<kFill>(a, (q_len + a.rows - 1) / a.rows, stream);
 }
 

@@ -19,9 +19,13 @@ int launch_random_tile_masks(int64_t r, uint64_t seed, int64_t q_len, int64_t k_
 // band_lo <= k - q <= band_hi (band_lo > band_hi: every key). counts[q] = how many (q < q_len).
 int launch_random_counts(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
                          int32_t* counts, void* stream);
+// offsets[0] = 0 and offsets[q + 1] = offsets[q] + counts[q] for q < q_len (device arrays; one CTA: the offsets of the
+// rows above, made here instead of on the host, which cost a copy each way and a wait: bandrand's draw was 0.27 ms).
+int launch_random_offsets(const int32_t* counts, int64_t q_len, int64_t* offsets, void* stream);
 // A CSR of those rows, keys increasing: offsets_given, row q's at cols[offsets[q] ..) (offsets from the counts above);
 // else (no band: band_lo > band_hi) offsets[q] = q r (q <= q_len) written too, row q's at cols[q r .. (q + 1) r).
+// cols holds cols_len keys: given offsets that pass it (counts other than the draws'), those rows are not written.
 int launch_random_csr(int64_t r, uint64_t seed, int64_t q_len, int64_t k_len, int64_t band_lo, int64_t band_hi,
-                      bool offsets_given, int64_t* offsets, int32_t* cols, void* stream);
+                      bool offsets_given, int64_t* offsets, int32_t* cols, int64_t cols_len, void* stream);
 
 }  // namespace spattn::cuda::fused
