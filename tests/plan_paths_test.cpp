@@ -107,6 +107,26 @@ const std::vector<Case>& cases() {
       {"blocked(128, local(1) | global(0:1))", 3000, 3000},
       {"sparse_fixed(100, 3)", 3001, 3001},
       {"block_diag(70) | summary(64)", 1000, 1100},
+      // ... by their block rows (Analysis::blocks; counts alone where rows have strided runs: sparse_fixed's summary
+      // columns): block_diag (sparse_fixed's tiles part) off the tile sizes, Lq != Lk, Lk short of the last blocks
+      // (empty rows), a last block of one row, blocks of two rows; two spans a row ([0, g) apart from the block: the
+      // walk's sinks check decides; not from key 0: no sinks rows); sparse_fixed tiny, ragged, Lq != Lk.
+      {"block_diag(128)", 4096, 4096},
+      {"block_diag(100)", 3001, 2999},
+      {"block_diag(100)", 1000, 150},
+      {"block_diag(64)", 65, 100},
+      {"block_diag(50)", 101, 150},
+      {"block_diag(50)", 51, 100},
+      {"block_diag(2)", 999, 1000},
+      {"block_diag(64)", 64, 64},
+      {"block_diag(3)", 10, 2},
+      {"block_diag(64) | global_cols(0:10)", 1000, 1000},
+      {"block_diag(64) | global_cols(3:10)", 1000, 1000},
+      {"sparse_fixed(128)", 1000, 1000},
+      {"sparse_fixed(100, 3)", 3001, 2000},
+      {"sparse_fixed(64)", 100, 3001},
+      {"sparse_fixed(16, 4)", 50, 50},
+      {"sparse_fixed(128)", 64, 64},
       // Blocked rows by their block rows (Analysis::blocks: analysis, prices and builds from the block rows): bigbird
       // at its bench size, ragged lengths, blocks of 32, 64, 128 and off the tile sizes, Lq != Lk, a last block of one
       // row (tiles of one valid row: band entries), blocks of one row, global rows, unions and intersections inside.
@@ -123,7 +143,8 @@ const std::vector<Case>& cases() {
       {"blocked(64, (local(2) | random(4, seed=7)) & causal)", 2000, 2000},
       {"blocked(32, (causal & local(3)) | global_rows(3) | global_cols(5) | random(2))", 1500, 1300},
       {"blocked(128, local(1) | global(0:1) | random(1))", 4097, 4097},
-      // ... and those the walk decides: strided inner rows, rows of one or two spans (band, window, sinks rows).
+      // ... and strided inner rows (counts alone), rows of one or two spans (by the block rows where the walk would find
+      // no band, window or sinks rows, else by the walk).
       {"blocked(32, local(1) | stride(9))", 1000, 1000},
       {"blocked(64, local(1))", 1000, 1000},
       {"blocked(64, local(1))", 1025, 900},
@@ -361,6 +382,24 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_EQ(block("global_rows(3) | dense"), 1);
 }
 
+// Rows alike by blocks take their block rows (Analysis::blocks) where the walk would find no band, window or sinks rows:
+// block_diag and both parts of sparse_fixed at its bench size; not dense blocks (band rows) or rows [0, g) apart from a
+// block (the walk's sinks check decides).
+TEST(PlanPaths, RowsAlikeByBlocks) {
+  auto blocks = [](const char* s, int64_t lq, int64_t lk) {
+    return spattn::plan::analyze(spattn::parse(s).bind(lq, lk)).blocks != nullptr;
+  };
+  EXPECT_TRUE(blocks("block_diag(128)", 16384, 16384));
+  EXPECT_TRUE(blocks("block_diag(100)", 3001, 2999));
+  EXPECT_TRUE(blocks("block_diag(64) | global_cols(3:10)", 1000, 1000));
+  EXPECT_FALSE(blocks("block_diag(64)", 64, 64));
+  EXPECT_FALSE(blocks("block_diag(64) | global_cols(0:10)", 1000, 1000));
+  EXPECT_FALSE(blocks("sparse_fixed(128)", 16384, 16384));  // a strided run (its summary columns): counts alone
+  const auto b = spattn::parse("sparse_fixed(128)").bind(16384, 16384);
+  for (const auto& part : spattn::plan::split_pattern(b, spattn::plan::analyze(b), -1).parts)
+    EXPECT_TRUE(spattn::plan::analyze(part.pattern).blocks) << part.terms;
+}
+
 // Rows of all keys or none by the spec (the split's owned rows): the rows the walk finds.
 TEST(PlanPaths, DenseRowRangesAreTheRows) {
   for (const Case& c : std::vector<Case>{{"global_rows(0:32)", 4096, 4096}, {"global_rows(5, 10:20, 2990:3001)", 3001, 50},
@@ -402,16 +441,19 @@ TEST(PlanPaths, DenseRowRangesAreTheRows) {
 // The compound split's parts (gathered columns less the tiles' keys, with owned rows: rows alike by blocks of the
 // skipped rows' ends): the same analyses and block plans by either path.
 TEST(PlanPaths, PartsGiveTheSamePlans) {
+  // sparse_fixed at its bench size and at awkward ones (ragged, Lq != Lk, blocks off the tile sizes, tiny L).
   for (const Case& c : std::vector<Case>{{"sparse_fixed(128)", 4096, 4096}, {"sparse_fixed(100, 3)", 3001, 3001},
                                          {"dilated(6, 3) | summary(12, c=2) | global_rows(3:5)", 1000, 1000},
-                                         {"block_diag(64) | summary(64) | global_rows(32:96)", 2000, 2000}}) {
+                                         {"block_diag(64) | summary(64) | global_rows(32:96)", 2000, 2000},
+                                         {"sparse_fixed(128)", 16384, 16384}, {"sparse_fixed(100)", 3001, 2000},
+                                         {"sparse_fixed(128)", 1000, 1000}, {"sparse_fixed(64, 2)", 130, 4097},
+                                         {"sparse_fixed(16)", 40, 40}, {"sparse_fixed(128)", 200, 200}}) {
     const auto b = spattn::parse(c.spec).bind(c.lq, c.lk);
     for (const auto& part : spattn::plan::split_pattern(b, spattn::plan::analyze(b), 1).parts) {
       if (part.kind == spattn::plan::PartKind::scattered) continue;
-      SCOPED_TRACE(c.spec + " part " + part.terms);
+      SCOPED_TRACE(c.spec + " " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + " part " + part.terms);
       set_general(true);
       const auto ga = spattn::plan::analyze(part.pattern);
-      const auto g = spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &ga);
       set_general(false);
       const auto fa = spattn::plan::analyze(part.pattern);
       EXPECT_EQ(fa.nnz, ga.nnz);
@@ -419,7 +461,31 @@ TEST(PlanPaths, PartsGiveTheSamePlans) {
       EXPECT_EQ(fa.max_row, ga.max_row);
       EXPECT_EQ(fa.empty_rows, ga.empty_rows);
       EXPECT_EQ(fa.dense_rows, ga.dense_rows);
-      expect_same(spattn::plan::build_block_plan(part.pattern, 64, 128, 1, &fa), g);
+      for (auto [x, y] : {std::pair{fa.band, ga.band}, std::pair{fa.window, ga.window}, std::pair{fa.sinks, ga.sinks}}) {
+        EXPECT_EQ(x.ok, y.ok);
+        EXPECT_EQ(x.lo, y.lo);
+        EXPECT_EQ(x.hi, y.hi);
+      }
+      EXPECT_EQ(fa.residue, ga.residue);
+      for (auto [bm, bn] : std::vector<std::pair<int, int>>{{64, 64}, {64, 128}, {128, 128}, {192, 128}}) {
+        SCOPED_TRACE(std::to_string(bm) + "x" + std::to_string(bn));
+        set_general(true);
+        const auto g = spattn::plan::build_block_plan(part.pattern, bm, bn, 1, &ga);
+        set_general(false);
+        expect_same(spattn::plan::build_block_plan(part.pattern, bm, bn, 1, &fa), g);
+      }
+      // The choice too (the sm_90a rows' shapes priced in closed form against the walk's samples).
+      for (bool tma : {false, true}) {
+        set_general(true);
+        const auto gc = spattn::plan::block_shape_costs(part.pattern, ga, 64, tma);
+        set_general(false);
+        const auto fc = spattn::plan::block_shape_costs(part.pattern, fa, 64, tma);
+        ASSERT_EQ(fc.size(), gc.size());
+        for (size_t i = 0; i < fc.size(); ++i) {
+          EXPECT_EQ(fc[i].cost, gc[i].cost) << "shape " << i;
+          EXPECT_EQ(fc[i].kept, gc[i].kept) << "shape " << i;
+        }
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <climits>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -145,52 +146,106 @@ void groups_in_closed_form(Analysis& a, int64_t lo, int64_t hi, int64_t d) {
   a.groups = {true, int32_t(lo), int32_t(hi)};
 }
 
-// The block rows of blocked(b, inner) (BoundPattern::blocked), from inner's rows (one a block row, where the walk draws
-// one a block row and copies it to each of its rows); none where an inner row has a strided run (a span a block: O(its
-// keys), where the walk's runs are O(1)) or no block row keeps three spans or more (the walk may find band, window or
-// sinks rows: left to it).
+// Whether the row walk finds no band, window or sinks rows in rows alike by block rows (spans: the rows' runs, no
+// strided one; block rows of `rows` rows each, the last one clipped to Lq), without walking them; false where it may:
+//  - a row of three spans or more is neither one interval (band and window rows) nor [0, g) and one more (sinks rows);
+//  - else, where a row keeps two spans (not one interval: no band or window rows), no sinks rows where such a row's
+//    first span does not start at key 0 or two such rows' first spans differ (the walk's sinks rows share one [0, g));
+//  - else (every row one interval or none): band rows keep the same interval in two consecutive rows only where both
+//    ends are clamped (every key), shifted windows only where one end is (the first W keys or the last), and the walk
+//    takes a window's offset from a row starting inside (0, Lk - W): so no band rows where a block row of two rows or
+//    more keeps some keys but not all, and no window rows where rows keep unequal counts, or none starts inside or one
+//    of a block row of two rows or more does.
+bool walk_finds_none(const BlockRows& br, int64_t lq, int64_t lk) {
+  const int64_t n = br.block_rows();
+  auto spans = [&](int64_t i) { return br.offsets[size_t(i) + 1] - br.offsets[size_t(i)]; };
+  auto rows = [&](int64_t i) { return std::min(lq, (i + 1) * br.block) - i * br.block; };
+  int64_t most = 0;
+  for (int64_t i = 0; i < n; ++i) most = std::max(most, spans(i));
+  if (most >= 3) return true;
+  if (most == 2) {
+    int64_t g = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (spans(i) != 2) continue;
+      const auto [first, end] = br.spans[size_t(br.offsets[size_t(i)])];
+      if (first != 0 || (g >= 0 && end != g)) return true;
+      g = end;
+    }
+    return false;
+  }
+  bool no_band = false;
+  int64_t w_min = INT64_MAX, w_max = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t keys = br.keys(i);
+    no_band = no_band || (rows(i) >= 2 && keys > 0 && keys < lk);
+    w_min = std::min(w_min, keys), w_max = std::max(w_max, keys);
+  }
+  if (!no_band) return false;
+  if (w_min != w_max || w_min == 0 || w_min >= lk) return true;
+  bool inside = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t first = br.spans[size_t(br.offsets[size_t(i)])].first;
+    if (first > 0 && first < lk - w_min) {
+      if (rows(i) >= 2) return true;
+      inside = true;
+    }
+  }
+  return !inside;
+}
+
+// The block rows of rows alike by blocks: blocked(b, inner) (BoundPattern::blocked: bigbird) from inner's rows (one a
+// block row, where the walk draws one a block row and copies it to each of its rows), else rows alike by the spec
+// (BoundPattern::row_block b >= 2: block_diag, sparse_fixed's parts), one row drawn a block (the rows of a block have
+// the same runs: each atom's row is a function of its block). None where a row has a strided run (blocked: a span a
+// block, O(its keys), where the walk's runs are O(1)) or the walk may find band, window or sinks rows (walk_finds_none:
+// left to it).
 std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat) {
   const auto bl = pat.blocked();
-  if (!bl) return nullptr;
+  const int64_t lq = pat.q_len(), lk = pat.k_len(), b = bl ? bl->block : pat.row_block();
+  if (!bl && b < 2) return nullptr;
   auto br = std::make_shared<BlockRows>();
-  const int64_t n = bl->inner.q_len(), b = bl->block, lk = pat.k_len();
+  const int64_t n = bl ? bl->inner.q_len() : (lq + b - 1) / b, scale = bl ? b : 1;
   br->block = b;
   br->offsets.resize(size_t(n) + 1);
   RowRuns runs;
-  bool three = false;
   for (int64_t i = 0; i < n; ++i) {
     const size_t begin = br->spans.size();
     br->offsets[size_t(i)] = int64_t(begin);
-    bl->inner.row(i, runs);
+    if (bl) bl->inner.row(i, runs);
+    else pat.row(i * b, runs);
     for (const Run& r : runs) {  // ordered by start (RowRuns)
       if (r.stride != 1 && r.count > 1) return nullptr;
-      const int32_t first = int32_t(r.start * b), end = int32_t(std::min(lk, (r.start + r.count) * b));
+      const int32_t first = int32_t(r.start * scale), end = int32_t(std::min(lk, (r.start + r.count) * scale));
       if (br->spans.size() > begin && first == br->spans.back().second)  // (a single key's run may touch an interval)
         br->spans.back().second = end;
       else
         br->spans.push_back({first, end});
     }
-    three = three || br->spans.size() - begin >= 3;
   }
   br->offsets[size_t(n)] = int64_t(br->spans.size());
-  return three ? br : nullptr;
+  return walk_finds_none(*br, lq, lk) ? br : nullptr;
 }
 
-// The row walk's results for blocked rows by their block rows (block_rows): a row's keys are its block row's, counted
-// once for its rows. A row keeping three key intervals or more apart fails the walk's band and sinks checks (one
-// interval; [0, g) and one interval), so it finds no band, window or sinks rows; no row has a strided run, so the
-// residue stride is 1.
-void blocks_in_closed_form(Analysis& a, std::shared_ptr<const BlockRows> br) {
-  const int64_t lq = a.q_len, lk = a.k_len, b = br->block;
+// The row walk's counts for rows alike by blocks of b rows: block row i's rows keep keys(i) keys each.
+template <class Keys>
+void count_alike_rows(Analysis& a, int64_t b, int64_t block_rows, Keys&& keys) {
+  const int64_t lq = a.q_len, lk = a.k_len;
   a.min_row = INT64_MAX;
-  for (int64_t i = 0; i < br->block_rows(); ++i) {
-    const int64_t rows = std::min(lq, (i + 1) * b) - i * b, n = br->keys(i);
+  for (int64_t i = 0; i < block_rows; ++i) {
+    const int64_t rows = std::min(lq, (i + 1) * b) - i * b, n = keys(i);
     a.nnz += n * rows;
     a.empty_rows += n == 0 ? rows : 0;
     a.dense_rows += n == lk ? rows : 0;
     a.min_row = std::min(a.min_row, n);
     a.max_row = std::max(a.max_row, n);
   }
+}
+
+// The row walk's results for rows alike by blocks by their block rows (block_rows): a row's keys are its block row's,
+// counted once for its rows. The walk finds no band, window or sinks rows (walk_finds_none); no row has a strided run,
+// so the residue stride is 1.
+void blocks_in_closed_form(Analysis& a, std::shared_ptr<const BlockRows> br) {
+  count_alike_rows(a, br->block, br->block_rows(), [&](int64_t i) { return br->keys(i); });
   a.residue = 1;
   a.blocks = std::move(br);
 }
@@ -293,6 +348,28 @@ bool grid_in_closed_form(Analysis& a, const BoundPattern& pat) {
   return true;
 }
 
+// The row walk's results for rows alike by the spec (BoundPattern::row_block b >= 2) with strided runs, where
+// block_rows makes no block rows (the whole of sparse_fixed: its block and its summary columns, one strided run): one
+// row drawn a block row, its keys counted for its rows, where some row fails the walk's band and sinks checks
+// (fails_band_checks: the walk finds no band, window or sinks rows); false (the walk decides) where none does. The
+// residue stride is the walk's (residue_stride).
+bool alike_in_closed_form(Analysis& a, const BoundPattern& pat) {
+  const int64_t b = pat.row_block(), n = (a.q_len + b - 1) / b;
+  if (b < 2) return false;
+  std::vector<int64_t> keys(static_cast<size_t>(n));
+  RowRuns runs;
+  bool fails = false;
+  for (int64_t i = 0; i < n; ++i) {
+    pat.row(i * b, runs);
+    keys[size_t(i)] = count_keys(runs);
+    fails = fails || fails_band_checks(runs);
+  }
+  if (!fails) return false;
+  count_alike_rows(a, b, n, [&](int64_t i) { return keys[size_t(i)]; });
+  a.residue = residue_stride(pat);
+  return true;
+}
+
 }  // namespace
 
 Analysis analyze(const BoundPattern& pat) {
@@ -302,13 +379,15 @@ Analysis analyze(const BoundPattern& pat) {
   a.q_len = lq;
   a.k_len = lk;
   if (lq > 0 && lk > 0) a.grid = pat.neighborhood_grid();
-  // Blocked rows (bigbird) by their block rows, each drawn once: no row walked.
-  if (lq > 0 && lk > 0 && !general_paths_only())
-    if (std::shared_ptr<const BlockRows> br = block_rows(pat)) {
-      blocks_in_closed_form(a, std::move(br));
+  // Rows alike by blocks (bigbird, block_diag, sparse_fixed) by their block rows, each drawn once: no row walked.
+  if (lq > 0 && lk > 0 && !general_paths_only()) {
+    std::shared_ptr<const BlockRows> br = block_rows(pat);
+    if (br) blocks_in_closed_form(a, std::move(br));
+    if (a.blocks || alike_in_closed_form(a, pat)) {
       a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return a;
     }
+  }
   if (lq > 0 && lk > 0) a.residue = residue_stride(pat);
   if (lq > 0 && lk > 0 && !general_paths_only() && grid_in_closed_form(a, pat)) {
     a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -341,9 +420,12 @@ Analysis analyze(const BoundPattern& pat) {
     }
   }
   // Rows' first and last keys where every row is one interval (band check, second pass); rows of two intervals
-  // (sinks check): the second interval's, with the first's length in prefix.
-  std::vector<int64_t> first(size_t(lq), -1), last(size_t(lq), -1);
-  std::vector<int32_t> prefix(size_t(lq), 0);
+  // (sinks check): the second interval's, with the first's length in prefix. Left unwritten (new[]: no page touched)
+  // but for the rows walked while band rows are possible, which the checks below read only where every row was:
+  // filled up front, they were most of sparse_fixed's analysis (320 KB set and faulted in at L = 16384, its rows
+  // failing the checks at the first row of each chunk: 0.047 -> 0.013 ms, one thread).
+  const std::unique_ptr<int64_t[]> first(new int64_t[size_t(lq)]), last(new int64_t[size_t(lq)]);
+  const std::unique_ptr<int32_t[]> prefix(new int32_t[size_t(lq)]);
   const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
   const int64_t nchunks = std::min<int64_t>(lq, int64_t(threads) * 8);
   std::vector<Part> parts(size_t(std::max<int64_t>(nchunks, 1)));
@@ -374,7 +456,10 @@ Analysis analyze(const BoundPattern& pat) {
       p.dense += (n == lk && n > 0) * m;  // (with Lk = 0 a row is empty, not dense)
       p.min_row = std::min(p.min_row, n);
       p.max_row = std::max(p.max_row, n);
-      if (runs.empty() || !(p.single || p.sinks)) continue;
+      if (!band_possible) continue;
+      first[size_t(q)] = last[size_t(q)] = -1;
+      prefix[size_t(q)] = 0;
+      if (runs.empty()) continue;
       auto interval = [](const Run& r) { return r.stride == 1 || r.count == 1; };
       if (runs.size() == 2 && p.sinks && runs[0].start == 0 && interval(runs[0]) && interval(runs[1]) &&
           (p.g < 0 || p.g == runs[0].count) && runs[0].count < (int64_t(1) << 30)) {

@@ -23,9 +23,9 @@ struct BandRows {
   int32_t lo = 0, hi = 0;
 };
 
-// The rows of blocked(b, inner) (BoundPattern::blocked: bigbird) by block rows: block row i, the rows
-// [i b, min((i + 1) b, Lq)), keeps the keys of spans[offsets[i], offsets[i + 1]), intervals [first, end) in increasing
-// order and apart (whole key blocks, the last one clipped to Lk).
+// Rows alike by blocks of b rows (blocked(b, inner): bigbird; BoundPattern::row_block: block_diag) by block rows: block
+// row i, the rows [i b, min((i + 1) b, Lq)), keeps the keys of spans[offsets[i], offsets[i + 1]), intervals [first, end)
+// in increasing order and apart (blocked: whole key blocks, the last one clipped to Lk).
 struct BlockRows {
   int64_t block = 1;
   std::vector<int64_t> offsets;                     // [ceil(Lq / b) + 1]
@@ -63,9 +63,10 @@ struct Analysis {
   // Tokens regrouped by residue (BlockPlan::perm_d), each group's rows are band rows [lo, hi]: the GPU tiler builds
   // and prices such plans in closed form. Not set by the row walk (SPATTN_PLAN_GENERAL=1).
   BandRows groups;
-  // Blocked rows (BoundPattern::blocked) whose inner rows have no strided run and where some block row keeps three key
-  // spans or more (so no band, window or sinks rows): their block rows, drawn once, from which the analysis counts and
-  // the GPU tiler prices and builds its unpermuted, unmapped plans. Not set by the row walk (SPATTN_PLAN_GENERAL=1).
+  // Rows alike by blocks (BoundPattern::blocked; BoundPattern::row_block: block_diag, sparse_fixed's parts) with no
+  // strided run, where the walk would find no band, window or sinks rows: their block rows, drawn once, from which the
+  // analysis counts and the GPU tiler prices and builds its unpermuted, unmapped plans. Not set by the row walk
+  // (SPATTN_PLAN_GENERAL=1).
   std::shared_ptr<const BlockRows> blocks;
   // Residue stride: the common stride (gcd) of the multi-key runs of a few sampled rows when all of them are
   // strided (dilated(w, d): d, stride(s): s); 1 when a sampled row has a multi-key interval or none is strided.

@@ -662,22 +662,35 @@ struct BlockTiles {
   }
 };
 
-// The entries of blocked rows (Analysis::blocks) query tile by query tile from their block rows' key tiles
+// The entries of rows alike by blocks (Analysis::blocks) query tile by query tile from their block rows' key tiles
 // (BlockTiles): a partial tile's bitmask is its block rows' bits in the tile, each set in its first row and copied to
-// its others, and is run through detect_band as the walk's are (a tile of one valid row can make a band).
-// O(entries + partial tiles' bits).
+// its others, and is run through detect_band as the walk's are (a tile of one valid row can make a band). A query tile
+// of bm valid rows inside the block row of the one before, which had bm too, has its rows and so its entries: they
+// are copied, its bitmasks shared (in two rows alike or more detect_band binds neither side of a band, whose bounds
+// would be the rows'). O(entries + partial tiles' bits).
 void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) {
   const int64_t b = br.block, row_words = sp.bn / 64, words = sp.bm * row_words;
   BlockTiles bt(br, sp.bn);
-  int64_t most = 0;  // entries at most: each block row's tiles, a query tile it is in (reserved, not grown by doubling)
+  // Entries at most: each block row's tiles, a query tile it is in; their bitmasks likewise (both reserved, not grown
+  // by doubling: each growth a copy into fresh pages, most of sparse_fixed's columns part).
+  int64_t most = 0;
   for (int64_t i = 0; i < br.block_rows(); ++i)
     most += bt.most(i) * ((std::min(sp.lq, (i + 1) * b) - 1) / sp.bm - i * b / sp.bm + 1);
   plan.entries.reserve(size_t(most));
+  plan.masks.reserve(size_t(most * words));
   std::vector<uint64_t> pmask(static_cast<size_t>(words));
   std::vector<int64_t> band_scratch, cursor;
   for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
     plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
     const int64_t q0 = qt * sp.bm, q1 = std::min(sp.lq, q0 + sp.bm) - 1, i0 = q0 / b, i1 = q1 / b;
+    if (qt > 0 && i0 == i1 && (q0 - sp.bm) / b == i0 && q1 - q0 + 1 == sp.bm) {  // (the tile before: bm rows)
+      for (int64_t x = plan.row_offsets[size_t(qt) - 1], e = plan.row_offsets[size_t(qt)]; x < e; ++x) {
+        const TileEntry t = plan.entries[size_t(x)];
+        ++(t.mask == kFull ? plan.n_full : t.mask == kBand ? plan.n_band : plan.n_bitmask);
+        plan.entries.push_back(t);
+      }
+      continue;
+    }
     cursor.assign(br.offsets.begin() + i0, br.offsets.begin() + i1 + 1);  // per block row: its first span not behind
     for (const BlockTiles::Tile& t : bt.tile(q0, q1)) {
       const int64_t k0 = int64_t(t.kt) * sp.bn;
