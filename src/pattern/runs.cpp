@@ -123,11 +123,15 @@ void normalize(RowRuns& runs) {
   }
   merge_intervals(iv);
   if (!strided.empty()) {
-    std::vector<Run> pieces;
+    // (Per-thread too: two fresh vectors a row were a third of the count of sparse_fixed's rows, a block and its
+    // summary columns, one row a block.)
+    thread_local std::vector<Run> pieces;
+    thread_local std::vector<char> clash;
+    pieces.clear();
     for (const Run& r : strided) subtract_intervals(r, iv, pieces);
     // Strided pieces that may share keys with one another are expanded, deduplicated and recompressed.
     std::sort(pieces.begin(), pieces.end(), [](const Run& a, const Run& b) { return a.start < b.start; });
-    std::vector<char> clash(pieces.size(), 0);
+    clash.assign(pieces.size(), 0);
     bool any = false;
     for (size_t i = 0; i < pieces.size(); ++i)
       for (size_t j = i + 1; j < pieces.size() && pieces[j].start <= pieces[i].last(); ++j)

@@ -208,7 +208,9 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     // Every gathered key is in every row of some columns term: drop what the tiles keep and the owned rows (by the
     // tiles' runs, not key by key: sparse_fixed's 128 columns a row took 2M contains() at L = 16384).
     p.pattern = BoundPattern::gathered(lq, all_keys, have_tiles ? &tile_pat : nullptr, rb, re);
-    p.nnz = p.pattern.nnz();
+    // Beside the tiles part alone, the rest of the pattern's kept scores (the parts are disjoint, their union the
+    // pattern), not a row a block of the gathered pattern counted again.
+    p.nnz = scattered.empty() && rows.empty() ? analysis.nnz - (have_tiles ? split.parts.front().nnz : 0) : p.pattern.nnz();
     p.terms = join_specs(columns);
     if (p.nnz) split.parts.push_back(std::move(p));
   }
