@@ -478,19 +478,21 @@ struct TileOffsets {
   int64_t qt = 0, kt = 0, shift = 0;
 };
 
-// A partial tile's entry from its rows' bits (mask: block_m x block_n, kvalid valid keys), as the walk makes it: a band
-// where detect_band finds one (its bounds moved by at.shift), else the bits appended to the plan's bitmasks; counted.
-TileEntry partial_entry(BlockPlan& plan, const std::vector<uint64_t>& mask, const Space& sp, int64_t qt, int64_t kt,
-                        int64_t kvalid, TileOffsets at, std::vector<int64_t>& scratch) {
+// A partial tile's entry from its rows' bits (block_m x block_n, kvalid valid keys), as the walk makes it: a band where
+// detect_band finds one (its bounds moved by at.shift), else a bitmask; counted. The bits are the plan's last bitmask,
+// appended by the caller (written in place, not copied in: the copies were a tenth of sparse_fixed's build), and
+// dropped for a band.
+TileEntry partial_entry(BlockPlan& plan, const Space& sp, int64_t qt, int64_t kt, int64_t kvalid, TileOffsets at,
+                        std::vector<int64_t>& scratch) {
+  const size_t words = size_t(sp.bm) * size_t(sp.bn) / 64, index = plan.masks.size() / words - 1;
   int64_t lo, hi;
-  if (detect_band(mask.data(), sp, qt, kt, kvalid, lo, hi, scratch)) {
+  if (detect_band(plan.masks.data() + index * words, sp, qt, kt, kvalid, lo, hi, scratch)) {
+    plan.masks.resize(index * words);
     ++plan.n_band;
     return {int32_t(kt + at.kt), kBand, int32_t(lo + at.shift), int32_t(hi + at.shift)};
   }
-  const int32_t index = int32_t(plan.masks.size() / mask.size());
-  plan.masks.insert(plan.masks.end(), mask.begin(), mask.end());
   ++plan.n_bitmask;
-  return {int32_t(kt + at.kt), index, 0, 0};
+  return {int32_t(kt + at.kt), int32_t(index), 0, 0};
 }
 
 // The entries of band rows (Analysis::band: row q keeps [max(0, q + lo), min(Lk - 1, q + hi)]) tile by tile in closed
@@ -505,7 +507,6 @@ TileEntry partial_entry(BlockPlan& plan, const std::vector<uint64_t>& mask, cons
 // detect_band, else a bitmask); the tiles past it hold band keys only. at: where sp's tiles sit in the plan.
 void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi, int64_t prefix, TileOffsets at = {}) {
   const int64_t lq = sp.lq, lk = sp.lk, bm = sp.bm, bn = sp.bn, words = bm * bn / 64;
-  std::vector<uint64_t> pmask(static_cast<size_t>(words));
   std::vector<int64_t> band_scratch;
   const int64_t prefix_tiles = (std::min(prefix, lk) + bn - 1) / bn;
   // Query tiles whose bands all miss a prefix tile have the same rows there (the prefix's keys): the first one's
@@ -540,10 +541,11 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
         plan.entries.push_back(e);
         continue;
       }
-      std::fill(pmask.begin(), pmask.end(), 0);
+      const size_t at_mask = plan.masks.size();  // the tile's bits, appended (partial_entry)
+      plan.masks.resize(at_mask + size_t(words), 0);
       int64_t count = 0;
       for (int64_t p = q0; p <= q1; ++p) {
-        uint64_t* m = pmask.data() + (p - q0) * (bn / 64);
+        uint64_t* m = plan.masks.data() + at_mask + (p - q0) * (bn / 64);
         const int64_t a = std::max<int64_t>(0, p + lo - k0), b = std::min(kvalid - 1, p + hi - k0);  // band keys here
         const int64_t pe = std::min(prefix - k0, kvalid);  // prefix keys here: [0, pe)
         set_bits(m, 0, pe);
@@ -552,9 +554,10 @@ void build_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int64_t hi
       }
       TileEntry e{int32_t(kt + at.kt), kFull, 0, 0};
       if (kvalid == bn && count == (q1 - q0 + 1) * bn) {
+        plan.masks.resize(at_mask);
         ++plan.n_full;
       } else {
-        e = partial_entry(plan, pmask, sp, qt, kt, kvalid, at, band_scratch);
+        e = partial_entry(plan, sp, qt, kt, kvalid, at, band_scratch);
       }
       if (prefix_only && e.mask != kBand) ru = {q1 - q0 + 1, e.mask == kFull, e.mask};  // (a band's bounds are the rows')
       plan.entries.push_back(e);
@@ -679,7 +682,6 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
     most += bt.most(i) * ((std::min(sp.lq, (i + 1) * b) - 1) / sp.bm - i * b / sp.bm + 1);
   plan.entries.reserve(size_t(most));
   plan.masks.reserve(size_t(most * words));
-  std::vector<uint64_t> pmask(static_cast<size_t>(words));
   std::vector<int64_t> band_scratch, cursor;
   for (int64_t qt = 0; qt < sp.q_tiles; ++qt) {
     plan.row_offsets[size_t(qt)] = int64_t(plan.entries.size());
@@ -700,22 +702,24 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
         plan.entries.push_back({t.kt, kFull, 0, 0});
         continue;
       }
-      std::fill(pmask.begin(), pmask.end(), 0);
+      const size_t at_mask = plan.masks.size();  // the tile's bits, appended (partial_entry)
+      plan.masks.resize(at_mask + size_t(words));  // (uninitialised: every word is written below)
+      uint64_t* pm = plan.masks.data() + at_mask;
       for (int64_t i = i0; i <= i1; ++i) {
         const int64_t r0 = std::max(q0, i * b) - q0, r1 = std::min(q1, i * b + b - 1) - q0;  // its rows in the tile
-        uint64_t* m = pmask.data() + r0 * row_words;
+        uint64_t row[2] = {0, 0};  // their bits (row_words of them)
         int64_t& s = cursor[size_t(i - i0)];
         while (s < br.offsets[size_t(i) + 1] && br.spans[size_t(s)].second <= k0) ++s;
         for (int64_t x = s; x < br.offsets[size_t(i) + 1] && br.spans[size_t(x)].first < k0 + sp.bn; ++x) {
           const auto [a, e] = br.spans[size_t(x)];
-          set_bits(m, std::max<int64_t>(a, k0) - k0, std::min<int64_t>(e, k0 + sp.bn) - k0);
+          set_bits(row, std::max<int64_t>(a, k0) - k0, std::min<int64_t>(e, k0 + sp.bn) - k0);
         }
-        // Its first row's words (one or two) stored in its other rows: a memmove call a row of 16 bytes was a third of
-        // the build of sparse_fixed's columns part.
-        const uint64_t w0 = m[0], w1 = m[row_words - 1];
-        for (int64_t r = 1; r <= r1 - r0; ++r) m[r * row_words] = w0, m[r * row_words + row_words - 1] = w1;
+        // Stored in each of its rows (one or two words: a memmove call a row of 16 bytes, copying the first, was a
+        // third of the build of sparse_fixed's columns part).
+        for (int64_t r = r0; r <= r1; ++r) pm[r * row_words] = row[0], pm[r * row_words + row_words - 1] = row[row_words - 1];
       }
-      plan.entries.push_back(partial_entry(plan, pmask, sp, qt, t.kt, sp.k_valid(t.kt), {}, band_scratch));
+      std::fill(pm + (q1 - q0 + 1) * row_words, pm + words, 0);  // rows past Lq
+      plan.entries.push_back(partial_entry(plan, sp, qt, t.kt, sp.k_valid(t.kt), {}, band_scratch));
     }
   }
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
