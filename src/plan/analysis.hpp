@@ -89,7 +89,9 @@ struct Analysis {
 // key count (BoundPattern::row_nnz) after that; cost follows the runs, never rows x keys, and a random atom's rows
 // are counted without being drawn. Band rows by the spec (BoundPattern::band: local, causal, dense, ...) walk no row:
 // the same results in closed form, O(1); band rows united with one random atom (BoundPattern::band_random: local(w) |
-// random(r)) are counted by each row's r drawn keys, O(r) a row, without its runs.
+// random(r)) are counted by each row's r drawn keys, O(r) a row, without its runs; rows alike by blocks (blocked,
+// block_diag, sparse_fixed and its parts) by one row a block, where some row fails the band and sinks checks or their
+// block rows rule out band, window and sinks rows.
 Analysis analyze(const BoundPattern& pattern);
 
 // The pattern's BSR blocks at sizes 16, 32, 64 and 128: stored, full, partial, fill and a histogram of the
@@ -100,10 +102,10 @@ std::string block_histogram(const BoundPattern& pattern);
 int plan_thread_cap();
 
 // SPATTN_PLAN_GENERAL=1: the analysis and the tilers skip their shortcuts for common cases (the analysis's and the GPU
-// builder's band rows in closed form; blocked rows by their block rows; band | random rows by their random keys; the
-// CPU tiler's all-residue tiles; the GPU tiler's estimates from rows shared among the shapes, its one-pass bitmasks of
-// scattered query tiles, its counts of strided runs tile by tile, its builder's intervals counted and marked by their
-// end tiles and partial tiles, and the strip plan's rows from an exact neighborhood grid's windows)
+// builder's band rows in closed form; rows alike by blocks by their block rows; band | random rows by their random
+// keys; the CPU tiler's all-residue tiles; the GPU tiler's estimates from rows shared among the shapes, its one-pass
+// bitmasks of scattered query tiles, its counts of strided runs tile by tile, its builder's intervals counted and
+// marked by their end tiles and partial tiles, and the strip plan's rows from an exact neighborhood grid's windows)
 // and take their general paths everywhere; the plans are the same (tests/plan_paths_test.cpp checks it).
 bool general_paths_only();
 

@@ -612,11 +612,11 @@ void build_group_band_entries(BlockPlan& plan, const Space& sp, int64_t lo, int6
   plan.row_offsets[size_t(sp.q_tiles)] = int64_t(plan.entries.size());
 }
 
-// The key tiles (bn keys) that the rows q0 .. q1 of blocked rows (Analysis::blocks) touch, ascending, each full where
-// every row keeps all its keys, as the walk's counts find them (tile()): the rows are those of a few block rows, so the
-// tiles are those block rows' merged, full where full in each; a block row's tiles are its spans', full where one span
-// holds the tile whole (spans are apart: a tile a row keeps whole lies in one span). O(the block rows' spans' tiles).
-// Shared by the builder and the closed-form estimate (estimate_blocks).
+// The key tiles (bn keys) that the rows q0 .. q1 of rows alike by blocks (Analysis::blocks) touch, ascending, each full
+// where every row keeps all its keys, as the walk's counts find them (tile()): the rows are those of a few block rows,
+// so the tiles are those block rows' merged, full where full in each; a block row's tiles are its spans', full where
+// one span holds the tile whole (spans are apart: a tile a row keeps whole lies in one span). O(the block rows' spans'
+// tiles). Shared by the builder and the closed-form estimate (estimate_blocks).
 struct BlockTiles {
   struct Tile {
     int32_t kt;
@@ -1596,7 +1596,7 @@ void estimate_groups(const BoundPattern& pat, const Analysis& an, std::vector<Ca
   }
 }
 
-// estimate_cost in closed form for blocked rows (Analysis::blocks), for the unpermuted, unmapped candidates: a
+// estimate_cost in closed form for rows alike by blocks (Analysis::blocks), for the unpermuted, unmapped candidates: a
 // sample's touched key tiles, full or not (BlockTiles::tile), and kept scores (each block row's keys times its rows in
 // the sample), as the row walk counts them.
 void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
