@@ -2,7 +2,6 @@
 #include "plan/block_plan.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <climits>
@@ -451,7 +450,10 @@ std::string BlockPlan::describe() const {
   }
   s << ", built in " << build_ms << " ms";
   if (choice_ms > 0) s << " (" << choice_ms << " ms choosing the tile shape)";
-  if (!choice.empty()) s << "; " << choice;
+  if (!choice.empty()) {
+    s << "; chosen by predicted cost per kept score among";
+    for (const PricedShape& c : choice) s << (&c == &choice[0] ? " " : ", ") << c.name << " " << c.cost << " (kept " << c.kept << ")";
+  }
   return s.str();
 }
 
@@ -1917,14 +1919,6 @@ std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, i
   return out;
 }
 
-// A number as a stream writes it by default (%.6g), without one: an ostringstream a choice (its construction and
-// locale, cold after the backward's plan) took sparse_fixed's forward plan from 0.092 to 0.12 ms (two choices).
-std::string number(double v) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general, 6);
-  return std::string(buf, r.ptr);
-}
-
 std::string candidate_name(const Candidate& c) {
   std::string s = std::to_string(c.block_m) + "x" + std::to_string(c.block_n);
   if (c.d > 1) s += " perm_d " + std::to_string(c.d);
@@ -2038,7 +2032,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   int bm = band_plan ? band_bm : 192, bn = 128, bd = 1;
   std::shared_ptr<const Maps> maps;
   std::shared_ptr<BlockPlan> strip;
-  std::string choice;
+  std::vector<BlockPlan::PricedShape> choice;
   if (!band_plan) {
     std::vector<Candidate> cands;
     if (tile_map < 1)
@@ -2051,10 +2045,8 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
     if (cands.size() > 1) {
       estimate_costs(pat, an, cands, device_draw);
-      choice = "chosen by predicted cost per kept score among";
       for (const Candidate& c : cands)
-        choice += (&c == &cands[0] ? " " : ", ") + candidate_name(c) + " " +
-                  number(c.cost / double(std::max<int64_t>(an.nnz, 1))) + " (kept " + number(c.kept) + ")";
+        choice.push_back({candidate_name(c), c.cost / double(std::max<int64_t>(an.nnz, 1)), c.kept});
     }
     if (!cands.empty()) {
       size_t best = 0;
@@ -2067,7 +2059,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
   const double choice_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const bool drawn = device_draw && !strip && !maps && bd == 1 && drawn_masks_apply(pat, bm, bn);
   BlockPlan p = strip ? std::move(*strip) : build_plan(pat, bm, bn, bd, &an, maps.get(), drawn);
-  p.choice = choice;
+  p.choice = std::move(choice);
   p.choice_ms = choice_ms;
   p.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return p;
