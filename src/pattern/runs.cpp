@@ -125,17 +125,21 @@ void normalize(RowRuns& runs) {
   if (!strided.empty()) {
     // (Per-thread too: two fresh vectors a row were a third of the count of sparse_fixed's rows, a block and its
     // summary columns, one row a block.)
-    thread_local std::vector<Run> pieces;
-    thread_local std::vector<char> clash;
+    thread_local std::vector<Run> pieces_tl;
+    thread_local std::vector<char> clash_tl;
+    std::vector<Run>& pieces = pieces_tl;
     pieces.clear();
     for (const Run& r : strided) subtract_intervals(r, iv, pieces);
     // Strided pieces that may share keys with one another are expanded, deduplicated and recompressed.
     std::sort(pieces.begin(), pieces.end(), [](const Run& a, const Run& b) { return a.start < b.start; });
-    clash.assign(pieces.size(), 0);
+    clash_tl.assign(pieces.size(), 0);
+    char* clash = clash_tl.data();  // (through a pointer: flags stored through the vector made every access reload it)
+    const Run* pc = pieces.data();
+    const size_t np = pieces.size();
     bool any = false;
-    for (size_t i = 0; i < pieces.size(); ++i)
-      for (size_t j = i + 1; j < pieces.size() && pieces[j].start <= pieces[i].last(); ++j)
-        if (may_share(pieces[i], pieces[j])) clash[i] = clash[j] = 1, any = true;
+    for (size_t i = 0; i < np; ++i)
+      for (size_t j = i + 1; j < np && pc[j].start <= pc[i].last(); ++j)
+        if (may_share(pc[i], pc[j])) clash[i] = clash[j] = 1, any = true;
     strided.clear();
     std::vector<int64_t> keys;
     for (size_t i = 0; i < pieces.size(); ++i) {

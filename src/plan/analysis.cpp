@@ -196,10 +196,10 @@ bool walk_finds_none(const BlockRows& br, int64_t lq, int64_t lk) {
 // The block rows of rows alike by blocks: blocked(b, inner) (BoundPattern::blocked: bigbird) from inner's rows (one a
 // block row, where the walk draws one a block row and copies it to each of its rows), else rows alike by the spec
 // (BoundPattern::row_block b >= 2: block_diag, sparse_fixed's parts), one row drawn a block (the rows of a block have
-// the same runs: each atom's row is a function of its block). None where a row has a strided run (blocked: a span a
-// block, O(its keys), where the walk's runs are O(1)) or the walk may find band, window or sinks rows (walk_finds_none:
-// left to it).
-std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat) {
+// the same runs: each atom's row is a function of its block). None where a row has a strided run (*strided set; blocked:
+// a span a block, O(its keys), where the walk's runs are O(1)) or the walk may find band, window or sinks rows
+// (walk_finds_none: left to it).
+std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat, bool& strided) {
   const auto bl = pat.blocked();
   const int64_t lq = pat.q_len(), lk = pat.k_len(), b = bl ? bl->block : pat.row_block();
   if (!bl && b < 2) return nullptr;
@@ -214,7 +214,7 @@ std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat) {
     if (bl) bl->inner.row(i, runs);
     else pat.row(i * b, runs);
     for (const Run& r : runs) {  // ordered by start (RowRuns)
-      if (r.stride != 1 && r.count > 1) return nullptr;
+      if (r.stride != 1 && r.count > 1) return strided = true, nullptr;
       const int32_t first = int32_t(r.start * scale), end = int32_t(std::min(lk, (r.start + r.count) * scale));
       if (br->spans.size() > begin && first == br->spans.back().second)  // (a single key's run may touch an interval)
         br->spans.back().second = end;
@@ -360,9 +360,13 @@ bool alike_in_closed_form(Analysis& a, const BoundPattern& pat) {
   RowRuns runs;
   bool fails = false;
   for (int64_t i = 0; i < n; ++i) {
+    if (fails) {  // (counted, not drawn: blocked rows' counts are their inner rows', O(runs) where the keys are O(b runs))
+      keys[size_t(i)] = pat.row_nnz(i * b);
+      continue;
+    }
     pat.row(i * b, runs);
     keys[size_t(i)] = count_keys(runs);
-    fails = fails || fails_band_checks(runs);
+    fails = fails_band_checks(runs);
   }
   if (!fails) return false;
   count_alike_rows(a, b, n, [&](int64_t i) { return keys[size_t(i)]; });
@@ -381,9 +385,11 @@ Analysis analyze(const BoundPattern& pat) {
   if (lq > 0 && lk > 0) a.grid = pat.neighborhood_grid();
   // Rows alike by blocks (bigbird, block_diag, sparse_fixed) by their block rows, each drawn once: no row walked.
   if (lq > 0 && lk > 0 && !general_paths_only()) {
-    std::shared_ptr<const BlockRows> br = block_rows(pat);
+    bool strided = false;
+    std::shared_ptr<const BlockRows> br = block_rows(pat, strided);
     if (br) blocks_in_closed_form(a, std::move(br));
-    if (a.blocks || alike_in_closed_form(a, pat)) {
+    // (Rows with no strided run that walk_finds_none leaves to the walk fail no band check either: not drawn again.)
+    if (a.blocks || (strided && alike_in_closed_form(a, pat))) {
       a.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       return a;
     }
@@ -422,8 +428,9 @@ Analysis analyze(const BoundPattern& pat) {
   // Rows' first and last keys where every row is one interval (band check, second pass); rows of two intervals
   // (sinks check): the second interval's, with the first's length in prefix. Left unwritten (new[]: no page touched)
   // but for the rows walked while band rows are possible, which the checks below read only where every row was:
-  // filled up front, they were most of sparse_fixed's analysis (320 KB set and faulted in at L = 16384, its rows
-  // failing the checks at the first row of each chunk: 0.047 -> 0.013 ms, one thread).
+  // filled up front (320 KB set and faulted in at L = 16384) they were a sixth of sprandom's analysis, whose rows fail
+  // the checks at each chunk's first row (random(81): 0.083 -> 0.069 ms, one thread), and most of sparse_fixed's before
+  // its rows were counted by blocks (0.047 -> 0.013).
   const std::unique_ptr<int64_t[]> first(new int64_t[size_t(lq)]), last(new int64_t[size_t(lq)]);
   const std::unique_ptr<int32_t[]> prefix(new int32_t[size_t(lq)]);
   const int threads = int(std::clamp<int64_t>(lq / 1024, 1, plan_thread_cap()));
