@@ -143,8 +143,8 @@ const std::vector<Case>& cases() {
       {"blocked(64, (local(2) | random(4, seed=7)) & causal)", 2000, 2000},
       {"blocked(32, (causal & local(3)) | global_rows(3) | global_cols(5) | random(2))", 1500, 1300},
       {"blocked(128, local(1) | global(0:1) | random(1))", 4097, 4097},
-      // ... and strided inner rows (counts alone), rows of one or two spans (by the block rows where the walk would find
-      // no band, window or sinks rows, else by the walk).
+      // ... and strided inner rows (counts alone), rows of one or two spans (by the block rows where the walk would
+      // find no band, window or sinks rows, else by the walk).
       {"blocked(32, local(1) | stride(9))", 1000, 1000},
       {"blocked(64, local(1))", 1000, 1000},
       {"blocked(64, local(1))", 1025, 900},
@@ -382,9 +382,9 @@ TEST(PlanPaths, BandSpecs) {
   EXPECT_EQ(block("global_rows(3) | dense"), 1);
 }
 
-// Rows alike by blocks take their block rows (Analysis::blocks) where the walk would find no band, window or sinks rows:
-// block_diag and both parts of sparse_fixed at its bench size; not dense blocks (band rows) or rows [0, g) apart from a
-// block (the walk's sinks check decides).
+// Rows alike by blocks take their block rows (Analysis::blocks) where the walk would find no band, window or sinks
+// rows: block_diag and both parts of sparse_fixed at its bench size; not dense blocks (band rows) or rows [0, g) apart
+// from a block (the walk's sinks check decides).
 TEST(PlanPaths, RowsAlikeByBlocks) {
   auto blocks = [](const char* s, int64_t lq, int64_t lk) {
     return spattn::plan::analyze(spattn::parse(s).bind(lq, lk)).blocks != nullptr;

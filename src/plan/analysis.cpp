@@ -196,8 +196,8 @@ bool walk_finds_none(const BlockRows& br, int64_t lq, int64_t lk) {
 // The block rows of rows alike by blocks: blocked(b, inner) (BoundPattern::blocked: bigbird) from inner's rows (one a
 // block row, where the walk draws one a block row and copies it to each of its rows), else rows alike by the spec
 // (BoundPattern::row_block b >= 2: block_diag, sparse_fixed's parts), one row drawn a block (the rows of a block have
-// the same runs: each atom's row is a function of its block). None where a row has a strided run (*strided set; blocked:
-// a span a block, O(its keys), where the walk's runs are O(1)) or the walk may find band, window or sinks rows
+// the same runs: each atom's row is a function of its block). None where a row has a strided run (*strided set;
+// blocked: a span a block, O(its keys), where the walk's runs are O(1)) or the walk may find band, window or sinks rows
 // (walk_finds_none: left to it).
 std::shared_ptr<const BlockRows> block_rows(const BoundPattern& pat, bool& strided) {
   const auto bl = pat.blocked();
@@ -360,7 +360,7 @@ bool alike_in_closed_form(Analysis& a, const BoundPattern& pat) {
   RowRuns runs;
   bool fails = false;
   for (int64_t i = 0; i < n; ++i) {
-    if (fails) {  // (counted, not drawn: blocked rows' counts are their inner rows', O(runs) where the keys are O(b runs))
+    if (fails) {  // (counted, not drawn: a blocked row's count is O(its inner row's runs), its keys O(b runs))
       keys[size_t(i)] = pat.row_nnz(i * b);
       continue;
     }

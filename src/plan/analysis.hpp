@@ -24,8 +24,8 @@ struct BandRows {
 };
 
 // Rows alike by blocks of b rows (blocked(b, inner): bigbird; BoundPattern::row_block: block_diag) by block rows: block
-// row i, the rows [i b, min((i + 1) b, Lq)), keeps the keys of spans[offsets[i], offsets[i + 1]), intervals [first, end)
-// in increasing order and apart (blocked: whole key blocks, the last one clipped to Lk).
+// row i, the rows [i b, min((i + 1) b, Lq)), keeps the keys of spans[offsets[i], offsets[i + 1]), intervals
+// [first, end) in increasing order and apart (blocked: whole key blocks, the last one clipped to Lk).
 struct BlockRows {
   int64_t block = 1;
   std::vector<int64_t> offsets;                     // [ceil(Lq / b) + 1]

@@ -452,7 +452,8 @@ std::string BlockPlan::describe() const {
   if (choice_ms > 0) s << " (" << choice_ms << " ms choosing the tile shape)";
   if (!choice.empty()) {
     s << "; chosen by predicted cost per kept score among";
-    for (const PricedShape& c : choice) s << (&c == &choice[0] ? " " : ", ") << c.name << " " << c.cost << " (kept " << c.kept << ")";
+    for (const PricedShape& c : choice)
+      s << (&c == &choice[0] ? " " : ", ") << c.name << " " << c.cost << " (kept " << c.kept << ")";
   }
   return s.str();
 }
@@ -718,7 +719,8 @@ void build_block_entries(BlockPlan& plan, const Space& sp, const BlockRows& br) 
         }
         // Stored in each of its rows (one or two words: a memmove call a row of 16 bytes, copying the first, was a
         // third of the build of sparse_fixed's columns part).
-        for (int64_t r = r0; r <= r1; ++r) pm[r * row_words] = row[0], pm[r * row_words + row_words - 1] = row[row_words - 1];
+        for (int64_t r = r0; r <= r1; ++r)
+          pm[r * row_words] = row[0], pm[r * row_words + row_words - 1] = row[row_words - 1];
       }
       std::fill(pm + (q1 - q0 + 1) * row_words, pm + words, 0);  // rows past Lq
       plan.entries.push_back(partial_entry(plan, sp, qt, t.kt, sp.k_valid(t.kt), {}, band_scratch));
@@ -746,7 +748,8 @@ void build_drawn_entries(BlockPlan& plan, const Space& sp, const BoundPattern::R
 
 // The launch order of a plan's query tiles: most entries first (stable), so the longest work items start earliest.
 // Already in order where no tile has more entries than the one before (every tile alike: block_diag, sparse_fixed's
-// columns): no sort (its buffer and passes were a twelfth of those plans' build, caches cold after the backward's plan).
+// columns): no sort (its buffer and passes were a twelfth of those plans' build, caches cold after the backward's
+// plan).
 void order_by_entries(BlockPlan& plan) {
   plan.order.resize(size_t(plan.q_tiles));
   std::iota(plan.order.begin(), plan.order.end(), 0);

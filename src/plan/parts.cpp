@@ -210,7 +210,8 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     p.pattern = BoundPattern::gathered(lq, all_keys, have_tiles ? &tile_pat : nullptr, rb, re);
     // Beside the tiles part alone, the rest of the pattern's kept scores (the parts are disjoint, their union the
     // pattern), not a row a block of the gathered pattern counted again.
-    p.nnz = scattered.empty() && rows.empty() ? analysis.nnz - (have_tiles ? split.parts.front().nnz : 0) : p.pattern.nnz();
+    p.nnz = scattered.empty() && rows.empty() ? analysis.nnz - (have_tiles ? split.parts.front().nnz : 0)
+                                              : p.pattern.nnz();
     p.terms = join_specs(columns);
     if (p.nnz) split.parts.push_back(std::move(p));
   }
