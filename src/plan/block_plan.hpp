@@ -121,7 +121,7 @@ struct BlockPlan {
   // grid_windows holds each axis's windows (the 3 right-aligned axes of q_tiling in order, each coordinate x < dims[a]
   // of axis a a triple start, stride, count of the key coordinates it keeps): bit (r, s) of a strip entry is set iff
   // query row r and key slot s are tokens and on every axis the key's coordinate is start + i stride, 0 <= i < count,
-  // of the query's coordinate's window (cuda/fused/random_rows.hpp). k_map is then empty (k_token: the strips').
+  // of the query's coordinate's window (cuda/fused/strip_masks.hpp). k_map is then empty (k_token: the strips').
   std::vector<int32_t> grid_windows;
   bool masks_drawn() const { return drawn.r > 0 || !grid_windows.empty(); }
   // choose_block_plan's candidates, each with its predicted cost per kept score and sampled kept fraction, for explain
