@@ -332,12 +332,10 @@ bool grid_in_closed_form(Analysis& a, const BoundPattern& pat) {
   pat.row(mid, runs);
   if (!fails_band_checks(runs)) return false;
   int64_t nnz = 1, lo = 1, hi = 1, dense = 1;
-  for (int ax = 0; ax < g.naxes; ++ax) {
+  for (const std::vector<Run>& axis : axis_windows(g)) {  // (a leading axis of size 1: one window of one, a factor 1)
     int64_t sum = 0, mn = INT64_MAX, mx = 0, whole = 0;
-    for (int64_t c = 0; c < g.dims[size_t(ax)]; ++c) {
-      const int64_t n = g.window(ax, c).count;
-      sum += n, mn = std::min(mn, n), mx = std::max(mx, n), whole += n == g.dims[size_t(ax)];
-    }
+    for (const Run& w : axis)
+      sum += w.count, mn = std::min(mn, w.count), mx = std::max(mx, w.count), whole += w.count == int64_t(axis.size());
     nnz *= sum, lo *= mn, hi *= mx, dense *= whole;
   }
   a.nnz = nnz;

@@ -757,10 +757,8 @@ void order_by_entries(BlockPlan& plan) {
   bool sorted = true;
   for (size_t t = 1; t < size_t(plan.q_tiles) && sorted; ++t) sorted = at[t + 1] - at[t] <= at[t] - at[t - 1];
   if (!sorted)
-    std::stable_sort(plan.order.begin(), plan.order.end(), [&](int32_t a, int32_t b) {
-    return plan.row_offsets[size_t(a) + 1] - plan.row_offsets[size_t(a)] >
-           plan.row_offsets[size_t(b) + 1] - plan.row_offsets[size_t(b)];
-  });
+    std::stable_sort(plan.order.begin(), plan.order.end(),
+                     [&](int32_t a, int32_t b) { return at[size_t(a) + 1] - at[size_t(a)] > at[size_t(b) + 1] - at[size_t(b)]; });
 }
 
 // analysis: analyze(pat) where the caller has it already (its band rows), else computed here.
@@ -1098,18 +1096,15 @@ namespace {
 // builder's grid path), a query box's window union U spans, on each axis, the least start to the most last of its
 // coordinates' windows, a strip is kept where some coordinate's window on ao reaches its rows of U (every window on ai
 // holds a key), and the box keeps the product of its axes' window sums. The strips, entries and nnz are those the rows
-// give (plan_test). O(grid axes + boxes x box sides + strips). Returns 1 (built into plan), 0 (the windows do not fit:
+// give (tile_map_test). O(grid axes + boxes x box sides + strips). Returns 1 (built into plan), 0 (the windows do not fit:
 // the rows' path applies) or -1 (the strips do not fit: error says why, as the rows' path says it).
-template <class Window>
 int geometric_strips(BlockPlan& plan, const GridTiling& qt, const std::vector<GridTiling::BoxRows>& qboxes, int ao,
-                     int ai, Window&& window, std::string& error) {
-  std::array<std::vector<Run>, 3> win;
+                     int ai, const AxisWindows& win, std::string& error) {
   for (int a : {ao, ai}) {
     const int64_t dl = qt.dilation[size_t(a)];
     for (int64_t c = 0; c < qt.dims[size_t(a)]; ++c) {
-      const Run w = window(a, c);
+      const Run& w = win[size_t(a)][size_t(c)];
       if (w.count < 1 || (w.start - c) % dl != 0 || (w.count > 1 && w.stride != dl)) return 0;
-      win[size_t(a)].push_back(w);
     }
   }
   const int64_t dout = qt.dilation[size_t(ao)], di = qt.dilation[size_t(ai)];
@@ -1163,12 +1158,10 @@ int geometric_strips(BlockPlan& plan, const GridTiling& qt, const std::vector<Gr
     error = "too many strips";
     return -1;
   }
-  // The device's windows: every axis's, right-aligned, a coordinate's (start, stride, count) (stride 1 where count is 1).
-  for (int a = 0; a < 3; ++a)
-    for (int64_t x = 0; x < qt.dims[size_t(a)]; ++x) {
-      const Run w = a == ao || a == ai ? win[size_t(a)][size_t(x)] : window(a, x);
-      plan.grid_windows.insert(plan.grid_windows.end(), {int32_t(w.start), int32_t(w.count > 1 ? w.stride : 1), int32_t(w.count)});
-    }
+  // The device's windows: every axis's, right-aligned, a coordinate's (start, stride, count).
+  for (const std::vector<Run>& axis : win)
+    for (const Run& w : axis)
+      plan.grid_windows.insert(plan.grid_windows.end(), {int32_t(w.start), int32_t(w.stride), int32_t(w.count)});
   return 1;
 }
 }  // namespace
@@ -1230,7 +1223,7 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
   // step (then every row takes the grid path below), a box's strips come from its axes' windows alone.
   if (device_masks && grid) {
     std::string error;
-    const int g = geometric_strips(plan, qt, qboxes, ao, ai, window, error);
+    const int g = geometric_strips(plan, qt, qboxes, ao, ai, axis_windows(*grid), error);
     if (g < 0) return fail(error);
     if (g > 0) {
       order_by_entries(plan);
@@ -1637,24 +1630,8 @@ void estimate_blocks(const BoundPattern& pat, const Analysis& an, std::vector<Ca
 // their windows.
 void estimate_grid_rows(const BoundPattern& pat, const Analysis& an, std::vector<Candidate>& cands) {
   if (!an.grid || !an.grid->exact || general_paths_only() || pat.q_len() != pat.k_len()) return;
-  const NeighborhoodGrid& g = *an.grid;
-  const int shift = 3 - g.naxes;
-  std::array<int64_t, 3> n{1, 1, 1};
-  std::array<std::vector<Run>, 3> win;  // per right-aligned axis, every coordinate's window (stride: the axis's step)
-  for (int a = 0; a < 3; ++a) {
-    if (a < shift) {
-      win[size_t(a)].push_back({0, 1, 1});
-      continue;
-    }
-    n[size_t(a)] = g.dims[size_t(a - shift)];
-    for (int64_t c = 0; c < n[size_t(a)]; ++c) {
-      Run w = g.window(a - shift, c);
-      if (w.count == 1) w.stride = std::max<int64_t>(w.stride, 1);
-      if (w.count < 1 || w.stride < 1) return;
-      win[size_t(a)].push_back(w);
-    }
-  }
-  const int64_t lq = pat.q_len(), n1 = n[1], n2 = n[2];
+  const AxisWindows win = axis_windows(*an.grid);  // (every window's stride: its axis's dilation, 1 at least)
+  const int64_t lq = pat.q_len(), n1 = int64_t(win[1].size()), n2 = int64_t(win[2].size()), step = win[2][0].stride;
   std::vector<int64_t> cov, pre;
   for (Candidate& c : cands) {
     if (c.maps || c.priced || c.d != 1) continue;
@@ -1666,11 +1643,10 @@ void estimate_grid_rows(const BoundPattern& pat, const Analysis& an, std::vector
       const int64_t qt = sampled_tile(sp, samples, i), q0 = qt * sp.bm, q1 = std::min(lq, q0 + sp.bm);
       for (int64_t q = q0; q < q1;) {
         const int64_t c2 = q % n2, c1 = (q / n2) % n1, c0 = q / (n2 * n1), len = std::min(q1 - q, n2 - c2);
-        int64_t lo = INT64_MAX, hi = -1, keys2 = 0, step = 1;
+        int64_t lo = INT64_MAX, hi = -1, keys2 = 0;
         for (int64_t x = c2; x < c2 + len; ++x) {
           const Run& w = win[2][size_t(x)];
           lo = std::min(lo, w.start), hi = std::max(hi, w.last()), keys2 += w.count;
-          if (w.count > 1) step = w.stride;
         }
         // cov[e - lo]: the segment's windows holding e2 = e (a difference array stepped by the windows' stride);
         // pre[j]: their sum over e2 < lo + j.
@@ -1896,7 +1872,7 @@ std::vector<Candidate> candidates(int64_t head_dim, int d, bool tma) {
 std::vector<Candidate> mapped_candidates(const Analysis& an, int64_t head_dim, int block_m, int block_n, bool forced) {
   std::vector<Candidate> out;
   if (!an.grid || grid_axes_used(*an.grid) < (forced ? 1 : 2)) return out;
-  BoxScoreCache cache;
+  BoxScoreCache cache(*an.grid);
   for (const Candidate& c : candidates(head_dim, 1, false)) {
     if (block_m > 0 && (c.block_m != block_m || c.block_n != block_n)) continue;
     const BoxChoice b = best_boxes(*an.grid, c.block_m, c.block_n, c.row->partial_cost, &cache);

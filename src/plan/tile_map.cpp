@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 
 namespace spattn::plan {
 namespace {
@@ -273,20 +274,23 @@ TilingScores tiling_scores(const NeighborhoodGrid& grid, const TileBox& q, const
   });
 }
 
+AxisWindows axis_windows(const NeighborhoodGrid& grid) {
+  AxisWindows w;
+  for (int a = 0; a < 3; ++a) {
+    const int ga = grid_axis(grid, a);
+    if (ga < 0) w[size_t(a)].push_back({0, 1, 1});
+    else
+      for (int64_t i = 0; i < grid.dims[size_t(ga)]; ++i) w[size_t(a)].push_back(grid.window(ga, i));
+  }
+  return w;
+}
+
 BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost,
                      BoxScoreCache* cache) {
   BoxChoice best;
   const std::vector<TileBox> qb = tile_boxes(grid, q_volume), kb = tile_boxes(grid, k_volume);
-  BoxScoreCache own;
-  BoxScoreCache& c = cache ? *cache : own;
-  if (!c.ready) {
-    for (int a = 0; a < 3; ++a) {
-      const int ga = grid_axis(grid, a);
-      if (ga < 0) continue;
-      for (int64_t i = 0; i < grid.dims[size_t(ga)]; ++i) c.windows[size_t(a)].push_back(grid.window(ga, i));
-    }
-    c.ready = true;
-  }
+  std::optional<BoxScoreCache> own;
+  BoxScoreCache& c = cache ? *cache : own.emplace(grid);
   // Every (axis, query side)'s scores for all the key boxes' sides on that axis at once, where any is missing.
   std::vector<TilingScores> scores;
   for (int a = 0; a < 3; ++a) {

@@ -92,13 +92,19 @@ struct BoxChoice {
   TileBox q, k;
   TilingScores scores;
 };
+// Every coordinate's window on each right-aligned axis (NeighborhoodGrid::window; a leading axis of size 1: its one
+// coordinate's {0, 1, 1}): the planners that read a grid axis by axis (best_boxes, the strip and row-major estimates,
+// the analysis of a lone atom) take them from here once.
+using AxisWindows = std::array<std::vector<Run>, 3>;
+AxisWindows axis_windows(const NeighborhoodGrid& grid);
+
 // Each axis's scores depend on its two sides only: best_boxes computes them once per (axis, query side, key side), from
-// the axes' windows computed once, and keeps them here where the caller passes one cache for several calls on one grid
+// the axes' windows computed once, and keeps them here where the caller passes one cache for several calls on its grid
 // (the GPU planner asks for three tile shapes, whose pairs of sides are mostly shared).
 struct BoxScoreCache {
+  explicit BoxScoreCache(const NeighborhoodGrid& grid) : windows(axis_windows(grid)) {}
   std::map<std::array<int64_t, 3>, TilingScores> axes;  // (axis, query side, key side): that axis's share
-  std::array<std::vector<Run>, 3> windows;              // per right-aligned axis, every coordinate's window
-  bool ready = false;
+  AxisWindows windows;
 };
 BoxChoice best_boxes(const NeighborhoodGrid& grid, int64_t q_volume, int64_t k_volume, double partial_cost,
                      BoxScoreCache* cache = nullptr);

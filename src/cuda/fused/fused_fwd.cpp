@@ -184,22 +184,6 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   for (size_t i = 0; i < kStaged; ++i)
     if (segs[i].src && segs[i].bytes) std::memcpy(stage.data() + segs[i].at, segs[i].src, segs[i].bytes);
   SPATTN_CUDA_CHECK(cudaMemcpy(base, stage.data(), staged, cudaMemcpyHostToDevice));
-  if (segs[kStaged].bytes && host_.masks_drawn()) {
-    // Drawn here instead (BlockPlan::drawn, grid_windows); waited for, as the copies are: the plan is ready for any
-    // stream.
-    auto* m = reinterpret_cast<unsigned long long*>(base + segs[kStaged].at);
-    if (host_.drawn.r > 0)
-      SPATTN_CUDA_CHECK(cudaError_t(launch_random_tile_masks(host_.drawn.r, host_.drawn.seed, host_.q_len, host_.k_len,
-                                                             host_.block_m, host_.block_n, m, nullptr)));
-    else
-      SPATTN_CUDA_CHECK(cudaError_t(launch_grid_strip_masks(
-          host_.q_tiles, host_.nentries(), reinterpret_cast<const int64_t*>(base + segs[0].at), reinterpret_cast<const int32_t*>(base + segs[1].at),
-          reinterpret_cast<const int32_t*>(base + segs[3].at), reinterpret_cast<const int32_t*>(base + segs[6].at),
-          host_.q_tiling.dims.data(), host_.strip_sx, host_.strip_sy, m, nullptr)));
-    SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-  } else if (segs[kStaged].bytes) {
-    SPATTN_CUDA_CHECK(cudaMemcpy(base + segs[kStaged].at, segs[kStaged].src, segs[kStaged].bytes, cudaMemcpyHostToDevice));
-  }
   auto at = [&](size_t i) -> char* { return segs[i].bytes ? base + segs[i].at : nullptr; };
   row_offsets_ = reinterpret_cast<int64_t*>(at(0));
   entries_ = reinterpret_cast<int4*>(at(1));
@@ -207,8 +191,24 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
   q_map_ = reinterpret_cast<int32_t*>(at(3));
   k_map_ = reinterpret_cast<int32_t*>(at(4));
   work_counter_ = reinterpret_cast<int*>(at(5));
+  const auto* grid_windows = reinterpret_cast<const int32_t*>(at(6));
   masks_ = reinterpret_cast<unsigned long long*>(at(7));
   split_ws_ = reinterpret_cast<float*>(at(8));
+  if (masks_ && host_.masks_drawn()) {
+    // Drawn here instead (BlockPlan::drawn, grid_windows), from the arrays just copied; waited for, as the copies are:
+    // the plan is ready for any stream.
+    if (host_.drawn.r > 0)
+      SPATTN_CUDA_CHECK(cudaError_t(launch_random_tile_masks(host_.drawn.r, host_.drawn.seed, host_.q_len, host_.k_len,
+                                                             host_.block_m, host_.block_n, masks_, nullptr)));
+    else
+      SPATTN_CUDA_CHECK(cudaError_t(launch_grid_strip_masks(host_.q_tiles, host_.nentries(), row_offsets_,
+                                                            reinterpret_cast<const int32_t*>(entries_), q_map_, grid_windows,
+                                                            host_.q_tiling.dims.data(), host_.strip_sx, host_.strip_sy,
+                                                            masks_, nullptr)));
+    SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  } else if (masks_) {
+    SPATTN_CUDA_CHECK(cudaMemcpy(masks_, segs[kStaged].src, segs[kStaged].bytes, cudaMemcpyHostToDevice));
+  }
   upload_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
