@@ -26,12 +26,17 @@ class Build:
         L = self.lib
         L.spattn_last_error.restype = cp
         self.plan_api = hasattr(L, "spattn_plan_create")
+        self.has_backward = False
         if self.plan_api:
             L.spattn_plan_create.argtypes = [cp, ctypes.c_int, ctypes.c_int, i64, i64, i64, i64, i64, i64,
                                              ctypes.c_double, cp, ctypes.POINTER(vp)]
             L.spattn_plan_forward.argtypes = [vp] + [vp, ctypes.POINTER(i64)] * 4 + [vp, vp]
             L.spattn_plan_kernel.argtypes = [vp]
             L.spattn_plan_kernel.restype = cp
+            self.has_backward = hasattr(L, "spattn_plan_backward")
+            if self.has_backward:
+                L.spattn_plan_backward.argtypes = [vp] + [vp, ctypes.POINTER(i64)] * 4 + [vp] + \
+                    [vp, ctypes.POINTER(i64)] * 4 + [vp]
         else:
             L.spattn_fused_create.argtypes = [cp, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                               ctypes.c_int, ctypes.POINTER(vp)]
@@ -67,6 +72,29 @@ class Build:
             rc = self.lib.spattn_fused_forward(h, 0, B, H, H, L, L, D, q.data_ptr(), s[0], k.data_ptr(), s[1],
                                                v.data_ptr(), s[2], o.data_ptr(), s[3], None, 0.0, stream)
         self.check(rc, "forward")
+
+    def forward_lse(self, h, q, k, v, o, lse):
+        stream = vp(torch.cuda.current_stream().cuda_stream)
+        s = [_strides(t) for t in (q, k, v, o)]
+        self.check(self.lib.spattn_plan_forward(h, q.data_ptr(), s[0], k.data_ptr(), s[1], v.data_ptr(), s[2],
+                                                o.data_ptr(), s[3], lse.data_ptr(), stream), "forward")
+
+    def backward(self, h, q, k, v, o, lse, do, dq, dk, dv):
+        stream = vp(torch.cuda.current_stream().cuda_stream)
+        t = (q, k, v, o)
+        g = (do, dq, dk, dv)
+        args = [h]
+        for x in t:
+            args += [x.data_ptr(), _strides(x)]
+        args.append(lse.data_ptr())
+        for x in g:
+            args += [x.data_ptr(), _strides(x)]
+        args.append(stream)
+        self.check(self.lib.spattn_plan_backward(*args), "backward")
+
+
+def _strides(t):  # a [B, H, L, D] tensor as the C API's [B, L, H, D] strides
+    return (i64 * 4)(t.stride(0), t.stride(2), t.stride(1), t.stride(3))
 
 
 def suite(L):
@@ -114,6 +142,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--patterns", default="", help="comma list of case names (default: all)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--backward", action="store_true",
+                    help="also time the backward (spattn_plan_backward) of both builds in alternation")
     args = ap.parse_args()
     A, Bb = Build(args.a), Build(args.b)
     B, H = args.batch, args.heads
@@ -155,8 +185,44 @@ def main():
                   f"(rounds {' '.join(f'{a / b:.3f}' for a, b in zip(ta, tb))})  max|A-B| {diff:.1e}  B: {kb}",
                   flush=True)
             del ga, gb
+            if args.backward and A.plan_api and A.has_backward and Bb.has_backward:
+                lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+                do = torch.randn_like(q)
+                A.forward_lse(ha, q, k, v, oa, lse)
+                ga_ = [torch.empty_like(q) for _ in range(3)]
+                gb_ = [torch.empty_like(q) for _ in range(3)]
+                fa = lambda: A.backward(ha, q, k, v, oa, lse, do, *ga_)  # noqa: E731
+                fb = lambda: Bb.backward(hb, q, k, v, oa, lse, do, *gb_)  # noqa: E731
+                fa()
+                fb()
+                torch.cuda.synchronize()
+                bdiff = max((x.float() - y.float()).abs().max().item() for x, y in zip(ga_, gb_))
+                ba, bb = [], []
+                for _ in range(args.rounds):
+                    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                           for _ in range(args.reps)] for _ in range(2)]
+                    for _ in range(3):
+                        fa()
+                        fb()
+                    for i in range(args.reps):
+                        for j, f in enumerate((fa, fb)):
+                            ev[j][i][0].record()
+                            f()
+                            ev[j][i][1].record()
+                    torch.cuda.synchronize()
+                    ba.append(statistics.median(s_.elapsed_time(e) for s_, e in ev[0]))
+                    bb.append(statistics.median(s_.elapsed_time(e) for s_, e in ev[1]))
+                mba, mbb = statistics.median(ba), statistics.median(bb)
+                row.update({"bwd_ms_a": mba, "bwd_ms_b": mbb, "bwd_ratio_b_over_a": mba / mbb,
+                            "bwd_max_abs_diff": bdiff})
+                print(f"{'  bwd':10s} L={L:5d} D={D:3d}  A {mba:8.4f} ms  B {mbb:8.4f} ms  speed B/A "
+                      f"{mba / mbb:6.3f} (rounds {' '.join(f'{a / b:.3f}' for a, b in zip(ba, bb))})  "
+                      f"max|A-B| {bdiff:.1e}", flush=True)
     worst = min(r["ratio_b_over_a"] for r in rows)
     print(f"# worst B/A speed {worst:.3f}; geomean {math.exp(statistics.mean(math.log(r['ratio_b_over_a']) for r in rows)):.4f}")
+    bw = [r["bwd_ratio_b_over_a"] for r in rows if "bwd_ratio_b_over_a" in r]
+    if bw:
+        print(f"# backward: worst B/A speed {min(bw):.3f}; geomean {math.exp(statistics.mean(map(math.log, bw))):.4f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "a": args.a, "b": args.b, "rows": rows}, f, indent=1)
