@@ -8,18 +8,18 @@
 // Outputs are poisoned (NaN bytes) before the timed calls; rel_err is measured after them, against fp64 on
 // the host, on two (b, h) pairs (first and last): SDDMM and SpMM on every 8th row, the whole attention
 // against cpu::reference_attention on every row of those heads.
-#include "bench/bench_cuda.hpp"
+#include "bench/bench.hpp"
 
 #include "spattn/config.hpp"
 
 #if !SPATTN_HAVE_CUDA
 #include <cstdio>
-namespace spattn::tools {
+namespace spattn::bench {
 int bench_cuda_main(int, char**) {
   std::fprintf(stderr, "spattn: this build has no CUDA support (rebuild with SPATTN_CUDA=ON)\n");
   return 2;
 }
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 #else
 
 #include <cuda_runtime.h>
@@ -38,7 +38,7 @@ int bench_cuda_main(int, char**) {
 #include <string>
 #include <vector>
 
-#include "cuda/unfused/cusparse_baseline.hpp"
+#include "bench/cusparse_baseline.hpp"
 #include "spattn/error.hpp"
 #include "spattn/format.hpp"
 #include "cuda/unfused/unfused.hpp"
@@ -46,7 +46,7 @@ int bench_cuda_main(int, char**) {
 #include "spattn/reference.hpp"
 #include "spattn/tensor.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
 namespace {
 
 namespace mg = spattn::unfused;
@@ -125,7 +125,7 @@ struct Case {
   std::string name, spec;
 };
 
-std::vector<Case> standard_suite(int64_t L) {
+std::vector<Case> cuda_suite(int64_t L) {  // the standard suite (bench_cpu.cpp) and causal
   std::vector<Case> s = {{"local", "local(256)"},
                          {"longformer", "longformer(256, 32)"},
                          {"bigbird", "bigbird(64, 1, 2, 3, seed=0)"},
@@ -433,7 +433,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   if (A.cusparse) {
     try {
       const Csr csr = make_csr(bound);
-      mg::CusparseBaseline cs(csr, pr, q.p, k.p, v.p);
+      CusparseBaseline cs(csr, pr, q.p, k.p, v.p);
       Row a = base_row("cusparse_sddmm");
       a.ms = time_ms([&] { cs.sddmm(st); }, A.reps, st);
       a.eff_tflops = flops2 / (a.ms * 1e9);
@@ -541,7 +541,7 @@ int bench_cuda_main(int argc, char** argv) {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  std::vector<Case> cases = A.pattern.empty() ? standard_suite(A.len) : std::vector<Case>{{"custom", A.pattern}};
+  std::vector<Case> cases = A.pattern.empty() ? cuda_suite(A.len) : std::vector<Case>{{"custom", A.pattern}};
   std::vector<Row> rows;
   std::fprintf(stderr, "spattn bench --device cuda: %s, %zu case(s), B %lld, H %lld, L %lld, D %lld, %s, %d reps\n",
                prop.name, cases.size(), (long long)A.batch, (long long)A.heads, (long long)A.len, (long long)A.dim,
@@ -565,6 +565,6 @@ int bench_cuda_main(int argc, char** argv) {
   return failures ? 1 : 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 
 #endif  // SPATTN_HAVE_CUDA

@@ -76,10 +76,6 @@ class DevicePlan {
   int64_t narrow_ = 0;
 };
 
-// The tensor map of a [B, L, H, D] bf16 / fp16 view ({D, L, H, B}; boxes of 64 elements x `rows`, 128-byte swizzle,
-// rows past L zero-filled). False where the driver refuses it (strides, alignment) or has no entry point.
-bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows);
-
 class FusedFwd {
  public:
   struct Arguments {

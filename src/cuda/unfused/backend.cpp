@@ -4,7 +4,7 @@
 
 #include <atomic>
 
-#include "cuda/backward/csr_backward.hpp"
+#include "cuda/common/patterns_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/empty_backend.hpp"
