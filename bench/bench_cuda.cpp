@@ -251,7 +251,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   mg::Options opt;
   opt.block = A.block;
   const auto t0 = std::chrono::steady_clock::now();
-  const mg::Plan plan = mg::Plan::build(bound, pr, opt);
+  const mg::UnfusedPlan plan = mg::UnfusedPlan::build(bound, pr, opt);
   ck(cudaDeviceSynchronize(), "plan");
   const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const mg::Split& sp = plan.split();
@@ -398,7 +398,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
     }
     return e.rel();
   };
-  auto attention_row = [&](const char* impl, const mg::Plan& pl, mg::SparseValues pv, void* wsp) {
+  auto attention_row = [&](const char* impl, const mg::UnfusedPlan& pl, mg::SparseValues pv, void* wsp) {
     ck(cudaMemsetAsync(o.p, 0xff, o.bytes, st), "poison");
     ck(cudaMemsetAsync(lse.p, 0xff, lse.bytes, st), "poison");
     Row r = base_row(impl);
@@ -419,7 +419,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   if (plan.has_fine() && plan.attention_workspace_size(false) == 0) {
     mg::Options o2 = opt;
     o2.fused_fine_attention = false;
-    const mg::Plan plan2 = mg::Plan::build(bound, pr, o2);
+    const mg::UnfusedPlan plan2 = mg::UnfusedPlan::build(bound, pr, o2);
     DevBuf aws2(size_t(plan2.attention_workspace_size(false)));
     split_ms = attention_row("spattn:unfused_split", plan2, {}, aws2.p).ms;
   }
