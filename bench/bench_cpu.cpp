@@ -1,5 +1,5 @@
 // `spattn bench --device cpu`: the fused CPU attention beside its anchors, timed in one process on the same
-// inputs (BENCH.md): dense masked attention through BLAS sgemm (what a user writes without a sparse library)
+// inputs (docs/BENCHMARKS.md): dense masked attention through BLAS sgemm (what a user writes without a sparse library)
 // and the plain sgemm rate of this machine (the roofline probe). Every row is checked against the fp64
 // reference. With --backward: Plan::backward instead, against the same probe and the reference backward.
 #include <algorithm>

@@ -1,5 +1,5 @@
 // `spattn bench --device cuda`: the Multigrain kernels (spattn:sddmm, spattn:spmm, spattn:unfused) beside
-// cuSPARSE's SDDMM and SpMM (CSR, same inputs, same run), rows as BENCH.md defines them.
+// cuSPARSE's SDDMM and SpMM (CSR, same inputs, same run), rows as docs/BENCHMARKS.md defines them.
 //
 //   spattn bench --device cuda [--suite standard | --pattern SPEC] [--len 4096] [--batch 2] [--heads 16]
 //                [--dim 64] [--dtype bf16] [--reps 30] [--block 32] [--json FILE] [--no-cusparse]
@@ -125,7 +125,9 @@ struct Case {
   std::string name, spec;
 };
 
-std::vector<Case> cuda_suite(int64_t L) {  // the standard suite (bench_cpu.cpp) and causal
+// The standard suite as the unfused bench runs it: standard_suite (bench_cpu.cpp) but for random's keys a row,
+// (L + 19) / 20 here.
+std::vector<Case> cuda_suite(int64_t L) {
   std::vector<Case> s = {{"local", "local(256)"},
                          {"longformer", "longformer(256, 32)"},
                          {"bigbird", "bigbird(64, 1, 2, 3, seed=0)"},

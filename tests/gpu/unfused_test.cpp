@@ -69,7 +69,7 @@ std::vector<char> random_bytes(int64_t n, DType t, std::mt19937_64& rng) {
   return b;
 }
 
-// The suite of BENCH.md at a length that is not a multiple of any block size.
+// The suite of docs/BENCHMARKS.md at a length that is not a multiple of any block size.
 std::vector<std::pair<std::string, std::string>> suite(int64_t L) {
   std::string na2d = L == 799 ? "neighborhood(dims=(17,47), kernel=13)" : L == 1023 ? "neighborhood(dims=(31,33), kernel=13)"
                                                                                      : "neighborhood(kernel=13)";

@@ -1,7 +1,8 @@
-// cuda/common/patterns_backward.hpp — the GPU backward as the forward engines' backends see it (cuda/fused/backend.cpp,
-// cuda/unfused/backend.cpp both run it). Declared here, below the engine folders, so that neither includes
-// cuda/backward, which defines it (csr_backward.cu) with its two passes (tile_backward.hpp, csr_backward.hpp): the
-// contract lives in the lower layer and the implementation above it, as plan/backend.hpp does for the engines.
+// cuda/common/patterns_backward.hpp — the GPU backward as the forward engines' backends see it
+// (cuda/fused/backend.cpp and cuda/unfused/backend.cpp both run it). Declared here, below the engine folders, so
+// that neither includes cuda/backward, which defines it (csr_backward.cu) with its two passes (tile_backward.hpp,
+// csr_backward.hpp): the contract lives in the lower layer and the implementation above it, as plan/backend.hpp
+// does for the engines.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -22,7 +23,8 @@ class TileBackward;  // cuda/backward/tile_backward.hpp
 // call (forward-only users pay nothing). Each call runs the tensor-core tile kernel (tile_backward.hpp) where it can
 // run the tensors on this device, else the CUDA-core CSR pass; `kernel` forces one ("sm90_bwd" or a row name of
 // that kind, "sm90_bwd_ws" (its row of the head dim) or a row name of that kind, "cuda_csr_bwd"; "" chosen; a
-// forced tile kernel that cannot run the tensors is an Error with the reason). Per-head patterns run head by head on views.
+// forced tile kernel that cannot run the tensors is an Error with the reason). Per-head patterns run head by head
+// on views.
 class PatternsBackward {
  public:
   // planned: the plan's distinct patterns, their analyses and which one each query head uses (plan/backend.hpp).
