@@ -206,7 +206,7 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
 #pragma unroll
   for (int kk = 0; kk < Tr::BN / 16; ++kk)
     ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
-                                                            desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+                                                     desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(dq);

@@ -73,7 +73,7 @@ class FusedAttention {
   FusedAttention& operator=(FusedAttention&&) noexcept;
 
   common::Status can_implement(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& o, const TensorView& lse) const;
+                               const TensorView& o, const TensorView& lse) const;
   size_t workspace_size(const Problem&) const { return 0; }
   // Enqueues the forward on `stream` (a cudaStream_t, null for the default stream). Throws Error when
   // can_implement fails or the launch fails.

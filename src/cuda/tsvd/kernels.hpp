@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "cuda/common/tmap.hpp"  // TensorMapBytes
+#include "cuda/common/tmap.hpp"         // TensorMapBytes
 #include "cuda/tsvd/smem_layout.hpp"     // the CTA tiles (kBM, kWgBM, ...) and shared-memory layouts
 
 namespace spattn::cuda::tsvd {
@@ -55,7 +55,7 @@ struct WgParams {
   TensorMapBytes tmap_x;  // X: {K, M}, boxes 64 x kWgBM, 128-byte swizzle, rows past M zero-filled
   TensorMapBytes tmap_a;  // a: {tile_k, tiles * rp}, boxes 64 x rp
   TensorMapBytes tmap_b;  // b: {tile_n, tiles * rp}, boxes 64 x rp
-  Params p;                      // m_tiles x n_tiles output tiles of kWgBM x bn; grid = tiles * splits
+  Params p;               // m_tiles x n_tiles output tiles of kWgBM x bn; grid = tiles * splits
   int bn = 0;
 };
 // Which BN the wgmma kernel uses for these factors (0: it cannot run them: tile_k % 64, tile_n % 128, rp not in

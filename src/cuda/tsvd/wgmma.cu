@@ -10,8 +10,8 @@
 //                    next wgmma); Y (64 x BN, fp32 in registers) += P B_ij by RS wgmma (B_ij N-major). The RS
 //                    wgmma of tile row i runs while the first chunk of tile row i + 1 is issued.
 //
-// Shared memory is in the 128-byte-swizzled layouts of cuda/common/mma_tile.cuh (sw_off): X and A^T chunks are 128-byte
-// rows (K-major), B_ij is BN / 64 column blocks of rp rows x 128 bytes (N-major, LBO = rp x 128 bytes).
+// Shared memory is in the 128-byte-swizzled layouts of cuda/common/mma_tile.cuh (sw_off): X and A^T chunks are
+// 128-byte rows (K-major), B_ij is BN / 64 column blocks of rp rows x 128 bytes (N-major, LBO = rp x 128 bytes).
 //
 // What bounds it (GPT-3, 2048 x 12288 x 12288, H100): each X element staged in shared memory serves 2 rp flops, and
 // an SM multiplies 4096 bf16 flops a clock against 128 bytes a clock of shared memory (an A100 2048), so at rp 64 the
