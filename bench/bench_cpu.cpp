@@ -1,5 +1,5 @@
 // `spattn bench --device cpu`: the fused CPU attention beside its anchors, timed in one process on the same
-// inputs (BENCH.md): dense masked attention through BLAS sgemm (what a user writes without a sparse library)
+// inputs (docs/BENCHMARKS.md): dense masked attention through BLAS sgemm (what a user writes without a sparse library)
 // and the plain sgemm rate of this machine (the roofline probe). Every row is checked against the fp64
 // reference. With --backward: Plan::backward instead, against the same probe and the reference backward.
 #include <algorithm>
@@ -23,8 +23,8 @@
 #include "spattn/error.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
-#include "tools/args.hpp"
-#include "tools/commands.hpp"
+#include "common/args.hpp"
+#include "bench/bench.hpp"
 
 #if SPATTN_HAVE_BLAS
 // The Fortran BLAS entry point: present in every BLAS (OpenBLAS, reference, MKL, BLIS).
@@ -37,7 +37,8 @@ extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 #endif
 
-namespace spattn::tools {
+namespace spattn::bench {
+using common::Args;
 namespace {
 
 const char* kBenchUsage =
@@ -635,4 +636,4 @@ int bench_cpu_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench

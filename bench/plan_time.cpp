@@ -19,10 +19,11 @@
 #include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
-#include "tools/args.hpp"
-#include "tools/commands.hpp"
+#include "common/args.hpp"
+#include "bench/bench.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
+using common::Args;
 namespace {
 
 const char* kPlanTimeUsage =
@@ -175,4 +176,4 @@ int bench_plan_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "cuda/common/device.hpp"
 #include "plan/analysis.hpp"
 #include "plan/backend.hpp"
 #include "plan/kernels.hpp"
@@ -98,7 +99,7 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
   Engine e = options.engine;
   const bool cuda = device.kind == Device::Kind::cuda;
   if (cuda) {
-    const int n = plan::cuda_device_count();
+    const int n = cuda::device_count();
     if (device.index < 0 || device.index >= n)
       throw Error("device " + device.str() + " does not exist (" + std::to_string(n) + " CUDA devices" +
                   (n == 0 ? ": no GPU, no driver, or a build without CUDA)" : ")"));
@@ -219,7 +220,7 @@ std::string Plan::explain() const {
   const Problem& pr = im.problem;
   std::ostringstream s;
   s << "engine " << engine_name(im.engine) << " on " << im.device.str();
-  if (im.device.kind == Device::Kind::cuda) s << " (" << plan::cuda_device_name(im.device.index) << ")";
+  if (im.device.kind == Device::Kind::cuda) s << " (" << cuda::device_name(im.device.index) << ")";
   s << " (" << im.why << "), kernel " << im.backend->kernel() << "\n";
   s << "problem: batch " << pr.batch << ", heads " << pr.q_heads << " (kv " << pr.kv_heads << "), lengths " << pr.q_len
     << " x " << pr.kv_len << ", head dim " << pr.head_dim << " (value " << pr.dv() << "), " << dtype_name(pr.dtype)

@@ -19,13 +19,14 @@
 #include "plan/analysis.hpp"
 #include "plan/block_plan.hpp"
 #include "spattn/plan.hpp"
-#include "tools/args.hpp"
-#include "bench/bench_cuda.hpp"
+#include "common/args.hpp"
+#include "bench/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/npy.hpp"
 #include "tools/png.hpp"
 
 namespace spattn::tools {
+using common::Args;
 namespace {
 
 const char* kUsage =
@@ -326,9 +327,9 @@ int main_impl(int argc, char** argv) {
   if (help) {
     if (cmd == "bench") {
       for (int i = 2; i < argc; ++i)
-        if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
+        if (std::string(argv[i]) == "--plan-time") return bench::bench_plan_main(argc, argv);
       char* args[] = {argv[0], argv[1], const_cast<char*>("--help")};
-      return bench_cpu_main(3, args);
+      return bench::bench_cpu_main(3, args);
     }
     for (auto [name, usage] : {std::pair{"run", kRunUsage}, {"mask", kMaskUsage}, {"show", kShowUsage},
                                {"explain", kExplainUsage}, {"info", kInfoUsage}})
@@ -337,7 +338,7 @@ int main_impl(int argc, char** argv) {
         return 0;
       }
   }
-  if (cmd == "dist-bench") return dist_bench_main(argc, argv);
+  if (cmd == "dist-bench") return bench::dist_bench_main(argc, argv);
   if (cmd == "mask") return cmd_mask(argc, argv);
   if (cmd == "run") return cmd_run(argc, argv);
   if (cmd == "show") return cmd_show(argc, argv);
@@ -346,16 +347,16 @@ int main_impl(int argc, char** argv) {
   if (cmd == "tsvd") return tsvd_main(argc, argv);
   if (cmd == "bench") {
     for (int i = 2; i < argc; ++i)
-      if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
+      if (std::string(argv[i]) == "--plan-time") return bench::bench_plan_main(argc, argv);
     for (int i = 2; i + 1 < argc; ++i)
       if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {
 #if SPATTN_HAVE_CUDA
-        return bench_cuda_main(argc - 2, argv + 2);
+        return bench::bench_cuda_main(argc - 2, argv + 2);
 #else
         throw Error("this build of spattn has no CUDA support: rebuild with a CUDA compiler (SPATTN_CUDA=ON)");
 #endif
       }
-    return bench_cpu_main(argc, argv);
+    return bench::bench_cpu_main(argc, argv);
   }
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;

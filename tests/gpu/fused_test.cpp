@@ -199,7 +199,7 @@ TEST_P(FusedSuite, MatchesReference) {
 
 constexpr DType bf = DType::bf16, fp = DType::f16;
 const Case kCases[] = {
-    // Every pattern of the standard suite (BENCH.md), small lengths so the fp64 reference stays quick.
+    // Every pattern of the standard suite (docs/BENCHMARKS.md), small lengths so the fp64 reference stays quick.
     {"suite local", "local(256)", 1, 2, 2, 1023, 1023, 64, bf},
     {"suite longformer: band plus global rows and columns", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf},
     {"suite bigbird: 64-blocks, random blocks", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, bf},

@@ -7,7 +7,9 @@
 
 #include <vector>
 
+#include "cuda/backward/tile_backward.hpp"
 #include "cuda/common/check.hpp"
+#include "cuda/common/patterns_backward.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "spattn/format.hpp"

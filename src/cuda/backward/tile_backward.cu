@@ -6,8 +6,8 @@
 #include "cuda/backward/tile_bwd_ws.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
-#include "cuda/fused/fused_fwd.hpp"  // encode_tmap
-#include "cuda/fused/launch.cuh"     // raise_smem_limit
+#include "cuda/common/launch.cuh"  // raise_smem_limit
+#include "cuda/common/tmap.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 
@@ -79,7 +79,7 @@ template <class Tr, bool kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
-  SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
+  SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
   bwd::bwd_prep_kernel<Elem, Tr::kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward prep");
@@ -156,7 +156,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   p.k_tiles = int(plan_.k_tiles);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
-  const bool tma = plan_.perm_d == 1 && fused::encode_tmap(p.tmap_q, q, 64) && fused::encode_tmap(p.tmap_do, dout, 64);
+  const bool tma = plan_.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
   last_tma_ = tma;
   // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
   ran_row_ = row_;

@@ -3,12 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <sstream>
 
-#include "cuda/backward/csr_backward.hpp"
+#include "cuda/common/patterns_backward.hpp"
 #include "cuda/fused/compound.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_fwd.hpp"
@@ -21,27 +19,6 @@
 #include "plan/parts.hpp"
 
 namespace spattn::plan {
-
-int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-std::string cuda_device_name(int device) {
-  // Read once per device: cudaGetDeviceProperties can take milliseconds, and explain() (the C API's plan_create
-  // calls it) asks each time.
-  static std::mutex mu;
-  static std::map<int, std::string> names;
-  std::lock_guard<std::mutex> lock(mu);
-  if (const auto it = names.find(device); it != names.end()) return it->second;
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
-  return names[device] = p.name;
-}
 
 namespace {
 

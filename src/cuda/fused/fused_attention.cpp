@@ -54,10 +54,9 @@ FusedAttention::~FusedAttention() = default;
 FusedAttention::FusedAttention(FusedAttention&&) noexcept = default;
 FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
 
-FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
-                                          const TensorView& v, const TensorView& o, const TensorView& lse) const {
-  const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan);
-  return {st.ok, st.reason};
+common::Status FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
+                                             const TensorView& v, const TensorView& o, const TensorView& lse) const {
+  return FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan);
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,

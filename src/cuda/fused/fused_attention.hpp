@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "common/status.hpp"
 #include "plan/analysis.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
@@ -61,11 +62,6 @@ struct PlanTimes {
   double total() const { return split + analysis + choose + build + upload; }
 };
 
-struct FusedStatus {
-  bool ok = true;
-  std::string reason;
-};
-
 class FusedAttention {
  public:
   // Builds the plan on the host and uploads it to the current CUDA device. Throws Error. `analysis`:
@@ -76,8 +72,8 @@ class FusedAttention {
   FusedAttention(FusedAttention&&) noexcept;
   FusedAttention& operator=(FusedAttention&&) noexcept;
 
-  FusedStatus can_implement(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
-                            const TensorView& o, const TensorView& lse) const;
+  common::Status can_implement(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& o, const TensorView& lse) const;
   size_t workspace_size(const Problem&) const { return 0; }
   // Enqueues the forward on `stream` (a cudaStream_t, null for the default stream). Throws Error when
   // can_implement fails or the launch fails.

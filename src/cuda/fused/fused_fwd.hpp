@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "common/status.hpp"
 #include "cuda/common/buffer.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
@@ -18,12 +19,7 @@
 
 namespace spattn::cuda::fused {
 
-struct Status {
-  bool ok = true;
-  std::string reason;
-  explicit operator bool() const { return ok; }
-  static Status fail(std::string r) { return {false, std::move(r)}; }
-};
+using common::Status;  // common/status.hpp
 
 // A BlockPlan uploaded to the current CUDA device (its arrays in one block of the device pool), with the kernel-table row chosen to
 // run it (plan/kernels.hpp; a run may fall back from it where the tensors' strides admit no tensor map:
@@ -75,10 +71,6 @@ class DevicePlan {
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
 };
-
-// The tensor map of a [B, L, H, D] bf16 / fp16 view ({D, L, H, B}; boxes of 64 elements x `rows`, 128-byte swizzle,
-// rows past L zero-filled). False where the driver refuses it (strides, alignment) or has no entry point.
-bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows);
 
 class FusedFwd {
  public:

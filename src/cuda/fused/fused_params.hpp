@@ -3,14 +3,10 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/tmap.hpp"  // TensorMapBytes
 #include "cuda/fused/key_boxes.hpp"
 
 namespace spattn::cuda::fused {
-
-// The bytes of a CUtensorMap (128, 64-byte aligned), so that this header needs no CUDA header.
-struct alignas(64) TensorMapBytes {
-  unsigned char bytes[128];
-};
 
 struct FusedParams {
   const void* q;  // [B, Lq, Hq, D]   (head dim contiguous; other strides free)
