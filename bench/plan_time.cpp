@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "plan/parts.hpp"

@@ -2,7 +2,7 @@
 //
 // The one list of configurations. It drives
 //   dispatch      the CUDA launch code instantiates exactly the GPU rows (src/cuda/fused/launch.cuh),
-//   the planner   its tile-shape candidates and their measured costs (plan/block_plan.cpp),
+//   the planner   its tile-shape candidates and their measured costs (plan/gpu),
 //   explain       the chosen row's name (Plan::kernel, Plan::last_kernel),
 //   the tests     the GPU sweep runs every row (tests/gpu/fused_test.cpp).
 // A plan stores the index of the row it chose; the row that actually ran is recorded at launch.

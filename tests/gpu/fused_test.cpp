@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gpu/require_gpu.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"

@@ -29,7 +29,7 @@ struct FusedOptions {
   int perm_d = -1;               // -1: chosen (residue grouping for dilated/strided rows); 1: none
   int tile_map = -1;             // neighborhood patterns of 2-3 axes: -1 chosen, 0 never, 1 always a tile map
                                  // (multi-dimensional tiles, plan/tile_map.hpp; cp.async / mma.sync kernels),
-                                 // 2 key strips (64x64 tiles, plan/block_plan.hpp)
+                                 // 2 key strips (64x64 tiles, plan/gpu/block_plan.hpp)
   bool force_sm80 = false;       // run the mma.sync kernel on Hopper too (tests)
   bool tma = true;               // sm_90a: the warp-specialized TMA kernel where it applies (128/192-row
                                  // tiles, no permutation, strides a tensor map accepts); false: cp.async kernels

@@ -13,7 +13,7 @@
 #include "cuda/common/buffer.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "spattn/tensor.hpp"
 
 namespace spattn::cuda::fused {

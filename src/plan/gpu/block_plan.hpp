@@ -1,4 +1,4 @@
-// plan/block_plan.hpp — the tile plan of the fused block-sparse attention kernel (src/cuda/fused).
+// plan/gpu/block_plan.hpp — the tile plan of the fused block-sparse attention kernel (src/cuda/fused), and its builders
 //
 // For every query tile (block_m rows) the plan lists the key tiles (block_n keys) that hold at least one
 // kept (q, k), each tagged:
