@@ -88,117 +88,119 @@ int geometric_strips(BlockPlan& plan, const GridTiling& qt, const std::vector<Gr
 }
 }  // namespace
 
-std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTiling& qt, std::string* why,
-                                          bool device_masks) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto fail = [&](const std::string& reason) -> std::optional<BlockPlan> {
-    if (why) *why = "key strips: " + reason;
-    return std::nullopt;
-  };
-  if (qt.box.volume() != 64) return fail("query boxes must hold 64 tokens, " + qt.box.str(3) + " holds " + std::to_string(qt.box.volume()));
-  if (qt.tokens() != pat.q_len() || qt.tokens() != pat.k_len())
-    return fail("the grid (" + qt.describe() + ") must hold the queries and the keys, " + std::to_string(pat.q_len()) +
-                " x " + std::to_string(pat.k_len()));
-  // The grid's used axes (longer than 1): the last one is the strips' inner axis ai (its tokens are consecutive: every
-  // axis after it has size 1), the other, if any, the outer axis ao; an unused axis stands in for a missing one (its
-  // coordinate is always 0).
+namespace {
+
+// The strips' axes of a tiling: the grid's used axes (longer than 1), the last one the strips' inner axis ai (its
+// tokens are consecutive: every axis after it has size 1), the other, if any, the outer axis ao; an unused axis stands
+// in for a missing one (its coordinate is always 0). Empty, with the reason in *why, where they do not fit.
+struct StripAxes {
   std::array<int64_t, 3> step{1, 1, 1};  // tokens per coordinate of each axis (dilation 1)
+  int ai = 2, ao = 0;
+  int64_t ni = 1, di = 1, dout = 1;  // the inner axis's size; the inner and outer axes' dilations
+  int64_t sx = 0, sy = 0;            // their token strides in a dilation group (sy == di)
+};
+std::optional<StripAxes> strip_axes(const BoundPattern& pat, const GridTiling& qt, std::string& why) {
+  StripAxes x;
+  std::array<int64_t, 3>& step = x.step;
   for (int a = 1; a >= 0; --a) step[size_t(a)] = step[size_t(a) + 1] * qt.dims[size_t(a) + 1];
   int used[3], nused = 0;
   for (int a = 0; a < 3; ++a)
     if (qt.dims[size_t(a)] > 1) used[nused++] = a;
-  if (nused > 2) return fail("the grid (" + qt.describe() + ") has three axes longer than 1");
-  const int ai = nused > 0 ? used[nused - 1] : 2;
-  const int ao = nused > 1 ? used[0] : (ai == 0 ? 1 : 0);
-  const int64_t ni = qt.dims[size_t(ai)];
-  const int64_t di = qt.dilation[size_t(ai)], dout = qt.dilation[size_t(ao)];
-  const int64_t sx = qt.token_stride(ao), sy = qt.token_stride(ai);  // sy == di: the axes after ai have size 1
-  if (sx >= INT32_MAX || int64_t(pat.k_len()) >= INT32_MAX) return fail("the grid is too large for 32-bit tokens");
+  if (nused > 2) {
+    why = "the grid (" + qt.describe() + ") has three axes longer than 1";
+    return std::nullopt;
+  }
+  x.ai = nused > 0 ? used[nused - 1] : 2;
+  x.ao = nused > 1 ? used[0] : (x.ai == 0 ? 1 : 0);
+  x.ni = qt.dims[size_t(x.ai)];
+  x.di = qt.dilation[size_t(x.ai)], x.dout = qt.dilation[size_t(x.ao)];
+  x.sx = qt.token_stride(x.ao), x.sy = qt.token_stride(x.ai);  // sy == di: the axes after ai have size 1
+  if (x.sx >= INT32_MAX || int64_t(pat.k_len()) >= INT32_MAX) {
+    why = "the grid is too large for 32-bit tokens";
+    return std::nullopt;
+  }
+  return x;
+}
 
-  BlockPlan plan;
-  plan.block_m = plan.block_n = 64;
-  plan.q_len = pat.q_len();
-  plan.k_len = pat.k_len();
-  plan.q_map = qt.map();
-  plan.q_group = int64_t(plan.q_map.size());
-  plan.q_tiles = plan.q_group / 64;
-  plan.q_tiling = plan.k_tiling = qt;
-  plan.strip_keys = true;
-  plan.strip_sx = int32_t(sx);
-  plan.strip_sy = int32_t(sy);
-  const std::vector<GridTiling::BoxRows> qboxes = qt.boxes();
+// The pattern's lone neighborhood atom where it is one on this tiling's grid (NeighborhoodGrid::exact, the same dims
+// and dilations), else none; shift: tiling axis a is grid axis a - shift (right-aligned).
+std::optional<NeighborhoodGrid> exact_grid(const BoundPattern& pat, const GridTiling& qt, int* shift) {
   // One neighborhood atom on this tiling's grid (NeighborhoodGrid::exact, the same dims and dilations): a query's keys
   // are the product of its axis windows, so a row's pieces (one a line of the outer axis's window) come from its two
   // windows, not from its runs and each run's coordinates (a row whose first key is not in its group, or whose windows
   // step other than by the grid's dilation, takes its runs). na2d 128x128 K=13: choose 5.12 -> 4.16 ms, one thread.
   std::optional<NeighborhoodGrid> grid = general_paths_only() ? std::nullopt : pat.neighborhood_grid();
-  const int shift = grid ? 3 - grid->naxes : 0;  // tiling axis a is grid axis a - shift (right-aligned)
+  *shift = grid ? 3 - grid->naxes : 0;
   for (int a = 0; a < 3 && grid; ++a) {
-    const bool on = a >= shift;
-    if (!grid->exact || (on ? grid->dims[size_t(a - shift)] : 1) != qt.dims[size_t(a)] ||
-        (on ? grid->dilation[size_t(a - shift)] : 1) != qt.dilation[size_t(a)])
+    const bool on = a >= *shift;
+    if (!grid->exact || (on ? grid->dims[size_t(a - *shift)] : 1) != qt.dims[size_t(a)] ||
+        (on ? grid->dilation[size_t(a - *shift)] : 1) != qt.dilation[size_t(a)])
       grid.reset();
   }
-  auto window = [&](int a, int64_t c) { return a >= shift ? grid->window(a - shift, c) : Run{0, 1, 1}; };
+  return grid;
+}
 
-  // Bitmasks left to the device (device_masks): where every query's windows stay in its dilation group at the group's
-  // step (then every row takes the grid path below), a box's strips come from its axes' windows alone.
-  if (device_masks && grid) {
-    std::string error;
-    const int g = geometric_strips(plan, qt, qboxes, ao, ai, axis_windows(*grid), error);
-    if (g < 0) return fail(error);
-    if (g > 0) {
-      order_by_entries(plan);
-      plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      return plan;
-    }
-  }
-
-  // Every token's coordinates on the two axes (ci, co) and in its dilation group (y = ci / di, x = co / dout), counted
-  // up token by token: a run's piece reads them here instead of dividing (about ten 64-bit divisions a piece, 213k
-  // pieces for na2d 128x128 K=13 at L = 16384: the strip plan took 6.2 ms, 2.9 after, on the shared 2-core VM).
-  struct Coord {
-    int32_t ci, co, y, x;
-  };
-  std::vector<Coord> coord(size_t(pat.k_len()));
-  {
-    std::array<int64_t, 3> c{0, 0, 0}, g{0, 0, 0}, res{0, 0, 0};  // per axis: coordinate, its group coordinate, residue
-    for (Coord& e : coord) {
-      e = {int32_t(c[size_t(ai)]), int32_t(c[size_t(ao)]), int32_t(g[size_t(ai)]), int32_t(g[size_t(ao)])};
-      for (int a = 2; a >= 0; --a) {  // the next token: the last axis steps, carrying into the ones before it
-        const size_t u = size_t(a);
-        if (++c[u] < qt.dims[u]) {
-          if (++res[u] == qt.dilation[u]) res[u] = 0, ++g[u];
-          break;
-        }
-        c[u] = g[u] = res[u] = 0;
+// A token's coordinates on the strips' two axes (ci, co) and in its dilation group (y = ci / di, x = co / dout).
+struct Coord {
+  int32_t ci, co, y, x;
+};
+// Every token's coordinates on the two axes (ci, co) and in its dilation group (y = ci / di, x = co / dout), counted
+// up token by token: a run's piece reads them here instead of dividing (about ten 64-bit divisions a piece, 213k
+// pieces for na2d 128x128 K=13 at L = 16384: the strip plan took 6.2 ms, 2.9 after, on the shared 2-core VM).
+std::vector<Coord> token_coords(const GridTiling& qt, const StripAxes& ax, int64_t len) {
+  const int ai = ax.ai, ao = ax.ao;
+  std::vector<Coord> coord(static_cast<size_t>(len));
+  std::array<int64_t, 3> c{0, 0, 0}, g{0, 0, 0}, res{0, 0, 0};  // per axis: coordinate, its group coordinate, residue
+  for (Coord& e : coord) {
+    e = {int32_t(c[size_t(ai)]), int32_t(c[size_t(ao)]), int32_t(g[size_t(ai)]), int32_t(g[size_t(ao)])};
+    for (int a = 2; a >= 0; --a) {  // the next token: the last axis steps, carrying into the ones before it
+      const size_t u = size_t(a);
+      if (++c[u] < qt.dims[u]) {
+        if (++res[u] == qt.dilation[u]) res[u] = 0, ++g[u];
+        break;
       }
+      c[u] = g[u] = res[u] = 0;
     }
   }
+  return coord;
+}
 
+// Per query tile: its strips (base, width, count), its entries' masks (64 words each), nnz; or a failure.
+struct BoxPart {
+  std::vector<KeyStrip> strips;
+  std::vector<uint64_t> masks;
+  int64_t nnz = 0;
+  std::string error;
+};
+struct Piece {
+  int32_t row, x, y, ystep, n;  // query row; keys at group coordinates (x, y + i ystep), i < n
+};
+struct BoxScratch {
+  RowRuns runs;
+  std::vector<Piece> pieces;
+  std::vector<uint64_t> m;
+  std::vector<int32_t> strip_of, slot_of;  // per row of U: its strip, its first slot
+};
 
-  // Per query tile: its strips (base, width, count), its entries' masks (64 words each), nnz; or a failure.
-  struct Part {
-    std::vector<KeyStrip> strips;
-    std::vector<uint64_t> masks;
-    int64_t nnz = 0;
-    std::string error;
-  };
-  std::vector<Part> parts(size_t(plan.q_tiles));
-  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(plan_thread_cap(), plan.q_tiles / 8)));
-  struct Piece {
-    int32_t row, x, y, ystep, n;  // query row; keys at group coordinates (x, y + i ystep), i < n
-  };
-  struct Scratch {
-    RowRuns runs;
-    std::vector<Piece> pieces;
-    std::vector<uint64_t> m;
-    std::vector<int32_t> strip_of, slot_of;  // per row of U: its strip, its first slot
-  };
-  std::vector<Scratch> scratch(static_cast<size_t>(threads));
-  common::parallel_for(plan.q_tiles, threads, [&](int64_t t, int th) {
-    Part& out = parts[size_t(t)];
-    Scratch& s = scratch[size_t(th)];
+// The strips of query box t from its rows' keys: each row's keys as pieces along the inner axis (from its two windows
+// where the pattern is the grid's lone atom, else from its runs), their union U's bounding box cut into strips of
+// 64 / W rows, a bitmask each.
+struct BoxStrips {
+  const BoundPattern& pat;
+  const std::vector<int32_t>& q_map;
+  const std::vector<GridTiling::BoxRows>& qboxes;
+  const std::vector<Coord>& coord;
+  const StripAxes& ax;
+  const std::optional<NeighborhoodGrid>& grid;
+  int shift;
+  const GridTiling& qt;
+
+  Run window(int a, int64_t c) const { return a >= shift ? grid->window(a - shift, c) : Run{0, 1, 1}; }
+
+  void operator()(int64_t t, BoxScratch& s, BoxPart& out) const {
+    const std::array<int64_t, 3>& step = ax.step;
+    const int ai = ax.ai, ao = ax.ao;
+    const int64_t ni = ax.ni, di = ax.di, dout = ax.dout, sx = ax.sx, sy = ax.sy;
     const Coord& bc = coord[size_t(qboxes[size_t(t)].base)];
     const int64_t go = bc.co - int64_t(bc.x) * dout, gi = bc.ci - int64_t(bc.y) * di;  // the box's group
     const int64_t gbase = go * step[size_t(ao)] + gi * step[size_t(ai)];  // the group's token at coordinates (0, 0)
@@ -208,7 +210,7 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
     pieces.clear();
     int64_t x0 = INT64_MAX, x1 = -1, y0 = INT64_MAX, y1 = -1;
     for (int r = 0; r < 64; ++r) {
-      const int32_t q = plan.q_map[size_t(t * 64 + r)];
+      const int32_t q = q_map[size_t(t * 64 + r)];
       if (q < 0) continue;
       if (grid) {  // the product of the query's windows: a piece a line of the outer one (see above)
         const Coord& qc = coord[size_t(q)];
@@ -281,19 +283,75 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTil
       out.strips.push_back({int32_t(base), int32_t(w), int32_t(std::min(rows, h - st * rows) * w)});
       out.masks.insert(out.masks.end(), sm, sm + 64);
     }
-  });
-  for (const Part& part : parts)
+  }
+};
+
+}  // namespace
+
+std::optional<BlockPlan> build_strip_plan(const BoundPattern& pat, const GridTiling& qt, std::string* why,
+                                          bool device_masks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto fail = [&](const std::string& reason) -> std::optional<BlockPlan> {
+    if (why) *why = "key strips: " + reason;
+    return std::nullopt;
+  };
+  if (qt.box.volume() != 64) return fail("query boxes must hold 64 tokens, " + qt.box.str(3) + " holds " + std::to_string(qt.box.volume()));
+  if (qt.tokens() != pat.q_len() || qt.tokens() != pat.k_len())
+    return fail("the grid (" + qt.describe() + ") must hold the queries and the keys, " + std::to_string(pat.q_len()) +
+                " x " + std::to_string(pat.k_len()));
+  std::string axes_why;
+  const std::optional<StripAxes> axes = strip_axes(pat, qt, axes_why);
+  if (!axes) return fail(axes_why);
+  const int ai = axes->ai, ao = axes->ao;
+  const int64_t sx = axes->sx, sy = axes->sy;
+
+  BlockPlan plan;
+  plan.block_m = plan.block_n = 64;
+  plan.q_len = pat.q_len();
+  plan.k_len = pat.k_len();
+  plan.q_map = qt.map();
+  plan.q_group = int64_t(plan.q_map.size());
+  plan.q_tiles = plan.q_group / 64;
+  plan.q_tiling = plan.k_tiling = qt;
+  plan.strip_keys = true;
+  plan.strip_sx = int32_t(sx);
+  plan.strip_sy = int32_t(sy);
+  const std::vector<GridTiling::BoxRows> qboxes = qt.boxes();
+  int shift = 0;
+  const std::optional<NeighborhoodGrid> grid = exact_grid(pat, qt, &shift);
+
+  // Bitmasks left to the device (device_masks): where every query's windows stay in its dilation group at the group's
+  // step (then every row takes the grid path below), a box's strips come from its axes' windows alone.
+  if (device_masks && grid) {
+    std::string error;
+    const int g = geometric_strips(plan, qt, qboxes, ao, ai, axis_windows(*grid), error);
+    if (g < 0) return fail(error);
+    if (g > 0) {
+      order_by_entries(plan);
+      plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return plan;
+    }
+  }
+
+  const std::vector<Coord> coord = token_coords(qt, *axes, pat.k_len());
+  std::vector<BoxPart> parts(size_t(plan.q_tiles));
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(plan_thread_cap(), plan.q_tiles / 8)));
+  std::vector<BoxScratch> scratch(static_cast<size_t>(threads));
+  const BoxStrips box{pat, plan.q_map, qboxes, coord, *axes, grid, shift, qt};
+  common::parallel_for(plan.q_tiles, threads,
+                       [&](int64_t t, int th) { box(t, scratch[size_t(th)], parts[size_t(t)]); });
+  for (const BoxPart& part : parts)
     if (!part.error.empty()) return fail(part.error);
   plan.row_offsets.assign(size_t(plan.q_tiles) + 1, 0);
   size_t nstrips = 0;  // (the arrays sized once, not grown part by part: na2d choose 5.29 -> 5.19 ms, one thread)
-  for (const Part& part : parts) nstrips += part.strips.size();
+  for (const BoxPart& part : parts) nstrips += part.strips.size();
   if (nstrips < size_t(INT32_MAX)) {
     plan.entries.reserve(nstrips);
     plan.strips.reserve(nstrips);
     plan.masks.reserve(nstrips * 64);
   }
   for (int64_t t = 0; t < plan.q_tiles; ++t) {
-    const Part& part = parts[size_t(t)];
+    const BoxPart& part = parts[size_t(t)];
     plan.row_offsets[size_t(t)] = int64_t(plan.entries.size());
     for (const KeyStrip& k : part.strips) {
       if (plan.strips.size() >= size_t(INT32_MAX)) return fail("too many strips");
