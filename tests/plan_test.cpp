@@ -8,6 +8,7 @@
 
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "plan/parts.hpp"

@@ -11,9 +11,9 @@
 #include <string>
 
 #include "cuda/common/buffer.hpp"
-#include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "spattn/tensor.hpp"
 
 namespace spattn::cuda::fused {
@@ -85,9 +85,11 @@ class FusedFwd {
   struct Arguments {
     Problem problem;
     TensorView q, k, v, o, lse;  // lse.data may be null
-    int persistent = -1;         // TMA and band kernels: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
-    int split = -1;              // band kernel: FusedOptions::split (-1 chosen, 0 never, 1 the last items as
-                                 // slabs, 2-4 the last items in that many parts over their keys)
+    // The planner's policy (plan::LaunchDecision): TMA and band kernels: 1 persistent CTAs, 0 one work item a CTA;
+    // band kernel: the split rule (plan::FusedOptions::split: -1 chosen, 0 never, 1 the last items as slabs, 2-4 the
+    // last items in that many parts over their keys), applied by plan::choose_split to the launch's items.
+    int persistent = 1;
+    int split = -1;
   };
   using Params = LaunchParams;
 
@@ -101,14 +103,6 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // The kernel-table row that runs `hp` on a device of compute capability `cc` (major * 10 + minor) at
-  // `head_dim` with FusedOptions' forcing fields (force_sm80, tma, band, running_max); -1 where the table has none.
-  static int choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const FusedOptions& options);
-
- private:
-  // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at
-  // most `cap` parts (DevicePlan::split_cap).
-  static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k);
 };
 
 }  // namespace spattn::cuda::fused

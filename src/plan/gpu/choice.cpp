@@ -9,6 +9,25 @@ namespace spattn::plan {
 
 using namespace gpu;
 
+namespace {
+// The cheapest candidate (ties: the earlier) of the shape of `kind`'s first row at `head_dim`; `otherwise` where
+// none has it.
+size_t cheapest_of_kind(const std::vector<Candidate>& cands, KernelKind kind, int64_t head_dim, size_t otherwise) {
+  const KernelConfig* first = nullptr;
+  for (const KernelConfig& r : kKernels)
+    if (r.kind == kind && r.head_dim == head_dim) {
+      first = &r;
+      break;
+    }
+  size_t best = cands.size();
+  for (size_t i = 0; first && i < cands.size(); ++i)
+    if (cands[i].block_m == first->block_m && cands[i].block_n == first->block_n &&
+        (best == cands.size() || cands[i].cost < cands[best].cost))
+      best = i;
+  return best < cands.size() ? best : otherwise;
+}
+}  // namespace
+
 bool drawn_masks_apply(const BoundPattern& pat, int bm, int bn) {
   const auto rs = pat.random_spec();
   const int64_t lq = pat.q_len(), lk = pat.k_len();
@@ -24,7 +43,7 @@ bool drawn_masks_apply(const BoundPattern& pat, int bm, int bn) {
 }
 
 BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t head_dim, int block_m, int block_n,
-                            int perm_d, bool tma, int tile_map, bool device_draw) {
+                            int perm_d, bool tma, int tile_map, bool device_draw, int only_kind) {
   const auto t0 = std::chrono::steady_clock::now();
   if (tile_map < -1 || tile_map > 2)
     throw Error("block plan: tile_map must be -1 (chosen), 0 (never), 1 (always) or 2 (key strips), got " +
@@ -87,6 +106,8 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
       size_t best = 0;
       for (size_t i = 1; i < cands.size(); ++i)  // in order: ties keep the earlier candidate
         if (cands[i].cost < cands[best].cost) best = i;
+      if (only_kind >= 0 && !forced && int(cands[best].row->kind) != only_kind)
+        best = cheapest_of_kind(cands, KernelKind(only_kind), head_dim, best);
       bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
       strip = cands[best].strip;
     }

@@ -1,7 +1,7 @@
-// tests/gpu_decision_cases.hpp — the cases of gpu_decision_test.cpp and how a GPU launch decision is written as text
+// tests/launch_decision_cases.hpp — the cases of launch_decision_test.cpp and how a GPU launch decision is written as text
 // (one line a case): the tile plan (shape, counts and a hash of its arrays), the kernel-table row, the band kernel's
 // split for a few batch x head counts on a 132-SM device, and the backward's row. The golden file
-// (tests/golden/gpu_decisions.txt) was written by this text from the planner before the decision moved into
+// (tests/golden/launch_decisions.txt) was written by this text from the planner before the decision moved into
 // src/plan/gpu (issue 43): the move changed no decision.
 #pragma once
 #include <cstdint>
