@@ -10,6 +10,8 @@
 //
 // Tensors are device pointers in TensorViews ([B, L, H, D], head dim contiguous); bf16 or fp16; head dim
 // 64 or 128; GQA (Hq % Hkv == 0); lse [B, Hq, Lq] (shape {B, Hq, Lq, 1}) fp32 natural log, optional.
+// The views' shapes are those of the problem: the caller has checked them (Plan::forward does, once a call);
+// can_implement checks what this layer knows (the problem against the plan, strides, alignment, device).
 // The kernel that runs is a row of the kernel table (plan/kernels.hpp), chosen by the planner (plan/gpu/launch.hpp:
 // a LaunchDecision, kernel_row()); a run falls back from it only where the tensors' strides admit no tensor map, and
 // records the row it launched (last_kernel_row()).

@@ -192,12 +192,10 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
 DevicePlan::~DevicePlan() = default;
 
 Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Params* params) {
+  // The views' shapes against the problem are checked once a call at the API boundary (Plan::forward); what only
+  // this layer knows is checked here: the problem against the plan and the kernel, the strides, the alignment, the
+  // device and the tensor maps.
   const Problem& pr = a.problem;
-  try {
-    pr.validate();
-  } catch (const Error& e) {
-    return Status::fail(e.what());
-  }
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
     return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
   if (a.split < -1 || a.split > 4)
@@ -228,15 +226,6 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
                         plan::kKernels[row].name);
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
     return Status::fail("fused kernel: too many query tiles x heads for one grid");
-  try {
-    Problem::check_view(a.q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
-    Problem::check_view(a.k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
-    Problem::check_view(a.v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
-    Problem::check_view(a.o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
-    if (a.lse.data) Problem::check_view(a.lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
-  } catch (const Error& e) {
-    return Status::fail(std::string("fused kernel: ") + e.what());
-  }
   const TensorView* views[4] = {&a.q, &a.k, &a.v, &a.o};
   const char* names[4] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i) {

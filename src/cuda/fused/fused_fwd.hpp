@@ -1,7 +1,8 @@
 // cuda/fused/fused_fwd.hpp — host handle of the fused block-sparse attention forward kernel.
 //
 //   Arguments      what the caller gives (problem + tensor views)
-//   can_implement  a Status with the reason, never aborts
+//   can_implement  a Status with the reason, never aborts (the views' shapes: the caller's, checked once a call by
+//                  Plan::forward)
 //   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
 //   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync;
 //                  the TMA kernels reset their work counters themselves at the end of each launch)

@@ -9,6 +9,51 @@
 
 namespace spattn::plan {
 
+namespace {
+// Whether the fused GPU kernels take the problem (else *why says what they do not take).
+bool fused_gpu_takes(const Problem& pr, std::string* why) {
+  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) {
+    *why = "dtype " + std::string(dtype_name(pr.dtype)) + " (the fused GPU kernels take bf16 and fp16)";
+    return false;
+  }
+  bool dim = false;
+  for (const auto& k : kKernels) dim = dim || (k.engine == Engine::cuda_fused && k.head_dim == pr.head_dim);
+  if (!dim) {
+    *why = "head dim " + std::to_string(pr.head_dim) + " (the fused GPU kernels take 64 and 128)";
+    return false;
+  }
+  if (pr.dv() != pr.head_dim) {
+    *why = "value dim " + std::to_string(pr.dv()) + " != head dim " + std::to_string(pr.head_dim);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+Engine choose_engine(const Problem& problem, const Device& device, Engine e, std::string* why) {
+  const bool cuda = device.kind == Device::Kind::cuda;
+  if (e == Engine::automatic) {
+    if (!cuda) {
+      *why = "CPU device";
+      return Engine::cpu_fused;
+    }
+    if (std::string no; !fused_gpu_takes(problem, &no)) {
+      *why = "the fused GPU kernels do not take " + no;
+      return Engine::cuda_unfused;
+    }
+    *why = "the fused GPU kernels take this problem";
+    return Engine::cuda_fused;
+  }
+  *why = "asked for";
+  if ((e == Engine::cpu_fused || e == Engine::reference) && cuda)
+    throw Error("engine " + std::string(engine_name(e)) + " runs on the CPU, device is " + device.str());
+  if ((e == Engine::cuda_fused || e == Engine::cuda_unfused) && !cuda)
+    throw Error("engine " + std::string(engine_name(e)) + " needs a CUDA device, device is cpu");
+  if (std::string no; e == Engine::cuda_fused && !fused_gpu_takes(problem, &no))
+    throw Error("engine cuda_fused does not take " + no);
+  return e;
+}
+
 FusedOptions fused_options(const PlanOptions& o, KernelFilter* filter) {
   FusedOptions f;
   f.block_m = o.block_m;

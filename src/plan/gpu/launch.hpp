@@ -57,6 +57,11 @@ struct FusedOptions {
                                  // again exactly), 0 every step's exact row maximum first
 };
 
+// The engine of a plan (PlanOptions::engine; automatic: the CPU engine on the CPU, on a GPU the fused engine where its
+// kernels take the problem, else the unfused one), with why in *why. Throws Error where the engine asked for cannot run
+// the problem on that device.
+Engine choose_engine(const Problem& problem, const Device& device, Engine asked, std::string* why);
+
 // PlanOptions::kernel as the planner reads it: a row (by name) or a kind of the fused GPU rows.
 struct KernelFilter {
   std::string name;  // as given; "" none
