@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "cpu/fused_plan.hpp"
 #include "spattn/pattern.hpp"
 

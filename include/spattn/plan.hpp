@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "spattn/engine.hpp"
 #include "spattn/format.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
@@ -55,7 +56,6 @@ struct Device {
 // A CUDA stream (cudaStream_t) for GPU plans; null is the legacy default stream. Ignored on the CPU.
 using Stream = void*;
 
-enum class Engine : uint8_t { automatic, cpu_fused, cuda_fused, cuda_unfused, reference };
 std::string_view engine_name(Engine e);
 Engine parse_engine(std::string_view name);  // "auto", "cpu", "cuda_fused", "cuda_unfused", "reference"
 

@@ -9,6 +9,7 @@
 #include "cuda/common/device.hpp"
 #include "plan/analysis.hpp"
 #include "plan/backend.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 
 namespace spattn {
@@ -70,25 +71,6 @@ const Plan::Impl& impl_of(const std::unique_ptr<Plan::Impl>& p) {
   return *p;
 }
 
-bool fused_gpu_takes(const Problem& pr, std::string* why) {
-  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) {
-    *why = "dtype " + std::string(dtype_name(pr.dtype)) + " (the fused GPU kernels take bf16 and fp16)";
-    return false;
-  }
-  bool dim = false;
-  for (const auto& k : plan::kKernels)
-    dim = dim || (k.engine == plan::Engine::cuda_fused && k.head_dim == pr.head_dim);
-  if (!dim) {
-    *why = "head dim " + std::to_string(pr.head_dim) + " (the fused GPU kernels take 64 and 128)";
-    return false;
-  }
-  if (pr.dv() != pr.head_dim) {
-    *why = "value dim " + std::to_string(pr.dv()) + " != head dim " + std::to_string(pr.head_dim);
-    return false;
-  }
-  return true;
-}
-
 Plan build(plan::Planned planned, const Problem& problem, Device device, const PlanOptions& options,
            std::chrono::steady_clock::time_point t0) {
   if (options.tile_map < -1 || options.tile_map > 2)
@@ -96,7 +78,6 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
   auto im = std::make_unique<Plan::Impl>();
   im->problem = problem;
   im->device = device;
-  Engine e = options.engine;
   const bool cuda = device.kind == Device::Kind::cuda;
   if (cuda) {
     const int n = cuda::device_count();
@@ -104,26 +85,7 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
       throw Error("device " + device.str() + " does not exist (" + std::to_string(n) + " CUDA devices" +
                   (n == 0 ? ": no GPU, no driver, or a build without CUDA)" : ")"));
   }
-  if (e == Engine::automatic) {
-    if (!cuda) {
-      e = Engine::cpu_fused;
-      im->why = "CPU device";
-    } else if (std::string why; fused_gpu_takes(problem, &why)) {
-      e = Engine::cuda_fused;
-      im->why = "the fused GPU kernels take this problem";
-    } else {
-      e = Engine::cuda_unfused;
-      im->why = "the fused GPU kernels do not take " + why;
-    }
-  } else {
-    im->why = "asked for";
-    if ((e == Engine::cpu_fused || e == Engine::reference) && cuda)
-      throw Error("engine " + std::string(engine_name(e)) + " runs on the CPU, device is " + device.str());
-    if ((e == Engine::cuda_fused || e == Engine::cuda_unfused) && !cuda)
-      throw Error("engine " + std::string(engine_name(e)) + " needs a CUDA device, device is cpu");
-    if (std::string why; e == Engine::cuda_fused && !fused_gpu_takes(problem, &why))
-      throw Error("engine cuda_fused does not take " + why);
-  }
+  const Engine e = plan::choose_engine(problem, device, options.engine, &im->why);
   im->engine = e;
   switch (e) {
     case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;

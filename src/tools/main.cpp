@@ -17,7 +17,7 @@
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "spattn/plan.hpp"
 #include "common/args.hpp"
 #include "bench/bench.hpp"

@@ -8,6 +8,7 @@
 #include "cuda/common/device.hpp"
 #include "cuda/common/launch.cuh"  // raise_smem_limit
 #include "cuda/common/tmap.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 
@@ -17,8 +18,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
     : problem_(problem), row_(row) {
   if (row < 0 || !plan::is_tile_bwd(plan::kKernels[row].kind) || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
-  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
-  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false, 0);
+  plan_ = plan::backward_tiles(pattern, an, problem.head_dim, row);
   if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");
   const plan::KeyMajorPlan km = plan::key_major(plan_);
   nbitmask_ = int64_t(km.masks.size()) / km.block_n;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plan/backend.hpp"
+#include "plan/gpu/launch.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -43,7 +44,7 @@ class PatternsBackward {
   std::vector<int> of_head_;
   Problem problem_;
   std::string kernel_;
-  int tile_row_ = -1;  // a forced sm90_bwd or sm90_bwd_ws row; -1: plan::choose_backward_row
+  plan::BackwardChoice choice_;  // the kernel asked for (plan/gpu/launch.hpp: backward_choice, backward_row)
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<CsrBackward>> csr_;
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;

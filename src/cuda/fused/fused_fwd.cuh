@@ -1,7 +1,7 @@
 // cuda/fused/fused_fwd.cuh — the fused block-sparse flash-attention forward kernel.
 //
 // One CTA computes one query tile (BM rows) of one (batch, head). It walks the tile's key-tile list from the
-// plan (plan/block_plan.hpp): full tiles unmasked, band tiles with an in-kernel predicate, other partial
+// plan (plan/gpu/block_plan.hpp): full tiles unmasked, band tiles with an in-kernel predicate, other partial
 // tiles with a BM x BN bitmask read from global memory; online softmax in base 2; P stays in registers.
 //
 // Data path: K/V tiles are gathered row by row with cp.async (16 B per thread per copy) into a
