@@ -1,0 +1,159 @@
+"""spattn.hf: attn_implementation="spattn" in transformers decoders against SDPA (eager for sinks), same weights.
+
+Loss and every parameter's gradient within 1e-5 relative (fp32, CPU), on small configs of Llama, Mistral and Qwen2
+(mixed sliding and full layers, GQA), packed sequences, padding, learned sinks (GPT-OSS) and explicit specs."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", reason="spattn.hf needs transformers (pip install transformers)")
+
+import spattn  # noqa: E402
+import spattn.hf as sh  # noqa: E402
+
+SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, attention_dropout=0.0, max_position_embeddings=256)
+
+
+def models(cls, config, ref="sdpa"):
+    torch.manual_seed(0)
+    a = cls._from_config(copy.deepcopy(config), attn_implementation=ref)
+    b = cls._from_config(copy.deepcopy(config), attn_implementation="spattn")
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def step(model, **inputs):
+    model.zero_grad()
+    out = model(**inputs, use_cache=False)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_training_step(ref, sp, rtol=1e-5, **inputs):
+    calls = sh.fallbacks()
+    (o1, g1), (o2, g2) = step(ref, **inputs), step(sp, **inputs)
+    assert sh.fallbacks() == calls, f"spattn fell back to SDPA: {sh.fallbacks()}"
+    assert abs(o1.loss.item() - o2.loss.item()) <= rtol * abs(o1.loss.item())
+    assert g1.keys() == g2.keys()
+    for n in g1:
+        err = ((g1[n] - g2[n]).norm() / g1[n].norm().clamp_min(1e-30)).item()
+        assert err <= rtol, f"{n}: gradient differs by {err:.2e} relative"
+
+
+def qwen2(**kw):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=8, max_window_layers=0,
+                      layer_types=["sliding_attention", "full_attention"] * 2, **kw)
+    return Qwen2ForCausalLM, cfg
+
+
+def ids(B=2, L=40, seed=1):
+    return torch.randint(0, SMALL["vocab_size"], (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+def test_qwen2_mixed_sliding_and_full_layers_train_as_sdpa():
+    cls, cfg = qwen2()
+    ref, sp = models(cls, cfg)
+    x = ids()
+    assert_same_training_step(ref, sp, input_ids=x, labels=x)
+    calls = []
+    orig = sh.sparse_attention
+    sh.sparse_attention = lambda q, k, v, spec, **kw: calls.append(spec) or orig(q, k, v, spec, **kw)
+    try:
+        sp(input_ids=x, use_cache=False)
+    finally:
+        sh.sparse_attention = orig
+    assert calls == ["causal & local(left=7, right=0)", "causal"] * 2
+
+
+def test_mistral_sliding_window_and_llama_full():
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    x = ids(L=33)
+    for cls, cfg in ((MistralForCausalLM, MistralConfig(**SMALL, sliding_window=6)), (LlamaForCausalLM, LlamaConfig(**SMALL))):
+        assert_same_training_step(*models(cls, cfg), input_ids=x, labels=x)
+
+
+def test_packed_sequences_are_documents():
+    """position_ids restarting inside a row (packing, no cache): transformers masks across documents; so does spattn."""
+    cls, cfg = qwen2()
+    ref, sp = models(cls, cfg)
+    x = ids()
+    pos = torch.stack([torch.cat([torch.arange(15), torch.arange(25)]), torch.cat([torch.arange(30), torch.arange(10)])])
+    assert_same_training_step(ref, sp, input_ids=x, labels=x, position_ids=pos)
+
+
+def test_right_padding_rows_of_different_lengths():
+    cls, cfg = qwen2()
+    ref, sp = models(cls, cfg)
+    x = ids()
+    mask = torch.ones_like(x)
+    mask[0, 31:] = 0
+    labels = x.masked_fill(mask == 0, -100)
+    assert_same_training_step(ref, sp, input_ids=x, labels=labels, attention_mask=mask)
+
+
+def test_learned_sinks_match_eager():
+    """GPT-OSS's per-head sink logits (s_aux): spattn's exact sink formula against transformers' eager attention."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(**{**SMALL, "num_key_value_heads": 2}, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                       sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2)
+    ref, sp = models(GptOssForCausalLM, cfg, ref="eager")
+    with torch.no_grad():
+        for m in (ref, sp):
+            for layer in m.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-1, 2, cfg.num_attention_heads))
+    x = ids(L=24)
+    assert_same_training_step(ref, sp, input_ids=x, labels=x)
+
+
+def test_explicit_patterns_per_layer():
+    """set_patterns: layer 0 and 2 dilated, the rest from the config; against SDPA with spattn.mask's masks."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cls, cfg = qwen2()
+    specs = {0: "causal & dilated(4, 2)", 2: "causal & (local(left=3, right=0) | global_cols(0:2))"}
+
+    def masked_sdpa(module, q, k, v, attention_mask, **kw):
+        spec = specs.get(module.layer_idx) or sh.layer_spec(module.config, None, sliding_window=kw.get("sliding_window"))[0]
+        m = torch.from_numpy(spattn.mask(spec, q.shape[2]))
+        return sdpa_attention_forward(module, q, k, v, m, scaling=kw.get("scaling"))
+
+    AttentionInterface.register("test_masked_sdpa", masked_sdpa)
+    ref, sp = models(cls, cfg, ref="test_masked_sdpa")
+    sh.set_patterns(sp, specs)
+    assert sp.config.spattn_patterns[1] is None
+    x = ids()
+    assert_same_training_step(ref, sp, input_ids=x, labels=x)
+    with pytest.raises(spattn.Error, match="3 specs for 4 layers"):
+        sh.set_patterns(sp, ["causal"] * 3)
+    with pytest.raises(spattn.Error):
+        sh.set_patterns(sp, "causal & locall(3)")
+
+
+def test_decode_falls_back_to_sdpa_and_generates_the_same_tokens():
+    cls, cfg = qwen2()
+    ref, sp = models(cls, cfg)
+    x = ids(B=1, L=12)
+    before = sh.fallbacks().get("decoding or a prefill after cached tokens", 0)
+    with torch.no_grad():
+        a = ref.generate(x, max_new_tokens=6, do_sample=False)
+        b = sp.generate(x, max_new_tokens=6, do_sample=False)
+    assert a.tolist() == b.tolist()
+    assert sh.fallbacks()["decoding or a prefill after cached tokens"] == before + 5 * cfg.num_hidden_layers
+
+
+def test_dropout_is_refused():
+    cls, cfg = qwen2()
+    cfg.attention_dropout = 0.1
+    _, sp = models(cls, cfg)
+    sp.train()
+    with pytest.raises(spattn.Error, match="dropout 0.1"):
+        sp(input_ids=ids(), use_cache=False)
