@@ -1,0 +1,131 @@
+"""spattn.vision: grid attention against SDPA with the same mask, and timm / diffusers models swapped to it
+against the same model (same weights) whose SDPA gets that mask: outputs and gradients within 1e-5 (fp32, CPU)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+import spattn  # noqa: E402
+import spattn.vision as sv  # noqa: E402
+
+
+class MaskedSDPA(TorchFunctionMode):
+    """The reference: every self-attention SDPA call over `mask`'s tokens gets `mask` (and nothing else changes)."""
+
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and args[0].shape[-2] == args[1].shape[-2] == self.mask.shape[0]:
+            return func(*args, **{**kwargs, "attn_mask": self.mask})
+        return func(*args, **kwargs)
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def same_step(model, swapped_fn, ref_fn, x, rtol=1e-5):
+    """Output and every parameter's gradient of swapped_fn() against ref_fn() on the same model."""
+    res = []
+    for fn in (swapped_fn, ref_fn):
+        model.zero_grad()
+        out = fn(x)
+        (out.float() ** 2).mean().backward()
+        res.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (o1, g1), (o2, g2) = res
+    assert rel(o1, o2) <= rtol, rel(o1, o2)
+    assert g1.keys() == g2.keys() and g1
+    for n in g1:
+        assert rel(g1[n], g2[n]) <= rtol, (n, rel(g1[n], g2[n]))
+
+
+@pytest.mark.parametrize("grid,kernel,mode,prefix,heads", [
+    ((6, 8), 3, "neighborhood", 0, (4, 4)),
+    ((6, 8), (3, 5), "neighborhood", 2, (4, 2)),
+    ((4, 6, 4), (2, 3, 2), "window", 1, (4, 4)),
+    ((4, 6, 4), 3, "neighborhood", 3, (4, 1)),
+])
+def test_grid_attention_matches_masked_sdpa(grid, kernel, mode, prefix, heads):
+    g = sv.GridSpec.make(grid, kernel, mode, prefix_tokens=prefix)
+    N = g.tokens
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, N, 16, generator=gen, dtype=torch.float64).float().requires_grad_()
+               for h in (heads[0], heads[1], heads[1]))
+    dout = torch.randn(2, heads[0], N, 16, generator=gen)
+    o = sv.grid_attention(q, k, v, g, layout="bhld")
+    grads = torch.autograd.grad(o, (q, k, v), dout)
+    m = sv.grid_mask(g)
+    r = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+    rgrads = torch.autograd.grad(r, (q, k, v), dout)
+    assert rel(o, r) <= 1e-5
+    for a, b in zip(grads, rgrads):
+        assert rel(a, b) <= 1e-5
+
+
+def test_grid_mask_is_the_pattern():
+    g = sv.GridSpec.make((4, 4), 2, "window", prefix_tokens=1)
+    m = sv.grid_mask(g)
+    assert m[0].all() and m[:, 0].all()
+    y, x = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    win = (y // 2 * 2 + x // 2).flatten()
+    assert torch.equal(m[1:, 1:], win[:, None] == win[None, :])
+    with pytest.raises(spattn.Error, match="does not divide"):
+        sv.GridSpec.make((4, 6), 4, "window")
+    with pytest.raises(spattn.Error, match="does not fit"):
+        sv.GridSpec.make((4, 6), 5)
+
+
+def test_timm_vit_swapped_matches_masked_sdpa_and_restores():
+    timm = pytest.importorskip("timm", reason="the timm helper needs timm (pip install timm)")
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=(96, 128), patch_size=16, depth=2,
+                            reg_tokens=2, num_classes=10)
+    x = torch.randn(2, 3, 96, 128)
+    dense = vit(x).detach()
+    swapped = sv.swap_timm_vit(vit, kernel_size=3)
+    assert len(swapped) == 2 and swapped[0]._spattn_grid.prefix_tokens == 3
+    mask = sv.grid_mask(swapped[0]._spattn_grid)
+
+    def ref(inp):
+        n = sv.restore(vit)
+        try:
+            with MaskedSDPA(mask):
+                return vit(inp)
+        finally:
+            if n:
+                sv.swap_timm_vit(vit, kernel_size=3)
+
+    same_step(vit, vit, ref, x)
+    assert sv.restore(vit) == 2
+    torch.testing.assert_close(vit(x), dense, rtol=0, atol=0)
+
+
+def test_diffusers_video_block_3d_windows():
+    pytest.importorskip("diffusers", reason="the diffusers helper needs diffusers (pip install diffusers)")
+    from diffusers.models.attention import BasicTransformerBlock
+
+    torch.manual_seed(0)
+    blk = BasicTransformerBlock(64, 4, 16, cross_attention_dim=32)
+    grid = (4, 4, 6)
+    x, text = torch.randn(2, 96, 64), torch.randn(2, 5, 32)
+    swapped = sv.swap_diffusers(blk, grid, (2, 2, 3), mode="window")
+    assert len(swapped) == 1  # attn1 only: attn2 is cross-attention
+    mask = sv.grid_mask(swapped[0]._spattn_grid)
+
+    def ref(inp):
+        sv.restore(blk)
+        try:
+            with MaskedSDPA(mask):
+                return blk(inp, encoder_hidden_states=text)
+        finally:
+            sv.swap_diffusers(blk, grid, (2, 2, 3), mode="window")
+
+    same_step(blk, lambda inp: blk(inp, encoder_hidden_states=text), ref, x)
+    with pytest.raises(spattn.Error, match="got 95 tokens"):
+        blk(x[:, :95], encoder_hidden_states=text)
