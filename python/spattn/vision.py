@@ -24,8 +24,9 @@ With prefix tokens the grid queries' softmax runs over the pattern's keys and th
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,8 @@ from torch.overrides import TorchFunctionMode
 from . import Error, neighborhood_spec
 from .torch import _autocast, _options, sparse_attention
 
-__all__ = ["GridSpec", "grid_attention", "grid_mask", "swap_attention", "swap_timm_vit", "swap_diffusers", "restore"]
+__all__ = ["GridSpec", "grid_attention", "grid_mask", "swap_attention", "swap_timm_vit", "swap_diffusers", "restore",
+           "masked_sdpa", "check"]
 
 IntOrTuple = Union[int, Sequence[int]]
 
@@ -269,3 +271,50 @@ def swap_diffusers(model: torch.nn.Module, grid: IntOrTuple, kernel_size: IntOrT
     if not mods:
         raise Error(f"no diffusers self-attention module in {type(model).__name__}")
     return swap_attention(mods, grid, kernel_size, mode=mode, dilation=dilation, prefix_tokens=prefix_tokens)
+
+
+# ---- checking a swapped model against dense SDPA with the same mask ----------------------------------------
+class masked_sdpa(TorchFunctionMode):
+    """``with masked_sdpa({N: mask}):`` every SDPA self-attention call over N tokens gets that boolean [N, N] mask
+    (the dense reference of a swapped model; other calls are untouched)."""
+
+    def __init__(self, masks: Dict[int, Tensor]) -> None:
+        super().__init__()
+        self.masks = masks
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and args[0].shape[-2] == args[1].shape[-2] in self.masks:
+            m = self.masks[args[0].shape[-2]].to(args[0].device)
+            return func(*args, **{**kwargs, "attn_mask": m})
+        return func(*args, **kwargs)
+
+
+def check(model: torch.nn.Module, run: Callable[[], Tuple[Tensor, Tensor]]) -> Dict[str, float]:
+    """Runs ``run()`` (it calls the model and returns (output, loss)) on the swapped model, then on the same model
+    with dense SDPA given each swapped module's grid_mask; returns the relative differences (Frobenius) of the
+    output and of the parameters' gradients (the largest), and both runs' times in ms (forward + backward)."""
+    swapped = {m: m._spattn_grid for m in model.modules() if "_spattn_grid" in m.__dict__}
+    if not swapped:
+        raise Error(f"no swapped attention in {type(model).__name__}: swap_attention first")
+
+    def once() -> Tuple[Tensor, List[Tensor], float]:
+        model.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        out, loss = run()
+        loss.backward()
+        ms = (time.perf_counter() - t) * 1e3
+        return out.detach().float(), [p.grad.float() for p in model.parameters() if p.grad is not None], ms
+
+    out, grads, ms = once()
+    restore(model)
+    try:
+        with masked_sdpa({g.tokens: grid_mask(g) for g in swapped.values()}):
+            ref, ref_grads, ref_ms = once()
+    finally:
+        for m, g in swapped.items():
+            m.forward = _on_grid(m.forward, g)
+            m._spattn_grid = g
+    rel = lambda a, b: ((a - b).norm() / b.norm().clamp_min(1e-30)).item()  # noqa: E731
+    return {"output": rel(out, ref), "gradient": max(rel(a, b) for a, b in zip(grads, ref_grads)), "ms": ms,
+            "sdpa_ms": ref_ms}

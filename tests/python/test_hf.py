@@ -157,3 +157,17 @@ def test_dropout_is_refused():
     sp.train()
     with pytest.raises(spattn.Error, match="dropout 0.1"):
         sp(input_ids=ids(), use_cache=False)
+
+
+def test_example_trains_a_decoder():
+    """examples/train_decoder_hf.py at its --tiny size: every step matches SDPA (it exits 1 otherwise)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", "train_decoder_hf.py"), "--tiny", "--len", "96",
+                        "--window", "16", "--layers", "2", "--steps", "2", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "loss and gradients match SDPA" in r.stdout

@@ -129,3 +129,30 @@ def test_diffusers_video_block_3d_windows():
     same_step(blk, lambda inp: blk(inp, encoder_hidden_states=text), ref, x)
     with pytest.raises(spattn.Error, match="got 95 tokens"):
         blk(x[:, :95], encoder_hidden_states=text)
+    r = sv.check(blk, lambda: (lambda o: (o, (o ** 2).mean()))(blk(x, encoder_hidden_states=text)))
+    assert r["output"] <= 1e-5 and r["gradient"] <= 1e-5 and blk.attn1._spattn_grid.grid == grid
+    sv.restore(blk)
+    with pytest.raises(spattn.Error, match="no swapped attention"):
+        sv.check(blk, lambda: None)
+
+
+@pytest.mark.parametrize("example,args,needs", [
+    ("vit_neighborhood.py", ["--model", "vit_tiny_patch16_224", "--img", "64", "--kernel", "3", "--steps", "1"], "timm"),
+    ("video_dit_block.py", ["--grid", "4,4,4", "--window", "2,2,2", "--dim", "64", "--heads", "4", "--text", "5",
+                            "--steps", "1"], None),
+    ("video_dit_block.py", ["--grid", "4,4,4", "--window", "3,3,3", "--mode", "neighborhood", "--dim", "64",
+                            "--heads", "4", "--text", "5", "--steps", "1"], None),
+])
+def test_examples_run(example, args, needs):
+    """The vision examples at small sizes: they exit 0 only when they match masked SDPA."""
+    import os
+    import subprocess
+    import sys
+
+    if needs:
+        pytest.importorskip(needs, reason=f"{example} needs {needs}")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", example), *args], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ": ok" in r.stdout
