@@ -305,11 +305,19 @@ def spattn_attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor
         config = getattr(module, "config", None)
         base, explicit = layer_spec(config, getattr(module, "layer_idx", None), sliding_window=window,
                                     is_causal=causal)
-        docs = _documents(kwargs.get("position_ids"), B, Lq)
-        try:
-            runs = _key_run(desc.padding() if desc is not None else None)
-        except ValueError as e:
-            runs, reason = None, str(e)
+        pos = kwargs.get("position_ids")
+        memo = desc._memo if desc is not None else {}  # per forward: layers share the mask (no host sync per layer)
+        if ("documents", id(pos)) not in memo:
+            memo["documents", id(pos)] = _documents(pos, B, Lq)
+        docs = memo["documents", id(pos)]
+        if "runs" not in memo:
+            try:
+                memo["runs"] = _key_run(desc.padding() if desc is not None else None)
+            except ValueError as e:
+                memo["runs"] = str(e)
+        runs = memo["runs"]
+        if isinstance(runs, str):
+            runs, reason = None, runs
         if not reason and desc is not None and not explicit and not torch.compiler.is_compiling():
             # transformers packs documents only without a cache and a 2-D mask: which of (documents, none) its
             # mask function agrees with (on a sample of rows) decides; neither is an overlay spattn does not model

@@ -156,3 +156,22 @@ def test_examples_run(example, args, needs):
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert ": ok" in r.stdout
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and spattn.build_info()["gpus"] > 0),
+                    reason="needs a CUDA GPU and spattn built with its kernels")
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_gpu_bf16_grid_attention(prefix):
+    """bf16 on the GPU: 2-D neighborhoods with and without a global token, against masked SDPA within 2e-2."""
+    g = sv.GridSpec.make((32, 32), 7, prefix_tokens=prefix)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, g.tokens, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(2, 8, g.tokens, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    o = sv.grid_attention(q, k, v, g, layout="bhld")
+    grads = torch.autograd.grad(o, (q, k, v), dout)
+    r = F.scaled_dot_product_attention(q, k, v, attn_mask=sv.grid_mask(g).cuda())
+    rgrads = torch.autograd.grad(r, (q, k, v), dout)
+    assert rel(o.float(), r.float()) <= 2e-2
+    for a, b in zip(grads, rgrads):
+        assert rel(a.float(), b.float()) <= 2e-2
