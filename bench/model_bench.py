@@ -57,8 +57,10 @@ def rope_tables(L: int, D: int, device, base: float = 10000.0):
 
 
 def rope(x, cos, sin):
-    a, b = x.float().chunk(2, -1)
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1).to(x.dtype)
+    """Rotary embedding in x's dtype (cos and sin need no gradient: autograd saves nothing of x's size)."""
+    a, b = x.chunk(2, -1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
 
 
 class Layer(torch.nn.Module):
