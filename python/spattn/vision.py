@@ -189,6 +189,12 @@ def grid_attention(q: Tensor, k: Tensor, v: Tensor, grid: GridSpec, *, scale: Op
 
 
 # ---- swapping a model's attention ---------------------------------------------------------------------------
+def _sdpa_args(args: tuple, kwargs: dict) -> dict:
+    """An F.scaled_dot_product_attention call's arguments by name (callers pass them either way)."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    return dict(zip(names, args), **kwargs)
+
+
 class _SDPAOnGrid(TorchFunctionMode):
     """Inside a swapped module's forward: SDPA over the grid's tokens runs grid_attention; other calls pass."""
 
@@ -200,8 +206,7 @@ class _SDPAOnGrid(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        a = dict(zip(names, args), **kwargs)
+        a = _sdpa_args(args, kwargs)
         q, k = a["query"], a["key"]
         if k.shape[-2] != q.shape[-2] or q.dim() != 4:  # cross-attention (or another shape): untouched
             return func(*args, **kwargs)
@@ -262,11 +267,12 @@ def swap_timm_vit(model: torch.nn.Module, kernel_size: IntOrTuple, *, mode: str 
 
 def swap_diffusers(model: torch.nn.Module, grid: IntOrTuple, kernel_size: IntOrTuple, *, mode: str = "neighborhood",
                    dilation: IntOrTuple = 1, prefix_tokens: int = 0) -> List[torch.nn.Module]:
-    """diffusers: every self-attention ``Attention`` module in `model` (a block or a whole transformer) over the
-    grid; cross-attention modules are left alone. The processor must call F.scaled_dot_product_attention (the
-    default AttnProcessor2_0 and most of diffusers' processors do). `prefix_tokens`: text tokens placed before
-    the grid's in a joint-attention block."""
-    mods = [m for m in model.modules() if type(m).__name__ == "Attention" and hasattr(m, "processor")
+    """diffusers: every self-attention module in `model` (a block or a whole transformer) over the grid: modules
+    with a processor (``Attention``, and the ``AttentionModuleMixin`` ones such as Wan's and Flux's) whose
+    ``is_cross_attention`` is not set. The processor must reach F.scaled_dot_product_attention (AttnProcessor2_0,
+    and the "native" backend of diffusers' attention dispatch, do). `prefix_tokens`: text tokens placed before the
+    grid's in a joint-attention block."""
+    mods = [m for m in model.modules() if hasattr(m, "processor") and hasattr(m, "set_processor")
             and not getattr(m, "is_cross_attention", False)]
     if not mods:
         raise Error(f"no diffusers self-attention module in {type(model).__name__}")
@@ -284,9 +290,11 @@ class masked_sdpa(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and args[0].shape[-2] == args[1].shape[-2] in self.masks:
-            m = self.masks[args[0].shape[-2]].to(args[0].device)
-            return func(*args, **{**kwargs, "attn_mask": m})
+        if func is F.scaled_dot_product_attention:
+            a = _sdpa_args(args, kwargs)
+            n = a["query"].shape[-2]
+            if a["key"].shape[-2] == n and n in self.masks:
+                return func(**{**a, "attn_mask": self.masks[n].to(a["query"].device)})
         return func(*args, **kwargs)
 
 

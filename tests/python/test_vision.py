@@ -21,8 +21,10 @@ class MaskedSDPA(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and args[0].shape[-2] == args[1].shape[-2] == self.mask.shape[0]:
-            return func(*args, **{**kwargs, "attn_mask": self.mask})
+        if func is F.scaled_dot_product_attention:
+            a = dict(zip(("query", "key", "value"), args), **kwargs)
+            if a["query"].shape[-2] == a["key"].shape[-2] == self.mask.shape[0]:
+                return func(**{**a, "attn_mask": self.mask})
         return func(*args, **kwargs)
 
 
@@ -134,6 +136,32 @@ def test_diffusers_video_block_3d_windows():
     sv.restore(blk)
     with pytest.raises(spattn.Error, match="no swapped attention"):
         sv.check(blk, lambda: None)
+
+
+def test_diffusers_wan_video_transformer_3d_windows():
+    """A whole video DiT (Wan 2.1's architecture, tiny): its attention modules reach SDPA through diffusers'
+    attention dispatch with keyword arguments; self-attention swapped, cross-attention to text left dense."""
+    pytest.importorskip("diffusers", reason="the diffusers helper needs diffusers (pip install diffusers)")
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                              out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=64)
+    x, t, text = torch.randn(1, 4, 4, 8, 12), torch.tensor([10]), torch.randn(1, 7, 32)
+    grid = (4, 4, 6)  # frames x (8 / 2) x (12 / 2) patches
+    swapped = sv.swap_diffusers(m, grid, (2, 2, 3), mode="window")
+    assert len(swapped) == 2 and all(not s.is_cross_attention for s in swapped)
+    mask = sv.grid_mask(swapped[0]._spattn_grid)
+
+    def ref(inp):
+        sv.restore(m)
+        try:
+            with MaskedSDPA(mask):
+                return m(inp, t, text, return_dict=False)[0]
+        finally:
+            sv.swap_diffusers(m, grid, (2, 2, 3), mode="window")
+
+    same_step(m, lambda inp: m(inp, t, text, return_dict=False)[0], ref, x)
 
 
 @pytest.mark.parametrize("example,args,needs", [
