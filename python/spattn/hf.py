@@ -271,6 +271,8 @@ def _sdpa(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional
     g = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
     s = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    if mask is None and is_causal:  # queries are the last Lq positions of the Lk keys
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(s.shape[-1] - s.shape[-2])
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     s = torch.cat([s, s_aux.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1).to(s.dtype)], -1)

@@ -143,10 +143,12 @@ def test_decode_falls_back_to_sdpa_and_generates_the_same_tokens():
     ref, sp = models(cls, cfg)
     x = ids(B=1, L=12)
     before = sh.fallbacks().get("decoding or a prefill after cached tokens", 0)
+    kw = dict(max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
-        a = ref.generate(x, max_new_tokens=6, do_sample=False)
-        b = sp.generate(x, max_new_tokens=6, do_sample=False)
-    assert a.tolist() == b.tolist()
+        a, b = ref.generate(x, **kw), sp.generate(x, **kw)
+    assert a.sequences.tolist() == b.sequences.tolist()
+    for la, lb in zip(a.logits, b.logits):
+        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
     assert sh.fallbacks()["decoding or a prefill after cached tokens"] == before + 5 * cfg.num_hidden_layers
 
 
@@ -192,3 +194,23 @@ def test_gpu_bf16_training_step_matches_sdpa():
     sp.load_state_dict(ref.state_dict())
     x = torch.randint(0, 1024, (2, 2048), device="cuda")
     assert_same_training_step(ref, sp, rtol=2e-2, input_ids=x, labels=x)
+
+
+def test_learned_sinks_decode_falls_back_exactly():
+    """GPT-OSS generation: prefill on spattn with sinks, decode steps on the dense fallback with the sink column;
+    the same tokens as eager attention."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(**SMALL, head_dim=16, num_local_experts=2, num_experts_per_tok=1, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"] * 2)
+    ref, sp = models(GptOssForCausalLM, cfg, ref="eager")
+    with torch.no_grad():
+        for m in (ref, sp):
+            for layer in m.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-1, 2, cfg.num_attention_heads))
+        x = ids(B=1, L=12)
+        kw = dict(max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        a, b = ref.generate(x, **kw), sp.generate(x, **kw)
+    assert a.sequences.tolist() == b.sequences.tolist()
+    for la, lb in zip(a.logits, b.logits):  # every step's logits, the prefill's (spattn) and the decodes' (fallback)
+        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
