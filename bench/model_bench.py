@@ -23,6 +23,9 @@ parameter's gradient with spattn and with FlexAttention (GPU only: it has no CPU
 (|a - b| / |b|, Frobenius); the bar is 2e-2. Its result is in the JSON ("check") and printed; exit status 1 when
 spattn misses it.
 
+--stack hf: the same model as transformers' Mistral (random weights), each backend as its attn_implementation
+("spattn" via spattn.hf, "flex_attention", "sdpa" with transformers' dense sliding-window mask; no FA4).
+
 The JSON has "kind": "model" (bench/baseline.py plots it: spattn's step speedup over each backend against the
 sequence length); --plot PNG draws it there, --baseline NAME writes bench/baselines/NAME.{json,png}.
 """
@@ -105,6 +108,44 @@ class Decoder(torch.nn.Module):
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
+class HFDecoder(torch.nn.Module):
+    """--stack hf: transformers' Mistral of the same shape (sliding_window in every layer), random weights; the
+    backend is its attn_implementation ("spattn" through spattn.hf, "flex_attention", "sdpa" with the dense
+    sliding-window mask transformers builds)."""
+
+    IMPL = {"spattn": "spattn", "flex_attention": "flex_attention", "sdpa_causal": "sdpa"}
+
+    def __init__(self, args, layers, dtype):
+        super().__init__()
+        import spattn.hf  # noqa: F401  (registers "spattn")
+        from transformers import MistralConfig, MistralForCausalLM
+
+        cfg = MistralConfig(vocab_size=args.vocab, hidden_size=args.width, intermediate_size=args.ffn,
+                            num_hidden_layers=layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                            head_dim=args.head_dim, sliding_window=args.window, attention_dropout=0.0,
+                            max_position_embeddings=max(int(x) for x in args.lengths.split(",")))
+        self.m = MistralForCausalLM._from_config(cfg, attn_implementation="spattn", dtype=dtype)
+
+    def use(self, name):
+        self.m.set_attn_implementation(self.IMPL[name])
+
+    def forward(self, tokens):
+        return self.m(input_ids=tokens, labels=tokens, use_cache=False).loss
+
+
+def new_model(args, layers, dtype):
+    if args.stack == "hf":
+        return HFDecoder(args, layers, dtype)
+    return Decoder(layers, args.width, args.heads, args.kv_heads, args.head_dim, args.ffn, args.vocab).to(dtype)
+
+
+def use_backend(model, name, attend):
+    if isinstance(model, HFDecoder):
+        model.use(name)
+    else:
+        model.attend = attend
+
+
 # ---- the attention backends: q, k, v [B, L, H, D] -> [B, L, Hq, D] --------------------------------------------
 def make_backends(args, device):
     """name -> (factory(L) -> attend function, or the reason it is not available)."""
@@ -178,13 +219,13 @@ def rel(a, b):
 def check(args, device, dtype, backends):
     """bf16 loss and gradients of a 2-layer model: spattn (and Flex) against SDPA with the same boolean mask."""
     L, W = args.check_len, args.check_window
+    sub = argparse.Namespace(**{**vars(args), "window": W})
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it runs (the CPU would take seconds for the full model)
-        model = Decoder(2, args.width, args.heads, args.kv_heads, args.head_dim, args.ffn, args.vocab).to(dtype)
+        model = new_model(sub, 2, dtype)
     tokens = torch.randint(0, args.vocab, (1, L), device=device)
     q_i = torch.arange(L, device=device)
     mask = (q_i[None] <= q_i[:, None]) & (q_i[:, None] - q_i[None] < W)
-    sub = argparse.Namespace(**{**vars(args), "window": W})
     fns = {"sdpa_masked": lambda q, k, v: F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True).transpose(1, 2)}
     for name, f in make_backends(sub, device).items():
@@ -192,7 +233,10 @@ def check(args, device, dtype, backends):
             fns[name] = f(L)
     res = {}
     for name, attend in fns.items():
-        model.attend = attend
+        if isinstance(model, HFDecoder) and name == "sdpa_masked":
+            model.use("sdpa_causal")  # transformers' "sdpa": its dense mask of the same window
+        else:
+            use_backend(model, name, attend)
         model.zero_grad(set_to_none=True)
         loss = model(tokens)
         loss.backward()
@@ -214,8 +258,12 @@ def main():
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--plot", default=None, help="draw the speedup plot into this PNG (needs matplotlib)")
     ap.add_argument("--baseline", default=None, metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
+    ap.add_argument("--stack", choices=["plain", "hf"], default="plain",
+                    help="plain: the PyTorch decoder above; hf: transformers' Mistral of the same shape, the backend "
+                         "as its attn_implementation (sdpa_causal is then transformers' sdpa with its dense "
+                         "sliding-window mask; no fa4)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, no compile: checks that the script runs")
-    ap.add_argument("--lengths", default="4096,8192,16384,32768,65536")
+    ap.add_argument("--lengths", default=None, help="default 4096,8192,16384,32768,65536 (--smoke: 256,512)")
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--width", type=int, default=2048)
@@ -235,9 +283,11 @@ def main():
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no measurement past this many seconds")
     args = ap.parse_args()
     if args.smoke:
-        args.lengths, args.layers, args.width, args.heads, args.kv_heads, args.head_dim = "256,512", 2, 128, 4, 2, 32
+        args.lengths = args.lengths or "256,512"
+        args.layers, args.width, args.heads, args.kv_heads, args.head_dim = 2, 128, 4, 2, 32
         args.ffn, args.vocab, args.window, args.reps, args.warmup, args.attn_reps = 256, 256, 128, 2, 1, 2
         args.check_len, args.check_window, args.compile = 256, 64, False
+    args.lengths = args.lengths or "4096,8192,16384,32768,65536"
     args.backends = [b for b in args.backends.split(",") if b]
     unknown = set(args.backends) - set(BACKENDS)
     if unknown:
@@ -251,14 +301,14 @@ def main():
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command}
     config = {k: getattr(args, k) for k in ("layers", "width", "heads", "kv_heads", "head_dim", "ffn", "vocab", "window",
                                             "reps", "warmup", "attn_reps", "compile")}
-    config.update(dtype=str(dtype)[6:], batch=1, optimizer="AdamW", pattern=f"causal & local(left={args.window - 1}, right=0)")
+    config.update(stack=args.stack, dtype=str(dtype)[6:], batch=1, optimizer="AdamW", pattern=f"causal & local(left={args.window - 1}, right=0)")
     print(f"# {gpu}, torch {torch.__version__}, spattn {spattn.__version__}; {json.dumps(config)}", flush=True)
 
     chk = None if args.no_check else check(args, device, dtype, args.backends)
     backends = make_backends(args, device)
     torch.manual_seed(0)
     with torch.device(device):
-        model = Decoder(args.layers, args.width, args.heads, args.kv_heads, args.head_dim, args.ffn, args.vocab).to(dtype)
+        model = new_model(args, args.layers, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rows = []
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -276,8 +326,10 @@ def main():
                 row["notes"][name] = "skipped: budget"
                 continue
             try:
+                if args.stack == "hf" and name not in HFDecoder.IMPL:
+                    raise NotImplementedError(f"not in --stack hf (its backends: {', '.join(HFDecoder.IMPL)})")
                 attend = factory(L)
-                model.attend = attend
+                use_backend(model, name, attend)
 
                 def step():
                     opt.zero_grad(set_to_none=True)
