@@ -280,7 +280,7 @@ def main():
     ap.add_argument("--check-window", type=int, default=1024)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="FlexAttention uncompiled")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="start no measurement past this many seconds")
+    ap.add_argument("--budget-s", type=float, default=390.0, help="start no measurement past this many seconds")
     args = ap.parse_args()
     if args.smoke:
         args.lengths = args.lengths or "256,512"
