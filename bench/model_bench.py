@@ -349,7 +349,7 @@ def main():
 
                 row["attn_ms"][name] = timed(attn, device, args.attn_reps, args.warmup)
                 row["attn_share"][name] = args.layers * row["attn_ms"][name] / row["step_ms"][name]
-                del q, k, v, dout
+                q = k = v = dout = None  # the attention inputs freed before the next backend
             except Exception as e:  # noqa: BLE001 -- one backend's failure (out of memory, no kernel) is a row note
                 row["notes"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 opt.zero_grad(set_to_none=True)

@@ -30,7 +30,6 @@ __all__ = ["sparse_attention", "SparseAttention", "neighborhood_attention", "na1
            "cached_plans"]
 
 
-
 def clear_cache() -> None:
     """Drops every cached plan, spattn.attention's too (one cache for the package; plans hold GPU memory)."""
     _PLANS.clear()
