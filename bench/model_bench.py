@@ -19,7 +19,7 @@ faster than FlexAttention). --budget-s stops starting new measurements past that
 marked "skipped: budget"; 32K, the issue's bar, is measured first): the default run fits in 8 minutes on an H200.
 
 Before timing, a correctness check (--check-len, --check-window, 2 layers of the same width): bf16 loss and every
-parameter's gradient with spattn and with FlexAttention (GPU only: it has no CPU backward) against SDPA with the same boolean mask, relative
+parameter's gradient with spattn, and with FlexAttention and FA4 (GPU only) for comparison, against SDPA with the same boolean mask, relative
 (|a - b| / |b|, Frobenius); the bar is 2e-2. Its result is in the JSON ("check") and printed; exit status 1 when
 spattn misses it.
 
@@ -229,7 +229,8 @@ def check(args, device, dtype, backends):
     fns = {"sdpa_masked": lambda q, k, v: F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True).transpose(1, 2)}
     for name, f in make_backends(sub, device).items():
-        if callable(f) and (name == "spattn" or (name == "flex_attention" and device.type == "cuda")):
+        on_gpu = device.type == "cuda" and (name == "flex_attention" or (name == "fa4" and args.stack == "plain"))
+        if callable(f) and (name == "spattn" or on_gpu):
             fns[name] = f(L)
     res = {}
     for name, attend in fns.items():
