@@ -19,8 +19,8 @@ faster than FlexAttention). --budget-s stops starting new measurements past that
 marked "skipped: budget"; 32K, the issue's bar, is measured first): the default run fits in 8 minutes on an H200.
 
 Before timing, a correctness check (--check-len, --check-window, 2 layers of the same width): bf16 loss and every
-parameter's gradient with spattn, and with FlexAttention and FA4 (GPU only) for comparison, against SDPA with the same boolean mask, relative
-(|a - b| / |b|, Frobenius); the bar is 2e-2. Its result is in the JSON ("check") and printed; exit status 1 when
+parameter's gradient with spattn (and, for comparison, FlexAttention and FA4: GPU only) against SDPA with the same
+boolean mask, relative (|a - b| / |b|, Frobenius); the bar is 2e-2. Its result is in the JSON ("check") and printed; exit status 1 when
 spattn misses it.
 
 --stack hf: the same model as transformers' Mistral (random weights), each backend as its attn_implementation
@@ -302,7 +302,8 @@ def main():
                "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command}
     config = {k: getattr(args, k) for k in ("layers", "width", "heads", "kv_heads", "head_dim", "ffn", "vocab", "window",
                                             "reps", "warmup", "attn_reps", "compile")}
-    config.update(stack=args.stack, dtype=str(dtype)[6:], batch=1, optimizer="AdamW", pattern=f"causal & local(left={args.window - 1}, right=0)")
+    config.update(stack=args.stack, dtype=str(dtype)[6:], batch=1, optimizer="AdamW",
+                  pattern=f"causal & local(left={args.window - 1}, right=0)")
     print(f"# {gpu}, torch {torch.__version__}, spattn {spattn.__version__}; {json.dumps(config)}", flush=True)
 
     chk = None if args.no_check else check(args, device, dtype, args.backends)

@@ -83,7 +83,8 @@ class SpattnMask:
             if m is not None:
                 from transformers.masking_utils import prepare_padding_mask
 
-                m = prepare_padding_mask(m, self.kv_length, self.kv_offset)[:, self.kv_offset:self.kv_offset + self.kv_length].bool()
+                m = prepare_padding_mask(m, self.kv_length, self.kv_offset)
+                m = m[:, self.kv_offset:self.kv_offset + self.kv_length].bool()
                 if bool(m.all()):
                     m = None
             self._memo["padding"] = m
