@@ -88,12 +88,14 @@ def test_packed_sequences_are_documents():
     assert_same_training_step(ref, sp, input_ids=x, labels=x, position_ids=pos)
 
 
-def test_right_padding_rows_of_different_lengths():
+def test_right_and_left_padding_rows():
+    """Row 0 right-padded, row 1 left-padded: one call per row, global_cols(0:31) and global_cols(7:40)."""
     cls, cfg = qwen2()
     ref, sp = models(cls, cfg)
     x = ids()
     mask = torch.ones_like(x)
     mask[0, 31:] = 0
+    mask[1, :7] = 0
     labels = x.masked_fill(mask == 0, -100)
     assert_same_training_step(ref, sp, input_ids=x, labels=labels, attention_mask=mask)
 
