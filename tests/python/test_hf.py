@@ -216,3 +216,18 @@ def test_learned_sinks_decode_falls_back_exactly():
     assert a.sequences.tolist() == b.sequences.tolist()
     for la, lb in zip(a.logits, b.logits):  # every step's logits, the prefill's (spattn) and the decodes' (fallback)
         torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_with_holes_falls_back_exactly():
+    """Kept keys that are not one run per row: SDPA with transformers' dense mask, the same logits as SDPA's."""
+    cls, cfg = qwen2()
+    ref, sp = models(cls, cfg)
+    x = ids()
+    mask = torch.ones_like(x)
+    mask[0, 10] = 0
+    before = sh.fallbacks().get("the padding mask of a row is not one run of kept keys", 0)
+    with torch.no_grad():
+        a = ref(input_ids=x, attention_mask=mask, use_cache=False).logits
+        b = sp(input_ids=x, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert sh.fallbacks()["the padding mask of a row is not one run of kept keys"] == before + cfg.num_hidden_layers
