@@ -231,3 +231,27 @@ def test_padding_with_holes_falls_back_exactly():
         b = sp(input_ids=x, attention_mask=mask, use_cache=False).logits
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert sh.fallbacks()["the padding mask of a row is not one run of kept keys"] == before + cfg.num_hidden_layers
+
+
+def test_a_mask_the_config_does_not_describe_falls_back_exactly():
+    """transformers' mask function is checked on sample rows: an overlay (every other key) is caught, and the layer
+    runs SDPA with the dense mask instead of the config's causal pattern."""
+    import types
+
+    import torch.nn.functional as F
+
+    L = 32
+    desc = sh.spattn_mask(batch_size=1, q_length=L, kv_length=L, mask_function=lambda b, h, q, k: (k <= q) & (k % 2 == 0))
+    module = types.SimpleNamespace(is_causal=True, layer_idx=0, num_key_value_groups=1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, L, 8, generator=g) for _ in range(3))
+    reason = "transformers' mask differs from the config's pattern (an overlay spattn does not model)"
+    before = sh.fallbacks().get(reason, 0)
+    out, _ = sh.spattn_attention_forward(module, q, k, v, desc)
+    assert sh.fallbacks()[reason] == before + 1
+    m = torch.tril(torch.ones(L, L, dtype=torch.bool)) & (torch.arange(L) % 2 == 0)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=m).transpose(1, 2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    causal = sh.spattn_mask(batch_size=1, q_length=L, kv_length=L)  # transformers' causal_mask_function: spattn runs
+    sh.spattn_attention_forward(module, q, k, v, causal)
+    assert sh.fallbacks()[reason] == before + 1
