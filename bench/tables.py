@@ -203,7 +203,42 @@ def tsvd(name, doc):
                       f"x dense above 1 at M = 1 and ratio >= 4. Met by auto in {met} of {judged} cases{not_met}."]
 
 
-TABLES = {"fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+def model(name, doc):
+    """bench/model_bench.py: step ms per backend and length, spattn's ratios, attention's share; the issue's bar."""
+    c, rows = doc["config"], doc["rows"]
+    names = [b for b in ("spattn", "flex_attention", "fa4", "sdpa_causal") if any(b in r["step_ms"] for r in rows)]
+    ms = lambda r, b: f"{r['step_ms'][b]:.1f}" if b in r["step_ms"] else ""  # noqa: E731
+    x = lambda r, b: (f"{r['step_ms'][b] / r['step_ms']['spattn']:.2f}x" if b in r["step_ms"]  # noqa: E731
+                      and "spattn" in r["step_ms"] else "")
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, {c['dtype']}, batch 1: a {c['layers']}-layer decoder's "
+                              f"training step (width {c['width']}, GQA {c['heads']}/{c['kv_heads']}, D {c['head_dim']}, "
+                              f"SwiGLU {c['ffn']}, `{c['pattern']}` in every layer; SDPA: dense causal)"), "",
+           row(["tokens"] + [f"{b} ms" for b in names] + [f"spattn x {b}" for b in names[1:]]
+               + ["attention fwd+bwd ms/layer (spattn, Flex)", "attention share (spattn)"]),
+           rule(1 + 2 * len(names) - 1 + 2)]
+    for r in rows:
+        att = " / ".join(f"{r['attn_ms'][b]:.2f}" for b in ("spattn", "flex_attention") if b in r["attn_ms"])
+        sh = r["attn_share"].get("spattn")
+        out.append(row([str(r["seq_len"])] + [ms(r, b) for b in names] + [x(r, b) for b in names[1:]]
+                       + [att, f"{100 * sh:.0f}%" if sh else ""]))
+    ck = doc.get("check") or {}
+    if ck.get("spattn"):
+        out += ["", f"Check (L={ck['seq_len']}, window {ck['window']}, {ck['dtype']}): spattn's loss and gradients "
+                    f"against SDPA with the same mask within {e(max(ck['spattn']['loss_rel'], ck['spattn']['grad_rel_max']))}"
+                    f" relative (bar {e(ck['bar'], 0)})."]
+    bar = [r for r in rows if r["seq_len"] == 32768 and {"spattn", "flex_attention"} <= r["step_ms"].keys()]
+    if bar:
+        r = bar[0]
+        xf = r["step_ms"]["flex_attention"] / r["step_ms"]["spattn"]
+        fa4 = r["step_ms"].get("fa4")
+        out += ["", f"The bar at 32K tokens: spattn's step >= 1.15x FlexAttention's ({xf:.2f}x: "
+                    f"{'met' if xf >= 1.15 else 'not met'}) and at least as fast as FA4's "
+                    + (f"({fa4 / r['step_ms']['spattn']:.2f}x: {'met' if fa4 >= r['step_ms']['spattn'] else 'not met'})."
+                       if fa4 else "(FA4 not measured).")]
+    return out
+
+
+TABLES = {"model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
 
 
 def block(path):

@@ -313,11 +313,40 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     return Plan(_core.make_plan(_patterns(pattern), **args))
 
 
+# ---- the plan cache: one for the package (spattn.attention's plans and spattn.torch's) ---------------------
+class _PlanCache:
+    """Plans by key, the oldest dropped past `limit` (they hold GPU memory for their tile plans). Keys start with
+    their user's tag ("attention", "torch"); values are a Plan or an object with the core plan as ``.plan``."""
+
+    __slots__ = ("entries", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.entries: "OrderedDict[tuple, Any]" = OrderedDict()
+        self.limit = limit
+
+    def get(self, key: tuple, make: Any) -> Any:
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = make()
+            if len(self.entries) > self.limit:
+                self.entries.popitem(last=False)
+        return e
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def plans(self) -> list:
+        """The cached plans as spattn.Plan objects, oldest first."""
+        return [e if isinstance(e, Plan) else Plan(e.plan) for e in self.entries.values()]
+
+
+_PLANS = _PlanCache(64)
+
+
 # ---- one call: plan (cached) and run --------------------------------------------------------------------
-_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
-_PLANS_MAX = 32
-
-
 def _array_meta(x: Any) -> Tuple[Tuple[int, ...], str, str]:
     """(shape, dtype name, device) of a numpy array, a torch tensor or a DLPack array."""
     if isinstance(x, np.ndarray):
@@ -343,16 +372,10 @@ def _cached_plan(pattern: PatternLike, q: Any, k: Any, v: Any, scale: Optional[f
         pkey: Any = tuple(str(p) for p in pattern) if isinstance(pattern, (list, tuple)) else str(pattern)
     else:
         pkey = None  # masks are not cached
-    key = (pkey, qs, ks[1], ks[2], vs[3], dt, dev, scale, tuple(sorted(options.items())))
-    p = _PLANS.get(key) if pkey is not None else None
-    if p is None:
-        p = plan(pattern, qs[1], ks[1], qs[2], ks[2], qs[3], dev, batch=qs[0], dtype=dt, scale=scale,
-                 value_dim=vs[3], **options)
-        if pkey is not None:
-            _PLANS[key] = p
-            if len(_PLANS) > _PLANS_MAX:
-                _PLANS.popitem(last=False)
-    return p
+    key = ("attention", pkey, qs, ks[1], ks[2], vs[3], dt, dev, scale, tuple(sorted(options.items())))
+    make = lambda: plan(pattern, qs[1], ks[1], qs[2], ks[2], qs[3], dev, batch=qs[0], dtype=dt,  # noqa: E731
+                        scale=scale, value_dim=vs[3], **options)
+    return _PLANS.get(key, make) if pkey is not None else make()
 
 
 def attention(q: Any, k: Any, v: Any, pattern: PatternLike, *, scale: Optional[float] = None,
