@@ -157,13 +157,15 @@ int cmd_show(int argc, char** argv) {
   if (size < 1 || size > 8192) throw Error("--size must be in [1, 8192], got " + std::to_string(size));
   const int64_t W = std::max<int64_t>(1, std::min(lk, size)), H = std::max<int64_t>(1, std::min(lq, size));
   // Kept entries of each picture cell (bins of rows by bins of keys), from the row runs: a run adds to each bin it
-  // spans the number of its keys there, so a long strided run costs its bins, not its keys.
+  // spans the number of its keys there, so a long strided run costs its bins, not its keys. One binning rule for
+  // rows, keys and the cells' sizes: index i of n goes to bin i * bins / n, so bin b starts at ceil(b * n / bins).
   std::vector<double> kept(size_t(W * H), 0.0);
-  auto col_bin = [&](int64_t k) { return k * W / lk; };
-  auto bin_start = [&](int64_t x) { return (x * lk + W - 1) / W; };  // first key of bin x
+  auto bin_of = [](int64_t i, int64_t n, int64_t bins) { return i * bins / n; };
+  auto bin_start = [](int64_t b, int64_t n, int64_t bins) { return (b * n + bins - 1) / bins; };
+  auto col_bin = [&](int64_t k) { return bin_of(k, lk, W); };
   RowRuns runs;
   for (int64_t q = 0; q < lq; ++q) {
-    double* cells = &kept[size_t(q * H / lq * W)];
+    double* cells = &kept[size_t(bin_of(q, lq, H) * W)];
     p.row(q, runs);
     for (const Run& r : runs) {
       if (r.count <= 0) continue;
@@ -173,7 +175,7 @@ int cmd_show(int argc, char** argv) {
         continue;
       }
       for (int64_t x = x0; x <= x1; ++x) {  // keys start + t * stride in [a, b)
-        const int64_t ka = std::max(bin_start(x), r.start), kb = std::min(bin_start(x + 1), r.end());
+        const int64_t ka = std::max(bin_start(x, lk, W), r.start), kb = std::min(bin_start(x + 1, lk, W), r.end());
         if (ka >= kb) continue;
         const int64_t t0 = (ka - r.start + r.stride - 1) / r.stride, t1 = (kb - 1 - r.start) / r.stride;
         if (t1 >= t0) cells[x] += double(t1 - t0 + 1);
@@ -181,7 +183,7 @@ int cmd_show(int argc, char** argv) {
     }
   }
   auto entries = [&](int64_t y, int64_t x) {
-    return double((y + 1) * lq / H - y * lq / H) * double((x + 1) * lk / W - x * lk / W);
+    return double(bin_start(y + 1, lq, H) - bin_start(y, lq, H)) * double(bin_start(x + 1, lk, W) - bin_start(x, lk, W));
   };
   const bool exact = W == lk && H == lq;
   char scale[160];
