@@ -98,7 +98,7 @@ class Fused:
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0 if dtype == torch.bfloat16 else 1, B, H, H, L, L, D,
-                                             0.0, ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
+                                             float("nan"), ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
         info = (ctypes.c_int64 * 4)()

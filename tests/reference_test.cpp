@@ -16,14 +16,14 @@ struct Case {
   int64_t B, Lq, Lk, H, HK, D, Dv;
   std::string spec;
   DType dtype = DType::f32;
-  double scale = 0;
+  std::optional<double> scale;  // none: 1 / sqrt(D)
 };
 
 // Naive: S = Q K^T * scale over all keys, masked entries dropped, softmax, P V; all in double.
 void naive(const Case& c, const std::vector<double>& Q, const std::vector<double>& K, const std::vector<double>& V,
            std::vector<double>& O, std::vector<double>& LSE) {
   const BoundPattern p = Pattern::parse(c.spec).bind(c.Lq, c.Lk);
-  const double scale = c.scale ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const double scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(c.D));
   O.assign(size_t(c.B * c.Lq * c.H * c.Dv), 0.0);
   LSE.assign(size_t(c.B * c.H * c.Lq), -std::numeric_limits<double>::infinity());
   for (int64_t b = 0; b < c.B; ++b)
@@ -127,6 +127,7 @@ TEST(Reference, MatchesNaiveFormula) {
       {1, 64, 64, 4, 1, 32, 8, "bigbird(8, 1, 1, 1, seed=2)"},         // MQA, Dv != D
       {1, 50, 77, 2, 2, 16, 16, "dilated(3, 2) | stride(11)"},          // cross attention
       {1, 40, 40, 2, 2, 16, 16, "sparse_strided(6)", DType::f32, 0.37}, // custom scale
+      {1, 40, 40, 2, 2, 16, 16, "local(4) | global(0)", DType::f32, 0.0}, // scale 0: uniform, not the default
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);

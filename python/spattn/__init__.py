@@ -299,7 +299,7 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
         engine = "reference"  # the CPU kernels compute in fp32; the reference keeps fp64 end to end
     args: Dict[str, Any] = dict(batch=int(batch), heads=int(heads), kv_heads=int(kv_heads), q_len=int(q_len), k_len=int(k_len),
                 head_dim=int(head_dim), value_dim=int(value_dim or 0), dtype=dt,
-                scale=float(0.0 if scale is None else scale), device=dev, engine=engine or "auto", kernel=kernel or "",
+                scale=None if scale is None else float(scale), device=dev, engine=engine or "auto", kernel=kernel or "",
                 threads=int(threads), block_m=int(block_m), block_n=int(block_n), perm_d=int(perm_d),
                 persistent=int(persistent), split=int(split), compound=int(compound), tile_map=int(tile_map))
     m = _bool_mask(pattern)

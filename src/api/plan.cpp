@@ -124,12 +124,17 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
       throw Error("engine cuda_fused does not take " + why);
   }
   im->engine = e;
+  // The GPU kernels fold the scale into the exponent of scores whose masked entries are -inf (-inf * 0 is NaN): a
+  // scale of 0 runs there as 1e-30, whose exponentials round to exactly 1 for any score under 1e29 (uniform
+  // attention, an LSE of log(keys)); the plan reports the scale asked for.
+  Problem gpu = problem;
+  if (gpu.scale && *gpu.scale == 0) gpu.scale = 1e-30;
   switch (e) {
     case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;
     case Engine::reference: im->backend = plan::make_reference_backend(planned, problem); break;
-    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, problem, device.index, options); break;
+    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, gpu, device.index, options); break;
     case Engine::cuda_unfused:
-      im->backend = plan::make_cuda_unfused_backend(planned, problem, device.index, options);
+      im->backend = plan::make_cuda_unfused_backend(planned, gpu, device.index, options);
       break;
     case Engine::automatic: break;
   }

@@ -285,7 +285,7 @@ int cmd_run(int argc, char** argv) {
   o.problem.head_dim = a.integer("dim", 64);
   o.problem.value_dim = a.integer("value-dim", 0);
   o.problem.dtype = parse_dtype(a.str("dtype", "fp32"));
-  o.problem.scale = a.real("scale", 0.0);
+  if (a.has("scale")) o.problem.scale = a.real("scale", 0.0);  // 0 is a scale (uniform attention), not the default
   o.seed = uint64_t(a.integer("seed", 0));
   o.q_path = a.str("q");
   o.k_path = a.str("k");

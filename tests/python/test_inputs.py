@@ -1,0 +1,67 @@
+"""What a new user meets at the Python entry points: a scale of 0 is a scale (uniform attention), not the default;
+bad arguments are refused with a clear error naming them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spattn
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import spattn.torch as st  # noqa: E402
+
+CUDA = torch.cuda.is_available() and spattn.build_info()["gpus"] > 0
+SPEC = "local(3) | global(0)"
+
+
+def sdpa(q, k, v, spec, scale):
+    """SDPA ([B, L, H, D] in and out) with the pattern's boolean mask."""
+    m = torch.from_numpy(spattn.mask(spec, q.shape[1], k.shape[1])).to(q.device)
+    o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=m, scale=scale)
+    return o.transpose(1, 2)
+
+
+def qkv(dtype=torch.float32, device="cpu", D=16):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn((2, 40, 2, D), generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
+            for _ in range(3)]
+
+
+@pytest.mark.parametrize("engine", ["auto", "reference"])
+def test_scale_zero_is_uniform_attention(engine):
+    """scale=0.0 against SDPA's scale=0.0 (each row the mean of its keys' V); it meant 1/sqrt(D) (max abs
+    difference 1.5-3.0)."""
+    q, k, v = qkv()
+    want = sdpa(q, k, v, SPEC, 0.0)
+    o = st.sparse_attention(q, k, v, SPEC, scale=0.0, engine=engine)
+    torch.testing.assert_close(o, want, rtol=1e-5, atol=2e-6)
+    o = spattn.attention(q.numpy(), k.numpy(), v.numpy(), SPEC, scale=0.0, engine=engine)
+    torch.testing.assert_close(torch.from_numpy(np.asarray(o)), want, rtol=1e-5, atol=2e-6)
+    # The default is still 1/sqrt(D), and the plan reports the scale it runs.
+    torch.testing.assert_close(st.sparse_attention(q, k, v, SPEC), sdpa(q, k, v, SPEC, None), rtol=1e-5, atol=2e-6)
+    assert spattn.plan(SPEC, 40, 40, 2, 2, 16, scale=0.0).scale == 0.0
+    assert spattn.plan(SPEC, 40, 40, 2, 2, 16).scale == pytest.approx(0.25)
+
+
+def test_scale_zero_gradients():
+    q, k, v = (x.requires_grad_(True) for x in qkv())
+    st.sparse_attention(q, k, v, SPEC, scale=0.0).square().sum().backward()
+    got = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    sdpa(q, k, v, SPEC, 0.0).square().sum().backward()
+    for a, b in zip(got, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("engine", ["cuda_fused", "cuda_unfused"])
+def test_cuda_scale_zero_is_uniform_attention(engine):
+    q, k, v = (x.requires_grad_(True) for x in qkv(torch.bfloat16, "cuda", D=64))
+    o = st.sparse_attention(q, k, v, SPEC, scale=0.0, engine=engine)
+    want = sdpa(q.float(), k.float(), v.float(), SPEC, 0.0)
+    torch.testing.assert_close(o.float(), want, rtol=2e-2, atol=2e-2)
+    o.float().square().sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
