@@ -2,6 +2,8 @@
 bad arguments are refused with a clear error naming them."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -65,3 +67,20 @@ def test_cuda_scale_zero_is_uniform_attention(engine):
     torch.testing.assert_close(o.float(), want, rtol=2e-2, atol=2e-2)
     o.float().square().sum().backward()
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_plan_past_memory_is_refused_at_once(monkeypatch):
+    """A plan whose memory floor exceeds the host's limit is refused before it is built, with both figures (the
+    documented maximum length was killed by the OOM killer after 79 s at 24 GB)."""
+    monkeypatch.setenv("SPATTN_MEMORY_LIMIT", "1G")
+    t0 = time.perf_counter()
+    with pytest.raises(spattn.Error, match=r"needs at least 3\.0 GiB of host memory .* the limit is 1\.0 GiB"):
+        spattn.plan("local(2)", 2**27, 2**27, 1, 1, 64)
+    monkeypatch.setenv("SPATTN_MEMORY_LIMIT", "16G")
+    with pytest.raises(spattn.Error, match=r"needs at least 48\.0 GiB"):
+        spattn.plan("local(2)", 2**31 - 1, 2**31 - 1, 1, 1, 64)
+    assert time.perf_counter() - t0 < 10
+    spattn.plan("local(2)", 2**16, 2**16, 1, 1, 64)  # far below: planned
+    monkeypatch.setenv("SPATTN_MEMORY_LIMIT", "lots")
+    with pytest.raises(spattn.Error, match="SPATTN_MEMORY_LIMIT='lots': expected a positive number of bytes"):
+        spattn.plan("local(2)", 64, 64, 1, 1, 64)
