@@ -37,7 +37,8 @@ const char* kUsage =
     "  bench    benchmark suite\n"
     "  dist-bench  context-parallel attention over W ranks: bytes exchanged, simulated ranks\n"
     "  info     version, build options, CPU, GPUs\n"
-    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
+    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n"
+    "`spattn run` with no options: attention on a default Longformer-style problem.\n";
 
 const char* kRunUsage =
     "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
@@ -100,6 +101,8 @@ int cmd_mask(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
   const auto [lq, lk] = lengths(a, -1);
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  if (lq == 0)  // (on stderr: stdout keeps one line a query row, here none)
+    std::fprintf(stderr, "spattn mask: no query rows: the mask is 0 x %lld\n", static_cast<long long>(lk));
   std::string buf;
   std::vector<int64_t> keys;
   char num[24];
@@ -220,7 +223,7 @@ int cmd_explain(int argc, char** argv) {
   pr.q_len = lq;
   pr.kv_len = lk;
   pr.batch = a.integer("batch", 1);
-  pr.q_heads = a.integer("heads", 1);
+  pr.q_heads = a.integer("heads", 4);  // run's default too
   pr.kv_heads = a.integer("kv-heads", pr.q_heads);
   pr.head_dim = a.integer("dim", 64);
   pr.dtype = parse_dtype(a.str("dtype", dev.kind == Device::Kind::cpu ? "fp32" : "bf16"));
@@ -316,10 +319,9 @@ int cmd_run(int argc, char** argv) {
 }  // namespace
 
 int main_impl(int argc, char** argv) {
-  if (argc < 2) {
-    // No command: the default job.
-    char* args[] = {argv[0], const_cast<char*>("run")};
-    return cmd_run(2, args);
+  if (argc < 2) {  // no command: the list of commands (`spattn run` runs the default problem)
+    std::cout << kUsage;
+    return 0;
   }
   const std::string cmd = argv[1];
   // `spattn <command> --help` (or -h) anywhere among the options: that command's usage.
