@@ -14,7 +14,7 @@ mask taken from the library's own row enumeration (spattn_pattern_mask), so a wr
 Writes {"meta": ..., "machine": ..., "command": ..., "rows": [...]} (fields of BENCH.md; meta: commit, date,
 command) and a PNG plot beside it if matplotlib is there (bench/baseline.py draws it), and prints one table: our
 eff TFLOP/s, Flex's, ratio, dense cuDNN's. --baseline NAME writes them as bench/baselines/NAME.{json,png} (the
-README's tables come from there: bench/tables.py), besides --out if that is given too.
+the tables of docs/RESULTS.md and README.md come from there: bench/tables.py), besides --out if that is given too.
 
   python3 bench/gpu_bench.py --lib build/libspattn.so --out out/h100.json
   python3 bench/gpu_bench.py --lib build/libspattn.so --baseline h100-fused     # see bench/README.md
