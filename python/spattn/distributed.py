@@ -246,3 +246,8 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor,
     if st is None:
         st = _STATES[key] = _State(pats, q, k, v, seq_len, rank, world, layout, scale, key_block, halo, group)
     return _ContextParallel.apply(q, k, v, st)
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, torch, dist, ...)."""
+    return sorted(__all__)

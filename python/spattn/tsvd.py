@@ -15,6 +15,8 @@ import numpy as np
 
 from . import _core
 
+__all__ = ["TsvdFactors", "tsvd_compress", "tsvd_load"]
+
 
 def _matrix(a: Any, name: str) -> np.ndarray:
     m = np.ascontiguousarray(a, dtype=np.float32)
@@ -82,3 +84,8 @@ def tsvd_compress(w: Any, tile: Union[int, Tuple[int, int]] = 256, *, ratio: Opt
 def tsvd_load(path: str) -> TsvdFactors:
     """Reads a .tsvd file (raises spattn.Error naming a bad field)."""
     return TsvdFactors(_core.tsvd_load(str(path)))
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, np, ...)."""
+    return sorted(__all__)

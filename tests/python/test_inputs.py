@@ -84,3 +84,31 @@ def test_plan_past_memory_is_refused_at_once(monkeypatch):
     monkeypatch.setenv("SPATTN_MEMORY_LIMIT", "lots")
     with pytest.raises(spattn.Error, match="SPATTN_MEMORY_LIMIT='lots': expected a positive number of bytes"):
         spattn.plan("local(2)", 64, 64, 1, 1, 64)
+
+
+def test_lengths_must_be_integers():
+    """A float length is refused, not truncated (mask(..., 3.7) used 3); numpy integers are fine."""
+    with pytest.raises(TypeError, match=r"q_len must be an integer, got 3\.7"):
+        spattn.mask("local(1)", 3.7)
+    with pytest.raises(TypeError, match=r"k_len must be an integer, got 4\.0"):
+        spattn.plan("local(1)", 4, 4.0)
+    with pytest.raises(TypeError, match=r"head_dim must be an integer"):
+        spattn.plan("local(1)", 4, head_dim=64.5)
+    assert spattn.mask("local(1)", np.int64(3)).shape == (3, 3)
+
+
+def test_a_list_input_is_a_clear_type_error():
+    """A nested list is refused naming what is expected (it failed with an AttributeError on __dlpack_device__)."""
+    with pytest.raises(TypeError, match=r"expected an array .* got list"):
+        spattn.attention([[[[1.0]]]], [[[[1.0]]]], [[[[1.0]]]], "dense")
+
+
+def test_namespaces_list_public_names_only():
+    import spattn.distributed
+    import spattn.tsvd
+
+    for mod, imports in ((spattn, {"Any", "np", "Optional", "operator", "OrderedDict"}),
+                         (st, {"Any", "torch", "Tensor", "Callable"}), (spattn.tsvd, {"Any", "np"}),
+                         (spattn.distributed, {"Any", "torch", "dist"})):
+        assert not imports & set(dir(mod)), (mod.__name__, sorted(imports & set(dir(mod))))
+        assert set(mod.__all__) <= set(dir(mod))
