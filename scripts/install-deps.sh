@@ -21,8 +21,8 @@ if [ "${SPATTN_FUZZ_DEPS:-0}" = 1 ]; then
 fi
 # Debian's python3 has numpy from python3-numpy above. Another python3 first on PATH (pyenv, a venv) gets it from
 # pip; where pip refuses (an externally managed environment), the build still goes on and only the oracle test
-# (cli_oracle) needs numpy: say so rather than stop.
+# (cli_oracle_*) needs numpy: say so rather than stop.
 if ! python3 -c "import numpy" 2>/dev/null && ! python3 -m pip install --quiet numpy; then
   echo "install-deps: numpy is missing for $(command -v python3) and pip could not install it; the build goes on," \
-       "but the test cli_oracle needs numpy for that python3" >&2
+       "but the tests cli_oracle_* need numpy for that python3" >&2
 fi
