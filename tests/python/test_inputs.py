@@ -112,3 +112,18 @@ def test_namespaces_list_public_names_only():
                          (spattn.distributed, {"Any", "torch", "dist"})):
         assert not imports & set(dir(mod)), (mod.__name__, sorted(imports & set(dir(mod))))
         assert set(mod.__all__) <= set(dir(mod))
+
+
+def test_tsvd_bad_options_say_what_is_wrong():
+    """rank=0 / ratio=0 said "0 given"; rank 1000 silently stored twice W's floats; a NaN weight gave LAPACK's
+    "info -4"."""
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    for kw, want in ((dict(rank=0), "rank=0: the rank must be at least 1"),
+                     (dict(ratio=0), "ratio=0: the ratio must be at least 1"),
+                     (dict(rank=1000), r"rank 1000 stores more floats than W.*at most rank 16"),
+                     (dict(rank=17), "at most rank 16")):
+        with pytest.raises(spattn.Error, match=want):
+            spattn.tsvd_compress(w, 32, **kw)
+    w[3, 7] = np.nan
+    with pytest.raises(spattn.Error, match=r"W\[3, 7\] is nan: W must be finite"):
+        spattn.tsvd_compress(w, 32, rank=4)
