@@ -302,7 +302,7 @@ int cmd_run(int argc, char** argv) {
   o.impl = a.str("impl", "auto");
   o.device = a.str("device", "cpu");
   o.threads = int(a.integer("threads", 0));
-  o.verbose = defaults || o.out_path.empty();
+  o.verbose = true;  // the timing line with --out too (it was hidden)
   for (const char* f : {"len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype"})
     if (a.has(f)) o.shape_flags.push_back(std::string("--") + f);
   // Options that would do nothing are refused rather than ignored.
@@ -311,7 +311,8 @@ int cmd_run(int argc, char** argv) {
     throw Error("--seed draws random inputs; with --q, --k and --v (and --do) nothing is random: drop --seed");
   if (o.device == "cuda" && a.has("threads"))
     throw Error("--threads sets the CPU engine's threads; --device cuda does not use it: drop --threads");
-  if (!defaults && !files && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
+  // (not with some of --q, --k, --v: that is an error below, which the note about L came before)
+  if (!defaults && !a.has("q") && !a.has("k") && !a.has("v") && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
     std::fprintf(stderr, "spattn run: no --len given: L = %lld (the default)\n", (long long)o.problem.q_len);
   return run_attention(o);
 }
