@@ -164,7 +164,7 @@ TEST(Reference, FullyMaskedRowsGiveZeroAndMinusInf) {
   std::vector<float> o(Q.size(), 123.f), lse(size_t(2 * 20), 123.f);
   std::vector<float> qf(Q.begin(), Q.end());
   const TensorView q = TensorView::contiguous(qf.data(), DType::f32, {1, 20, 2, 8});
-  cpu::reference_attention({Pattern::parse(c.spec).bind(20)}, Problem{1, 2, 2, 20, 20, 8, 0, DType::f32, 0}, q, q, q,
+  cpu::reference_attention({Pattern::parse(c.spec).bind(20)}, Problem{1, 2, 2, 20, 20, 8, 0, DType::f32}, q, q, q,
                            TensorView::contiguous(o.data(), DType::f32, {1, 20, 2, 8}),
                            TensorView::contiguous(lse.data(), DType::f32, {1, 2, 20, 1}));
   for (int64_t i = 3 * 2 * 8; i < int64_t(o.size()); ++i) ASSERT_EQ(o[size_t(i)], 0.f);
@@ -186,7 +186,7 @@ TEST(Reference, PerHeadPatterns) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i)));
   std::vector<float> o(x.size()), lse(size_t(2 * L)), o2(x.size()), lse2(size_t(2 * L));
   const TensorView t = TensorView::contiguous(x.data(), DType::f32, {1, L, 2, 4});
-  Problem p{1, 2, 2, L, L, 4, 0, DType::f32, 0};
+  Problem p{1, 2, 2, L, L, 4, 0, DType::f32};
   cpu::reference_attention({Pattern::parse("causal").bind(L), Pattern::parse("local(1)").bind(L)}, p, t, t, t,
                            TensorView::contiguous(o.data(), DType::f32, {1, L, 2, 4}), TensorView::contiguous(lse.data(), DType::f32, {1, 2, L, 1}));
   cpu::reference_attention({Pattern::parse("local(1)").bind(L)}, p, t, t, t, TensorView::contiguous(o2.data(), DType::f32, {1, L, 2, 4}),
@@ -199,7 +199,7 @@ TEST(Reference, RejectsBadShapes) {
   std::vector<float> x(64);
   const TensorView t = TensorView::contiguous(x.data(), DType::f32, {1, 4, 2, 8});
   const TensorView bad = TensorView::contiguous(x.data(), DType::f32, {1, 4, 2, 4});
-  Problem p{1, 2, 2, 4, 4, 8, 0, DType::f32, 0};
+  Problem p{1, 2, 2, 4, 4, 8, 0, DType::f32};
   const auto pat = Pattern::parse("dense").bind(4);
   std::vector<float> lse(8);
   const TensorView l = TensorView::contiguous(lse.data(), DType::f32, {1, 2, 4, 1});
