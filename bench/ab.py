@@ -52,7 +52,7 @@ class Build:
     def plan(self, spec, B, H, L, D):
         h = vp()
         if self.plan_api:
-            self.check(self.lib.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, b"", ctypes.byref(h)),
+            self.check(self.lib.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, float("nan"), b"", ctypes.byref(h)),
                        spec)
             name = self.lib.spattn_plan_kernel(h).decode()
         else:

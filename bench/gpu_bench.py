@@ -14,7 +14,7 @@ mask taken from the library's own row enumeration (spattn_pattern_mask), so a wr
 Writes {"meta": ..., "machine": ..., "command": ..., "rows": [...]} (fields of docs/BENCHMARKS.md; meta: commit, date,
 command) and a PNG plot beside it if matplotlib is there (bench/baseline.py draws it), and prints one table: our
 eff TFLOP/s, Flex's, ratio, dense cuDNN's. --baseline NAME writes them as bench/baselines/NAME.{json,png} (the
-README's tables come from there: bench/tables.py), besides --out if that is given too.
+the tables of docs/RESULTS.md and README.md come from there: bench/tables.py), besides --out if that is given too.
 
   python3 bench/gpu_bench.py --lib build/libspattn.so --out out/h100.json
   python3 bench/gpu_bench.py --lib build/libspattn.so --baseline h100-fused     # see bench/README.md
@@ -98,7 +98,7 @@ class Fused:
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0 if dtype == torch.bfloat16 else 1, B, H, H, L, L, D,
-                                             0.0, ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
+                                             float("nan"), ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
         info = (ctypes.c_int64 * 4)()

@@ -369,3 +369,8 @@ def _na_fixed_rank(naxes: int) -> Callable[..., Union[Tensor, Tuple[Tensor, Tens
 na1d = _na_fixed_rank(1)
 na2d = _na_fixed_rank(2)
 na3d = _na_fixed_rank(3)
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, torch, Tensor, ...)."""
+    return sorted(__all__)

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <sstream>
 
 #include "cuda/common/device.hpp"
+#include "spattn/device.hpp"
 #include "plan/analysis.hpp"
 #include "plan/backend.hpp"
 #include "plan/gpu/launch.hpp"
@@ -87,12 +89,17 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
   }
   const Engine e = plan::choose_engine(problem, device, options.engine, &im->why);
   im->engine = e;
+  // The GPU kernels fold the scale into the exponent of scores whose masked entries are -inf (-inf * 0 is NaN): a
+  // scale of 0 runs there as 1e-30, whose exponentials round to exactly 1 for any score under 1e29 (uniform
+  // attention, an LSE of log(keys)); the plan reports the scale asked for.
+  Problem gpu = problem;
+  if (gpu.scale && *gpu.scale == 0) gpu.scale = 1e-30;
   switch (e) {
     case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;
     case Engine::reference: im->backend = plan::make_reference_backend(planned, problem); break;
-    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, problem, device.index, options); break;
+    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, gpu, device.index, options); break;
     case Engine::cuda_unfused:
-      im->backend = plan::make_cuda_unfused_backend(planned, problem, device.index, options);
+      im->backend = plan::make_cuda_unfused_backend(planned, gpu, device.index, options);
       break;
     case Engine::automatic: break;
   }
@@ -122,7 +129,47 @@ plan::Planned plan_patterns(const std::vector<BoundPattern>& bound, const Proble
   return out;
 }
 
+// Refuses a plan whose memory floor exceeds the host's limit (a length like 2^31 - 1 was killed by the OOM killer
+// after 79 s at 24 GB).
+void check_plan_memory(const std::vector<BoundPattern>& bound, const Problem& pr, Device device, const PlanOptions& options) {
+  const int64_t need = plan_host_bytes_floor(bound, pr, device, options);
+  if (need == 0) return;
+  const int64_t have = host_memory_limit();
+  if (have <= 0 || need <= have) return;
+  char msg[400];
+  std::snprintf(msg, sizeof msg,
+                "the plan of '%.80s' at %lld x %lld needs at least %.1f GiB of host memory (the fused CPU engine's tiles, "
+                "24 bytes a query row per run of a row); the limit is %.1f GiB (this machine's memory, or "
+                "SPATTN_MEMORY_LIMIT)",
+                bound.empty() ? "" : bound[0].spec().c_str(), (long long)pr.q_len, (long long)pr.kv_len,
+                double(need) / double(1 << 30), double(have) / double(1 << 30));
+  throw Error(msg);
+}
+
 }  // namespace
+
+int64_t plan_host_bytes_floor(const std::vector<BoundPattern>& patterns, const Problem& pr, Device device,
+                              const PlanOptions& options) {
+  if (device.kind != Device::Kind::cpu || (options.engine != Engine::automatic && options.engine != Engine::cpu_fused))
+    return 0;
+  constexpr int64_t kSamples = 64;
+  constexpr double kBytesPerRun = 24;
+  double total = 0;
+  std::vector<std::string> seen;
+  RowRuns runs;
+  for (const BoundPattern& b : patterns) {
+    if (!b.spec().empty() && std::find(seen.begin(), seen.end(), b.spec()) != seen.end()) continue;
+    seen.push_back(b.spec());
+    const int64_t rows = std::min(kSamples, pr.q_len);
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      b.row(int64_t(double(i) * double(pr.q_len) / double(rows)), runs);
+      n += int64_t(runs.size());
+    }
+    total += double(pr.q_len) * kBytesPerRun * std::max(1.0, rows ? double(n) / double(rows) : 0.0);
+  }
+  return int64_t(std::min(total, 9e18));
+}
 
 Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Device device, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -130,6 +177,7 @@ Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Dev
   std::vector<BoundPattern> bound;
   bound.reserve(patterns.size());
   for (const Pattern& p : patterns) bound.push_back(p.bind(problem.q_len, problem.kv_len));
+  check_plan_memory(bound, problem, device, options);
   return build(plan_patterns(bound, problem), problem, device, options, t0);
 }
 
@@ -142,6 +190,7 @@ Plan make_plan(const std::vector<BoundPattern>& patterns, const Problem& problem
       throw Error("pattern '" + p.spec() + "' is bound to " + std::to_string(p.q_len()) + " x " +
                   std::to_string(p.k_len()) + ", the problem is " + std::to_string(problem.q_len) + " x " +
                   std::to_string(problem.kv_len) + " (q_len x kv_len)");
+  check_plan_memory(patterns, problem, device, options);
   return build(plan_patterns(patterns, problem), problem, device, options, t0);
 }
 

@@ -6,7 +6,6 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -288,13 +287,14 @@ struct UnionB : BoundNode {
     } nest(depth);
     // Rows of intervals (normalised: in order, apart) are merged as they come, their touching intervals joined, with
     // no normalize (its sort and copies: local(1) | global(0:2), bigbird's block rows but random, 26 -> 19 ns a row);
-    // from a row with a strided run on, the rows are appended and normalised.
+    // from a row with a strided run on, or once the merged row is long (each merge copies it: 3000 random(2) terms,
+    // 83 s to plan at L = 4096), the rows are appended and normalised once.
     out.clear();
     bool apart = true;  // out: intervals in order, apart
     auto interval = [](const Run& r) { return r.stride == 1 || r.count == 1; };
     for (auto& c : kids) {
       c->row(q, tmp);
-      if (!apart || !std::all_of(tmp.begin(), tmp.end(), interval)) {
+      if (!apart || out.size() > 64 || !std::all_of(tmp.begin(), tmp.end(), interval)) {
         apart = false;
         out.insert(out.end(), tmp.begin(), tmp.end());
         continue;
@@ -699,18 +699,21 @@ struct RandomB : BoundNode {
   }
   // Row q's intervals, from a per-thread cache keyed by (atom, row): contains() asks one row many times, and
   // blocked(b, ...) asks each block row b times in a row.
+  // Direct-mapped by atom id, 64 slots whose buffers are reused: a map cleared past 64 atoms freed and reallocated
+  // every atom's buffers, a third of planning a union of 1000 random terms.
   const Spans& spans(int64_t q) const {
     struct Entry {
+      uint64_t id = 0;
       int64_t q = -1;
       Spans spans;
     };
-    thread_local std::unordered_map<uint64_t, Entry> cache;
-    thread_local uint64_t last_id = 0;  // the atom asked last and its entry (map entries stay put until a clear)
+    thread_local std::array<Entry, 64> cache;
+    thread_local uint64_t last_id = 0;  // the atom asked last and its entry
     thread_local Entry* last = nullptr;
-    if (!last || last_id != id) {  // (the map's hash and bucket division were a sparse row's largest cost)
-      if (cache.size() > 64) cache.clear();
-      last = &cache[id];
+    if (!last || last_id != id) {  // (a map's hash and bucket division were a sparse row's largest cost)
+      last = &cache[id % cache.size()];
       last_id = id;
+      if (last->id != id) last->id = id, last->q = -1;
     }
     Entry& e = *last;
     if (e.q != q) {

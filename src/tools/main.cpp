@@ -38,7 +38,8 @@ const char* kUsage =
     "  bench    benchmark suite\n"
     "  dist-bench  context-parallel attention over W ranks: bytes exchanged, simulated ranks\n"
     "  info     version, build options, CPU, GPUs\n"
-    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
+    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n"
+    "`spattn run` with no options: attention on a default Longformer-style problem.\n";
 
 const char* kRunUsage =
     "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
@@ -101,6 +102,8 @@ int cmd_mask(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
   const auto [lq, lk] = lengths(a, -1);
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  if (lq == 0)  // (on stderr: stdout keeps one line a query row, here none)
+    std::fprintf(stderr, "spattn mask: no query rows: the mask is 0 x %lld\n", static_cast<long long>(lk));
   std::string buf;
   std::vector<int64_t> keys;
   char num[24];
@@ -158,13 +161,15 @@ int cmd_show(int argc, char** argv) {
   if (size < 1 || size > 8192) throw Error("--size must be in [1, 8192], got " + std::to_string(size));
   const int64_t W = std::max<int64_t>(1, std::min(lk, size)), H = std::max<int64_t>(1, std::min(lq, size));
   // Kept entries of each picture cell (bins of rows by bins of keys), from the row runs: a run adds to each bin it
-  // spans the number of its keys there, so a long strided run costs its bins, not its keys.
+  // spans the number of its keys there, so a long strided run costs its bins, not its keys. One binning rule for
+  // rows, keys and the cells' sizes: index i of n goes to bin i * bins / n, so bin b starts at ceil(b * n / bins).
   std::vector<double> kept(size_t(W * H), 0.0);
-  auto col_bin = [&](int64_t k) { return k * W / lk; };
-  auto bin_start = [&](int64_t x) { return (x * lk + W - 1) / W; };  // first key of bin x
+  auto bin_of = [](int64_t i, int64_t n, int64_t bins) { return i * bins / n; };
+  auto bin_start = [](int64_t b, int64_t n, int64_t bins) { return (b * n + bins - 1) / bins; };
+  auto col_bin = [&](int64_t k) { return bin_of(k, lk, W); };
   RowRuns runs;
   for (int64_t q = 0; q < lq; ++q) {
-    double* cells = &kept[size_t(q * H / lq * W)];
+    double* cells = &kept[size_t(bin_of(q, lq, H) * W)];
     p.row(q, runs);
     for (const Run& r : runs) {
       if (r.count <= 0) continue;
@@ -174,7 +179,7 @@ int cmd_show(int argc, char** argv) {
         continue;
       }
       for (int64_t x = x0; x <= x1; ++x) {  // keys start + t * stride in [a, b)
-        const int64_t ka = std::max(bin_start(x), r.start), kb = std::min(bin_start(x + 1), r.end());
+        const int64_t ka = std::max(bin_start(x, lk, W), r.start), kb = std::min(bin_start(x + 1, lk, W), r.end());
         if (ka >= kb) continue;
         const int64_t t0 = (ka - r.start + r.stride - 1) / r.stride, t1 = (kb - 1 - r.start) / r.stride;
         if (t1 >= t0) cells[x] += double(t1 - t0 + 1);
@@ -182,7 +187,7 @@ int cmd_show(int argc, char** argv) {
     }
   }
   auto entries = [&](int64_t y, int64_t x) {
-    return double((y + 1) * lq / H - y * lq / H) * double((x + 1) * lk / W - x * lk / W);
+    return double(bin_start(y + 1, lq, H) - bin_start(y, lq, H)) * double(bin_start(x + 1, lk, W) - bin_start(x, lk, W));
   };
   const bool exact = W == lk && H == lq;
   char scale[160];
@@ -219,7 +224,7 @@ int cmd_explain(int argc, char** argv) {
   pr.q_len = lq;
   pr.kv_len = lk;
   pr.batch = a.integer("batch", 1);
-  pr.q_heads = a.integer("heads", 1);
+  pr.q_heads = a.integer("heads", 4);  // run's default too
   pr.kv_heads = a.integer("kv-heads", pr.q_heads);
   pr.head_dim = a.integer("dim", 64);
   pr.dtype = parse_dtype(a.str("dtype", dev.kind == Device::Kind::cpu ? "fp32" : "bf16"));
@@ -284,7 +289,7 @@ int cmd_run(int argc, char** argv) {
   o.problem.head_dim = a.integer("dim", 64);
   o.problem.value_dim = a.integer("value-dim", 0);
   o.problem.dtype = parse_dtype(a.str("dtype", "fp32"));
-  o.problem.scale = a.real("scale", 0.0);
+  if (a.has("scale")) o.problem.scale = a.real("scale", 0.0);  // 0 is a scale (uniform attention), not the default
   o.seed = uint64_t(a.integer("seed", 0));
   o.q_path = a.str("q");
   o.k_path = a.str("k");
@@ -298,7 +303,7 @@ int cmd_run(int argc, char** argv) {
   o.impl = a.str("impl", "auto");
   o.device = a.str("device", "cpu");
   o.threads = int(a.integer("threads", 0));
-  o.verbose = defaults || o.out_path.empty();
+  o.verbose = true;  // the timing line with --out too (it was hidden)
   for (const char* f : {"len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype"})
     if (a.has(f)) o.shape_flags.push_back(std::string("--") + f);
   // Options that would do nothing are refused rather than ignored.
@@ -307,7 +312,8 @@ int cmd_run(int argc, char** argv) {
     throw Error("--seed draws random inputs; with --q, --k and --v (and --do) nothing is random: drop --seed");
   if (o.device == "cuda" && a.has("threads"))
     throw Error("--threads sets the CPU engine's threads; --device cuda does not use it: drop --threads");
-  if (!defaults && !files && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
+  // (not with some of --q, --k, --v: that is an error below, which the note about L came before)
+  if (!defaults && !a.has("q") && !a.has("k") && !a.has("v") && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
     std::fprintf(stderr, "spattn run: no --len given: L = %lld (the default)\n", (long long)o.problem.q_len);
   return run_attention(o);
 }
@@ -315,10 +321,9 @@ int cmd_run(int argc, char** argv) {
 }  // namespace
 
 int main_impl(int argc, char** argv) {
-  if (argc < 2) {
-    // No command: the default job.
-    char* args[] = {argv[0], const_cast<char*>("run")};
-    return cmd_run(2, args);
+  if (argc < 2) {  // no command: the list of commands (`spattn run` runs the default problem)
+    std::cout << kUsage;
+    return 0;
   }
   const std::string cmd = argv[1];
   // `spattn <command> --help` (or -h) anywhere among the options: that command's usage.

@@ -39,12 +39,10 @@ struct WgLayout {
   // The layout: smem_layout.hpp's wg_smem (the host's wgmma_smem_bytes is the same; tests/tsvd_layout_test.cpp
   // checks it against the TMA boxes below).
   static constexpr WgSmem W = wg_smem(RP, BN);
-  static constexpr int S = kWgStages;
   static constexpr int kXBytes = W.x_bytes;      // (kWgBM x 64), 128-byte rows
   static constexpr int kABytes = W.a_bytes;      // (RP x 64) of A_ij^T
   static constexpr int kStageBytes = W.stage;    // a multiple of 1024 (the swizzle's alignment)
   static constexpr int kBBytes = W.b_bytes;      // BN / 64 blocks of (RP x 64)
-  static constexpr int kBarOffset = W.bar_off;
   static constexpr int kSmemBytes = W.bytes;     // + alignment slack
   static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0 && W.b_block % 1024 == 0 && W.b_off % 1024 == 0 &&
                     kBBytes % 1024 == 0,
@@ -66,13 +64,13 @@ __device__ __forceinline__ void wgmma_body(const WgParams& w) {
   using L = WgLayout<RP, BN>;
   using Op1 = wgmma::Op<RP, kBf16>;  // P = X A: m64 n RP k16
   using Op2 = wgmma::Op<BN, kBf16>;  // Y += P B: m64 n BN k16
-  constexpr int S = L::S;
+  constexpr int S = kWgStages;  // (not a WgLayout member: nvcc warned such members unreferenced, #177-D)
   const Params& p = w.p;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t s0 = smem_u32(smem);                    // stage s: X at s0 + s kStageBytes, A^T after it
   const uint32_t s_b = s0 + S * L::kStageBytes;         // B buffers 0, 1
-  const uint32_t bar_full = s0 + L::kBarOffset, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_full = s0 + L::W.bar_off, bar_empty = bar_full + 8 * S;
   const uint32_t bar_bfull = bar_empty + 8 * S, bar_bempty = bar_bfull + 16;
   __shared__ int s_last;
 

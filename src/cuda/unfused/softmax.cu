@@ -557,7 +557,7 @@ Status CompoundSoftmax::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
   if (a.shape.dtype == DType::f64) return Status::fail("dtype f64 is not supported on the GPU");
   if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a positive finite number");
+  if (!(a.scale >= 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a finite number >= 0");
   const bool lse_only = a.lse2 && !a.p_coarse && !a.p_fine;
   if (a.coarse.nblocks > 0 && (!a.s_coarse || (!a.p_coarse && !lse_only)))
     return Status::fail("the plan has a coarse part but S or P coarse is null");
@@ -573,7 +573,7 @@ Status TileSoftmax::can_implement(const Arguments& a) {
   if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
     return Status::fail("tile softmax: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
   if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a positive finite number");
+  if (!(a.scale >= 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a finite number >= 0");
   if (a.max_tile_entries < 0 || a.max_tile_entries > kMaxTileEntries)
     return Status::fail("tile softmax: a tile holds " + std::to_string(a.max_tile_entries) + " entries (at most " +
                            std::to_string(kMaxTileEntries) + ")");
