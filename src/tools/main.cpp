@@ -18,6 +18,7 @@
 #include "spattn/reference.hpp"
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "spattn/plan.hpp"
 #include "common/args.hpp"
 #include "bench/bench.hpp"
@@ -237,14 +238,28 @@ int cmd_explain(int argc, char** argv) {
   if (lq == 0 || lk == 0) {
     preview = "fused     no tiles: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + "\n";
   } else if (dev.kind == Device::Kind::cpu) {
-    // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
+    // What the fused GPU engine would launch (the planner's decision, made on the CPU for an sm_90a device of 132
+    // SMs with default options): each tile list's plan, row and why; a compound split's parts one a line.
     const auto t0 = std::chrono::steady_clock::now();
     const plan::Analysis an = plan::analyze(p);
-    const plan::BlockPlan fp = plan::choose_block_plan(p, an, pr.head_dim, 0, 0, -1, true);
+    const plan::PatternDecision d = plan::decide_pattern(p, an, pr.head_dim, plan::GpuTarget{90, 132}, PlanOptions{});
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t i = 0; i < d.split.parts.size(); ++i) {
+      const plan::Part& part = d.split.parts[i];
+      preview += i == 0 ? "fused     D=" + std::to_string(pr.head_dim) + ", sm_90a: "
+                        : "          " + std::string(plan::part_kind_name(part.kind)) + " part: ";
+      if (!d.launches[i]) {
+        preview += "kernel cuda_scattered (" + plan::describe(part) + ")\n";
+        continue;
+      }
+      const plan::LaunchDecision& l = *d.launches[i];
+      preview += l.tiles.describe() + "; kernel " + (l.kernel_row >= 0 ? plan::kKernels[l.kernel_row].name : "none") +
+                 " (" + l.why + ")" + (i == 0 && d.compound() ? "; compound: the " + std::string(plan::part_kind_name(part.kind)) + " part" : "") +
+                 "\n";
+    }
     char line[64];
-    std::snprintf(line, sizeof line, "; chosen among the tile shapes in %.1f ms\n", ms);
-    preview = "fused     D=" + std::to_string(pr.head_dim) + ", sm_90a: " + fp.describe() + line;
+    std::snprintf(line, sizeof line, "          planned in %.1f ms\n", ms);
+    preview += line;
   }
   std::printf("%s\n%s%s", plan.explain().c_str(), plan::block_histogram(p).c_str(), preview.c_str());
   return 0;

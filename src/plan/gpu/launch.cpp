@@ -253,10 +253,11 @@ LaunchDecision decide_tiles(const BoundPattern& pattern, const Analysis* analysi
   const Analysis& an = analysis ? *analysis : own;
   out.analysis_ms = analysis ? 0.0 : own.ms;
   // The TMA rows of the kernel table (and their 192-row tiles) exist on compute capability 9.0 (sm_90a). A forced
-  // kind the candidates are priced by (sm90_tma, sm90_cp) filters them (choose_block_plan's only_kind).
+  // kind the candidates are priced by (sm90_tma, sm90_cp) filters them (choose_block_plan's only_kind), where no tile
+  // height is given (a forced row gives its shape).
   const bool tma = target.sm90a() && o.tma && !o.force_sm80;
-  const int only_kind =
-      filter.kind == int(KernelKind::sm90_tma) || filter.kind == int(KernelKind::sm90_cp) ? filter.kind : -1;
+  const bool kind_of_candidates = filter.kind == int(KernelKind::sm90_tma) || filter.kind == int(KernelKind::sm90_cp);
+  const int only_kind = kind_of_candidates && o.block_m <= 0 ? filter.kind : -1;
   out.tiles = choose_block_plan(pattern, an, head_dim, o.block_m, o.block_n, o.perm_d, tma, o.tile_map,
                                 o.device_draw != 0, only_kind);
   out.kernel_row = choose_kernel(out.tiles, head_dim, target.cc, o, &out.why);
