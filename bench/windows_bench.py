@@ -156,10 +156,13 @@ def main():
             else:  # FA4 keeps q - left <= k <= q + right (None: unbounded)
                 impls["fa4"] = lambda q, k, v: flash(q, k, v, window_size=(left, right))[0]
         if not args.no_flex:
-            bm = create_block_mask(mask_fn(left, right), None, None, L, L, device="cuda")
+            masks = {}  # one block mask a length (the backward check runs a shorter copy)
 
-            def fx(q, k, v, bm=bm):
-                return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=bm,
+            def fx(q, k, v):
+                n = q.shape[1]
+                if n not in masks:
+                    masks[n] = create_block_mask(mask_fn(left, right), None, None, n, n, device="cuda")
+                return flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=masks[n],
                             enable_gqa=Hq != Hkv).transpose(1, 2)
             impls["flex"] = fx
 
