@@ -373,4 +373,46 @@ TEST(RuntimeMask, BadMasksNameTheValue) {
   EXPECT_EQ(spattn::MaskLayout::parse("documents").str(), "documents");
 }
 
+// The C API (src/api/c_api.cpp): a masked plan by its layout's text, forward with the mask's slots.
+extern "C" {
+struct CIndexView {
+  const void* data;
+  int32_t bits, ndim;
+  int64_t shape[4], stride[4];
+};
+int spattn_plan_create_masked(const char*, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
+                              const char*, void**);
+int spattn_plan_forward_masked(void*, const void*, const int64_t*, const void*, const int64_t*, const void*,
+                               const int64_t*, void*, const int64_t*, float*, const CIndexView*, int, void*);
+void spattn_plan_destroy(void*);
+const char* spattn_last_error(void);
+}
+
+TEST(RuntimeMask, CApi) {
+  const auto p = problem(1, 2, 1, 40, 40, 8);
+  Case c(p, 3);
+  void* h = nullptr;
+  ASSERT_EQ(spattn_plan_create_masked("documents:causal", -1, 2, 1, 2, 1, 40, 40, 8, 0, "", &h), 0) << spattn_last_error();
+  const std::vector<int32_t> cu{0, 13, 40};
+  CIndexView slots[7] = {};
+  slots[4] = {cu.data(), 32, 1, {3, 0, 0, 0}, {1, 0, 0, 0}};
+  std::vector<float> o(c.q.size()), lse(80);
+  const int64_t qs[4] = {40 * 2 * 8, 2 * 8, 8, 1}, ks[4] = {40 * 8, 8, 8, 1};
+  ASSERT_EQ(spattn_plan_forward_masked(h, c.q.data(), qs, c.k.data(), ks, c.v.data(), ks, o.data(), qs, lse.data(), slots,
+                                       1, nullptr),
+            0)
+      << spattn_last_error();
+  std::vector<double> eo, el;
+  c.expected([&](int64_t, int64_t, int64_t q, int64_t k) { return k <= q && (q < 13) == (k < 13); }, eo, el);
+  EXPECT_LT(max_err(o, eo), 2e-5);
+  slots[4].shape[0] = 2;
+  const std::vector<int32_t> bad{0, 41};
+  slots[4].data = bad.data();
+  EXPECT_EQ(spattn_plan_forward_masked(h, c.q.data(), qs, c.k.data(), ks, c.v.data(), ks, o.data(), qs, lse.data(),
+                                       slots, 1, nullptr),
+            -1);
+  EXPECT_NE(std::string(spattn_last_error()).find("cu_seqlens_q[1] is 41"), std::string::npos) << spattn_last_error();
+  spattn_plan_destroy(h);
+}
+
 }  // namespace
