@@ -29,9 +29,10 @@
 //              the row) ignored, united with the static spec's keys (bound to (q_len, kv_len); none: nothing more).
 //
 // Every kept (q, k) counts once. A valid mask lists no index twice (within a row, nor a block as both full and
-// partial) and no index out of range. The CPU engines and the checking mode (RuntimeMask::check) raise spattn::Error
-// naming the first bad value, shape or count; the GPU fast path reads the tensors as they are and trusts this (a
-// repeat there may be counted twice; an index out of range is undefined behaviour). Sortedness is never required.
+// partial) and no index out of range. Sortedness is never required. Shapes are checked at every call; the checking
+// mode (RuntimeMask::check) validates the contents too and raises spattn::Error naming the first bad value or count.
+// Today every engine reads the mask on the host (GPU: copied, the stream waited for) and validates it at every call;
+// the device-built path to come trusts it (a repeat may count twice; an index out of range is undefined behaviour).
 #pragma once
 #include <array>
 #include <cstdint>
