@@ -206,3 +206,15 @@ def test_check_mode_errors():
     bm.kv_num_blocks[0, 0, 0] = 1
     with pytest.raises(spattn.Error, match=r"kv_indices\[0, 0, 0, 0\] is 7, outside \[0, 2\)"):
         st.sparse_attention(q, k, v, bm, check=True)
+
+
+@pytest.mark.parametrize("script, args", [("moba_layer.py", ["--len", "256"]),
+                                          ("packed_training.py", ["--steps", "2", "--len", "128"])])
+def test_examples(script, args):
+    import os
+    import subprocess
+    import sys
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", script), *args], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
