@@ -1,7 +1,7 @@
 // api/runtime_plan.cpp — plans of run-time masks: each call's mask is read on the host, validated, and its rows run
 // as explicit patterns by the engine chosen at make_plan (the reference engine: rows from the semantics' predicate).
-// A correct path for every engine; on the GPU it copies the mask to the host and waits for the stream (the
-// device-built tile lists of issue 44's step 2 replace it there).
+// A correct path for every engine; on the GPU it copies the mask to the host and waits for the stream, except where
+// the device path (plan/runtime_mask.hpp, DeviceMaskRunner: tile lists written on the device) takes the call.
 #include "api/runtime_plan.hpp"
 
 #include <map>
@@ -19,6 +19,7 @@ class MaterialisedBackend final : public RuntimeBackend {
                       const PlanOptions& options)
       : layout_(layout), problem_(problem), device_(device), engine_(engine), options_(options) {
     options_.engine = engine;
+    if (engine == Engine::cuda_fused) runner_ = make_device_mask_runner(layout, problem, device.index, &no_runner_);
   }
 
   void forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
@@ -32,6 +33,14 @@ class MaterialisedBackend final : public RuntimeBackend {
 
   void forward_mask(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                     const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
+    if (runner_) {
+      if (mask.check) validate(load_host_mask(layout_, problem_, mask, true, device_.index, stream));
+      if (runner_->forward(q, k, v, o, lse, mask, stream)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_ = "runtime_device: " + runner_->kernel();
+        return;
+      }
+    }
     run(mask, stream, [&](const std::vector<BoundPattern>& pats, const Problem& pr, int64_t b0, int64_t b1) {
       auto cut = [&](const TensorView& t) { return t.data ? t.slice(0, b0, b1) : t; };
       if (engine_ == Engine::reference) {
@@ -59,7 +68,7 @@ class MaterialisedBackend final : public RuntimeBackend {
     }, last_backward_);
   }
 
-  std::string kernel() const override { return "runtime_rows"; }
+  std::string kernel() const override { return runner_ ? "runtime_device: " + runner_->kernel() : "runtime_rows"; }
   std::string last_kernel() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return last_;
@@ -69,6 +78,12 @@ class MaterialisedBackend final : public RuntimeBackend {
     return last_backward_;
   }
   std::string explain() const override {
+    if (runner_)
+      return "run-time mask " + layout_.str() + ": forward on the " + runner_->explain() +
+             "; the backward (and calls the device path does not take) as below\n" + host_explain();
+    return host_explain() + (no_runner_.empty() ? "" : " (no device path: " + no_runner_ + ")");
+  }
+  std::string host_explain() const {
     return "run-time mask " + layout_.str() + ": each call's mask read on the host" +
            (device_.kind == Device::Kind::cuda ? " (copied from the device; the stream is waited for)" : "") +
            ", validated, and its rows run as explicit patterns by a plan of engine " +
@@ -122,6 +137,8 @@ class MaterialisedBackend final : public RuntimeBackend {
   Device device_;
   Engine engine_;
   PlanOptions options_;
+  std::unique_ptr<DeviceMaskRunner> runner_;  // the device path (cuda_fused plans it takes), else null
+  std::string no_runner_;                     // why there is none
   mutable std::mutex mu_;
   mutable std::string last_, last_backward_;
 };

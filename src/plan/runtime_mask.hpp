@@ -3,7 +3,9 @@
 // the kept keys of each row as an explicit pattern (what the engines run).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "spattn/runtime_mask.hpp"
@@ -13,6 +15,24 @@ namespace spattn::plan {
 // Copies `bytes` from device memory of `device` to the host, in order after the work on `stream` (which it waits
 // for). Defined by the CUDA engine (cuda/runtime/host_copy.cpp); builds without CUDA throw Error.
 void device_to_host(void* dst, const void* src, int64_t bytes, int device, Stream stream);
+
+// The GPU path of run-time masks (cuda/runtime/): tile lists written on the device from the mask tensors at every call
+// into fixed-capacity arrays sized here, feeding the fused forward kernels; no host synchronisation. Today: packed
+// documents (cu_seqlens_q only, q_len == kv_len) with no spec or a band spec (causal, local, their intersections).
+class DeviceMaskRunner {
+ public:
+  virtual ~DeviceMaskRunner() = default;
+  // Enqueues the forward where this call's mask is one the device path takes (true); false: the caller runs it
+  // otherwise (a tensor it does not read, such as cu_seqlens_k).
+  virtual bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                       const TensorView& lse, const RuntimeMask& mask, Stream stream) const = 0;
+  virtual std::string kernel() const = 0;  // the fused kernel-table row it runs
+  virtual std::string explain() const = 0;
+};
+// Null, with the reason in *why, where the device path does not take the layout or the problem (or the build has
+// no CUDA). Built on `device` (cuda/runtime/device_runner.cpp; the stub: api/runtime_stub.cpp).
+std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layout, const Problem& problem, int device,
+                                                          std::string* why);
 
 // One call's mask on the host: every tensor as contiguous int64 in its logical shape.
 struct HostMask {

@@ -1,0 +1,41 @@
+// cuda/runtime/document_tiles.hpp — the tile lists of packed documents (run-time masks, documents kind), written on the
+// device at every call from cu_seqlens into a fused plan's fixed-capacity arrays (cuda/fused/fused_fwd.hpp,
+// DevicePlan): no host synchronisation, no host work proportional to the mask, capturable in a CUDA graph.
+//
+// For query tile qt (block_m rows) the entries are the key tiles (block_n keys, ascending) that hold a kept pair:
+// queries q of document d keep the keys k of d with lo <= k - q <= hi (the static spec's band, document-local; dense:
+// offsets past every row's reach). A tile whose queries and keys all lie in one document is kFull (every pair in the
+// band) or kBand {lo, hi} (the band is translation invariant, so document offsets cancel); any other tile is a bitmask
+// whose index is the entry's own (the masks array holds one bitmask a possible entry), filled by a second kernel.
+// Plain data, no CUDA header.
+#pragma once
+#include <cstdint>
+
+namespace spattn::cuda::runtime {
+
+struct DocTileArgs {
+  const void* cu = nullptr;  // cu_seqlens [n + 1]: int32 (cu_bits 32) or int64, stride cu_stride elements
+  int cu_bits = 32;
+  int64_t cu_stride = 1;
+  int documents = 0;  // n
+  int q_len = 0, k_len = 0;
+  int block_m = 128, block_n = 128;
+  int q_tiles = 0;
+  int lo = 0, hi = 0;           // band offsets, clamped to [-(q_len + 1), k_len + 1]
+  int64_t entry_capacity = 0;   // entries (and bitmasks) the arrays hold: tiles past it are dropped (never at plan sizes)
+  int64_t* row_offsets = nullptr;  // [q_tiles + 1]
+  int* entries = nullptr;          // int4 {kt, mask, lo, hi} a entry
+  unsigned long long* masks = nullptr;  // [entry_capacity * block_m * block_n / 64]
+};
+
+// Enqueues the two kernels (lists, then bitmasks) on `stream` (a cudaStream_t). Returns the launch's cudaError_t.
+int launch_document_tiles(const DocTileArgs& a, void* stream);
+
+// The most entries a query tile can have (the arrays' capacity is q_tiles times this): the key tiles its band spans.
+inline int64_t document_tiles_per_row(int block_m, int block_n, int lo, int hi, int64_t k_tiles) {
+  const int64_t span = int64_t(block_m) - 1 + int64_t(hi) - int64_t(lo);  // keys from q0 + lo to q1 - 1 + hi
+  const int64_t t = span / block_n + 2;
+  return t < k_tiles ? t : k_tiles;
+}
+
+}  // namespace spattn::cuda::runtime
