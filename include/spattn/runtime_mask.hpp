@@ -31,8 +31,8 @@
 // Every kept (q, k) counts once. A valid mask lists no index twice (within a row, nor a block as both full and
 // partial) and no index out of range. Sortedness is never required. Shapes are checked at every call; the checking
 // mode (RuntimeMask::check) validates the contents too and raises spattn::Error naming the first bad value or count.
-// Today every engine reads the mask on the host (GPU: copied, the stream waited for) and validates it at every call;
-// the device-built path to come trusts it (a repeat may count twice; an index out of range is undefined behaviour).
+// The host path validates every call's mask; the GPU's device path (docs/RUNTIME_MASKS.md) trusts it (a repeat may
+// count twice; an index out of range is dropped) and checks only shapes unless `check` is set.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -17,8 +17,9 @@ namespace spattn::plan {
 void device_to_host(void* dst, const void* src, int64_t bytes, int device, Stream stream);
 
 // The GPU path of run-time masks (cuda/runtime/): tile lists written on the device from the mask tensors at every call
-// into fixed-capacity arrays sized here, feeding the fused forward kernels; no host synchronisation. Today: packed
-// documents (cu_seqlens_q only, q_len == kv_len) with no spec or a band spec (causal, local, their intersections).
+// into fixed-capacity arrays sized here, feeding the fused forward kernels unchanged; no host synchronisation. Today:
+// packed documents (cu_seqlens_q only, q_len == kv_len) and block masks of 128 x 128 blocks (a launch a (batch, head)
+// list of the mask), each with no spec or a band spec (causal, local, their intersections); forward only.
 class DeviceMaskRunner {
  public:
   virtual ~DeviceMaskRunner() = default;

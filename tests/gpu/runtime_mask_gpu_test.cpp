@@ -162,6 +162,50 @@ TEST(RuntimeMaskGpu, DocumentsReplayedFromACudaGraph) {
   cudaStreamDestroy(s);
 }
 
+TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
+  REQUIRE_GPU();
+  std::mt19937 rng(23);
+  const int64_t L = 1000, nq = 8, nk = 8;  // 128-blocks; the last ones partial
+  for (int64_t D : {64, 128})
+    for (int64_t heads : {1, 4})  // a mask broadcast over the heads (one launch), or one a head
+      for (const char* spec : {"causal", ""}) {
+        SCOPED_TRACE(std::string("D ") + std::to_string(D) + ", mask heads " + std::to_string(heads) + ", spec '" + spec + "'");
+        const auto p = problem(2, 4, 2, L, D);
+        Io io(p, 29);
+        const int64_t rows = 2 * heads * nq;
+        std::vector<int64_t> num(static_cast<size_t>(rows)), idx(static_cast<size_t>(rows * nk), 77),
+            fnum(static_cast<size_t>(rows)), fidx(static_cast<size_t>(rows * nk), 77);
+        for (int64_t r = 0; r < rows; ++r) {  // random blocks, unsorted, some full
+          std::vector<int64_t> b(static_cast<size_t>(nk));
+          std::iota(b.begin(), b.end(), 0);
+          std::shuffle(b.begin(), b.end(), rng);
+          const int n = std::uniform_int_distribution<int>(0, int(nk))(rng), f = std::uniform_int_distribution<int>(0, n)(rng);
+          fnum[size_t(r)] = f, num[size_t(r)] = n - f;
+          std::copy(b.begin(), b.begin() + f, fidx.begin() + r * nk);
+          std::copy(b.begin() + f, b.begin() + n, idx.begin() + r * nk);
+        }
+        Buf dn(rows * 8), di(rows * nk * 8), dfn(rows * 8), dfi(rows * nk * 8);
+        for (auto [d, h] : {std::pair{&dn, &num}, {&di, &idx}, {&dfn, &fnum}, {&dfi, &fidx}})
+          ASSERT_EQ(cudaMemcpy(d->p, h->data(), h->size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+        auto view = [&](const void* data, bool list) {
+          return list ? spattn::IndexView::of(static_cast<const int64_t*>(data), {2, heads, nq, nk})
+                      : spattn::IndexView::of(static_cast<const int64_t*>(data), {2, heads, nq});
+        };
+        spattn::RuntimeMask dm, hm;
+        dm.kv_num_blocks = view(dn.p, false), dm.kv_indices = view(di.p, true);
+        dm.full_kv_num_blocks = view(dfn.p, false), dm.full_kv_indices = view(dfi.p, true);
+        hm.kv_num_blocks = view(num.data(), false), hm.kv_indices = view(idx.data(), true);
+        hm.full_kv_num_blocks = view(fnum.data(), false), hm.full_kv_indices = view(fidx.data(), true);
+        const auto layout = spattn::MaskLayout::blocks(128, 128, spec);
+        const spattn::Plan plan = gpu_plan(layout, p);
+        io.forward(plan, dm);
+        EXPECT_EQ(plan.last_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_kernel() << "\n" << plan.explain();
+        double lse_err = 0;
+        EXPECT_LT(io.error_vs_reference(layout, hm, &lse_err), 2e-2);
+        EXPECT_LT(lse_err, 1e-3);
+      }
+}
+
 TEST(RuntimeMaskGpu, BlocksAndTopkOnTheHostPath) {
   REQUIRE_GPU();
   std::mt19937 rng(11);

@@ -1,6 +1,6 @@
 // cuda/runtime/device_runner.cpp — the GPU path of run-time masks (plan/runtime_mask.hpp, DeviceMaskRunner): a fused
 // plan whose arrays are sized once for the shapes (a skeleton BlockPlan uploaded as a DevicePlan) and rewritten on the
-// device at every call from the mask tensors (cuda/runtime/document_tiles.hpp), then the fused forward kernel chosen
+// device at every call from the mask tensors (cuda/runtime/tile_lists.hpp), then the fused forward kernel chosen
 // for the skeleton. Two small kernels and the forward a call, no synchronisation, no allocation: CUDA-graph
 // capturable, and a replay reads the mask tensors' new contents.
 #include <cuda_runtime.h>
@@ -12,7 +12,7 @@
 #include "cuda/common/device.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_fwd.hpp"
-#include "cuda/runtime/document_tiles.hpp"
+#include "cuda/runtime/tile_lists.hpp"
 #include "plan/kernels.hpp"
 #include "plan/runtime_mask.hpp"
 
@@ -22,8 +22,30 @@ namespace {
 using cuda::fused::DevicePlan;
 using cuda::fused::FusedFwd;
 
-// The band of a document's static spec (none: every pair), as kernel offsets clamped to [-(q_len + 1), k_len + 1].
-bool document_band(const MaskLayout& layout, const Problem& pr, int* lo, int* hi, std::string* why) {
+// A skeleton BlockPlan of 128x128 tiles for the problem's lengths with `lists` row-offset lists and `entries` entries
+// (and bitmasks where `masks`): sizes and capacities only; every array is written on the device at each call.
+BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks) {
+  BlockPlan hp;
+  hp.block_m = 128, hp.block_n = 128;
+  hp.q_len = pr.q_len, hp.k_len = pr.kv_len;
+  hp.q_group = pr.q_len, hp.k_group = pr.kv_len;
+  hp.q_tiles = (pr.q_len + 127) / 128, hp.k_tiles = (pr.kv_len + 127) / 128;
+  hp.row_offsets.assign(size_t(lists * (hp.q_tiles + 1)), 0);
+  hp.entries.assign(size_t(entries), TileEntry{0, kFull, 0, 0});
+  if (masks) hp.masks.resize(size_t(entries * hp.words_per_mask()));  // left uninitialised: written before they are read
+  hp.order.resize(size_t(hp.q_tiles));
+  std::iota(hp.order.begin(), hp.order.end(), 0);
+  return hp;
+}
+
+std::unique_ptr<DevicePlan> upload(BlockPlan hp, const Problem& pr, int device) {
+  const int row = FusedFwd::choose_kernel(hp, pr.head_dim, cuda::device_info(device).cc, FusedOptions{});
+  if (row < 0) throw Error("run-time masks: no fused kernel for 128x128 tiles at head dim " + std::to_string(pr.head_dim));
+  return std::make_unique<DevicePlan>(std::move(hp), row);
+}
+
+// The band of a static spec (none: every pair), as kernel offsets clamped to [-(q_len + 1), k_len + 1].
+bool spec_band(const MaskLayout& layout, const Problem& pr, int* lo, int* hi, std::string* why) {
   int64_t l = -(pr.q_len + 1), h = pr.kv_len + 1;
   if (!layout.spec.empty()) {
     const auto band = parse(layout.spec).bind(pr.q_len, pr.kv_len).band();
@@ -42,20 +64,8 @@ class DocumentRunner final : public DeviceMaskRunner {
  public:
   DocumentRunner(const Problem& pr, int device, int lo, int hi, int64_t per_row) : problem_(pr), device_(device) {
     const cuda::DeviceScope scope(device);
-    BlockPlan hp;  // the skeleton: sizes and capacities; every list is written on the device at each call
-    hp.block_m = 128, hp.block_n = 128;
-    hp.q_len = pr.q_len, hp.k_len = pr.kv_len;
-    hp.q_group = pr.q_len, hp.k_group = pr.kv_len;
-    hp.q_tiles = (pr.q_len + 127) / 128, hp.k_tiles = (pr.kv_len + 127) / 128;
-    hp.row_offsets.assign(size_t(hp.q_tiles + 1), 0);
-    capacity_ = hp.q_tiles * per_row;
-    hp.entries.assign(size_t(capacity_), TileEntry{0, kFull, 0, 0});
-    hp.masks.resize(size_t(capacity_ * hp.words_per_mask()));  // left uninitialised: written before they are read
-    hp.order.resize(size_t(hp.q_tiles));
-    std::iota(hp.order.begin(), hp.order.end(), 0);
-    const int row = FusedFwd::choose_kernel(hp, pr.head_dim, cuda::device_info(device).cc, FusedOptions{});
-    if (row < 0) throw Error("run-time documents: no fused kernel for 128x128 tiles at head dim " + std::to_string(pr.head_dim));
-    plan_ = std::make_unique<DevicePlan>(std::move(hp), row);
+    capacity_ = (pr.q_len + 127) / 128 * per_row;
+    plan_ = upload(skeleton(pr, 1, capacity_, true), pr, device);
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(plan_->host().q_tiles);
     args_.lo = lo, args_.hi = hi;
@@ -98,6 +108,92 @@ class DocumentRunner final : public DeviceMaskRunner {
   cuda::runtime::DocTileArgs args_;
 };
 
+// Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on
+// that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
+class BlockRunner final : public DeviceMaskRunner {
+ public:
+  BlockRunner(const Problem& pr, int device, bool band, int lo, int hi) : problem_(pr), device_(device) {
+    const cuda::DeviceScope scope(device);
+    const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
+    plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false), pr, device);
+    args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
+    args_.q_tiles = int(qt), args_.k_tiles = int(kt);
+    args_.band = band ? 1 : 0, args_.lo = lo, args_.hi = hi;
+    args_.list_capacity = qt * kt;
+    args_.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
+    args_.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
+  }
+
+  bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
+    const IndexView &num = mask.kv_num_blocks, &idx = mask.kv_indices, &fnum = mask.full_kv_num_blocks,
+                    &fidx = mask.full_kv_indices;
+    const Problem& pr = problem_;
+    if (!num.present() || !idx.present() || num.ndim != 3 || idx.ndim != 4 || fnum.present() != fidx.present())
+      return false;
+    const int64_t nb = num.shape[0], nh = num.shape[1];
+    if ((nb != 1 && nb != pr.batch) || (nh != 1 && nh != pr.q_heads) || num.shape[2] < args_.q_tiles) return false;
+    for (int i = 0; i < 3; ++i)
+      if (idx.shape[size_t(i)] != num.shape[size_t(i)]) return false;
+    if (fnum.present() && (fnum.ndim != 3 || fidx.ndim != 4 || fnum.shape != num.shape || fidx.shape[0] != nb ||
+                           fidx.shape[1] != nh || fidx.shape[2] != num.shape[2]))
+      return false;
+    const cuda::DeviceScope scope(device_);
+    cuda::runtime::BlockTileArgs a = args_;
+    a.num = num.data, a.num_bits = num.bits, a.idx = idx.data, a.idx_bits = idx.bits;
+    a.cap = int(idx.shape[3]);
+    for (int i = 0; i < 3; ++i) a.num_s[i] = num.shape[size_t(i)] == 1 ? 0 : num.stride[size_t(i)];
+    for (int i = 0; i < 4; ++i) a.idx_s[i] = idx.shape[size_t(i)] == 1 && i < 3 ? 0 : idx.stride[size_t(i)];
+    if (fnum.present()) {
+      a.full_num = fnum.data, a.full_num_bits = fnum.bits, a.full_idx = fidx.data, a.full_idx_bits = fidx.bits;
+      a.full_cap = int(fidx.shape[3]);
+      for (int i = 0; i < 3; ++i) a.full_num_s[i] = fnum.shape[size_t(i)] == 1 ? 0 : fnum.stride[size_t(i)];
+      for (int i = 0; i < 4; ++i) a.full_idx_s[i] = fidx.shape[size_t(i)] == 1 && i < 3 ? 0 : fidx.stride[size_t(i)];
+    }
+    a.heads = int(nh), a.lists = int(nb * nh);
+    // Every launch's parameters first (checks, tensor maps), then the lists' kernel and the launches.
+    std::vector<FusedFwd::Params> launches;
+    const int64_t group = pr.q_heads / pr.kv_heads;
+    for (int64_t l = 0; l < nb * nh; ++l) {
+      const int64_t b = l / nh, h = l % nh;
+      Problem p = pr;
+      TensorView lq = q, lk = k, lv = v, lo = o, ll = lse;
+      if (nb > 1) {
+        p.batch = 1;
+        lq = q.narrow(0, b), lk = k.narrow(0, b), lv = v.narrow(0, b), lo = o.narrow(0, b), ll = lse.narrow(0, b);
+      }
+      if (nh > 1) {
+        p.q_heads = p.kv_heads = 1;
+        lq = lq.narrow(2, h), lo = lo.narrow(2, h), ll = ll.narrow(1, h);
+        lk = lk.narrow(2, h / group), lv = lv.narrow(2, h / group);
+      }
+      FusedFwd::Params params;
+      const auto st = FusedFwd::can_implement(FusedFwd::Arguments{p, lq, lk, lv, lo, ll}, *plan_, &params);
+      if (!st.ok) throw Error("run-time block mask: " + st.reason);
+      params.kernel.row_offsets = plan_->row_offsets() + l * (args_.q_tiles + 1);
+      launches.push_back(params);
+    }
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_tiles(a, stream)));
+    for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
+    return true;
+  }
+  std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
+  std::string explain() const override {
+    std::ostringstream s;
+    s << "device tile lists of block masks (128x128 blocks and tiles, one list a (batch, head) of the mask, partial "
+         "blocks "
+      << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
+      << ", written at each call), kernel " << kernel() << ", a launch a list";
+    return s.str();
+  }
+
+ private:
+  Problem problem_;
+  int device_;
+  std::unique_ptr<DevicePlan> plan_;
+  cuda::runtime::BlockTileArgs args_;
+};
+
 }  // namespace
 
 std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layout, const Problem& pr, int device,
@@ -107,12 +203,18 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     if (why) *why = std::move(reason);
     return nullptr;
   };
-  if (layout.kind != MaskKind::documents) return refuse("the device path takes packed documents only, so far");
-  if (pr.q_len != pr.kv_len) return refuse("documents of queries and keys of different lengths");
+  if (layout.kind == MaskKind::topk) return refuse("top-k keys run on the host path so far");
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) return refuse("dtype " + std::string(dtype_name(pr.dtype)));
   if ((pr.head_dim != 64 && pr.head_dim != 128) || pr.dv() != pr.head_dim) return refuse("head dim");
   int lo = 0, hi = 0;
-  if (!document_band(layout, pr, &lo, &hi, &r)) return refuse(r);
+  if (!spec_band(layout, pr, &lo, &hi, &r)) return refuse(r);
+  if (layout.kind == MaskKind::blocks) {
+    if (layout.q_block != 128 || layout.k_block != 128) return refuse("blocks other than 128 x 128");
+    const int64_t bytes = pr.batch * pr.q_heads * ((pr.q_len + 127) / 128) * ((pr.kv_len + 127) / 128) * 16;
+    if (bytes > (int64_t(1) << 30)) return refuse("its list capacity (" + std::to_string(bytes >> 20) + " MiB) is past 1 GiB");
+    return std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi);
+  }
+  if (pr.q_len != pr.kv_len) return refuse("documents of queries and keys of different lengths");
   const int64_t k_tiles = (pr.kv_len + 127) / 128;
   const int64_t per_row = cuda::runtime::document_tiles_per_row(128, 128, lo, hi, k_tiles);
   const int64_t mask_bytes = (pr.q_len + 127) / 128 * per_row * 128 * 128 / 8;

@@ -1,4 +1,4 @@
-// cuda/runtime/document_tiles.hpp — the tile lists of packed documents (run-time masks, documents kind), written on the
+// cuda/runtime/tile_lists.hpp — the tile lists of packed documents (run-time masks, documents kind), written on the
 // device at every call from cu_seqlens into a fused plan's fixed-capacity arrays (cuda/fused/fused_fwd.hpp,
 // DevicePlan): no host synchronisation, no host work proportional to the mask, capturable in a CUDA graph.
 //
@@ -37,5 +37,31 @@ inline int64_t document_tiles_per_row(int block_m, int block_n, int lo, int hi, 
   const int64_t t = span / block_n + 2;
   return t < k_tiles ? t : k_tiles;
 }
+
+// Block masks (BlockTileArgs; FlexAttention's layout, blocks of block_m x block_n = the tiles): one list a (batch,
+// head) of the mask (`lists` = B' x H', list l = b' H' + h'), its query tiles' entries at entries[l * list_capacity ...]
+// and its row offsets at row_offsets[l * (q_tiles + 1) ...] (absolute entry indices: each list's launch reads its own
+// slice). A query tile's entries are its listed key blocks, ascending: full blocks kFull; partial blocks kFull without a
+// spec, else (the spec's band lo..hi) kFull / kBand / dropped as the band covers all, some or none of the tile. Indices
+// outside [0, k_tiles) are dropped (the fast path trusts the mask otherwise: a repeat is run twice).
+struct BlockTileArgs {
+  const void* num = nullptr;  // kv_num_blocks [B', H', NQ], element strides num_s[3]; bits 32 or 64
+  const void* idx = nullptr;  // kv_indices [B', H', NQ, C], strides idx_s[4]
+  const void* full_num = nullptr;  // optional, same form (null: none)
+  const void* full_idx = nullptr;
+  int num_bits = 32, idx_bits = 32, full_num_bits = 32, full_idx_bits = 32;
+  int64_t num_s[3] = {0, 0, 0}, idx_s[4] = {0, 0, 0, 0}, full_num_s[3] = {0, 0, 0}, full_idx_s[4] = {0, 0, 0, 0};
+  int heads = 1;  // H' (list l is (l / H', l % H'))
+  int cap = 0, full_cap = 0;  // C and the full list's C
+  int lists = 1;
+  int q_len = 0, k_len = 0, block_m = 128, block_n = 128, q_tiles = 0, k_tiles = 0;
+  int band = 0, lo = 0, hi = 0;  // band != 0: partial blocks keep lo <= k - q <= hi
+  int64_t list_capacity = 0;     // entries a list holds (q_tiles x k_tiles)
+  int64_t* row_offsets = nullptr;
+  int* entries = nullptr;
+};
+
+// Enqueues the lists' kernel (a CTA a list) on `stream`. Returns the launch's cudaError_t.
+int launch_block_tiles(const BlockTileArgs& a, void* stream);
 
 }  // namespace spattn::cuda::runtime
