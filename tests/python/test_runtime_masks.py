@@ -218,3 +218,40 @@ def test_examples(script, args):
     r = subprocess.run([sys.executable, os.path.join(root, "examples", script), *args], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
+def test_gpu_device_path_no_sync_and_graph_replay():
+    """Documents and 128-blocks forward on the device path: no host synchronisation (torch's sync debug mode), the
+    path named by last_kernel, and a CUDA graph replayed with new boundaries matching a fresh eager call."""
+    g = torch.Generator().manual_seed(2)
+    B, H, L = 1, 4, 1024
+    q, k, v = (x.detach() for x in qkv(B, L, L, H, H, D=64, dtype=torch.bfloat16, device="cuda"))
+    cu = random_documents(L, 5, g).cuda()
+    bm, part, fullb = random_block_mask(B, H, L, L, 128, 128, seed=4)
+    bm = bm.to("cuda")
+    st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)  # plan outside the checked region
+    st.sparse_attention(q, k, v, bm, spec="causal")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
+        st.sparse_attention(q, k, v, bm, spec="causal")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    kernels = [p.last_kernel() for p in st.cached_plans() if p._p.mask]
+    assert kernels and all(x.startswith("runtime_device: ") for x in kernels), kernels
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
+        with torch.cuda.graph(graph, stream=s):
+            out = st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        cu.copy_(random_documents(L, 5, g).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
+        assert (out.float() - ref.float()).abs().max() < 1e-2
