@@ -56,6 +56,14 @@ class MaterialisedBackend final : public RuntimeBackend {
   void backward_mask(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                      const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
+    if (runner_) {
+      if (mask.check) validate(load_host_mask(layout_, problem_, mask, true, device_.index, stream));
+      if (runner_->backward(q, k, v, o, lse, dout, dq, dk, dv, mask, stream)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_backward_ = "runtime_device: " + runner_->backward_kernel();
+        return;
+      }
+    }
     run(mask, stream, [&](const std::vector<BoundPattern>& pats, const Problem& pr, int64_t b0, int64_t b1) {
       auto cut = [&](const TensorView& t) { return t.data ? t.slice(0, b0, b1) : t; };
       if (engine_ == Engine::reference) {

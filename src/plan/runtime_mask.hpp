@@ -19,7 +19,8 @@ void device_to_host(void* dst, const void* src, int64_t bytes, int device, Strea
 // The GPU path of run-time masks (cuda/runtime/): tile lists written on the device from the mask tensors at every call
 // into fixed-capacity arrays sized here, feeding the fused forward kernels unchanged; no host synchronisation. Today:
 // packed documents (cu_seqlens_q only, q_len == kv_len) and block masks of 128 x 128 blocks (a launch a (batch, head)
-// list of the mask), each with no spec or a band spec (causal, local, their intersections); forward only.
+// list of the mask), each with no spec or a band spec (causal, local, their intersections); the backward of documents
+// (key-major lists written on the device, the sm_90a tile backward).
 class DeviceMaskRunner {
  public:
   virtual ~DeviceMaskRunner() = default;
@@ -27,6 +28,13 @@ class DeviceMaskRunner {
   // otherwise (a tensor it does not read, such as cu_seqlens_k).
   virtual bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const TensorView& lse, const RuntimeMask& mask, Stream stream) const = 0;
+  // The backward likewise (false: not taken here; the caller runs it otherwise).
+  virtual bool backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const TensorView&, const TensorView&, const TensorView&, const TensorView&, const RuntimeMask&,
+                        Stream) const {
+    return false;
+  }
+  virtual std::string backward_kernel() const { return ""; }  // the row the last backward here launched
   virtual std::string kernel() const = 0;  // the fused kernel-table row it runs
   virtual std::string explain() const = 0;
 };

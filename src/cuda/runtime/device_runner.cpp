@@ -8,6 +8,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "cuda/backward/tile_backward.hpp"
+#include "cuda/common/buffer.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/fused/fused_attention.hpp"
@@ -66,6 +68,23 @@ class DocumentRunner final : public DeviceMaskRunner {
     const cuda::DeviceScope scope(device);
     capacity_ = (pr.q_len + 127) / 128 * per_row;
     plan_ = upload(skeleton(pr, 1, capacity_, true), pr, device);
+    // The backward's key-major plan (64-row query tiles, 128-key tiles) and scratch, where the sm_90a tile backward runs.
+    bwd_row_ = cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    if (bwd_row_ >= 0) {
+      const int64_t kt = (pr.kv_len + 127) / 128, qt = (pr.q_len + 63) / 64;
+      const int64_t per_key = cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, qt);
+      bwd_capacity_ = kt * per_key;
+      std::vector<int32_t> order(static_cast<size_t>(kt));
+      std::iota(order.begin(), order.end(), 0);
+      bwd_order_ = cuda::DeviceBuffer::upload(order);
+      bwd_offsets_ = cuda::DeviceBuffer(size_t(kt + 1) * 8, "run-time backward lists");
+      bwd_entries_ = cuda::DeviceBuffer(size_t(std::max<int64_t>(bwd_capacity_, 1)) * 16, "run-time backward lists");
+      bwd_masks_ = cuda::DeviceBuffer(size_t(std::max<int64_t>(bwd_capacity_, 1)) * 128 * 8, "run-time backward bitmasks");
+      const int64_t rows = pr.batch * pr.q_heads * qt * 64;
+      dq_acc_ = cuda::DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, pr.head_dim}, 4)));
+      lse2_ = cuda::DeviceBuffer(size_t(rows) * 4);
+      delta_ = cuda::DeviceBuffer(size_t(rows) * 4);
+    }
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(plan_->host().q_tiles);
     args_.lo = lo, args_.hi = hi;
@@ -92,11 +111,41 @@ class DocumentRunner final : public DeviceMaskRunner {
     FusedFwd::run(params, static_cast<cudaStream_t>(stream));
     return true;
   }
+  bool backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
+    const IndexView& cu = mask.cu_seqlens_q;
+    if (bwd_row_ < 0 || !cu.present() || mask.cu_seqlens_k.present() || cu.ndim != 1 || cu.shape[0] < 1) return false;
+    const cuda::DeviceScope scope(device_);
+    if (!cuda::TileBackward::refusal(problem_, q, k, v, o, lse, dout, dq, dk, dv).empty()) return false;
+    cuda::runtime::DocTileArgs a = args_;  // key-major: "query tiles" are the key tiles, block_m the 64-row query tile
+    a.block_m = 64, a.block_n = 128;
+    a.q_tiles = int((problem_.kv_len + 127) / 128);
+    a.cu = cu.data, a.cu_bits = cu.bits, a.cu_stride = cu.stride[0];
+    a.documents = int(cu.shape[0] - 1);
+    a.entry_capacity = bwd_capacity_;
+    a.row_offsets = bwd_offsets_.get<int64_t>();
+    a.entries = bwd_entries_.get<int>();
+    a.masks = bwd_masks_.get<unsigned long long>();
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_document_key_tiles(a, stream)));
+    cuda::TileBackward::DeviceLists l;
+    l.col_offsets = a.row_offsets, l.entries = a.entries, l.masks = a.masks, l.order = bwd_order_.get<int32_t>();
+    l.q_tiles = (problem_.q_len + 63) / 64, l.k_tiles = a.q_tiles;
+    l.q_group = problem_.q_len, l.k_group = problem_.kv_len;
+    l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
+    bool tma = false;
+    last_bwd_row_ = cuda::TileBackward::launch(problem_, bwd_row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
+    return true;
+  }
+  std::string backward_kernel() const override { return last_bwd_row_ >= 0 ? kKernels[last_bwd_row_].name : ""; }
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
   std::string explain() const override {
     std::ostringstream s;
     s << "device tile lists of packed documents (128x128 tiles, band " << args_.lo << ".." << args_.hi << ", up to "
-      << capacity_ << " entries and bitmasks, written at each call), kernel " << kernel();
+      << capacity_ << " entries and bitmasks, written at each call), kernel " << kernel() << "; backward "
+      << (bwd_row_ >= 0 ? std::string("key-major lists written likewise (up to ") + std::to_string(bwd_capacity_) +
+                              " entries), " + kKernels[bwd_row_].name
+                        : std::string("on the host path (no sm_90a device)"));
     return s.str();
   }
 
@@ -106,6 +155,10 @@ class DocumentRunner final : public DeviceMaskRunner {
   int64_t capacity_ = 0;
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::DocTileArgs args_;
+  int bwd_row_ = -1;
+  mutable int last_bwd_row_ = -1;
+  int64_t bwd_capacity_ = 0;
+  cuda::DeviceBuffer bwd_offsets_, bwd_entries_, bwd_masks_, bwd_order_, dq_acc_, lse2_, delta_;
 };
 
 // Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on

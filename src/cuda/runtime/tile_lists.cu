@@ -24,32 +24,43 @@ __device__ int first_doc_after(const DocTileArgs& a, int64_t x) {
   return lo;
 }
 
-// Walks query tile qt's key tiles in ascending order; writes them at out (entry index first ...) where out is not null.
-// Returns how many there are.
-__device__ int64_t walk(const DocTileArgs& a, int qt, int4* out, int64_t first) {
-  const int64_t q0 = int64_t(qt) * a.block_m, q1 = min(q0 + a.block_m, int64_t(a.q_len));
+// kFull (-1) where the band keeps every pair of the tile [q0, q1) x [k0, k1) and every key of the tile is in range
+// (the kernels run full tiles unmasked: a tile past k_len is never full), else kBand (-2: the kernels mask by the
+// band and by the valid keys).
+__device__ __forceinline__ int full_or_band(const DocTileArgs& a, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+  return (k1 - k0 == a.block_n && k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;
+}
+
+// Walks tile t's partner tiles in ascending order: the key tiles of query tile t, or (keys: the backward's key-major
+// lists) the 64-row query tiles of key tile t. Writes them at out (entry index first ...) where out is not null;
+// returns how many there are.
+__device__ int64_t walk(const DocTileArgs& a, int t, int4* out, int64_t first, bool keys = false) {
+  const int os = keys ? a.block_n : a.block_m, is = keys ? a.block_m : a.block_n;  // outer and inner tile sizes
+  const int64_t olen = keys ? a.k_len : a.q_len, ilen = keys ? a.q_len : a.k_len;
+  const int64_t dlo = keys ? -int64_t(a.hi) : a.lo, dhi = keys ? -int64_t(a.lo) : a.hi;  // inner - outer in the band
+  const int64_t o0 = int64_t(t) * os, o1 = min(o0 + os, olen);
   int64_t n = 0, last = -1;
-  for (int d = first_doc_after(a, q0); d < a.documents; ++d) {
+  for (int d = first_doc_after(a, o0); d < a.documents; ++d) {
     const int64_t c0 = boundary(a, d), c1 = boundary(a, d + 1);
-    if (c0 >= q1) break;
-    const int64_t qa = max(q0, c0), qb = min(q1, c1);
-    if (qa >= qb) continue;
-    const int64_t ka = max(max(c0, qa + a.lo), int64_t(0)), kb = min(min(c1, qb + a.hi), int64_t(a.k_len));  // [ka, kb)
-    if (ka >= kb) continue;
-    const bool one_doc_rows = c0 <= q0 && q1 <= c1;
-    for (int64_t kt = ka / a.block_n; kt <= (kb - 1) / a.block_n; ++kt) {
-      if (kt == last) continue;  // a key tile shared with the previous document (then a bitmask)
-      last = kt;
+    if (c0 >= o1) break;
+    const int64_t oa = max(o0, c0), ob = min(o1, c1);
+    if (oa >= ob) continue;
+    const int64_t ia = max(max(c0, oa + dlo), int64_t(0)), ib = min(min(c1, ob + dhi), ilen);  // [ia, ib)
+    if (ia >= ib) continue;
+    const bool one_doc_outer = c0 <= o0 && o1 <= c1;
+    for (int64_t it = ia / is; it <= (ib - 1) / is; ++it) {
+      if (it == last) continue;  // a tile shared with the previous document (then a bitmask)
+      last = it;
       if (out) {
         const int64_t e = first + n;
         if (e >= a.entry_capacity) return n;
-        const int64_t k0 = kt * a.block_n, k1 = min(k0 + a.block_n, int64_t(a.k_len));
+        const int64_t i0 = it * is, i1 = min(i0 + is, ilen);
         int4 v;
-        v.x = int(kt);
+        v.x = int(it);
         v.z = a.lo;
         v.w = a.hi;
-        if (one_doc_rows && c0 <= k0 && k1 <= c1)
-          v.y = (k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;  // kFull : kBand
+        if (one_doc_outer && c0 <= i0 && i1 <= c1)
+          v.y = keys ? full_or_band(a, i0, i1, o0, o1) : full_or_band(a, o0, o1, i0, i1);
         else
           v.y = int(e);  // bitmask: its own index
         out[n] = v;
@@ -123,20 +134,57 @@ __global__ void __launch_bounds__(kMaskThreads) document_masks(DocTileArgs a) {
   }
 }
 
+// ---- the backward's key-major lists of documents (a.q_tiles: key tiles; a.block_m: 64-row query tiles) ----
+__global__ void __launch_bounds__(kListThreads) document_key_lists(DocTileArgs a) {
+  scan_lists(
+      a.q_tiles, 0, a.entry_capacity, a.row_offsets, [&](int kt) { return walk(a, kt, nullptr, 0, true); },
+      [&](int kt, int64_t at, int64_t) { walk(a, kt, reinterpret_cast<int4*>(a.entries) + at, at, true); });
+}
+
+// A CTA a key tile: its bitmask entries' transposed words, one a key (bit r: query q0 + r).
+__global__ void __launch_bounds__(kMaskThreads) document_key_masks(DocTileArgs a) {
+  const int kt = blockIdx.x;
+  const int64_t e0 = a.row_offsets[kt], e1 = a.row_offsets[kt + 1];
+  const int4* entries = reinterpret_cast<const int4*>(a.entries);
+  for (int64_t e = e0; e < e1; ++e) {
+    const int4 v = entries[e];
+    if (v.y < 0) continue;
+    for (int c = threadIdx.x; c < a.block_n; c += blockDim.x) {
+      const int64_t k = int64_t(kt) * a.block_n + c, q0 = int64_t(v.x) * a.block_m;
+      unsigned long long bits = 0;
+      if (k < a.k_len) {
+        const int d = first_doc_after(a, k);
+        if (d < a.documents && boundary(a, d) <= k) {
+          // the document's queries whose band holds k: [k - hi, k - lo], clipped to the tile and to q_len
+          const int64_t qa = max(max(boundary(a, d), k - a.hi), q0);
+          const int64_t qb = min(min(min(boundary(a, d + 1), k - a.lo + 1), q0 + 64), int64_t(a.q_len));
+          if (qa < qb) {
+            const int w = int(qb - qa), r = int(qa - q0);
+            bits = (w >= 64 ? ~0ull : ((1ull << w) - 1)) << r;
+          }
+        }
+      }
+      a.masks[int64_t(v.y) * a.block_n + c] = bits;
+    }
+  }
+}
+
 // ---- block masks ----
 __device__ __forceinline__ int64_t load_index(const void* p, int bits, int64_t off) {
   return bits == 32 ? int64_t(static_cast<const int*>(p)[off]) : int64_t(static_cast<const long long*>(p)[off]);
 }
 
-// The entry type of key tile kt for query tile qt: -1 kFull, -2 kBand, 0 none (out of range, or a partial block the
-// band misses).
+// The entry type of key tile kt for query tile qt: -1 kFull, -2 kBand by the spec's band, -3 kBand over every pair (a
+// tile kept whole whose keys run past k_len: the kernels run full tiles unmasked), 0 none (out of range, or a partial
+// block the band misses).
 __device__ int block_entry(const BlockTileArgs& a, int qt, int64_t kt, bool full) {
   if (kt < 0 || kt >= a.k_tiles) return 0;
-  if (full || !a.band) return -1;
   const int64_t q0 = int64_t(qt) * a.block_m, q1 = min(q0 + a.block_m, int64_t(a.q_len));
   const int64_t k0 = kt * a.block_n, k1 = min(k0 + a.block_n, int64_t(a.k_len));
+  const bool whole = k1 - k0 == a.block_n;
+  if (full || !a.band) return whole ? -1 : -3;
   if (k0 - (q1 - 1) > a.hi || (k1 - 1) - q0 < a.lo) return 0;
-  return (k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;
+  return (whole && k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;
 }
 
 // Walks query tile qt's listed blocks of list (b', h'): partial, then full; f(kt, type) for each kept one.
@@ -176,7 +224,8 @@ __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
         each_block(a, bb, hh, qt, [&](int64_t kt, int type) {
           if (n >= room) return;
           int4 v;
-          v.x = int(kt), v.y = type, v.z = a.lo, v.w = a.hi;
+          v.x = int(kt), v.y = type == -3 ? -2 : type;
+          v.z = type == -3 ? -(a.q_len + 1) : a.lo, v.w = type == -3 ? a.k_len + 1 : a.hi;
           int64_t i = n++;
           for (; i > 0 && entries[at + i - 1].x > v.x; --i) entries[at + i] = entries[at + i - 1];
           entries[at + i] = v;
@@ -189,6 +238,15 @@ __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
 int launch_block_tiles(const BlockTileArgs& a, void* stream) {
   if (a.q_tiles == 0 || a.lists == 0) return int(cudaSuccess);
   block_lists<<<a.lists, kListThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  return int(cudaGetLastError());
+}
+
+int launch_document_key_tiles(const DocTileArgs& a, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.q_tiles == 0) return int(cudaSuccess);
+  document_key_lists<<<1, kListThreads, 0, s>>>(a);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
+  document_key_masks<<<a.q_tiles, kMaskThreads, 0, s>>>(a);
   return int(cudaGetLastError());
 }
 

@@ -30,6 +30,12 @@ struct DocTileArgs {
 
 // Enqueues the two kernels (lists, then bitmasks) on `stream` (a cudaStream_t). Returns the launch's cudaError_t.
 int launch_document_tiles(const DocTileArgs& a, void* stream);
+// The backward's key-major lists of the same documents (cuda/backward/tile_backward.hpp, DeviceLists): per key tile
+// (block_n keys) the 64-row query tiles whose band reaches it, ascending (entry.x the query tile), kFull / kBand inside
+// one document, else a transposed bitmask of the entry's own index (word c: key c's bits over the 64 queries; the
+// masks array holds block_n words an entry). `a`'s q_tiles / row_offsets / entries / masks are the key-major plan's
+// (q_tiles: key tiles; block_m 64: the query tile); order is the identity, written at plan time.
+int launch_document_key_tiles(const DocTileArgs& a, void* stream);
 
 // The most entries a query tile can have (the arrays' capacity is q_tiles times this): the key tiles its band spans.
 inline int64_t document_tiles_per_row(int block_m, int block_n, int lo, int hi, int64_t k_tiles) {
