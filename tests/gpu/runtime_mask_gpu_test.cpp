@@ -284,8 +284,9 @@ TEST(RuntimeMaskGpu, DocumentsBackward) {
   plan.backward(io.dev(io.q, io.qs()), io.dev(io.k, io.ks()), io.dev(io.v, io.ks()), io.dev(io.o, io.qs()), io.dlse(),
                 io.dev(io.dout, io.qs()), io.dev(io.dq, io.qs()), io.dev(io.dk, io.ks()), io.dev(io.dv, io.ks()), dm);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (on_sm90a())  // the key-major lists written on the device, the tile backward
+  if (on_sm90a()) {  // the key-major lists written on the device, the tile backward
     EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_device: sm90_bwd", 0), 0u) << plan.last_backward_kernel();
+  }
   spattn::PlanOptions ref;
   ref.engine = spattn::Engine::reference;
   const spattn::Plan rp = spattn::make_plan(layout, p, spattn::Device::cpu(), ref);
