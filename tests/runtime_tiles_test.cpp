@@ -1,5 +1,5 @@
 // The run-time tile lists' walks (src/cuda/runtime/tile_walk.hpp), run on the host: for random packed documents and
-// block masks, every listed tile's pairs (full, band or bitmask, as the kernels read them) are exactly the mask's pairs
+// block masks, forward and key-major (the backward's), every listed tile's pairs (full, band or bitmask, as the kernels read them) are exactly the mask's pairs
 // in that tile, every tile holding a kept pair is listed once, in ascending order, and no full tile runs past the keys.
 // The same walks write the lists on the GPU (tile_lists.cu); here they are checked without one.
 #include <gtest/gtest.h>
@@ -136,13 +136,26 @@ TEST(RuntimeTiles, BlockMasks) {
     a.cap = a.full_cap = int(cap);
     a.q_len = int(Lq), a.k_len = int(Lk), a.q_tiles = int((Lq + 127) / 128), a.k_tiles = int(nk);
     a.band = band, a.lo = lo, a.hi = hi;
+    auto by_tile = [](const Entry4& x, const Entry4& y) { return x.x < y.x; };
+    const auto none = [](int, const Entry4&, int) { return 0ull; };
+    // Forward (as block_lists writes them): each query tile's listed blocks of the types block_entry gives, sorted.
+    std::vector<std::vector<Entry4>> key_major(static_cast<size_t>(nk));
     for (int qt = 0; qt < a.q_tiles; ++qt) {
-      std::vector<Entry4> es;  // as block_lists writes them: sorted, the whole-tile band for tiles past the keys
-      spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, int type) {
-        es.push_back({int(kt), type == -3 ? -2 : type, type == -3 ? -(a.q_len + 1) : a.lo, type == -3 ? a.k_len + 1 : a.hi});
+      std::vector<Entry4> es;
+      const int64_t q0 = int64_t(qt) * 128, q1 = std::min<int64_t>(q0 + 128, Lq);
+      spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, bool full) {
+        if (const int type = spattn::cuda::runtime::block_entry(a, q0, q1, kt, full))
+          es.push_back(spattn::cuda::runtime::block_entry4(a, kt, type));
+        for (int64_t t = 2 * qt; t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists): 64-row tiles
+          if (const int type = spattn::cuda::runtime::block_entry(a, t * 64, std::min<int64_t>(t * 64 + 64, Lq), kt, full))
+            key_major[size_t(kt)].push_back(spattn::cuda::runtime::block_entry4(a, t, type));
       });
-      std::sort(es.begin(), es.end(), [](const Entry4& x, const Entry4& y) { return x.x < y.x; });
-      check_tile(qt, es, false, 128, 128, Lq, Lk, kept, [](int, const Entry4&, int) { return 0ull; });
+      std::sort(es.begin(), es.end(), by_tile);
+      check_tile(qt, es, false, 128, 128, Lq, Lk, kept, none);
+    }
+    for (int64_t kt = 0; kt < nk; ++kt) {
+      std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
+      check_tile(int(kt), key_major[size_t(kt)], true, 128, 64, Lq, Lk, kept, none);
     }
   }
 }

@@ -56,6 +56,34 @@ struct Io {
     plan.forward(dev(q, qs()), dev(k, ks()), dev(v, ks()), dev(o, qs()), dlse(), m, s);
   }
 
+  // The backward of `plan` after its forward (o, lse on the device) against the reference engine's; expects the
+  // device path where `device_path` and the device is sm_90a.
+  void check_backward(const spattn::Plan& plan, const spattn::MaskLayout& layout, const spattn::RuntimeMask& dm,
+                      const spattn::RuntimeMask& hm, bool device_path) {
+    plan.backward(dev(q, qs()), dev(k, ks()), dev(v, ks()), dev(o, qs()), dlse(), dev(dout, qs()), dev(dq, qs()),
+                  dev(dk, ks()), dev(dv, ks()), dm);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (device_path && on_sm90a()) {  // the key-major lists written on the device, the tile backward
+      EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_device: sm90_bwd", 0), 0u) << plan.last_backward_kernel();
+    }
+    spattn::PlanOptions ref;
+    ref.engine = spattn::Engine::reference;
+    const spattn::Plan rp = spattn::make_plan(layout, p, spattn::Device::cpu(), ref);
+    std::vector<float> rdq(hq.size()), rdk(hk.size()), rdv(hk.size());
+    rp.backward(TensorView::contiguous(hq.data(), DType::bf16, qs()), TensorView::contiguous(hk.data(), DType::bf16, ks()),
+                TensorView::contiguous(hv.data(), DType::bf16, ks()), TensorView{}, TensorView{},
+                TensorView::contiguous(hdo.data(), DType::bf16, qs()), TensorView::contiguous(rdq.data(), DType::f32, qs()),
+                TensorView::contiguous(rdk.data(), DType::f32, ks()), TensorView::contiguous(rdv.data(), DType::f32, ks()), hm);
+    for (auto [buf, ref_grad] : {std::pair{&dq, &rdq}, {&dk, &rdk}, {&dv, &rdv}}) {
+      std::vector<uint16_t> h(ref_grad->size());
+      ASSERT_EQ(cudaMemcpy(h.data(), buf->p, h.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      double e = 0, m = 0;
+      for (size_t i = 0; i < h.size(); ++i)
+        e = std::max(e, std::fabs(double(spattn::bf16_to_float(h[i])) - (*ref_grad)[i])), m = std::max(m, double(std::fabs((*ref_grad)[i])));
+      EXPECT_LT(e, 3e-2 * std::max(1.0, m));
+    }
+  }
+
   // Max |O - reference| over O's entries (bf16 inputs read exactly by both), and over the lse of rows with keys (an
   // empty row must give -inf).
   double error_vs_reference(const spattn::MaskLayout& layout, const spattn::RuntimeMask& host_mask, double* lse_err) {
@@ -203,6 +231,7 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
         double lse_err = 0;
         EXPECT_LT(io.error_vs_reference(layout, hm, &lse_err), 2e-2);
         EXPECT_LT(lse_err, 1e-3);
+        io.check_backward(plan, layout, dm, hm, heads == 1);  // per-head lists under GQA: the host path
       }
 }
 
@@ -281,28 +310,7 @@ TEST(RuntimeMaskGpu, DocumentsBackward) {
   hm.cu_seqlens_q = spattn::IndexView::of(cu.data(), {5});
   io.forward(plan, dm);
   EXPECT_EQ(plan.last_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_kernel();
-  plan.backward(io.dev(io.q, io.qs()), io.dev(io.k, io.ks()), io.dev(io.v, io.ks()), io.dev(io.o, io.qs()), io.dlse(),
-                io.dev(io.dout, io.qs()), io.dev(io.dq, io.qs()), io.dev(io.dk, io.ks()), io.dev(io.dv, io.ks()), dm);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (on_sm90a()) {  // the key-major lists written on the device, the tile backward
-    EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_device: sm90_bwd", 0), 0u) << plan.last_backward_kernel();
-  }
-  spattn::PlanOptions ref;
-  ref.engine = spattn::Engine::reference;
-  const spattn::Plan rp = spattn::make_plan(layout, p, spattn::Device::cpu(), ref);
-  std::vector<float> rdq(io.hq.size()), rdk(io.hk.size()), rdv(io.hk.size());
-  rp.backward(TensorView::contiguous(io.hq.data(), DType::bf16, io.qs()), TensorView::contiguous(io.hk.data(), DType::bf16, io.ks()),
-              TensorView::contiguous(io.hv.data(), DType::bf16, io.ks()), TensorView{}, TensorView{},
-              TensorView::contiguous(io.hdo.data(), DType::bf16, io.qs()), TensorView::contiguous(rdq.data(), DType::f32, io.qs()),
-              TensorView::contiguous(rdk.data(), DType::f32, io.ks()), TensorView::contiguous(rdv.data(), DType::f32, io.ks()), hm);
-  for (auto [buf, ref_grad] : {std::pair{&io.dq, &rdq}, {&io.dk, &rdk}, {&io.dv, &rdv}}) {
-    std::vector<uint16_t> h(ref_grad->size());
-    ASSERT_EQ(cudaMemcpy(h.data(), buf->p, h.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    double e = 0, m = 0;
-    for (size_t i = 0; i < h.size(); ++i)
-      e = std::max(e, std::fabs(double(spattn::bf16_to_float(h[i])) - (*ref_grad)[i])), m = std::max(m, double(std::fabs((*ref_grad)[i])));
-    EXPECT_LT(e, 3e-2 * std::max(1.0, m));
-  }
+  io.check_backward(plan, layout, dm, hm, true);
 }
 
 }  // namespace

@@ -62,29 +62,55 @@ bool spec_band(const MaskLayout& layout, const Problem& pr, int* lo, int* hi, st
   return true;
 }
 
+// The backward's key-major lists (64-row query tiles, 128-key tiles; `lists` of them, `capacity` entries and, where
+// `bitmasks`, as many transposed bitmasks) and the tile backward's scratch, where its sm_90a rows run (row < 0: not).
+struct KeyMajor {
+  int row = -1;
+  mutable int last_row = -1;
+  int64_t q_tiles = 0, k_tiles = 0, capacity = 0;
+  cuda::DeviceBuffer offsets, entries, masks, order, dq_acc, lse2, delta;
+
+  KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks) {
+    const cuda::DeviceScope scope(device);
+    row = cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    if (row < 0) return;
+    q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + 127) / 128, capacity = capacity_;
+    std::vector<int32_t> ord(static_cast<size_t>(k_tiles));
+    std::iota(ord.begin(), ord.end(), 0);
+    order = cuda::DeviceBuffer::upload(ord);
+    offsets = cuda::DeviceBuffer(size_t(lists * (k_tiles + 1)) * 8, "run-time backward lists");
+    entries = cuda::DeviceBuffer(size_t(std::max<int64_t>(capacity, 1)) * 16, "run-time backward lists");
+    if (bitmasks) masks = cuda::DeviceBuffer(size_t(std::max<int64_t>(capacity, 1)) * 128 * 8, "run-time backward bitmasks");
+    const int64_t rows = pr.batch * pr.q_heads * q_tiles * 64;
+    dq_acc = cuda::DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, pr.head_dim}, 4)));
+    lse2 = cuda::DeviceBuffer(size_t(rows) * 4);
+    delta = cuda::DeviceBuffer(size_t(rows) * 4);
+  }
+  // The tile backward over list l's slice of the lists (already written on `stream`).
+  void launch(const Problem& p, int64_t l, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+              const TensorView& dk, const TensorView& dv, Stream stream) const {
+    cuda::TileBackward::DeviceLists d;
+    d.col_offsets = offsets.get<int64_t>() + l * (k_tiles + 1), d.entries = entries.get<int>();
+    d.masks = masks.get<unsigned long long>(), d.order = order.get<int32_t>();
+    d.q_tiles = q_tiles, d.k_tiles = k_tiles;
+    d.q_group = p.q_len, d.k_group = p.kv_len;
+    d.dq_acc = dq_acc.get<float>(), d.lse2 = lse2.get<float>(), d.delta = delta.get<float>();
+    bool tma = false;
+    last_row = cuda::TileBackward::launch(p, row, d, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
+  }
+  std::string name() const { return last_row >= 0 ? kKernels[last_row].name : ""; }
+};
+
 class DocumentRunner final : public DeviceMaskRunner {
  public:
-  DocumentRunner(const Problem& pr, int device, int lo, int hi, int64_t per_row) : problem_(pr), device_(device) {
+  DocumentRunner(const Problem& pr, int device, int lo, int hi, int64_t per_row)
+      : problem_(pr), device_(device),
+        bwd_(pr, device, 1, (pr.kv_len + 127) / 128 * cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, (pr.q_len + 63) / 64),
+             true) {
     const cuda::DeviceScope scope(device);
     capacity_ = (pr.q_len + 127) / 128 * per_row;
     plan_ = upload(skeleton(pr, 1, capacity_, true), pr, device);
-    // The backward's key-major plan (64-row query tiles, 128-key tiles) and scratch, where the sm_90a tile backward runs.
-    bwd_row_ = cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
-    if (bwd_row_ >= 0) {
-      const int64_t kt = (pr.kv_len + 127) / 128, qt = (pr.q_len + 63) / 64;
-      const int64_t per_key = cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, qt);
-      bwd_capacity_ = kt * per_key;
-      std::vector<int32_t> order(static_cast<size_t>(kt));
-      std::iota(order.begin(), order.end(), 0);
-      bwd_order_ = cuda::DeviceBuffer::upload(order);
-      bwd_offsets_ = cuda::DeviceBuffer(size_t(kt + 1) * 8, "run-time backward lists");
-      bwd_entries_ = cuda::DeviceBuffer(size_t(std::max<int64_t>(bwd_capacity_, 1)) * 16, "run-time backward lists");
-      bwd_masks_ = cuda::DeviceBuffer(size_t(std::max<int64_t>(bwd_capacity_, 1)) * 128 * 8, "run-time backward bitmasks");
-      const int64_t rows = pr.batch * pr.q_heads * qt * 64;
-      dq_acc_ = cuda::DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, pr.head_dim}, 4)));
-      lse2_ = cuda::DeviceBuffer(size_t(rows) * 4);
-      delta_ = cuda::DeviceBuffer(size_t(rows) * 4);
-    }
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(plan_->host().q_tiles);
     args_.lo = lo, args_.hi = hi;
@@ -115,36 +141,30 @@ class DocumentRunner final : public DeviceMaskRunner {
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
     const IndexView& cu = mask.cu_seqlens_q;
-    if (bwd_row_ < 0 || !cu.present() || mask.cu_seqlens_k.present() || cu.ndim != 1 || cu.shape[0] < 1) return false;
+    if (bwd_.row < 0 || !cu.present() || mask.cu_seqlens_k.present() || cu.ndim != 1 || cu.shape[0] < 1) return false;
     const cuda::DeviceScope scope(device_);
     if (!cuda::TileBackward::refusal(problem_, q, k, v, o, lse, dout, dq, dk, dv).empty()) return false;
     cuda::runtime::DocTileArgs a = args_;  // key-major: "query tiles" are the key tiles, block_m the 64-row query tile
     a.block_m = 64, a.block_n = 128;
-    a.q_tiles = int((problem_.kv_len + 127) / 128);
+    a.q_tiles = int(bwd_.k_tiles);
     a.cu = cu.data, a.cu_bits = cu.bits, a.cu_stride = cu.stride[0];
     a.documents = int(cu.shape[0] - 1);
-    a.entry_capacity = bwd_capacity_;
-    a.row_offsets = bwd_offsets_.get<int64_t>();
-    a.entries = bwd_entries_.get<int>();
-    a.masks = bwd_masks_.get<unsigned long long>();
+    a.entry_capacity = bwd_.capacity;
+    a.row_offsets = bwd_.offsets.get<int64_t>();
+    a.entries = bwd_.entries.get<int>();
+    a.masks = bwd_.masks.get<unsigned long long>();
     SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_document_key_tiles(a, stream)));
-    cuda::TileBackward::DeviceLists l;
-    l.col_offsets = a.row_offsets, l.entries = a.entries, l.masks = a.masks, l.order = bwd_order_.get<int32_t>();
-    l.q_tiles = (problem_.q_len + 63) / 64, l.k_tiles = a.q_tiles;
-    l.q_group = problem_.q_len, l.k_group = problem_.kv_len;
-    l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
-    bool tma = false;
-    last_bwd_row_ = cuda::TileBackward::launch(problem_, bwd_row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
+    bwd_.launch(problem_, 0, q, k, v, o, lse, dout, dq, dk, dv, stream);
     return true;
   }
-  std::string backward_kernel() const override { return last_bwd_row_ >= 0 ? kKernels[last_bwd_row_].name : ""; }
+  std::string backward_kernel() const override { return bwd_.name(); }
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
   std::string explain() const override {
     std::ostringstream s;
     s << "device tile lists of packed documents (128x128 tiles, band " << args_.lo << ".." << args_.hi << ", up to "
       << capacity_ << " entries and bitmasks, written at each call), kernel " << kernel() << "; backward "
-      << (bwd_row_ >= 0 ? std::string("key-major lists written likewise (up to ") + std::to_string(bwd_capacity_) +
-                              " entries), " + kKernels[bwd_row_].name
+      << (bwd_.row >= 0 ? std::string("key-major lists written likewise (up to ") + std::to_string(bwd_.capacity) +
+                              " entries), " + kKernels[bwd_.row].name
                         : std::string("on the host path (no sm_90a device)"));
     return s.str();
   }
@@ -155,17 +175,44 @@ class DocumentRunner final : public DeviceMaskRunner {
   int64_t capacity_ = 0;
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::DocTileArgs args_;
-  int bwd_row_ = -1;
-  mutable int last_bwd_row_ = -1;
-  int64_t bwd_capacity_ = 0;
-  cuda::DeviceBuffer bwd_offsets_, bwd_entries_, bwd_masks_, bwd_order_, dq_acc_, lse2_, delta_;
+  KeyMajor bwd_;
 };
+
+// The problem and views of list l of a mask of nb x nh lists (batch nb > 1: one batch element; heads nh > 1: one
+// query head, its kv head for k-like views): q-like views are [B, L, Hq, .], k-like [B, L, Hkv, .], lse [B, Hq, L].
+struct ListViews {
+  Problem p;
+  std::vector<TensorView> q_like, k_like;
+  TensorView lse;
+};
+ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::vector<TensorView> q_like,
+                     std::vector<TensorView> k_like, TensorView lse) {
+  const int64_t b = l / nh, h = l % nh, group = pr.q_heads / pr.kv_heads;
+  ListViews out{pr, std::move(q_like), std::move(k_like), lse};
+  auto cut = [](TensorView& t, int axis, int64_t i) { t = t.data ? t.narrow(axis, i) : t; };
+  if (nb > 1) {
+    out.p.batch = 1;
+    for (TensorView& t : out.q_like) cut(t, 0, b);
+    for (TensorView& t : out.k_like) cut(t, 0, b);
+    cut(out.lse, 0, b);
+  }
+  if (nh > 1) {
+    out.p.q_heads = out.p.kv_heads = 1;
+    for (TensorView& t : out.q_like) cut(t, 2, h);
+    for (TensorView& t : out.k_like) cut(t, 2, h / group);
+    cut(out.lse, 1, h);
+  }
+  return out;
+}
 
 // Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on
 // that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
-  BlockRunner(const Problem& pr, int device, bool band, int lo, int hi) : problem_(pr), device_(device) {
+  BlockRunner(const Problem& pr, int device, bool band, int lo, int hi)
+      : problem_(pr), device_(device),
+        bwd_(pr, device, pr.batch * pr.q_heads,
+             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + 127) / 128), false) {
     const cuda::DeviceScope scope(device);
     const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
     plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false), pr, device);
@@ -177,8 +224,8 @@ class BlockRunner final : public DeviceMaskRunner {
     args_.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
   }
 
-  bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
-               const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
+  // The mask's tensors into `a` (its lists nb x nh); false where the device path does not take their shapes.
+  bool read_mask(const RuntimeMask& mask, cuda::runtime::BlockTileArgs& a, int64_t* nb_out, int64_t* nh_out) const {
     const IndexView &num = mask.kv_num_blocks, &idx = mask.kv_indices, &fnum = mask.full_kv_num_blocks,
                     &fidx = mask.full_kv_indices;
     const Problem& pr = problem_;
@@ -191,8 +238,6 @@ class BlockRunner final : public DeviceMaskRunner {
     if (fnum.present() && (fnum.ndim != 3 || fidx.ndim != 4 || fnum.shape != num.shape || fidx.shape[0] != nb ||
                            fidx.shape[1] != nh || fidx.shape[2] != num.shape[2]))
       return false;
-    const cuda::DeviceScope scope(device_);
-    cuda::runtime::BlockTileArgs a = args_;
     a.num = num.data, a.num_bits = num.bits, a.idx = idx.data, a.idx_bits = idx.bits;
     a.cap = int(idx.shape[3]);
     for (int i = 0; i < 3; ++i) a.num_s[i] = num.shape[size_t(i)] == 1 ? 0 : num.stride[size_t(i)];
@@ -204,24 +249,56 @@ class BlockRunner final : public DeviceMaskRunner {
       for (int i = 0; i < 4; ++i) a.full_idx_s[i] = fidx.shape[size_t(i)] == 1 && i < 3 ? 0 : fidx.stride[size_t(i)];
     }
     a.heads = int(nh), a.lists = int(nb * nh);
+    *nb_out = nb, *nh_out = nh;
+    return true;
+  }
+
+  bool backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
+    cuda::runtime::BlockTileArgs a = args_;
+    int64_t nb = 0, nh = 0;
+    if (bwd_.row < 0 || !read_mask(mask, a, &nb, &nh)) return false;
+    const Problem& pr = problem_;
+    // Heads of one kv-head group sum into its dK and dV inside one launch: per-head lists need groups of one.
+    if (nh > 1 && pr.q_heads != pr.kv_heads) return false;
+    const cuda::DeviceScope scope(device_);
+    std::vector<ListViews> views;
+    for (int64_t l = 0; l < nb * nh; ++l) {
+      views.push_back(list_views(pr, nb, nh, l, {q, o, dout, dq}, {k, v, dk, dv}, lse));
+      const ListViews& w = views.back();
+      if (!cuda::TileBackward::refusal(w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2],
+                                       w.q_like[3], w.k_like[2], w.k_like[3]).empty())
+        return false;
+    }
+    a.block_m = 64;  // the backward's query tiles; the mask's blocks stay 128 x 128
+    a.row_offsets = bwd_.offsets.get<int64_t>();
+    a.entries = bwd_.entries.get<int>();
+    a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, stream)));
+    for (int64_t l = 0; l < nb * nh; ++l) {
+      const ListViews& w = views[size_t(l)];
+      bwd_.launch(w.p, l, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2], w.q_like[3],
+                  w.k_like[2], w.k_like[3], stream);
+    }
+    return true;
+  }
+  std::string backward_kernel() const override { return bwd_.name(); }
+
+  bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
+    cuda::runtime::BlockTileArgs a = args_;
+    int64_t nb = 0, nh = 0;
+    if (!read_mask(mask, a, &nb, &nh)) return false;
+    const Problem& pr = problem_;
+    const cuda::DeviceScope scope(device_);
     // Every launch's parameters first (checks, tensor maps), then the lists' kernel and the launches.
     std::vector<FusedFwd::Params> launches;
-    const int64_t group = pr.q_heads / pr.kv_heads;
     for (int64_t l = 0; l < nb * nh; ++l) {
-      const int64_t b = l / nh, h = l % nh;
-      Problem p = pr;
-      TensorView lq = q, lk = k, lv = v, lo = o, ll = lse;
-      if (nb > 1) {
-        p.batch = 1;
-        lq = q.narrow(0, b), lk = k.narrow(0, b), lv = v.narrow(0, b), lo = o.narrow(0, b), ll = lse.narrow(0, b);
-      }
-      if (nh > 1) {
-        p.q_heads = p.kv_heads = 1;
-        lq = lq.narrow(2, h), lo = lo.narrow(2, h), ll = ll.narrow(1, h);
-        lk = lk.narrow(2, h / group), lv = lv.narrow(2, h / group);
-      }
+      const ListViews w = list_views(pr, nb, nh, l, {q, o}, {k, v}, lse);
       FusedFwd::Params params;
-      const auto st = FusedFwd::can_implement(FusedFwd::Arguments{p, lq, lk, lv, lo, ll}, *plan_, &params);
+      const auto st = FusedFwd::can_implement(
+          FusedFwd::Arguments{w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse}, *plan_, &params);
       if (!st.ok) throw Error("run-time block mask: " + st.reason);
       params.kernel.row_offsets = plan_->row_offsets() + l * (args_.q_tiles + 1);
       launches.push_back(params);
@@ -245,6 +322,7 @@ class BlockRunner final : public DeviceMaskRunner {
   int device_;
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::BlockTileArgs args_;
+  KeyMajor bwd_;
 };
 
 }  // namespace

@@ -82,20 +82,23 @@ __global__ void __launch_bounds__(kMaskThreads) document_key_masks(DocTileArgs a
 __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
   const int l = blockIdx.x, bb = l / a.heads, hh = l % a.heads;
   Entry4* entries = reinterpret_cast<Entry4*>(a.entries);
+  auto rows = [&](int qt) {
+    const int64_t q0 = int64_t(qt) * a.block_m;
+    return q0 + a.block_m < a.q_len ? q0 + a.block_m : int64_t(a.q_len);
+  };
   scan_lists(
       a.q_tiles, int64_t(l) * a.list_capacity, a.list_capacity, a.row_offsets + int64_t(l) * (a.q_tiles + 1),
       [&](int qt) {
         int64_t n = 0;
-        each_block(a, bb, hh, qt, [&](int64_t, int) { ++n; });
+        each_block(a, bb, hh, qt, [&](int64_t kt, bool full) { n += block_entry(a, int64_t(qt) * a.block_m, rows(qt), kt, full) != 0; });
         return n;
       },
       [&](int qt, int64_t at, int64_t room) {
         int64_t n = 0;
-        each_block(a, bb, hh, qt, [&](int64_t kt, int type) {
-          if (n >= room) return;
-          Entry4 v;
-          v.x = int(kt), v.y = type == -3 ? -2 : type;
-          v.z = type == -3 ? -(a.q_len + 1) : a.lo, v.w = type == -3 ? a.k_len + 1 : a.hi;
+        each_block(a, bb, hh, qt, [&](int64_t kt, bool full) {
+          const int type = block_entry(a, int64_t(qt) * a.block_m, rows(qt), kt, full);
+          if (!type || n >= room) return;
+          const Entry4 v = block_entry4(a, kt, type);
           int64_t i = n++;
           for (; i > 0 && entries[at + i - 1].x > v.x; --i) entries[at + i] = entries[at + i - 1];
           entries[at + i] = v;
@@ -103,7 +106,66 @@ __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
       });
 }
 
+// The backward's key-major lists of a block mask: a CTA a list; per 128-key tile, the 64-row query tiles of the query
+// blocks that list it (each listed block stands for its two query tiles), ascending. Counted into shared memory by
+// atomics, scanned into the list's column offsets, placed by atomics, then each key tile's few sorted.
+__global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a, int q_blocks) {
+  extern __shared__ int cursor[];  // [k_tiles]
+  const int l = blockIdx.x, bb = l / a.heads, hh = l % a.heads;
+  const int64_t base = int64_t(l) * a.list_capacity;
+  int64_t* offsets = a.row_offsets + int64_t(l) * (a.k_tiles + 1);
+  Entry4* entries = reinterpret_cast<Entry4*>(a.entries);
+  const int64_t per = int64_t(a.cap) + a.full_cap, items = int64_t(q_blocks) * per;
+  // Item i: query block i / per, its (partial then full) listed block j; f(query tile, key tile, type) for each of
+  // the block's 64-row query tiles the entry keeps pairs of.
+  auto each_item = [&](auto f) {
+    for (int64_t i = threadIdx.x; i < items; i += blockDim.x) {
+      const int qb = int(i / per);
+      const bool full = i % per >= a.cap;
+      const int64_t j = full ? i % per - a.cap : i % per;
+      if (j >= block_count(a, bb, hh, qb, full)) continue;
+      const int64_t kt = block_index(a, bb, hh, qb, full, j);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t qt = 2 * int64_t(qb) + h, q0 = qt * 64;
+        if (q0 >= a.q_len) break;
+        const int type = block_entry(a, q0, q0 + 64 < a.q_len ? q0 + 64 : a.q_len, kt, full);
+        if (type) f(qt, kt, type);
+      }
+    }
+  };
+  for (int kt = threadIdx.x; kt < a.k_tiles; kt += blockDim.x) cursor[kt] = 0;
+  __syncthreads();
+  each_item([&](int64_t, int64_t kt, int) { atomicAdd(&cursor[kt], 1); });
+  __syncthreads();
+  scan_lists(
+      a.k_tiles, base, a.list_capacity, offsets, [&](int kt) { return int64_t(cursor[kt]); },
+      [&](int, int64_t, int64_t) {});
+  __syncthreads();
+  for (int kt = threadIdx.x; kt < a.k_tiles; kt += blockDim.x) cursor[kt] = 0;
+  __syncthreads();
+  each_item([&](int64_t qt, int64_t kt, int type) {
+    const int64_t at = offsets[kt] + atomicAdd(&cursor[kt], 1);
+    if (at < offsets[kt + 1]) entries[at] = block_entry4(a, qt, type);
+  });
+  __syncthreads();
+  for (int kt = threadIdx.x; kt < a.k_tiles; kt += blockDim.x) {  // ascending query tiles
+    const int64_t e0 = offsets[kt], e1 = offsets[kt + 1];
+    for (int64_t e = e0 + 1; e < e1; ++e) {
+      const Entry4 v = entries[e];
+      int64_t i = e;
+      for (; i > e0 && entries[i - 1].x > v.x; --i) entries[i] = entries[i - 1];
+      entries[i] = v;
+    }
+  }
+}
+
 }  // namespace
+
+int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream) {
+  if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
+  block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(a, q_blocks);
+  return int(cudaGetLastError());
+}
 
 int launch_block_tiles(const BlockTileArgs& a, void* stream) {
   if (a.q_tiles == 0 || a.lists == 0) return int(cudaSuccess);

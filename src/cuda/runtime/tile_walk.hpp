@@ -118,12 +118,11 @@ SPATTN_HD int64_t load_index(const void* p, int bits, int64_t off) {
   return bits == 32 ? int64_t(static_cast<const int*>(p)[off]) : int64_t(static_cast<const long long*>(p)[off]);
 }
 
-// The entry type of key tile kt for query tile qt: -1 kFull, -2 kBand by the spec's band, -3 kBand over every pair (a
-// tile kept whole whose keys run past k_len: the kernels run full tiles unmasked), 0 none (out of range, or a partial
-// block the band misses).
-SPATTN_HD int block_entry(const BlockTileArgs& a, int qt, int64_t kt, bool full) {
+// The entry type of key tile kt for the query rows [q0, q1): -1 kFull, -2 kBand by the spec's band, -3 kBand over
+// every pair (a tile kept whole whose keys run past k_len: the kernels run full tiles unmasked), 0 none (out of range,
+// or a partial block the band misses).
+SPATTN_HD int block_entry(const BlockTileArgs& a, int64_t q0, int64_t q1, int64_t kt, bool full) {
   if (kt < 0 || kt >= a.k_tiles) return 0;
-  const int64_t q0 = int64_t(qt) * a.block_m, q1 = imin(q0 + a.block_m, int64_t(a.q_len));
   const int64_t k0 = kt * a.block_n, k1 = imin(k0 + a.block_n, int64_t(a.k_len));
   const bool whole = k1 - k0 == a.block_n;
   if (full || !a.band) return whole ? -1 : -3;
@@ -131,24 +130,32 @@ SPATTN_HD int block_entry(const BlockTileArgs& a, int qt, int64_t kt, bool full)
   return (whole && k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;
 }
 
-// Walks query tile qt's listed blocks of list (b', h'): partial, then full; f(kt, type) for each kept one.
+// The entry of tile `tile` (a key tile, or key-major a query tile) of block_entry's type.
+SPATTN_HD Entry4 block_entry4(const BlockTileArgs& a, int64_t tile, int type) {
+  return type == -3 ? Entry4{int(tile), -2, -(a.q_len + 1), a.k_len + 1} : Entry4{int(tile), type, a.lo, a.hi};
+}
+
+// How many blocks list (bb, hh) gives query block qb (full: the full list's), clamped to [0, its capacity].
+SPATTN_HD int64_t block_count(const BlockTileArgs& a, int bb, int hh, int qb, bool full) {
+  const void* num = full ? a.full_num : a.num;
+  if (!num) return 0;
+  const int64_t* ns = full ? a.full_num_s : a.num_s;
+  return imin(imax(load_index(num, full ? a.full_num_bits : a.num_bits, bb * ns[0] + hh * ns[1] + qb * ns[2]),
+                   int64_t(0)), int64_t(full ? a.full_cap : a.cap));
+}
+// Its j-th listed key block (as listed: block_entry drops indices out of range).
+SPATTN_HD int64_t block_index(const BlockTileArgs& a, int bb, int hh, int qb, bool full, int64_t j) {
+  const int64_t* is = full ? a.full_idx_s : a.idx_s;
+  return load_index(full ? a.full_idx : a.idx, full ? a.full_idx_bits : a.idx_bits,
+                    bb * is[0] + hh * is[1] + qb * is[2] + j * is[3]);
+}
+
+// f(kt, full) for each block listed for query block qb of list (bb, hh): partial, then full.
 template <class F>
-SPATTN_HD void each_block(const BlockTileArgs& a, int bb, int hh, int qt, F f) {
+SPATTN_HD void each_block(const BlockTileArgs& a, int bb, int hh, int qb, F f) {
   for (int full = 0; full < 2; ++full) {
-    const void* num = full ? a.full_num : a.num;
-    if (!num) continue;
-    const int64_t* ns = full ? a.full_num_s : a.num_s;
-    const int64_t* is = full ? a.full_idx_s : a.idx_s;
-    const int cap = full ? a.full_cap : a.cap;
-    const int64_t n = imin(imax(load_index(num, full ? a.full_num_bits : a.num_bits, bb * ns[0] + hh * ns[1] + qt * ns[2]),
-                              int64_t(0)), int64_t(cap));
-    const void* idx = full ? a.full_idx : a.idx;
-    const int64_t row = bb * is[0] + hh * is[1] + qt * is[2];
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t kt = load_index(idx, full ? a.full_idx_bits : a.idx_bits, row + j * is[3]);
-      const int type = block_entry(a, qt, kt, full);
-      if (type) f(kt, type);
-    }
+    const int64_t n = block_count(a, bb, hh, qb, full != 0);
+    for (int64_t j = 0; j < n; ++j) f(block_index(a, bb, hh, qb, full != 0, j), full != 0);
   }
 }
 
