@@ -235,7 +235,7 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
       }
 }
 
-TEST(RuntimeMaskGpu, BlocksAndTopkOnTheHostPath) {
+TEST(RuntimeMaskGpu, TopkBothPathsAndSmallBlocks) {
   REQUIRE_GPU();
   std::mt19937 rng(11);
   const auto p = problem(1, 4, 2, 640, 64);
@@ -281,8 +281,32 @@ TEST(RuntimeMaskGpu, BlocksAndTopkOnTheHostPath) {
   const auto topk = spattn::MaskLayout::topk_keys(K, "local(left=8, right=0)");
   const spattn::Plan tp = gpu_plan(topk, p);
   io.forward(tp, dtm);
+  EXPECT_EQ(tp.last_kernel().rfind("runtime_rows: ", 0), 0u) << tp.last_kernel();  // per kv head: the host path
   EXPECT_LT(io.error_vs_reference(topk, htm, &lse_err), 2e-2);
   EXPECT_LT(lse_err, 1e-3);
+  // Shared by the heads ([B, Lq, K], a batch of 2): the device path, forward and backward.
+  {
+    const auto p2 = problem(2, 4, 2, 777, 64);
+    Io io2(p2, 31);
+    std::vector<int32_t> t2(size_t(2 * p2.q_len * K));
+    for (size_t r = 0; r < t2.size() / K; ++r) {
+      std::vector<int32_t> keys(static_cast<size_t>(p2.kv_len));
+      std::iota(keys.begin(), keys.end(), 0);
+      std::shuffle(keys.begin(), keys.end(), rng);
+      for (int64_t j = 0; j < K; ++j) t2[r * K + size_t(j)] = j % 5 == 0 ? -1 : keys[size_t(j)];
+    }
+    Buf d2(t2.size() * 4);
+    ASSERT_EQ(cudaMemcpy(d2.p, t2.data(), t2.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    spattn::RuntimeMask dm2, hm2;
+    dm2.topk_indices = spattn::IndexView::of(static_cast<const int32_t*>(d2.p), {2, p2.q_len, K});
+    hm2.topk_indices = spattn::IndexView::of(t2.data(), {2, p2.q_len, K});
+    const spattn::Plan dp = gpu_plan(topk, p2);
+    io2.forward(dp, dm2);
+    EXPECT_EQ(dp.last_kernel().rfind("runtime_device: ", 0), 0u) << dp.last_kernel() << "\n" << dp.explain();
+    EXPECT_LT(io2.error_vs_reference(topk, hm2, &lse_err), 2e-2);
+    EXPECT_LT(lse_err, 1e-3);
+    io2.check_backward(dp, topk, dm2, hm2, true);
+  }
   // The checking mode reads the device tensors: a bad key names itself.
   tk[5] = 640;
   ASSERT_EQ(cudaMemcpy(dt.p, tk.data(), tk.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);

@@ -62,6 +62,33 @@ bool spec_band(const MaskLayout& layout, const Problem& pr, int* lo, int* hi, st
   return true;
 }
 
+// The problem and views of list l of a mask of nb x nh lists (batch nb > 1: one batch element; heads nh > 1: one
+// query head, its kv head for k-like views): q-like views are [B, L, Hq, .], k-like [B, L, Hkv, .], lse [B, Hq, L].
+struct ListViews {
+  Problem p;
+  std::vector<TensorView> q_like, k_like;
+  TensorView lse;
+};
+ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::vector<TensorView> q_like,
+                     std::vector<TensorView> k_like, TensorView lse) {
+  const int64_t b = l / nh, h = l % nh, group = pr.q_heads / pr.kv_heads;
+  ListViews out{pr, std::move(q_like), std::move(k_like), lse};
+  auto cut = [](TensorView& t, int axis, int64_t i) { t = t.data ? t.narrow(axis, i) : t; };
+  if (nb > 1) {
+    out.p.batch = 1;
+    for (TensorView& t : out.q_like) cut(t, 0, b);
+    for (TensorView& t : out.k_like) cut(t, 0, b);
+    cut(out.lse, 0, b);
+  }
+  if (nh > 1) {
+    out.p.q_heads = out.p.kv_heads = 1;
+    for (TensorView& t : out.q_like) cut(t, 2, h);
+    for (TensorView& t : out.k_like) cut(t, 2, h / group);
+    cut(out.lse, 1, h);
+  }
+  return out;
+}
+
 // The backward's key-major lists (64-row query tiles, 128-key tiles; `lists` of them, `capacity` entries and, where
 // `bitmasks`, as many transposed bitmasks) and the tile backward's scratch, where its sm_90a rows run (row < 0: not).
 struct KeyMajor {
@@ -98,6 +125,14 @@ struct KeyMajor {
     d.dq_acc = dq_acc.get<float>(), d.lse2 = lse2.get<float>(), d.delta = delta.get<float>();
     bool tma = false;
     last_row = cuda::TileBackward::launch(p, row, d, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
+  }
+  // launch() for every list of `views` (backward_lists'), in order.
+  void launch_all(const std::vector<ListViews>& views, Stream stream) const {
+    for (size_t l = 0; l < views.size(); ++l) {
+      const ListViews& w = views[l];
+      launch(w.p, int64_t(l), w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2], w.q_like[3],
+             w.k_like[2], w.k_like[3], stream);
+    }
   }
   std::string name() const { return last_row >= 0 ? kKernels[last_row].name : ""; }
 };
@@ -178,31 +213,38 @@ class DocumentRunner final : public DeviceMaskRunner {
   KeyMajor bwd_;
 };
 
-// The problem and views of list l of a mask of nb x nh lists (batch nb > 1: one batch element; heads nh > 1: one
-// query head, its kv head for k-like views): q-like views are [B, L, Hq, .], k-like [B, L, Hkv, .], lse [B, Hq, L].
-struct ListViews {
-  Problem p;
-  std::vector<TensorView> q_like, k_like;
-  TensorView lse;
-};
-ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::vector<TensorView> q_like,
-                     std::vector<TensorView> k_like, TensorView lse) {
-  const int64_t b = l / nh, h = l % nh, group = pr.q_heads / pr.kv_heads;
-  ListViews out{pr, std::move(q_like), std::move(k_like), lse};
-  auto cut = [](TensorView& t, int axis, int64_t i) { t = t.data ? t.narrow(axis, i) : t; };
-  if (nb > 1) {
-    out.p.batch = 1;
-    for (TensorView& t : out.q_like) cut(t, 0, b);
-    for (TensorView& t : out.k_like) cut(t, 0, b);
-    cut(out.lse, 0, b);
+// The fused forward's launches of the nb x nh lists of `plan` (each list's row offsets: its slice of the plan's).
+std::vector<FusedFwd::Params> list_launches(const DevicePlan& plan, const Problem& pr, int64_t nb, int64_t nh,
+                                            const TensorView& q, const TensorView& k, const TensorView& v,
+                                            const TensorView& o, const TensorView& lse, const char* what) {
+  std::vector<FusedFwd::Params> launches;
+  const int64_t rows = plan.host().q_tiles + 1;
+  for (int64_t l = 0; l < nb * nh; ++l) {
+    const ListViews w = list_views(pr, nb, nh, l, {q, o}, {k, v}, lse);
+    FusedFwd::Params params;
+    const auto st = FusedFwd::can_implement(
+        FusedFwd::Arguments{w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse}, plan, &params);
+    if (!st.ok) throw Error(std::string(what) + ": " + st.reason);
+    params.kernel.row_offsets = plan.row_offsets() + l * rows;
+    launches.push_back(params);
   }
-  if (nh > 1) {
-    out.p.q_heads = out.p.kv_heads = 1;
-    for (TensorView& t : out.q_like) cut(t, 2, h);
-    for (TensorView& t : out.k_like) cut(t, 2, h / group);
-    cut(out.lse, 1, h);
+  return launches;
+}
+
+// The backward's views of the nb x nh lists; empty where the tile backward refuses one (then the host path runs).
+std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh, const TensorView& q,
+                                      const TensorView& k, const TensorView& v, const TensorView& o,
+                                      const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                      const TensorView& dk, const TensorView& dv) {
+  std::vector<ListViews> views;
+  for (int64_t l = 0; l < nb * nh; ++l) {
+    views.push_back(list_views(pr, nb, nh, l, {q, o, dout, dq}, {k, v, dk, dv}, lse));
+    const ListViews& w = views.back();
+    if (!cuda::TileBackward::refusal(w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2],
+                                     w.q_like[3], w.k_like[2], w.k_like[3]).empty())
+      return {};
   }
-  return out;
+  return views;
 }
 
 // Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on
@@ -263,24 +305,14 @@ class BlockRunner final : public DeviceMaskRunner {
     // Heads of one kv-head group sum into its dK and dV inside one launch: per-head lists need groups of one.
     if (nh > 1 && pr.q_heads != pr.kv_heads) return false;
     const cuda::DeviceScope scope(device_);
-    std::vector<ListViews> views;
-    for (int64_t l = 0; l < nb * nh; ++l) {
-      views.push_back(list_views(pr, nb, nh, l, {q, o, dout, dq}, {k, v, dk, dv}, lse));
-      const ListViews& w = views.back();
-      if (!cuda::TileBackward::refusal(w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2],
-                                       w.q_like[3], w.k_like[2], w.k_like[3]).empty())
-        return false;
-    }
+    const std::vector<ListViews> views = backward_lists(pr, nb, nh, q, k, v, o, lse, dout, dq, dk, dv);
+    if (views.empty()) return false;
     a.block_m = 64;  // the backward's query tiles; the mask's blocks stay 128 x 128
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
     SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, stream)));
-    for (int64_t l = 0; l < nb * nh; ++l) {
-      const ListViews& w = views[size_t(l)];
-      bwd_.launch(w.p, l, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2], w.q_like[3],
-                  w.k_like[2], w.k_like[3], stream);
-    }
+    bwd_.launch_all(views, stream);
     return true;
   }
   std::string backward_kernel() const override { return bwd_.name(); }
@@ -293,16 +325,8 @@ class BlockRunner final : public DeviceMaskRunner {
     const Problem& pr = problem_;
     const cuda::DeviceScope scope(device_);
     // Every launch's parameters first (checks, tensor maps), then the lists' kernel and the launches.
-    std::vector<FusedFwd::Params> launches;
-    for (int64_t l = 0; l < nb * nh; ++l) {
-      const ListViews w = list_views(pr, nb, nh, l, {q, o}, {k, v}, lse);
-      FusedFwd::Params params;
-      const auto st = FusedFwd::can_implement(
-          FusedFwd::Arguments{w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse}, *plan_, &params);
-      if (!st.ok) throw Error("run-time block mask: " + st.reason);
-      params.kernel.row_offsets = plan_->row_offsets() + l * (args_.q_tiles + 1);
-      launches.push_back(params);
-    }
+    const std::vector<FusedFwd::Params> launches =
+        list_launches(*plan_, pr, nb, nh, q, k, v, o, lse, "run-time block mask");
     SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_tiles(a, stream)));
     for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
     return true;
@@ -325,6 +349,89 @@ class BlockRunner final : public DeviceMaskRunner {
   KeyMajor bwd_;
 };
 
+// Top-k keys: every tile's bitmask set by the pairs on the device (a list a batch element, the heads sharing it), the
+// flagged tiles listed; the fused forward a launch a list; the backward from transposed bitmasks set likewise.
+class TopkRunner final : public DeviceMaskRunner {
+ public:
+  TopkRunner(const Problem& pr, int device, int64_t K, bool band, int lo, int hi)
+      : problem_(pr), device_(device), topk_(K),
+        bwd_(pr, device, pr.batch, pr.batch * ((pr.kv_len + 127) / 128) * ((pr.q_len + 63) / 64), true) {
+    const cuda::DeviceScope scope(device);
+    const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
+    plan_ = upload(skeleton(pr, pr.batch, pr.batch * qt * kt, true), pr, device);
+    flags_ = cuda::DeviceBuffer(size_t(pr.batch * qt * kt), "run-time top-k flags");
+    if (bwd_.row >= 0) key_flags_ = cuda::DeviceBuffer(size_t(pr.batch * kt * bwd_.q_tiles), "run-time top-k flags");
+    args_.topk = int(K), args_.lists = int(pr.batch);
+    args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
+    args_.band = band ? 1 : 0, args_.lo = lo, args_.hi = hi;
+    args_.q_tiles = int(qt), args_.k_tiles = int(kt), args_.q_tiles64 = int((pr.q_len + 63) / 64);
+  }
+
+  // The call's indices into a copy of args_ (masks and lists unset); false where the device path does not take them.
+  bool read_mask(const RuntimeMask& mask, cuda::runtime::TopkTileArgs& a) const {
+    const IndexView& t = mask.topk_indices;
+    const Problem& pr = problem_;
+    if (!t.present() || (t.ndim != 3 && !(t.ndim == 4 && t.shape[2] == 1)) || t.shape[0] != pr.batch ||
+        t.shape[1] != pr.q_len || t.shape[size_t(t.ndim - 1)] != topk_)
+      return false;
+    a = args_;
+    a.idx = t.data, a.idx_bits = t.bits;
+    a.idx_s[0] = t.stride[0], a.idx_s[1] = t.stride[1], a.idx_s[2] = t.stride[size_t(t.ndim - 1)];
+    return true;
+  }
+
+  bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
+    cuda::runtime::TopkTileArgs a;
+    if (!read_mask(mask, a)) return false;
+    const cuda::DeviceScope scope(device_);
+    const std::vector<FusedFwd::Params> launches =
+        list_launches(*plan_, problem_, problem_.batch, 1, q, k, v, o, lse, "run-time top-k keys");
+    a.masks = const_cast<unsigned long long*>(plan_->masks());
+    a.flags = flags_.get<unsigned char>();
+    a.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
+    a.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(a, stream)));
+    for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
+    return true;
+  }
+
+  bool backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
+    cuda::runtime::TopkTileArgs a;
+    if (bwd_.row < 0 || !read_mask(mask, a)) return false;
+    const cuda::DeviceScope scope(device_);
+    const std::vector<ListViews> views =
+        backward_lists(problem_, problem_.batch, 1, q, k, v, o, lse, dout, dq, dk, dv);
+    if (views.empty()) return false;
+    a.key_masks = bwd_.masks.get<unsigned long long>();
+    a.key_flags = key_flags_.get<unsigned char>();
+    a.key_offsets = bwd_.offsets.get<int64_t>();
+    a.key_entries = bwd_.entries.get<int>();
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(a, stream)));
+    bwd_.launch_all(views, stream);
+    return true;
+  }
+  std::string backward_kernel() const override { return bwd_.name(); }
+  std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
+  std::string explain() const override {
+    return "device bitmasks of top-" + std::to_string(topk_) + " keys (every 128 x 128 tile's bits set by the pairs, " +
+           "the tiles holding any listed as entries, a list a batch element), kernel " + kernel() + "; backward " +
+           (bwd_.row >= 0 ? std::string("from transposed bitmasks set likewise, ") + kKernels[bwd_.row].name
+                          : std::string("on the host path (no sm_90a device)"));
+  }
+
+ private:
+  Problem problem_;
+  int device_;
+  int64_t topk_;
+  KeyMajor bwd_;
+  std::unique_ptr<DevicePlan> plan_;
+  cuda::DeviceBuffer flags_, key_flags_;
+  cuda::runtime::TopkTileArgs args_;
+};
+
 }  // namespace
 
 std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layout, const Problem& pr, int device,
@@ -334,11 +441,17 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     if (why) *why = std::move(reason);
     return nullptr;
   };
-  if (layout.kind == MaskKind::topk) return refuse("top-k keys run on the host path so far");
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) return refuse("dtype " + std::string(dtype_name(pr.dtype)));
   if ((pr.head_dim != 64 && pr.head_dim != 128) || pr.dv() != pr.head_dim) return refuse("head dim");
   int lo = 0, hi = 0;
   if (!spec_band(layout, pr, &lo, &hi, &r)) return refuse(r);
+  if (layout.kind == MaskKind::topk) {
+    const int64_t tiles = pr.batch * ((pr.q_len + 127) / 128) * ((pr.kv_len + 127) / 128);
+    if (tiles * 2 * 2048 > (int64_t(1) << 31))  // forward and transposed bitmasks, 2 KiB a tile each
+      return refuse("its bitmasks (" + std::to_string(tiles * 4096 >> 20) + " MiB) are past 2 GiB");
+    if (!layout.spec.empty() && int64_t(hi) - lo > 8192) return refuse("a spec band wider than 8192 keys");
+    return std::make_unique<TopkRunner>(pr, device, layout.topk, !layout.spec.empty(), lo, hi);
+  }
   if (layout.kind == MaskKind::blocks) {
     if (layout.q_block != 128 || layout.k_block != 128) return refuse("blocks other than 128 x 128");
     const int64_t bytes = pr.batch * pr.q_heads * ((pr.q_len + 127) / 128) * ((pr.kv_len + 127) / 128) * 16;

@@ -159,7 +159,70 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
   }
 }
 
+// ---- top-k keys ----
+// A CTA a (list, query row): its K listed keys and its band's keys set their bits (atomicOr: rows of a tile share words).
+__global__ void __launch_bounds__(kMaskThreads) topk_scatter(TopkTileArgs a) {
+  const int64_t l = blockIdx.y, q = blockIdx.x;
+  const int64_t band_n = a.band ? int64_t(a.hi) - a.lo + 1 : 0;
+  for (int64_t j = threadIdx.x; j < a.topk + band_n; j += blockDim.x) {
+    const int64_t k = j < a.topk ? load_index(a.idx, a.idx_bits, l * a.idx_s[0] + q * a.idx_s[1] + j * a.idx_s[2])
+                                 : q + a.lo + (j - a.topk);
+    if (k < 0 || k >= a.k_len) continue;
+    const int64_t qt = q / 128, kt = k / 128, bit = (q % 128) * 128 + k % 128;
+    if (a.masks) {
+      const int64_t t = (l * a.q_tiles + qt) * a.k_tiles + kt;
+      atomicOr(a.masks + t * 256 + bit / 64, 1ull << (bit % 64));
+      a.flags[t] = 1;
+    }
+    if (a.key_masks) {
+      const int64_t u = (l * a.k_tiles + kt) * a.q_tiles64 + q / 64;
+      atomicOr(a.key_masks + u * 128 + k % 128, 1ull << (q % 64));
+      a.key_flags[u] = 1;
+    }
+  }
+}
+
+// A CTA a list: the flagged tiles of each row of `rows` tiles of `cols` flags, as bitmask entries of their own index.
+__global__ void __launch_bounds__(kListThreads) flagged_lists(const unsigned char* flags, int rows, int cols,
+                                                              int64_t* offsets, int* entries) {
+  const int64_t l = blockIdx.x, base = l * rows * cols;
+  const unsigned char* f = flags + base;
+  Entry4* e = reinterpret_cast<Entry4*>(entries);
+  scan_lists(
+      rows, base, int64_t(rows) * cols, offsets + l * (rows + 1),
+      [&](int r) {
+        int64_t n = 0;
+        for (int c = 0; c < cols; ++c) n += f[int64_t(r) * cols + c];
+        return n;
+      },
+      [&](int r, int64_t at, int64_t) {
+        for (int c = 0; c < cols; ++c)
+          if (f[int64_t(r) * cols + c]) e[at++] = Entry4{c, int(base + int64_t(r) * cols + c), 0, 0};
+      });
+}
+
 }  // namespace
+
+int launch_topk_tiles(const TopkTileArgs& a, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.q_len == 0 || a.lists == 0) return int(cudaSuccess);
+  const size_t tiles = size_t(a.lists) * a.q_tiles * a.k_tiles, key_tiles = size_t(a.lists) * a.k_tiles * a.q_tiles64;
+  cudaError_t e = cudaSuccess;
+  if (a.masks) e = cudaMemsetAsync(a.masks, 0, tiles * 256 * 8, s);
+  if (e == cudaSuccess && a.masks) e = cudaMemsetAsync(a.flags, 0, tiles, s);
+  if (e == cudaSuccess && a.key_masks) e = cudaMemsetAsync(a.key_masks, 0, key_tiles * 128 * 8, s);
+  if (e == cudaSuccess && a.key_masks) e = cudaMemsetAsync(a.key_flags, 0, key_tiles, s);
+  if (e != cudaSuccess) return int(e);
+  topk_scatter<<<dim3(unsigned(a.q_len), unsigned(a.lists)), kMaskThreads, 0, s>>>(a);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  if (a.masks) {
+    flagged_lists<<<a.lists, kListThreads, 0, s>>>(a.flags, a.q_tiles, a.k_tiles, a.row_offsets, a.entries);
+    if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  }
+  if (a.key_masks)
+    flagged_lists<<<a.lists, kListThreads, 0, s>>>(a.key_flags, a.k_tiles, a.q_tiles64, a.key_offsets, a.key_entries);
+  return int(cudaGetLastError());
+}
 
 int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream) {
   if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);

@@ -74,4 +74,33 @@ int launch_block_tiles(const BlockTileArgs& a, void* stream);
 // row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row query tiles x k_tiles.
 int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream);
 
+// Top-k keys (TopkTileArgs): one list a batch element (topk_indices [B, Lq, K], shared by the heads). Every pair (q, k)
+// the row lists (or the spec's band keeps, lo <= k - q <= hi) sets its bit in the forward bitmask of tile (q / 128,
+// k / 128) (row-major, 128 x 128) and in the backward's transposed bitmask of tile (k / 128, q / 64) (word k % 128, bit
+// q % 64), and flags both tiles; the lists then hold the flagged tiles, ascending, each a bitmask entry whose index is
+// the tile's own (every possible tile has a bitmask: q_tiles x k_tiles of them a list). A key listed twice sets one bit.
+struct TopkTileArgs {
+  const void* idx = nullptr;  // [B, Lq, K] (strides idx_s), bits 32 or 64; -1 (any negative) or >= k_len: ignored
+  int idx_bits = 32;
+  int64_t idx_s[3] = {0, 0, 0};
+  int topk = 0;
+  int lists = 1;  // B
+  int q_len = 0, k_len = 0;
+  int band = 0, lo = 0, hi = 0;  // band != 0: the spec's keys too
+  int q_tiles = 0, k_tiles = 0, q_tiles64 = 0;  // 128-row tiles (forward), 128-key tiles, 64-row tiles (backward)
+  unsigned long long* masks = nullptr;  // forward: lists x q_tiles x k_tiles bitmasks of 256 words
+  unsigned long long* key_masks = nullptr;  // backward: lists x k_tiles x q_tiles64 bitmasks of 128 words (may be null)
+  unsigned char* flags = nullptr;      // forward tiles' flags, lists x q_tiles x k_tiles
+  unsigned char* key_flags = nullptr;  // backward's, lists x k_tiles x q_tiles64
+  int64_t* row_offsets = nullptr;      // lists x (q_tiles + 1)
+  int* entries = nullptr;              // lists x q_tiles x k_tiles
+  int64_t* key_offsets = nullptr;      // lists x (k_tiles + 1)
+  int* key_entries = nullptr;          // lists x k_tiles x q_tiles64
+};
+
+// Clears the bitmasks and flags, sets the pairs' bits and writes the lists: the forward's where masks is set, the
+// backward's where key_masks is set (each pass writes its own: another call's forward may run between the two).
+// Returns the launches' cudaError_t.
+int launch_topk_tiles(const TopkTileArgs& a, void* stream);
+
 }  // namespace spattn::cuda::runtime
