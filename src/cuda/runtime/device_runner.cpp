@@ -35,8 +35,10 @@ BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks
   hp.row_offsets.assign(size_t(lists * (hp.q_tiles + 1)), 0);
   hp.entries.assign(size_t(entries), TileEntry{0, kFull, 0, 0});
   if (masks) hp.masks.resize(size_t(entries * hp.words_per_mask()));  // left uninitialised: written before they are read
+  // Work order: the last query tiles first (causal and banded masks give the later rows more keys; the lists are not
+  // known here to order them longest first).
   hp.order.resize(size_t(hp.q_tiles));
-  std::iota(hp.order.begin(), hp.order.end(), 0);
+  std::iota(hp.order.rbegin(), hp.order.rend(), 0);
   return hp;
 }
 
