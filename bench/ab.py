@@ -52,7 +52,9 @@ class Build:
     def plan(self, spec, B, H, L, D):
         h = vp()
         if self.plan_api:
-            self.check(self.lib.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, b"", ctypes.byref(h)),
+            # The scale given explicitly: builds before the optional scale read 0 as the default, later ones NaN.
+            self.check(self.lib.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 1 / math.sqrt(D), b"",
+                                                   ctypes.byref(h)),
                        spec)
             name = self.lib.spattn_plan_kernel(h).decode()
         else:

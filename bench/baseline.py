@@ -57,8 +57,9 @@ def with_meta(text, block):
 
 def kind(doc):
     """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu), backward
-    (bench/bwd_bench.py) or tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one)."""
-    if doc.get("kind") in ("backward", "tsvd"):
+    (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one) or
+    model (bench/model_bench.py)."""
+    if doc.get("kind") in ("backward", "tsvd", "model"):
         return doc["kind"]
     if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
         return "tsvd"
@@ -283,7 +284,26 @@ def plot_tsvd(doc, png):
             png, fontsize=8)
 
 
-PLOTS = {"fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
+def plot_model(doc, png):
+    """bench/model_bench.py: spattn's training-step speedup over each other backend against the sequence length."""
+    plt = _pyplot()
+    rows, c = doc["rows"], doc["config"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    others = [b for b in ("flex_attention", "fa4", "sdpa_causal") if any(b in r["step_ms"] for r in rows)]
+    for b in others:
+        pts = [(r["seq_len"], r["step_ms"][b] / r["step_ms"]["spattn"]) for r in rows
+               if b in r["step_ms"] and "spattn" in r["step_ms"]]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"x {b}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length (tokens, batch 1)")
+    ax.set_ylabel("spattn step speedup (their ms / ours)")
+    _finish(plt, fig, ax, f"{doc['machine']['gpu']}: {c['layers']}-layer decoder, width {c['width']}, GQA "
+            f"{c['heads']}/{c['kv_heads']}, window {c['window']}, {c['dtype']}", png, fontsize=8)
+
+
+PLOTS = {"model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
 
 
 def plot(doc, png):

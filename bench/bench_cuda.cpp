@@ -1,5 +1,5 @@
 // `spattn bench --device cuda`: the Multigrain kernels (spattn:sddmm, spattn:spmm, spattn:unfused) beside
-// cuSPARSE's SDDMM and SpMM (CSR, same inputs, same run), rows as BENCH.md defines them.
+// cuSPARSE's SDDMM and SpMM (CSR, same inputs, same run), rows as docs/BENCHMARKS.md defines them.
 //
 //   spattn bench --device cuda [--suite standard | --pattern SPEC] [--len 4096] [--batch 2] [--heads 16]
 //                [--dim 64] [--dtype bf16] [--reps 30] [--block 32] [--json FILE] [--no-cusparse]
@@ -8,18 +8,18 @@
 // Outputs are poisoned (NaN bytes) before the timed calls; rel_err is measured after them, against fp64 on
 // the host, on two (b, h) pairs (first and last): SDDMM and SpMM on every 8th row, the whole attention
 // against cpu::reference_attention on every row of those heads.
-#include "bench/bench_cuda.hpp"
+#include "bench/bench.hpp"
 
 #include "spattn/config.hpp"
 
 #if !SPATTN_HAVE_CUDA
 #include <cstdio>
-namespace spattn::tools {
+namespace spattn::bench {
 int bench_cuda_main(int, char**) {
   std::fprintf(stderr, "spattn: this build has no CUDA support (rebuild with SPATTN_CUDA=ON)\n");
   return 2;
 }
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 #else
 
 #include <cuda_runtime.h>
@@ -38,7 +38,7 @@ int bench_cuda_main(int, char**) {
 #include <string>
 #include <vector>
 
-#include "cuda/unfused/cusparse_baseline.hpp"
+#include "bench/cusparse_baseline.hpp"
 #include "spattn/error.hpp"
 #include "spattn/format.hpp"
 #include "cuda/unfused/unfused.hpp"
@@ -46,7 +46,7 @@ int bench_cuda_main(int, char**) {
 #include "spattn/reference.hpp"
 #include "spattn/tensor.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
 namespace {
 
 namespace mg = spattn::unfused;
@@ -125,7 +125,9 @@ struct Case {
   std::string name, spec;
 };
 
-std::vector<Case> standard_suite(int64_t L) {
+// The standard suite as the unfused bench runs it: standard_suite (bench_cpu.cpp) but for random's keys a row,
+// (L + 19) / 20 here.
+std::vector<Case> cuda_suite(int64_t L) {
   std::vector<Case> s = {{"local", "local(256)"},
                          {"longformer", "longformer(256, 32)"},
                          {"bigbird", "bigbird(64, 1, 2, 3, seed=0)"},
@@ -251,7 +253,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   mg::Options opt;
   opt.block = A.block;
   const auto t0 = std::chrono::steady_clock::now();
-  const mg::Plan plan = mg::Plan::build(bound, pr, opt);
+  const mg::UnfusedPlan plan = mg::UnfusedPlan::build(bound, pr, opt);
   ck(cudaDeviceSynchronize(), "plan");
   const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const mg::Split& sp = plan.split();
@@ -398,7 +400,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
     }
     return e.rel();
   };
-  auto attention_row = [&](const char* impl, const mg::Plan& pl, mg::SparseValues pv, void* wsp) {
+  auto attention_row = [&](const char* impl, const mg::UnfusedPlan& pl, mg::SparseValues pv, void* wsp) {
     ck(cudaMemsetAsync(o.p, 0xff, o.bytes, st), "poison");
     ck(cudaMemsetAsync(lse.p, 0xff, lse.bytes, st), "poison");
     Row r = base_row(impl);
@@ -419,7 +421,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   if (plan.has_fine() && plan.attention_workspace_size(false) == 0) {
     mg::Options o2 = opt;
     o2.fused_fine_attention = false;
-    const mg::Plan plan2 = mg::Plan::build(bound, pr, o2);
+    const mg::UnfusedPlan plan2 = mg::UnfusedPlan::build(bound, pr, o2);
     DevBuf aws2(size_t(plan2.attention_workspace_size(false)));
     split_ms = attention_row("spattn:unfused_split", plan2, {}, aws2.p).ms;
   }
@@ -433,7 +435,7 @@ void run_case(const Args& A, const Case& c, DType dt, const std::string& gpu, st
   if (A.cusparse) {
     try {
       const Csr csr = make_csr(bound);
-      mg::CusparseBaseline cs(csr, pr, q.p, k.p, v.p);
+      CusparseBaseline cs(csr, pr, q.p, k.p, v.p);
       Row a = base_row("cusparse_sddmm");
       a.ms = time_ms([&] { cs.sddmm(st); }, A.reps, st);
       a.eff_tflops = flops2 / (a.ms * 1e9);
@@ -541,7 +543,7 @@ int bench_cuda_main(int argc, char** argv) {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  std::vector<Case> cases = A.pattern.empty() ? standard_suite(A.len) : std::vector<Case>{{"custom", A.pattern}};
+  std::vector<Case> cases = A.pattern.empty() ? cuda_suite(A.len) : std::vector<Case>{{"custom", A.pattern}};
   std::vector<Row> rows;
   std::fprintf(stderr, "spattn bench --device cuda: %s, %zu case(s), B %lld, H %lld, L %lld, D %lld, %s, %d reps\n",
                prop.name, cases.size(), (long long)A.batch, (long long)A.heads, (long long)A.len, (long long)A.dim,
@@ -565,6 +567,6 @@ int bench_cuda_main(int argc, char** argv) {
   return failures ? 1 : 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 
 #endif  // SPATTN_HAVE_CUDA

@@ -100,7 +100,7 @@ def main():
                 for kern in kernels:
                     h = vp()
                     opts = ",".join(x for x in (f"backward_kernel={kern}" if kern else "", args.options) if x)
-                    ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, 0.0, opts.encode(),
+                    ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, float("nan"), opts.encode(),
                                              ctypes.byref(h)), spec)
                     hs.append(h)
                 ok(L_.spattn_plan_forward(hs[0], q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),

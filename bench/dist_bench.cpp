@@ -20,11 +20,12 @@
 #include "cuda/common/check.hpp"
 #endif
 
+#include "bench/bench.hpp"
+#include "common/args.hpp"
 #include "spattn/distributed.hpp"
-#include "tools/args.hpp"
-#include "tools/commands.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
+using common::Args;
 
 namespace {
 
@@ -327,4 +328,4 @@ int dist_bench_main(int argc, char** argv) {
   return within && err <= 1e-4 ? 0 : 1;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench

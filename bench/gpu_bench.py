@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU benchmark of spattn's fused block-sparse attention against FlexAttention and SDPA, in one process.
 
-For each suite case of BENCH.md (bf16, B=2, H=16, D=64; dense and causal also D=128) and each length it times
+For each suite case of docs/BENCHMARKS.md (bf16, B=2, H=16, D=64; dense and causal also D=128) and each length it times
   spattn            our fused kernel (libspattn.so through ctypes, on torch tensors' device pointers)
   flex_attention    torch.compile(flex_attention) with create_block_mask of the same pattern
   sdpa_flash        dense SDPA, flash backend   (the dense anchors, timed once per (L, D))
@@ -11,10 +11,10 @@ and Flex's calls alternate (time_paired), so that both run in the same GPU state
 timed runs) and Flex's are checked against an fp32 torch reference on sampled query rows of two heads, with the
 mask taken from the library's own row enumeration (spattn_pattern_mask), so a wrong mask_mod shows up too.
 
-Writes {"meta": ..., "machine": ..., "command": ..., "rows": [...]} (fields of BENCH.md; meta: commit, date,
+Writes {"meta": ..., "machine": ..., "command": ..., "rows": [...]} (fields of docs/BENCHMARKS.md; meta: commit, date,
 command) and a PNG plot beside it if matplotlib is there (bench/baseline.py draws it), and prints one table: our
 eff TFLOP/s, Flex's, ratio, dense cuDNN's. --baseline NAME writes them as bench/baselines/NAME.{json,png} (the
-README's tables come from there: bench/tables.py), besides --out if that is given too.
+the tables of docs/RESULTS.md and README.md come from there: bench/tables.py), besides --out if that is given too.
 
   python3 bench/gpu_bench.py --lib build/libspattn.so --out out/h100.json
   python3 bench/gpu_bench.py --lib build/libspattn.so --baseline h100-fused     # see bench/README.md
@@ -98,7 +98,7 @@ class Fused:
         h = ctypes.c_void_p()
         t0 = time.perf_counter()
         lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0 if dtype == torch.bfloat16 else 1, B, H, H, L, L, D,
-                                             0.0, ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
+                                             float("nan"), ",".join(opts).encode(), ctypes.byref(h)), f"plan {spec}")
         self.plan_ms = (time.perf_counter() - t0) * 1e3
         self.h = h
         info = (ctypes.c_int64 * 4)()
@@ -351,7 +351,7 @@ def main():
     USE_GRAPHS = not args.no_graph
     PROBLEM.update(batch=args.batch, heads=args.heads)
     t_start = time.time()
-    assert args.reps >= 20, "BENCH.md: median of at least 20"
+    assert args.reps >= 20, "docs/BENCHMARKS.md: median of at least 20"
 
     lib = Lib(args.lib)
     if args.probe:

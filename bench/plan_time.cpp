@@ -1,10 +1,9 @@
 // `spattn bench --plan-time`: the host side of make_plan for the fused GPU engine, stage by stage, on the CPU (no GPU
-// needed). It runs the calls src/cuda/fused/backend.cpp makes on an sm_90a device at head dim 64 with default options
-// (analysis, the compound split with the band kernel, each tile part's analysis and block plan choice for the sm_90a
-// rows) and those of the backward's first call (src/cuda/backward: the sm90_bwd row's block plan, turned key-major),
-// and prints each stage's median over --reps runs. What it leaves out: the uploads and the device allocations
-// (Plan::explain on the GPU prints those), random rows the device draws (cuda/fused/random_rows.hpp: "drawn"), and the
-// kernel choice (cuda/fused/fused_fwd.cpp: O(query tiles)).
+// needed). It runs the planner's decision for an sm_90a device with default options (plan/gpu/launch.hpp,
+// decide_pattern: analysis, the compound split, each tile part's analysis, block plan choice and build, the kernel
+// rows) and the backward's first call's plan (backward_tiles, turned key-major), and prints each stage's median over
+// --reps runs. What it leaves out: the uploads and the device allocations (Plan::explain on the GPU prints those) and
+// random rows the device draws (cuda/fused/random_rows.hpp: "drawn").
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,16 +12,18 @@
 #include <vector>
 
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
-#include "tools/args.hpp"
-#include "tools/commands.hpp"
+#include "common/args.hpp"
+#include "bench/bench.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
+using common::Args;
 namespace {
 
 const char* kPlanTimeUsage =
@@ -48,32 +49,26 @@ struct Stages {
   double forward() const { return analyse + split + part_analyses + choose + build; }
 };
 
-// What backend.cpp's CudaFusedBackend, compound.cpp and fused_attention.cpp run on the host for one pattern, and
-// tile_backward.cu at the first backward call. `kernels`: the chosen plans' shapes, for the report.
+// What the fused engine's make_plan runs on the host for one pattern (plan::decide_pattern, the planner's decision
+// on an sm_90a device with default options) and its first backward call (plan::backward_tiles, turned key-major).
+// `kernels`: the chosen plans' rows and shapes, for the report.
 Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
   Stages s;
   auto t0 = std::chrono::steady_clock::now();
   const plan::Analysis an = plan::analyze(pat);
   s.analyse = since(t0);
-  t0 = std::chrono::steady_clock::now();
-  const plan::Split split = plan::split_pattern(pat, an, -1, plan::SplitTarget{true, true});
-  s.split = since(t0);
+  const plan::PatternDecision d = plan::decide_pattern(pat, an, dim, plan::GpuTarget{90, 132}, PlanOptions{});
+  s.split = d.split.ms;
   kernels->clear();
-  for (const plan::Part& part : split.parts) {
-    if (part.kind == plan::PartKind::scattered) {  // a CSR kernel: its rows are the split's (or the device's)
+  for (size_t i = 0; i < d.split.parts.size(); ++i) {
+    const plan::Part& part = d.split.parts[i];
+    if (!d.launches[i]) {  // a scattered part: a CSR kernel, its rows the split's (or the device's)
       *kernels += (kernels->empty() ? "" : " + ") + std::string(part.drawn.r > 0 ? "scattered csr drawn" : "scattered csr");
       continue;
     }
-    // A compound plan's parts are analysed by FusedAttention (no analysis passed); one tile list takes make_plan's
-    // (or, where the split analysed a part, the split's analysis).
-    plan::Analysis own;
-    if (split.compound() && !part.analysis) {
-      t0 = std::chrono::steady_clock::now();
-      own = plan::analyze(part.pattern);
-      s.part_analyses += since(t0);
-    }
-    const plan::Analysis& pa = !split.compound() ? an : part.analysis ? *part.analysis : own;
-    const plan::BlockPlan bp = plan::choose_block_plan(part.pattern, pa, dim, 0, 0, -1, /*tma=*/true, -1, /*device_draw=*/true);
+    const plan::LaunchDecision& l = *d.launches[i];
+    const plan::BlockPlan& bp = l.tiles;
+    s.part_analyses += l.analysis_ms;
     s.choose += bp.choice_ms;
     s.build += bp.build_ms - bp.choice_ms;
     *kernels += (kernels->empty() ? "" : " + ") + std::string(plan::part_kind_name(part.kind)) + " " +
@@ -82,9 +77,9 @@ Stages plan_once(const BoundPattern& pat, int64_t dim, std::string* kernels) {
                 (bp.band ? " band" : "") + (bp.masks_drawn() ? " drawn" : "");
   }
   t0 = std::chrono::steady_clock::now();
-  const int row = plan::choose_backward_row(an, dim);
+  const int row = plan::backward_row(plan::backward_choice("", dim), an, dim);
   if (row >= 0) {
-    const plan::BlockPlan bp = plan::choose_block_plan(pat, an, dim, 64, plan::kKernels[row].block_n, -1, false, 0);
+    const plan::BlockPlan bp = plan::backward_tiles(pat, an, dim, row);
     const plan::KeyMajorPlan km = plan::key_major(bp);
     s.backward = since(t0);
     if (km.k_tiles != bp.k_tiles) throw Error("plan time: the key-major plan lost key tiles");
@@ -175,4 +170,4 @@ int bench_plan_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""README result tables from bench/baselines/*.json (standard library only).
+"""Result tables from bench/baselines/*.json (standard library only).
 
-README.md holds one block per baseline between marker comments:
+docs/RESULTS.md holds one block per baseline, and README.md a short summary of one, between marker comments:
 
-  <!-- tables:NAME -->
+  <!-- tables:NAME -->            (or <!-- tables:summary.NAME -->: the summary of a fused-attention baseline)
   (generated from bench/baselines/NAME.json; not edited by hand)
   <!-- /tables:NAME -->
 
   python3 bench/tables.py            # print every baseline's block
-  python3 bench/tables.py --write    # rewrite the blocks in README.md
+  python3 bench/tables.py --write    # rewrite the blocks in README.md and docs/RESULTS.md
   python3 bench/tables.py --check    # exit 1 if a block differs from what its baseline gives (or has no baseline)
 
 Effective rates count only the kept scores (4 * nnz * D * B * H / time); ratios are of unrounded figures.
@@ -45,11 +45,16 @@ def rule(n):
     return "|" + "---|" * n
 
 
+# The repository root as the document being filled reaches it ("" for README.md, "../" for docs/*.md): the
+# captions' links resolve from either.
+UP = ""
+
+
 def caption(name, doc, what):
     m = doc.get("meta", {})
     made = f"commit {m['commit']}, {m['date'][:10]}; " if m else ""
-    return (f"{what}; {made}[{name}.json](bench/baselines/{name}.json), "
-            f"[plot](bench/baselines/{name}.png):")
+    return (f"{what}; {made}[{name}.json]({UP}bench/baselines/{name}.json), "
+            f"[plot]({UP}bench/baselines/{name}.png):")
 
 
 def fused(name, doc):
@@ -95,6 +100,26 @@ def fused(name, doc):
                  f"{d128:.1f} ({d128 / c128:.2f} of cuDNN, {c128:.1f}); causal D=128 {cz:.1f} ({cz / cf:.2f}x "
                  f"FlexAttention). ")
     return out + ["", f"{dense}Relative error vs the reference <= {e(err)}."]
+
+
+def summary(name, doc):
+    """The longest length's patterns: ours and FlexAttention in effective TFLOP/s and the ratio, one row each."""
+    rows = doc["rows"]
+    ix = index(rows)
+    r0 = rows[0]
+    Lmax = max(L for _p, L, _D in cases(rows, "spattn"))
+    out = [f"{doc['machine']['gpu']}, {r0['dtype']}, B={r0['B']}, H={r0['Hq']}, D=64, L={Lmax}, effective TFLOP/s "
+           f"([{name}.json]({UP}bench/baselines/{name}.json)):", "",
+           row(["pattern", "spattn", "FlexAttention", "spattn / Flex"]), rule(4)]
+    for p, L, D in cases(rows, "spattn"):
+        o, f = ix.get(("spattn", p, L, D)), ix.get(("flex_attention", p, L, D))
+        if L != Lmax or D != 64 or not (o and f and o["eff_tflops"] and f["eff_tflops"]):
+            continue
+        out.append(row([p, f"{o['eff_tflops']:.1f}", f"{f['eff_tflops']:.1f}", f"{o['eff_tflops'] / f['eff_tflops']:.2f}x"]))
+    cudnn = ix.get(("sdpa_cudnn", "dense", Lmax, 64))
+    if cudnn and cudnn["eff_tflops"]:
+        out += ["", f"The dense anchor, cuDNN SDPA over all L^2 scores at L={Lmax}: {cudnn['eff_tflops']:.1f} TFLOP/s."]
+    return out
 
 
 def unfused(name, doc):
@@ -203,23 +228,61 @@ def tsvd(name, doc):
                       f"x dense above 1 at M = 1 and ratio >= 4. Met by auto in {met} of {judged} cases{not_met}."]
 
 
-TABLES = {"fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+def model(name, doc):
+    """bench/model_bench.py: step ms per backend and length, spattn's ratios, attention's share; the issue's bar."""
+    c, rows = doc["config"], doc["rows"]
+    names = [b for b in ("spattn", "flex_attention", "fa4", "sdpa_causal") if any(b in r["step_ms"] for r in rows)]
+    ms = lambda r, b: f"{r['step_ms'][b]:.1f}" if b in r["step_ms"] else ""  # noqa: E731
+    x = lambda r, b: (f"{r['step_ms'][b] / r['step_ms']['spattn']:.2f}x" if b in r["step_ms"]  # noqa: E731
+                      and "spattn" in r["step_ms"] else "")
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, {c['dtype']}, batch 1: a {c['layers']}-layer decoder's "
+                              f"training step (width {c['width']}, GQA {c['heads']}/{c['kv_heads']}, D {c['head_dim']}, "
+                              f"SwiGLU {c['ffn']}, `{c['pattern']}` in every layer; SDPA: dense causal)"), "",
+           row(["tokens"] + [f"{b} ms" for b in names] + [f"spattn x {b}" for b in names[1:]]
+               + ["attention fwd+bwd ms/layer (spattn, Flex)", "attention share (spattn)"]),
+           rule(1 + 2 * len(names) - 1 + 2)]
+    for r in rows:
+        att = " / ".join(f"{r['attn_ms'][b]:.2f}" for b in ("spattn", "flex_attention") if b in r["attn_ms"])
+        sh = r["attn_share"].get("spattn")
+        out.append(row([str(r["seq_len"])] + [ms(r, b) for b in names] + [x(r, b) for b in names[1:]]
+                       + [att, f"{100 * sh:.0f}%" if sh else ""]))
+    ck = doc.get("check") or {}
+    if ck.get("spattn"):
+        out += ["", f"Check (L={ck['seq_len']}, window {ck['window']}, {ck['dtype']}): spattn's loss and gradients "
+                    f"against SDPA with the same mask within {e(max(ck['spattn']['loss_rel'], ck['spattn']['grad_rel_max']))}"
+                    f" relative (bar {e(ck['bar'], 0)})."]
+    bar = [r for r in rows if r["seq_len"] == 32768 and {"spattn", "flex_attention"} <= r["step_ms"].keys()]
+    if bar:
+        r = bar[0]
+        xf = r["step_ms"]["flex_attention"] / r["step_ms"]["spattn"]
+        fa4 = r["step_ms"].get("fa4")
+        out += ["", f"The bar at 32K tokens: spattn's step >= 1.15x FlexAttention's ({xf:.2f}x: "
+                    f"{'met' if xf >= 1.15 else 'not met'}) and at least as fast as FA4's "
+                    + (f"({fa4 / r['step_ms']['spattn']:.2f}x: {'met' if fa4 >= r['step_ms']['spattn'] else 'not met'})."
+                       if fa4 else "(FA4 not measured).")]
+    return out
 
 
-def block(path):
+TABLES = {"model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+
+
+def block(path, summarize=False):
     """The generated text between NAME's markers (ends in a newline)."""
     name = os.path.splitext(os.path.basename(path))[0]
     with open(path) as f:
         doc = json.load(f)
-    return "\n".join(TABLES[kind(doc)](name, doc)) + "\n"
+    if summarize and kind(doc) != "fused":
+        raise ValueError(f"a summary is of a fused-attention baseline; {name} is {kind(doc)}")
+    return "\n".join((summary if summarize else TABLES[kind(doc)])(name, doc)) + "\n"
 
 
 def main():
+    global UP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="rewrite the blocks in the README")
-    g.add_argument("--check", action="store_true", help="exit 1 if the README's blocks are stale")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    g.add_argument("--write", action="store_true", help="rewrite the blocks in the documents")
+    g.add_argument("--check", action="store_true", help="exit 1 if a document's blocks are stale")
+    ap.add_argument("--docs", nargs="+", default=[os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "RESULTS.md")])
     ap.add_argument("--baselines", default=BASELINES)
     args = ap.parse_args()
     files = {os.path.splitext(os.path.basename(p))[0]: p for p in sorted(glob.glob(os.path.join(args.baselines, "*.json")))}
@@ -230,39 +293,41 @@ def main():
             except (ValueError, KeyError) as ex:  # an A/B record (bench/ab.py), not a bench baseline
                 print(f"# {name}: no table ({ex!r})\n")
         return 0
-    with open(args.readme) as f:
-        text = f.read()
-    problems = []
+    problems, shown = [], set()
+    for path in args.docs:
+        with open(path) as f:
+            text = f.read()
+        rel = os.path.relpath(ROOT, os.path.dirname(os.path.abspath(path)))
+        UP = "" if rel == "." else rel + "/"
 
-    def fill(mt):
-        name = mt.group(2)
-        if name not in files:
-            problems.append(f"{args.readme}: block '{name}' has no {args.baselines}/{name}.json")
-            return mt.group(0)
-        new = block(files[name])
-        if new != mt.group(3):
-            diff = difflib.unified_diff(mt.group(3).splitlines(), new.splitlines(), "README", name + ".json",
-                                        lineterm="")
-            problems.append(f"{args.readme}: block '{name}' is stale:\n" + "\n".join(diff))
-        return mt.group(1) + new + mt.group(4)
+        def fill(mt):
+            name = mt.group(2)
+            base = name[len("summary."):] if name.startswith("summary.") else name
+            if base not in files:
+                problems.append(f"{path}: block '{name}' has no {args.baselines}/{base}.json")
+                return mt.group(0)
+            new = block(files[base], summarize=base != name)
+            if new != mt.group(3):
+                diff = difflib.unified_diff(mt.group(3).splitlines(), new.splitlines(), os.path.basename(path),
+                                            base + ".json", lineterm="")
+                problems.append(f"{path}: block '{name}' is stale:\n" + "\n".join(diff))
+            return mt.group(1) + new + mt.group(4)
 
-    new_text = MARKER.sub(fill, text)
-    shown = {mt.group(2) for mt in MARKER.finditer(text)}
-    for name in files.keys() - shown:
-        print(f"note: no README block for baseline {name}", file=sys.stderr)
-    if args.write:
-        if new_text != text:
-            with open(args.readme, "w") as f:
+        new_text = MARKER.sub(fill, text)
+        names = [mt.group(2) for mt in MARKER.finditer(text)]
+        shown |= {n for n in names if not n.startswith("summary.")}
+        if args.write and new_text != text:
+            with open(path, "w") as f:
                 f.write(new_text)
-            print(f"rewrote {args.readme}")
-        missing = [p for p in problems if "has no" in p]
-        for p in missing:
-            print(p, file=sys.stderr)
-        return 1 if missing else 0
+            print(f"rewrote {path}")
+        if args.check and not [p for p in problems if p.startswith(path + ":")]:
+            print(f"{path}: {len(names)} result blocks up to date")
+    for name in files.keys() - shown:
+        print(f"note: no block for baseline {name}", file=sys.stderr)
+    if args.write:
+        problems = [p for p in problems if "has no" in p]
     for p in problems:
         print(p, file=sys.stderr)
-    if not problems:
-        print(f"{args.readme}: {len(shown)} result blocks up to date")
     return 1 if problems else 0
 
 

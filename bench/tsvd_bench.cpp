@@ -14,15 +14,16 @@
 // CUDA events, the median reported; the factors are random (timing does not depend on their values), and every
 // operand stays where the previous call left it (warm L2, as for every row alike). Outputs: one line per row
 // and, with --json, {"machine": ..., "rows": [...]}.
+#include "bench/bench.hpp"
 #include "spattn/config.hpp"
-#include "tools/commands.hpp"
+#include "spattn/error.hpp"
 
 #if !SPATTN_HAVE_CUDA
-namespace spattn::tools {
+namespace spattn::bench {
 int tsvd_bench_main(int, char**) {
   throw Error("spattn tsvd bench runs on the GPU: this build has no CUDA support (rebuild with SPATTN_CUDA=ON)");
 }
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 #else
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -31,14 +32,16 @@ int tsvd_bench_main(int, char**) {
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "common/args.hpp"
 #include "spattn/tsvd.hpp"
-#include "tools/args.hpp"
 
-namespace spattn::tools {
+namespace spattn::bench {
+using common::Args;
 namespace {
 
 void ck(cudaError_t e, const char* what) {
@@ -243,5 +246,5 @@ int tsvd_bench_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace spattn::tools
+}  // namespace spattn::bench
 #endif

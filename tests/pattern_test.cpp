@@ -444,6 +444,34 @@ TEST(PatternErrors, NameTheTextAndColumn) {
 
 // Nesting is recursion (parser, bind, destruction): past the limit a spec is refused at the column where the
 // limit is crossed, instead of overflowing the stack (15000 parentheses used to end in SIGSEGV).
+// A message is valid UTF-8 whatever the spec holds: a non-ASCII character is quoted whole with its code point (one
+// byte of it was quoted, an invalid UTF-8 string), a byte that starts no UTF-8 sequence as \xNN, in the quoted spec
+// too (a long spec's excerpt may cut a character).
+TEST(PatternErrors, MessagesAreValidUtf8) {
+  auto valid = [](const std::string& m) {
+    for (size_t i = 0; i < m.size();) {
+      const auto b = static_cast<unsigned char>(m[i]);
+      const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+      if (n == 0 || i + n > m.size()) return false;
+      for (size_t k = 1; k < n; ++k)
+        if ((static_cast<unsigned char>(m[i + k]) >> 6) != 2) return false;
+      i += n;
+    }
+    return true;
+  };
+  const std::string stray = "local(3) \xff x", cut = std::string(100, ' ') + "local(3) | \xe2\x88\xaa" + std::string(100, ' ');
+  for (const std::string& spec : {std::string("local(3) \u222a causal"), stray, cut}) {
+    try {
+      Pattern::parse(spec);
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_TRUE(valid(e.what())) << e.what();
+    }
+  }
+  expect_error("local(3) \u222a causal", 10, "unexpected character '\u222a' (U+222A) (in \"local(3) \u222a causal\")", 10);
+  expect_error(stray, 10, "unexpected character byte \\xFF (in \"local(3) \\xFF x\")", 10);
+}
+
 TEST(PatternErrors, DeepNestingIsRefusedNotACrash) {
   auto parens = [](int n) { return std::string(size_t(n), '(') + "dense" + std::string(size_t(n), ')'); };
   auto blocked = [](int n) {

@@ -11,7 +11,7 @@
 
 #include "cpu/fused_plan.hpp"
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "plan/parts.hpp"
 #include "spattn/pattern.hpp"
 

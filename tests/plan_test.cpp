@@ -1,4 +1,4 @@
-// The fused kernel's tile plan (src/plan/block_plan.cpp) on the CPU: built on several threads it is the same
+// The fused kernel's tile plan (src/plan/gpu) on the CPU: built on several threads it is the same
 // plan as built on one, and it accounts for every kept score.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "plan/parts.hpp"

@@ -16,14 +16,14 @@ struct Case {
   int64_t B, Lq, Lk, H, HK, D, Dv;
   std::string spec;
   DType dtype = DType::f32;
-  double scale = 0;
+  std::optional<double> scale;  // none: 1 / sqrt(D)
 };
 
 // Naive: S = Q K^T * scale over all keys, masked entries dropped, softmax, P V; all in double.
 void naive(const Case& c, const std::vector<double>& Q, const std::vector<double>& K, const std::vector<double>& V,
            std::vector<double>& O, std::vector<double>& LSE) {
   const BoundPattern p = Pattern::parse(c.spec).bind(c.Lq, c.Lk);
-  const double scale = c.scale ? c.scale : 1.0 / std::sqrt(double(c.D));
+  const double scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(c.D));
   O.assign(size_t(c.B * c.Lq * c.H * c.Dv), 0.0);
   LSE.assign(size_t(c.B * c.H * c.Lq), -std::numeric_limits<double>::infinity());
   for (int64_t b = 0; b < c.B; ++b)
@@ -127,6 +127,7 @@ TEST(Reference, MatchesNaiveFormula) {
       {1, 64, 64, 4, 1, 32, 8, "bigbird(8, 1, 1, 1, seed=2)"},         // MQA, Dv != D
       {1, 50, 77, 2, 2, 16, 16, "dilated(3, 2) | stride(11)"},          // cross attention
       {1, 40, 40, 2, 2, 16, 16, "sparse_strided(6)", DType::f32, 0.37}, // custom scale
+      {1, 40, 40, 2, 2, 16, 16, "local(4) | global(0)", DType::f32, 0.0}, // scale 0: uniform, not the default
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
@@ -163,7 +164,7 @@ TEST(Reference, FullyMaskedRowsGiveZeroAndMinusInf) {
   std::vector<float> o(Q.size(), 123.f), lse(size_t(2 * 20), 123.f);
   std::vector<float> qf(Q.begin(), Q.end());
   const TensorView q = TensorView::contiguous(qf.data(), DType::f32, {1, 20, 2, 8});
-  cpu::reference_attention({Pattern::parse(c.spec).bind(20)}, Problem{1, 2, 2, 20, 20, 8, 0, DType::f32, 0}, q, q, q,
+  cpu::reference_attention({Pattern::parse(c.spec).bind(20)}, Problem{1, 2, 2, 20, 20, 8, 0, DType::f32}, q, q, q,
                            TensorView::contiguous(o.data(), DType::f32, {1, 20, 2, 8}),
                            TensorView::contiguous(lse.data(), DType::f32, {1, 2, 20, 1}));
   for (int64_t i = 3 * 2 * 8; i < int64_t(o.size()); ++i) ASSERT_EQ(o[size_t(i)], 0.f);
@@ -185,7 +186,7 @@ TEST(Reference, PerHeadPatterns) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i)));
   std::vector<float> o(x.size()), lse(size_t(2 * L)), o2(x.size()), lse2(size_t(2 * L));
   const TensorView t = TensorView::contiguous(x.data(), DType::f32, {1, L, 2, 4});
-  Problem p{1, 2, 2, L, L, 4, 0, DType::f32, 0};
+  Problem p{1, 2, 2, L, L, 4, 0, DType::f32};
   cpu::reference_attention({Pattern::parse("causal").bind(L), Pattern::parse("local(1)").bind(L)}, p, t, t, t,
                            TensorView::contiguous(o.data(), DType::f32, {1, L, 2, 4}), TensorView::contiguous(lse.data(), DType::f32, {1, 2, L, 1}));
   cpu::reference_attention({Pattern::parse("local(1)").bind(L)}, p, t, t, t, TensorView::contiguous(o2.data(), DType::f32, {1, L, 2, 4}),
@@ -198,7 +199,7 @@ TEST(Reference, RejectsBadShapes) {
   std::vector<float> x(64);
   const TensorView t = TensorView::contiguous(x.data(), DType::f32, {1, 4, 2, 8});
   const TensorView bad = TensorView::contiguous(x.data(), DType::f32, {1, 4, 2, 4});
-  Problem p{1, 2, 2, 4, 4, 8, 0, DType::f32, 0};
+  Problem p{1, 2, 2, 4, 4, 8, 0, DType::f32};
   const auto pat = Pattern::parse("dense").bind(4);
   std::vector<float> lse(8);
   const TensorView l = TensorView::contiguous(lse.data(), DType::f32, {1, 2, 4, 1});

@@ -392,7 +392,7 @@ TEST(RuntimeMask, CApi) {
   const auto p = problem(1, 2, 1, 40, 40, 8);
   Case c(p, 3);
   void* h = nullptr;
-  ASSERT_EQ(spattn_plan_create_masked("documents:causal", -1, 2, 1, 2, 1, 40, 40, 8, 0, "", &h), 0) << spattn_last_error();
+  ASSERT_EQ(spattn_plan_create_masked("documents:causal", -1, 2, 1, 2, 1, 40, 40, 8, std::nan(""), "", &h), 0) << spattn_last_error();
   const std::vector<int32_t> cu{0, 13, 40};
   CIndexView slots[7] = {};
   slots[4] = {cu.data(), 32, 1, {3, 0, 0, 0}, {1, 0, 0, 0}};

@@ -1,5 +1,5 @@
 // Multi-dimensional tiles of neighborhood patterns (src/plan/tile_map.hpp) and the GPU tile plans built over them
-// (plan/block_plan.hpp, mapped plan space), on the CPU: the maps are bijections on the tokens, a plan's entries
+// (plan/gpu/block_plan.hpp, mapped plan space), on the CPU: the maps are bijections on the tokens, a plan's entries
 // cover exactly the pattern's kept pairs (each in one visited tile, kept by its entry's mask, padding never kept),
 // the per-axis scores the box choice uses are the plan's own counts, and the planner picks mapped plans where
 // they pay and says so.
@@ -14,7 +14,7 @@
 
 #include "cuda/fused/key_boxes.hpp"  // plain arithmetic: the GPU kernels' key rows, checked here on the CPU
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 
@@ -411,7 +411,7 @@ TEST(TileMap, PlannerChoosesMappedTilesAndSaysWhy) {
       << "64x128 tiles: row-major beats key boxes (strips are 64x64 only)";
 }
 
-// Key strips (tile_map 2; plan/block_plan.hpp): each query box's key tiles are strips of its window union. For every
+// Key strips (tile_map 2; plan/gpu/block_plan.hpp): each query box's key tiles are strips of its window union. For every
 // query the tokens of the set bits of its entries are exactly its row's keys (BoundPattern::row), none twice, and the
 // slots' tokens are the kernels' arithmetic (key_boxes.hpp, strip_token) — for grid sides off the box sides, windows
 // clamped at the edges, dilation with unequal groups, causal axes, 13x13 and 7x7 windows, a 7x9 grid, every query box

@@ -92,7 +92,7 @@ TEST(TsvdLayout, WgmmaTmaBoxesFitTheirBuffers) {
   for (const auto& [rp, bn] : kWgShapes) {
     const ck::WgSmem W = ck::wg_smem(rp, bn);
     const std::string what = "rp " + std::to_string(rp) + " bn " + std::to_string(bn);
-    // The boxes (tensor maps: 64 elements = 128 bytes inner, `rows` outer; fused_fwd.cpp's encode_tmap).
+    // The boxes (tensor maps: 64 elements = 128 bytes inner, `rows` outer; cuda/common/tmap.hpp's encode_tmap).
     const int box_x = 128 * ck::kWgBM, box_a = 128 * rp, box_b = 128 * rp;
     EXPECT_EQ(W.x_bytes, box_x) << what;
     EXPECT_EQ(W.a_bytes, box_a) << what;

@@ -409,7 +409,7 @@ TEST(TsvdOptions, BadOptionsAreNamed) {
   };
   TsvdOptions o;
   o.tile_k = o.tile_n = 4;
-  EXPECT_NE(msg(o).find("exactly one of rank, ratio and error (0 given)"), std::string::npos);
+  EXPECT_NE(msg(o).find("none given (0 is none of them)"), std::string::npos);
   o.rank = 2, o.ratio = 2;
   EXPECT_NE(msg(o).find("(2 given)"), std::string::npos);
   o.rank = 0, o.ratio = 0.5;
@@ -422,6 +422,21 @@ TEST(TsvdOptions, BadOptionsAreNamed) {
   EXPECT_NE(msg(o).find("error target"), std::string::npos);
   o.error = 0, o.rank = 2;
   EXPECT_NE(msg(o, 0, 8).find("W is 0 x 8"), std::string::npos);
+  // A rank that stores more than the tile is refused (rank 1000 at tile 256 stored twice W's floats), a non-finite
+  // weight named (LAPACK's "info -4").
+  o.rank = 3;
+  EXPECT_NE(msg(o).find("rank 3 stores more floats than W: rank r keeps r (4 + 4) floats a 4 x 4 tile of 16; at most "
+                        "rank 2"), std::string::npos) << msg(o);
+  o.rank = 2;
+  EXPECT_EQ(msg(o), "accepted");
+  std::vector<float> bad(w);
+  bad[13] = std::nanf("");
+  try {
+    spattn::tsvd_compress(bad.data(), 8, 8, o);
+    ADD_FAILURE() << "a NaN weight accepted";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("W[1, 5] is nan: W must be finite"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -28,4 +28,9 @@ std::vector<GpuInfo> list_gpus(std::string* why_none = nullptr);
 // a build without CUDA.
 size_t release_cached_device_memory(int device = -1);
 
+// The host memory a problem may take, in bytes: SPATTN_MEMORY_LIMIT where set (bytes, or with a K, M, G or T suffix:
+// powers of 1024), else the smaller of this machine's physical memory and its cgroup's limit; 0 when unknown.
+// make_plan and `spattn run` refuse a problem whose estimate exceeds it, with both figures, before allocating.
+int64_t host_memory_limit();
+
 }  // namespace spattn

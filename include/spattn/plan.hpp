@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "spattn/engine.hpp"
 #include "spattn/format.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
@@ -57,7 +58,6 @@ struct Device {
 // A CUDA stream (cudaStream_t) for GPU plans; null is the legacy default stream. Ignored on the CPU.
 using Stream = void*;
 
-enum class Engine : uint8_t { automatic, cpu_fused, cuda_fused, cuda_unfused, reference };
 std::string_view engine_name(Engine e);
 Engine parse_engine(std::string_view name);  // "auto", "cpu", "cuda_fused", "cuda_unfused", "reference"
 
@@ -167,6 +167,13 @@ Plan make_plan(const std::vector<BoundPattern>& patterns, const Problem& problem
 // CSR over (q_len x kv_len) or BSR (expanded to its kept entries), validated first: the error names the first
 // bad row or entry.
 Plan make_plan(const Csr& mask, const Problem& problem, Device device = Device::cpu(), const PlanOptions& options = {});
+// A floor of the host memory the plan of `patterns` (bound as make_plan's) takes, in bytes, found without building
+// it: the fused CPU engine's tiles hold at least 24 bytes a query row for each run of a row (measured: local(2)
+// 25 bytes a row at L = 2^24, longformer(128, 16) 80, random(4) 3 KB); the runs a row counted on 64 rows spread
+// over the queries; 0 on other engines. make_plan refuses (an Error with the figure and host_memory_limit()) a
+// problem whose floor exceeds the limit, before the analysis walks the rows.
+int64_t plan_host_bytes_floor(const std::vector<BoundPattern>& patterns, const Problem& problem,
+                              Device device = Device::cpu(), const PlanOptions& options = {});
 Plan make_plan(const Bsr& mask, const Problem& problem, Device device = Device::cpu(), const PlanOptions& options = {});
 
 }  // namespace spattn

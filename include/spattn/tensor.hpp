@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,10 +104,10 @@ struct Problem {
   int64_t head_dim = 64;
   int64_t value_dim = 0;  // 0: same as head_dim
   DType dtype = DType::f32;
-  double scale = 0;  // 0: 1 / sqrt(head_dim)
+  std::optional<double> scale;  // none: 1 / sqrt(head_dim); 0 is a scale like any other (uniform attention)
 
   int64_t dv() const { return value_dim ? value_dim : head_dim; }
-  double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(double(head_dim)); }
+  double softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(double(head_dim)); }
   // Throws Error naming the first inconsistent field, or the first tensor whose size overflows (checked_bytes).
   void validate() const;
   // Checks a view against an expected shape; `what` names the tensor in the error ("q", "k", ...).

@@ -74,10 +74,18 @@ def build_info() -> dict:
     return dict(_core.build_info())
 
 
+def _int(name: str, value: Any) -> int:
+    """`value` as an int: any integer type (numpy's, a 0-d tensor's), never a float silently truncated (3.7 was 3)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+
+
 def mask(spec: Union[str, Pattern], q_len: int, k_len: Optional[int] = None) -> np.ndarray:
     """The pattern's boolean mask, a numpy array [q_len, k_len] (True: the pair (q, k) is kept)."""
     pattern = spec if isinstance(spec, Pattern) else Pattern(spec)
-    return pattern.mask(int(q_len), int(q_len if k_len is None else k_len))
+    return pattern.mask(_int("q_len", q_len), _int("k_len", q_len if k_len is None else k_len))
 
 
 AxisArg = Union[int, Sequence[int]]
@@ -297,9 +305,10 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
     kv_heads = heads if kv_heads is None else kv_heads
     if engine in ("auto", "") and dt == "float64" and dev == "cpu":
         engine = "reference"  # the CPU kernels compute in fp32; the reference keeps fp64 end to end
-    args: Dict[str, Any] = dict(batch=int(batch), heads=int(heads), kv_heads=int(kv_heads), q_len=int(q_len), k_len=int(k_len),
-                head_dim=int(head_dim), value_dim=int(value_dim or 0), dtype=dt,
-                scale=float(0.0 if scale is None else scale), device=dev, engine=engine or "auto", kernel=kernel or "",
+    args: Dict[str, Any] = dict(batch=_int("batch", batch), heads=_int("heads", heads), kv_heads=_int("kv_heads", kv_heads),
+                q_len=_int("q_len", q_len), k_len=_int("k_len", k_len), head_dim=_int("head_dim", head_dim),
+                value_dim=_int("value_dim", value_dim or 0), dtype=dt,
+                scale=None if scale is None else float(scale), device=dev, engine=engine or "auto", kernel=kernel or "",
                 threads=int(threads), block_m=int(block_m), block_n=int(block_n), perm_d=int(perm_d),
                 persistent=int(persistent), split=int(split), compound=int(compound), tile_map=int(tile_map))
     m = _bool_mask(pattern)
@@ -330,15 +339,44 @@ def masked_plan(mask: str, q_len: int, k_len: Optional[int] = None, heads: int =
         engine = "reference"
     return Plan(_core.make_masked_plan(str(mask), int(batch), int(heads), int(heads if kv_heads is None else kv_heads),
                                        int(q_len), int(q_len if k_len is None else k_len), int(head_dim),
-                                       int(value_dim or 0), dt, float(0.0 if scale is None else scale), dev,
+                                       int(value_dim or 0), dt, None if scale is None else float(scale), dev,
                                        engine or "auto", kernel or "", int(threads)))
 
 
+# ---- the plan cache: one for the package (spattn.attention's plans and spattn.torch's) ---------------------
+class _PlanCache:
+    """Plans by key, the oldest dropped past `limit` (they hold GPU memory for their tile plans). Keys start with
+    their user's tag ("attention", "torch"); values are a Plan or an object with the core plan as ``.plan``."""
+
+    __slots__ = ("entries", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.entries: "OrderedDict[tuple, Any]" = OrderedDict()
+        self.limit = limit
+
+    def get(self, key: tuple, make: Any) -> Any:
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = make()
+            if len(self.entries) > self.limit:
+                self.entries.popitem(last=False)
+        return e
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def plans(self) -> list:
+        """The cached plans as spattn.Plan objects, oldest first."""
+        return [e if isinstance(e, Plan) else Plan(e.plan) for e in self.entries.values()]
+
+
+_PLANS = _PlanCache(64)
+
+
 # ---- one call: plan (cached) and run --------------------------------------------------------------------
-_PLANS: "OrderedDict[tuple, Plan]" = OrderedDict()
-_PLANS_MAX = 32
-
-
 def _array_meta(x: Any) -> Tuple[Tuple[int, ...], str, str]:
     """(shape, dtype name, device) of a numpy array, a torch tensor or a DLPack array."""
     if isinstance(x, np.ndarray):
@@ -346,6 +384,9 @@ def _array_meta(x: Any) -> Tuple[Tuple[int, ...], str, str]:
     if type(x).__module__.startswith("torch"):
         d = x.device
         return tuple(x.shape), str(x.dtype)[6:], "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
+    if not hasattr(x, "__dlpack_device__"):
+        raise TypeError(f"expected an array (numpy, torch or any __dlpack__ array) of shape [B, L, H, D], got "
+                        f"{type(x).__name__}: wrap it in np.asarray(..., dtype=np.float32) first")
     dev_type, dev_id = x.__dlpack_device__()
     device = "cpu" if dev_type in (1, 3) else f"cuda:{dev_id}" if dev_type in (2, 13) else f"dlpack device {dev_type}"
     return tuple(x.shape), _dtype_name(getattr(x.dtype, "name", x.dtype)), device
@@ -364,16 +405,10 @@ def _cached_plan(pattern: PatternLike, q: Any, k: Any, v: Any, scale: Optional[f
         pkey: Any = tuple(str(p) for p in pattern) if isinstance(pattern, (list, tuple)) else str(pattern)
     else:
         pkey = None  # masks are not cached
-    key = (pkey, qs, ks[1], ks[2], vs[3], dt, dev, scale, tuple(sorted(options.items())))
-    p = _PLANS.get(key) if pkey is not None else None
-    if p is None:
-        p = plan(pattern, qs[1], ks[1], qs[2], ks[2], qs[3], dev, batch=qs[0], dtype=dt, scale=scale,
-                 value_dim=vs[3], **options)
-        if pkey is not None:
-            _PLANS[key] = p
-            if len(_PLANS) > _PLANS_MAX:
-                _PLANS.popitem(last=False)
-    return p
+    key = ("attention", pkey, qs, ks[1], ks[2], vs[3], dt, dev, scale, tuple(sorted(options.items())))
+    make = lambda: plan(pattern, qs[1], ks[1], qs[2], ks[2], qs[3], dev, batch=qs[0], dtype=dt,  # noqa: E731
+                        scale=scale, value_dim=vs[3], **options)
+    return _PLANS.get(key, make) if pkey is not None else make()
 
 
 def attention(q: Any, k: Any, v: Any, pattern: PatternLike, *, scale: Optional[float] = None,
@@ -387,3 +422,8 @@ def attention(q: Any, k: Any, v: Any, pattern: PatternLike, *, scale: Optional[f
     """
     p = _cached_plan(pattern, q, k, v, scale, layout, {"engine": engine, "kernel": kernel, "threads": threads})
     return p.forward(q, k, v, return_lse=return_lse, layout=layout)
+
+
+def __dir__() -> list:
+    """The public names, the type aliases of the signatures and the submodules; not the imports (Any, np, ...)."""
+    return sorted(set(__all__) | {"AxisArg", "CausalArg", "PatternLike", "torch", "tsvd", "distributed"})

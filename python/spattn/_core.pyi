@@ -169,14 +169,14 @@ class Plan:
 
     def time_forward(self, q: object, k: object, v: object, o: object, lse: object | None, iters: int, layout: str = 'blhd') -> float: ...
 
-def make_plan(patterns: Sequence[Pattern], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int, compound: int, tile_map: int) -> Plan: ...
+def make_plan(patterns: Sequence[Pattern], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float | None, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int, compound: int, tile_map: int) -> Plan: ...
 
-def make_plan_csr(row_offsets: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], col_indices: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int, compound: int, tile_map: int) -> Plan: ...
+def make_plan_csr(row_offsets: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)], col_indices: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], batch: int, heads: int, kv_heads: int, q_len: int, k_len: int, head_dim: int, value_dim: int, dtype: str, scale: float | None, device: str, engine: str, kernel: str, threads: int, block_m: int, block_n: int, perm_d: int, persistent: int, split: int, compound: int, tile_map: int) -> Plan: ...
 
 def dist_schedule(patterns: Sequence[Pattern], len: int, world: int, layout: str, batch: int, heads: int, kv_heads: int, head_dim: int, value_dim: int, dtype: str, key_block: int, distribute_rows: bool) -> tuple:
     """The distributed plan's exchange schedule (spattn/distributed.hpp): (explain, one dict per rank)."""
 
-def make_window_plan(patterns: Sequence[Pattern], len: int, rows: Sequence[tuple[int, int]], keys: Sequence[tuple[int, int]], skip: Sequence[tuple[int, int]], batch: int, heads: int, kv_heads: int, head_dim: int, value_dim: int, dtype: str, scale: float, device: str, engine: str, threads: int) -> Plan:
+def make_window_plan(patterns: Sequence[Pattern], len: int, rows: Sequence[tuple[int, int]], keys: Sequence[tuple[int, int]], skip: Sequence[tuple[int, int]], batch: int, heads: int, kv_heads: int, head_dim: int, value_dim: int, dtype: str, scale: float | None, device: str, engine: str, threads: int) -> Plan:
     """A plan over a window of the patterns bound to (len, len) (BoundPattern::window)."""
 
 def merge_into(o: object, lse: object, o2: object, lse2: object) -> None:

@@ -99,7 +99,7 @@ class _State:
         self.recv_n = [sum(e - b for b, e in me["recv_keys"][s]) for s in range(world)]
         fetched = [tuple(x) for x in me["fetched"]]
         device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
-        args = (B, Hq, Hkv, D, Dv, dt, scale or 0.0, device, "auto", 0)
+        args = (B, Hq, Hkv, D, Dv, dt, None if scale is None else float(scale), device, "auto", 0)
         # The keys this rank holds after the exchange: its own (local order), then the fetched (by source).
         held = _index(owned + fetched)
         span = (int(held.min()), int(held.max()) + 1) if len(held) else (0, 0)
@@ -246,3 +246,8 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor,
     if st is None:
         st = _STATES[key] = _State(pats, q, k, v, seq_len, rank, world, layout, scale, key_block, halo, group)
     return _ContextParallel.apply(q, k, v, st)
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, torch, dist, ...)."""
+    return sorted(__all__)

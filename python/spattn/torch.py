@@ -3,7 +3,7 @@
     import torch, spattn.torch
     o = spattn.torch.sparse_attention(q, k, v, "longformer(256, 32)")            # q [B, L, H, D]
     o = spattn.torch.sparse_attention(q, k, v, "causal", layout="bhld")          # q [B, H, L, D] (SDPA's)
-    attn = spattn.torch.SparseAttention("local(64) | global(0:4)")               # SDPA drop-in, [B, H, L, D]
+    attn = spattn.torch.SparseAttention("local(64) | global(0:4)")               # the same as a module
     o = spattn.torch.neighborhood_attention(q, k, v, kernel_size=7, dilation=2)  # q [B, X, Y, H, D] (NATTEN's)
 
 The operators are ``torch.ops.spattn.sparse_attention`` and ``torch.ops.spattn.sparse_attention_backward``
@@ -19,30 +19,26 @@ O is converted back. float64 inputs on the CPU run on the fp64 reference engine 
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from . import AxisArg, CausalArg, Error, Pattern, Plan, _core, neighborhood_spec, plan as _make_plan
+from . import _PLANS, AxisArg, CausalArg, Error, Pattern, _core, neighborhood_spec, plan as _make_plan
 from . import masked_plan as _make_masked_plan
 
 __all__ = ["sparse_attention", "SparseAttention", "neighborhood_attention", "na1d", "na2d", "na3d", "clear_cache",
            "cached_plans"]
 
-_PLANS: "OrderedDict[tuple, _Entry]" = OrderedDict()
-_PLANS_MAX = 64
-
 
 def clear_cache() -> None:
-    """Drops every cached plan (they hold GPU memory for their tile plans)."""
+    """Drops every cached plan, spattn.attention's too (one cache for the package; plans hold GPU memory)."""
     _PLANS.clear()
 
 
 def cached_plans() -> list:
     """The cached plans, oldest first (spattn.Plan objects: explain(), kernel(), ...)."""
-    return [Plan(e.plan) for e in _PLANS.values()]
+    return _PLANS.plans()
 
 
 def _spec(pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]]) -> str:
@@ -134,14 +130,9 @@ class _Entry:
 
 
 def _entry(pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str, mask: str = "") -> _Entry:
-    key = (pattern, q.shape, k.shape, v.shape, q.dtype, q.device, options, mask)
-    e = _PLANS.get(key)
-    if e is None:
-        e = _Entry(pattern, q, k, v, options, mask)
-        _PLANS[key] = e
-        if len(_PLANS) > _PLANS_MAX:
-            _PLANS.popitem(last=False)
-    return e
+    key = ("torch", pattern, q.shape, k.shape, v.shape, q.dtype, q.device, options, mask)
+    e = _PLANS.entries.get(key)  # the hit without a call: this is on every op's path
+    return e if e is not None else _PLANS.get(key, lambda: _Entry(pattern, q, k, v, options, mask))
 
 
 # On CUDA the op runs on the caller's current stream: the C++ side asks torch for it through the DLPack exchange
@@ -167,6 +158,8 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 # Few arguments on purpose: torch's custom-op autograd wrapper walks the schema once per argument per call
 # (torch/_library/utils.py fill_defaults), so every argument costs host time; `options` carries the rest.
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, pattern: str, options: str) -> Tuple[Tensor, Tensor]:
+    if q.shape[0] == 0:  # batch 0, as SDPA takes it: empty outputs, nothing planned
+        return _sparse_attention_fake(q, k, v, pattern, options)
     e = _entry(pattern, q, k, v, options)
     dev = q.device
     o = torch.empty(e.o_shape, dtype=e.o_dtype, device=dev)
@@ -193,6 +186,8 @@ def _sparse_attention_fake(q: Tensor, k: Tensor, v: Tensor, pattern: str, option
 @torch.library.custom_op("spattn::sparse_attention_backward", mutates_args=())
 def _sparse_attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, pattern: str,
                                options: str) -> Tuple[Tensor, Tensor, Tensor]:
+    if q.shape[0] == 0:
+        return _sparse_attention_backward_fake(q, k, v, o, lse, dout, pattern, options)
     e = _entry(pattern, q, k, v, options)
     dev = q.device
     if dout.is_cuda:  # the GPU backward reads dout with its head dim contiguous (o.sum() hands a stride-0 one)
@@ -250,6 +245,19 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor) -> Any:
     return _op if needs_grad or torch.compiler.is_compiling() else _op_nograd
 
 
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _autocast(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """SDPA's autocast rule: under torch.autocast for q's device, float32/16 and bfloat16 inputs run in the
+    autocast dtype (so O comes back in it); float64 is left alone. Outside autocast, q, k and v as they are."""
+    dev = q.device.type
+    if not torch.is_autocast_enabled(dev):
+        return q, k, v
+    dt = torch.get_autocast_dtype(dev)
+    return tuple(x.to(dt) if x.dtype in _AUTOCAST_CASTS and x.dtype != dt else x for x in (q, k, v))  # type: ignore
+
+
 # ---- the public entry points ----------------------------------------------------------------------------
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
                      scale: Optional[float] = None, return_lse: bool = False, layout: str = "blhd",
@@ -264,6 +272,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
     [B, H, L, D] with ``layout="bhld"`` (F.scaled_dot_product_attention's); Hq % Hkv == 0 (GQA). pattern: a
     spec, a spattn.Pattern or one per query head. scale: None for 1/sqrt(D). engine / kernel / threads / tile_map:
     plan options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
+    SDPA's conventions: under torch.autocast the inputs run in the autocast dtype (float64 excepted); batch 0
+    gives empty outputs.
 
     Masks chosen at run time (no replanning when their contents change; docs/RUNTIME_MASKS.md): pattern a
     FlexAttention ``BlockMask`` (its block structure; ``spec=`` the static spec of its mask_mod, evaluated inside
@@ -272,6 +282,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
     [B, Lq, K] or [B, Lq, H, K], -1 padded) united with pattern's keys (None: the listed keys alone). ``check=True``
     validates the mask first (raises spattn.Error naming a bad index, count or shape; on a GPU it waits for it).
     """
+    q, k, v = _autocast(q, k, v)
     if cu_seqlens is not None or topk_indices is not None or _is_block_mask(pattern):
         return _masked(q, k, v, pattern, cu_seqlens, cu_seqlens_k, topk_indices, spec, check, return_lse,
                        _options(layout, scale, engine, kernel, threads, None))
@@ -280,14 +291,16 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
 
 
 class SparseAttention(torch.nn.Module):
-    """A drop-in for ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` with the mask as a pattern.
+    """``sparse_attention`` as a module: ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` with the mask
+    as a pattern.
 
-    ``SparseAttention("causal & local(128)")(q, k, v)`` with q [B, H, Lq, D], k and v [B, Hkv, Lk, D] (SDPA's
-    layout; ``layout="blhd"`` for [B, L, H, D]). No parameters; plans are cached per shape.
+    ``SparseAttention("causal & local(128)")(q, k, v)`` with q [B, Lq, H, D], k and v [B, Lk, Hkv, D], the same
+    default layout as ``sparse_attention``; ``layout="bhld"`` for SDPA's [B, H, L, D]. No parameters; plans are
+    cached per shape; autocast and batch 0 as ``sparse_attention``.
     """
 
     def __init__(self, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *, scale: Optional[float] = None,
-                 layout: str = "bhld", engine: Optional[str] = None, kernel: Optional[str] = None,
+                 layout: str = "blhd", engine: Optional[str] = None, kernel: Optional[str] = None,
                  threads: Optional[int] = None, tile_map: Optional[int] = None) -> None:
         super().__init__()
         self.pattern = _spec(pattern)
@@ -295,6 +308,7 @@ class SparseAttention(torch.nn.Module):
         _parse_options(self.options)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = _autocast(q, k, v)
         o, _ = _forward_op(q, k, v)(q, k, v, self.pattern, self.options)
         return o
 
@@ -349,7 +363,7 @@ def neighborhood_attention(q: Tensor, k: Tensor, v: Tensor, kernel_size: AxisArg
         raise Error(f"head dims differ: q {q.shape[-1]} and k {k.shape[-1]}")
     spatial = tuple(q.shape[1:-2])
     spec = _na_spec(spatial, kernel_size, stride, dilation, is_causal)
-    qf, kf, vf = (x.flatten(1, naxes) for x in (q, k, v))  # a view where the spatial axes allow it
+    qf, kf, vf = _autocast(*(x.flatten(1, naxes) for x in (q, k, v)))  # a view where the spatial axes allow it
     o, lse = _forward_op(qf, kf, vf)(qf, kf, vf, spec, _options("blhd", scale, engine, kernel, threads, tile_map))
     o = o.unflatten(1, spatial)
     return (o, lse.unflatten(2, spatial).movedim(1, -1)) if return_lse else o
@@ -504,3 +518,8 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, pattern: Any, cu_seqlens: Optional[
         options = options + ("," if options else "") + "check=1"
     o, lse = _masked_attention(q, k, v, mask, text, options)
     return (o, lse) if return_lse else o
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, torch, Tensor, ...)."""
+    return sorted(__all__)

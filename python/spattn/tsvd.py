@@ -15,6 +15,8 @@ import numpy as np
 
 from . import _core
 
+__all__ = ["TsvdFactors", "tsvd_compress", "tsvd_load"]
+
 
 def _matrix(a: Any, name: str) -> np.ndarray:
     m = np.ascontiguousarray(a, dtype=np.float32)
@@ -74,6 +76,9 @@ def tsvd_compress(w: Any, tile: Union[int, Tuple[int, int]] = 256, *, ratio: Opt
     """Compresses W (K x N) tile by tile; give exactly one of ratio (stored floats = K N / ratio), rank, or error
     (a total relative Frobenius error target; ranks per tile). common=G: TSVD-common with G shared A factors."""
     tk, tn = (tile, tile) if isinstance(tile, int) else tile
+    for name, value, least in (("rank", rank, "at least 1"), ("ratio", ratio, "at least 1"), ("error", error, "in (0, 1)")):
+        if value is not None and value == 0:  # (it read "give exactly one of rank, ratio and error (0 given)")
+            raise _core.Error(f"TSVD: {name}=0: the {name} must be {least}")
     m = _matrix(w, "W")
     return TsvdFactors(_core.tsvd_compress(m, int(tk), int(tn), int(rank or 0), float(ratio or 0), float(error or 0),
                                            int(common), int(threads)))
@@ -82,3 +87,8 @@ def tsvd_compress(w: Any, tile: Union[int, Tuple[int, int]] = 256, *, ratio: Opt
 def tsvd_load(path: str) -> TsvdFactors:
     """Reads a .tsvd file (raises spattn.Error naming a bad field)."""
     return TsvdFactors(_core.tsvd_load(str(path)))
+
+
+def __dir__() -> list:
+    """The public names, not the imports (Any, np, ...)."""
+    return sorted(__all__)

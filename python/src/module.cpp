@@ -9,6 +9,7 @@
 // outputs and holds the user-facing signatures; this file is the thin typed core.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -445,7 +446,7 @@ spattn::PlanOptions make_options(const std::string& engine, const std::string& k
 }
 
 spattn::Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t k_len,
-                             int64_t head_dim, int64_t value_dim, const std::string& dtype, double scale) {
+                             int64_t head_dim, int64_t value_dim, const std::string& dtype, std::optional<double> scale) {
   spattn::Problem p;
   p.batch = batch, p.q_heads = heads, p.kv_heads = kv_heads, p.q_len = q_len, p.kv_len = k_len;
   p.head_dim = head_dim, p.value_dim = value_dim, p.dtype = spattn::parse_dtype(dtype), p.scale = scale;
@@ -565,7 +566,7 @@ NB_MODULE(_core, m) {
   m.def(
       "make_plan",
       [](const std::vector<spattn::Pattern>& patterns, int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len,
-         int64_t k_len, int64_t head_dim, int64_t value_dim, const std::string& dtype, double scale,
+         int64_t k_len, int64_t head_dim, int64_t value_dim, const std::string& dtype, std::optional<double> scale,
          const std::string& device, const std::string& engine, const std::string& kernel, int threads, int block_m,
          int block_n, int perm_d, int persistent, int split, int compound, int tile_map) {
         const spattn::Problem pr = make_problem(batch, heads, kv_heads, q_len, k_len, head_dim, value_dim, dtype, scale);
@@ -584,7 +585,7 @@ NB_MODULE(_core, m) {
   m.def(
       "make_masked_plan",
       [](const std::string& mask, int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t k_len,
-         int64_t head_dim, int64_t value_dim, const std::string& dtype, double scale, const std::string& device,
+         int64_t head_dim, int64_t value_dim, const std::string& dtype, std::optional<double> scale, const std::string& device,
          const std::string& engine, const std::string& kernel, int threads) {
         const spattn::Problem pr = make_problem(batch, heads, kv_heads, q_len, k_len, head_dim, value_dim, dtype, scale);
         const spattn::PlanOptions o = make_options(engine, kernel, threads, 0, 0, -1, -1, -1, -1, -1);
@@ -640,7 +641,7 @@ NB_MODULE(_core, m) {
       [](const std::vector<spattn::Pattern>& patterns, int64_t len, const std::vector<std::pair<int64_t, int64_t>>& rows,
          const std::vector<std::pair<int64_t, int64_t>>& keys, const std::vector<std::pair<int64_t, int64_t>>& skip,
          int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t value_dim, const std::string& dtype,
-         double scale, const std::string& device, const std::string& engine, int threads) {
+         std::optional<double> scale, const std::string& device, const std::string& engine, int threads) {
         const spattn::IndexRanges r = ranges_cpp(rows), k = ranges_cpp(keys), sk = ranges_cpp(skip);
         std::vector<spattn::BoundPattern> windows;
         for (const auto& p : patterns) windows.push_back(spattn::BoundPattern::window(p.bind(len, len), r, k, sk));
@@ -681,7 +682,7 @@ NB_MODULE(_core, m) {
       [](nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> row_offsets,
          nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> col_indices, int64_t batch, int64_t heads,
          int64_t kv_heads, int64_t q_len, int64_t k_len, int64_t head_dim, int64_t value_dim, const std::string& dtype,
-         double scale, const std::string& device, const std::string& engine, const std::string& kernel, int threads,
+         std::optional<double> scale, const std::string& device, const std::string& engine, const std::string& kernel, int threads,
          int block_m, int block_n, int perm_d, int persistent, int split, int compound, int tile_map) {
         spattn::Csr csr;
         csr.rows = q_len, csr.cols = k_len;

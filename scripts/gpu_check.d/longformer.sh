@@ -58,7 +58,7 @@ lib = Lib(sys.argv[1])
 for spec, opts in (("longformer(256, 32)", ""), ("longformer(256, 32)", "compound=0"),
                    ("local(left=1024, right=0) | global_cols(0:4)", "")):
     h = ctypes.c_void_p()
-    lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0, 2, 16, 16, 16384, 16384, 64, 0.0, opts.encode(),
+    lib.check(lib.lib.spattn_plan_create(spec.encode(), 0, 0, 2, 16, 16, 16384, 16384, 64, float("nan"), opts.encode(),
                                          ctypes.byref(h)), spec)
     print(f"--- {spec} [{opts}]\n{lib.lib.spattn_plan_explain(h).decode()}\n")
     lib.lib.spattn_plan_destroy(h)

@@ -1,5 +1,6 @@
 // api/c_api.cpp — a C entry to spattn::Plan for ctypes (bench/gpu_bench.py) and other languages.
 // Every function returns 0 on success and -1 on failure (message: spattn_last_error()); nothing aborts.
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -173,7 +174,8 @@ extern "C" {
 const char* spattn_last_error(void) { return g_last_error.c_str(); }
 
 // Plans `spec` for one problem on `device` (-1: the CPU, i >= 0: CUDA device i). dtype: 0 bf16, 1 fp16, 2 fp32.
-// scale: 0 = 1/sqrt(head_dim). options: null or "key=value,...": engine (auto, cpu, cuda_fused, cuda_unfused,
+// scale: NaN = 1/sqrt(head_dim) (the default); any other value is the scale itself, 0 included (uniform attention
+// over each row's keys). options: null or "key=value,...": engine (auto, cpu, cuda_fused, cuda_unfused,
 // reference), kernel (a kernel-table row or kind: sm80, sm90_cp, sm90_tma, sm90_band, sm90_band_rmax), threads,
 // block_m, block_n, perm_d, persistent, split, compound, tile_map (parse_options above).
 int spattn_plan_create(const char* spec, int device, int dtype, int64_t batch, int64_t q_heads, int64_t kv_heads,
@@ -189,7 +191,7 @@ int spattn_plan_create(const char* spec, int device, int dtype, int64_t batch, i
     pr.kv_len = k_len;
     pr.head_dim = head_dim;
     pr.dtype = dtype_of(dtype);
-    pr.scale = scale;
+    if (!std::isnan(scale)) pr.scale = scale;
     const spattn::Device dev = device < 0 ? spattn::Device::cpu() : spattn::Device::cuda(device);
     auto h = std::make_unique<Handle>();
     h->plan = spattn::make_plan(spattn::parse(spec), pr, dev, parse_options(options));
@@ -257,7 +259,7 @@ int spattn_plan_backward(void* handle, const void* q, const int64_t* q_strides, 
 // ---- run-time masks (spattn/runtime_mask.hpp) ----
 
 // A plan whose mask comes at every call: `mask` is the layout's text ("blocks:128x128:causal", "documents:causal",
-// "topk:2048:local(left=64, right=0)"); the rest as spattn_plan_create.
+// "topk:2048:local(left=64, right=0)"); the rest as spattn_plan_create (scale NaN: the default).
 int spattn_plan_create_masked(const char* mask, int device, int dtype, int64_t batch, int64_t q_heads,
                               int64_t kv_heads, int64_t q_len, int64_t k_len, int64_t head_dim, double scale,
                               const char* options, void** out) {
@@ -266,7 +268,8 @@ int spattn_plan_create_masked(const char* mask, int device, int dtype, int64_t b
   return guarded([&] {
     spattn::Problem pr;
     pr.batch = batch, pr.q_heads = q_heads, pr.kv_heads = kv_heads, pr.q_len = q_len, pr.kv_len = k_len;
-    pr.head_dim = head_dim, pr.dtype = dtype_of(dtype), pr.scale = scale;
+    pr.head_dim = head_dim, pr.dtype = dtype_of(dtype);
+    if (!std::isnan(scale)) pr.scale = scale;
     const spattn::Device dev = device < 0 ? spattn::Device::cpu() : spattn::Device::cuda(device);
     auto h = std::make_unique<Handle>();
     h->plan = spattn::make_plan(spattn::MaskLayout::parse(mask), pr, dev, parse_options(options));

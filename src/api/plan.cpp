@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <sstream>
 
 #include "api/runtime_plan.hpp"
+#include "cuda/common/device.hpp"
+#include "spattn/device.hpp"
 #include "plan/analysis.hpp"
 #include "plan/backend.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 
 namespace spattn {
@@ -71,25 +75,6 @@ const Plan::Impl& impl_of(const std::unique_ptr<Plan::Impl>& p) {
   return *p;
 }
 
-bool fused_gpu_takes(const Problem& pr, std::string* why) {
-  if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) {
-    *why = "dtype " + std::string(dtype_name(pr.dtype)) + " (the fused GPU kernels take bf16 and fp16)";
-    return false;
-  }
-  bool dim = false;
-  for (const auto& k : plan::kKernels)
-    dim = dim || (k.engine == plan::Engine::cuda_fused && k.head_dim == pr.head_dim);
-  if (!dim) {
-    *why = "head dim " + std::to_string(pr.head_dim) + " (the fused GPU kernels take 64 and 128)";
-    return false;
-  }
-  if (pr.dv() != pr.head_dim) {
-    *why = "value dim " + std::to_string(pr.dv()) + " != head dim " + std::to_string(pr.head_dim);
-    return false;
-  }
-  return true;
-}
-
 Plan build(plan::Planned planned, const Problem& problem, Device device, const PlanOptions& options,
            std::chrono::steady_clock::time_point t0, const MaskLayout* runtime = nullptr) {
   if (options.tile_map < -1 || options.tile_map > 2)
@@ -97,47 +82,30 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
   auto im = std::make_unique<Plan::Impl>();
   im->problem = problem;
   im->device = device;
-  Engine e = options.engine;
   const bool cuda = device.kind == Device::Kind::cuda;
   if (cuda) {
-    const int n = plan::cuda_device_count();
+    const int n = cuda::device_count();
     if (device.index < 0 || device.index >= n)
       throw Error("device " + device.str() + " does not exist (" + std::to_string(n) + " CUDA devices" +
                   (n == 0 ? ": no GPU, no driver, or a build without CUDA)" : ")"));
   }
-  if (e == Engine::automatic) {
-    if (!cuda) {
-      e = Engine::cpu_fused;
-      im->why = "CPU device";
-    } else if (std::string why; fused_gpu_takes(problem, &why)) {
-      e = Engine::cuda_fused;
-      im->why = "the fused GPU kernels take this problem";
-    } else {
-      e = Engine::cuda_unfused;
-      im->why = "the fused GPU kernels do not take " + why;
-    }
-  } else {
-    im->why = "asked for";
-    if ((e == Engine::cpu_fused || e == Engine::reference) && cuda)
-      throw Error("engine " + std::string(engine_name(e)) + " runs on the CPU, device is " + device.str());
-    if ((e == Engine::cuda_fused || e == Engine::cuda_unfused) && !cuda)
-      throw Error("engine " + std::string(engine_name(e)) + " needs a CUDA device, device is cpu");
-    if (std::string why; e == Engine::cuda_fused && !fused_gpu_takes(problem, &why))
-      throw Error("engine cuda_fused does not take " + why);
-  }
+  const Engine e = plan::choose_engine(problem, device, options.engine, &im->why);
   im->engine = e;
-  if (runtime) {
-    auto rb = plan::make_runtime_backend(*runtime, problem, device, e, options);
+  // The GPU kernels fold the scale into the exponent of scores whose masked entries are -inf (-inf * 0 is NaN): a
+  // scale of 0 runs there as 1e-30, whose exponentials round to exactly 1 for any score under 1e29 (uniform
+  // attention, an LSE of log(keys)); the plan reports the scale asked for.
+  Problem gpu = problem;
+  if (gpu.scale && *gpu.scale == 0) gpu.scale = 1e-30;
+  if (runtime) {  // run-time masks: their backend, whatever the engine (api/runtime_plan.hpp)
+    auto rb = plan::make_runtime_backend(*runtime, device.kind == Device::Kind::cuda ? gpu : problem, device, e, options);
     im->runtime = rb.get();
     im->backend = std::move(rb);
-    e = Engine::automatic;  // no static backend below
-  }
-  switch (e) {
+  } else switch (e) {
     case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;
     case Engine::reference: im->backend = plan::make_reference_backend(planned, problem); break;
-    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, problem, device.index, options); break;
+    case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, gpu, device.index, options); break;
     case Engine::cuda_unfused:
-      im->backend = plan::make_cuda_unfused_backend(planned, problem, device.index, options);
+      im->backend = plan::make_cuda_unfused_backend(planned, gpu, device.index, options);
       break;
     case Engine::automatic: break;
   }
@@ -167,7 +135,47 @@ plan::Planned plan_patterns(const std::vector<BoundPattern>& bound, const Proble
   return out;
 }
 
+// Refuses a plan whose memory floor exceeds the host's limit (a length like 2^31 - 1 was killed by the OOM killer
+// after 79 s at 24 GB).
+void check_plan_memory(const std::vector<BoundPattern>& bound, const Problem& pr, Device device, const PlanOptions& options) {
+  const int64_t need = plan_host_bytes_floor(bound, pr, device, options);
+  if (need == 0) return;
+  const int64_t have = host_memory_limit();
+  if (have <= 0 || need <= have) return;
+  char msg[400];
+  std::snprintf(msg, sizeof msg,
+                "the plan of '%.80s' at %lld x %lld needs at least %.1f GiB of host memory (the fused CPU engine's tiles, "
+                "24 bytes a query row per run of a row); the limit is %.1f GiB (this machine's memory, or "
+                "SPATTN_MEMORY_LIMIT)",
+                bound.empty() ? "" : bound[0].spec().c_str(), (long long)pr.q_len, (long long)pr.kv_len,
+                double(need) / double(1 << 30), double(have) / double(1 << 30));
+  throw Error(msg);
+}
+
 }  // namespace
+
+int64_t plan_host_bytes_floor(const std::vector<BoundPattern>& patterns, const Problem& pr, Device device,
+                              const PlanOptions& options) {
+  if (device.kind != Device::Kind::cpu || (options.engine != Engine::automatic && options.engine != Engine::cpu_fused))
+    return 0;
+  constexpr int64_t kSamples = 64;
+  constexpr double kBytesPerRun = 24;
+  double total = 0;
+  std::vector<std::string> seen;
+  RowRuns runs;
+  for (const BoundPattern& b : patterns) {
+    if (!b.spec().empty() && std::find(seen.begin(), seen.end(), b.spec()) != seen.end()) continue;
+    seen.push_back(b.spec());
+    const int64_t rows = std::min(kSamples, pr.q_len);
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      b.row(int64_t(double(i) * double(pr.q_len) / double(rows)), runs);
+      n += int64_t(runs.size());
+    }
+    total += double(pr.q_len) * kBytesPerRun * std::max(1.0, rows ? double(n) / double(rows) : 0.0);
+  }
+  return int64_t(std::min(total, 9e18));
+}
 
 Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Device device, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -175,6 +183,7 @@ Plan make_plan(const std::vector<Pattern>& patterns, const Problem& problem, Dev
   std::vector<BoundPattern> bound;
   bound.reserve(patterns.size());
   for (const Pattern& p : patterns) bound.push_back(p.bind(problem.q_len, problem.kv_len));
+  check_plan_memory(bound, problem, device, options);
   return build(plan_patterns(bound, problem), problem, device, options, t0);
 }
 
@@ -187,6 +196,7 @@ Plan make_plan(const std::vector<BoundPattern>& patterns, const Problem& problem
       throw Error("pattern '" + p.spec() + "' is bound to " + std::to_string(p.q_len()) + " x " +
                   std::to_string(p.k_len()) + ", the problem is " + std::to_string(problem.q_len) + " x " +
                   std::to_string(problem.kv_len) + " (q_len x kv_len)");
+  check_plan_memory(patterns, problem, device, options);
   return build(plan_patterns(patterns, problem), problem, device, options, t0);
 }
 
@@ -234,7 +244,7 @@ std::string Plan::explain() const {
   const Problem& pr = im.problem;
   std::ostringstream s;
   s << "engine " << engine_name(im.engine) << " on " << im.device.str();
-  if (im.device.kind == Device::Kind::cuda) s << " (" << plan::cuda_device_name(im.device.index) << ")";
+  if (im.device.kind == Device::Kind::cuda) s << " (" << cuda::device_name(im.device.index) << ")";
   s << " (" << im.why << "), kernel " << im.backend->kernel() << "\n";
   s << "problem: batch " << pr.batch << ", heads " << pr.q_heads << " (kv " << pr.kv_heads << "), lengths " << pr.q_len
     << " x " << pr.kv_len << ", head dim " << pr.head_dim << " (value " << pr.dv() << "), " << dtype_name(pr.dtype)

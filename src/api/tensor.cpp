@@ -128,7 +128,7 @@ void Problem::validate() const {
   need(kv_len >= 0, "key length must not be negative, got " + std::to_string(kv_len));
   need(head_dim >= 1, "head dim must be at least 1, got " + std::to_string(head_dim));
   need(value_dim >= 0, "value dim must not be negative, got " + std::to_string(value_dim));
-  need(std::isfinite(scale), "scale must be finite");
+  need(!scale || std::isfinite(*scale), "scale must be finite, got " + std::to_string(scale.value_or(0)));
   // Heads first: B * H counts work items and lse rows even when a length is 0.
   const int64_t in = dtype_size(dtype), out = 8;  // outputs: fp32, or fp64 from the reference
   checked_bytes("q [B, H, Lq, D]", {batch, q_heads, q_len, head_dim}, in);

@@ -13,7 +13,7 @@ namespace spattn::common {
 
 // A std::allocator that leaves new elements of trivial types uninitialised (resize() writes nothing).
 // Blocks of 2 MiB or more are 2 MiB aligned and advised for transparent huge pages (Linux): a random plan's
-// residue keys (src/cpu) and a GPU plan's bitmasks (plan/block_plan.hpp) are written once, and 4 KiB pages made a page
+// residue keys (src/cpu) and a GPU plan's bitmasks (plan/gpu/block_plan.hpp) are written once, and 4 KiB pages made a page
 // fault per thousand keys.
 template <class T>
 struct HugeUninitAllocator : std::allocator<T> {

@@ -63,7 +63,7 @@ class CpuBackend final : public Backend {
                 const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 Stream) const override {
     // A compound plan's backward runs on one tile list over the whole pattern, planned at the first call: with the
-    // merged LSE every part's P is exact (KERNELS.md section 4), so the parts need no backward of their own.
+    // merged LSE every part's P is exact (docs/KERNELS.md section 4), so the parts need no backward of their own.
     if (compound_) std::call_once(bwd_once_, [&] { bwd_plan_.emplace(pats_, problem_, options_, analyses_); });
     const cpu::FusedPlan& plan = compound_ ? *bwd_plan_ : *plan_;
     const std::string ran = plan.backward(q, k, v, o, lse, dout, dq, dk, dv, options_).describe();

@@ -118,6 +118,161 @@ int choose_split(int64_t groups, int threads, int64_t units_per_group, double sl
   return best;
 }
 
+// Units of work per kv head: (query head, tile) with its cost, cut into slices of about equal cost; the tasks (a
+// batch element's kv head, a slice) most costly first.
+struct Unit {
+  int32_t h, tile;
+};
+struct Slice {
+  int64_t begin, end;  // units
+  int32_t key0, nkeys;  // the keys its tiles keep: [key0, key0 + nkeys)
+  double cost;
+  int64_t partial;  // offset of its partials (per batch element: + b * partial_per_b), S > 1
+};
+struct Task {
+  int64_t g;
+  int s;
+};
+struct BackwardWork {
+  std::vector<std::vector<Unit>> units;  // [HK]
+  int S = 1;                             // slices a kv head (`split`, or chosen where 0)
+  std::vector<Slice> slices;             // [HK * S]
+  int64_t partial_per_b = 0;             // the slices' dK / dV partials a batch element (S > 1)
+  std::vector<Task> tasks;
+};
+// HK kv heads of `group` query heads each, G = B * HK groups, over the plans (and their tiles' key ranges) of the
+// query heads; DP, DVP: a packed K and V row's floats.
+BackwardWork slice_work(const std::vector<PatternPlan>& plans, const std::vector<int>& plan_of_head,
+                        const std::vector<std::vector<std::pair<int32_t, int32_t>>>& tile_keys, int64_t HK,
+                        int64_t group, int64_t G, int64_t Lk, int64_t DP, int64_t DVP, int split, int threads) {
+  BackwardWork w;
+  std::vector<std::vector<Unit>>& units = w.units;
+  units.resize(static_cast<size_t>(HK));
+  std::vector<std::vector<double>> unit_cost(static_cast<size_t>(HK));
+  int64_t max_units = 0;
+  for (int64_t hk = 0; hk < HK; ++hk) {
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+      const PatternPlan& pl = plans[size_t(plan_of_head[size_t(h)])];
+      for (size_t t = 0; t < pl.tiles.size(); ++t) {
+        units[size_t(hk)].push_back({int32_t(h), int32_t(t)});
+        unit_cost[size_t(hk)].push_back(pl.tiles[t].cost);
+      }
+    }
+    max_units = std::max<int64_t>(max_units, int64_t(units[size_t(hk)].size()));
+  }
+  const int S = w.S = split > 0 ? split : choose_split(G, threads, max_units, double(Lk) * double(DP + DVP) * 4);
+  std::vector<Slice>& slices = w.slices;
+  slices.resize(size_t(HK * S));
+  int64_t& partial_per_b = w.partial_per_b;
+  for (int64_t hk = 0; hk < HK; ++hk) {
+    const auto& uc = unit_cost[size_t(hk)];
+    const double total = std::accumulate(uc.begin(), uc.end(), 0.0);
+    int64_t u = 0;
+    double done = 0;  // cost of the units in earlier slices
+    for (int s = 0; s < S; ++s) {
+      Slice& sl = slices[size_t(hk * S + s)];
+      sl.begin = u;
+      const double bound = total * (s + 1) / S;
+      while (u < int64_t(uc.size()) && (s + 1 == S || done + 0.5 * uc[size_t(u)] <= bound)) done += uc[size_t(u++)];
+      sl.end = u;
+      int32_t lo = std::numeric_limits<int32_t>::max(), hi = -1;
+      sl.cost = 0;
+      for (int64_t i = sl.begin; i < sl.end; ++i) {
+        const Unit& un = units[size_t(hk)][size_t(i)];
+        const auto& r = tile_keys[size_t(plan_of_head[size_t(un.h)])][size_t(un.tile)];
+        lo = std::min(lo, r.first), hi = std::max(hi, r.second);
+        sl.cost += uc[size_t(i)];
+      }
+      sl.key0 = hi >= lo ? lo : 0;
+      sl.nkeys = hi >= lo ? hi - lo + 1 : 0;
+      sl.partial = partial_per_b;
+      if (S > 1) partial_per_b += int64_t(sl.nkeys) * (DP + DVP);
+    }
+  }
+  std::vector<Task>& tasks = w.tasks;
+  for (int64_t g = 0; g < G; ++g)
+    for (int s = 0; s < S; ++s) tasks.push_back({g, s});
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) {
+    return slices[size_t((a.g % HK) * S + a.s)].cost > slices[size_t((b.g % HK) * S + b.s)].cost;
+  });
+  return w;
+}
+
+// The backward's phases on `nthreads` threads, each phase's tasks drawn in order: the packing tasks, then (after a
+// barrier) the tile tasks, then, where there are any, the reduce tasks; every thread's scratch holds
+// `scratch_floats` first. A thread that throws (an allocation) still meets the barriers, doing no more work; the
+// first error is rethrown after the region (parallel_for's own rethrow would come after the others had waited
+// forever).
+template <class Pack, class Run, class Reduce>
+void run_phases(int nthreads, int64_t npack, int64_t ntasks, int64_t nreduce, int64_t scratch_floats, Pack&& pack,
+                Run&& run, Reduce&& reduce) {
+  std::atomic<int64_t> next_pack{0}, next_task{0}, next_reduce{0};
+  common::Barrier barrier(nthreads);
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto guarded = [&](auto&& phase) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    try {
+      phase();
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
+  common::parallel_for(nthreads, nthreads, [&](int64_t, int) {
+    guarded([&] {
+      AlignedFloats& scr = scratch_buffer();
+      if (scr.cap < scratch_floats + 16) scr.resize(scratch_floats);
+      for (int64_t i; !failed && (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < npack;) pack(i);
+    });
+    barrier.wait();
+    guarded([&] {
+      for (int64_t i; !failed && (i = next_task.fetch_add(1, std::memory_order_relaxed)) < ntasks;) run(i);
+    });
+    if (nreduce == 0) return;
+    barrier.wait();
+    guarded([&] {
+      for (int64_t i; !failed && (i = next_reduce.fetch_add(1, std::memory_order_relaxed)) < nreduce;) reduce(i);
+    });
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+// A backward call's views against the problem (o and lse may be missing: then recomputed).
+void check_backward_args(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                         const TensorView& dk, const TensorView& dv) {
+  p.check_backward_views(q, k, v, dout, dq, dk, dv, true);
+  if (o.data) Problem::check_view(o, "o", {p.batch, p.q_len, p.q_heads, p.dv()});
+  if (lse.data) {
+    Problem::check_view(lse, "lse", {p.batch, p.q_heads, p.q_len, 1});
+    if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
+      throw Error("fused CPU backward: lse must be fp32 or fp64, got " + std::string(dtype_name(lse.dtype)));
+  }
+}
+
+// Every gradient 0 (a zero length: no kept score).
+void zero_gradients(const Problem& p, const TensorView& dq, const TensorView& dk, const TensorView& dv, int threads) {
+  const int64_t Lq = p.q_len, Lk = p.kv_len, L = std::max(Lq, Lk);
+  common::parallel_for(p.batch * L, threads, [&](int64_t i, int) {
+    const int64_t b = i / L, l = i % L;
+    for (int64_t h = 0; l < Lq && h < p.q_heads; ++h) store_row(dq, b, l, h, nullptr, p.head_dim);
+    for (int64_t h = 0; l < Lk && h < p.kv_heads; ++h)
+      store_row(dk, b, l, h, nullptr, p.head_dim), store_row(dv, b, l, h, nullptr, p.dv());
+  });
+}
+
+// Where the tiles add dQ: straight into the caller's fp32 view, or into fp32 rows (`rows`, [B][Lq][H][D]) converted
+// at the end.
+struct DqRows {
+  float* p;
+  int64_t sb, ld, sh, inc;
+};
+DqRows dq_rows(const TensorView& dq, AlignedFloats& rows, int64_t B, int64_t Lq, int64_t H, int64_t D) {
+  if (dq.dtype == DType::f32) return {static_cast<float*>(dq.data), dq.stride[0], dq.stride[1], dq.stride[2], dq.stride[3]};
+  rows.resize(B * Lq * H * D);
+  return {rows.ptr, Lq * H * D, H * D, D, 1};
+}
+
 }  // namespace
 }  // namespace fused
 
@@ -138,14 +293,8 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   const Impl& im = *impl_;
   const Problem& p = im.problem;
   const int64_t B = p.batch, Lq = p.q_len, Lk = p.kv_len, H = p.q_heads, HK = p.kv_heads, D = p.head_dim, Dv = p.dv();
-  p.check_backward_views(q, k, v, dout, dq, dk, dv, true);
+  check_backward_args(p, q, k, v, o, lse, dout, dq, dk, dv);
   const bool given = o.data && lse.data;
-  if (o.data) Problem::check_view(o, "o", {B, Lq, H, Dv});
-  if (lse.data) {
-    Problem::check_view(lse, "lse", {B, H, Lq, 1});
-    if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
-      throw Error("fused CPU backward: lse must be fp32 or fp64, got " + std::string(dtype_name(lse.dtype)));
-  }
   const KernelSet& ks = *im.ks;
   BackwardStats stats;
   stats.isa = ks.name;
@@ -154,11 +303,7 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   if (options.split < 0) throw Error("backward split must be >= 0 (0: chosen), got " + std::to_string(options.split));
   if (B == 0 || H == 0) return stats;
   if (Lq == 0 || Lk == 0) {  // no kept score: every gradient is 0
-    parallel_for(B * std::max(Lq, Lk), threads, [&](int64_t i, int) {
-      const int64_t b = i / std::max(Lq, Lk), l = i % std::max(Lq, Lk);
-      for (int64_t h = 0; l < Lq && h < H; ++h) store_row(dq, b, l, h, nullptr, D);
-      for (int64_t h = 0; l < Lk && h < HK; ++h) store_row(dk, b, l, h, nullptr, D), store_row(dv, b, l, h, nullptr, Dv);
-    });
+    zero_gradients(p, dq, dk, dv, threads);
     return stats;
   }
   std::call_once(im.bwd_once, [&] {
@@ -196,79 +341,19 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   std::unique_ptr<std::atomic<bool>[]> bad(new std::atomic<bool>[size_t(G)]);
   for (int64_t g = 0; g < G; ++g) bad[size_t(g)].store(false, std::memory_order_relaxed);
 
-  // Units of work per kv head: (query head, tile) with its cost, cut into `split` slices of about equal cost.
-  struct Unit {
-    int32_t h, tile;
-  };
-  std::vector<std::vector<Unit>> units(static_cast<size_t>(HK));
-  std::vector<std::vector<double>> unit_cost(static_cast<size_t>(HK));
-  int64_t max_units = 0;
-  for (int64_t hk = 0; hk < HK; ++hk) {
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-      const PatternPlan& pl = im.plans[size_t(im.plan_of_head[size_t(h)])];
-      for (size_t t = 0; t < pl.tiles.size(); ++t) {
-        units[size_t(hk)].push_back({int32_t(h), int32_t(t)});
-        unit_cost[size_t(hk)].push_back(pl.tiles[t].cost);
-      }
-    }
-    max_units = std::max<int64_t>(max_units, int64_t(units[size_t(hk)].size()));
-  }
-  const int S = options.split > 0 ? options.split : choose_split(G, threads, max_units, double(Lk) * double(DP + DVP) * 4);
+  const BackwardWork work = slice_work(im.plans, im.plan_of_head, im.tile_keys, HK, group, G, Lk, DP, DVP, options.split, threads);
+  const std::vector<std::vector<Unit>>& units = work.units;
+  const int S = work.S;
+  const std::vector<Slice>& slices = work.slices;
+  const int64_t partial_per_b = work.partial_per_b;
+  const std::vector<Task>& tasks = work.tasks;
   stats.split = S;
-  struct Slice {
-    int64_t begin, end;  // units
-    int32_t key0, nkeys;  // the keys its tiles keep: [key0, key0 + nkeys)
-    double cost;
-    int64_t partial;  // offset of its partials (per batch element: + b * partial_per_b), S > 1
-  };
-  std::vector<Slice> slices(size_t(HK * S));
-  int64_t partial_per_b = 0;
-  for (int64_t hk = 0; hk < HK; ++hk) {
-    const auto& uc = unit_cost[size_t(hk)];
-    const double total = std::accumulate(uc.begin(), uc.end(), 0.0);
-    int64_t u = 0;
-    double done = 0;  // cost of the units in earlier slices
-    for (int s = 0; s < S; ++s) {
-      Slice& sl = slices[size_t(hk * S + s)];
-      sl.begin = u;
-      const double bound = total * (s + 1) / S;
-      while (u < int64_t(uc.size()) && (s + 1 == S || done + 0.5 * uc[size_t(u)] <= bound)) done += uc[size_t(u++)];
-      sl.end = u;
-      int32_t lo = std::numeric_limits<int32_t>::max(), hi = -1;
-      sl.cost = 0;
-      for (int64_t i = sl.begin; i < sl.end; ++i) {
-        const Unit& un = units[size_t(hk)][size_t(i)];
-        const auto& r = im.tile_keys[size_t(im.plan_of_head[size_t(un.h)])][size_t(un.tile)];
-        lo = std::min(lo, r.first), hi = std::max(hi, r.second);
-        sl.cost += uc[size_t(i)];
-      }
-      sl.key0 = hi >= lo ? lo : 0;
-      sl.nkeys = hi >= lo ? hi - lo + 1 : 0;
-      sl.partial = partial_per_b;
-      if (S > 1) partial_per_b += int64_t(sl.nkeys) * (DP + DVP);
-    }
-  }
   AlignedFloats& partials = buf.partials;
   if (S > 1) partials.resize(B * partial_per_b);
-  struct Task {
-    int64_t g;
-    int s;
-  };
-  std::vector<Task> tasks;
-  for (int64_t g = 0; g < G; ++g)
-    for (int s = 0; s < S; ++s) tasks.push_back({g, s});
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) {
-    return slices[size_t((a.g % HK) * S + a.s)].cost > slices[size_t((b.g % HK) * S + b.s)].cost;
-  });
 
-  // dQ straight into the caller's fp32 view, or into fp32 rows converted at the end.
-  float* dqp = static_cast<float*>(dq.data);
-  int64_t dq_sb = dq.stride[0], dq_ld = dq.stride[1], dq_sh = dq.stride[2], dq_inc = dq.stride[3];
-  if (dq.dtype != DType::f32) {
-    buf.dq.resize(B * Lq * H * D);
-    dqp = buf.dq.ptr;
-    dq_sb = Lq * H * D, dq_ld = H * D, dq_sh = D, dq_inc = 1;
-  }
+  const DqRows dqr = dq_rows(dq, buf.dq, B, Lq, H, D);
+  float* const dqp = dqr.p;
+  const int64_t dq_sb = dqr.sb, dq_ld = dqr.ld, dq_sh = dqr.sh, dq_inc = dqr.inc;
 
   const float qscale = float(p.softmax_scale() * 1.4426950408889634), scale = float(p.softmax_scale());
   const int64_t sfloats = ks.bwd_scratch_floats(D, Dv);
@@ -276,8 +361,6 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   const int64_t reduce_tasks = S > 1 ? G * ((Lk + kReduceRows - 1) / kReduceRows) : 0;
   const int64_t dq_tasks = dq.dtype != DType::f32 ? q_tasks : 0;
   const int nthreads = int(std::max<int64_t>(1, std::min<int64_t>(threads, std::max<int64_t>(int64_t(tasks.size()), kv_tasks + q_tasks))));
-  std::atomic<int64_t> next_pack{0}, next_task{0}, next_reduce{0};
-  common::Barrier barrier(nthreads);
 
   // Packing (where asked) and each query row's lse2 and delta, tokens [l0, l0 + kPackRows) of a batch element.
   auto pack = [&](int64_t i) {
@@ -391,37 +474,9 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
       for (int64_t h = 0; h < H; ++h) store_row(dq, b, l, h, dqp + b * dq_sb + l * dq_ld + h * dq_sh, D);
   };
 
-  // A thread that throws (an allocation) still meets the barriers, doing no more work; the first error is rethrown
-  // after the region (parallel_for's own rethrow would come after the others had waited forever).
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto guarded = [&](auto&& phase) {
-    if (failed.load(std::memory_order_relaxed)) return;
-    try {
-      phase();
-    } catch (...) {
-      if (!failed.exchange(true)) error = std::current_exception();
-    }
-  };
-  parallel_for(nthreads, nthreads, [&](int64_t, int) {
-    guarded([&] {
-      AlignedFloats& scr = scratch_buffer();
-      if (scr.cap < std::max(sfloats, 2 * DVP) + 16) scr.resize(std::max(sfloats, 2 * DVP));
-      for (int64_t i; !failed && (i = next_pack.fetch_add(1, std::memory_order_relaxed)) < kv_tasks + q_tasks;) pack(i);
-    });
-    barrier.wait();
-    guarded([&] {
-      for (int64_t i; !failed && (i = next_task.fetch_add(1, std::memory_order_relaxed)) < int64_t(tasks.size());)
-        run_task(tasks[size_t(i)]);
-    });
-    if (reduce_tasks + dq_tasks == 0) return;
-    barrier.wait();
-    guarded([&] {
-      for (int64_t i; !failed && (i = next_reduce.fetch_add(1, std::memory_order_relaxed)) < reduce_tasks + dq_tasks;)
-        i < reduce_tasks ? reduce(i) : convert_dq(i - reduce_tasks);
-    });
-  });
-  if (error) std::rethrow_exception(error);
+  run_phases(nthreads, kv_tasks + q_tasks, int64_t(tasks.size()), reduce_tasks + dq_tasks, std::max(sfloats, 2 * DVP), pack,
+             [&](int64_t i) { run_task(tasks[size_t(i)]); },
+             [&](int64_t i) { i < reduce_tasks ? reduce(i) : convert_dq(i - reduce_tasks); });
 
   std::vector<int64_t> exact;
   for (int64_t g = 0; g < G; ++g)

@@ -1,6 +1,7 @@
 // The spec parser: PATTERNS.md's grammar, presets expanded into atoms, every error naming text and column.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -37,6 +38,46 @@ class Parser {
  private:
   // ---- errors ----
   [[noreturn]] void fail(const Token& t, const std::string& what) const { fail_at(t.column, what); }
+  // The length of the valid UTF-8 sequence at byte i of s (1 for ASCII), 0 where none starts there.
+  static size_t utf8_len(std::string_view s, size_t i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return 0;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return 0;
+    return n;
+  }
+  // Text for a message that stays valid UTF-8: what is not (a byte of a sequence cut short, a stray byte) as \xNN.
+  static std::string printable(std::string_view s) {
+    std::string out;
+    char buf[8];
+    for (size_t i = 0; i < s.size();) {
+      const size_t n = utf8_len(s, i);
+      if (n) {
+        out.append(s.substr(i, n));
+        i += n;
+      } else {
+        std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned char>(s[i++]));
+        out += buf;
+      }
+    }
+    return out;
+  }
+  // The character at byte i, quoted: a whole UTF-8 sequence with its code point ('∪' (U+222A); one byte of it made
+  // the message invalid UTF-8), a byte that starts none as \xNN.
+  static std::string quoted_char(std::string_view s, size_t i) {
+    const size_t n = utf8_len(s, i);
+    char buf[32];
+    if (n == 1 && std::isprint(static_cast<unsigned char>(s[i]))) return "'" + std::string(1, s[i]) + "'";
+    if (n <= 1) {
+      std::snprintf(buf, sizeof buf, "byte \\x%02X", static_cast<unsigned char>(s[i]));
+      return buf;
+    }
+    uint32_t cp = static_cast<unsigned char>(s[i]) & (0x7Fu >> n);
+    for (size_t k = 1; k < n; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+    std::snprintf(buf, sizeof buf, " (U+%04X)", cp);
+    return "'" + std::string(s.substr(i, n)) + "'" + buf;
+  }
   [[noreturn]] void fail_at(int64_t column, const std::string& what) const {
     std::ostringstream os;
     os << "pattern error at column " << column << ": " << what << " (in \"" << excerpt(column) << "\")";
@@ -45,10 +86,10 @@ class Parser {
   // The spec, or for a long one the text around `column` (a message quoting 30000 characters helps nobody).
   std::string excerpt(int64_t column) const {
     constexpr size_t kWhole = 160, kSide = 40;
-    if (spec_.size() <= kWhole) return std::string(spec_);
+    if (spec_.size() <= kWhole) return printable(spec_);
     const size_t at = std::min(size_t(column - 1), spec_.size());
     const size_t b = at > kSide ? at - kSide : 0, e = std::min(spec_.size(), at + kSide);
-    return (b > 0 ? "..." : "") + std::string(spec_.substr(b, e - b)) + (e < spec_.size() ? "..." : "");
+    return (b > 0 ? "..." : "") + printable(spec_.substr(b, e - b)) + (e < spec_.size() ? "..." : "");
   }
   std::string rest_from(const Token& t) const { return std::string(spec_.substr(size_t(t.column - 1))); }
   std::string text_between(int64_t col0, int64_t col1) const {  // [col0, col1) 1-based
@@ -76,7 +117,7 @@ class Parser {
         toks_.push_back({Token::Symbol, std::string(1, c), int64_t(i + 1)});
         ++i;
       } else {
-        fail_at(int64_t(i + 1), std::string("unexpected character '") + c + "'");
+        fail_at(int64_t(i + 1), "unexpected character " + quoted_char(spec_, i));
       }
     }
     toks_.push_back({Token::End, "", int64_t(spec_.size() + 1)});

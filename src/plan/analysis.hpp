@@ -1,7 +1,7 @@
 // plan/analysis.hpp — what is known about a bound pattern before any backend sees it.
 //
 // One analysis per (pattern, lengths), computed once by make_plan and handed to every backend's tiler:
-// the CPU tile builder (src/cpu/fused.cpp) and the GPU tile planner (plan/block_plan.hpp) read their
+// the CPU tile builder (src/cpu/fused.cpp) and the GPU tile planner (plan/gpu/block_plan.hpp) read their
 // permutation, neighborhood grid and band rows from here instead of sampling the pattern themselves.
 #pragma once
 #include <cstdint>

@@ -42,8 +42,5 @@ std::unique_ptr<Backend> make_cuda_fused_backend(const Planned& p, const Problem
                                                  const PlanOptions& options);
 std::unique_ptr<Backend> make_cuda_unfused_backend(const Planned& p, const Problem& problem, int device,
                                                    const PlanOptions& options);
-// CUDA devices this build and machine have (0 without CUDA).
-int cuda_device_count();
-std::string cuda_device_name(int device);
 
 }  // namespace spattn::plan

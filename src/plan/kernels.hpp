@@ -2,17 +2,17 @@
 //
 // The one list of configurations. It drives
 //   dispatch      the CUDA launch code instantiates exactly the GPU rows (src/cuda/fused/launch.cuh),
-//   the planner   its tile-shape candidates and their measured costs (plan/block_plan.cpp),
+//   the planner   its tile-shape candidates and their measured costs (plan/gpu),
 //   explain       the chosen row's name (Plan::kernel, Plan::last_kernel),
 //   the tests     the GPU sweep runs every row (tests/gpu/fused_test.cpp).
 // A plan stores the index of the row it chose; the row that actually ran is recorded at launch.
-// Plain constexpr data, no includes beyond <cstdint>: nvcc compiles it into the kernel files.
+// Plain constexpr data, no includes beyond <cstdint> and spattn/engine.hpp: nvcc compiles it into the kernel files.
 #pragma once
 #include <cstdint>
 
-namespace spattn::plan {
+#include "spattn/engine.hpp"
 
-enum class Engine : uint8_t { cpu_fused, cuda_fused, cuda_unfused };
+namespace spattn::plan {
 
 enum class KernelKind : uint8_t {
   cpu_tiles,    // the CPU fused kernel (query tiles over key blocks and residue rows), per ISA

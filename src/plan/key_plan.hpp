@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 
 namespace spattn::plan {
 

@@ -4,7 +4,7 @@
 
 namespace spattn::plan {
 
-// Key strips (plan/block_plan.hpp, BlockPlan::strips): slot r (< 64) of a strip of width W (1 ... 64) and `count` token
+// Key strips (plan/gpu/block_plan.hpp, BlockPlan::strips): slot r (< 64) of a strip of width W (1 ... 64) and `count` token
 // slots holds token base + (r / W) * sx + (r % W) * sy, padding from slot count on. DevicePlan uploads each strip
 // entry with the base token and strip_pack(W, count) as its last two words; the kernels divide by W as
 // (r * strip_inv(W)) >> kStripShift, exact for every r < 64 and W <= 64 (error r * (inv - 4096 / W) / 4096 < r / 4096

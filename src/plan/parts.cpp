@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "common/parallel.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "plan/kernels.hpp"
 
 namespace spattn::plan {

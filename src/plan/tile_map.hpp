@@ -13,7 +13,7 @@
 // Grids have 1 to 3 axes; here they are always 3, right-aligned (a 2-D grid n0 x n1 is 1 x n0 x n1), so that a
 // token is (c0 * dims[1] + c1) * dims[2] + c2 and the last axis is axis 2.
 //
-// One source for the box shapes of every tiler: the GPU tile planner (plan/block_plan.hpp: query and key boxes of
+// One source for the box shapes of every tiler: the GPU tile planner (plan/gpu/block_plan.hpp: query and key boxes of
 // its tile sizes) and the CPU engine's query tiles (src/cpu/fused.cpp: key "boxes" of one key, so the cost is the
 // keys a query tile's windows cover).
 #pragma once

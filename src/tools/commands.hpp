@@ -41,19 +41,7 @@ struct RunBackward {
 double run_cuda(const Pattern& pattern, const Problem& problem, const TensorView& q, const TensorView& k,
                 const TensorView& v, float* o, float* lse, const PlanOptions& options, std::string* engine,
                 RunBackward* backward = nullptr);
-int bench_cpu_main(int argc, char** argv);
-// `spattn dist-bench` (bench/dist_bench.cpp): context-parallel attention, its schedule and simulated ranks.
-int dist_bench_main(int argc, char** argv);
-// `spattn bench --plan-time` (bench/plan_time.cpp): the GPU engine's planning stages, timed on the host.
-int bench_plan_main(int argc, char** argv);
-// The standard suite of `spattn bench` at length L (bench/bench_cpu.cpp): name and spec of each case.
-struct BenchCase {
-  std::string name, spec;
-};
-std::vector<BenchCase> standard_suite(int64_t L);
 // `spattn tsvd ...` (src/tools/tsvd.cpp); argv[1] is "tsvd".
 int tsvd_main(int argc, char** argv);
-// `spattn tsvd bench` (bench/tsvd_bench.cpp; the GPU).
-int tsvd_bench_main(int argc, char** argv);
 
 }  // namespace spattn::tools

@@ -17,15 +17,17 @@
 #include "spattn/pattern.hpp"
 #include "spattn/reference.hpp"
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "spattn/plan.hpp"
-#include "tools/args.hpp"
-#include "bench/bench_cuda.hpp"
+#include "common/args.hpp"
+#include "bench/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/npy.hpp"
 #include "tools/png.hpp"
 
 namespace spattn::tools {
+using common::Args;
 namespace {
 
 const char* kUsage =
@@ -37,7 +39,8 @@ const char* kUsage =
     "  bench    benchmark suite\n"
     "  dist-bench  context-parallel attention over W ranks: bytes exchanged, simulated ranks\n"
     "  info     version, build options, CPU, GPUs\n"
-    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n";
+    "  tsvd     tiled SVD compression of a weight matrix and the matmul through it   (spattn tsvd help)\n"
+    "`spattn run` with no options: attention on a default Longformer-style problem.\n";
 
 const char* kRunUsage =
     "usage: spattn run [--pattern SPEC] [--len L | --q-len A --k-len B] [--batch B] [--heads H] [--kv-heads HK]\n"
@@ -100,6 +103,8 @@ int cmd_mask(int argc, char** argv) {
   Args a(argc, argv, 2, {"pattern", "len", "q-len", "k-len"}, {});
   const auto [lq, lk] = lengths(a, -1);
   const BoundPattern p = Pattern::parse(require(a, "pattern")).bind(lq, lk);
+  if (lq == 0)  // (on stderr: stdout keeps one line a query row, here none)
+    std::fprintf(stderr, "spattn mask: no query rows: the mask is 0 x %lld\n", static_cast<long long>(lk));
   std::string buf;
   std::vector<int64_t> keys;
   char num[24];
@@ -157,13 +162,15 @@ int cmd_show(int argc, char** argv) {
   if (size < 1 || size > 8192) throw Error("--size must be in [1, 8192], got " + std::to_string(size));
   const int64_t W = std::max<int64_t>(1, std::min(lk, size)), H = std::max<int64_t>(1, std::min(lq, size));
   // Kept entries of each picture cell (bins of rows by bins of keys), from the row runs: a run adds to each bin it
-  // spans the number of its keys there, so a long strided run costs its bins, not its keys.
+  // spans the number of its keys there, so a long strided run costs its bins, not its keys. One binning rule for
+  // rows, keys and the cells' sizes: index i of n goes to bin i * bins / n, so bin b starts at ceil(b * n / bins).
   std::vector<double> kept(size_t(W * H), 0.0);
-  auto col_bin = [&](int64_t k) { return k * W / lk; };
-  auto bin_start = [&](int64_t x) { return (x * lk + W - 1) / W; };  // first key of bin x
+  auto bin_of = [](int64_t i, int64_t n, int64_t bins) { return i * bins / n; };
+  auto bin_start = [](int64_t b, int64_t n, int64_t bins) { return (b * n + bins - 1) / bins; };
+  auto col_bin = [&](int64_t k) { return bin_of(k, lk, W); };
   RowRuns runs;
   for (int64_t q = 0; q < lq; ++q) {
-    double* cells = &kept[size_t(q * H / lq * W)];
+    double* cells = &kept[size_t(bin_of(q, lq, H) * W)];
     p.row(q, runs);
     for (const Run& r : runs) {
       if (r.count <= 0) continue;
@@ -173,7 +180,7 @@ int cmd_show(int argc, char** argv) {
         continue;
       }
       for (int64_t x = x0; x <= x1; ++x) {  // keys start + t * stride in [a, b)
-        const int64_t ka = std::max(bin_start(x), r.start), kb = std::min(bin_start(x + 1), r.end());
+        const int64_t ka = std::max(bin_start(x, lk, W), r.start), kb = std::min(bin_start(x + 1, lk, W), r.end());
         if (ka >= kb) continue;
         const int64_t t0 = (ka - r.start + r.stride - 1) / r.stride, t1 = (kb - 1 - r.start) / r.stride;
         if (t1 >= t0) cells[x] += double(t1 - t0 + 1);
@@ -181,7 +188,7 @@ int cmd_show(int argc, char** argv) {
     }
   }
   auto entries = [&](int64_t y, int64_t x) {
-    return double((y + 1) * lq / H - y * lq / H) * double((x + 1) * lk / W - x * lk / W);
+    return double(bin_start(y + 1, lq, H) - bin_start(y, lq, H)) * double(bin_start(x + 1, lk, W) - bin_start(x, lk, W));
   };
   const bool exact = W == lk && H == lq;
   char scale[160];
@@ -218,7 +225,7 @@ int cmd_explain(int argc, char** argv) {
   pr.q_len = lq;
   pr.kv_len = lk;
   pr.batch = a.integer("batch", 1);
-  pr.q_heads = a.integer("heads", 1);
+  pr.q_heads = a.integer("heads", 4);  // run's default too
   pr.kv_heads = a.integer("kv-heads", pr.q_heads);
   pr.head_dim = a.integer("dim", 64);
   pr.dtype = parse_dtype(a.str("dtype", dev.kind == Device::Kind::cpu ? "fp32" : "bf16"));
@@ -231,14 +238,28 @@ int cmd_explain(int argc, char** argv) {
   if (lq == 0 || lk == 0) {
     preview = "fused     no tiles: the mask is " + std::to_string(lq) + " x " + std::to_string(lk) + "\n";
   } else if (dev.kind == Device::Kind::cpu) {
-    // The tile plan the fused GPU kernel would run (built on the CPU; Hopper with the TMA kernel assumed).
+    // What the fused GPU engine would launch (the planner's decision, made on the CPU for an sm_90a device of 132
+    // SMs with default options): each tile list's plan, row and why; a compound split's parts one a line.
     const auto t0 = std::chrono::steady_clock::now();
     const plan::Analysis an = plan::analyze(p);
-    const plan::BlockPlan fp = plan::choose_block_plan(p, an, pr.head_dim, 0, 0, -1, true);
+    const plan::PatternDecision d = plan::decide_pattern(p, an, pr.head_dim, plan::GpuTarget{90, 132}, PlanOptions{});
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t i = 0; i < d.split.parts.size(); ++i) {
+      const plan::Part& part = d.split.parts[i];
+      preview += i == 0 ? "fused     D=" + std::to_string(pr.head_dim) + ", sm_90a: "
+                        : "          " + std::string(plan::part_kind_name(part.kind)) + " part: ";
+      if (!d.launches[i]) {
+        preview += "kernel cuda_scattered (" + plan::describe(part) + ")\n";
+        continue;
+      }
+      const plan::LaunchDecision& l = *d.launches[i];
+      preview += l.tiles.describe() + "; kernel " + (l.kernel_row >= 0 ? plan::kKernels[l.kernel_row].name : "none") +
+                 " (" + l.why + ")" + (i == 0 && d.compound() ? "; compound: the " + std::string(plan::part_kind_name(part.kind)) + " part" : "") +
+                 "\n";
+    }
     char line[64];
-    std::snprintf(line, sizeof line, "; chosen among the tile shapes in %.1f ms\n", ms);
-    preview = "fused     D=" + std::to_string(pr.head_dim) + ", sm_90a: " + fp.describe() + line;
+    std::snprintf(line, sizeof line, "          planned in %.1f ms\n", ms);
+    preview += line;
   }
   std::printf("%s\n%s%s", plan.explain().c_str(), plan::block_histogram(p).c_str(), preview.c_str());
   return 0;
@@ -283,7 +304,7 @@ int cmd_run(int argc, char** argv) {
   o.problem.head_dim = a.integer("dim", 64);
   o.problem.value_dim = a.integer("value-dim", 0);
   o.problem.dtype = parse_dtype(a.str("dtype", "fp32"));
-  o.problem.scale = a.real("scale", 0.0);
+  if (a.has("scale")) o.problem.scale = a.real("scale", 0.0);  // 0 is a scale (uniform attention), not the default
   o.seed = uint64_t(a.integer("seed", 0));
   o.q_path = a.str("q");
   o.k_path = a.str("k");
@@ -297,7 +318,7 @@ int cmd_run(int argc, char** argv) {
   o.impl = a.str("impl", "auto");
   o.device = a.str("device", "cpu");
   o.threads = int(a.integer("threads", 0));
-  o.verbose = defaults || o.out_path.empty();
+  o.verbose = true;  // the timing line with --out too (it was hidden)
   for (const char* f : {"len", "q-len", "k-len", "batch", "heads", "kv-heads", "dim", "value-dim", "dtype"})
     if (a.has(f)) o.shape_flags.push_back(std::string("--") + f);
   // Options that would do nothing are refused rather than ignored.
@@ -306,7 +327,8 @@ int cmd_run(int argc, char** argv) {
     throw Error("--seed draws random inputs; with --q, --k and --v (and --do) nothing is random: drop --seed");
   if (o.device == "cuda" && a.has("threads"))
     throw Error("--threads sets the CPU engine's threads; --device cuda does not use it: drop --threads");
-  if (!defaults && !files && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
+  // (not with some of --q, --k, --v: that is an error below, which the note about L came before)
+  if (!defaults && !a.has("q") && !a.has("k") && !a.has("v") && !a.has("len") && !a.has("q-len") && !a.has("k-len"))
     std::fprintf(stderr, "spattn run: no --len given: L = %lld (the default)\n", (long long)o.problem.q_len);
   return run_attention(o);
 }
@@ -314,10 +336,9 @@ int cmd_run(int argc, char** argv) {
 }  // namespace
 
 int main_impl(int argc, char** argv) {
-  if (argc < 2) {
-    // No command: the default job.
-    char* args[] = {argv[0], const_cast<char*>("run")};
-    return cmd_run(2, args);
+  if (argc < 2) {  // no command: the list of commands (`spattn run` runs the default problem)
+    std::cout << kUsage;
+    return 0;
   }
   const std::string cmd = argv[1];
   // `spattn <command> --help` (or -h) anywhere among the options: that command's usage.
@@ -326,9 +347,9 @@ int main_impl(int argc, char** argv) {
   if (help) {
     if (cmd == "bench") {
       for (int i = 2; i < argc; ++i)
-        if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
+        if (std::string(argv[i]) == "--plan-time") return bench::bench_plan_main(argc, argv);
       char* args[] = {argv[0], argv[1], const_cast<char*>("--help")};
-      return bench_cpu_main(3, args);
+      return bench::bench_cpu_main(3, args);
     }
     for (auto [name, usage] : {std::pair{"run", kRunUsage}, {"mask", kMaskUsage}, {"show", kShowUsage},
                                {"explain", kExplainUsage}, {"info", kInfoUsage}})
@@ -337,7 +358,7 @@ int main_impl(int argc, char** argv) {
         return 0;
       }
   }
-  if (cmd == "dist-bench") return dist_bench_main(argc, argv);
+  if (cmd == "dist-bench") return bench::dist_bench_main(argc, argv);
   if (cmd == "mask") return cmd_mask(argc, argv);
   if (cmd == "run") return cmd_run(argc, argv);
   if (cmd == "show") return cmd_show(argc, argv);
@@ -346,16 +367,16 @@ int main_impl(int argc, char** argv) {
   if (cmd == "tsvd") return tsvd_main(argc, argv);
   if (cmd == "bench") {
     for (int i = 2; i < argc; ++i)
-      if (std::string(argv[i]) == "--plan-time") return bench_plan_main(argc, argv);
+      if (std::string(argv[i]) == "--plan-time") return bench::bench_plan_main(argc, argv);
     for (int i = 2; i + 1 < argc; ++i)
       if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {
 #if SPATTN_HAVE_CUDA
-        return bench_cuda_main(argc - 2, argv + 2);
+        return bench::bench_cuda_main(argc - 2, argv + 2);
 #else
         throw Error("this build of spattn has no CUDA support: rebuild with a CUDA compiler (SPATTN_CUDA=ON)");
 #endif
       }
-    return bench_cpu_main(argc, argv);
+    return bench::bench_cpu_main(argc, argv);
   }
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::cout << kUsage;

@@ -5,8 +5,7 @@
 #include <cstdlib>
 #include <random>
 
-#include <unistd.h>
-
+#include "spattn/device.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/plan.hpp"
 #include "tools/commands.hpp"
@@ -47,19 +46,25 @@ HostTensor from_npy(const std::string& path, const char* what) {
   return h;
 }
 
-// Refuses a problem whose host tensors (q, k, v, O and the LSE) exceed this machine's memory: an error now
-// rather than minutes of swapping or the OOM killer. `p` is validated (its sizes fit in 63 bits).
-void check_host_memory(const Problem& p) {
+// Refuses a problem whose host tensors (q, k, v, O and the LSE) and plan (at least plan_bytes, make_plan's floor)
+// exceed this machine's memory (host_memory_limit): an error now rather than minutes of planning, swapping or the
+// OOM killer. `p` is validated (its sizes fit in 63 bits).
+void check_host_memory(const Problem& p, int64_t plan_bytes) {
   const double in = double(dtype_size(p.dtype)), B = double(p.batch);
   const double need = B * (double(p.q_len) * double(p.q_heads) * (double(p.head_dim) * in + double(p.dv()) * 4 + 4) +
                            double(p.kv_len) * double(p.kv_heads) * double(p.head_dim + p.dv()) * in);
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;  // unknown: let the allocation decide
-  const double have = double(pages) * double(page), gib = double(1 << 30);
-  if (need > have) {
-    char msg[200];
-    std::snprintf(msg, sizeof msg, "this problem needs %.1f GiB for q, k, v, O and the LSE; this machine has %.1f GiB of memory",
-                  need / gib, have / gib);
+  const int64_t limit = host_memory_limit();
+  if (limit <= 0) return;  // unknown: let the allocation decide
+  const double have = double(limit), gib = double(1 << 30);
+  if (need + double(plan_bytes) > have) {
+    char msg[300];
+    if (plan_bytes > 0)
+      std::snprintf(msg, sizeof msg, "this problem needs %.1f GiB for q, k, v, O and the LSE and at least %.1f GiB for "
+                    "the plan; the limit is %.1f GiB (this machine's memory, or SPATTN_MEMORY_LIMIT)", need / gib, double(plan_bytes) / gib, have / gib);
+    else
+      std::snprintf(msg, sizeof msg, "this problem needs %.1f GiB for q, k, v, O and the LSE; the limit is %.1f GiB (this machine's memory, or "
+                    "SPATTN_MEMORY_LIMIT)",
+                    need / gib, have / gib);
     throw Error(msg);
   }
 }
@@ -119,7 +124,6 @@ int run_attention(const RunOptions& o) {
     }
   }
   p.validate();
-  check_host_memory(p);
   // The backward: dO from --do (or random, as random inputs are) when a gradient is asked for.
   const bool grads = !o.dq_path.empty() || !o.dk_path.empty() || !o.dv_path.empty();
   if (!o.do_path.empty() && !grads)
@@ -139,7 +143,15 @@ int run_attention(const RunOptions& o) {
   if (o.device == "cuda" && o.impl != "auto" && o.impl != "fused" && o.impl != "unfused")
     throw Error("unknown --impl '" + o.impl + "' for --device cuda (use " SPATTN_CUDA_IMPLS ")");
   const Pattern pat = Pattern::parse(o.spec);
-  const int64_t nnz = pat.bind(p.q_len, p.kv_len).nnz();
+  PlanOptions opt;
+  opt.threads = o.threads;
+  opt.engine = o.impl == "auto" ? Engine::automatic
+               : o.impl == "fused" ? (o.device == "cuda" ? Engine::cuda_fused : Engine::cpu_fused)
+               : o.impl == "unfused" ? Engine::cuda_unfused
+                                     : parse_engine(o.impl);
+  const BoundPattern bound = pat.bind(p.q_len, p.kv_len);
+  check_host_memory(p, plan_host_bytes_floor({bound}, p, o.device == "cuda" ? Device::cuda(0) : Device::cpu(), opt));
+  const int64_t nnz = bound.nnz();
   // A long run says what it is doing, on stderr (stdout keeps the results): past 1e11 multiply-adds (the CPU kernels
   // pad rows to 16 floats; about a second on the 2-core VM: local(8192) at L = 65536, D = 64 takes 1.7 s) or 1e8
   // input values to draw. SPATTN_PROGRESS=1 shows it always, 0 never.
@@ -169,12 +181,6 @@ int run_attention(const RunOptions& o) {
   std::vector<float> lse(size_t(p.batch * p.q_heads * p.q_len));
   const TensorView ov = TensorView::contiguous(out.data(), DType::f32, {p.batch, p.q_len, p.q_heads, p.dv()});
   const TensorView lv = TensorView::contiguous(lse.data(), DType::f32, {p.batch, p.q_heads, p.q_len, 1});
-  PlanOptions opt;
-  opt.threads = o.threads;
-  opt.engine = o.impl == "auto" ? Engine::automatic
-               : o.impl == "fused" ? (o.device == "cuda" ? Engine::cuda_fused : Engine::cpu_fused)
-               : o.impl == "unfused" ? Engine::cuda_unfused
-                                     : parse_engine(o.impl);
   std::vector<float> gq, gk, gv;
   RunBackward bwd;
   if (grads) {

@@ -9,7 +9,8 @@
 
 #include "spattn/config.hpp"
 #include "spattn/tsvd.hpp"
-#include "tools/args.hpp"
+#include "bench/bench.hpp"
+#include "common/args.hpp"
 #include "tools/commands.hpp"
 #include "tools/npy.hpp"
 
@@ -18,6 +19,7 @@
 #endif
 
 namespace spattn::tools {
+using common::Args;
 namespace {
 
 const char* kTsvdUsage =
@@ -181,7 +183,7 @@ int tsvd_main(int argc, char** argv) {
   if (sub == "matmul") return cmd_matmul(argc, argv);
   if (sub == "error") return cmd_error(argc, argv);
   if (sub == "info") return cmd_info(argc, argv);
-  if (sub == "bench") return tsvd_bench_main(argc, argv);
+  if (sub == "bench") return bench::tsvd_bench_main(argc, argv);
   if (sub == "help" || sub == "--help" || sub == "-h") {
     std::cout << kTsvdUsage;
     return 0;

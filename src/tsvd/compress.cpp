@@ -70,8 +70,17 @@ void check_options(int64_t k, int64_t n, const TsvdOptions& o) {
   if (o.tile_k < 1 || o.tile_n < 1)
     throw Error("TSVD: tile " + num(o.tile_k) + " x " + num(o.tile_n) + " must be at least 1 x 1");
   const int given = (o.rank != 0) + (o.ratio != 0) + (o.error != 0);
+  if (given == 0)
+    throw Error("TSVD: give exactly one of rank (at least 1), ratio (at least 1) and error (in (0, 1)); none given "
+                "(0 is none of them)");
   if (given != 1) throw Error("TSVD: give exactly one of rank, ratio and error (" + num(given) + " given)");
   if (o.rank < 0) throw Error("TSVD: rank " + num(o.rank) + " must be at least 1");
+  // A rank past tK tN / (tK + tN) stores more floats than the tile itself (rank 1000 at tile 256 stored twice W's).
+  const int64_t tk = std::min(o.tile_k, k), tn = std::min(o.tile_n, n), useful = std::max<int64_t>(1, tk * tn / (tk + tn));
+  if (o.rank > useful && !o.common)
+    throw Error("TSVD: rank " + num(o.rank) + " stores more floats than W: rank r keeps r (" + num(tk) + " + " +
+                num(tn) + ") floats a " + num(tk) + " x " + num(tn) + " tile of " + num(tk * tn) + "; at most rank " +
+                num(useful) + " (ratio 1)");
   if (o.ratio != 0 && !(o.ratio >= 1)) throw Error("TSVD: ratio " + fmt(o.ratio) + " must be at least 1");
   if (o.error != 0 && !(o.error > 0 && o.error < 1))
     throw Error("TSVD: error target " + fmt(o.error) + " must be in (0, 1)");
@@ -138,6 +147,9 @@ TsvdFactors tsvd_compress(const float* w, int64_t k, int64_t n, const TsvdOption
   TsvdFactors f;
   f.k = k, f.n = n, f.tile_k = std::min(o.tile_k, k), f.tile_n = std::min(o.tile_n, n), f.common = o.common;
   f.check_shape();  // names a common count beyond the tile rows
+  for (int64_t i = 0; i < k * n; ++i)  // (LAPACK answered a NaN with "info -4")
+    if (!std::isfinite(w[i]))
+      throw Error("TSVD: W[" + num(i / n) + ", " + num(i % n) + "] is " + fmt(double(w[i])) + ": W must be finite");
   const int64_t tr = f.tile_rows(), tc = f.tile_cols();
   const int threads = pool_threads(o.threads);
 

@@ -47,3 +47,18 @@ execute_process(COMMAND ${SPATTN} run --q ${WORK}/x.npy --k ${WORK}/x.npy --v ${
 if(rc EQUAL 0 OR NOT err MATCHES "do '[^']*dv\\.npy' has shape \\[1, 16, 1, 8\\]; O is \\[1, 16, 2, 8\\]")
   message(FATAL_ERROR "run --do of the wrong shape: rc ${rc}, stdout '${out}', stderr '${err}'")
 endif()
+# --scale 0 is a scale (uniform attention over each row's keys: O does not depend on q), not the default 1/sqrt(D)
+# (it was: the two outputs differed).
+execute_process(COMMAND ${SPATTN} run --len 16 --heads 2 --dim 8 --seed 1 --out ${WORK}/y.npy RESULT_VARIABLE rc)
+foreach(q x y)
+  execute_process(COMMAND ${SPATTN} run --q ${WORK}/${q}.npy --k ${WORK}/x.npy --v ${WORK}/x.npy --scale 0
+                          --pattern "local(3)" --out ${WORK}/o_scale0_${q}.npy
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "run --scale 0: rc ${rc}, stdout '${out}', stderr '${err}'")
+  endif()
+  file(SHA256 ${WORK}/o_scale0_${q}.npy sum_${q})
+endforeach()
+if(NOT sum_x STREQUAL sum_y)
+  message(FATAL_ERROR "run --scale 0: O depends on q (scale 0 taken as the default 1/sqrt(D))")
+endif()

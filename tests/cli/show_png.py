@@ -31,9 +31,9 @@ def read_gray_png(path):
     return rows
 
 
-def show(spattn, work, spec, size):
+def show(spattn, work, spec, size, length=100000):
     out = os.path.join(work, "mask.png")
-    r = subprocess.run([spattn, "show", "--pattern", spec, "--len", "100000", "-o", out, "--size", str(size)],
+    r = subprocess.run([spattn, "show", "--pattern", spec, "--len", str(length), "-o", out, "--size", str(size)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "legend: white none kept, black all kept" in r.stderr, r.stderr
@@ -51,7 +51,23 @@ def main():
             assert (v < 255) == (abs(x - y) <= 1), (y, x, v)
     px = show(spattn, work, "dense", 16)
     assert all(v == 0 for row in px for v in row), "every entry kept: black"
-    print("show -o: sparse cells visible, empty cells white, full cells black, legend printed")
+    # A length that is not a multiple of the cell count (local(0) at L = 1000 in 512x512 drew 24 half-kept cells
+    # black): a cell is black exactly where all its entries are kept, the cells binned here independently.
+    length, size = 1000, 512
+    px = show(spattn, work, "local(0)", size, length)
+    rows = [0] * size  # entries of each bin: index i goes to bin i * size // length
+    for i in range(length):
+        rows[i * size // length] += 1
+    kept = {}
+    for q in range(length):  # local(0): the diagonal only
+        cell = (q * size // length, q * size // length)
+        kept[cell] = kept.get(cell, 0) + 1
+    for y, row in enumerate(px):
+        for x, v in enumerate(row):
+            k, n = kept.get((y, x), 0), rows[y] * rows[x]
+            want = 255 if k == 0 else 0 if k == n else None
+            assert (v == want) if want is not None else 0 < v < 255, (y, x, v, k, n)
+    print("show -o: sparse cells visible, empty cells white, full cells black, legend printed; uneven bins right")
 
 
 main()

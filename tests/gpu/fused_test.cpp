@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gpu/require_gpu.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
@@ -114,7 +114,7 @@ void check_case(const Case& c) {
                                      TensorView::contiguous(b8 + (nq + nk) * es, t, {c.B, c.Lk, c.Hkv, c.D})};
   };
 
-  spattn::FusedOptions opt;
+  spattn::plan::FusedOptions opt;
   opt.block_m = c.block;
   opt.block_n = c.block_n ? c.block_n : c.block;
   opt.force_sm80 = c.sm80;
@@ -125,7 +125,7 @@ void check_case(const Case& c) {
   opt.split = c.split;
   opt.running_max = c.running_max;
   opt.device_draw = c.draw == 0 ? 0 : -1;
-  spattn::FusedAttention attn(bound, c.D, opt);
+  spattn::cuda::fused::FusedAttention attn(bound, c.D, opt);
   if (c.draw >= 0)
     EXPECT_EQ(attn.explain().find("drawn on the device") != std::string::npos, c.draw == 1) << attn.explain();
   if (c.band == 1 && !c.sm80 && !c.no_tma) {
@@ -199,7 +199,7 @@ TEST_P(FusedSuite, MatchesReference) {
 
 constexpr DType bf = DType::bf16, fp = DType::f16;
 const Case kCases[] = {
-    // Every pattern of the standard suite (BENCH.md), small lengths so the fp64 reference stays quick.
+    // Every pattern of the standard suite (docs/BENCHMARKS.md), small lengths so the fp64 reference stays quick.
     {"suite local", "local(256)", 1, 2, 2, 1023, 1023, 64, bf},
     {"suite longformer: band plus global rows and columns", "longformer(256, 32)", 1, 2, 2, 1023, 1023, 64, bf},
     {"suite bigbird: 64-blocks, random blocks", "bigbird(64, 1, 2, 3, seed=0)", 1, 2, 2, 1024, 1024, 64, bf},
@@ -400,7 +400,7 @@ TEST(FusedPlan, HalfWidthEntries) {
 TEST(FusedApi, CanImplementSaysWhy) {
   REQUIRE_GPU();
   const auto bound = spattn::parse("local(16)").bind(256);
-  spattn::FusedAttention attn(bound, 64);
+  spattn::cuda::fused::FusedAttention attn(bound, 64);
   spattn::Problem pr;
   pr.q_len = pr.kv_len = 256;
   pr.head_dim = 64;
@@ -409,9 +409,9 @@ TEST(FusedApi, CanImplementSaysWhy) {
   const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
   EXPECT_FALSE(st.ok);
   EXPECT_NE(st.reason.find("dtype"), std::string::npos) << st.reason;
-  spattn::FusedOptions opt;
+  spattn::plan::FusedOptions opt;
   opt.split = 7;
-  spattn::FusedAttention bad_split(bound, 64, opt);
+  spattn::cuda::fused::FusedAttention bad_split(bound, 64, opt);
   pr.dtype = DType::bf16;
   const TensorView b = TensorView::contiguous(reinterpret_cast<void*>(256), DType::bf16, {1, 256, 1, 64});
   const auto st2 = bad_split.can_implement(pr, b, b, b, b, TensorView{});
@@ -429,11 +429,11 @@ TEST(FusedApi, TmaTileShapesSayWhy) {
     pr.head_dim = d;
     return TensorView::contiguous(reinterpret_cast<void*>(256), DType::bf16, {1, 256, 1, d});
   };
-  spattn::FusedOptions opt;
+  spattn::plan::FusedOptions opt;
   opt.block_m = 192;
   opt.block_n = 128;
   {  // 192-row tiles exist only in the TMA kernel at head dim 64
-    spattn::FusedAttention attn(bound, 128, opt);
+    spattn::cuda::fused::FusedAttention attn(bound, 128, opt);
     const TensorView t = views(128);
     const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
     EXPECT_FALSE(st.ok);
@@ -441,7 +441,7 @@ TEST(FusedApi, TmaTileShapesSayWhy) {
   }
   opt.tma = false;
   {
-    spattn::FusedAttention attn(bound, 64, opt);
+    spattn::cuda::fused::FusedAttention attn(bound, 64, opt);
     const TensorView t = views(64);
     const auto st = attn.can_implement(pr, t, t, t, t, TensorView{});
     EXPECT_FALSE(st.ok);
@@ -471,10 +471,10 @@ TEST_P(FusedGraph, ReplayMatchesDirectRun) {
   auto tv = [&](void* p) { return TensorView::contiguous(p, DType::bf16, {B, L, H, D}); };
   auto* base = static_cast<uint8_t*>(din.p);
   const TensorView q = tv(base), k = tv(base + 2 * n), v = tv(base + 4 * n);
-  spattn::FusedOptions opt;
+  spattn::plan::FusedOptions opt;
   opt.block_m = 192;  // the persistent TMA kernels (counters left zero by each launch)
   opt.block_n = 128;
-  spattn::FusedAttention attn(bound, D, opt);
+  spattn::cuda::fused::FusedAttention attn(bound, D, opt);
   const auto st = attn.can_implement(pr, q, k, v, tv(d1.p), TensorView{});
   ASSERT_TRUE(st.ok) << st.reason;
   attn.run(pr, q, k, v, tv(d1.p), TensorView{}, nullptr);
@@ -518,7 +518,7 @@ TEST(FusedApi, RunningMaxChosenForLongRows) {
     spattn::Problem pr;
     pr.batch = 1, pr.q_heads = pr.kv_heads = 2, pr.q_len = pr.kv_len = c.L, pr.head_dim = 64;
     pr.dtype = DType::bf16;
-    spattn::FusedAttention attn(spattn::parse(c.spec).bind(c.L), 64, {});
+    spattn::cuda::fused::FusedAttention attn(spattn::parse(c.spec).bind(c.L), 64, {});
     const std::string name = attn.kernel_name();
     EXPECT_NE(name.find("_band"), std::string::npos) << c.spec << " L=" << c.L << ": " << name;
     EXPECT_EQ(name.find("_rmax") != std::string::npos, c.rmax) << c.spec << " L=" << c.L << ": " << name;
@@ -544,9 +544,9 @@ TEST(FusedApi, BandOutputWithoutTensorMap) {
   auto* base = static_cast<uint8_t*>(din.p);
   const TensorView q = tv(base), k = tv(base + 2 * n), v = tv(base + 4 * n);
   const TensorView o_strided{d2.p, DType::bf16, {B, L, H, D}, {L * row, row, D, 1}};
-  spattn::FusedOptions opt;
+  spattn::plan::FusedOptions opt;
   opt.band = 1;
-  spattn::FusedAttention attn(bound, D, opt);
+  spattn::cuda::fused::FusedAttention attn(bound, D, opt);
   ASSERT_TRUE(attn.can_implement(pr, q, k, v, tv(d1.p), TensorView{}).ok);
   const auto st = attn.can_implement(pr, q, k, v, o_strided, TensorView{});
   ASSERT_TRUE(st.ok) << st.reason;

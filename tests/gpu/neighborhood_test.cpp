@@ -14,7 +14,7 @@
 #include "cuda/fused/strip_masks.hpp"
 #include "gpu/plan_run.hpp"
 #include "gpu/require_gpu.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_strips.hpp"
 #include "plan/tile_map.hpp"

@@ -208,7 +208,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"wgmma: 144 tiles >= SMs (no split), M = 1100", 1100, 512, 4096, 256, 256, 32, "wgmma", DType::bf16},
         Case{"auto at M = 512", 512, 1024, 1024, 128, 128, 32, "auto", DType::bf16},
         Case{"auto at M = 1", 1, 1024, 1024, 128, 128, 32, "auto", DType::bf16}),
-    [](const ::testing::TestParamInfo<Case>& i) { return "Case" + std::to_string(i.index); });
+    // Names that say the case: kernel_M_KxN_tile_rank_dtype (ctest lists them without the parameter's bytes).
+    [](const ::testing::TestParamInfo<Case>& i) {
+      const Case& c = i.param;
+      return std::string(c.kernel) + "_M" + std::to_string(c.m) + "_" + std::to_string(c.k) + "x" + std::to_string(c.n) +
+             "_tile" + std::to_string(c.tile_k) + "x" + std::to_string(c.tile_n) + "_r" + std::to_string(c.rank) + "_" +
+             (c.dtype == DType::bf16 ? "bf16" : "fp16");
+    });
 
 TEST(TsvdGpu, RefusesFactorsItCannotRun) {
   REQUIRE_GPU();

@@ -69,7 +69,7 @@ std::vector<char> random_bytes(int64_t n, DType t, std::mt19937_64& rng) {
   return b;
 }
 
-// The suite of BENCH.md at a length that is not a multiple of any block size.
+// The suite of docs/BENCHMARKS.md at a length that is not a multiple of any block size.
 std::vector<std::pair<std::string, std::string>> suite(int64_t L) {
   std::string na2d = L == 799 ? "neighborhood(dims=(17,47), kernel=13)" : L == 1023 ? "neighborhood(dims=(31,33), kernel=13)"
                                                                                      : "neighborhood(kernel=13)";
@@ -153,7 +153,7 @@ Result run_and_check(const Config& c) {
   mg::Options opt;
   opt.block = c.block;
   opt.split = c.split;
-  const mg::Plan plan = mg::Plan::build(bp, pr, opt);
+  const mg::UnfusedPlan plan = mg::UnfusedPlan::build(bp, pr, opt);
   const mg::Split& sp = plan.split();
   const int es = spattn::dtype_size(c.dtype);
   const int64_t nb = c.B * c.Hq, L = c.L, D = c.D;
@@ -329,7 +329,7 @@ Result run_and_check(const Config& c) {
     if (plan.has_fine() && plan.attention_workspace_size(false) == 0) {
       mg::Options o2 = opt;
       o2.fused_fine_attention = false;
-      const mg::Plan plan2 = mg::Plan::build(bp, pr, o2);
+      const mg::UnfusedPlan plan2 = mg::UnfusedPlan::build(bp, pr, o2);
       Dev ws3(size_t(plan2.attention_workspace_size(false)));
       ws3.poison();
       o.poison();
@@ -409,7 +409,7 @@ TEST(MultigrainGpu, StridedPackedQkv) {
   pr.head_dim = D;
   pr.dtype = DType::bf16;
   const BoundPattern bp = Pattern::parse("local(40) | global(0:3)").bind(L);
-  const mg::Plan plan = mg::Plan::build(bp, pr);
+  const mg::UnfusedPlan plan = mg::UnfusedPlan::build(bp, pr);
   std::mt19937_64 rng(11);
   const auto hqkv = random_bytes(B * L * 3 * H * D, DType::bf16, rng);
   Dev qkv(hqkv.size()), o(size_t(B * L * H * D) * 2), ws(size_t(plan.attention_workspace_size(false)));
@@ -454,15 +454,15 @@ TEST(MultigrainGpu, BadInputNamesTheValue) {
   };
   mg::Options bad_block;
   bad_block.block = 48;
-  EXPECT_NE(message([&] { mg::Plan::build(bp, pr, bad_block); }).find("48"), std::string::npos);
+  EXPECT_NE(message([&] { mg::UnfusedPlan::build(bp, pr, bad_block); }).find("48"), std::string::npos);
   Problem bad_dim = pr;
   bad_dim.head_dim = 72;  // multiple of 8, not of 16: refused for the coarse part
-  EXPECT_NE(message([&] { mg::Plan::build(bp, bad_dim); }).find("72"), std::string::npos);
+  EXPECT_NE(message([&] { mg::UnfusedPlan::build(bp, bad_dim); }).find("72"), std::string::npos);
   Problem f64 = pr;
   f64.dtype = DType::f64;
-  EXPECT_NE(message([&] { mg::Plan::build(bp, f64); }).find("f64"), std::string::npos);
-  EXPECT_NE(message([&] { mg::Plan::build(Pattern::parse("local(8)").bind(99), pr); }).find("99"), std::string::npos);
-  const mg::Plan plan = mg::Plan::build(bp, pr);
+  EXPECT_NE(message([&] { mg::UnfusedPlan::build(bp, f64); }).find("f64"), std::string::npos);
+  EXPECT_NE(message([&] { mg::UnfusedPlan::build(Pattern::parse("local(8)").bind(99), pr); }).find("99"), std::string::npos);
+  const mg::UnfusedPlan plan = mg::UnfusedPlan::build(bp, pr);
   Dev buf(1 << 20);
   const TensorView good = TensorView::contiguous(buf.p, DType::bf16, {1, 100, 1, 64});
   const TensorView wrong_len = TensorView::contiguous(buf.p, DType::bf16, {1, 101, 1, 64});

@@ -648,6 +648,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller run (< 30 s)")
     ap.add_argument("--seed", type=int, default=None, help="seed of the random specs (default: fresh)")
     ap.add_argument("--verbose", action="store_true", help="print passing checks too")
+    ap.add_argument("--part", choices=("all", "masks", "runs"), default="all",
+                    help="masks: sections 1-4 (spec parsing and masks, errors); runs: section 5 (attention through "
+                         "`spattn run`); ctest runs the two as separate tests")
     args = ap.parse_args(argv)
 
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -666,159 +669,171 @@ def main(argv=None) -> int:
     t0 = time.time()
     quick = args.quick
 
-    # 1. every atom and preset at awkward lengths
-    lengths = [1, 7, 113] if quick else [1, 7, 113, 799]
-    for L in lengths:
-        for spec in atom_specs(L, rng):
-            if quick and L == 113 and rng.random() < 0.5:
-                continue
-            ck.check_mask(spec, L, label="atom")
-    # edge values
-    for spec in (EDGE_SPECS[::3] if quick else EDGE_SPECS):
-        for L in ([7] if quick else [1, 7, 50]):
-            ck.check_mask(spec, L, label="edge")
-    # cross attention for atoms that allow it
-    cross = [(1, 7), (7, 1), (5, 113)] if quick else [(1, 7), (7, 1), (5, 113), (113, 40), (64, 799), (799, 3)]
-    cross_specs = ["dense", "causal", "local(2)", "local(left=3, right=0)", "dilated(2, 2)", "stride(3)",
-                   "block_diag(4)", "summary(4, c=2)", "global(0, 2:4)", "global_rows(0)", "global_cols(0:1)",
-                   "random(2, seed=3)", "random(50)", "blocked(4, causal)", "blocked(3, local(1) | random(1))",
-                   "longformer(1, 2)", "bigbird(4, 1, 1, 1)", "sparse_fixed(4)", "sparse_strided(3)",
-                   "causal & local(3) | global_cols(0)"]
-    for Lq, Lk in cross:
-        for spec in cross_specs:
-            if quick and rng.random() < 0.5:
-                continue
-            ck.check_mask(spec, Lq, Lk, label="cross")
-    # global index in [min(Lq,Lk), max(Lq,Lk)) is valid for global(...)
-    ck.check_mask("global(6)", 3, 7, label="cross")
-    ck.check_mask("global(6)", 7, 3, label="cross")
-    # decisions PATTERNS.md leaves open, on which the oracle and the C++ side agreed (see patterns_oracle.py)
-    for spec, Lq, Lk in [("global_rows(5)", 3, 6), ("global_cols(5)", 3, 6), ("global_rows(5)", 6, 3),
-                         ("global_cols(5)", 6, 3), ("document(3)", 3, 6), ("neighborhood(kernel=1)", 3, 6),
-                         ("blocked(2, document(2))", 4, 3), ("random(2, seed=-1)", 50, 50),
-                         ("random(3, seed=-9223372036854775808)", 9, 40)]:
-        ck.check_mask(spec, Lq, Lk, label="decision")
+    def progress(section: str) -> None:  # a line as each section starts (the whole run takes minutes)
+        print(f"check_cli: [{time.time() - t0:.0f} s] {section} ({ck.passed} passed, {ck.failed} failed so far)",
+              flush=True)
 
-    # 1b. random(r, seed=x): Floyd's sampling per row (r = 1, r = Lk - 1, r >= Lk, seeds at the ends of the
-    # range, cross lengths, rows of one key in 256 either side), and on bigbird's / blocked's block grid
-    seeds = [0, 1, 42, 2**63 - 1, -1, -(2**63), rng.randrange(2**63), -rng.randrange(1, 2**63)]
-    rcases = []
-    for Lq, Lk in [(1, 1), (2, 2), (7, 7), (64, 64), (113, 113), (300, 300), (5, 3000), (300, 7), (50, 2), (3, 5003)]:
-        for r in sorted({1, 2, max(1, Lk // 20), Lk - 1, Lk, Lk + 3}):
-            rcases.append((f"random({r}, seed={rng.choice(seeds)})", Lq, Lk))
-    rcases += [(f"random(1, seed={s})", 40, 40) for s in seeds]
-    rcases += [("random(15, seed=3)", 20, 4096), ("random(16, seed=3)", 20, 4096), ("random(19)", 9, 5003),
-               ("random(20)", 9, 5003), ("random(4095, seed=8)", 30, 4096), ("random(2000, seed=-3)", 40, 4096),
-               ("random(4, seed=5) & causal | random(3, seed=6)", 200, 200), ("random(30) & random(30, seed=1)", 90, 300)]
-    for b, Lq, Lk in [(4, 30, 30), (4, 100, 100), (16, 257, 257), (8, 40, 200), (8, 200, 40), (64, 1000, 1000)]:
-        nb = -(-Lk // b)
-        for r in sorted({1, 2, nb - 1, nb}):
-            rcases.append((f"bigbird({b}, 1, 1, {r}, seed={rng.choice(seeds[:3])})", Lq, Lk))
-        rcases.append((f"blocked({b}, random({nb - 1}, seed={rng.choice(seeds)}))", Lq, Lk))
-    if quick:
-        rcases = rcases[::3]
-    for spec, Lq, Lk in rcases:
-        ck.check_mask(spec, Lq, None if Lq == Lk and rng.random() < 0.5 else Lk, label="random rows")
-    if not quick:
-        for spec in ("random(1000, seed=5)", "random(4000)", "bigbird(64, 1, 2, 3, seed=0)", "bigbird(16, 1, 1, 40, seed=9)"):
+    if args.part in ("all", "masks"):
+        progress('1. every atom and preset at awkward lengths')
+        # 1. every atom and preset at awkward lengths
+        lengths = [1, 7, 113] if quick else [1, 7, 113, 799]
+        for L in lengths:
+            for spec in atom_specs(L, rng):
+                if quick and L == 113 and rng.random() < 0.5:
+                    continue
+                ck.check_mask(spec, L, label="atom")
+        # edge values
+        for spec in (EDGE_SPECS[::3] if quick else EDGE_SPECS):
+            for L in ([7] if quick else [1, 7, 50]):
+                ck.check_mask(spec, L, label="edge")
+        # cross attention for atoms that allow it
+        cross = [(1, 7), (7, 1), (5, 113)] if quick else [(1, 7), (7, 1), (5, 113), (113, 40), (64, 799), (799, 3)]
+        cross_specs = ["dense", "causal", "local(2)", "local(left=3, right=0)", "dilated(2, 2)", "stride(3)",
+                       "block_diag(4)", "summary(4, c=2)", "global(0, 2:4)", "global_rows(0)", "global_cols(0:1)",
+                       "random(2, seed=3)", "random(50)", "blocked(4, causal)", "blocked(3, local(1) | random(1))",
+                       "longformer(1, 2)", "bigbird(4, 1, 1, 1)", "sparse_fixed(4)", "sparse_strided(3)",
+                       "causal & local(3) | global_cols(0)"]
+        for Lq, Lk in cross:
+            for spec in cross_specs:
+                if quick and rng.random() < 0.5:
+                    continue
+                ck.check_mask(spec, Lq, Lk, label="cross")
+        # global index in [min(Lq,Lk), max(Lq,Lk)) is valid for global(...)
+        ck.check_mask("global(6)", 3, 7, label="cross")
+        ck.check_mask("global(6)", 7, 3, label="cross")
+        # decisions PATTERNS.md leaves open, on which the oracle and the C++ side agreed (see patterns_oracle.py)
+        for spec, Lq, Lk in [("global_rows(5)", 3, 6), ("global_cols(5)", 3, 6), ("global_rows(5)", 6, 3),
+                             ("global_cols(5)", 6, 3), ("document(3)", 3, 6), ("neighborhood(kernel=1)", 3, 6),
+                             ("blocked(2, document(2))", 4, 3), ("random(2, seed=-1)", 50, 50),
+                             ("random(3, seed=-9223372036854775808)", 9, 40)]:
+            ck.check_mask(spec, Lq, Lk, label="decision")
+
+        progress('1b. random(r, seed=x)')
+        # 1b. random(r, seed=x): Floyd's sampling per row (r = 1, r = Lk - 1, r >= Lk, seeds at the ends of the
+        # range, cross lengths, rows of one key in 256 either side), and on bigbird's / blocked's block grid
+        seeds = [0, 1, 42, 2**63 - 1, -1, -(2**63), rng.randrange(2**63), -rng.randrange(1, 2**63)]
+        rcases = []
+        for Lq, Lk in [(1, 1), (2, 2), (7, 7), (64, 64), (113, 113), (300, 300), (5, 3000), (300, 7), (50, 2), (3, 5003)]:
+            for r in sorted({1, 2, max(1, Lk // 20), Lk - 1, Lk, Lk + 3}):
+                rcases.append((f"random({r}, seed={rng.choice(seeds)})", Lq, Lk))
+        rcases += [(f"random(1, seed={s})", 40, 40) for s in seeds]
+        rcases += [("random(15, seed=3)", 20, 4096), ("random(16, seed=3)", 20, 4096), ("random(19)", 9, 5003),
+                   ("random(20)", 9, 5003), ("random(4095, seed=8)", 30, 4096), ("random(2000, seed=-3)", 40, 4096),
+                   ("random(4, seed=5) & causal | random(3, seed=6)", 200, 200), ("random(30) & random(30, seed=1)", 90, 300)]
+        for b, Lq, Lk in [(4, 30, 30), (4, 100, 100), (16, 257, 257), (8, 40, 200), (8, 200, 40), (64, 1000, 1000)]:
+            nb = -(-Lk // b)
+            for r in sorted({1, 2, nb - 1, nb}):
+                rcases.append((f"bigbird({b}, 1, 1, {r}, seed={rng.choice(seeds[:3])})", Lq, Lk))
+            rcases.append((f"blocked({b}, random({nb - 1}, seed={rng.choice(seeds)}))", Lq, Lk))
+        if quick:
+            rcases = rcases[::3]
+        for spec, Lq, Lk in rcases:
+            ck.check_mask(spec, Lq, None if Lq == Lk and rng.random() < 0.5 else Lk, label="random rows")
+        if not quick:
+            for spec in ("random(1000, seed=5)", "random(4000)", "bigbird(64, 1, 2, 3, seed=0)", "bigbird(16, 1, 1, 40, seed=9)"):
+                ck.check_mask(spec, 4096, label="4096")
+
+        progress('2. random nested specs')
+        # 2. random nested specs
+        n_random = 60 if quick else 900
+        small_L = [1, 2, 3, 5, 7, 8, 12, 16, 31, 60, 64, 97, 128]
+        mid_L = [113, 144, 255, 360, 500, 799, 1000]
+        big_L = [1024, 2048, 3000, 4096]
+        n_big = 0
+        max_big = 1 if quick else 25
+        for i in range(n_random):
+            u = rng.random()
+            if u < 0.55:
+                Lq = rng.choice(small_L)
+            elif u < 0.9 or n_big >= max_big:
+                Lq = rng.choice(mid_L if not quick else mid_L[:4])
+            else:
+                Lq = rng.choice(big_L)
+                n_big += 1
+            Lk = Lq
+            crossed = rng.random() < 0.2
+            if crossed:
+                Lk = rng.choice(small_L + mid_L[:3])
+            spec = None
+            for _try in range(20):
+                cand = gen_spec(rng, Lq, Lk, depth=rng.choice([1, 2, 2, 3]))
+                try:
+                    m = po.mask(cand, Lq, Lk)
+                except po.SpecError as e:
+                    ck.fail(f"checker bug: generated spec {cand!r} rejected by oracle at {Lq}x{Lk}: {e}")
+                    continue
+                if Lq * Lk > 1_000_000 and m.sum() > 1_500_000:
+                    continue
+                spec = cand
+                break
+            if spec is None:
+                continue
+            spec = spaced(rng, spec)
+            ck.check_mask(spec, Lq, Lk if crossed else None, label="random", m=m)
+
+        progress('3. neighborhood 2-D / 3-D with dilation and causal axes')
+        # 3. neighborhood 2-D / 3-D with dilation and causal axes, large lengths
+        na_cases = [(64, 2), (799, 2), (1000, 3), (360, 3), (113, 1), (4096, 2), (4096, 3), (3000, 3)]
+        if quick:
+            na_cases = [(64, 2), (360, 3), (1024, 2)]
+        for L, nd in na_cases:
+            for _ in range(1 if quick else 3):
+                ck.check_mask(gen_neighborhood(rng, L, nd), L, label="neighborhood")
+        big_specs = ["local(3)", "sparse_strided(64)", "bigbird(64, 1, 1, 1)", "longformer(8, 4)",
+                     "random(5, seed=123)", "blocked(128, local(1)) & causal", "stride(512) & causal | local(1)",
+                     "neighborhood(dims=(64,64), kernel=7)", "neighborhood(dims=(16,16,16), kernel=3, dilation=2)",
+                     "document(1000, 1, 3000, 95) & local(5)", "sparse_fixed(256, c=2) & causal",
+                     "neighborhood(dims=(4096), kernel=9, dilation=7, causal=1)", "random(100, seed=77)",
+                     "dilated(100, 7)", "summary(300, c=7)", "blocked(300, local(0) | random(1, seed=3)) & local(600)",
+                     "global(0:4, 4000:4096) | causal & stride(1000)"]
+        for spec in (big_specs[::4] if quick else big_specs):
             ck.check_mask(spec, 4096, label="4096")
 
-    # 2. random nested specs
-    n_random = 60 if quick else 900
-    small_L = [1, 2, 3, 5, 7, 8, 12, 16, 31, 60, 64, 97, 128]
-    mid_L = [113, 144, 255, 360, 500, 799, 1000]
-    big_L = [1024, 2048, 3000, 4096]
-    n_big = 0
-    max_big = 1 if quick else 25
-    for i in range(n_random):
-        u = rng.random()
-        if u < 0.55:
-            Lq = rng.choice(small_L)
-        elif u < 0.9 or n_big >= max_big:
-            Lq = rng.choice(mid_L if not quick else mid_L[:4])
-        else:
-            Lq = rng.choice(big_L)
-            n_big += 1
-        Lk = Lq
-        crossed = rng.random() < 0.2
-        if crossed:
-            Lk = rng.choice(small_L + mid_L[:3])
-        spec = None
-        for _try in range(20):
-            cand = gen_spec(rng, Lq, Lk, depth=rng.choice([1, 2, 2, 3]))
+        progress('4. error paths')
+        # 4. error paths
+        err_cases = ERROR_SPECS if not quick else ERROR_SPECS[::3]
+        for spec, L in err_cases:
             try:
-                m = po.mask(cand, Lq, Lk)
+                po.mask(spec, L)
+                ck.fail(f"checker bug: oracle accepts error case {spec!r} at L={L}")
+                continue
             except po.SpecError as e:
-                ck.fail(f"checker bug: generated spec {cand!r} rejected by oracle at {Lq}x{Lk}: {e}")
-                continue
-            if Lq * Lk > 1_000_000 and m.sum() > 1_500_000:
-                continue
-            spec = cand
-            break
-        if spec is None:
-            continue
-        spec = spaced(rng, spec)
-        ck.check_mask(spec, Lq, Lk if crossed else None, label="random", m=m)
+                reason = str(e)
+            ck.expect_error(["mask", "--pattern", spec, "--len", str(L)], f"mask error len={L} spec={spec!r} ({reason})",
+                            want_position=True)
+        ck.expect_error(["mask", "--pattern", "global(5)", "--q-len", "3", "--k-len", "5"],
+                        "mask error q-len=3 k-len=5 spec='global(5)'")
+        mask_error_cli_cases(ck)
 
-    # 3. neighborhood 2-D / 3-D with dilation and causal axes, large lengths
-    na_cases = [(64, 2), (799, 2), (1000, 3), (360, 3), (113, 1), (4096, 2), (4096, 3), (3000, 3)]
-    if quick:
-        na_cases = [(64, 2), (360, 3), (1024, 2)]
-    for L, nd in na_cases:
-        for _ in range(1 if quick else 3):
-            ck.check_mask(gen_neighborhood(rng, L, nd), L, label="neighborhood")
-    big_specs = ["local(3)", "sparse_strided(64)", "bigbird(64, 1, 1, 1)", "longformer(8, 4)",
-                 "random(5, seed=123)", "blocked(128, local(1)) & causal", "stride(512) & causal | local(1)",
-                 "neighborhood(dims=(64,64), kernel=7)", "neighborhood(dims=(16,16,16), kernel=3, dilation=2)",
-                 "document(1000, 1, 3000, 95) & local(5)", "sparse_fixed(256, c=2) & causal",
-                 "neighborhood(dims=(4096), kernel=9, dilation=7, causal=1)", "random(100, seed=77)",
-                 "dilated(100, 7)", "summary(300, c=7)", "blocked(300, local(0) | random(1, seed=3)) & local(600)",
-                 "global(0:4, 4000:4096) | causal & stride(1000)"]
-    for spec in (big_specs[::4] if quick else big_specs):
-        ck.check_mask(spec, 4096, label="4096")
-
-    # 4. error paths
-    err_cases = ERROR_SPECS if not quick else ERROR_SPECS[::3]
-    for spec, L in err_cases:
-        try:
-            po.mask(spec, L)
-            ck.fail(f"checker bug: oracle accepts error case {spec!r} at L={L}")
-            continue
-        except po.SpecError as e:
-            reason = str(e)
-        ck.expect_error(["mask", "--pattern", spec, "--len", str(L)], f"mask error len={L} spec={spec!r} ({reason})",
-                        want_position=True)
-    ck.expect_error(["mask", "--pattern", "global(5)", "--q-len", "3", "--k-len", "5"],
-                    "mask error q-len=3 k-len=5 spec='global(5)'")
-    mask_error_cli_cases(ck)
-
-    # 5. attention through `spattn run`
-    for i, (spec, Lq, Lk, B, H, HK, D) in enumerate(self_attn_run_cases(rng, quick)):
-        ck.check_run(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31))
-    # gradients through `spattn run --dq --dk --dv`, both CPU implementations
-    grad_cases = [("longformer(5, 2)", 40, None, 1, 4, 2, 16), ("causal & global_rows(3:30)", 33, None, 2, 2, 1, 8),
-                  ("local(left=4, right=1) | random(2, seed=9)", 20, 37, 1, 2, 2, 32)]
-    if not quick:
-        grad_cases += [("neighborhood(dims=(8,8), kernel=3)", 64, None, 1, 2, 1, 64),
-                       ("dilated(6, 3) | global(0)", 100, None, 2, 4, 1, 24)]
-    for spec, Lq, Lk, B, H, HK, D in grad_cases:
-        for impl in ("reference", "fused"):
-            ck.check_run_grads(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31), impl=impl)
-    # run error paths
-    ck.run_error("q head dim != --dim", (1, 8, 2, 16), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
-    ck.run_error("k has wrong kv-heads", (1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
-    ck.run_error("v has wrong length", (1, 8, 2, 8), (1, 8, 2, 8), (1, 9, 2, 8), 8, 1, 2, 2, 8)
-    ck.run_error("q has wrong batch", (2, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
-    ck.run_error("q is 3-D", (8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
-    ck.run_error("heads not a multiple of kv-heads", (1, 8, 3, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 3, 2, 8)
-    ck.run_error("missing q file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, missing=("q",))
-    ck.run_error("missing v file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, missing=("v",))
-    ck.run_error("k is not an npy file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, garbage=("k",))
-    ck.run_error("output directory missing", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8,
-                 out_dir=os.path.join(ck.tmp, "no", "such", "dir"))
-    ck.run_error("malformed spec", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, spec="local(")
-    ck.run_error("document does not sum to L", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8,
-                 spec="document(3, 4)")
+    if args.part in ("all", "runs"):
+        progress('5. attention through `spattn run`')
+        # 5. attention through `spattn run`
+        for i, (spec, Lq, Lk, B, H, HK, D) in enumerate(self_attn_run_cases(rng, quick)):
+            ck.check_run(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31))
+        # gradients through `spattn run --dq --dk --dv`, both CPU implementations
+        grad_cases = [("longformer(5, 2)", 40, None, 1, 4, 2, 16), ("causal & global_rows(3:30)", 33, None, 2, 2, 1, 8),
+                      ("local(left=4, right=1) | random(2, seed=9)", 20, 37, 1, 2, 2, 32)]
+        if not quick:
+            grad_cases += [("neighborhood(dims=(8,8), kernel=3)", 64, None, 1, 2, 1, 64),
+                           ("dilated(6, 3) | global(0)", 100, None, 2, 4, 1, 24)]
+        for spec, Lq, Lk, B, H, HK, D in grad_cases:
+            for impl in ("reference", "fused"):
+                ck.check_run_grads(spec, Lq, Lk, B, H, HK, D, seed=rng.randrange(2**31), impl=impl)
+        # run error paths
+        ck.run_error("q head dim != --dim", (1, 8, 2, 16), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
+        ck.run_error("k has wrong kv-heads", (1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
+        ck.run_error("v has wrong length", (1, 8, 2, 8), (1, 8, 2, 8), (1, 9, 2, 8), 8, 1, 2, 2, 8)
+        ck.run_error("q has wrong batch", (2, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
+        ck.run_error("q is 3-D", (8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8)
+        ck.run_error("heads not a multiple of kv-heads", (1, 8, 3, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 3, 2, 8)
+        ck.run_error("missing q file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, missing=("q",))
+        ck.run_error("missing v file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, missing=("v",))
+        ck.run_error("k is not an npy file", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, garbage=("k",))
+        ck.run_error("output directory missing", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8,
+                     out_dir=os.path.join(ck.tmp, "no", "such", "dir"))
+        ck.run_error("malformed spec", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8, spec="local(")
+        ck.run_error("document does not sum to L", (1, 8, 2, 8), (1, 8, 2, 8), (1, 8, 2, 8), 8, 1, 2, 2, 8,
+                     spec="document(3, 4)")
 
     dt = time.time() - t0
     print(f"check_cli: {dt:.1f} s", flush=True)

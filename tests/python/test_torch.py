@@ -82,9 +82,55 @@ def test_tile_map_in_the_options_string():
 
 def test_module_is_an_sdpa_drop_in():
     q, k, v = qkv(layout="bhld", HK=4)
-    attn = st.SparseAttention("causal & local(6)")
+    attn = st.SparseAttention("causal & local(6)", layout="bhld")
     assert "causal & local(6)" in repr(attn)
     torch.testing.assert_close(attn(q, k, v), sdpa(q, k, v, "causal & local(6)", "bhld"), rtol=1e-5, atol=2e-6)
+
+
+def test_module_and_function_share_the_default_layout():
+    """SparseAttention and sparse_attention read the same tensors the same way by default ([B, L, H, D])."""
+    q, k, v = qkv(HK=4)
+    torch.testing.assert_close(st.SparseAttention("causal & local(6)")(q, k, v),
+                               st.sparse_attention(q, k, v, "causal & local(6)"), rtol=0, atol=0)
+    torch.testing.assert_close(st.SparseAttention("causal")(q, k, v), sdpa(q, k, v, "causal"), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16])
+def test_autocast_returns_what_sdpa_returns(dtype, cast):
+    """Under torch.autocast spattn runs in the autocast dtype, as SDPA does (float64 is left alone)."""
+    q, k, v = (x.to(dtype) for x in qkv(layout="bhld", HK=4))
+    with torch.autocast("cpu", dtype=cast):
+        want = F.scaled_dot_product_attention(q, k, v).dtype
+        got = [st.sparse_attention(q, k, v, "dense", layout="bhld"),
+               st.SparseAttention("dense", layout="bhld")(q, k, v),
+               st.neighborhood_attention(*(x.transpose(1, 2).unflatten(1, (5, 8)) for x in (q, k, v)), 3)]
+    assert [o.dtype for o in got] == [want] * 3
+    ref = F.scaled_dot_product_attention(*(x.to(want) for x in (q, k, v))).float()
+    torch.testing.assert_close(got[0].float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_batch_zero_as_sdpa():
+    """Batch 0 gives empty outputs and gradients with SDPA's shapes (no plan is built)."""
+    q, k, v = (x[:0].clone().requires_grad_() for x in qkv(layout="bhld", HK=2))
+    o = st.sparse_attention(q, k, v, "causal", layout="bhld")
+    assert o.shape == F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)).shape
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    with torch.no_grad():
+        o, lse = st.sparse_attention(q, k, v, "causal", layout="bhld", return_lse=True)
+    assert o.shape == (0, 4, 40, 16) and lse.shape == (0, 4, 40)
+
+
+def test_one_plan_cache_for_the_package():
+    """spattn.attention and spattn.torch share one cache: clear_cache empties both, cached_plans lists both."""
+    st.clear_cache()
+    q, k, v = qkv()
+    spattn.attention(q, k, v, "local(3)")
+    st.sparse_attention(q, k, v, "local(3)")
+    assert len(st.cached_plans()) == 2 and all(isinstance(p, spattn.Plan) for p in st.cached_plans())
+    st.clear_cache()
+    assert st.cached_plans() == []
 
 
 def test_plan_and_attention_on_torch_tensors():

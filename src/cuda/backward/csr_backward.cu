@@ -7,7 +7,9 @@
 
 #include <vector>
 
+#include "cuda/backward/tile_backward.hpp"
 #include "cuda/common/check.hpp"
+#include "cuda/common/patterns_backward.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 #include "spattn/format.hpp"
@@ -215,22 +217,9 @@ PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem
       of_head_(planned.of_head),
       problem_(problem),
       kernel_(std::move(kernel)),
+      choice_(plan::backward_choice(kernel_, problem_.head_dim)),
       csr_(patterns_.size()),
-      tile_(patterns_.size()) {
-  if (!kernel_.empty() && kernel_ != "cuda_csr_bwd" && kernel_ != plan::kind_name(plan::KernelKind::sm90_bwd)) {
-    int row = plan::find_kernel(kernel_.c_str());
-    if (kernel_ == plan::kind_name(plan::KernelKind::sm90_bwd_ws))  // the warp-specialized row of the head dim
-      row = plan::find_kernel(plan::KernelKind::sm90_bwd_ws, 64, 128, int(problem_.head_dim));
-    if (row < 0 || (!plan::is_tile_bwd(plan::kKernels[row].kind) &&
-                    plan::kKernels[row].kind != plan::KernelKind::cuda_csr_bwd))
-      throw Error("backward kernel '" + kernel_ + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
-                  "sm90_bwd_ws or a row of them, cuda_csr_bwd)");
-    if (plan::kKernels[row].head_dim && plan::kKernels[row].head_dim != problem_.head_dim)
-      throw Error("backward kernel '" + kernel_ + "' runs head dim " + std::to_string(plan::kKernels[row].head_dim) +
-                  ", the problem has " + std::to_string(problem_.head_dim));
-    if (plan::is_tile_bwd(plan::kKernels[row].kind)) tile_row_ = row;
-  }
-}
+      tile_(patterns_.size()) {}
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
 
@@ -238,7 +227,7 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv, int64_t delta_offset,
                                void* stream) const {
-  const bool want_csr = kernel_ == "cuda_csr_bwd";
+  const bool want_csr = choice_.csr;
   std::string why;
   if (!want_csr) {
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
@@ -246,11 +235,8 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (!tile_[i])
-          tile_[i] = std::make_unique<TileBackward>(
-              patterns_[i], analyses_[i], p,
-              tile_row_ >= 0 ? tile_row_
-                             : plan::choose_backward_row(analyses_[i], p.head_dim,
-                                                         kernel_ != plan::kind_name(plan::KernelKind::sm90_bwd)));
+          tile_[i] = std::make_unique<TileBackward>(patterns_[i], analyses_[i], p,
+                                                    plan::backward_row(choice_, analyses_[i], p.head_dim));
       }
       tile_[i]->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       last_row_ = tile_[i]->kernel_row();

@@ -6,8 +6,9 @@
 #include "cuda/backward/tile_bwd_ws.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
-#include "cuda/fused/fused_fwd.hpp"  // encode_tmap
-#include "cuda/fused/launch.cuh"     // raise_smem_limit
+#include "cuda/common/launch.cuh"  // raise_smem_limit
+#include "cuda/common/tmap.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
 
@@ -17,8 +18,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
     : problem_(problem), row_(row) {
   if (row < 0 || !plan::is_tile_bwd(plan::kKernels[row].kind) || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
-  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
-  plan_ = plan::choose_block_plan(pattern, an, problem.head_dim, 64, plan::kKernels[row].block_n, -1, false, 0);
+  plan_ = plan::backward_tiles(pattern, an, problem.head_dim, row);
   if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");
   const plan::KeyMajorPlan km = plan::key_major(plan_);
   nbitmask_ = int64_t(km.masks.size()) / km.block_n;
@@ -79,7 +79,7 @@ template <class Tr, bool kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
-  SPATTN_CUDA_CHECK(fused::raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
+  SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
   bwd::bwd_prep_kernel<Elem, Tr::kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward prep");
@@ -167,7 +167,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   p.k_tiles = int(l.k_tiles);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
-  const bool tma = l.perm_d == 1 && fused::encode_tmap(p.tmap_q, q, 64) && fused::encode_tmap(p.tmap_do, dout, 64);
+  const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
   if (tma_out) *tma_out = tma;
   // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
   int ran = row;

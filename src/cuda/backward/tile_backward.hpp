@@ -5,7 +5,7 @@
 
 #include "cuda/common/buffer.hpp"
 #include "plan/analysis.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 

@@ -24,9 +24,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/mma_tile.cuh"
 #include "cuda/common/ptx.cuh"
-#include "cuda/fused/fused_fwd.cuh"
-#include "cuda/fused/wgmma_ops.cuh"
+#include "cuda/common/tmap.hpp"
 
 namespace spattn::cuda::bwd {
 
@@ -52,7 +52,7 @@ struct BwdParams {
   int k_tiles;
   // The TMA variant (tile_bwd_kernel<Tr, true>: identity plans whose q and dout admit tensor maps): q's and dout's
   // maps ({D, L, H, B}, boxes of 64 elements x 64 rows, 128-byte swizzle).
-  fused::TensorMapBytes tmap_q, tmap_do;
+  TensorMapBytes tmap_q, tmap_do;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -78,13 +78,13 @@ inline constexpr int kFullEntry = -1;  // plan::kFull
 
 namespace detail {
 using namespace ::spattn::cuda::ptx;
-using fused::detail::desc_lo;
-using fused::detail::desc_of_lo;
-using fused::detail::load_tile;
-using fused::detail::pack2;
-using fused::detail::unpack2;
-using fused::detail::plan_token;
-using fused::detail::sw_off;
+using mma::desc_lo;
+using mma::desc_of_lo;
+using mma::load_rows;
+using mma::pack2;
+using mma::unpack2;
+using mma::plan_token;
+using mma::sw_off;
 
 __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
   float2 v;
@@ -107,7 +107,7 @@ __device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint3
   const uint32_t a_lo = desc_lo(s_a, 16), b_lo = desc_lo(s_b, 16);
 #pragma unroll
   for (int kk = 0; kk < Tr::D / 16; ++kk)
-    ::spattn::cuda::fused::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
+    ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
         acc, desc_of_lo(a_lo + (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
         desc_of_lo(b_lo + (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
 }
@@ -130,11 +130,11 @@ __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e,
       first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
       width[hh] = z >= a ? unsigned(z - a) : 0u;
     }
-    fused::detail::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
+    mma::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
   } else if (e.y >= 0) {
     static_assert(BM == 64, "one mask word a row");
     const unsigned long long w[2][1] = {{mw[0]}, {mw[1]}};
-    fused::detail::tile_mask_bits<BM>(s, w, cb);
+    mma::tile_mask_bits<BM>(s, w, cb);
   }
 }
 
@@ -166,9 +166,9 @@ template <class Tr>
 __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                           uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
                                           float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
-  using Op = ::spattn::cuda::fused::wgmma::Op<Tr::D, Tr::kBf16>;
-  fused::detail::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
-  fused::detail::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  using Op = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
   fence_regs(dv);
   fence_regs(dk);
   fence_regs(pa);
@@ -205,8 +205,8 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
   const uint32_t a_lo = desc_lo(s_ds, Tr::BN * 128), b_lo = desc_lo(s_kcols, Tr::BN * 128);
 #pragma unroll
   for (int kk = 0; kk < Tr::BN / 16; ++kk)
-    ::spattn::cuda::fused::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
-                                                            desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
+                                                     desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(dq);
@@ -392,8 +392,8 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       fence_mbar_init();
     }
   }
-  load_tile<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
-  load_tile<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  load_rows<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  load_rows<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
   cp_async_commit();
   if constexpr (kTma) __syncthreads();  // the mbarriers initialized before thread 0's first copy completes on one
 
@@ -411,8 +411,8 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     }
     const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
     const char* dg = static_cast<const char*>(p.dout) + 2 * (int64_t(b) * p.do_sb + int64_t(h) * p.do_sh);
-    load_tile<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
-    load_tile<BM, D, NT>(s_do(st), dg, p.do_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    load_rows<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
+    load_rows<BM, D, NT>(s_do(st), dg, p.do_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
     if (tid < 32) {  // 16 chunks of lse2, 16 of delta
       const float* src = (tid < 16 ? p.lse2 : p.delta) + (int64_t(b) * p.q_heads + h) * p.qp + q0 + 4 * (tid & 15);
       cp_async16(s_rows + uint32_t(st) * 2 * BM * 4 + (tid < 16 ? 0 : BM * 4) + 16 * (tid & 15), src, 16);
@@ -428,7 +428,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const int kr0 = wg * 64 + rw;                   // ... in the CTA's 128 (second: + 8)
   const int cb = 2 * (lane & 3);
   const float sl2 = p.scale_log2;
-  const int kvalid = fused::detail::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+  const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 
   constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
   float dq[kDQ / 2];
@@ -516,7 +516,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
 template <class Tr, bool kTma>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
-  if constexpr (!fused::kWgmmaAvailable) {
+  if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else {
     tile_bwd_body<Tr, kTma>(p);

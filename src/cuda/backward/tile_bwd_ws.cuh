@@ -114,8 +114,8 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   const int ct = tid - 128, wg = ct >> 7, t = ct & 127;
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
-  load_tile<BN, D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  load_tile<BN, D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<BN, D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<BN, D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
   cp_async_commit();
 
   float dk[D / 2], dv[D / 2];
@@ -124,7 +124,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   const int rw = (t >> 5) * 16 + (lane >> 2);  // this thread's first key row in its warpgroup's 64
   const int kr0 = wg * 64 + rw;                // ... in the CTA's 128 (second: + 8)
   const float sl2 = p.scale_log2;
-  const int kvalid = fused::detail::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+  const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
   // K MN-major for dQ: D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
   const uint32_t s_kcols = s_k + (D == 128 ? wg * BN * 128 : wg * 64);
 
@@ -195,7 +195,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
-  if constexpr (!fused::kWgmmaAvailable) {
+  if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else {
     tile_bwd_ws_body<Tr>(p);

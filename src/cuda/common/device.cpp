@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
 
 #include "cuda/common/check.hpp"
@@ -23,6 +24,27 @@ DeviceScope::DeviceScope(int device) : prev_(current_device()) {
   if (prev_ != device) SPATTN_CUDA_CHECK(cudaSetDevice(device));
 }
 DeviceScope::~DeviceScope() { cudaSetDevice(prev_); }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::string device_name(int device) {
+  // Read once per device: cudaGetDeviceProperties can take milliseconds, and explain() (the C API's plan_create
+  // calls it) asks each time.
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = names.find(device); it != names.end()) return it->second;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return "?";
+  return names[device] = p.name;
+}
 
 namespace {
 DeviceInfo query(int dev) {

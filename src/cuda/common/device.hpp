@@ -1,5 +1,6 @@
 // cuda/common/device.hpp — what the host code needs to know of a CUDA device, read once per device.
 #pragma once
+#include <string>
 
 namespace spattn::cuda {
 
@@ -11,6 +12,12 @@ struct DeviceInfo {
   // (architecture-specific features, the "a").
   bool sm90a() const { return cc == 90; }
 };
+
+// CUDA devices on this machine (0 where the runtime finds none or fails; it never throws), and device `device`'s
+// name ("?" where the runtime cannot say), read once per device. A build without CUDA has them too
+// (src/api/device_stub.cpp: 0 and "none").
+int device_count();
+std::string device_name(int device);
 
 // The calling thread's current device (cudaGetDevice); throws spattn::Error.
 int current_device();

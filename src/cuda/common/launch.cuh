@@ -2,7 +2,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <utility>
+#include <vector>
 
 namespace spattn::cuda {
 
@@ -32,5 +34,25 @@ void launch_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
   }
 }
+
+namespace {
+// Raises `kernel`'s dynamic shared-memory limit once per device. The record is per translation unit (internal
+// linkage), not a static local of the launch template: those are STB_GNU_UNIQUE symbols, one per process, so a
+// second libspattn loaded beside this one (another version, an A/B build) would find the flag set by the first
+// library's kernel and launch its own without the raised limit.
+inline cudaError_t raise_smem_limit(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, int>> done;  // (kernel, device)
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& d : done)
+    if (d.first == kernel && d.second == dev) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) done.push_back({kernel, dev});
+  return e;
+}
+}  // namespace
 
 }  // namespace spattn::cuda

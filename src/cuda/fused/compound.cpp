@@ -52,37 +52,26 @@ struct CompoundAttention::Impl {
   }
 };
 
-CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, const FusedOptions& options)
+CompoundAttention::CompoundAttention(plan::PatternDecision decision, const Problem& problem)
     : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   m.problem = problem;
+  plan::Split& split = decision.split;
   const double split_ms = split.ms;
   const size_t es = dtype_size(problem.dtype);
   const int64_t rows = problem.batch * problem.q_heads * problem.q_len;
   m.lse_ws = DeviceBuffer(size_t(rows) * sizeof(float));
-  // Parts other than the tiles take the planner's choices (a forced kernel is for the tiles).
-  FusedOptions sub_options;
-  sub_options.force_sm80 = options.force_sm80;
   for (size_t i = 0; i < split.parts.size(); ++i) {
     Impl::PartRun r;
     r.part = std::move(split.parts[i]);
     const plan::Part& p = r.part;
+    if (decision.launches[i]) r.attn.emplace(std::move(*decision.launches[i]));  // tiles, rows, columns
     switch (p.kind) {
       case plan::PartKind::tiles:
-        r.attn.emplace(p.pattern, problem.head_dim, options, p.analysis ? &*p.analysis : nullptr);
+      case plan::PartKind::rows:
         break;
-      case plan::PartKind::rows: {
-        // Dense rows against every key: few work items (one query tile a head), so the band kernel where it
-        // applies (head dim 64 or 128, sm_90a), whose split over keys runs each item in up to 4 parts merged on chip
-        // (FusedOptions::split); the chosen rule would leave dense rows to the TMA kernel, one CTA an item.
-        FusedOptions rows_options = sub_options;
-        rows_options.band = 1;
-        r.attn.emplace(p.pattern, problem.head_dim, rows_options);
-        break;
-      }
       case plan::PartKind::columns: {
-        r.attn.emplace(p.pattern, problem.head_dim, sub_options);
         r.keys = DeviceBuffer::upload(p.columns);
         const size_t kv = size_t(problem.batch) * p.columns.size() * size_t(problem.kv_heads) * size_t(problem.head_dim) * es;
         m.kc = DeviceBuffer(kv);
@@ -128,10 +117,12 @@ CompoundAttention::CompoundAttention(plan::Split split, const Problem& problem, 
     }
     m.parts.push_back(std::move(r));
   }
-  // The parts' plans by stage; what else this took (the scratch, the keys and CSR uploads) counts as uploads.
+  // The parts' plans by stage (made by the planner before); what else this took (the scratch, the keys and CSR
+  // uploads) counts as uploads.
+  double part_uploads = 0;
   for (const Impl::PartRun& r : m.parts)
-    if (r.attn) m.times += r.attn->plan_times();
-  m.times.upload += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - m.times.total();
+    if (r.attn) m.times += r.attn->plan_times(), part_uploads += r.attn->plan_times().upload;
+  m.times.upload += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - part_uploads;
   m.times.split = split_ms;
 }
 CompoundAttention::~CompoundAttention() = default;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/fused/fused_attention.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/parts.hpp"
 #include "spattn/tensor.hpp"
 
@@ -20,7 +21,8 @@ namespace spattn::cuda::fused {
 
 class CompoundAttention {
  public:
-  CompoundAttention(plan::Split split, const Problem& problem, const FusedOptions& options);
+  // decision: the planner's (plan::decide_pattern, compound): each part's launch uploaded, its scratch allocated.
+  CompoundAttention(plan::PatternDecision decision, const Problem& problem);
   ~CompoundAttention();
   CompoundAttention(CompoundAttention&&) noexcept;
   CompoundAttention& operator=(CompoundAttention&&) noexcept;

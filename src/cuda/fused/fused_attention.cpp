@@ -1,4 +1,4 @@
-// cuda/fused/fused_attention.cpp — spattn::FusedAttention (cuda/fused/fused_attention.hpp) over FusedFwd.
+// cuda/fused/fused_attention.cpp — spattn::cuda::fused::FusedAttention (cuda/fused/fused_attention.hpp) over FusedFwd.
 #include "cuda/fused/fused_attention.hpp"
 
 #include <atomic>
@@ -9,55 +9,47 @@
 #include "cuda/fused/fused_fwd.hpp"
 #include "plan/kernels.hpp"
 
-namespace spattn {
-
-using cuda::fused::DevicePlan;
-using cuda::fused::FusedFwd;
+namespace spattn::cuda::fused {
 
 struct FusedAttention::Impl {
   std::unique_ptr<DevicePlan> plan;
-  FusedOptions options;
+  int persistent = 1, split = -1;  // the decision's policy (LaunchDecision)
+  std::string why;
   PlanTimes times;
   mutable std::atomic<int> last_row{-1};
 
   FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse) const {
-    return {problem, q, k, v, o, lse, options.persistent, options.split};
+    return {problem, q, k, v, o, lse, persistent, split};
   }
 };
 
-FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const FusedOptions& options,
-                               const plan::Analysis* analysis)
-    : impl_(std::make_unique<Impl>()) {
+FusedAttention::FusedAttention(plan::LaunchDecision d) : impl_(std::make_unique<Impl>()) {
   const auto t0 = std::chrono::steady_clock::now();
-  impl_->options = options;
-  const cuda::DeviceInfo& info = cuda::device_info(cuda::current_device());
-  const int cc = info.cc;
-  const plan::Analysis own = analysis ? plan::Analysis{} : plan::analyze(pattern);
-  const plan::Analysis& an = analysis ? *analysis : own;
-  // The TMA rows of the kernel table (and their 192-row tiles) exist on compute capability 9.0 (sm_90a).
-  const bool tma = info.sm90a() && options.tma && !options.force_sm80;
-  plan::BlockPlan hp =
-      plan::choose_block_plan(pattern, an, head_dim, options.block_m, options.block_n, options.perm_d, tma, options.tile_map,
-                              options.device_draw != 0);
-  const int row = FusedFwd::choose_kernel(hp, head_dim, cc, options);
+  impl_->persistent = d.persistent;
+  impl_->split = d.split;
+  impl_->why = std::move(d.why);
   PlanTimes& t = impl_->times;
-  t.analysis = analysis ? 0.0 : own.ms;
-  t.choose = hp.choice_ms;
-  t.build = hp.build_ms - hp.choice_ms;
-  impl_->plan = std::make_unique<DevicePlan>(std::move(hp), row);
-  // Uploads and what else is not the plan's analysis or build (the kernel choice: O(query tiles)).
-  t.upload = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - t.analysis -
-             t.choose - t.build;
+  t.analysis = d.analysis_ms;
+  t.choose = d.tiles.choice_ms;
+  t.build = d.tiles.build_ms - d.tiles.choice_ms;
+  impl_->plan = std::make_unique<DevicePlan>(std::move(d.tiles), d.kernel_row);
+  t.upload = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+FusedAttention::FusedAttention(const BoundPattern& pattern, int64_t head_dim, const plan::FusedOptions& options,
+                               const plan::Analysis* analysis)
+    : FusedAttention([&] {
+        const DeviceInfo& info = device_info(current_device());
+        return plan::decide_tiles(pattern, analysis, head_dim, {info.cc, info.sms}, options);
+      }()) {}
 FusedAttention::~FusedAttention() = default;
 FusedAttention::FusedAttention(FusedAttention&&) noexcept = default;
 FusedAttention& FusedAttention::operator=(FusedAttention&&) noexcept = default;
 
-FusedStatus FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
-                                          const TensorView& v, const TensorView& o, const TensorView& lse) const {
-  const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan);
-  return {st.ok, st.reason};
+common::Status FusedAttention::can_implement(const Problem& problem, const TensorView& q, const TensorView& k,
+                                             const TensorView& v, const TensorView& o, const TensorView& lse) const {
+  return FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan);
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -71,7 +63,7 @@ void FusedAttention::run(const Problem& problem, const TensorView& q, const Tens
 
 std::string FusedAttention::explain() const {
   std::ostringstream s;
-  s << "fused block-sparse attention, kernel " << kernel_name() << ": " << impl_->plan->host().describe();
+  s << "fused block-sparse attention, kernel " << kernel_name() << " (" << impl_->why << "): " << impl_->plan->host().describe();
   if (impl_->plan->narrow_entries() > 0) s << ", " << impl_->plan->narrow_entries() << " half-width";
   const PlanTimes& t = impl_->times;
   s << "; plan " << t.total() << " ms (" << t.upload << " uploading)";
@@ -99,4 +91,4 @@ int FusedAttention::block_m() const { return impl_->plan->host().block_m; }
 int FusedAttention::block_n() const { return impl_->plan->host().block_n; }
 int FusedAttention::perm_d() const { return impl_->plan->host().perm_d; }
 
-}  // namespace spattn
+}  // namespace spattn::cuda::fused

@@ -2,9 +2,6 @@
 #include "cuda/fused/fused_fwd.hpp"
 #include "plan/kernels.hpp"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,55 +13,19 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
+#include "cuda/common/tmap.hpp"
 #include "cuda/fused/random_rows.hpp"
 #include "cuda/fused/strip_masks.hpp"
 
 namespace spattn::cuda::fused {
 
 namespace {
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // The tensor maps of q, k and v for the TMA and band kernels (K/V boxes of `kv_rows` rows: the key tile, or the
 // band kernel's 64-key chunk); false where the driver's rules refuse one (strides, alignment).
 bool encode_qkv(const FusedFwd::Arguments& a, int q_rows, int kv_rows, FusedParams& k) {
   return encode_tmap(k.tmap_q, a.q, q_rows) && encode_tmap(k.tmap_k, a.k, kv_rows) && encode_tmap(k.tmap_v, a.v, kv_rows);
 }
 }  // namespace
-
-// See fused_fwd.hpp.
-bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows) {
-  const auto fn = encode_fn();
-  if (!fn) return false;
-  static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes), "CUtensorMap is 128 bytes");
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {cuuint64_t(t.shape[3]), cuuint64_t(t.shape[1]), cuuint64_t(t.shape[2]),
-                              cuuint64_t(t.shape[0])};
-  const cuuint64_t strides[3] = {cuuint64_t(t.stride[1]) * 2, cuuint64_t(t.stride[2]) * 2, cuuint64_t(t.stride[0]) * 2};
-  // The driver's rules for the base and the strides (16 bytes), checked here: a view that breaks them simply
-  // has no tensor map, without a failing driver call (which compute-sanitizer reports).
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || strides[0] % 16 || strides[1] % 16 || strides[2] % 16)
-    return false;
-  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
-  const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r = fn(&m, t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                        t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return false;
-  std::memcpy(out.bytes, &m, sizeof m);
-  return true;
-}
-
 
 // FusedParams::kb of a mapped plan's key boxes (zero where unmapped).
 static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
@@ -83,29 +44,6 @@ static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
       throw Error("fused kernel: key box sides must be powers of two up to 128, got " + t.box.str(3));
   }
   k.kb = key_boxes(side, stride);
-}
-
-// Chunks of the band kernel's slab c of query tile qt (items of block_m / 64 slabs, BandTraits): 0 where the slab is
-// empty. A key prefix's chunks first, then the band's past them.
-static int slab_chunks(const plan::BlockPlan& hp, int64_t qt, int c) {
-  const int64_t qs = qt * hp.block_m + 64 * c, qe = std::min(qs + 63, hp.q_len - 1);
-  if (qs >= hp.q_len) return 0;
-  const int64_t pc = hp.band_prefix_chunks();
-  const int64_t a = std::max(hp.band_first(qs), 64 * pc), z = hp.band_last(qe);
-  return int(pc + (a <= z ? z / 64 - a / 64 + 1 : 0));
-}
-
-// Whether the band kernel's non-empty slabs average plan::kRunningMaxChunks chunks or more: where its running-max
-// steps are chosen (FusedOptions::running_max).
-static bool band_rows_are_long(const plan::BlockPlan& hp) {
-  int64_t chunks = 0, slabs = 0;
-  for (int64_t qt = 0; qt < hp.q_tiles; ++qt)
-    for (int c = 0; c < hp.block_m / 64; ++c) {
-      const int n = slab_chunks(hp, qt, c);
-      chunks += n;
-      slabs += n > 0;
-    }
-  return slabs > 0 && chunks >= plan::kRunningMaxChunks * slabs;
 }
 
 DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(host)), kernel_row_(kernel_row) {
@@ -215,12 +153,10 @@ DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(h
 DevicePlan::~DevicePlan() = default;
 
 Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Params* params) {
+  // The views' shapes against the problem are checked once a call at the API boundary (Plan::forward); what only
+  // this layer knows is checked here: the problem against the plan and the kernel, the strides, the alignment, the
+  // device and the tensor maps.
   const Problem& pr = a.problem;
-  try {
-    pr.validate();
-  } catch (const Error& e) {
-    return Status::fail(e.what());
-  }
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16)
     return Status::fail("fused kernel: dtype must be bf16 or fp16, got " + std::string(dtype_name(pr.dtype)));
   if (a.split < -1 || a.split > 4)
@@ -251,15 +187,6 @@ Status FusedFwd::can_implement(const Arguments& a, const DevicePlan& plan, Param
                         plan::kKernels[row].name);
   if (hp.q_tiles * pr.batch * pr.q_heads >= (int64_t(1) << 31))
     return Status::fail("fused kernel: too many query tiles x heads for one grid");
-  try {
-    Problem::check_view(a.q, "q", {pr.batch, pr.q_len, pr.q_heads, pr.head_dim});
-    Problem::check_view(a.k, "k", {pr.batch, pr.kv_len, pr.kv_heads, pr.head_dim});
-    Problem::check_view(a.v, "v", {pr.batch, pr.kv_len, pr.kv_heads, pr.dv()});
-    Problem::check_view(a.o, "o", {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
-    if (a.lse.data) Problem::check_view(a.lse, "lse", {pr.batch, pr.q_heads, pr.q_len, 1});
-  } catch (const Error& e) {
-    return Status::fail(std::string("fused kernel: ") + e.what());
-  }
   const TensorView* views[4] = {&a.q, &a.k, &a.v, &a.o};
   const char* names[4] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i) {
@@ -371,9 +298,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.band_shifted = hp.band && hp.band_shifted ? 1 : 0;
   k.band_prefix = hp.band ? hp.band_prefix : 0;
   out.grid = unsigned(hp.q_tiles * pr.batch * pr.q_heads);
-  // Persistent TMA CTAs (one per SM, drawing items): measured faster than one item a CTA on every suite case
-  // at D=64 and 128 (bench/LOG.md, v9).
-  k.persistent = a.persistent >= 0 ? a.persistent : 1;
+  k.persistent = a.persistent;
   k.split_first = int(out.grid);
   k.split_k = 1;
   k.split_slabs = 0;
@@ -382,76 +307,14 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.split_count = plan.work_counter() + 2;
   if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) && k.persistent) {
     const unsigned sms = unsigned(device_info(plan.device()).sms);
-    if (plan::is_band(kind)) choose_split(hp, int(pr.batch * pr.q_heads), int(sms), a.split, plan.split_cap(), k);
+    if (plan::is_band(kind)) {
+      const plan::SplitChoice c = plan::choose_split(hp, pr.batch * pr.q_heads, int(sms), a.split, plan.split_cap());
+      k.split_first = c.first, k.split_k = c.parts, k.split_slabs = c.slabs;
+    }
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
   }
   return out;
-}
-
-void FusedFwd::choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k) {
-  const int64_t n = hp.q_tiles * bh;  // work items, drawn in order: query tile order[w / bh], head w % bh
-  if (split == 0 || n == 0) return;
-  const int nslab = hp.block_m / 64;  // slabs an item
-  auto slab_split = [&](int64_t first) {  // items first... as their slabs (no workspace)
-    k.split_first = int(first);
-    k.split_k = nslab;
-    k.split_slabs = 1;
-  };
-  if (split == 1) return slab_split(std::max<int64_t>(0, n - sms));  // forced: the last items (up to an SM each)
-  if (split == -1 && n > sms) {
-    // Chosen: the last partial wave of r items as single slabs where those fit in one wave and are not the
-    // cheap items of the list (drawn longest first): local(256) at L=4096, B=2, H=16 is 704 items on 132 SMs,
-    // 5.33 waves, the last 44 (12 three-slab items, 32 one-slab tail tiles) 68 slabs. A lone slab runs at a
-    // warpgroup's rate without the others' overlap, but the wave ends ~2/3 of an item earlier.
-    const int64_t r = n % sms;
-    if (r == 0) return;
-    int64_t slabs = 0;
-    int last_cost = 0, max_cost = 0, multi = 0;
-    auto cost = [&](int64_t qt, int* nslabs) {  // an item's time ~ its longest slab's chunks
-      int c_max = 0, ns = 0;
-      for (int c = 0; c < nslab; ++c) {
-        const int ch = slab_chunks(hp, qt, c);
-        c_max = std::max(c_max, ch);
-        ns += ch > 0;
-      }
-      *nslabs = ns;
-      return c_max;
-    };
-    for (int64_t qt = 0; qt < hp.q_tiles; ++qt) {
-      int ns = 0;
-      max_cost = std::max(max_cost, cost(qt, &ns));
-    }
-    for (int64_t w = n - r; w < n; ++w) {
-      int ns = 0;
-      const int c = cost(hp.order[size_t(w / bh)], &ns);
-      slabs += ns;
-      if (ns > 1) multi += 1, last_cost = std::max(last_cost, c);
-    }
-    if (multi > 0 && slabs <= sms && 2 * last_cost >= max_cost) slab_split(n - r);
-    return;
-  }
-  if (cap == 0) return;
-  int parts = 0;
-  int64_t first = n;
-  if (split >= 2) {  // forced: the last items, as many as the workspace holds, in `split` parts each
-    parts = std::min(split, 4);
-    first = std::max<int64_t>(0, n - cap / parts);
-  } else {
-    // Chosen: only where the items are fewer than the SMs (one partial wave: small batches, few heads, long
-    // rows), each split into sms / n parts (at most 4). Splitting the last wave of a longer list over the keys
-    // does not pay: local(256) at L=4096, B=2, H=16 (704 items on 132 SMs) lost 6% with its last 44 items in 3
-    // parts (H100, bench/LOG.md): a part pays an item's fill, drain and epilogue plus the workspace
-    // round trip.
-    if (n >= sms) return;
-    parts = int(std::min<int64_t>(4, sms / n));
-    if (parts < 2) return;
-    first = 0;
-  }
-  first = std::max(first, n - cap / parts);  // at most `cap` parts (the workspace)
-  if (first >= n) return;
-  k.split_first = int(first);
-  k.split_k = parts;
 }
 
 #ifdef SPATTN_TRACE
@@ -498,26 +361,6 @@ void FusedFwd::run(const Params& p, cudaStream_t stream) {
 
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string(p.kernel_row >= 0 ? plan::kKernels[p.kernel_row].name : "none") + (p.bf16 ? "_bf16" : "_fp16");
-}
-
-int FusedFwd::choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const FusedOptions& o) {
-  using plan::KernelKind;
-  const int d = int(head_dim);
-  if (o.force_sm80 || cc != 90) return plan::find_kernel(KernelKind::sm80_mma, hp.block_m, hp.block_n, d);
-  if (o.tma && hp.perm_d == 1 && !hp.mapped()) {  // the TMA and band kernels load affine rows by tensor maps
-    if (plan::band_kernel_runs(hp, head_dim, o.band)) {
-      // (A key prefix runs on the plain steps only: launch.cuh has no running-max instantiation with it.) Head dim
-      // 128 has no running-max row: its long rows run on the TMA kernel, unless the band kernel is forced (then on
-      // its plain steps). H100, L=16384, D=128: causal 0.91x on the band kernel's plain steps.
-      const bool rmax = hp.band_prefix == 0 && (o.running_max >= 0 ? o.running_max == 1 : band_rows_are_long(hp));
-      int row = rmax ? plan::find_kernel(KernelKind::sm90_band_rmax, hp.block_m, hp.block_n, d) : -1;
-      if (row < 0 && (!rmax || o.band == 1)) row = plan::find_kernel(KernelKind::sm90_band, hp.block_m, hp.block_n, d);
-      if (row >= 0) return row;
-    }
-    const int row = plan::find_kernel(KernelKind::sm90_tma, hp.block_m, hp.block_n, d);
-    if (row >= 0) return row;
-  }
-  return plan::find_kernel(KernelKind::sm90_cp, hp.block_m, hp.block_n, d);
 }
 
 }  // namespace spattn::cuda::fused

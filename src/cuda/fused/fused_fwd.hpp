@@ -1,7 +1,8 @@
 // cuda/fused/fused_fwd.hpp — host handle of the fused block-sparse attention forward kernel.
 //
 //   Arguments      what the caller gives (problem + tensor views)
-//   can_implement  a Status with the reason, never aborts
+//   can_implement  a Status with the reason, never aborts (the views' shapes: the caller's, checked once a call by
+//                  Plan::forward)
 //   workspace_size always 0: the plan is uploaded once (DevicePlan) and reused by every run
 //   to_params/run  run(params, stream) is relaunchable and capturable in a CUDA graph (no allocation, no sync;
 //                  the TMA kernels reset their work counters themselves at the end of each launch)
@@ -10,20 +11,16 @@
 
 #include <string>
 
+#include "common/status.hpp"
 #include "cuda/common/buffer.hpp"
-#include "cuda/fused/fused_attention.hpp"
 #include "cuda/fused/fused_params.hpp"
-#include "plan/block_plan.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
 #include "spattn/tensor.hpp"
 
 namespace spattn::cuda::fused {
 
-struct Status {
-  bool ok = true;
-  std::string reason;
-  explicit operator bool() const { return ok; }
-  static Status fail(std::string r) { return {false, std::move(r)}; }
-};
+using common::Status;  // common/status.hpp
 
 // A BlockPlan uploaded to the current CUDA device (its arrays in one block of the device pool), with the kernel-table row chosen to
 // run it (plan/kernels.hpp; a run may fall back from it where the tensors' strides admit no tensor map:
@@ -76,18 +73,16 @@ class DevicePlan {
   int64_t narrow_ = 0;
 };
 
-// The tensor map of a [B, L, H, D] bf16 / fp16 view ({D, L, H, B}; boxes of 64 elements x `rows`, 128-byte swizzle,
-// rows past L zero-filled). False where the driver refuses it (strides, alignment) or has no entry point.
-bool encode_tmap(TensorMapBytes& out, const TensorView& t, int rows);
-
 class FusedFwd {
  public:
   struct Arguments {
     Problem problem;
     TensorView q, k, v, o, lse;  // lse.data may be null
-    int persistent = -1;         // TMA and band kernels: 1 persistent CTAs, 0 one work item a CTA, -1 chosen
-    int split = -1;              // band kernel: FusedOptions::split (-1 chosen, 0 never, 1 the last items as
-                                 // slabs, 2-4 the last items in that many parts over their keys)
+    // The planner's policy (plan::LaunchDecision): TMA and band kernels: 1 persistent CTAs, 0 one work item a CTA;
+    // band kernel: the split rule (plan::FusedOptions::split: -1 chosen, 0 never, 1 the last items as slabs, 2-4 the
+    // last items in that many parts over their keys), applied by plan::choose_split to the launch's items.
+    int persistent = 1;
+    int split = -1;
   };
   using Params = LaunchParams;
 
@@ -101,14 +96,6 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // The kernel-table row that runs `hp` on a device of compute capability `cc` (major * 10 + minor) at
-  // `head_dim` with FusedOptions' forcing fields (force_sm80, tma, band, running_max); -1 where the table has none.
-  static int choose_kernel(const plan::BlockPlan& hp, int64_t head_dim, int cc, const FusedOptions& options);
-
- private:
-  // Sets k.split_first / k.split_k for the band kernel's persistent grid of `sms` CTAs (Arguments::split), with at
-  // most `cap` parts (DevicePlan::split_cap).
-  static void choose_split(const plan::BlockPlan& hp, int bh, int sms, int split, int cap, FusedParams& k);
 };
 
 }  // namespace spattn::cuda::fused

@@ -3,14 +3,10 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/common/tmap.hpp"  // TensorMapBytes
 #include "cuda/fused/key_boxes.hpp"
 
 namespace spattn::cuda::fused {
-
-// The bytes of a CUtensorMap (128, 64-byte aligned), so that this header needs no CUDA header.
-struct alignas(64) TensorMapBytes {
-  unsigned char bytes[128];
-};
 
 struct FusedParams {
   const void* q;  // [B, Lq, Hq, D]   (head dim contiguous; other strides free)
@@ -25,8 +21,8 @@ struct FusedParams {
   int64_t lse_sb, lse_sh;
   int batch, q_heads, group;  // group = Hq / Hkv
   int q_len, k_len;
-  int perm_d, q_group, k_group;  // plan space (see plan/block_plan.hpp)
-  // Mapped plan space (plan/block_plan.hpp; cp.async and mma.sync kernels only): plan position -> token, -1 for
+  int perm_d, q_group, k_group;  // plan space (see plan/gpu/block_plan.hpp)
+  // Mapped plan space (plan/gpu/block_plan.hpp; cp.async and mma.sync kernels only): plan position -> token, -1 for
   // padding ([q_tiles * BM], [k_tiles * BN], DevicePlan-owned). Null: the affine perm_d layout above. The kernels
   // read q_map (the Q tile, the epilogue's tokens); their key rows come from kb (below) and the entries.
   const int32_t* q_map;

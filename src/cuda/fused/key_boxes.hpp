@@ -63,7 +63,7 @@ inline constexpr KeyBoxes key_boxes(const int (&side)[3], const int64_t (&stride
   return kb;
 }
 
-// Key strips (plan/block_plan.hpp, BlockPlan::strips): the slot -> token arithmetic lives in plan/key_strips.hpp (the
+// Key strips (plan/gpu/block_plan.hpp, BlockPlan::strips): the slot -> token arithmetic lives in plan/key_strips.hpp (the
 // plan builds its k_map with it, and plan/ may not include cuda/), shared here by name with the kernels and the tests.
 using ::spattn::plan::kStripShift;
 using ::spattn::plan::strip_div;

@@ -1,9 +1,6 @@
 // cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
 #pragma once
-#include <mutex>
-#include <utility>
-#include <vector>
-
+#include "cuda/common/launch.cuh"  // raise_smem_limit
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
 #include "cuda/fused/fused_fwd_ws.cuh"
@@ -13,26 +10,6 @@
 namespace spattn::cuda::fused {
 
 enum class Kind { kCpAsync, kWs, kBand };
-
-namespace {
-// Raises `kernel`'s dynamic shared-memory limit once per device. The record is per translation unit (internal
-// linkage), not a static local of the launch template: those are STB_GNU_UNIQUE symbols, one per process, so a
-// second libspattn loaded beside this one (another version, an A/B build) would find the flag set by the first
-// library's kernel and launch its own without the raised limit.
-cudaError_t raise_smem_limit(const void* kernel, int bytes) {
-  static std::mutex mu;
-  static std::vector<std::pair<const void*, int>> done;  // (kernel, device)
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& d : done)
-    if (d.first == kernel && d.second == dev) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess) done.push_back({kernel, dev});
-  return e;
-}
-}  // namespace
 
 template <class Tr, Kind kKind = Kind::kCpAsync>
 cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {

@@ -12,7 +12,7 @@
 #include "cuda/common/buffer.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
-#include "cuda/fused/fused_attention.hpp"
+#include "plan/gpu/launch.hpp"
 #include "cuda/fused/fused_fwd.hpp"
 #include "cuda/runtime/tile_lists.hpp"
 #include "plan/kernels.hpp"
@@ -43,7 +43,7 @@ BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks
 }
 
 std::unique_ptr<DevicePlan> upload(BlockPlan hp, const Problem& pr, int device) {
-  const int row = FusedFwd::choose_kernel(hp, pr.head_dim, cuda::device_info(device).cc, FusedOptions{});
+  const int row = choose_kernel(hp, pr.head_dim, cuda::device_info(device).cc, FusedOptions{});
   if (row < 0) throw Error("run-time masks: no fused kernel for 128x128 tiles at head dim " + std::to_string(pr.head_dim));
   return std::make_unique<DevicePlan>(std::move(hp), row);
 }

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "cuda/fused/fused_params.hpp"  // TensorMapBytes
+#include "cuda/common/tmap.hpp"         // TensorMapBytes
 #include "cuda/tsvd/smem_layout.hpp"     // the CTA tiles (kBM, kWgBM, ...) and shared-memory layouts
 
 namespace spattn::cuda::tsvd {
@@ -52,10 +52,10 @@ void launch_gemv_bulk(const Params& p, bool bf16, cudaStream_t stream);
 // Y += P B_ij by RS wgmma (m64 n BN k16). With splits > 1 the kt tile rows of an output tile are split over
 // `splits` CTAs (fp32 slots, the last to arrive adds them in split order).
 struct WgParams {
-  fused::TensorMapBytes tmap_x;  // X: {K, M}, boxes 64 x kWgBM, 128-byte swizzle, rows past M zero-filled
-  fused::TensorMapBytes tmap_a;  // a: {tile_k, tiles * rp}, boxes 64 x rp
-  fused::TensorMapBytes tmap_b;  // b: {tile_n, tiles * rp}, boxes 64 x rp
-  Params p;                      // m_tiles x n_tiles output tiles of kWgBM x bn; grid = tiles * splits
+  TensorMapBytes tmap_x;  // X: {K, M}, boxes 64 x kWgBM, 128-byte swizzle, rows past M zero-filled
+  TensorMapBytes tmap_a;  // a: {tile_k, tiles * rp}, boxes 64 x rp
+  TensorMapBytes tmap_b;  // b: {tile_n, tiles * rp}, boxes 64 x rp
+  Params p;               // m_tiles x n_tiles output tiles of kWgBM x bn; grid = tiles * splits
   int bn = 0;
 };
 // Which BN the wgmma kernel uses for these factors (0: it cannot run them: tile_k % 64, tile_n % 128, rp not in

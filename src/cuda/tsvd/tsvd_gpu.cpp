@@ -9,7 +9,7 @@
 
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
-#include "cuda/fused/fused_fwd.hpp"  // encode_tmap
+#include "cuda/common/tmap.hpp"
 #include "cuda/tsvd/kernels.hpp"
 #include "spattn/tsvd.hpp"
 
@@ -128,8 +128,8 @@ TsvdGpu::TsvdGpu(const TsvdFactors& f, DType dtype, int device) : impl_(new Impl
   if (g.sm90a) {
     const int bn = ck::wgmma_bn(int(g.tile_k), int(g.tile_n), g.rp);
     const int64_t rows = int64_t(tiles) * g.rp;
-    if (bn && cuda::fused::encode_tmap(g.wg.tmap_a, TensorView::contiguous(g.a.p, dtype, {1, rows, 1, g.tile_k}), g.rp) &&
-        cuda::fused::encode_tmap(g.wg.tmap_b, TensorView::contiguous(g.b.p, dtype, {1, rows, 1, g.tile_n}), g.rp))
+    if (bn && cuda::encode_tmap(g.wg.tmap_a, TensorView::contiguous(g.a.p, dtype, {1, rows, 1, g.tile_k}), g.rp) &&
+        cuda::encode_tmap(g.wg.tmap_b, TensorView::contiguous(g.b.p, dtype, {1, rows, 1, g.tile_n}), g.rp))
       g.wg_bn = bn;
   }
   guard.release();
@@ -193,7 +193,7 @@ void TsvdGpu::matmul(const void* x, int64_t m, void* y, void* stream_ptr, const 
   if (kernel == "wgmma" || (kernel == "auto" && wg_fills)) {
     if (const std::string why = g.wgmma_refusal(); !why.empty()) throw Error("TsvdGpu::matmul: " + why);
     if (x != g.wg_x || m != g.wg_m) {
-      if (!cuda::fused::encode_tmap(g.wg.tmap_x, TensorView::contiguous(const_cast<void*>(x), g.dtype, {1, m, 1, g.k}), ck::kWgBM))
+      if (!cuda::encode_tmap(g.wg.tmap_x, TensorView::contiguous(const_cast<void*>(x), g.dtype, {1, m, 1, g.k}), ck::kWgBM))
         throw Error("TsvdGpu::matmul: the driver gives X no tensor map (the wgmma kernel needs one)");
       g.wg_x = x, g.wg_m = m;
     }

@@ -10,8 +10,8 @@
 //                    next wgmma); Y (64 x BN, fp32 in registers) += P B_ij by RS wgmma (B_ij N-major). The RS
 //                    wgmma of tile row i runs while the first chunk of tile row i + 1 is issued.
 //
-// Shared memory is in the 128-byte-swizzled layouts of fused_fwd.cuh (sw_off): X and A^T chunks are 128-byte
-// rows (K-major), B_ij is BN / 64 column blocks of rp rows x 128 bytes (N-major, LBO = rp x 128 bytes).
+// Shared memory is in the 128-byte-swizzled layouts of cuda/common/mma_tile.cuh (sw_off): X and A^T chunks are
+// 128-byte rows (K-major), B_ij is BN / 64 column blocks of rp rows x 128 bytes (N-major, LBO = rp x 128 bytes).
 //
 // What bounds it (GPT-3, 2048 x 12288 x 12288, H100): each X element staged in shared memory serves 2 rp flops, and
 // an SM multiplies 4096 bf16 flops a clock against 128 bytes a clock of shared memory (an A100 2048), so at rp 64 the
@@ -25,7 +25,7 @@
 #include <atomic>
 
 #include "cuda/common/check.hpp"
-#include "cuda/fused/fused_fwd.cuh"  // desc_lo, desc_of_lo, pack2, tile_to_p, kWgmmaAvailable; wgmma_ops.cuh
+#include "cuda/common/mma_tile.cuh"  // desc_lo, desc_of_lo, pack2, tile_to_p, kWgmmaAvailable; wgmma_ops.cuh
 #include "cuda/tsvd/gemv_common.cuh"
 #include "cuda/tsvd/kernels.hpp"
 
@@ -39,12 +39,10 @@ struct WgLayout {
   // The layout: smem_layout.hpp's wg_smem (the host's wgmma_smem_bytes is the same; tests/tsvd_layout_test.cpp
   // checks it against the TMA boxes below).
   static constexpr WgSmem W = wg_smem(RP, BN);
-  static constexpr int S = kWgStages;
   static constexpr int kXBytes = W.x_bytes;      // (kWgBM x 64), 128-byte rows
   static constexpr int kABytes = W.a_bytes;      // (RP x 64) of A_ij^T
   static constexpr int kStageBytes = W.stage;    // a multiple of 1024 (the swizzle's alignment)
   static constexpr int kBBytes = W.b_bytes;      // BN / 64 blocks of (RP x 64)
-  static constexpr int kBarOffset = W.bar_off;
   static constexpr int kSmemBytes = W.bytes;     // + alignment slack
   static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0 && W.b_block % 1024 == 0 && W.b_off % 1024 == 0 &&
                     kBBytes % 1024 == 0,
@@ -60,19 +58,19 @@ struct WgLayout {
 template <bool kBf16, int RP, int BN>
 __device__ __forceinline__ void wgmma_body(const WgParams& w) {
   using namespace ptx;
-  using fused::detail::desc_lo;
-  using fused::detail::desc_of_lo;
-  using fused::detail::pack2;
+  using mma::desc_lo;
+  using mma::desc_of_lo;
+  using mma::pack2;
   using L = WgLayout<RP, BN>;
-  using Op1 = fused::wgmma::Op<RP, kBf16>;  // P = X A: m64 n RP k16
-  using Op2 = fused::wgmma::Op<BN, kBf16>;  // Y += P B: m64 n BN k16
-  constexpr int S = L::S;
+  using Op1 = wgmma::Op<RP, kBf16>;  // P = X A: m64 n RP k16
+  using Op2 = wgmma::Op<BN, kBf16>;  // Y += P B: m64 n BN k16
+  constexpr int S = kWgStages;  // (not a WgLayout member: nvcc warned such members unreferenced, #177-D)
   const Params& p = w.p;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t s0 = smem_u32(smem);                    // stage s: X at s0 + s kStageBytes, A^T after it
   const uint32_t s_b = s0 + S * L::kStageBytes;         // B buffers 0, 1
-  const uint32_t bar_full = s0 + L::kBarOffset, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_full = s0 + L::W.bar_off, bar_empty = bar_full + 8 * S;
   const uint32_t bar_bfull = bar_empty + 8 * S, bar_bempty = bar_bfull + 16;
   __shared__ int s_last;
 
@@ -151,7 +149,7 @@ __device__ __forceinline__ void wgmma_body(const WgParams& w) {
       fence_regs(pacc);
       mbar_arrive(bar_empty + 8 * ((g - 1) % S));
       // P to 16 bits: accumulator columns 16kk ... 16kk + 15 are the A fragment of k-step kk.
-      fused::detail::tile_to_p<RP, kBf16>(pacc, pk);
+      mma::tile_to_p<RP, kBf16>(pacc, pk);
       mbar_wait(bar_bfull + 8 * bb, (u >> 1) & 1);
       fence_regs(yacc);
       fence_regs(pk);
@@ -211,7 +209,7 @@ __device__ __forceinline__ void wgmma_body(const WgParams& w) {
 template <bool kBf16, int RP, int BN>
 __global__ void __launch_bounds__(kWgThreads, 1) tsvd_wgmma(const __grid_constant__ WgParams w) {
 #ifdef __CUDA_ARCH__
-  if constexpr (!fused::kWgmmaAvailable) {
+  if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else {
     wgmma_body<kBf16, RP, BN>(w);
@@ -329,7 +327,7 @@ __device__ __forceinline__ void gemv_bulk_body(const Params& p) {
 template <bool kBf16>
 __global__ void __launch_bounds__(kGemvThreads) tsvd_gemv_bulk(const Params p) {
 #ifdef __CUDA_ARCH__
-  if constexpr (!fused::kWgmmaAvailable) {
+  if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else {
     gemv_bulk_body<kBf16>(p);

@@ -214,19 +214,19 @@ void launch(const AttentionFineTc::Arguments& a, cudaStream_t stream) {
 Status AttentionFineTc::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
   if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
-    return Status::failure("fused fine attention: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
+    return Status::fail("fused fine attention: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
   if (a.shape.D != a.shape.Dv || (a.shape.D != 64 && a.shape.D != 128))
-    return Status::failure("fused fine attention: head dims " + std::to_string(a.shape.D) + "/" +
+    return Status::fail("fused fine attention: head dims " + std::to_string(a.shape.D) + "/" +
                            std::to_string(a.shape.Dv) + " (needs D == Dv, 64 or 128)");
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   for (auto [t, name] : {std::pair{&a.q, "q"}, std::pair{&a.k, "k"}, std::pair{&a.v, "v"}, std::pair{&a.o, "o"}})
     if (Status s = check_dense(*t, a.shape.D, a.shape.dtype, name); !s) return s;
-  if (a.tiles.ntiles > 0 && !a.tiles.tile_pairs) return Status::failure("null attention tile metadata");
-  if (a.tiles.npairs > 0 && (!a.tiles.pair_chunk || !a.tiles.masks)) return Status::failure("null attention tile metadata");
+  if (a.tiles.ntiles > 0 && !a.tiles.tile_pairs) return Status::fail("null attention tile metadata");
+  if (a.tiles.npairs > 0 && (!a.tiles.pair_chunk || !a.tiles.masks)) return Status::fail("null attention tile metadata");
   return Status::success();
 }
 
-void AttentionFineTc::run(const Arguments& a, Stream stream) {
+void AttentionFineTc::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "AttentionFineTc");
   if (a.tiles.ntiles == 0) return;
   const bool bf = a.shape.dtype == DType::bf16;

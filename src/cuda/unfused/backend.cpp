@@ -1,10 +1,10 @@
 // cuda/unfused/backend.cpp — the unfused GPU engine behind spattn::Plan: SDDMM -> sparse softmax -> SpMM
-// (unfused::Plan), its attention workspace owned by the backend.
+// (unfused::UnfusedPlan), its attention workspace owned by the backend.
 #include <cuda_runtime.h>
 
 #include <atomic>
 
-#include "cuda/backward/csr_backward.hpp"
+#include "cuda/common/patterns_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/empty_backend.hpp"
@@ -31,7 +31,7 @@ class CudaUnfusedBackend final : public Backend {
       : problem_(problem), device_(device), bwd_(p, problem, o.backward_kernel) {
     check_options(p, o);
     DeviceScope scope(device);
-    plan_ = std::make_unique<unfused::Plan>(unfused::Plan::build(p.patterns[0], problem));
+    plan_ = std::make_unique<unfused::UnfusedPlan>(unfused::UnfusedPlan::build(p.patterns[0], problem));
     const int64_t bytes = plan_->attention_workspace_size(false);
     if (bytes > 0) SPATTN_CUDA_CHECK(cudaMalloc(&workspace_, size_t(bytes)));
   }
@@ -44,7 +44,7 @@ class CudaUnfusedBackend final : public Backend {
                      lse.stride[2] != 1))
       throw Error("engine cuda_unfused: lse must be contiguous fp32 [B, Hq, Lq]");
     DeviceScope scope(device_);
-    plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, static_cast<unfused::Stream>(stream));
+    plan_->attention(q, k, v, o, static_cast<float*>(lse.data), {}, workspace_, stream);
     ran_ = true;
   }
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
@@ -64,7 +64,7 @@ class CudaUnfusedBackend final : public Backend {
  private:
   Problem problem_;
   int device_;
-  std::unique_ptr<unfused::Plan> plan_;
+  std::unique_ptr<unfused::UnfusedPlan> plan_;
   void* workspace_ = nullptr;
   mutable bool ran_ = false;
   cuda::PatternsBackward bwd_;

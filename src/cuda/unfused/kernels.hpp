@@ -3,25 +3,17 @@
 // can be relaunched and captured in a graph. Plain C++: included by the plan (g++) and the kernels (nvcc).
 #pragma once
 // Kept C++17-clean (no spattn/pattern.hpp): the .cu files build with whichever dialect nvcc is given.
+#include <driver_types.h>  // cudaStream_t
+
 #include <cstdint>
 #include <string>
 
+#include "common/status.hpp"
 #include "spattn/tensor.hpp"
-
-struct CUstream_st;
 
 namespace spattn::unfused {
 
-using Stream = CUstream_st*;  // cudaStream_t
-
-// A status with a reason, never an abort.
-struct Status {
-  bool ok = true;
-  std::string reason;
-  static Status success() { return {}; }
-  static Status failure(std::string why) { return {false, std::move(why)}; }
-  explicit operator bool() const { return ok; }
-};
+using common::Status;  // common/status.hpp
 
 }  // namespace spattn::unfused
 
@@ -96,7 +88,7 @@ struct SddmmCoarse {
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // S_fine = Q K^T on the fine CSR entries (CUDA cores; warp per row slice).
@@ -111,7 +103,7 @@ struct SddmmFine {
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // S_fine = Q K^T on the fine entries through tensor cores: per occupied (super-tile, chunk) pair the
@@ -131,7 +123,7 @@ struct SddmmFineTc {
     bool tile_order = false;
   };
   static Status can_implement(const Arguments& a);
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // O = P_fine V through tensor cores (a plan with no coarse part): per (128-row super-tile, chunk) pair the
@@ -153,7 +145,7 @@ struct SpmmFineTc {
                               // prologue (V chunks, entry places) overlaps that kernel's tail
   };
   static Status can_implement(const Arguments& a);
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // The softmax of a fine-only tensor-core plan over S in the tiles' entry order: one CTA per (64-row tile,
@@ -175,7 +167,7 @@ struct TileSoftmax {
   };
   static constexpr int64_t kMaxTileEntries = 96 * 1024;  // 192 KB of shared memory at 2 bytes
   static Status can_implement(const Arguments& a);
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // Attention without P on a fine-only plan, fused (flash-style over the occupied tiles): one CTA of 8 warps
@@ -198,7 +190,7 @@ struct AttentionFineTc {
     float* lse = nullptr;  // [B, Hq, Lq] natural log, or null
   };
   static Status can_implement(const Arguments& a);
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // P = softmax(scale * S) over a row made of coarse block rows and fine entries; LSE; masking fused.
@@ -222,7 +214,7 @@ struct CompoundSoftmax {
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // O = P_coarse V (tensor cores). With a fine part (fine.nnz > 0) the CTA adds the fine entries of its
@@ -240,7 +232,7 @@ struct SpmmCoarse {
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 // O_fine = P_fine V (CUDA cores; warp per row). With `partial` null the rows in `rows` are written to O
@@ -258,7 +250,7 @@ struct SpmmFine {
   };
   static Status can_implement(const Arguments& a);
   static int64_t workspace_size(const Arguments&) { return 0; }
-  static void run(const Arguments& a, Stream stream);
+  static void run(const Arguments& a, cudaStream_t stream);
 };
 
 }  // namespace spattn::unfused::detail

@@ -32,7 +32,7 @@ int64_t align256(int64_t n) { return (n + 255) / 256 * 256; }
 int64_t tile_stride(int64_t nnz) { return (nnz + 7) / 8 * 8; }
 }  // namespace
 
-struct Plan::Impl {
+struct UnfusedPlan::Impl {
   Problem problem;
   Options options;
   Split split;
@@ -95,7 +95,7 @@ struct Plan::Impl {
   }
 };
 
-Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
+UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
   problem.validate();
   if (problem.dtype == DType::f64) throw Error("unfused: dtype f64 is not supported on the GPU (use bf16, f16 or f32)");
   if (pattern.q_len() != problem.q_len || pattern.k_len() != problem.kv_len)
@@ -386,23 +386,23 @@ Plan Plan::build(const BoundPattern& pattern, const Problem& problem, const Opti
   SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&P.side, cudaStreamNonBlocking));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.join, cudaEventDisableTiming));
-  Plan plan;
+  UnfusedPlan plan;
   plan.impl_ = std::move(impl);
   return plan;
 }
 
-const Problem& Plan::problem() const { return impl_->problem; }
-const Split& Plan::split() const { return impl_->split; }
-bool Plan::has_coarse() const { return impl_->has_coarse(); }
-bool Plan::has_fine() const { return impl_->has_fine(); }
-int64_t Plan::coarse_elems_per_head() const { return impl_->coarse.nblocks * impl_->split.block * impl_->split.block; }
-int64_t Plan::fine_elems_per_head() const { return impl_->fine.nnz; }
-int64_t Plan::score_bytes() const { return prob_bytes(); }
-int64_t Plan::prob_bytes() const {
+const Problem& UnfusedPlan::problem() const { return impl_->problem; }
+const Split& UnfusedPlan::split() const { return impl_->split; }
+bool UnfusedPlan::has_coarse() const { return impl_->has_coarse(); }
+bool UnfusedPlan::has_fine() const { return impl_->has_fine(); }
+int64_t UnfusedPlan::coarse_elems_per_head() const { return impl_->coarse.nblocks * impl_->split.block * impl_->split.block; }
+int64_t UnfusedPlan::fine_elems_per_head() const { return impl_->fine.nnz; }
+int64_t UnfusedPlan::score_bytes() const { return prob_bytes(); }
+int64_t UnfusedPlan::prob_bytes() const {
   return (coarse_elems_per_head() + fine_elems_per_head()) * impl_->shape.bh() * dtype_size(impl_->shape.dtype);
 }
-int64_t Plan::spmm_workspace_size() const { return 0; }
-int64_t Plan::attention_workspace_size(bool p_given) const {
+int64_t UnfusedPlan::spmm_workspace_size() const { return 0; }
+int64_t UnfusedPlan::attention_workspace_size(bool p_given) const {
   const Impl& P = *impl_;
   const int64_t bh = P.shape.bh(), ds = dtype_size(P.shape.dtype);
   if (!p_given && P.att_fused) return 0;  // one fused kernel: nothing in memory between the steps
@@ -416,7 +416,7 @@ int64_t Plan::attention_workspace_size(bool p_given) const {
   return n + spmm_workspace_size();
 }
 
-std::string Plan::explain() const {
+std::string UnfusedPlan::explain() const {
   const Impl& P = *impl_;
   std::ostringstream os;
   os << "unfused plan: " << dtype_name(P.shape.dtype) << ", B " << P.shape.B << ", Hq " << P.shape.Hq << ", Hkv "
@@ -458,7 +458,8 @@ void check_dtype(const TensorView& t, DType want, const char* name) {
 }
 }  // namespace
 
-void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream stream) const {
+void UnfusedPlan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Stream user_stream) const {
+  const auto stream = static_cast<cudaStream_t>(user_stream);
   const Impl& P = *impl_;
   const Shape& sh = P.shape;
   Problem::check_view(q, "q", {sh.B, sh.Lq, sh.Hq, sh.D});
@@ -484,7 +485,8 @@ void Plan::sddmm(const TensorView& q, const TensorView& k, SparseValues s, Strea
     fine(stream);
 }
 
-void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) const {
+void UnfusedPlan::softmax(SparseValues s, SparseValues p, float* lse, Stream user_stream) const {
+  const auto stream = static_cast<cudaStream_t>(user_stream);
   const Impl& P = *impl_;
   CompoundSoftmax::Arguments a;
   a.shape = P.shape;
@@ -500,7 +502,8 @@ void Plan::softmax(SparseValues s, SparseValues p, float* lse, Stream stream) co
   CompoundSoftmax::run(a, stream);
 }
 
-void Plan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* workspace, Stream stream) const {
+void UnfusedPlan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* workspace, Stream user_stream) const {
+  const auto stream = static_cast<cudaStream_t>(user_stream);
   const Impl& P = *impl_;
   const Shape& sh = P.shape;
   Problem::check_view(v, "v", {sh.B, sh.Lk, sh.Hkv, sh.Dv});
@@ -523,8 +526,9 @@ void Plan::spmm(SparseValues p, const TensorView& v, const TensorView& o, void* 
   }
 }
 
-void Plan::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, float* lse,
-                     SparseValues p, void* workspace, Stream stream) const {
+void UnfusedPlan::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, float* lse,
+                            SparseValues p, void* workspace, Stream user_stream) const {
+  const auto stream = static_cast<cudaStream_t>(user_stream);
   const Impl& P = *impl_;
   const bool p_given = p.coarse || p.fine;
   if (p_given && ((P.has_coarse() && !p.coarse) || (P.has_fine() && !p.fine)))

@@ -118,15 +118,15 @@ void launch(const SddmmCoarse::Arguments& a, cudaStream_t stream) {
 Status SddmmCoarse::can_implement(const Arguments& a) {
   if (Status s = check_coarse(a.shape, a.meta.block, "SDDMM"); !s) return s;
   if (a.shape.D % 16 != 0 || a.shape.D > 256)
-    return Status::failure("head dim " + std::to_string(a.shape.D) + " is not a multiple of 16 up to 256");
+    return Status::fail("head dim " + std::to_string(a.shape.D) + " is not a multiple of 16 up to 256");
   if (Status s = check_dense(a.q, a.shape.D, a.shape.dtype, "q"); !s) return s;
   if (Status s = check_dense(a.k, a.shape.D, a.shape.dtype, "k"); !s) return s;
   if (a.nitems > 0 && (!a.items || !a.s || !a.meta.cols || !a.meta.mask_index))
-    return Status::failure("null metadata or output pointer");
+    return Status::fail("null metadata or output pointer");
   return Status::success();
 }
 
-void SddmmCoarse::run(const Arguments& a, Stream stream) {
+void SddmmCoarse::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SddmmCoarse");
   if (a.nitems == 0) return;
   const bool bf = a.shape.dtype == DType::bf16;

@@ -104,18 +104,18 @@ void launch(const SddmmFine::Arguments& a, cudaStream_t stream) {
 Status SddmmFine::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
   const int vec = 16 / dtype_size(a.shape.dtype);
-  if (a.shape.dtype == DType::f64) return Status::failure("dtype f64 is not supported on the GPU");
+  if (a.shape.dtype == DType::f64) return Status::fail("dtype f64 is not supported on the GPU");
   if (a.shape.D > int64_t(vec) * 8 * kMaxChunks)
-    return Status::failure("head dim " + std::to_string(a.shape.D) + " exceeds " + std::to_string(vec * 8 * kMaxChunks) +
+    return Status::fail("head dim " + std::to_string(a.shape.D) + " exceeds " + std::to_string(vec * 8 * kMaxChunks) +
                            " for dtype " + std::string(dtype_name(a.shape.dtype)));
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   if (Status s = check_dense(a.q, a.shape.D, a.shape.dtype, "q"); !s) return s;
   if (Status s = check_dense(a.k, a.shape.D, a.shape.dtype, "k"); !s) return s;
-  if (a.nitems > 0 && (!a.items || !a.s || !a.meta.cols)) return Status::failure("null metadata or output pointer");
+  if (a.nitems > 0 && (!a.items || !a.s || !a.meta.cols)) return Status::fail("null metadata or output pointer");
   return Status::success();
 }
 
-void SddmmFine::run(const Arguments& a, Stream stream) {
+void SddmmFine::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SddmmFine");
   if (a.nitems == 0) return;
   switch (a.shape.dtype) {

@@ -436,12 +436,12 @@ __global__ void __launch_bounds__(256, 2) spmm_fine_tc_kernel(const SpmmFineTc::
 Status check_common(const Shape& sh, const FineTiles& t) {
   if (Status s = check_shape(sh); !s) return s;
   if (sh.dtype != DType::bf16 && sh.dtype != DType::f16)
-    return Status::failure("fine tensor-core path: dtype " + std::string(dtype_name(sh.dtype)) + " is not bf16 or f16");
-  if (sh.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(sh.bh()) + " > 65535");
+    return Status::fail("fine tensor-core path: dtype " + std::string(dtype_name(sh.dtype)) + " is not bf16 or f16");
+  if (sh.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(sh.bh()) + " > 65535");
   if (t.npairs > 0 && (!t.tile_pairs || !t.pair_chunk || !t.groups || !t.pos || !t.rc || !t.super_pairs ||
                        !t.sp_chunk || !t.sp_bounds))
-    return Status::failure("null fine tile metadata");
-  if (t.nsuper != (t.ntiles + 1) / 2) return Status::failure("fine super-tiles do not cover the tiles");
+    return Status::fail("null fine tile metadata");
+  if (t.nsuper != (t.ntiles + 1) / 2) return Status::fail("fine super-tiles do not cover the tiles");
   return Status::success();
 }
 
@@ -450,14 +450,14 @@ Status check_common(const Shape& sh, const FineTiles& t) {
 Status SddmmFineTc::can_implement(const Arguments& a) {
   if (Status s = check_common(a.shape, a.tiles); !s) return s;
   if (a.shape.D % 16 != 0 || a.shape.D > 256)
-    return Status::failure("head dim " + std::to_string(a.shape.D) + " is not a multiple of 16 up to 256");
+    return Status::fail("head dim " + std::to_string(a.shape.D) + " is not a multiple of 16 up to 256");
   if (Status s = check_dense(a.q, a.shape.D, a.shape.dtype, "q"); !s) return s;
   if (Status s = check_dense(a.k, a.shape.D, a.shape.dtype, "k"); !s) return s;
-  if (a.nitems > 0 && (!a.items || !a.s)) return Status::failure("null items or output pointer");
+  if (a.nitems > 0 && (!a.items || !a.s)) return Status::fail("null items or output pointer");
   return Status::success();
 }
 
-void SddmmFineTc::run(const Arguments& a, Stream stream) {
+void SddmmFineTc::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SddmmFineTc");
   if (a.nitems == 0) return;
   const size_t smem = (size_t(kSuperRows + 3 * kFineChunkKeys) * (a.shape.D + 8) + 2 * kSuperRows * kSP) * 2;
@@ -489,15 +489,15 @@ void SddmmFineTc::run(const Arguments& a, Stream stream) {
 Status SpmmFineTc::can_implement(const Arguments& a) {
   if (Status s = check_common(a.shape, a.tiles); !s) return s;
   if (a.shape.Dv % 8 != 0 || a.shape.Dv > 256)
-    return Status::failure("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 8 up to 256");
+    return Status::fail("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 8 up to 256");
   if (Status s = check_dense(a.v, a.shape.Dv, a.shape.dtype, "v"); !s) return s;
   if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
-  if (a.nnz > 0 && !a.p) return Status::failure("p fine is null");
-  if (a.tiles.ntiles > 0 && !a.tiles.super_pairs) return Status::failure("null fine tile metadata");
+  if (a.nnz > 0 && !a.p) return Status::fail("p fine is null");
+  if (a.tiles.ntiles > 0 && !a.tiles.super_pairs) return Status::fail("null fine tile metadata");
   return Status::success();
 }
 
-void SpmmFineTc::run(const Arguments& a, Stream stream) {
+void SpmmFineTc::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SpmmFineTc");
   if (a.tiles.ntiles == 0) return;
   dim3 grid(grid_dim(a.tiles.nsuper, "spmm fine tc tiles"), unsigned(a.shape.bh()), unsigned((a.shape.Dv + 63) / 64));

@@ -555,40 +555,40 @@ void launch(const CompoundSoftmax::Arguments& a, cudaStream_t stream) {
 
 Status CompoundSoftmax::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
-  if (a.shape.dtype == DType::f64) return Status::failure("dtype f64 is not supported on the GPU");
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::failure("scale " + std::to_string(a.scale) + " is not a positive finite number");
+  if (a.shape.dtype == DType::f64) return Status::fail("dtype f64 is not supported on the GPU");
+  if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (!(a.scale >= 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a finite number >= 0");
   const bool lse_only = a.lse2 && !a.p_coarse && !a.p_fine;
   if (a.coarse.nblocks > 0 && (!a.s_coarse || (!a.p_coarse && !lse_only)))
-    return Status::failure("the plan has a coarse part but S or P coarse is null");
+    return Status::fail("the plan has a coarse part but S or P coarse is null");
   if (a.fine.nnz > 0 && (!a.s_fine || (!a.p_fine && !lse_only)))
-    return Status::failure("the plan has a fine part but S or P fine is null");
+    return Status::fail("the plan has a fine part but S or P fine is null");
   if (a.coarse.nblocks > 0 && a.coarse.block != 32 && a.coarse.block != 64)
-    return Status::failure("block " + std::to_string(a.coarse.block) + " is not 32 or 64");
+    return Status::fail("block " + std::to_string(a.coarse.block) + " is not 32 or 64");
   return Status::success();
 }
 
 Status TileSoftmax::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
   if (a.shape.dtype != DType::bf16 && a.shape.dtype != DType::f16)
-    return Status::failure("tile softmax: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
-  if (!(a.scale > 0.f) || !std::isfinite(a.scale)) return Status::failure("scale " + std::to_string(a.scale) + " is not a positive finite number");
+    return Status::fail("tile softmax: dtype " + std::string(dtype_name(a.shape.dtype)) + " is not bf16 or f16");
+  if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (!(a.scale >= 0.f) || !std::isfinite(a.scale)) return Status::fail("scale " + std::to_string(a.scale) + " is not a finite number >= 0");
   if (a.max_tile_entries < 0 || a.max_tile_entries > kMaxTileEntries)
-    return Status::failure("tile softmax: a tile holds " + std::to_string(a.max_tile_entries) + " entries (at most " +
+    return Status::fail("tile softmax: a tile holds " + std::to_string(a.max_tile_entries) + " entries (at most " +
                            std::to_string(kMaxTileEntries) + ")");
-  if (a.tiles.ntiles != (a.shape.Lq + kFineTileRows - 1) / kFineTileRows) return Status::failure("tile softmax: tiles do not cover the rows");
+  if (a.tiles.ntiles != (a.shape.Lq + kFineTileRows - 1) / kFineTileRows) return Status::fail("tile softmax: tiles do not cover the rows");
   if (a.s_stride < a.fine.nnz || a.s_stride % 8 != 0)
-    return Status::failure("tile softmax: s_stride " + std::to_string(a.s_stride) + " is below nnz " + std::to_string(a.fine.nnz) +
+    return Status::fail("tile softmax: s_stride " + std::to_string(a.s_stride) + " is below nnz " + std::to_string(a.fine.nnz) +
                            " or no multiple of 8");
-  if (a.fine.nnz > 0 && !aligned16(a.s)) return Status::failure("tile softmax: S is not 16-byte aligned");
-  if (a.tiles.pos16 && a.max_tile_entries > 65536) return Status::failure("tile softmax: 16-bit places for tiles of > 65536 entries");
+  if (a.fine.nnz > 0 && !aligned16(a.s)) return Status::fail("tile softmax: S is not 16-byte aligned");
+  if (a.tiles.pos16 && a.max_tile_entries > 65536) return Status::fail("tile softmax: 16-bit places for tiles of > 65536 entries");
   if (a.fine.nnz > 0 && (!a.s || !a.fine.row_offsets || !a.tiles.tile_pairs || !a.tiles.groups || !a.tiles.pos))
-    return Status::failure("tile softmax: null S or fine metadata");
+    return Status::fail("tile softmax: null S or fine metadata");
   return Status::success();
 }
 
-void TileSoftmax::run(const Arguments& a, Stream stream) {
+void TileSoftmax::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "TileSoftmax");
   if (a.tiles.ntiles == 0) return;
   dim3 grid(grid_dim(a.tiles.ntiles, "tile softmax tiles"), unsigned(a.shape.bh()));
@@ -608,7 +608,7 @@ void TileSoftmax::run(const Arguments& a, Stream stream) {
   SPATTN_LAUNCH_CHECK("tile_softmax_kernel");
 }
 
-void CompoundSoftmax::run(const Arguments& a, Stream stream) {
+void CompoundSoftmax::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "CompoundSoftmax");
   switch (a.shape.dtype) {
     case DType::bf16: launch<__nv_bfloat16>(a, stream); break;

@@ -175,17 +175,17 @@ void launch(const SpmmCoarse::Arguments& a, cudaStream_t stream) {
 Status SpmmCoarse::can_implement(const Arguments& a) {
   if (Status s = check_coarse(a.shape, a.meta.block, "SpMM"); !s) return s;
   if (a.shape.Dv % 8 != 0 || a.shape.Dv > 256)
-    return Status::failure("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 8 up to 256");
+    return Status::fail("value dim " + std::to_string(a.shape.Dv) + " is not a multiple of 8 up to 256");
   if (Status s = check_dense(a.v, a.shape.Dv, a.shape.dtype, "v"); !s) return s;
   if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
-  if (!a.p && a.meta.nblocks > 0) return Status::failure("p coarse is null");
-  if (!aligned16(a.p)) return Status::failure("p coarse is not 16-byte aligned");
-  if (a.fine.nnz > 0 && (!a.p_fine || !a.fine.row_offsets || !a.fine.cols)) return Status::failure("p fine is null");
-  if (!a.row_order || !a.meta.row_offsets) return Status::failure("null metadata pointer");
+  if (!a.p && a.meta.nblocks > 0) return Status::fail("p coarse is null");
+  if (!aligned16(a.p)) return Status::fail("p coarse is not 16-byte aligned");
+  if (a.fine.nnz > 0 && (!a.p_fine || !a.fine.row_offsets || !a.fine.cols)) return Status::fail("p fine is null");
+  if (!a.row_order || !a.meta.row_offsets) return Status::fail("null metadata pointer");
   return Status::success();
 }
 
-void SpmmCoarse::run(const Arguments& a, Stream stream) {
+void SpmmCoarse::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SpmmCoarse");
   const bool bf = a.shape.dtype == DType::bf16;
   if (a.meta.block == 64)

@@ -100,21 +100,21 @@ void launch(const SpmmFine::Arguments& a, cudaStream_t stream) {
 
 Status SpmmFine::can_implement(const Arguments& a) {
   if (Status s = check_shape(a.shape); !s) return s;
-  if (a.shape.dtype == DType::f64) return Status::failure("dtype f64 is not supported on the GPU");
+  if (a.shape.dtype == DType::f64) return Status::fail("dtype f64 is not supported on the GPU");
   const int vec = 16 / dtype_size(a.shape.dtype);
   if (a.shape.Dv > int64_t(vec) * 8 * kMaxChunks)
-    return Status::failure("value dim " + std::to_string(a.shape.Dv) + " exceeds " +
+    return Status::fail("value dim " + std::to_string(a.shape.Dv) + " exceeds " +
                            std::to_string(vec * 8 * kMaxChunks) + " for dtype " + std::string(dtype_name(a.shape.dtype)));
-  if (a.shape.bh() > 65535) return Status::failure("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
+  if (a.shape.bh() > 65535) return Status::fail("batch * q_heads " + std::to_string(a.shape.bh()) + " > 65535");
   if (Status s = check_dense(a.v, a.shape.Dv, a.shape.dtype, "v"); !s) return s;
   if (!a.partial)
     if (Status s = check_dense(a.o, a.shape.Dv, a.shape.dtype, "o"); !s) return s;
-  if (a.nrows > 0 && (!a.rows || !a.meta.row_offsets)) return Status::failure("null metadata pointer");
-  if (a.meta.nnz > 0 && (!a.p || !a.meta.cols)) return Status::failure("p fine is null");
+  if (a.nrows > 0 && (!a.rows || !a.meta.row_offsets)) return Status::fail("null metadata pointer");
+  if (a.meta.nnz > 0 && (!a.p || !a.meta.cols)) return Status::fail("p fine is null");
   return Status::success();
 }
 
-void SpmmFine::run(const Arguments& a, Stream stream) {
+void SpmmFine::run(const Arguments& a, cudaStream_t stream) {
   require(can_implement(a), "SpmmFine");
   if (a.nrows == 0) return;
   switch (a.shape.dtype) {

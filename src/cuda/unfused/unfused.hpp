@@ -36,13 +36,10 @@
 
 #include "spattn/format.hpp"
 #include "spattn/pattern.hpp"
+#include "spattn/plan.hpp"  // spattn::Stream: a cudaStream_t, null for the legacy default stream
 #include "spattn/tensor.hpp"
 
-struct CUstream_st;
-
 namespace spattn::unfused {
-
-using Stream = CUstream_st*;  // the same type as cudaStream_t; nullptr is the legacy default stream
 
 struct Options {
   int block = 32;                     // coarse block size: 32 or 64 (32: SDDMM 6.3x vs 4.9x cuSPARSE geomean on H100, SpMM 11.8x vs 14.7x)
@@ -82,13 +79,13 @@ struct SparseValues {
   void* fine = nullptr;
 };
 
-// The plan: a split uploaded to the current CUDA device, for one Problem. Immutable after build; a run
-// may be relaunched, and captured in a CUDA graph. Not to be run concurrently with itself (it owns one side
-// stream and two events).
-class Plan {
+// The unfused engine's plan: a split uploaded to the current CUDA device, for one Problem (what
+// Engine::cuda_unfused runs behind spattn::Plan). Immutable after build; a run may be relaunched, and captured in
+// a CUDA graph. Not to be run concurrently with itself (it owns one side stream and two events).
+class UnfusedPlan {
  public:
   // Throws spattn::Error naming the offending value (problem fields, dtype, head dims, block size).
-  static Plan build(const BoundPattern& pattern, const Problem& problem, const Options& options = {});
+  static UnfusedPlan build(const BoundPattern& pattern, const Problem& problem, const Options& options = {});
 
   const Problem& problem() const;
   const Split& split() const;

@@ -1,6 +1,6 @@
 // The cuSPARSE anchor of `spattn bench --device cuda`: SDDMM and SpMM (CSR) through the cuSPARSE C API, on
 // the same inputs as ours, batched over B * H (head-major copies made once, outside the timed calls, so
-// cuSPARSE gets the layout it asks for). Lives in the library so the CLI needs no cuSPARSE link of its own.
+// cuSPARSE gets the layout it asks for). Part of the spattn_bench library, which links cuSPARSE (libspattn does not).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,7 +11,7 @@
 
 struct CUstream_st;
 
-namespace spattn::unfused {
+namespace spattn::bench {
 
 class CusparseBaseline {
  public:
@@ -34,4 +34,4 @@ class CusparseBaseline {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace spattn::unfused
+}  // namespace spattn::bench

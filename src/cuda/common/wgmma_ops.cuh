@@ -4,7 +4,7 @@
 
 #include "cuda/common/ptx.cuh"  // SPATTN_WGMMA: device code for sm_90a
 
-namespace spattn::cuda::fused::wgmma {
+namespace spattn::cuda::wgmma {
 
 template <int N, bool kBf16> struct Op;
 
@@ -278,4 +278,4 @@ template <> struct Op<256, false> {
   }
 };
 
-}  // namespace spattn::cuda::fused::wgmma
+}  // namespace spattn::cuda::wgmma

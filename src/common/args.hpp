@@ -1,4 +1,5 @@
-// Command-line flags: "--name value" pairs and bare switches, every unknown or malformed flag an Error.
+// common/args.hpp — command-line flags: "--name value" pairs and bare switches, every unknown or malformed flag an
+// Error. Header-only; used by the programs (src/tools, bench), not by the library.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -7,7 +8,7 @@
 
 #include "spattn/error.hpp"
 
-namespace spattn::tools {
+namespace spattn::common {
 
 class Args {
  public:
@@ -75,4 +76,4 @@ class Args {
   std::set<std::string> set_;
 };
 
-}  // namespace spattn::tools
+}  // namespace spattn::common

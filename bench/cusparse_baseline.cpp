@@ -1,5 +1,5 @@
 // cuSPARSE SDDMM / SpMM anchor (see the header).
-#include "cusparse_baseline.hpp"
+#include "bench/cusparse_baseline.hpp"
 
 #include <cuda_runtime.h>
 #include <cusparse.h>
@@ -10,7 +10,7 @@
 
 #include "cuda/common/check.hpp"
 
-namespace spattn::unfused {
+namespace spattn::bench {
 
 namespace {
 void cs_check(cusparseStatus_t s, const char* what) {
@@ -282,4 +282,4 @@ std::string CusparseBaseline::mode() const {
   return std::string(impl_->batched ? "sddmm batched" : "sddmm per head") + (impl_->spmm_batched ? ", spmm batched" : ", spmm per head");
 }
 
-}  // namespace spattn::unfused
+}  // namespace spattn::bench

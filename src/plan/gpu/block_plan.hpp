@@ -1,4 +1,4 @@
-// plan/block_plan.hpp — the tile plan of the fused block-sparse attention kernel (src/cuda/fused).
+// plan/gpu/block_plan.hpp — the tile plan of the fused block-sparse attention kernel (src/cuda/fused), and its builders
 //
 // For every query tile (block_m rows) the plan lists the key tiles (block_n keys) that hold at least one
 // kept (q, k), each tagged:
@@ -189,22 +189,6 @@ std::optional<BlockPlan> build_strip_plan(const BoundPattern& pattern, const Gri
 // step of every slab, not paired into 128-key steps, so only a few (attention sinks, longformer's global columns).
 inline constexpr int32_t kBandPrefixMax = 128;
 
-// Whether the sm_90a band kernel runs this plan: band rows (shifted or not, or with a key prefix of at most
-// kBandPrefixMax keys), no permutation, band_block_m(head_dim) x 128 tiles, Lq + Lk < 2^30.
-inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
-  return plan.band && !plan.mapped() && plan.block_m == band_block_m(head_dim) && plan.block_n == 128 &&
-         plan.perm_d == 1 &&
-         plan.band_prefix <= kBandPrefixMax && !(plan.band_prefix > 0 && plan.band_shifted) &&
-         plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
-}
-// Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense
-// rows, where no row is trimmed and the turn-taking TMA kernel measured 2-3% faster; bench/LOG.md, band kernel v14).
-inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option) {
-  const bool dense_rows = (plan.band_lo <= -(plan.q_len - 1) && plan.band_hi >= plan.k_len - 1) ||
-                          (plan.band_shifted && int64_t(plan.band_hi) - plan.band_lo + 1 >= plan.k_len);
-  return band_kernel_applies(plan, head_dim) && (option == 1 || (option == -1 && !dense_rows));
-}
-
 // Chooses the tile shape and permutation with the least predicted cost among the fused GPU rows of the kernel
 // table (plan/kernels.hpp: their shapes and costs) and returns the plan built with them. block_m / block_n > 0
 // force a shape, perm_d >= 1 a permutation (and no tile map). tma: the sm_90a TMA rows are available (sm_90a
@@ -217,10 +201,13 @@ inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option
 // candidate (64x64 rows only) is priced exactly from its built plan: every strip a partial tile. device_draw: where the
 // pattern is one random atom and the chosen tiles are unpermuted and unmapped, with every tile expected to hold kept
 // keys (drawn_masks_apply), the plan's bitmasks are left to the device (BlockPlan::drawn): O(tiles) here; and a strip
-// plan's of a lone neighborhood atom (build_strip_plan's device_masks, BlockPlan::grid_windows).
+// plan's of a lone neighborhood atom (build_strip_plan's device_masks, BlockPlan::grid_windows). only_kind (a
+// KernelKind, sm90_tma or sm90_cp; -1 none): PlanOptions::kernel's kind as a filter of the candidates where no shape is
+// forced: where the cheapest candidate's row is of another kind, the cheapest of the shape of the kind's first row at
+// this head dim (the table lists each kind's rows best first).
 BlockPlan choose_block_plan(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int block_m = 0,
                             int block_n = 0, int perm_d = -1, bool tma = false, int tile_map = -1,
-                            bool device_draw = false);
+                            bool device_draw = false, int only_kind = -1);
 
 // Whether a plan of block_m x block_n unpermuted, unmapped tiles may leave its bitmasks to the device (BlockPlan::drawn):
 // the pattern is random(r) with device_draws_random (plan/kernels.hpp), and the tiles it leaves empty, expected over its

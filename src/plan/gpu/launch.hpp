@@ -1,0 +1,158 @@
+// plan/gpu/launch.hpp — the GPU planner's one output: what the fused engine launches for a pattern, and why.
+//
+// The engine (src/cuda/fused) asks the planner once per distinct pattern (decide_pattern) and gets a plain-data
+// decision: for one tile list, or for each part of a compound split (plan/parts.hpp), the tile plan (block_plan.hpp),
+// the kernel-table row that runs it (kernels.hpp), the band / split / persistent / running-max policy and the reasons
+// explain() prints. The engine uploads the plans, checks the tensors once a call and launches; it decides nothing,
+// but for what only the tensors show at launch: strides that admit no tensor map send a TMA or band row to the row of
+// the tile shape that loads without one (FusedFwd::to_params).
+//
+// The backward's choice (src/cuda/backward) is made here too, from the same analysis: backward_choice reads
+// PlanOptions::backward_kernel, backward_row picks the row, backward_tiles builds its plan.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/analysis.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/kernels.hpp"
+#include "plan/parts.hpp"
+#include "spattn/plan.hpp"
+
+namespace spattn::plan {
+
+// The device as the planner sees it.
+struct GpuTarget {
+  int cc = 0;   // compute capability, major * 10 + minor
+  int sms = 0;  // streaming multiprocessors (the band kernel's split; a persistent grid's size)
+  bool sm90a() const { return cc == 90; }
+};
+
+// The fused engine's planning options (PlanOptions' GPU fields; tests set them directly).
+struct FusedOptions {
+  int block_m = 0, block_n = 0;  // 0: chosen by the planner (64x64, 64x128, 128x128, 192x128)
+  int perm_d = -1;               // -1: chosen (residue grouping for dilated/strided rows); 1: none
+  int tile_map = -1;             // neighborhood patterns of 2-3 axes: -1 chosen, 0 never, 1 always a tile map
+                                 // (multi-dimensional tiles, plan/tile_map.hpp; cp.async / mma.sync kernels),
+                                 // 2 key strips (64x64 tiles, plan/gpu/block_plan.hpp)
+  bool force_sm80 = false;       // run the mma.sync kernel on Hopper too (tests)
+  bool tma = true;               // sm_90a: the warp-specialized TMA kernel where it applies (128/192-row
+                                 // tiles, no permutation, strides a tensor map accepts); false: cp.async kernels
+  int persistent = -1;           // TMA kernel: 1 one CTA per SM drawing work items, 0 one item a CTA, -1 chosen
+  int band = -1;                 // band-row patterns (local, sliding windows, causal) at head dim 64 on sm_90a:
+                                 // -1 chosen, 1 the band kernel (64-row slabs over 64-key chunks), 0 never
+  int split = -1;                // band kernel: -1 chosen: where the items are fewer than the SMs, every item
+                                 // in parts over its keys (merged by the last part); where the last partial
+                                 // wave's items fit in one wave as single 64-row slabs (and are not the list's
+                                 // cheap items), those items as slabs; 0 never, 1 the last items (up to one per
+                                 // SM) as slabs, 2-4 the last items (up to one part per SM) in that many parts
+  int device_draw = -1;          // random(r) patterns whose every tile holds kept keys (block_plan.hpp,
+                                 // drawn_masks_apply): -1 their bitmasks drawn on the device at upload
+                                 // (cuda/fused/random_rows.hpp), 0 drawn on the host and copied
+  int running_max = -1;          // band kernel: -1 chosen (rows keeping 1536 keys or more on average), 1 the
+                                 // exponentials of a row's later 128-key steps against its running maximum
+                                 // (rescaled only when the maximum rises; a step whose exponentials overflow runs
+                                 // again exactly), 0 every step's exact row maximum first
+};
+
+// The engine of a plan (PlanOptions::engine; automatic: the CPU engine on the CPU, on a GPU the fused engine where its
+// kernels take the problem, else the unfused one), with why in *why. Throws Error where the engine asked for cannot run
+// the problem on that device.
+Engine choose_engine(const Problem& problem, const Device& device, Engine asked, std::string* why);
+
+// PlanOptions::kernel as the planner reads it: a row (by name) or a kind of the fused GPU rows.
+struct KernelFilter {
+  std::string name;  // as given; "" none
+  int row = -1;      // the row named, where a row was
+  int kind = -1;     // the KernelKind forced (the row's), -1 none
+  // Whether the planner's row `r` is the one asked for.
+  bool admits(int r) const {
+    return r >= 0 && (row < 0 || r == row) && (kind < 0 || int(kKernels[r].kind) == kind);
+  }
+};
+
+// The FusedOptions of PlanOptions, with what PlanOptions::kernel forces (its shape, kind, and the planner's switches
+// that kind needs) and the filter it sets. Throws Error where the kernel is no fused GPU kernel's name or kind.
+FusedOptions fused_options(const PlanOptions& options, KernelFilter* filter);
+
+// The band kernel's split of a launch's work items (FusedParams::split_first, split_k, split_slabs): items from
+// `first` on run as `parts` parts over their keys, or (slabs) as their 64-row slabs.
+struct SplitChoice {
+  int first = 0, parts = 1, slabs = 0;
+};
+
+// One tile list's launch.
+struct LaunchDecision {
+  BlockPlan tiles;
+  int kernel_row = -1;       // plan/kernels.hpp
+  int persistent = 1;        // TMA and band rows: 1 one CTA per SM drawing work items, 0 one item a CTA
+  int split = -1;            // band rows: the split rule (FusedOptions::split), applied per launch (split_for)
+  bool running_max = false;  // band rows: the running-max steps (the row is sm90_band_rmax)
+  std::string why;           // the reasons for the row and its policy (explain)
+  double analysis_ms = 0;    // the pattern's analysis where the planner made it (none given)
+  // The split of a launch of batch x heads = bh on `sms` SMs with workspace for `cap` parts (band rows only).
+  SplitChoice split_for(int64_t bh, int sms, int cap) const;
+};
+
+// The whole forward of one pattern: one tile list (split not compound: launches[0]), or each part of a compound split
+// (launches[i] for split.parts[i]; none for a scattered part, which runs on the CSR kernel).
+struct PatternDecision {
+  Split split;
+  std::vector<std::optional<LaunchDecision>> launches;
+  bool compound() const { return split.compound(); }
+};
+
+// Decides one pattern's forward on `target` (PlanOptions: the fused fields, kernel, compound). Throws Error where the
+// options cannot be met (a forced kernel the planner cannot give this pattern, a tile map that does not fit).
+PatternDecision decide_pattern(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
+                               const GpuTarget& target, const PlanOptions& options);
+
+// One tile list: the plan of least predicted cost among the rows `target` offers (choose_block_plan), its row and
+// policy. analysis: analyze(pattern) where the caller has it, else made here. filter: PlanOptions::kernel's.
+LaunchDecision decide_tiles(const BoundPattern& pattern, const Analysis* analysis, int64_t head_dim,
+                            const GpuTarget& target, const FusedOptions& options, const KernelFilter& filter = {});
+
+// The kernel-table row that runs `plan` on a device of compute capability `cc` at `head_dim` with FusedOptions'
+// forcing fields (force_sm80, tma, band, running_max); -1 where the table has none. why: the reasons.
+int choose_kernel(const BlockPlan& plan, int64_t head_dim, int cc, const FusedOptions& options, std::string* why = nullptr);
+
+// The band kernel's split for work items of `plan` x bh on a persistent grid of `sms` CTAs (FusedOptions::split:
+// `split`), with at most `cap` parts (the workspace).
+SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, int cap);
+
+// What runs a compound split's parts on `target` with `options` (plan/parts.hpp, SplitTarget).
+SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedOptions& options);
+
+// Whether the sm_90a band kernel runs this plan: band rows (shifted or not, or with a key prefix of at most
+// kBandPrefixMax keys), no permutation, band_block_m(head_dim) x 128 tiles, Lq + Lk < 2^30.
+inline bool band_kernel_applies(const BlockPlan& plan, int64_t head_dim) {
+  return plan.band && !plan.mapped() && plan.block_m == band_block_m(head_dim) && plan.block_n == 128 &&
+         plan.perm_d == 1 &&
+         plan.band_prefix <= kBandPrefixMax && !(plan.band_prefix > 0 && plan.band_shifted) &&
+         plan.q_len + plan.k_len < (int64_t(1) << 30);  // its 32-bit band arithmetic
+}
+// Whether it runs, given FusedOptions::band (1 where it applies, 0 never, -1 chosen: every band plan but dense
+// rows, where no row is trimmed and the turn-taking TMA kernel measured 2-3% faster; bench/LOG.md, band kernel v14).
+inline bool band_kernel_runs(const BlockPlan& plan, int64_t head_dim, int option) {
+  const bool dense_rows = (plan.band_lo <= -(plan.q_len - 1) && plan.band_hi >= plan.k_len - 1) ||
+                          (plan.band_shifted && int64_t(plan.band_hi) - plan.band_lo + 1 >= plan.k_len);
+  return band_kernel_applies(plan, head_dim) && (option == 1 || (option == -1 && !dense_rows));
+}
+
+// The backward's kernel as PlanOptions::backward_kernel asks: "" chosen, a tile row or kind, or the CSR pass.
+struct BackwardChoice {
+  std::string kernel;            // as given
+  int row = -1;                  // a forced sm90_bwd / sm90_bwd_ws row
+  bool csr = false;              // cuda_csr_bwd forced
+  bool warp_specialized = true;  // chosen rows may be the warp-specialized one (not where "sm90_bwd" is asked)
+};
+// Throws Error where `kernel` is no GPU backward kernel, or a row of another head dim.
+BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim);
+// The tile row of a pattern's backward (the forced one, else choose_backward_row on its analysis).
+int backward_row(const BackwardChoice& choice, const Analysis& analysis, int64_t head_dim);
+// Its plan: 64 query rows by the row's keys, residue permutation chosen as for the forward, no tile map.
+BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row);
+
+}  // namespace spattn::plan

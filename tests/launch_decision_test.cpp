@@ -1,0 +1,113 @@
+// tests/launch_decision_test.cpp — the GPU planner's launch decisions (plan/gpu/launch.hpp) against those the code
+// before issue 43 made (tests/golden/launch_decisions.txt, written at 5a2779a by tests/golden/dump_old_decisions.cpp,
+// which restated the engine's choices of then: see the commit that added it). For every case of
+// launch_decision_cases.hpp (patterns x head dims 64 / 128 x compute capability 8.0 / 9.0 x forced kernels, shapes,
+// tile maps and compound modes): the same tile plan (shape, counts, a hash of its arrays), kernel-table row, band
+// split, refusal, compound parts, and backward row and plan. CPU only: the decision is plain data.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "launch_decision_cases.hpp"
+#include "plan/gpu/launch.hpp"
+
+namespace {
+
+using namespace spattn;
+using namespace spattn::plan;
+
+std::string text(const LaunchDecision& d) {
+  return decision_test::tiles_text(d.tiles, d.kernel_row, [&](int bh) {
+    const SplitChoice s = d.split_for(bh, 132, 132);
+    return std::tuple<int, int, int>{s.first, s.parts, s.slabs};
+  });
+}
+
+std::string decide(const decision_test::Case& c) {
+  const BoundPattern pat = parse(c.spec).bind(c.len, c.len);
+  const Analysis an = analyze(pat);
+  PlanOptions o;
+  o.kernel = c.kernel;
+  o.tile_map = c.tile_map;
+  o.block_m = c.block_m, o.block_n = c.block_n;
+  o.compound = c.compound;
+  PatternDecision d;
+  try {
+    d = decide_pattern(pat, an, c.head_dim, GpuTarget{c.cc, 132}, o);
+  } catch (const Error& e) {
+    const std::string m = e.what(), key = "the planner's choice is ";
+    const size_t at = m.find(key);
+    if (m.find("cannot run pattern") == std::string::npos || at == std::string::npos) return "error";
+    return "refused (the planner's choice is " + m.substr(at + key.size(), m.find(" (", at) - at - key.size()) + ")";
+  }
+  std::ostringstream s;
+  if (d.compound()) {
+    s << "compound";
+    for (size_t i = 0; i < d.split.parts.size(); ++i) {
+      const Part& p = d.split.parts[i];
+      s << " | " << part_kind_name(p.kind) << " [" << p.terms << "] nnz " << p.nnz;
+      if (p.kind == PartKind::scattered)
+        s << " drawn " << p.drawn.r << " " << p.drawn_lo << ".." << p.drawn_hi;
+      else
+        s << " " << text(*d.launches[i]);
+    }
+  } else {
+    s << text(*d.launches[0]);
+  }
+  if (c.cc == 90 && c.kernel.empty() && c.tile_map == -1 && c.block_m == 0) {
+    const int brow = backward_row(backward_choice("", c.head_dim), an, c.head_dim);
+    s << " || backward " << (brow >= 0 ? kKernels[brow].name : "none");
+    if (brow >= 0)
+      s << " " << decision_test::tiles_text(backward_tiles(pat, an, c.head_dim, brow), -1,
+                                            [](int) { return std::tuple<int, int, int>{}; });
+  }
+  return s.str();
+}
+
+TEST(LaunchDecision, SameAsBeforeTheMove) {
+  std::ifstream in(SPATTN_GOLDEN_DIR "/launch_decisions.txt");
+  ASSERT_TRUE(in) << "cannot read " SPATTN_GOLDEN_DIR "/launch_decisions.txt";
+  std::map<std::string, std::string> golden;
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(" => ");
+    ASSERT_NE(at, std::string::npos) << line;
+    golden[line.substr(0, at)] = line.substr(at + 4);
+  }
+  const std::vector<decision_test::Case> cases = decision_test::cases();
+  EXPECT_EQ(cases.size(), golden.size());
+  int refused = 0, compound = 0, band = 0;
+  for (const decision_test::Case& c : cases) {
+    const std::string name = decision_test::name(c);
+    const auto it = golden.find(name);
+    ASSERT_NE(it, golden.end()) << "no golden decision for " << name;
+    const std::string got = decide(c);
+    EXPECT_EQ(got, it->second) << name;
+    refused += got.starts_with("refused");
+    compound += got.starts_with("compound");
+    band += got.find("row sm90_band") != std::string::npos;
+  }
+  // The cases reach each kind of outcome (a table of errors only would pass vacuously).
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(compound, 0);
+  EXPECT_GT(band, 0);
+}
+
+// A forced kind filters the planner's candidates: the shape it picks is of that kind's rows, and a pattern whose
+// cheapest candidate is of another kind gets the kind's first shape, not a refusal.
+TEST(LaunchDecision, ForcedKindFiltersCandidates) {
+  const BoundPattern pat = parse("bigbird(64, 1, 2, 3, seed=0)").bind(4096, 4096);
+  const Analysis an = analyze(pat);
+  PlanOptions chosen;
+  const PatternDecision free = decide_pattern(pat, an, 64, GpuTarget{90, 132}, chosen);
+  ASSERT_FALSE(free.compound());
+  EXPECT_NE(kKernels[free.launches[0]->kernel_row].kind, KernelKind::sm90_tma) << free.launches[0]->why;
+  PlanOptions tma;
+  tma.kernel = "sm90_tma";
+  const PatternDecision forced = decide_pattern(pat, an, 64, GpuTarget{90, 132}, tma);
+  EXPECT_EQ(kKernels[forced.launches[0]->kernel_row].kind, KernelKind::sm90_tma);
+  EXPECT_NE(forced.launches[0]->why.find("asked for"), std::string::npos) << forced.launches[0]->why;
+}
+
+}  // namespace
