@@ -222,36 +222,57 @@ def test_examples(script, args):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
 def test_gpu_device_path_no_sync_and_graph_replay():
-    """Documents and 128-blocks forward on the device path: no host synchronisation (torch's sync debug mode), the
-    path named by last_kernel, and a CUDA graph replayed with new boundaries matching a fresh eager call."""
+    """Documents, 128-blocks and top-k keys on the device path: forward and backward without host synchronisation
+    (torch's sync debug mode), the path named by last_kernel, and CUDA graphs replayed with new mask contents
+    (written in place) matching fresh eager calls."""
     g = torch.Generator().manual_seed(2)
-    B, H, L = 1, 4, 1024
-    q, k, v = (x.detach() for x in qkv(B, L, L, H, H, D=64, dtype=torch.bfloat16, device="cuda"))
+    B, H, L, K = 1, 4, 1024, 40
+    q, k, v = (x.detach().requires_grad_(True) for x in qkv(B, L, L, H, H, D=64, dtype=torch.bfloat16, device="cuda"))
     cu = random_documents(L, 5, g).cuda()
-    bm, part, fullb = random_block_mask(B, H, L, L, 128, 128, seed=4)
-    bm = bm.to("cuda")
-    st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)  # plan outside the checked region
-    st.sparse_attention(q, k, v, bm, spec="causal")
+    bm = random_block_mask(B, H, L, L, 128, 128, seed=4)[0].to("cuda")
+    idx = torch.rand(B, L, L, generator=g).topk(K, -1).indices.int().cuda()
+    calls = {
+        "documents": lambda: st.sparse_attention(q, k, v, "causal", cu_seqlens=cu),
+        "blocks": lambda: st.sparse_attention(q, k, v, bm, spec="causal"),
+        "topk": lambda: st.sparse_attention(q, k, v, "local(left=16, right=0)", topk_indices=idx),
+    }
+    for f in calls.values():  # plans and first launches outside the checked region
+        f().float().sum().backward()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
-        st.sparse_attention(q, k, v, bm, spec="causal")
+        for f in calls.values():
+            f().float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    kernels = [p.last_kernel() for p in st.cached_plans() if p._p.mask]
-    assert kernels and all(x.startswith("runtime_device: ") for x in kernels), kernels
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
-        with torch.cuda.graph(graph, stream=s):
-            out = st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(3):
-        cu.copy_(random_documents(L, 5, g).cuda())
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = st.sparse_attention(q, k, v, "causal", cu_seqlens=cu)
-        assert (out.float() - ref.float()).abs().max() < 1e-2
+    torch.cuda.synchronize()
+    plans = [p for p in st.cached_plans() if p._p.mask]
+    assert len(plans) == 3 and all(p.last_kernel().startswith("runtime_device: ") for p in plans), \
+        [p.last_kernel() for p in plans]
+    assert all(p.last_backward_kernel().startswith("runtime_device: ") for p in plans), \
+        [p.last_backward_kernel() for p in plans]
+    def new_blocks(new):  # every tensor of the mask in place (a block stays either full or partial)
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            getattr(bm, name).copy_(getattr(new, name).cuda())
+
+    new_contents = {
+        "documents": lambda: cu.copy_(random_documents(L, 5, g).cuda()),
+        "blocks": lambda: new_blocks(random_block_mask(B, H, L, L, 128, 128, seed=int(torch.randint(99, (1,),
+                                                                                                   generator=g)))[0]),
+        "topk": lambda: idx.copy_(torch.rand(B, L, L, generator=g).topk(K, -1).indices.int().cuda()),
+    }
+    with torch.no_grad():
+        for name, f in calls.items():
+            graph = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                f()
+                with torch.cuda.graph(graph, stream=s):
+                    out = f()
+            torch.cuda.current_stream().wait_stream(s)
+            for _ in range(3):
+                new_contents[name]()
+                graph.replay()
+                torch.cuda.synchronize()
+                assert (out.float() - f().float()).abs().max() < 1e-2, name
