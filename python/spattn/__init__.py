@@ -213,6 +213,10 @@ class Plan:
         """The row the last forward ran ('' before the first)."""
         return self._p.last_kernel()
 
+    def last_backward_kernel(self) -> str:
+        """What the last backward ran ('' before the first)."""
+        return self._p.last_backward_kernel()
+
     def explain(self) -> str:
         """The pattern analysis, the engine and kernel chosen and why, the predicted cost, the plan time."""
         return self._p.explain()

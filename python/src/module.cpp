@@ -550,6 +550,7 @@ NB_MODULE(_core, m) {
       .def("nnz", [](const PyPlan& p) { return p.plan.nnz(); })
       .def("kernel", [](const PyPlan& p) { return p.plan.kernel(); })
       .def("last_kernel", [](const PyPlan& p) { return p.plan.last_kernel(); })
+      .def("last_backward_kernel", [](const PyPlan& p) { return p.plan.last_backward_kernel(); })
       .def("explain", [](const PyPlan& p) { return p.plan.explain(); })
       .def("forward", &PyPlan::forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a.none() = nb::none(),
            "layout"_a = "blhd")
