@@ -478,6 +478,14 @@ def _masked_backward(ctx: Any, dout: Tensor, dlse: Optional[Tensor]) -> Tuple[An
 
 _masked_attention.register_autograd(_masked_backward, setup_context=_masked_setup_context)
 
+# The same forward without autograd's wrapper, for calls that need no gradient (eager; as sparse_attention_nograd).
+_LIB.define("masked_attention_nograd(Tensor q, Tensor k, Tensor v, Tensor?[] mask, str layout_mask, str options) -> "
+            "(Tensor, Tensor)")
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("masked_attention_nograd", _masked_forward_impl, _key)
+torch.library.register_fake("spattn::masked_attention_nograd")(_masked_attention_fake)
+_masked_nograd = torch.ops.spattn.masked_attention_nograd.default
+
 
 def _block_mask_parts(bm: Any, spec: Optional[str]) -> Tuple[str, List[Optional[Tensor]]]:
     """The layout text and mask slots of a FlexAttention BlockMask."""
@@ -516,7 +524,9 @@ def _masked(q: Tensor, k: Tensor, v: Tensor, pattern: Any, cu_seqlens: Optional[
             mask = [None, None, None, None, None, None, topk_indices]
     if check:
         options = options + ("," if options else "") + "check=1"
-    o, lse = _masked_attention(q, k, v, mask, text, options)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    op = _masked_attention if needs_grad or torch.compiler.is_compiling() else _masked_nograd
+    o, lse = op(q, k, v, mask, text, options)
     return (o, lse) if return_lse else o
 
 

@@ -135,6 +135,8 @@ def test_documents_cross_lengths():
     for i in range(4):
         mask[cq[i]:cq[i + 1], ck[i]:ck[i + 1]] = True
     assert (o - dense(q, k, v, mask)).abs().max() < 1e-10
+    with torch.no_grad():  # the operator without autograd's wrapper (masked_attention_nograd): the same O
+        assert torch.equal(st.sparse_attention(q, k, v, None, cu_seqlens=cq, cu_seqlens_k=ck), o.detach())
 
 
 @pytest.mark.parametrize("heads", [0, 2, 4])  # [B, Lq, K]; per kv head; per query head
