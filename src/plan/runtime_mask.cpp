@@ -301,20 +301,24 @@ void validate(const HostMask& m) {
               const int64_t bb = nb == 1 ? 0 : b, hh = nh == 1 ? 0 : h;
               const int64_t row = (bb * nh + hh) * (full ? m.fb_q : m.nb_q) + qb;
               const int64_t count = (full ? m.full_num : m.num)[size_t(row)];
-              const std::string at = "[" + std::to_string(bb) + ", " + std::to_string(hh) + ", " + std::to_string(qb);
+              auto at = [&] {  // "[b, h, qb" of the row, for the messages (built only where one is thrown)
+                std::string t = "[";
+                t.append(std::to_string(bb)).append(", ").append(std::to_string(hh)).append(", ");
+                return t.append(std::to_string(qb));
+              };
               if (count < 0 || count > nk || count > nkb)
-                throw Error(std::string(nn) + at + "] is " + std::to_string(count) + ", expected 0 to " +
+                throw Error(std::string(nn) + at() + "] is " + std::to_string(count) + ", expected 0 to " +
                             std::to_string(std::min(nk, nkb)) + " (the indices' last dimension, and the " +
                             std::to_string(nkb) + " key blocks)");
               const BlockRow r = block_row(m, full, b, h, qb);
               for (int64_t j = 0; j < count; ++j) {
                 const int64_t kb = r.idx[j];
                 if (kb < 0 || kb >= nkb)
-                  throw Error(std::string(in) + at + ", " + std::to_string(j) + "] is " + std::to_string(kb) +
+                  throw Error(std::string(in) + at() + ", " + std::to_string(j) + "] is " + std::to_string(kb) +
                               ", outside [0, " + std::to_string(nkb) + ") (key blocks of " + std::to_string(m.layout.k_block) +
                               " over " + std::to_string(p.kv_len) + " keys)");
                 if (seen[size_t(kb)] == stamp)
-                  throw Error(std::string(in) + at + ", " + std::to_string(j) + "] lists key block " + std::to_string(kb) +
+                  throw Error(std::string(in) + at() + ", " + std::to_string(j) + "] lists key block " + std::to_string(kb) +
                               (full ? " that the row also lists in kv_indices or earlier in full_kv_indices"
                                     : " twice") + " (a block may be listed once)");
                 seen[size_t(kb)] = stamp;
@@ -345,12 +349,16 @@ void validate(const HostMask& m) {
         for (int64_t j = 0; j < K; ++j) {
           const int64_t k = m.topk[size_t(r * K + j)];
           if (k == -1) continue;
-          const int64_t b = r / (p.q_len * m.tk_h), q = (r / m.tk_h) % p.q_len, h = r % m.tk_h;
-          const std::string at = "topk_indices[" + std::to_string(b) + ", " + std::to_string(q) + ", " +
-                                 (m.tk_h > 1 ? std::to_string(h) + ", " : "") + std::to_string(j) + "]";
+          auto at = [&] {  // the entry's index, for the messages (built only where one is thrown)
+            const int64_t b = r / (p.q_len * m.tk_h), q = (r / m.tk_h) % p.q_len, h = r % m.tk_h;
+            std::string t = "topk_indices[";
+            t.append(std::to_string(b)).append(", ").append(std::to_string(q)).append(", ");
+            if (m.tk_h > 1) t.append(std::to_string(h)).append(", ");
+            return t.append(std::to_string(j)).append("]");
+          };
           if (k < 0 || k >= p.kv_len)
-            throw Error(at + " is " + std::to_string(k) + ", outside [0, " + std::to_string(p.kv_len) + ") (-1: padding)");
-          if (seen[size_t(k)] == r) throw Error(at + " repeats key " + std::to_string(k) + " (a key may be listed once)");
+            throw Error(at() + " is " + std::to_string(k) + ", outside [0, " + std::to_string(p.kv_len) + ") (-1: padding)");
+          if (seen[size_t(k)] == r) throw Error(at() + " repeats key " + std::to_string(k) + " (a key may be listed once)");
           seen[size_t(k)] = r;
         }
       break;
