@@ -104,9 +104,10 @@ TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
 
 TEST(RuntimeTiles, BlockMasks) {
   std::mt19937 rng(2);
-  for (int trial = 0; trial < 16; ++trial) {
+  for (int trial = 0; trial < 32; ++trial) {
+    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64 (forward lists only)
     const int64_t Lq = std::uniform_int_distribution<int64_t>(1, 700)(rng), Lk = std::uniform_int_distribution<int64_t>(1, 700)(rng);
-    const int64_t nq = (Lq + 127) / 128 + trial % 2, nk = (Lk + 127) / 128, cap = nk + 1;
+    const int64_t nq = (Lq + bs - 1) / bs + trial % 2, nk = (Lk + bs - 1) / bs, cap = nk + 1;
     const bool band = trial % 3 != 0;
     const int lo = trial % 3 == 2 ? -100 : int(-(Lq + 1)), hi = band ? 0 : int(Lk + 1);
     std::vector<int32_t> num(static_cast<size_t>(nq)), idx(static_cast<size_t>(nq * cap), 9999),
@@ -126,34 +127,35 @@ TEST(RuntimeTiles, BlockMasks) {
       return false;
     };
     const Kept kept = [&](int64_t q, int64_t k) {
-      if (listed(fnum, fidx, q / 128, k / 128)) return true;
-      return listed(num, idx, q / 128, k / 128) && (!band || (lo <= k - q && k - q <= hi));
+      if (listed(fnum, fidx, q / bs, k / bs)) return true;
+      return listed(num, idx, q / bs, k / bs) && (!band || (lo <= k - q && k - q <= hi));
     };
     SCOPED_TRACE("trial " + std::to_string(trial));
     BlockTileArgs a;
     a.num = num.data(), a.idx = idx.data(), a.full_num = fnum.data(), a.full_idx = fidx.data();
     a.num_s[2] = 1, a.idx_s[2] = cap, a.idx_s[3] = 1, a.full_num_s[2] = 1, a.full_idx_s[2] = cap, a.full_idx_s[3] = 1;
     a.cap = a.full_cap = int(cap);
-    a.q_len = int(Lq), a.k_len = int(Lk), a.q_tiles = int((Lq + 127) / 128), a.k_tiles = int(nk);
+    a.q_len = int(Lq), a.k_len = int(Lk), a.q_tiles = int((Lq + bs - 1) / bs), a.k_tiles = int(nk);
     a.band = band, a.lo = lo, a.hi = hi;
+    a.block_m = a.block_n = int(bs);
     auto by_tile = [](const Entry4& x, const Entry4& y) { return x.x < y.x; };
     const auto none = [](int, const Entry4&, int) { return 0ull; };
     // Forward (as block_lists writes them): each query tile's listed blocks of the types block_entry gives, sorted.
     std::vector<std::vector<Entry4>> key_major(static_cast<size_t>(nk));
     for (int qt = 0; qt < a.q_tiles; ++qt) {
       std::vector<Entry4> es;
-      const int64_t q0 = int64_t(qt) * 128, q1 = std::min<int64_t>(q0 + 128, Lq);
+      const int64_t q0 = int64_t(qt) * bs, q1 = std::min<int64_t>(q0 + bs, Lq);
       spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, bool full) {
         if (const int type = spattn::cuda::runtime::block_entry(a, q0, q1, kt, full))
           es.push_back(spattn::cuda::runtime::block_entry4(a, kt, type));
-        for (int64_t t = 2 * qt; t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists): 64-row tiles
+        for (int64_t t = 2 * qt; bs == 128 && t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists)
           if (const int type = spattn::cuda::runtime::block_entry(a, t * 64, std::min<int64_t>(t * 64 + 64, Lq), kt, full))
             key_major[size_t(kt)].push_back(spattn::cuda::runtime::block_entry4(a, t, type));
       });
       std::sort(es.begin(), es.end(), by_tile);
-      check_tile(qt, es, false, 128, 128, Lq, Lk, kept, none);
+      check_tile(qt, es, false, int(bs), int(bs), Lq, Lk, kept, none);
     }
-    for (int64_t kt = 0; kt < nk; ++kt) {
+    for (int64_t kt = 0; bs == 128 && kt < nk; ++kt) {
       std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
       check_tile(int(kt), key_major[size_t(kt)], true, 128, 64, Lq, Lk, kept, none);
     }

@@ -18,7 +18,7 @@ void device_to_host(void* dst, const void* src, int64_t bytes, int device, Strea
 
 // The GPU path of run-time masks (cuda/runtime/): tile lists written on the device from the mask tensors at every call
 // into fixed-capacity arrays sized here, feeding the fused forward kernels unchanged; no host synchronisation. Today:
-// packed documents (cu_seqlens_q only, q_len == kv_len), block masks of 128 x 128 blocks (a launch a (batch, head)
+// packed documents (cu_seqlens_q only, q_len == kv_len), block masks of 128 or 64 square blocks (a launch a (batch, head)
 // list of the mask) and top-k keys shared by the heads (tile bitmasks set by the pairs), each with no spec or a band
 // spec (causal, local, their intersections); their backward from key-major lists written on the device (the sm_90a
 // tile backward; block masks whose kv groups share a list).

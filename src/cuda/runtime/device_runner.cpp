@@ -24,14 +24,15 @@ namespace {
 using cuda::fused::DevicePlan;
 using cuda::fused::FusedFwd;
 
-// A skeleton BlockPlan of 128x128 tiles for the problem's lengths with `lists` row-offset lists and `entries` entries
-// (and bitmasks where `masks`): sizes and capacities only; every array is written on the device at each call.
-BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks) {
+// A skeleton BlockPlan of tile x tile tiles (128, or 64) for the problem's lengths with `lists` row-offset lists and
+// `entries` entries (and bitmasks where `masks`): sizes and capacities only; every array is written on the device at
+// each call.
+BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks, int tile = 128) {
   BlockPlan hp;
-  hp.block_m = 128, hp.block_n = 128;
+  hp.block_m = tile, hp.block_n = tile;
   hp.q_len = pr.q_len, hp.k_len = pr.kv_len;
   hp.q_group = pr.q_len, hp.k_group = pr.kv_len;
-  hp.q_tiles = (pr.q_len + 127) / 128, hp.k_tiles = (pr.kv_len + 127) / 128;
+  hp.q_tiles = (pr.q_len + tile - 1) / tile, hp.k_tiles = (pr.kv_len + tile - 1) / tile;
   hp.row_offsets.assign(size_t(lists * (hp.q_tiles + 1)), 0);
   hp.entries.assign(size_t(entries), TileEntry{0, kFull, 0, 0});
   if (masks) hp.masks.resize(size_t(entries * hp.words_per_mask()));  // left uninitialised: written before they are read
@@ -44,7 +45,9 @@ BlockPlan skeleton(const Problem& pr, int64_t lists, int64_t entries, bool masks
 
 std::unique_ptr<DevicePlan> upload(BlockPlan hp, const Problem& pr, int device) {
   const int row = choose_kernel(hp, pr.head_dim, cuda::device_info(device).cc, FusedOptions{});
-  if (row < 0) throw Error("run-time masks: no fused kernel for 128x128 tiles at head dim " + std::to_string(pr.head_dim));
+  if (row < 0)
+    throw Error("run-time masks: no fused kernel for " + std::to_string(hp.block_m) + "x" + std::to_string(hp.block_n) +
+                " tiles at head dim " + std::to_string(pr.head_dim));
   return std::make_unique<DevicePlan>(std::move(hp), row);
 }
 
@@ -99,9 +102,9 @@ struct KeyMajor {
   int64_t q_tiles = 0, k_tiles = 0, capacity = 0;
   cuda::DeviceBuffer offsets, entries, masks, order, dq_acc, lse2, delta;
 
-  KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks) {
+  KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool wanted = true) {
     const cuda::DeviceScope scope(device);
-    row = cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    row = wanted && cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
     if (row < 0) return;
     q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + 127) / 128, capacity = capacity_;
     std::vector<int32_t> ord(static_cast<size_t>(k_tiles));
@@ -253,13 +256,15 @@ std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh,
 // that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
-  BlockRunner(const Problem& pr, int device, bool band, int lo, int hi)
+  // block: 128 (the backward too) or 64 (the forward on 64x64 tiles; the backward on the host path).
+  BlockRunner(const Problem& pr, int device, bool band, int lo, int hi, int block)
       : problem_(pr), device_(device),
         bwd_(pr, device, pr.batch * pr.q_heads,
-             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + 127) / 128), false) {
+             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + 127) / 128), false, block == 128) {
     const cuda::DeviceScope scope(device);
-    const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
-    plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false), pr, device);
+    const int64_t qt = (pr.q_len + block - 1) / block, kt = (pr.kv_len + block - 1) / block;
+    plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false, block), pr, device);
+    args_.block_m = args_.block_n = block;
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(qt), args_.k_tiles = int(kt);
     args_.band = band ? 1 : 0, args_.lo = lo, args_.hi = hi;
@@ -336,7 +341,8 @@ class BlockRunner final : public DeviceMaskRunner {
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
   std::string explain() const override {
     std::ostringstream s;
-    s << "device tile lists of block masks (128x128 blocks and tiles, one list a (batch, head) of the mask, partial "
+    s << "device tile lists of block masks (" << args_.block_m << "x" << args_.block_n
+      << " blocks and tiles, one list a (batch, head) of the mask, partial "
          "blocks "
       << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
       << ", written at each call), kernel " << kernel() << ", a launch a list";
@@ -455,10 +461,11 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     return std::make_unique<TopkRunner>(pr, device, layout.topk, !layout.spec.empty(), lo, hi);
   }
   if (layout.kind == MaskKind::blocks) {
-    if (layout.q_block != 128 || layout.k_block != 128) return refuse("blocks other than 128 x 128");
-    const int64_t bytes = pr.batch * pr.q_heads * ((pr.q_len + 127) / 128) * ((pr.kv_len + 127) / 128) * 16;
+    const int64_t b = layout.q_block;
+    if (b != layout.k_block || (b != 128 && b != 64)) return refuse("blocks other than 128 x 128 or 64 x 64");
+    const int64_t bytes = pr.batch * pr.q_heads * ((pr.q_len + b - 1) / b) * ((pr.kv_len + b - 1) / b) * 16;
     if (bytes > (int64_t(1) << 30)) return refuse("its list capacity (" + std::to_string(bytes >> 20) + " MiB) is past 1 GiB");
-    return std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi);
+    return std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi, int(b));
   }
   if (pr.q_len != pr.kv_len) return refuse("documents of queries and keys of different lengths");
   const int64_t k_tiles = (pr.kv_len + 127) / 128;
