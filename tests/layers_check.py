@@ -14,6 +14,7 @@ include one another. Bottom first:
   cpu | cuda/common            the CPU engine | what every CUDA folder shares (device queries, Hopper helpers)
   cuda/fused, cuda/unfused,    the GPU engines and kernels: siblings, none includes another
   cuda/backward, cuda/tsvd
+  cuda/runtime                 run-time masks on the GPU: lists written on the device for cuda/fused and cuda/backward
   api | dist                   spattn::Plan and the C API | context-parallel attention
   bench                        the benchmark drivers (bench/ at the repository root)
   tools                        the spattn command
@@ -39,6 +40,7 @@ MAY_INCLUDE = {
     "cuda/unfused": ["cuda/common"],
     "cuda/backward": ["cuda/common"],
     "cuda/tsvd": ["cuda/common"],
+    "cuda/runtime": ["cuda/fused", "cuda/backward"],
     "api": ["cpu", "cuda/fused", "cuda/unfused", "cuda/backward", "cuda/tsvd"],
     "dist": ["cpu", "cuda/fused", "cuda/unfused", "cuda/backward", "cuda/tsvd"],
     "bench": ["api", "dist"],

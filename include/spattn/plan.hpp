@@ -39,6 +39,8 @@
 
 namespace spattn {
 
+struct RuntimeMask;  // spattn/runtime_mask.hpp
+
 // Where a plan runs.
 struct Device {
   enum class Kind : uint8_t { cpu, cuda };
@@ -129,6 +131,15 @@ class Plan {
   // apply, by "; split N" (slices per (batch, kv head) with dK/dV partials), "; fp64 for G of N groups" and
   // "; forward recomputed"; on the GPU engines the kernel-table row (sm90_bwd_64x64_d64, ..., cuda_csr_bwd).
   std::string last_backward_kernel() const;
+
+  // Plans of run-time masks (make_plan(MaskLayout), spattn/runtime_mask.hpp): forward and backward with the call's
+  // mask; the overloads above throw Error for them, these for plans of static patterns.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+               const TensorView& lse, const RuntimeMask& mask, Stream stream = nullptr) const;
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                const TensorView& dv, const RuntimeMask& mask, Stream stream = nullptr) const;
+  bool takes_mask() const;  // built by make_plan(MaskLayout)
 
   struct Impl;
   explicit Plan(std::unique_ptr<Impl> impl);  // make_plan's

@@ -29,7 +29,7 @@ from . import _core
 from ._core import Error, Pattern
 from .tsvd import TsvdFactors, tsvd_compress, tsvd_load
 
-__all__ = ["Error", "Pattern", "Plan", "plan", "attention", "mask", "neighborhood_spec", "build_info", "TsvdFactors",
+__all__ = ["Error", "Pattern", "Plan", "plan", "masked_plan", "attention", "mask", "neighborhood_spec", "build_info", "TsvdFactors",
            "tsvd_compress", "tsvd_load", "__version__"]
 
 __version__: str = _core.build_info()["version"]
@@ -213,6 +213,10 @@ class Plan:
         """The row the last forward ran ('' before the first)."""
         return self._p.last_kernel()
 
+    def last_backward_kernel(self) -> str:
+        """What the last backward ran ('' before the first)."""
+        return self._p.last_backward_kernel()
+
     def explain(self) -> str:
         """The pattern analysis, the engine and kernel chosen and why, the predicted cost, the plan time."""
         return self._p.explain()
@@ -320,6 +324,27 @@ def plan(pattern: PatternLike, q_len: int, k_len: Optional[int] = None, heads: i
         cols = np.ascontiguousarray(np.nonzero(m)[1].astype(np.int32))
         return Plan(_core.make_plan_csr(offsets, cols, **args))
     return Plan(_core.make_plan(_patterns(pattern), **args))
+
+
+def masked_plan(mask: str, q_len: int, k_len: Optional[int] = None, heads: int = 1, kv_heads: Optional[int] = None,
+                head_dim: int = 64, device: Any = "cpu", *, batch: int = 1, dtype: Any = "float32",
+                scale: Optional[float] = None, value_dim: Optional[int] = None, engine: str = "auto", kernel: str = "",
+                threads: int = 0) -> Plan:
+    """A plan whose mask comes from integer tensors at every call (spattn/runtime_mask.hpp; docs/RUNTIME_MASKS.md).
+
+    mask: the layout's text, ``"blocks:128x128"`` / ``"blocks:128x128:causal"`` (FlexAttention's BlockMask, the spec
+    evaluated inside partial blocks), ``"documents:causal"`` (FlashAttention's cu_seqlens, the spec within each
+    document), ``"topk:2048:local(left=64, right=0)"`` (K keys a query, -1 padded, united with the spec). The other
+    arguments as ``plan``. Run it with ``Plan.forward_mask`` (or ``spattn.torch.sparse_attention``).
+    """
+    dt = _dtype_name(dtype)
+    dev = _device_name(device)
+    if engine in ("auto", "") and dt == "float64" and dev == "cpu":
+        engine = "reference"
+    return Plan(_core.make_masked_plan(str(mask), int(batch), int(heads), int(heads if kv_heads is None else kv_heads),
+                                       int(q_len), int(q_len if k_len is None else k_len), int(head_dim),
+                                       int(value_dim or 0), dt, None if scale is None else float(scale), dev,
+                                       engine or "auto", kernel or "", int(threads)))
 
 
 # ---- the plan cache: one for the package (spattn.attention's plans and spattn.torch's) ---------------------

@@ -19,12 +19,13 @@ O is converted back. float64 inputs on the CPU run on the fp64 reference engine 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from . import _PLANS, AxisArg, CausalArg, Error, Pattern, _core, neighborhood_spec, plan as _make_plan
+from . import masked_plan as _make_masked_plan
 
 __all__ = ["sparse_attention", "SparseAttention", "neighborhood_attention", "na1d", "na2d", "na3d", "clear_cache",
            "cached_plans"]
@@ -105,14 +106,18 @@ class _Entry:
     __slots__ = ("plan", "layout", "o_shape", "lse_shape", "o_dtype", "lse_dtype", "out_dtype", "dq_shape",
                  "dk_shape", "dv_shape", "grad_dtype")
 
-    def __init__(self, pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str) -> None:
+    def __init__(self, pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str, mask: str = "") -> None:
         kw = _parse_options(options)
         self.layout = layout = kw.pop("layout")
         B, Lq, Lk, Hq, Hkv, D, Dv, bhld = _dims(q, k, v, layout)
         dev = q.device
         device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
         specs = pattern.split(";") if ";" in pattern else pattern
-        self.plan = _make_plan(specs, Lq, Lk, Hq, Hkv, D, device, batch=B, dtype=q.dtype, value_dim=Dv, **kw)._p
+        if mask:  # a run-time mask's layout (spattn.masked_plan): the pattern is its text
+            kw.pop("tile_map", None)
+            self.plan = _make_masked_plan(mask, Lq, Lk, Hq, Hkv, D, device, batch=B, dtype=q.dtype, value_dim=Dv, **kw)._p
+        else:
+            self.plan = _make_plan(specs, Lq, Lk, Hq, Hkv, D, device, batch=B, dtype=q.dtype, value_dim=Dv, **kw)._p
         self.o_shape = _o_shape(B, Lq, Hq, Dv, bhld)
         self.lse_shape = (B, Hq, Lq)
         self.o_dtype = getattr(torch, self.plan.out_dtype)  # what the engine writes
@@ -124,10 +129,10 @@ class _Entry:
         self.grad_dtype = getattr(torch, self.plan.grad_dtype)
 
 
-def _entry(pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str) -> _Entry:
-    key = ("torch", pattern, q.shape, k.shape, v.shape, q.dtype, q.device, options)
+def _entry(pattern: str, q: Tensor, k: Tensor, v: Tensor, options: str, mask: str = "") -> _Entry:
+    key = ("torch", pattern, q.shape, k.shape, v.shape, q.dtype, q.device, options, mask)
     e = _PLANS.entries.get(key)  # the hit without a call: this is on every op's path
-    return e if e is not None else _PLANS.get(key, lambda: _Entry(pattern, q, k, v, options))
+    return e if e is not None else _PLANS.get(key, lambda: _Entry(pattern, q, k, v, options, mask))
 
 
 # On CUDA the op runs on the caller's current stream: the C++ side asks torch for it through the DLPack exchange
@@ -254,10 +259,13 @@ def _autocast(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
 
 
 # ---- the public entry points ----------------------------------------------------------------------------
-def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Pattern, Sequence[Union[str, Pattern]]], *,
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
                      scale: Optional[float] = None, return_lse: bool = False, layout: str = "blhd",
                      engine: Optional[str] = None, kernel: Optional[str] = None,
-                     threads: Optional[int] = None, tile_map: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                     threads: Optional[int] = None, tile_map: Optional[int] = None,
+                     cu_seqlens: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                     topk_indices: Optional[Tensor] = None, spec: Optional[str] = None,
+                     check: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """softmax(scale * Q K^T over the pattern's pairs) V, differentiable in q, k and v.
 
     q [B, Lq, Hq, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv] with ``layout="blhd"`` (the default), or
@@ -266,8 +274,18 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Union[str, Patter
     plan options (spattn.plan). Returns O in q's layout and dtype, or (O, LSE [B, Hq, Lq]); LSE has no gradient.
     SDPA's conventions: under torch.autocast the inputs run in the autocast dtype (float64 excepted); batch 0
     gives empty outputs.
+
+    Masks chosen at run time (no replanning when their contents change; docs/RUNTIME_MASKS.md): pattern a
+    FlexAttention ``BlockMask`` (its block structure; ``spec=`` the static spec of its mask_mod, evaluated inside
+    the partial blocks); ``cu_seqlens=`` (and ``cu_seqlens_k=``: FlashAttention's varlen boundaries, int32 [n + 1])
+    with pattern the spec applied within each document (None: whole documents); ``topk_indices=`` (int32/int64
+    [B, Lq, K] or [B, Lq, H, K], -1 padded) united with pattern's keys (None: the listed keys alone). ``check=True``
+    validates the mask first (raises spattn.Error naming a bad index, count or shape; on a GPU it waits for it).
     """
     q, k, v = _autocast(q, k, v)
+    if cu_seqlens is not None or topk_indices is not None or _is_block_mask(pattern):
+        return _masked(q, k, v, pattern, cu_seqlens, cu_seqlens_k, topk_indices, spec, check, return_lse,
+                       _options(layout, scale, engine, kernel, threads, None))
     o, lse = _forward_op(q, k, v)(q, k, v, _spec(pattern), _options(layout, scale, engine, kernel, threads, tile_map))
     return (o, lse) if return_lse else o
 
@@ -369,6 +387,147 @@ def _na_fixed_rank(naxes: int) -> Callable[..., Union[Tensor, Tuple[Tensor, Tens
 na1d = _na_fixed_rank(1)
 na2d = _na_fixed_rank(2)
 na3d = _na_fixed_rank(3)
+
+
+# ---- masks chosen at run time: BlockMask, cu_seqlens, topk_indices (spattn/runtime_mask.hpp) ----------------
+# One operator pair whose mask tensors are op inputs (Tensor?[]: kv_num_blocks, kv_indices, full_kv_num_blocks,
+# full_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_indices), so torch.compile sees them as graph inputs and a new
+# mask is a new input, never a recompile; `mask` is the plan's layout text (spattn.masked_plan), the plan cache's key
+# with the shapes. `options` may hold check=1 (the checking mode, done at run time by the C++ side).
+def _is_block_mask(x: Any) -> bool:
+    return type(x).__name__ == "BlockMask" and hasattr(x, "kv_num_blocks") and hasattr(x, "BLOCK_SIZE")
+
+
+def _mask_options(options: str) -> Tuple[str, bool]:
+    """(the plan's options, check) of a masked op's options string."""
+    parts = options.split(",") if options else []
+    check = "check=1" in parts
+    return ",".join(p for p in parts if p != "check=1"), check
+
+
+def _masked_forward_impl(q: Tensor, k: Tensor, v: Tensor, mask: List[Optional[Tensor]], layout_mask: str,
+                         options: str) -> Tuple[Tensor, Tensor]:
+    opts, check = _mask_options(options)
+    e = _entry("", q, k, v, opts, layout_mask)
+    dev = q.device
+    o = torch.empty(e.o_shape, dtype=e.o_dtype, device=dev)
+    lse = torch.empty(e.lse_shape, dtype=e.lse_dtype, device=dev)
+    e.plan.forward_mask(q, k, v, o, lse, list(mask), check, _stream(q), e.layout)
+    if e.o_dtype != e.out_dtype:
+        o = o.to(e.out_dtype)
+        if e.lse_dtype != _lse_dtype(q):
+            lse = lse.to(_lse_dtype(q))
+    return o, lse
+
+
+@torch.library.custom_op("spattn::masked_attention", mutates_args=())
+def _masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: List[Optional[Tensor]], layout_mask: str,
+                      options: str) -> Tuple[Tensor, Tensor]:
+    return _masked_forward_impl(q, k, v, mask, layout_mask, options)
+
+
+@_masked_attention.register_fake
+def _masked_attention_fake(q: Tensor, k: Tensor, v: Tensor, mask: List[Optional[Tensor]], layout_mask: str,
+                           options: str) -> Tuple[Tensor, Tensor]:
+    return _sparse_attention_fake(q, k, v, layout_mask, options)
+
+
+@torch.library.custom_op("spattn::masked_attention_backward", mutates_args=())
+def _masked_attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor,
+                               mask: List[Optional[Tensor]], layout_mask: str,
+                               options: str) -> Tuple[Tensor, Tensor, Tensor]:
+    opts, check = _mask_options(options)
+    e = _entry("", q, k, v, opts, layout_mask)
+    dev = q.device
+    if dout.is_cuda:
+        dout = dout.contiguous()
+    dq = torch.empty(e.dq_shape, dtype=e.grad_dtype, device=dev)
+    dk = torch.empty(e.dk_shape, dtype=e.grad_dtype, device=dev)
+    dv = torch.empty(e.dv_shape, dtype=e.grad_dtype, device=dev)
+    e.plan.backward_mask(q, k, v, o, lse, dout, dq, dk, dv, list(mask), check, _stream(q), e.layout)
+    if e.grad_dtype != q.dtype:
+        dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    return dq, dk, dv
+
+
+@_masked_attention_backward.register_fake
+def _masked_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor,
+                                    mask: List[Optional[Tensor]], layout_mask: str,
+                                    options: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _sparse_attention_backward_fake(q, k, v, o, lse, dout, layout_mask, options)
+
+
+def _masked_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor]) -> None:
+    q, k, v, mask, layout_mask, options = inputs
+    o, lse = output
+    present = [i for i, t in enumerate(mask) if t is not None]
+    ctx.save_for_backward(q, k, v, o, lse, *[mask[i] for i in present])
+    ctx.args = (len(mask), present, layout_mask, options)
+    ctx.mark_non_differentiable(lse)
+
+
+def _masked_backward(ctx: Any, dout: Tensor, dlse: Optional[Tensor]) -> Tuple[Any, ...]:
+    q, k, v, o, lse, *saved = ctx.saved_tensors
+    n, present, layout_mask, options = ctx.args
+    mask: List[Optional[Tensor]] = [None] * n
+    for i, t in zip(present, saved):
+        mask[i] = t
+    dq, dk, dv = torch.ops.spattn.masked_attention_backward.default(q, k, v, o, lse, dout, mask, layout_mask, options)
+    return dq, dk, dv, None, None, None
+
+
+_masked_attention.register_autograd(_masked_backward, setup_context=_masked_setup_context)
+
+# The same forward without autograd's wrapper, for calls that need no gradient (eager; as sparse_attention_nograd).
+_LIB.define("masked_attention_nograd(Tensor q, Tensor k, Tensor v, Tensor?[] mask, str layout_mask, str options) -> "
+            "(Tensor, Tensor)")
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("masked_attention_nograd", _masked_forward_impl, _key)
+torch.library.register_fake("spattn::masked_attention_nograd")(_masked_attention_fake)
+_masked_nograd = torch.ops.spattn.masked_attention_nograd.default
+
+
+def _block_mask_parts(bm: Any, spec: Optional[str]) -> Tuple[str, List[Optional[Tensor]]]:
+    """The layout text and mask slots of a FlexAttention BlockMask."""
+    from torch.nn.attention.flex_attention import noop_mask
+
+    qb, kb = (bm.BLOCK_SIZE, bm.BLOCK_SIZE) if isinstance(bm.BLOCK_SIZE, int) else bm.BLOCK_SIZE
+    if spec is None and bm.mask_mod is not noop_mask:
+        name = getattr(bm.mask_mod, "__name__", type(bm.mask_mod).__name__)
+        raise Error(f"the BlockMask's partial blocks are masked by its mask_mod '{name}', which spattn cannot run: give "
+                    "its pairs as a spec, spec='causal' (evaluated inside the partial blocks; full blocks are kept whole)")
+    text = f"blocks:{int(qb)}x{int(kb)}" + (f":{spec}" if spec else "")
+    return text, [bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, None, None, None]
+
+
+def _masked(q: Tensor, k: Tensor, v: Tensor, pattern: Any, cu_seqlens: Optional[Tensor],
+            cu_seqlens_k: Optional[Tensor], topk_indices: Optional[Tensor], spec: Optional[str], check: bool,
+            return_lse: bool, options: str) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    kinds = (cu_seqlens is not None) + (topk_indices is not None) + _is_block_mask(pattern)
+    if kinds != 1:
+        raise Error("give one run-time mask: a BlockMask as the pattern, cu_seqlens= or topk_indices=")
+    if cu_seqlens_k is not None and cu_seqlens is None:
+        raise Error("cu_seqlens_k= needs cu_seqlens= (the queries' boundaries)")
+    if _is_block_mask(pattern):
+        text, mask = _block_mask_parts(pattern, spec)
+    else:
+        if spec is not None:
+            raise Error("spec= is the static spec of a BlockMask; with cu_seqlens= or topk_indices= pass it as the pattern")
+        static = "" if pattern is None else _spec(pattern)
+        if ";" in static:
+            raise Error("run-time masks take one static spec for every head, not one per head")
+        if cu_seqlens is not None:
+            text = "documents" + (f":{static}" if static else "")
+            mask = [None, None, None, None, cu_seqlens, cu_seqlens_k, None]
+        else:
+            text = f"topk:{int(topk_indices.shape[-1])}" + (f":{static}" if static else "")
+            mask = [None, None, None, None, None, None, topk_indices]
+    if check:
+        options = options + ("," if options else "") + "check=1"
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    op = _masked_attention if needs_grad or torch.compiler.is_compiling() else _masked_nograd
+    o, lse = op(q, k, v, mask, text, options)
+    return (o, lse) if return_lse else o
 
 
 def __dir__() -> list:

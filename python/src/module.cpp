@@ -27,6 +27,7 @@
 #include "spattn/distributed.hpp"
 #include "spattn/format.hpp"
 #include "spattn/plan.hpp"
+#include "spattn/runtime_mask.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -194,6 +195,54 @@ void load(Arg& a, nb::handle obj, const char* name, int want_ndim, bool writable
   }
 }
 
+// One integer tensor of a run-time mask (int32 or int64, 1 to 4 dimensions) as a spattn::IndexView.
+struct IndexArg {
+  spattn::IndexView view;
+  int32_t device_type = kDLCPU, device_id = 0;
+  std::optional<nb::ndarray<nb::ro>> keep;
+};
+
+void load_index(IndexArg& a, nb::handle obj, const char* name) {
+  auto take = [&](const nb::dlpack::dltensor& t) {
+    if (t.dtype.code != 0 || (t.dtype.bits != 32 && t.dtype.bits != 64) || t.dtype.lanes != 1)
+      throw spattn::Error(std::string(name) + " has dtype " + dtype_text(t.dtype) + ", expected int32 or int64");
+    if (t.ndim < 1 || t.ndim > 4)
+      throw spattn::Error(std::string(name) + " has " + std::to_string(t.ndim) + " dimensions, expected 1 to 4");
+    a.view.data = static_cast<const char*>(t.data) + t.byte_offset;
+    a.view.bits = t.dtype.bits;
+    a.view.ndim = t.ndim;
+    int64_t s = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      a.view.shape[size_t(i)] = t.shape[i];
+      a.view.stride[size_t(i)] = t.strides ? t.strides[i] : s;
+      s *= t.shape[i];
+    }
+    a.device_type = t.device.device_type;
+    a.device_id = t.device.device_id;
+  };
+  if (const DLPackExchangeAPI* api = exchange_api(Py_TYPE(obj.ptr()))) {
+    nb::dlpack::dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) nb::raise_python_error();
+    take(t);
+    return;
+  }
+  a.keep.emplace();
+  if (!nb::try_cast(obj, *a.keep, false))
+    throw nb::type_error((std::string(name) + ": expected an integer array with __dlpack__ or the buffer protocol, got " +
+                          nb::type_name(obj.type()).c_str())
+                             .c_str());
+  nb::dlpack::dltensor t;
+  t.data = const_cast<void*>(a.keep->data());
+  t.device.device_type = int32_t(a.keep->device_type());
+  t.device.device_id = int32_t(a.keep->device_id());
+  t.ndim = int32_t(a.keep->ndim());
+  t.dtype = a.keep->dtype();
+  t.shape = const_cast<int64_t*>(a.keep->shape_ptr());
+  t.strides = const_cast<int64_t*>(a.keep->stride_ptr());
+  t.byte_offset = 0;
+  take(t);
+}
+
 int parse_layout(const std::string& layout) {
   if (layout == "blhd" || layout == "bshd" || layout.empty()) return 0;
   if (layout == "bhld" || layout == "bhsd") return 1;
@@ -261,6 +310,12 @@ struct PyPlan {
 
   void backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle dout,
                 nb::handle dq, nb::handle dk, nb::handle dv, const nb::object& stream, const std::string& layout) const {
+    run_backward(q, k, v, o, lse, dout, dq, dk, dv, stream, layout, nullptr);
+  }
+  // backward, with the call's run-time mask where `mask` is not null.
+  void run_backward(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle dout,
+                    nb::handle dq, nb::handle dk, nb::handle dv, const nb::object& stream, const std::string& layout,
+                    const spattn::RuntimeMask* mask) const {
     const int lay = parse_layout(layout);
     Arg aq, ak, av, ao, al, ad, adq, adk, adv;
     load(aq, q, "q", 4, false, lay);
@@ -279,8 +334,12 @@ struct PyPlan {
                                            stream);
     nb::gil_scoped_release unlocked;
     const spattn::TensorView none{};
-    plan.backward(aq.view, ak.view, av.view, has_o ? ao.view : none, has_lse ? al.view : none, ad.view, adq.view,
-                  adk.view, adv.view, s);
+    if (mask)
+      plan.backward(aq.view, ak.view, av.view, has_o ? ao.view : none, has_lse ? al.view : none, ad.view, adq.view,
+                    adk.view, adv.view, *mask, s);
+    else
+      plan.backward(aq.view, ak.view, av.view, has_o ? ao.view : none, has_lse ? al.view : none, ad.view, adq.view,
+                    adk.view, adv.view, s);
   }
 
   // Mean seconds of one C++ Plan::forward on these arrays, timed in C++ over `iters` calls: the baseline
@@ -294,6 +353,52 @@ struct PyPlan {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) plan.forward(f.q.view, f.k.view, f.v.view, f.o.view, f.lse_view(), f.stream);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(iters, 1);
+  }
+
+  // The run-time mask of one call (spattn/runtime_mask.hpp): `mask` holds the 7 slots (None where absent), each
+  // checked to live where the plan runs (CPU plans also take them from CUDA host memory).
+  struct MaskArgs {
+    std::array<IndexArg, spattn::RuntimeMask::kSlots> args;
+    spattn::RuntimeMask mask;
+  };
+  void load_mask(MaskArgs& m, const std::vector<nb::object>& mask, bool check) const {
+    if (mask.size() != size_t(spattn::RuntimeMask::kSlots))
+      throw spattn::Error("mask: expected " + std::to_string(spattn::RuntimeMask::kSlots) + " slots, got " +
+                          std::to_string(mask.size()));
+    const spattn::Device& dev = plan.device();
+    const bool cuda = dev.kind == spattn::Device::Kind::cuda;
+    for (int i = 0; i < spattn::RuntimeMask::kSlots; ++i) {
+      if (mask[size_t(i)].is_none()) continue;
+      const char* name = spattn::RuntimeMask::kSlotNames[size_t(i)];
+      IndexArg& a = m.args[size_t(i)];
+      load_index(a, mask[size_t(i)], name);
+      const bool ok = cuda ? ((a.device_type == kDLCUDA || a.device_type == kDLCUDAManaged) && a.device_id == dev.index)
+                           : (a.device_type == kDLCPU || a.device_type == kDLCUDAHost);
+      if (!ok)
+        throw spattn::Error(std::string(name) + " is on " + device_text(a.device_type, a.device_id) + ", the plan runs on " +
+                            dev.str());
+      m.mask.slot(i) = a.view;
+    }
+    m.mask.check = check;
+  }
+
+  void forward_mask(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
+                    const std::vector<nb::object>& mask, bool check, const nb::object& stream,
+                    const std::string& layout) const {
+    ForwardArgs f;
+    load_forward(f, q, k, v, o, lse, stream, layout);
+    MaskArgs m;
+    load_mask(m, mask, check);
+    nb::gil_scoped_release unlocked;
+    plan.forward(f.q.view, f.k.view, f.v.view, f.o.view, f.lse_view(), m.mask, f.stream);
+  }
+
+  void backward_mask(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle dout,
+                     nb::handle dq, nb::handle dk, nb::handle dv, const std::vector<nb::object>& mask, bool check,
+                     const nb::object& stream, const std::string& layout) const {
+    MaskArgs m;
+    load_mask(m, mask, check);
+    run_backward(q, k, v, o, lse, dout, dq, dk, dv, stream, layout, &m.mask);
   }
 };
 
@@ -445,11 +550,17 @@ NB_MODULE(_core, m) {
       .def("nnz", [](const PyPlan& p) { return p.plan.nnz(); })
       .def("kernel", [](const PyPlan& p) { return p.plan.kernel(); })
       .def("last_kernel", [](const PyPlan& p) { return p.plan.last_kernel(); })
+      .def("last_backward_kernel", [](const PyPlan& p) { return p.plan.last_backward_kernel(); })
       .def("explain", [](const PyPlan& p) { return p.plan.explain(); })
       .def("forward", &PyPlan::forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "stream"_a.none() = nb::none(),
            "layout"_a = "blhd")
       .def("backward", &PyPlan::backward, "q"_a, "k"_a, "v"_a, "o"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a, "dk"_a, "dv"_a,
            "stream"_a.none() = nb::none(), "layout"_a = "blhd")
+      .def_prop_ro("mask", [](const PyPlan& p) { return p.plan.takes_mask() ? p.spec : std::string(); })
+      .def("forward_mask", &PyPlan::forward_mask, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "mask"_a, "check"_a = false,
+           "stream"_a.none() = nb::none(), "layout"_a = "blhd")
+      .def("backward_mask", &PyPlan::backward_mask, "q"_a, "k"_a, "v"_a, "o"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a,
+           "dk"_a, "dv"_a, "mask"_a, "check"_a = false, "stream"_a.none() = nb::none(), "layout"_a = "blhd")
       .def("time_forward", &PyPlan::time_forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "iters"_a,
            "layout"_a = "blhd");
 
@@ -471,6 +582,25 @@ NB_MODULE(_core, m) {
       "patterns"_a, "batch"_a, "heads"_a, "kv_heads"_a, "q_len"_a, "k_len"_a, "head_dim"_a, "value_dim"_a, "dtype"_a,
       "scale"_a, "device"_a, "engine"_a, "kernel"_a, "threads"_a, "block_m"_a, "block_n"_a, "perm_d"_a, "persistent"_a,
       "split"_a, "compound"_a, "tile_map"_a, nb::rv_policy::take_ownership);
+
+  m.def(
+      "make_masked_plan",
+      [](const std::string& mask, int64_t batch, int64_t heads, int64_t kv_heads, int64_t q_len, int64_t k_len,
+         int64_t head_dim, int64_t value_dim, const std::string& dtype, std::optional<double> scale, const std::string& device,
+         const std::string& engine, const std::string& kernel, int threads) {
+        const spattn::Problem pr = make_problem(batch, heads, kv_heads, q_len, k_len, head_dim, value_dim, dtype, scale);
+        const spattn::PlanOptions o = make_options(engine, kernel, threads, 0, 0, -1, -1, -1, -1, -1);
+        const spattn::MaskLayout layout = spattn::MaskLayout::parse(mask);
+        auto p = std::make_unique<PyPlan>();
+        p->spec = layout.str();
+        nb::gil_scoped_release unlocked;
+        p->plan = spattn::make_plan(layout, pr, spattn::Device::parse(device), o);
+        return p.release();
+      },
+      "mask"_a, "batch"_a, "heads"_a, "kv_heads"_a, "q_len"_a, "k_len"_a, "head_dim"_a, "value_dim"_a, "dtype"_a,
+      "scale"_a, "device"_a, "engine"_a, "kernel"_a, "threads"_a, nb::rv_policy::take_ownership,
+      "A plan whose mask comes at every call (spattn/runtime_mask.hpp): `mask` is the layout's text "
+      "(blocks:QBxKB[:SPEC], documents[:SPEC], topk:K[:SPEC]).");
 
   m.def(
       "dist_schedule",

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "spattn/plan.hpp"
+#include "spattn/runtime_mask.hpp"
 
 namespace {
 thread_local std::string g_last_error;
@@ -85,6 +86,89 @@ spattn::DType dtype_of(int code) {
 }
 }  // namespace
 
+// One index tensor, the C form of spattn::IndexView: data null where absent; bits 32 or 64; strides in elements.
+typedef struct {
+  const void* data;
+  int32_t bits;
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t stride[4];
+} spattn_index_view;
+
+namespace {
+// slots[0..6]: kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, cu_seqlens_q, cu_seqlens_k,
+// topk_indices (spattn::RuntimeMask::slot); null slots: none.
+spattn::RuntimeMask mask_of(const spattn_index_view* slots, int check) {
+  spattn::RuntimeMask m;
+  m.check = check != 0;
+  if (!slots) return m;
+  for (int i = 0; i < spattn::RuntimeMask::kSlots; ++i) {
+    const spattn_index_view& s = slots[i];
+    spattn::IndexView& v = m.slot(i);
+    v.data = s.data, v.bits = s.bits, v.ndim = s.ndim;
+    for (int d = 0; d < 4; ++d) v.shape[size_t(d)] = s.shape[d], v.stride[size_t(d)] = s.stride[d];
+  }
+  return m;
+}
+
+int forward_impl(void* handle, const void* q, const int64_t* q_strides, const void* k, const int64_t* k_strides,
+                 const void* v, const int64_t* v_strides, void* o, const int64_t* o_strides, float* lse,
+                 const spattn_index_view* slots, int check, void* stream) {
+  return guarded([&] {
+    const auto& plan = static_cast<Handle*>(handle)->plan;
+    const spattn::Problem& pr = plan.problem();
+    const bool cpu = plan.device().kind == spattn::Device::Kind::cpu;
+    auto view = [&](const void* p, const int64_t* s, int64_t L, int64_t H, int64_t D, spattn::DType t) {
+      return spattn::TensorView{const_cast<void*>(p), t, {pr.batch, L, H, D}, {s[0], s[1], s[2], s[3]}};
+    };
+    spattn::TensorView lv{
+        lse, spattn::DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1}, {pr.q_heads * pr.q_len, pr.q_len, 1, 1}};
+    const spattn::TensorView args[5] = {
+        view(q, q_strides, pr.q_len, pr.q_heads, pr.head_dim, pr.dtype),
+        view(k, k_strides, pr.kv_len, pr.kv_heads, pr.head_dim, pr.dtype),
+        view(v, v_strides, pr.kv_len, pr.kv_heads, pr.dv(), pr.dtype),
+        view(o, o_strides, pr.q_len, pr.q_heads, pr.dv(), cpu ? spattn::DType::f32 : pr.dtype), lv};
+    if (slots)
+      plan.forward(args[0], args[1], args[2], args[3], args[4], mask_of(slots, check), stream);
+    else
+      plan.forward(args[0], args[1], args[2], args[3], args[4], stream);
+  });
+}
+
+int backward_impl(void* handle, const void* q, const int64_t* q_strides, const void* k, const int64_t* k_strides,
+                  const void* v, const int64_t* v_strides, const void* o, const int64_t* o_strides, const float* lse,
+                  const void* dout, const int64_t* dout_strides, void* dq, const int64_t* dq_strides, void* dk,
+                  const int64_t* dk_strides, void* dv, const int64_t* dv_strides, const spattn_index_view* slots,
+                  int check, void* stream) {
+  return guarded([&] {
+    const auto& plan = static_cast<Handle*>(handle)->plan;
+    const spattn::Problem& pr = plan.problem();
+    const bool cpu = plan.device().kind == spattn::Device::Kind::cpu;
+    const spattn::DType out = cpu ? spattn::DType::f32 : pr.dtype;
+    auto view = [&](const void* p, const int64_t* s, int64_t L, int64_t H, int64_t D, spattn::DType t) {
+      return spattn::TensorView{const_cast<void*>(p), t, {pr.batch, L, H, D}, {s[0], s[1], s[2], s[3]}};
+    };
+    const spattn::TensorView lv{const_cast<float*>(lse),
+                                spattn::DType::f32,
+                                {pr.batch, pr.q_heads, pr.q_len, 1},
+                                {pr.q_heads * pr.q_len, pr.q_len, 1, 1}};
+    const spattn::TensorView a[9] = {view(q, q_strides, pr.q_len, pr.q_heads, pr.head_dim, pr.dtype),
+                                     view(k, k_strides, pr.kv_len, pr.kv_heads, pr.head_dim, pr.dtype),
+                                     view(v, v_strides, pr.kv_len, pr.kv_heads, pr.dv(), pr.dtype),
+                                     view(o, o_strides, pr.q_len, pr.q_heads, pr.dv(), out),
+                                     lv,
+                                     view(dout, dout_strides, pr.q_len, pr.q_heads, pr.dv(), pr.dtype),
+                                     view(dq, dq_strides, pr.q_len, pr.q_heads, pr.head_dim, out),
+                                     view(dk, dk_strides, pr.kv_len, pr.kv_heads, pr.head_dim, out),
+                                     view(dv, dv_strides, pr.kv_len, pr.kv_heads, pr.dv(), out)};
+    if (slots)
+      plan.backward(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], mask_of(slots, check), stream);
+    else
+      plan.backward(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], stream);
+  });
+}
+}  // namespace
+
 extern "C" {
 
 const char* spattn_last_error(void) { return g_last_error.c_str(); }
@@ -155,20 +239,7 @@ int spattn_plan_forward(void* handle, const void* q, const int64_t* q_strides, c
                         void* stream) {
   if (!handle || !q_strides || !k_strides || !v_strides || !o_strides)
     return fail("spattn_plan_forward: null argument");
-  return guarded([&] {
-    const auto& plan = static_cast<Handle*>(handle)->plan;
-    const spattn::Problem& pr = plan.problem();
-    const bool cpu = plan.device().kind == spattn::Device::Kind::cpu;
-    auto view = [&](const void* p, const int64_t* s, int64_t L, int64_t H, int64_t D, spattn::DType t) {
-      return spattn::TensorView{const_cast<void*>(p), t, {pr.batch, L, H, D}, {s[0], s[1], s[2], s[3]}};
-    };
-    spattn::TensorView lv{lse, spattn::DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1},
-                          {pr.q_heads * pr.q_len, pr.q_len, 1, 1}};
-    plan.forward(view(q, q_strides, pr.q_len, pr.q_heads, pr.head_dim, pr.dtype),
-                 view(k, k_strides, pr.kv_len, pr.kv_heads, pr.head_dim, pr.dtype),
-                 view(v, v_strides, pr.kv_len, pr.kv_heads, pr.dv(), pr.dtype),
-                 view(o, o_strides, pr.q_len, pr.q_heads, pr.dv(), cpu ? spattn::DType::f32 : pr.dtype), lv, stream);
-  });
+  return forward_impl(handle, q, q_strides, k, k_strides, v, v_strides, o, o_strides, lse, nullptr, 0, stream);
 }
 
 // Backward: dq, dk, dv (strides as in forward; the plan's dtype on the GPU, fp32 on the CPU) from dout, with the
@@ -181,25 +252,55 @@ int spattn_plan_backward(void* handle, const void* q, const int64_t* q_strides, 
   if (!handle || !q_strides || !k_strides || !v_strides || !o_strides || !dout_strides || !dq_strides || !dk_strides ||
       !dv_strides)
     return fail("spattn_plan_backward: null argument");
+  return backward_impl(handle, q, q_strides, k, k_strides, v, v_strides, o, o_strides, lse, dout, dout_strides, dq,
+                       dq_strides, dk, dk_strides, dv, dv_strides, nullptr, 0, stream);
+}
+
+// ---- run-time masks (spattn/runtime_mask.hpp) ----
+
+// A plan whose mask comes at every call: `mask` is the layout's text ("blocks:128x128:causal", "documents:causal",
+// "topk:2048:local(left=64, right=0)"); the rest as spattn_plan_create (scale NaN: the default).
+int spattn_plan_create_masked(const char* mask, int device, int dtype, int64_t batch, int64_t q_heads,
+                              int64_t kv_heads, int64_t q_len, int64_t k_len, int64_t head_dim, double scale,
+                              const char* options, void** out) {
+  if (!mask || !out) return fail("spattn_plan_create_masked: null argument");
+  *out = nullptr;
   return guarded([&] {
-    const auto& plan = static_cast<Handle*>(handle)->plan;
-    const spattn::Problem& pr = plan.problem();
-    const bool cpu = plan.device().kind == spattn::Device::Kind::cpu;
-    const spattn::DType out = cpu ? spattn::DType::f32 : pr.dtype;
-    auto view = [&](const void* p, const int64_t* s, int64_t L, int64_t H, int64_t D, spattn::DType t) {
-      return spattn::TensorView{const_cast<void*>(p), t, {pr.batch, L, H, D}, {s[0], s[1], s[2], s[3]}};
-    };
-    const spattn::TensorView lv{const_cast<float*>(lse), spattn::DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1},
-                                {pr.q_heads * pr.q_len, pr.q_len, 1, 1}};
-    plan.backward(view(q, q_strides, pr.q_len, pr.q_heads, pr.head_dim, pr.dtype),
-                  view(k, k_strides, pr.kv_len, pr.kv_heads, pr.head_dim, pr.dtype),
-                  view(v, v_strides, pr.kv_len, pr.kv_heads, pr.dv(), pr.dtype),
-                  view(o, o_strides, pr.q_len, pr.q_heads, pr.dv(), out), lv,
-                  view(dout, dout_strides, pr.q_len, pr.q_heads, pr.dv(), pr.dtype),
-                  view(dq, dq_strides, pr.q_len, pr.q_heads, pr.head_dim, out),
-                  view(dk, dk_strides, pr.kv_len, pr.kv_heads, pr.head_dim, out),
-                  view(dv, dv_strides, pr.kv_len, pr.kv_heads, pr.dv(), out), stream);
+    spattn::Problem pr;
+    pr.batch = batch, pr.q_heads = q_heads, pr.kv_heads = kv_heads, pr.q_len = q_len, pr.kv_len = k_len;
+    pr.head_dim = head_dim, pr.dtype = dtype_of(dtype);
+    if (!std::isnan(scale)) pr.scale = scale;
+    const spattn::Device dev = device < 0 ? spattn::Device::cpu() : spattn::Device::cuda(device);
+    auto h = std::make_unique<Handle>();
+    h->plan = spattn::make_plan(spattn::MaskLayout::parse(mask), pr, dev, parse_options(options));
+    h->explain = h->plan.explain();
+    h->kernel = h->plan.kernel();
+    *out = h.release();
   });
+}
+
+
+// spattn_plan_forward with the call's mask: `slots` points at 7 spattn_index_view (kv_num_blocks, kv_indices,
+// full_kv_num_blocks, full_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_indices; data null where absent); check != 0
+// runs the checking mode.
+int spattn_plan_forward_masked(void* handle, const void* q, const int64_t* q_strides, const void* k,
+                               const int64_t* k_strides, const void* v, const int64_t* v_strides, void* o,
+                               const int64_t* o_strides, float* lse, const spattn_index_view* slots, int check,
+                               void* stream) {
+  if (!slots) return fail("spattn_plan_forward_masked: null slots");
+  return forward_impl(handle, q, q_strides, k, k_strides, v, v_strides, o, o_strides, lse, slots, check, stream);
+}
+
+// spattn_plan_backward with the call's mask (slots and check as spattn_plan_forward_masked).
+int spattn_plan_backward_masked(void* handle, const void* q, const int64_t* q_strides, const void* k,
+                                const int64_t* k_strides, const void* v, const int64_t* v_strides, const void* o,
+                                const int64_t* o_strides, const float* lse, const void* dout,
+                                const int64_t* dout_strides, void* dq, const int64_t* dq_strides, void* dk,
+                                const int64_t* dk_strides, void* dv, const int64_t* dv_strides,
+                                const spattn_index_view* slots, int check, void* stream) {
+  if (!slots) return fail("spattn_plan_backward_masked: null slots");
+  return backward_impl(handle, q, q_strides, k, k_strides, v, v_strides, o, o_strides, lse, dout, dout_strides, dq,
+                       dq_strides, dk, dk_strides, dv, dv_strides, slots, check, stream);
 }
 
 // Dense 0/1 mask of rows [q_begin, q_end) of `spec` bound to (q_len, k_len), written to out[(q - q_begin) *

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "api/runtime_plan.hpp"
 #include "cuda/common/device.hpp"
 #include "spattn/device.hpp"
 #include "plan/analysis.hpp"
@@ -57,6 +58,7 @@ struct Plan::Impl {
   std::string why;  // why this engine
   plan::Planned planned;
   std::unique_ptr<plan::Backend> backend;
+  const plan::RuntimeBackend* runtime = nullptr;  // backend, where the plan takes run-time masks
   double plan_ms = 0;
 };
 
@@ -74,7 +76,7 @@ const Plan::Impl& impl_of(const std::unique_ptr<Plan::Impl>& p) {
 }
 
 Plan build(plan::Planned planned, const Problem& problem, Device device, const PlanOptions& options,
-           std::chrono::steady_clock::time_point t0) {
+           std::chrono::steady_clock::time_point t0, const MaskLayout* runtime = nullptr) {
   if (options.tile_map < -1 || options.tile_map > 2)
     throw Error("tile_map must be -1 (chosen), 0 (never), 1 (always) or 2 (key strips), got " + std::to_string(options.tile_map));
   auto im = std::make_unique<Plan::Impl>();
@@ -94,7 +96,11 @@ Plan build(plan::Planned planned, const Problem& problem, Device device, const P
   // attention, an LSE of log(keys)); the plan reports the scale asked for.
   Problem gpu = problem;
   if (gpu.scale && *gpu.scale == 0) gpu.scale = 1e-30;
-  switch (e) {
+  if (runtime) {  // run-time masks: their backend, whatever the engine (api/runtime_plan.hpp)
+    auto rb = plan::make_runtime_backend(*runtime, device.kind == Device::Kind::cuda ? gpu : problem, device, e, options);
+    im->runtime = rb.get();
+    im->backend = std::move(rb);
+  } else switch (e) {
     case Engine::cpu_fused: im->backend = plan::make_cpu_backend(planned, problem, options); break;
     case Engine::reference: im->backend = plan::make_reference_backend(planned, problem); break;
     case Engine::cuda_fused: im->backend = plan::make_cuda_fused_backend(planned, gpu, device.index, options); break;
@@ -211,6 +217,13 @@ Plan make_plan(const Bsr& mask, const Problem& problem, Device device, const Pla
   return make_plan(to_csr(mask), problem, device, options);
 }
 
+Plan make_plan(const MaskLayout& layout, const Problem& problem, Device device, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  problem.validate();
+  layout.validate(problem);
+  return build(plan::Planned{}, problem, device, options, t0, &layout);
+}
+
 const Problem& Plan::problem() const { return impl_of(impl_).problem; }
 const Device& Plan::device() const { return impl_of(impl_).device; }
 Engine Plan::engine() const { return impl_of(impl_).engine; }
@@ -287,5 +300,33 @@ void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& 
   im.backend->backward(q, k, v, o, lse, dout, dq, dk, dv, stream);
 }
 
+namespace {
+const plan::RuntimeBackend& runtime_of(const Plan::Impl& im) {
+  if (!im.runtime)
+    throw Error("this plan was built for a static pattern; it takes no run-time mask (make_plan(MaskLayout) builds "
+                "one that does)");
+  return *im.runtime;
+}
+}  // namespace
+
+bool Plan::takes_mask() const { return impl_of(impl_).runtime != nullptr; }
+
+void Plan::forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                   const TensorView& lse, const RuntimeMask& mask, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  const plan::RuntimeBackend& rb = runtime_of(im);
+  check_inputs(im, q, k, v, o, lse, false);
+  rb.forward_mask(q, k, v, o, lse, mask, stream);
+}
+
+void Plan::backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                    const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
+                    const TensorView& dv, const RuntimeMask& mask, Stream stream) const {
+  const Impl& im = impl_of(impl_);
+  const plan::RuntimeBackend& rb = runtime_of(im);
+  check_inputs(im, q, k, v, o, lse, true);
+  im.problem.check_backward_views(q, k, v, dout, dq, dk, dv, im.device.kind == Device::Kind::cpu);
+  rb.backward_mask(q, k, v, o, lse, dout, dq, dk, dv, mask, stream);
+}
 
 }  // namespace spattn

@@ -129,7 +129,18 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
 void TileBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                        const TensorView& dv, void* stream) const {
-  const Problem& pr = problem_;
+  DeviceLists l;
+  l.col_offsets = col_offsets_.get<int64_t>(), l.entries = entries_.get<int4>();
+  l.masks = masks_.get<unsigned long long>(), l.order = order_.get<int32_t>();
+  l.q_tiles = plan_.q_tiles, l.k_tiles = plan_.k_tiles;
+  l.perm_d = plan_.perm_d, l.q_group = plan_.q_group, l.k_group = plan_.k_group;
+  l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
+  ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_);
+}
+
+int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const TensorView& q, const TensorView& k,
+                         const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                         const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma_out) {
   bwd::BwdParams p{};
   p.q = q.data, p.k = k.data, p.v = v.data, p.o = o.data, p.dout = dout.data;
   p.dq = dq.data, p.dk = dk.data, p.dv = dv.data;
@@ -143,26 +154,27 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   p.dv_sb = dv.stride[0], p.dv_sl = dv.stride[1], p.dv_sh = dv.stride[2];
   p.lse = static_cast<const float*>(lse.data);
   p.lse_sb = lse.stride[0], p.lse_sh = lse.stride[1];
-  p.dq_acc = dq_acc_.get<float>(), p.lse2 = lse2_.get<float>(), p.delta = delta_.get<float>();
+  p.dq_acc = l.dq_acc, p.lse2 = l.lse2, p.delta = l.delta;
   p.batch = int(pr.batch), p.q_heads = int(pr.q_heads), p.kv_heads = int(pr.kv_heads);
   p.group = int(pr.q_heads / pr.kv_heads);
-  p.q_len = int(pr.q_len), p.k_len = int(pr.kv_len), p.perm_d = plan_.perm_d;
-  p.q_group = int(plan_.q_group), p.k_group = int(plan_.k_group);
-  p.qp = int(plan_.q_tiles * 64), p.head_dim = int(pr.head_dim);
+  p.q_len = int(pr.q_len), p.k_len = int(pr.kv_len), p.perm_d = l.perm_d;
+  p.q_group = int(l.q_group), p.k_group = int(l.k_group);
+  p.qp = int(l.q_tiles * 64), p.head_dim = int(pr.head_dim);
   p.scale = float(pr.softmax_scale());
   p.scale_log2 = float(pr.softmax_scale() * 1.4426950408889634);
-  p.col_offsets = col_offsets_.get<int64_t>(), p.entries = entries_.get<int4>();
-  p.masks = masks_.get<unsigned long long>(), p.order = order_.get<int32_t>();
-  p.k_tiles = int(plan_.k_tiles);
+  p.col_offsets = l.col_offsets, p.entries = static_cast<const int4*>(l.entries);
+  p.masks = l.masks, p.order = l.order;
+  p.k_tiles = int(l.k_tiles);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
-  const bool tma = plan_.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
-  last_tma_ = tma;
+  const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
+  if (tma_out) *tma_out = tma;
   // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
-  ran_row_ = row_;
-  if (plan::kKernels[row_].kind == plan::KernelKind::sm90_bwd_ws && !tma)
-    ran_row_ = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
-  launch_row(ran_row_, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
+  int ran = row;
+  if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws && !tma)
+    ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
+  launch_row(ran, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
+  return ran;
 }
 
 }  // namespace spattn::cuda

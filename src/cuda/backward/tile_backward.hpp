@@ -31,6 +31,24 @@ class TileBackward {
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
 
+  // A key-major plan already on the device (its arrays and the scratch run() uses): plans written on the device at
+  // every call (cuda/runtime/, run-time masks). q_tiles counts 64-row query tiles; perm_d 1: no permutation.
+  struct DeviceLists {
+    const int64_t* col_offsets = nullptr;  // [k_tiles + 1]
+    const void* entries = nullptr;         // int4 {query tile, mask, lo, hi}
+    const unsigned long long* masks = nullptr;
+    const int32_t* order = nullptr;        // [k_tiles]
+    int64_t q_tiles = 0, k_tiles = 0;
+    int perm_d = 1;
+    int64_t q_group = 0, k_group = 0;
+    float *dq_acc = nullptr, *lse2 = nullptr, *delta = nullptr;  // B Hq q_tiles 64 (x D for dq_acc) floats
+  };
+  // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
+  // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma.
+  static int launch(const Problem& problem, int row, const DeviceLists& lists, const TensorView& q, const TensorView& k,
+                    const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                    const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma);
+
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
   std::string explain() const;

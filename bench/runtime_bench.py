@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Masks chosen at run time (docs/RUNTIME_MASKS.md) on the GPU: issue 44's bar cases, against the static plan of the same
+pairs and FlexAttention with the same BlockMask, in one process (bf16, forward and backward).
+
+  blocks     L=32768, B=1, H=16, D=128, blocks of 128, 8 key blocks per query block, causal: spattn's run-time BlockMask
+             (full blocks below the diagonal, the diagonal block partial with spec "causal") against the static plan of
+             `blocked(128, random(8, seed=1) | local(0)) & causal` (the same pairs) and flex_attention (compiled, Triton;
+             also its FLASH backend where this torch has it) with the same BlockMask and a causal mask_mod.
+  documents  L=65536, B=1, H=16, D=128: 16 documents of random lengths, causal with a 4096 window inside each; the
+             boundaries change at every run-time call (a new cu_seqlens of the same length), against the static
+             `document(n1, ..., n16) & local(left=4096, right=0)` plan of one of them (planned once; its plan time is
+             reported: what replanning a call would cost) and flex_attention with a document block mask. Host time a call:
+             the Python call's wall time without waiting for the GPU, run-time vs static.
+  topk       L=32768, 2048 keys per query (shared by the heads, -1 free), GQA 32/8, D=128: against the gather floor, the
+             bytes of the gathered K and V rows (2048 x 2 x D x 2 bytes per query and kv head) at the rate a large
+             device-to-device copy measures here.
+
+Each timing is the median of --reps calls, CUDA events around each (host work inside a call is in the time). Before
+timing, outputs are checked: run-time against static (same pairs, max abs difference), top-k against an fp32 gather on
+sampled rows. Rows (JSON, one per case): *_fwd_ms / *_bwd_ms, effective TFLOP/s (4 D kept a head forward, 2.5x that
+backward), runtime_over_static_{fwd,bwd} (static ms / run-time ms: >= 0.8 is the bar for blocks, 0.95 for documents),
+ratio_vs_flex_{fwd,bwd} (flex ms / run-time ms), fraction_of_floor_{fwd,bwd} (top-k), the device path the run-time
+plan took (last_kernel: "runtime_device: ..." or "runtime_rows: ..." for the host-materialised path), errors.
+
+  python3 bench/runtime_bench.py --json out/runtime.json            # needs spattn importable with CUDA (pip install .)
+  python3 bench/runtime_bench.py --baseline h200-runtime              # bench/baselines/h200-runtime.json
+  python3 bench/runtime_bench.py --quick                              # small sizes: a smoke run in seconds
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def timed(fn, reps, deadline):
+    """Median ms of fn() over reps calls (CUDA events around each); fewer reps once past `deadline` (time.time())."""
+    fn()  # warm: plans, compiles
+    torch.cuda.synchronize()
+    ms = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+        if time.time() > deadline and i >= 1:
+            break
+    return statistics.median(ms)
+
+
+def grad_fn(f, q, k, v, do):
+    """A callable running f's backward over a retained forward graph."""
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    o = f(qg, kg, vg)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+def host_us(fn, reps=20):
+    """Mean microseconds of fn()'s host time (no wait for the GPU), after a synchronised warm call."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / reps * 1e6
+
+
+def flex_fns(flex_attention, bm, gqa):
+    """flex_attention on [B, L, H, D] tensors with `bm`: Triton, and FLASH where this torch has that backend."""
+    compiled = torch.compile(flex_attention, dynamic=False)
+    out = {}
+    for name, opts in (("flex", None), ("flex_flash", {"BACKEND": "FLASH"})):
+        def f(q, k, v, opts=opts):
+            return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=bm, enable_gqa=gqa,
+                            kernel_options=opts).transpose(1, 2)
+        out[name] = f
+    return out
+
+
+def run_impls(row, impls, q, k, v, flop, reps, deadline, skip_bwd=()):
+    """Times each implementation's forward and backward into row[name_fwd_ms, ...]; errors into row[name_error]."""
+    do = torch.randn_like(q)
+    for name, f in impls.items():
+        try:
+            row[f"{name}_fwd_ms"] = timed(lambda f=f: f(q, k, v), reps, deadline)
+            row[f"{name}_fwd_tflops"] = flop / row[f"{name}_fwd_ms"] / 1e9
+            if name not in skip_bwd:
+                row[f"{name}_bwd_ms"] = timed(grad_fn(f, q, k, v, do), reps, deadline)
+                row[f"{name}_bwd_tflops"] = 2.5 * flop / row[f"{name}_bwd_ms"] / 1e9
+        except Exception as e:  # noqa: BLE001 (an unavailable backend is reported, not fatal)
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+def ratios(row, base, others):
+    for p in ("fwd", "bwd"):
+        rt = row.get(f"runtime_{p}_ms")
+        for other, key in others:
+            om = row.get(f"{other}_{p}_ms")
+            row[f"{key}_{p}"] = om / rt if (om and rt) else None
+    return row
+
+
+def case_blocks(args, deadline):
+    import spattn
+    import spattn.torch as st
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    B, H, D, QB, R = 1, 16, 128, 128, 8
+    L = 4096 if args.quick else 32768
+    n = L // QB
+    grid = torch.from_numpy(spattn.mask(f"random({R}, seed=1) | local(0)", n, n)).cuda()  # the block grid's pairs
+    i = torch.arange(n, device="cuda")
+    full = grid & (i[None, :] < i[:, None])  # below the diagonal: every pair kept (causal)
+    full_num = full.sum(1).int().view(1, 1, n)
+    full_idx = torch.argsort(~full, dim=1, stable=True).int().view(1, 1, n, n)  # listed blocks first
+    part_num = torch.ones(1, 1, n, dtype=torch.int32, device="cuda")
+    part_idx = i.view(1, 1, n, 1).int().contiguous()
+
+    def causal(b, h, q, k):
+        return q >= k
+    bm = BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, BLOCK_SIZE=QB, mask_mod=causal,
+                                  seq_lengths=(L, L))
+    kept = int(full.sum()) * QB * QB + n * QB * (QB + 1) // 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    spec = f"blocked({QB}, random({R}, seed=1) | local(0)) & causal"
+    impls = {"runtime": lambda q, k, v: st.sparse_attention(q, k, v, bm, spec="causal"),
+             "static": lambda q, k, v: st.sparse_attention(q, k, v, spec)}
+    impls.update(flex_fns(flex_attention, bm, False))
+    row = {"case": "blocks", "B": B, "L": L, "H": H, "D": D, "block": QB, "key_blocks": R, "kept": kept * B * H}
+    o_rt, o_st = impls["runtime"](q, k, v), impls["static"](q, k, v)
+    row["runtime_vs_static_max_abs"] = (o_rt.float() - o_st.float()).abs().max().item()
+    run_impls(row, impls, q, k, v, 4.0 * D * kept * B * H, args.reps, deadline)
+    row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "blocks:" in (p._p.mask or "")), None)
+    return ratios(row, "runtime", [("static", "runtime_over_static"), ("flex", "ratio_vs_flex"),
+                                   ("flex_flash", "ratio_vs_flex_flash")])
+
+
+def random_lengths(L, n, g):
+    cuts = torch.randperm(L - 1, generator=g)[: n - 1] + 1
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), cuts.sort().values, torch.full((1,), L)])
+    return cu.int()
+
+
+def case_documents(args, deadline):
+    import spattn
+    import spattn.torch as st
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, H, D, N, W = 1, 16, 128, 16, 4096
+    L = 8192 if args.quick else 65536
+    g = torch.Generator().manual_seed(0)
+    cus = [random_lengths(L, N, g) for _ in range(8)]
+    lengths = (cus[0][1:] - cus[0][:-1]).tolist()
+    spec_in = f"local(left={W}, right=0)"
+    static_spec = "document(" + ", ".join(map(str, lengths)) + f") & {spec_in}"
+    dev_cus = [c.cuda() for c in cus]
+    it = [0]
+
+    def runtime(q, k, v):  # new boundaries every call
+        it[0] += 1
+        return st.sparse_attention(q, k, v, spec_in, cu_seqlens=dev_cus[it[0] % len(dev_cus)])
+
+    gq = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16, generator=gq) for _ in range(3))
+    row = {"case": "documents", "B": B, "L": L, "H": H, "D": D, "documents": N, "window": W}
+    kept = sum(sum(min(i, W) + 1 for i in range(n)) for n in lengths)
+    row["kept"] = kept * B * H
+    # check: the run-time plan on the static plan's boundaries against the static plan
+    o_rt = st.sparse_attention(q, k, v, spec_in, cu_seqlens=dev_cus[0])
+    o_st = st.sparse_attention(q, k, v, static_spec)
+    row["runtime_vs_static_max_abs"] = (o_rt.float() - o_st.float()).abs().max().item()
+    t0 = time.perf_counter()
+    sp = spattn.plan(static_spec, L, L, H, H, D, "cuda", dtype="bfloat16")
+    row["static_plan_ms"] = (time.perf_counter() - t0) * 1e3
+    del sp
+    doc = torch.repeat_interleave(torch.arange(N, device="cuda"), torch.tensor(lengths, device="cuda"))
+
+    def doc_mask(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (qi >= ki) & (qi - ki <= W)
+    t0 = time.perf_counter()
+    bm = create_block_mask(doc_mask, None, None, L, L, device="cuda")
+    torch.cuda.synchronize()
+    row["flex_create_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
+    impls = {"runtime": runtime, "static": lambda q, k, v: st.sparse_attention(q, k, v, static_spec)}
+    impls.update(flex_fns(flex_attention, bm, False))
+    run_impls(row, impls, q, k, v, 4.0 * D * kept * B * H, args.reps, deadline)
+    row["runtime_host_us"] = host_us(lambda: runtime(q, k, v))
+    row["static_host_us"] = host_us(lambda: impls["static"](q, k, v))
+    row["host_us_over_static"] = row["runtime_host_us"] - row["static_host_us"]
+    row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "documents" in (p._p.mask or "")), None)
+    return ratios(row, "runtime", [("static", "runtime_over_static"), ("flex", "ratio_vs_flex"),
+                                   ("flex_flash", "ratio_vs_flex_flash")])
+
+
+def copy_rate_gbs():
+    """Device-to-device copy rate (GB/s, read + write) of a 1 GiB buffer: the HBM rate the gather floor uses."""
+    x = torch.empty(1 << 29, dtype=torch.int16, device="cuda")
+    y = torch.empty_like(x)
+    ms = timed(lambda: y.copy_(x), 10, time.time() + 60)
+    return 2 * x.numel() * 2 / ms / 1e6
+
+
+def case_topk(args, deadline):
+    import spattn.torch as st
+
+    B, Hq, Hkv, D, K = 1, 32, 8, 128, 2048
+    L = 4096 if args.quick else 32768
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, L, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    # per query: K distinct keys (quick sizes: the top K of random scores at or before it, ties past the diagonal;
+    # else a random start and a stride of 13, without an L x L score matrix)
+    scores = torch.rand(B, L, L, device="cuda", generator=g) if L <= 8192 else None
+    if scores is not None:
+        idx = scores.tril().topk(K, -1).indices
+    else:  # sampled without the dense score matrix: K distinct keys per row by a random offset walk
+        base = torch.randint(0, L, (B, L, 1), device="cuda", generator=g)
+        idx = (base + torch.arange(K, device="cuda") * 13) % L
+    idx = idx.int()
+    row = {"case": "topk", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "K": K, "kept": B * Hq * L * K}
+    f = lambda q, k, v: st.sparse_attention(q, k, v, None, topk_indices=idx)  # noqa: E731
+    # check: sampled rows against an fp32 gather
+    o = f(q, k, v)
+    rows = torch.tensor([0, 1, L // 2, L - 1], device="cuda")
+    ks = idx[0, rows].long()  # [r, K]
+    kg = k[0][ks].float().repeat_interleave(Hq // Hkv, 2)  # [r, K, Hq, D]
+    vg = v[0][ks].float().repeat_interleave(Hq // Hkv, 2)
+    s = torch.einsum("rhd,rkhd->rhk", q[0, rows].float(), kg) / D ** 0.5
+    ref = torch.einsum("rhk,rkhd->rhd", s.softmax(-1), vg)
+    row["max_abs_err_sampled"] = (o[0, rows].float() - ref).abs().max().item()
+    run_impls(row, {"runtime": f}, q, k, v, 4.0 * D * row["kept"], args.reps, deadline)
+    rate = copy_rate_gbs()
+    floor_bytes = B * L * Hkv * K * 2 * D * 2
+    row["copy_rate_gbs"] = rate
+    row["floor_ms"] = floor_bytes / rate / 1e6
+    for p in ("fwd", "bwd"):
+        m = row.get(f"runtime_{p}_ms")
+        row[f"fraction_of_floor_{p}"] = row["floor_ms"] / m if m else None
+    row["runtime_over_static_fwd"] = row["runtime_over_static_bwd"] = None  # no static plan of the same pairs
+    row["ratio_vs_flex_fwd"] = row["ratio_vs_flex_bwd"] = None
+    row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "topk" in (p._p.mask or "")), None)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--baseline", help="write bench/baselines/NAME.json")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="small lengths (a smoke run)")
+    ap.add_argument("--cases", default="blocks,documents,topk")
+    ap.add_argument("--budget-s", type=float, default=420, help="stop taking more reps past this many seconds")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("runtime_bench: no CUDA device (this bench runs on a GPU)")
+        return 0
+    import spattn
+    if not spattn.build_info()["cuda"]:
+        print("runtime_bench: this spattn build has no CUDA")
+        return 0
+    start = time.time()
+    rows = []
+    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk}
+    names = [c for c in args.cases.split(",") if c]
+    for i, name in enumerate(names):
+        left = args.budget_s - (time.time() - start)
+        deadline = time.time() + max(5.0, left / (len(names) - i))
+        try:
+            row = cases[name](args, deadline)
+        except Exception as e:  # noqa: BLE001
+            row = {"case": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        row["device"] = torch.cuda.get_device_name()
+        row["seconds"] = round(time.time() - start, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick}
+    out = {"meta": meta, "rows": rows}
+    path = args.json or (os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines", args.baseline + ".json")
+                         if args.baseline else None)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(out, fh, indent=1)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

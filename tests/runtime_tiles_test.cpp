@@ -1,0 +1,165 @@
+// The run-time tile lists' walks (src/cuda/runtime/tile_walk.hpp), run on the host: for random packed documents and
+// block masks, forward and key-major (the backward's), every listed tile's pairs (full, band or bitmask, as the kernels read them) are exactly the mask's pairs
+// in that tile, every tile holding a kept pair is listed once, in ascending order, and no full tile runs past the keys.
+// The same walks write the lists on the GPU (tile_lists.cu); here they are checked without one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "cuda/runtime/tile_walk.hpp"
+
+namespace {
+
+using spattn::cuda::runtime::BlockTileArgs;
+using spattn::cuda::runtime::DocTileArgs;
+using spattn::cuda::runtime::Entry4;
+
+using Kept = std::function<bool(int64_t q, int64_t k)>;
+using Word = std::function<unsigned long long(int outer, const Entry4& e, int w)>;
+
+// Checks one list: outer tile t's entries (inner tiles) against `kept`. keys: key-major (outer = key tiles).
+void check_tile(int t, const std::vector<Entry4>& es, bool keys, int om, int im, int64_t lq, int64_t lk, const Kept& kept,
+                const Word& word) {
+  const int64_t olen = keys ? lk : lq, ilen = keys ? lq : lk;
+  const int64_t o0 = int64_t(t) * om, o1 = std::min(o0 + om, olen);
+  std::vector<char> listed(size_t((ilen + im - 1) / im), 0);
+  for (size_t i = 0; i < es.size(); ++i) {
+    const Entry4& e = es[i];
+    ASSERT_TRUE(e.x >= 0 && int64_t(e.x) * im < ilen) << "tile " << t << " entry " << i << " tile " << e.x;
+    if (i > 0) ASSERT_LT(es[i - 1].x, e.x) << "tile " << t << ": entries not strictly ascending";
+    listed[size_t(e.x)] = 1;
+    const int64_t i0 = int64_t(e.x) * im, i1 = std::min(i0 + im, ilen);
+    const int64_t q0 = keys ? i0 : o0, q1 = keys ? i1 : o1, k0 = keys ? o0 : i0, k1 = keys ? o1 : i1;
+    const int bn = keys ? om : im;
+    if (e.y == -1) ASSERT_EQ(k1 - k0, bn) << "a full tile past the keys (tile " << t << ", " << e.x << ")";
+    for (int64_t q = q0; q < q1; ++q)
+      for (int64_t k = k0; k < k1; ++k) {
+        bool run;
+        if (e.y == -1) run = true;
+        else if (e.y == -2) run = e.z <= k - q && k - q <= e.w;
+        else if (keys) run = (word(t, e, int(k - k0)) >> (q - q0)) & 1;  // word: a key's bits over the queries
+        else {
+          const int64_t bit = (q - q0) * bn + (k - k0);
+          run = (word(t, e, int(bit / 64)) >> (bit % 64)) & 1;
+        }
+        ASSERT_EQ(run, kept(q, k)) << "tile " << t << " entry " << e.x << " kind " << e.y << " pair (" << q << ", " << k << ")";
+      }
+  }
+  for (int64_t it = 0; it < int64_t(listed.size()); ++it) {
+    if (listed[size_t(it)]) continue;
+    const int64_t i0 = it * im, i1 = std::min(i0 + im, ilen);
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t i = i0; i < i1; ++i)
+        ASSERT_FALSE(keys ? kept(i, o) : kept(o, i)) << "tile " << t << ": unlisted tile " << it << " keeps a pair";
+  }
+}
+
+TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t L = std::uniform_int_distribution<int64_t>(1, 700)(rng);
+    const int n = std::uniform_int_distribution<int>(1, 9)(rng);
+    std::vector<int64_t> cu(size_t(n + 1));
+    for (int64_t& x : cu) x = std::uniform_int_distribution<int64_t>(0, L)(rng);
+    std::sort(cu.begin(), cu.end());
+    if (trial % 3) cu.front() = 0, cu.back() = L;
+    const int kind = trial % 4;  // dense, causal, a causal window, a two-sided window (random widths)
+    const int lo = kind < 2 ? int(-(L + 1)) : -std::uniform_int_distribution<int>(0, 300)(rng);
+    const int hi = kind == 0 ? int(L + 1) : kind == 3 ? std::uniform_int_distribution<int>(0, 200)(rng) : 0;
+    const Kept kept = [&](int64_t q, int64_t k) {
+      for (int d = 0; d < n; ++d)
+        if (cu[size_t(d)] <= q && q < cu[size_t(d + 1)]) return cu[size_t(d)] <= k && k < cu[size_t(d + 1)] && lo <= k - q && k - q <= hi;
+      return false;
+    };
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": L " + std::to_string(L) + ", " + std::to_string(n) + " documents, band " +
+                 std::to_string(lo) + ".." + std::to_string(hi));
+    DocTileArgs a;
+    a.cu = cu.data(), a.cu_bits = 64, a.documents = n;
+    a.q_len = a.k_len = int(L);
+    a.lo = lo, a.hi = hi;
+    a.entry_capacity = int64_t(1) << 40;
+    for (bool keys : {false, true}) {
+      a.block_m = keys ? 64 : 128, a.block_n = 128;
+      const int om = keys ? 128 : 128, im = keys ? 64 : 128;
+      const int tiles = int((L + om - 1) / om);
+      int64_t at = 0;
+      for (int t = 0; t < tiles; ++t) {
+        const int64_t count = spattn::cuda::runtime::walk(a, t, nullptr, 0, keys);
+        std::vector<Entry4> es(static_cast<size_t>(count));
+        ASSERT_EQ(spattn::cuda::runtime::walk(a, t, es.data(), at, keys), count);
+        for (size_t i = 0; i < es.size(); ++i)
+          if (es[i].y >= 0) ASSERT_EQ(es[i].y, at + int64_t(i)) << "a bitmask's index is its entry's";
+        check_tile(t, es, keys, om, im, L, L, kept, [&](int outer, const Entry4& e, int w) {
+          return keys ? spattn::cuda::runtime::doc_key_mask_word(a, outer, e.x, w)
+                      : spattn::cuda::runtime::doc_mask_word(a, outer, e.x, w);
+        });
+        at += count;
+      }
+    }
+  }
+}
+
+TEST(RuntimeTiles, BlockMasks) {
+  std::mt19937 rng(2);
+  for (int trial = 0; trial < 32; ++trial) {
+    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64 (forward lists only)
+    const int64_t Lq = std::uniform_int_distribution<int64_t>(1, 700)(rng), Lk = std::uniform_int_distribution<int64_t>(1, 700)(rng);
+    const int64_t nq = (Lq + bs - 1) / bs + trial % 2, nk = (Lk + bs - 1) / bs, cap = nk + 1;
+    const bool band = trial % 3 != 0;
+    const int lo = trial % 3 == 2 ? -100 : int(-(Lq + 1)), hi = band ? 0 : int(Lk + 1);
+    std::vector<int32_t> num(static_cast<size_t>(nq)), idx(static_cast<size_t>(nq * cap), 9999),
+        fnum(static_cast<size_t>(nq)), fidx(static_cast<size_t>(nq * cap), -5);
+    for (int64_t r = 0; r < nq; ++r) {
+      std::vector<int32_t> b(static_cast<size_t>(nk));
+      for (int64_t j = 0; j < nk; ++j) b[size_t(j)] = int32_t(j);
+      std::shuffle(b.begin(), b.end(), rng);
+      const int64_t n = std::uniform_int_distribution<int64_t>(0, nk)(rng), f = std::uniform_int_distribution<int64_t>(0, n)(rng);
+      fnum[size_t(r)] = int32_t(f), num[size_t(r)] = int32_t(n - f);
+      std::copy(b.begin(), b.begin() + f, fidx.begin() + r * cap);
+      std::copy(b.begin() + f, b.begin() + n, idx.begin() + r * cap);
+    }
+    auto listed = [&](const std::vector<int32_t>& cnt, const std::vector<int32_t>& ix, int64_t qb, int64_t kb) {
+      for (int64_t j = 0; j < cnt[size_t(qb)]; ++j)
+        if (ix[size_t(qb * cap + j)] == kb) return true;
+      return false;
+    };
+    const Kept kept = [&](int64_t q, int64_t k) {
+      if (listed(fnum, fidx, q / bs, k / bs)) return true;
+      return listed(num, idx, q / bs, k / bs) && (!band || (lo <= k - q && k - q <= hi));
+    };
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    BlockTileArgs a;
+    a.num = num.data(), a.idx = idx.data(), a.full_num = fnum.data(), a.full_idx = fidx.data();
+    a.num_s[2] = 1, a.idx_s[2] = cap, a.idx_s[3] = 1, a.full_num_s[2] = 1, a.full_idx_s[2] = cap, a.full_idx_s[3] = 1;
+    a.cap = a.full_cap = int(cap);
+    a.q_len = int(Lq), a.k_len = int(Lk), a.q_tiles = int((Lq + bs - 1) / bs), a.k_tiles = int(nk);
+    a.band = band, a.lo = lo, a.hi = hi;
+    a.block_m = a.block_n = int(bs);
+    auto by_tile = [](const Entry4& x, const Entry4& y) { return x.x < y.x; };
+    const auto none = [](int, const Entry4&, int) { return 0ull; };
+    // Forward (as block_lists writes them): each query tile's listed blocks of the types block_entry gives, sorted.
+    std::vector<std::vector<Entry4>> key_major(static_cast<size_t>(nk));
+    for (int qt = 0; qt < a.q_tiles; ++qt) {
+      std::vector<Entry4> es;
+      const int64_t q0 = int64_t(qt) * bs, q1 = std::min<int64_t>(q0 + bs, Lq);
+      spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, bool full) {
+        if (const int type = spattn::cuda::runtime::block_entry(a, q0, q1, kt, full))
+          es.push_back(spattn::cuda::runtime::block_entry4(a, kt, type));
+        for (int64_t t = 2 * qt; bs == 128 && t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists)
+          if (const int type = spattn::cuda::runtime::block_entry(a, t * 64, std::min<int64_t>(t * 64 + 64, Lq), kt, full))
+            key_major[size_t(kt)].push_back(spattn::cuda::runtime::block_entry4(a, t, type));
+      });
+      std::sort(es.begin(), es.end(), by_tile);
+      check_tile(qt, es, false, int(bs), int(bs), Lq, Lk, kept, none);
+    }
+    for (int64_t kt = 0; bs == 128 && kt < nk; ++kt) {
+      std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
+      check_tile(int(kt), key_major[size_t(kt)], true, 128, 64, Lq, Lk, kept, none);
+    }
+  }
+}
+
+}  // namespace
