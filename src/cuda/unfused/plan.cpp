@@ -95,224 +95,264 @@ struct UnfusedPlan::Impl {
   }
 };
 
-UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
+namespace {
+// The problem's shape, after the checks the unfused kernels need before the pattern is split (throws naming the
+// value that fails).
+Shape checked_shape(const BoundPattern& pattern, const Problem& problem) {
   problem.validate();
   if (problem.dtype == DType::f64) throw Error("unfused: dtype f64 is not supported on the GPU (use bf16, f16 or f32)");
   if (pattern.q_len() != problem.q_len || pattern.k_len() != problem.kv_len)
     throw Error("unfused: pattern is bound to " + std::to_string(pattern.q_len()) + " x " +
                 std::to_string(pattern.k_len()) + " but the problem is " + std::to_string(problem.q_len) + " x " +
                 std::to_string(problem.kv_len));
-  auto impl = std::make_shared<Impl>();
-  Impl& P = *impl;
-  P.problem = problem;
-  P.options = options;
-  P.shape = {problem.dtype, problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len,
-             problem.head_dim, problem.dv()};
-  P.scale = float(problem.softmax_scale());
-  if (Status s = check_shape(P.shape); !s) throw Error("unfused: " + s.reason);
+  const Shape shape = {problem.dtype, problem.batch, problem.q_heads, problem.kv_heads, problem.q_len, problem.kv_len,
+                       problem.head_dim, problem.dv()};
+  if (Status s = check_shape(shape); !s) throw Error("unfused: " + s.reason);
   const int64_t vec = 16 / dtype_size(problem.dtype);
   const int64_t dmax = problem.dtype == DType::f32 ? 128 : 256;
-  for (auto [d, name] : {std::pair{P.shape.D, "head dim"}, std::pair{P.shape.Dv, "value dim"}})
+  for (auto [d, name] : {std::pair{shape.D, "head dim"}, std::pair{shape.Dv, "value dim"}})
     if (d % vec != 0 || d > dmax)
       throw Error(std::string("unfused: ") + name + " " + std::to_string(d) + " must be a multiple of " +
                   std::to_string(vec) + " up to " + std::to_string(dmax) + " for dtype " +
                   std::string(dtype_name(problem.dtype)));
-  if (P.shape.bh() > 65535) throw Error("unfused: batch * q_heads " + std::to_string(P.shape.bh()) + " exceeds 65535");
+  if (shape.bh() > 65535) throw Error("unfused: batch * q_heads " + std::to_string(shape.bh()) + " exceeds 65535");
+  return shape;
+}
 
-  P.split = split_pattern(pattern, options, problem.dtype);
-  const Split& S = P.split;
-  const Bsr& C = S.coarse;
-  const Csr& F = S.fine;
-  const int64_t Lq = problem.q_len;
-  if (C.nblocks() > 0 && P.shape.D % 16 != 0)
-    throw Error("unfused: head dim " + std::to_string(P.shape.D) + " must be a multiple of 16 for the coarse part");
+// The checks on the split itself: the coarse part's head-dim alignment and the index widths of the work lists.
+void check_split(const Split& split, const Shape& shape) {
+  const Bsr& C = split.coarse;
+  const Csr& F = split.fine;
+  if (C.nblocks() > 0 && shape.D % 16 != 0)
+    throw Error("unfused: head dim " + std::to_string(shape.D) + " must be a multiple of 16 for the coarse part");
   if (C.nblocks() >= (int64_t(1) << 31) || F.nnz() >= (int64_t(1) << 40))
     throw Error("unfused: pattern too large (" + std::to_string(C.nblocks()) + " blocks, " + std::to_string(F.nnz()) + " fine entries)");
+}
 
-  // ---- host work lists ----------------------------------------------------------------------------
-  std::vector<int32_t> c_off(C.row_offsets.begin(), C.row_offsets.end());
-  std::vector<int32_t> c_cols(C.col_indices.begin(), C.col_indices.end());
-  std::vector<int32_t> c_mask(C.mask_index.size());
-  for (size_t i = 0; i < c_mask.size(); ++i) c_mask[i] = int32_t(C.mask_index[i]);
-  std::vector<int32_t> items;
-  std::vector<int32_t> order;
-  if (C.nblocks() > 0) {
-    for (int64_t br = 0; br < C.block_rows; ++br) {
-      const int64_t a = C.row_offsets[size_t(br)], b = C.row_offsets[size_t(br) + 1], n = b - a;
-      if (n == 0) continue;
-      const int64_t pieces = (n + kCoarseSlice - 1) / kCoarseSlice;
-      for (int64_t p = 0; p < pieces; ++p)
-        items.insert(items.end(), {int32_t(br), int32_t(a + n * p / pieces), int32_t(a + n * (p + 1) / pieces)});
-    }
-    std::vector<int64_t> lens;
-    for (int64_t br = 0; br < C.block_rows; ++br) {
-      const int64_t n = C.row_offsets[size_t(br) + 1] - C.row_offsets[size_t(br)];
-      if (n > 0) lens.push_back(n);
-    }
-    if (!lens.empty()) {
-      const size_t k = lens.size() * 9 / 10;
-      std::nth_element(lens.begin(), lens.begin() + k, lens.end());
-      P.row_blocks_p90 = int(std::min<int64_t>(lens[k], 1 << 20));
-    }
-    order.resize(size_t(C.block_rows));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-      return C.row_offsets[size_t(x) + 1] - C.row_offsets[size_t(x)] > C.row_offsets[size_t(y) + 1] - C.row_offsets[size_t(y)];
-    });
+// The coarse part on the host: the BSR in 32-bit indices, the SDDMM items (block rows sliced into at most
+// kCoarseSlice blocks: {block row, first block, last block}) and the block rows longest first.
+struct CoarseLists {
+  std::vector<int32_t> offsets, cols, mask, items, order;
+  int row_blocks_p90 = 0;
+};
+
+CoarseLists coarse_lists(const Bsr& C) {
+  CoarseLists L;
+  L.offsets.assign(C.row_offsets.begin(), C.row_offsets.end());
+  L.cols.assign(C.col_indices.begin(), C.col_indices.end());
+  L.mask.resize(C.mask_index.size());
+  for (size_t i = 0; i < L.mask.size(); ++i) L.mask[i] = int32_t(C.mask_index[i]);
+  if (C.nblocks() == 0) return L;
+  for (int64_t br = 0; br < C.block_rows; ++br) {
+    const int64_t a = C.row_offsets[size_t(br)], b = C.row_offsets[size_t(br) + 1], n = b - a;
+    if (n == 0) continue;
+    const int64_t pieces = (n + kCoarseSlice - 1) / kCoarseSlice;
+    for (int64_t p = 0; p < pieces; ++p)
+      L.items.insert(L.items.end(), {int32_t(br), int32_t(a + n * p / pieces), int32_t(a + n * (p + 1) / pieces)});
   }
-  std::vector<FineItem> fitems;
-  std::vector<int32_t> frows;
+  std::vector<int64_t> lens;
+  for (int64_t br = 0; br < C.block_rows; ++br) {
+    const int64_t n = C.row_offsets[size_t(br) + 1] - C.row_offsets[size_t(br)];
+    if (n > 0) lens.push_back(n);
+  }
+  if (!lens.empty()) {
+    const size_t k = lens.size() * 9 / 10;
+    std::nth_element(lens.begin(), lens.begin() + k, lens.end());
+    L.row_blocks_p90 = int(std::min<int64_t>(lens[k], 1 << 20));
+  }
+  L.order.resize(size_t(C.block_rows));
+  std::iota(L.order.begin(), L.order.end(), 0);
+  std::stable_sort(L.order.begin(), L.order.end(), [&](int32_t x, int32_t y) {
+    return C.row_offsets[size_t(x) + 1] - C.row_offsets[size_t(x)] > C.row_offsets[size_t(y) + 1] - C.row_offsets[size_t(y)];
+  });
+  return L;
+}
+
+// The fine part on CUDA cores: SDDMM items (row slices of at most fine_slice entries) and, without a coarse
+// part, every row for the SpMM.
+struct FineLists {
+  std::vector<FineItem> items;
+  std::vector<int32_t> rows;
+};
+
+FineLists fine_lists(const Csr& F, int64_t Lq, int64_t fine_slice, bool has_coarse) {
+  FineLists L;
   for (int64_t q = 0; q < Lq; ++q) {
     const int64_t a = F.row_offsets[size_t(q)], b = F.row_offsets[size_t(q) + 1];
-    for (int64_t s = a; s < b; s += options.fine_slice)
-      fitems.push_back({s, int32_t(q), int32_t(std::min<int64_t>(options.fine_slice, b - s))});
+    for (int64_t s = a; s < b; s += fine_slice)
+      L.items.push_back({s, int32_t(q), int32_t(std::min<int64_t>(fine_slice, b - s))});
   }
-  const bool has_coarse = C.nblocks() > 0, has_fine = F.nnz() > 0;
   if (!has_coarse) {
-    frows.resize(size_t(Lq));
-    std::iota(frows.begin(), frows.end(), 0);
+    L.rows.resize(size_t(Lq));
+    std::iota(L.rows.begin(), L.rows.end(), 0);
   }
-  // The fine part in 64-row tiles x 64-key chunks: occupied pairs and their entries (see kernels.hpp).
-  std::vector<int32_t> t_pairs, t_chunk, t_groups, t_pos, tc_items, s_pairs, s_chunk, s_bounds;
-  std::vector<uint16_t> t_rc, t_pos16;
-  const bool tc_ok = has_fine && (problem.dtype == DType::bf16 || problem.dtype == DType::f16) &&
-                     P.shape.D % 16 == 0 && F.nnz() < (int64_t(1) << 31) && options.fine_tc_min_fill <= 1.0;
-  if (tc_ok) {
-    const int64_t ntiles = (Lq + kFineTileRows - 1) / kFineTileRows;
-    const int64_t nchunks = (problem.kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
-    std::vector<int32_t> cnt(size_t(nchunks) * 4, 0), touched;
-    t_pairs.push_back(0);
-    t_groups.push_back(0);
-    t_pos.reserve(size_t(F.nnz()));
-    t_rc.reserve(size_t(F.nnz()));
-    std::vector<int64_t> place;
-    for (int64_t t = 0; t < ntiles; ++t) {
-      const int64_t q0 = t * kFineTileRows, q1 = std::min(Lq, q0 + kFineTileRows);
-      touched.clear();
-      for (int64_t q = q0; q < q1; ++q)
-        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
-          const int64_t c = F.col_indices[size_t(i)] / kFineChunkKeys;
-          int32_t* g = &cnt[size_t(c) * 4];
-          if (g[0] + g[1] + g[2] + g[3] == 0) touched.push_back(int32_t(c));
-          ++g[(q - q0) / 16];
-        }
-      std::sort(touched.begin(), touched.end());
-      // Group starts, in (chunk, warp) order; then place every entry (rows ascending, keys ascending).
-      const int64_t base = int64_t(t_pos.size());
-      int64_t at = base;
-      place.assign(size_t(touched.size()) * 4, 0);
-      for (size_t k = 0; k < touched.size(); ++k) {
+  return L;
+}
+
+// Calls f(q, i, key) for every fine entry i = (row q, key) of the rows [q0, q1), rows and keys ascending.
+template <class Fn>
+void for_rows_entries(const Csr& F, int64_t q0, int64_t q1, Fn&& f) {
+  for (int64_t q = q0; q < q1; ++q)
+    for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) f(q, i, int64_t(F.col_indices[size_t(i)]));
+}
+
+// The fine part in 64-row tiles x 64-key chunks: occupied pairs and their entries (FineTiles in kernels.hpp).
+struct FineTileLists {
+  int64_t ntiles = 0;
+  int64_t max_entries = 0;  // entries of the fullest tile
+  std::vector<int32_t> pairs, chunk, groups, pos;
+  std::vector<uint16_t> rc, pos16;
+};
+
+FineTileLists place_fine_tiles(const Csr& F, int64_t Lq, int64_t kv_len) {
+  FineTileLists L;
+  L.ntiles = (Lq + kFineTileRows - 1) / kFineTileRows;
+  const int64_t nchunks = (kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
+  std::vector<int32_t> cnt(size_t(nchunks) * 4, 0), touched;
+  L.pairs.push_back(0);
+  L.groups.push_back(0);
+  L.pos.reserve(size_t(F.nnz()));
+  L.rc.reserve(size_t(F.nnz()));
+  std::vector<int64_t> place;
+  for (int64_t t = 0; t < L.ntiles; ++t) {
+    const int64_t q0 = t * kFineTileRows, q1 = std::min(Lq, q0 + kFineTileRows);
+    touched.clear();
+    for_rows_entries(F, q0, q1, [&](int64_t q, int64_t, int64_t key) {
+      const int64_t c = key / kFineChunkKeys;
+      int32_t* g = &cnt[size_t(c) * 4];
+      if (g[0] + g[1] + g[2] + g[3] == 0) touched.push_back(int32_t(c));
+      ++g[(q - q0) / 16];
+    });
+    std::sort(touched.begin(), touched.end());
+    // Group starts, in (chunk, warp) order; then place every entry (rows ascending, keys ascending).
+    const int64_t base = int64_t(L.pos.size());
+    int64_t at = base;
+    place.assign(size_t(touched.size()) * 4, 0);
+    for (size_t k = 0; k < touched.size(); ++k) {
+      for (int w = 0; w < 4; ++w) {
+        place[k * 4 + size_t(w)] = at;
+        at += cnt[size_t(touched[k]) * 4 + size_t(w)];
+        L.groups.push_back(int32_t(at));
+      }
+      L.chunk.push_back(touched[k]);
+    }
+    L.pos.resize(size_t(at));
+    L.rc.resize(size_t(at));
+    for (size_t k = 0; k < touched.size(); ++k) cnt[size_t(touched[k]) * 4] = -int32_t(k) - 1;  // chunk -> slot
+    for_rows_entries(F, q0, q1, [&](int64_t q, int64_t i, int64_t key) {
+      const int64_t c = key / kFineChunkKeys;
+      const size_t k = size_t(-cnt[size_t(c) * 4] - 1);
+      const int64_t j = place[k * 4 + size_t((q - q0) / 16)]++;
+      L.pos[size_t(j)] = int32_t(i);
+      L.rc[size_t(j)] = uint16_t((q - q0) * 64 + (key - c * kFineChunkKeys));
+    });
+    for (int32_t c : touched)
+      for (int w = 0; w < 4; ++w) cnt[size_t(c) * 4 + size_t(w)] = 0;
+    L.pos16.resize(size_t(at));  // the places local to the tile (kept where every tile has <= 65536)
+    for (int64_t j = base; j < at; ++j) L.pos16[size_t(j)] = uint16_t(L.pos[size_t(j)] - F.row_offsets[size_t(q0)]);
+    L.max_entries = std::max<int64_t>(L.max_entries, at - base);
+    const int64_t p0 = L.pairs.back(), n = int64_t(touched.size());
+    L.pairs.push_back(int32_t(p0 + n));
+  }
+  return L;
+}
+
+// 128-row super-tiles: the chunks of tiles 2T and 2T + 1 merged (both lists ascending), each with the entry
+// ranges of the two tiles' 16-row groups; SDDMM items ({super-tile, first super-pair, last super-pair}) slice a
+// super-tile's super-pairs.
+struct SuperTileLists {
+  int64_t nsuper = 0;
+  std::vector<int32_t> pairs, chunk, bounds, items;
+};
+
+SuperTileLists merge_super_tiles(const FineTileLists& t) {
+  SuperTileLists L;
+  const int64_t ntiles = t.ntiles;
+  L.nsuper = (ntiles + 1) / 2;
+  L.pairs.push_back(0);
+  for (int64_t T = 0; T < L.nsuper; ++T) {
+    int32_t ia = t.pairs[size_t(2 * T)], ea = t.pairs[size_t(2 * T) + 1];
+    int32_t ib = 2 * T + 1 < ntiles ? t.pairs[size_t(2 * T) + 1] : 0, eb = 2 * T + 1 < ntiles ? t.pairs[size_t(2 * T) + 2] : 0;
+    const int64_t s0 = int64_t(L.chunk.size());
+    while (ia < ea || ib < eb) {
+      const int32_t ca = ia < ea ? t.chunk[size_t(ia)] : INT32_MAX, cb = ib < eb ? t.chunk[size_t(ib)] : INT32_MAX;
+      const int32_t c = std::min(ca, cb);
+      L.chunk.push_back(c);
+      for (int half = 0; half < 2; ++half) {
+        const bool has = half == 0 ? ca == c : cb == c;
+        const int32_t pp = half == 0 ? ia : ib;
         for (int w = 0; w < 4; ++w) {
-          place[k * 4 + size_t(w)] = at;
-          at += cnt[size_t(touched[k]) * 4 + size_t(w)];
-          t_groups.push_back(int32_t(at));
+          L.bounds.push_back(has ? t.groups[size_t(pp) * 4 + size_t(w)] : 0);
+          L.bounds.push_back(has ? t.groups[size_t(pp) * 4 + size_t(w) + 1] : 0);
         }
-        t_chunk.push_back(touched[k]);
       }
-      t_pos.resize(size_t(at));
-      t_rc.resize(size_t(at));
-      for (size_t k = 0; k < touched.size(); ++k) cnt[size_t(touched[k]) * 4] = -int32_t(k) - 1;  // chunk -> slot
-      for (int64_t q = q0; q < q1; ++q)
-        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
-          const int64_t key = F.col_indices[size_t(i)], c = key / kFineChunkKeys;
-          const size_t k = size_t(-cnt[size_t(c) * 4] - 1);
-          const int64_t j = place[k * 4 + size_t((q - q0) / 16)]++;
-          t_pos[size_t(j)] = int32_t(i);
-          t_rc[size_t(j)] = uint16_t((q - q0) * 64 + (key - c * kFineChunkKeys));
-        }
-      for (int32_t c : touched)
-        for (int w = 0; w < 4; ++w) cnt[size_t(c) * 4 + size_t(w)] = 0;
-      t_pos16.resize(size_t(at));  // the places local to the tile (kept where every tile has <= 65536)
-      for (int64_t j = base; j < at; ++j) t_pos16[size_t(j)] = uint16_t(t_pos[size_t(j)] - F.row_offsets[size_t(q0)]);
-      P.max_tile_entries = std::max<int64_t>(P.max_tile_entries, at - base);
-      const int64_t p0 = t_pairs.back(), n = int64_t(touched.size());
-      t_pairs.push_back(int32_t(p0 + n));
+      if (ca == c) ++ia;
+      if (cb == c) ++ib;
     }
-    P.tile_fill = t_chunk.empty() ? 0.0 : double(F.nnz()) / (double(t_chunk.size()) * kFineTileRows * kFineChunkKeys);
-    P.fine_tc = P.tile_fill >= options.fine_tc_min_fill;
-    P.tile_path = P.fine_tc && !has_coarse && P.max_tile_entries <= TileSoftmax::kMaxTileEntries;
-    if (!P.tile_path || P.max_tile_entries > 65536) t_pos16.clear();
-    if (!P.fine_tc) {
-      t_pairs.clear(); t_chunk.clear(); t_groups.clear(); t_pos.clear(); t_rc.clear();
-    } else {
-      P.tiles.ntiles = ntiles;
-      P.tiles.npairs = int64_t(t_chunk.size());
-      // 128-row super-tiles: the chunks of tiles 2T and 2T + 1 merged (both lists ascending), each with the
-      // entry ranges of the two tiles' 16-row groups; SDDMM items slice a super-tile's super-pairs.
-      const int64_t nsuper = (ntiles + 1) / 2;
-      s_pairs.push_back(0);
-      for (int64_t T = 0; T < nsuper; ++T) {
-        int32_t ia = t_pairs[size_t(2 * T)], ea = t_pairs[size_t(2 * T) + 1];
-        int32_t ib = 2 * T + 1 < ntiles ? t_pairs[size_t(2 * T) + 1] : 0, eb = 2 * T + 1 < ntiles ? t_pairs[size_t(2 * T) + 2] : 0;
-        const int64_t s0 = int64_t(s_chunk.size());
-        while (ia < ea || ib < eb) {
-          const int32_t ca = ia < ea ? t_chunk[size_t(ia)] : INT32_MAX, cb = ib < eb ? t_chunk[size_t(ib)] : INT32_MAX;
-          const int32_t c = std::min(ca, cb);
-          s_chunk.push_back(c);
-          for (int half = 0; half < 2; ++half) {
-            const bool has = half == 0 ? ca == c : cb == c;
-            const int32_t pp = half == 0 ? ia : ib;
-            for (int w = 0; w < 4; ++w) {
-              s_bounds.push_back(has ? t_groups[size_t(pp) * 4 + size_t(w)] : 0);
-              s_bounds.push_back(has ? t_groups[size_t(pp) * 4 + size_t(w) + 1] : 0);
-            }
-          }
-          if (ca == c) ++ia;
-          if (cb == c) ++ib;
-        }
-        const int64_t n = int64_t(s_chunk.size()) - s0;
-        const int64_t pieces = (n + kFineTcSlice - 1) / kFineTcSlice;
-        for (int64_t k = 0; k < pieces; ++k)
-          tc_items.insert(tc_items.end(), {int32_t(T), int32_t(s0 + n * k / pieces), int32_t(s0 + n * (k + 1) / pieces)});
-        s_pairs.push_back(int32_t(s_chunk.size()));
-      }
-      P.tiles.nsuper = nsuper;
-      P.tiles.nspairs = int64_t(s_chunk.size());
-    }
+    const int64_t n = int64_t(L.chunk.size()) - s0;
+    const int64_t pieces = (n + kFineTcSlice - 1) / kFineTcSlice;
+    for (int64_t k = 0; k < pieces; ++k)
+      L.items.insert(L.items.end(), {int32_t(T), int32_t(s0 + n * k / pieces), int32_t(s0 + n * (k + 1) / pieces)});
+    L.pairs.push_back(int32_t(L.chunk.size()));
   }
+  return L;
+}
 
-  // Fused attention without P (fine-only tc plans, D == Dv in {64, 128}): occupied (128-row tile, 64-key
-  // chunk) pairs, each with a 128 x 64 bitmask of the kept entries.
-  std::vector<int32_t> a_pairs, a_chunk;
-  std::vector<uint64_t> a_masks;
-  if (P.fine_tc && !has_coarse && options.fused_fine_attention && P.shape.D == P.shape.Dv &&
-      (P.shape.D == 64 || P.shape.D == 128)) {
-    const int64_t ntiles = (Lq + kAttTileRows - 1) / kAttTileRows;
-    const int64_t nchunks = (problem.kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
-    std::vector<int32_t> slot(size_t(nchunks), -1), touched;
-    a_pairs.push_back(0);
-    for (int64_t t = 0; t < ntiles; ++t) {
-      const int64_t q0 = t * kAttTileRows, q1 = std::min(Lq, q0 + kAttTileRows);
-      touched.clear();
-      for (int64_t q = q0; q < q1; ++q)
-        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
-          const int64_t c = F.col_indices[size_t(i)] / kFineChunkKeys;
-          if (slot[size_t(c)] < 0) {
-            slot[size_t(c)] = 0;
-            touched.push_back(int32_t(c));
-          }
-        }
-      std::sort(touched.begin(), touched.end());
-      const size_t base = a_chunk.size();
-      for (size_t k = 0; k < touched.size(); ++k) {
-        slot[size_t(touched[k])] = int32_t(base + k);
-        a_chunk.push_back(touched[k]);
+// Fused attention without P (fine-only tc plans, D == Dv in {64, 128}): occupied (128-row tile, 64-key chunk)
+// pairs, each with a 128 x 64 bitmask of the kept entries.
+struct AttTileLists {
+  int64_t ntiles = 0;
+  std::vector<int32_t> pairs, chunk;
+  std::vector<uint64_t> masks;
+};
+
+AttTileLists att_tile_lists(const Csr& F, int64_t Lq, int64_t kv_len) {
+  AttTileLists L;
+  L.ntiles = (Lq + kAttTileRows - 1) / kAttTileRows;
+  const int64_t nchunks = (kv_len + kFineChunkKeys - 1) / kFineChunkKeys;
+  std::vector<int32_t> slot(size_t(nchunks), -1), touched;
+  L.pairs.push_back(0);
+  for (int64_t t = 0; t < L.ntiles; ++t) {
+    const int64_t q0 = t * kAttTileRows, q1 = std::min(Lq, q0 + kAttTileRows);
+    touched.clear();
+    for_rows_entries(F, q0, q1, [&](int64_t, int64_t, int64_t key) {
+      const int64_t c = key / kFineChunkKeys;
+      if (slot[size_t(c)] < 0) {
+        slot[size_t(c)] = 0;
+        touched.push_back(int32_t(c));
       }
-      a_masks.resize(a_chunk.size() * kAttTileRows, 0);
-      for (int64_t q = q0; q < q1; ++q)
-        for (int64_t i = F.row_offsets[size_t(q)]; i < F.row_offsets[size_t(q) + 1]; ++i) {
-          const int64_t key = F.col_indices[size_t(i)], c = key / kFineChunkKeys;
-          a_masks[size_t(slot[size_t(c)]) * kAttTileRows + size_t(q - q0)] |= uint64_t(1) << (key - c * kFineChunkKeys);
-        }
-      for (int32_t c : touched) slot[size_t(c)] = -1;
-      a_pairs.push_back(int32_t(a_chunk.size()));
+    });
+    std::sort(touched.begin(), touched.end());
+    const size_t base = L.chunk.size();
+    for (size_t k = 0; k < touched.size(); ++k) {
+      slot[size_t(touched[k])] = int32_t(base + k);
+      L.chunk.push_back(touched[k]);
     }
-    P.att_fused = true;
-    P.att_tiles.ntiles = ntiles;
-    P.att_tiles.npairs = int64_t(a_chunk.size());
+    L.masks.resize(L.chunk.size() * kAttTileRows, 0);
+    for_rows_entries(F, q0, q1, [&](int64_t q, int64_t, int64_t key) {
+      const int64_t c = key / kFineChunkKeys;
+      L.masks[size_t(slot[size_t(c)]) * kAttTileRows + size_t(q - q0)] |= uint64_t(1) << (key - c * kFineChunkKeys);
+    });
+    for (int32_t c : touched) slot[size_t(c)] = -1;
+    L.pairs.push_back(int32_t(L.chunk.size()));
   }
+  return L;
+}
 
-  // ---- one device allocation for all of it --------------------------------------------------------
+// Every host list of a plan, as upload() copies them to the device.
+struct HostLists {
+  CoarseLists coarse;
+  FineLists fine;
+  FineTileLists tiles;
+  SuperTileLists super;
+  AttTileLists att;
+};
+
+// One device allocation for all of the lists (256-byte aligned pieces), the plan's pointers into it, and the
+// side stream and events of the fork/join.
+void upload(UnfusedPlan::Impl& P, const HostLists& h) {
+  const Bsr& C = P.split.coarse;
+  const Csr& F = P.split.fine;
   struct Piece {
     const void* src;
     int64_t bytes;
@@ -325,29 +365,29 @@ UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& probl
     total += align256(std::max<int64_t>(bytes, 1));
     return pieces.size() - 1;
   };
-  const size_t i_coff = add(c_off.data(), int64_t(c_off.size() * 4));
-  const size_t i_ccol = add(c_cols.data(), int64_t(c_cols.size() * 4));
-  const size_t i_cmask = add(c_mask.data(), int64_t(c_mask.size() * 4));
+  const size_t i_coff = add(h.coarse.offsets.data(), int64_t(h.coarse.offsets.size() * 4));
+  const size_t i_ccol = add(h.coarse.cols.data(), int64_t(h.coarse.cols.size() * 4));
+  const size_t i_cmask = add(h.coarse.mask.data(), int64_t(h.coarse.mask.size() * 4));
   const size_t i_masks = add(C.masks.data(), int64_t(C.masks.size() * 8));
-  const size_t i_items = add(items.data(), int64_t(items.size() * 4));
-  const size_t i_order = add(order.data(), int64_t(order.size() * 4));
+  const size_t i_items = add(h.coarse.items.data(), int64_t(h.coarse.items.size() * 4));
+  const size_t i_order = add(h.coarse.order.data(), int64_t(h.coarse.order.size() * 4));
   const size_t i_foff = add(F.row_offsets.data(), int64_t(F.row_offsets.size() * 8));
   const size_t i_fcol = add(F.col_indices.data(), int64_t(F.col_indices.size() * 4));
-  const size_t i_fitems = add(fitems.data(), int64_t(fitems.size() * sizeof(FineItem)));
-  const size_t i_frows = add(frows.data(), int64_t(frows.size() * 4));
-  const size_t i_tpairs = add(t_pairs.data(), int64_t(t_pairs.size() * 4));
-  const size_t i_tchunk = add(t_chunk.data(), int64_t(t_chunk.size() * 4));
-  const size_t i_tgroups = add(t_groups.data(), int64_t(t_groups.size() * 4));
-  const size_t i_tpos = add(t_pos.data(), int64_t(t_pos.size() * 4));
-  const size_t i_trc = add(t_rc.data(), int64_t(t_rc.size() * 2));
-  const size_t i_tpos16 = add(t_pos16.data(), int64_t(t_pos16.size() * 2));
-  const size_t i_titems = add(tc_items.data(), int64_t(tc_items.size() * 4));
-  const size_t i_spairs = add(s_pairs.data(), int64_t(s_pairs.size() * 4));
-  const size_t i_schunk = add(s_chunk.data(), int64_t(s_chunk.size() * 4));
-  const size_t i_sbounds = add(s_bounds.data(), int64_t(s_bounds.size() * 4));
-  const size_t i_apairs = add(a_pairs.data(), int64_t(a_pairs.size() * 4));
-  const size_t i_achunk = add(a_chunk.data(), int64_t(a_chunk.size() * 4));
-  const size_t i_amasks = add(a_masks.data(), int64_t(a_masks.size() * 8));
+  const size_t i_fitems = add(h.fine.items.data(), int64_t(h.fine.items.size() * sizeof(FineItem)));
+  const size_t i_frows = add(h.fine.rows.data(), int64_t(h.fine.rows.size() * 4));
+  const size_t i_tpairs = add(h.tiles.pairs.data(), int64_t(h.tiles.pairs.size() * 4));
+  const size_t i_tchunk = add(h.tiles.chunk.data(), int64_t(h.tiles.chunk.size() * 4));
+  const size_t i_tgroups = add(h.tiles.groups.data(), int64_t(h.tiles.groups.size() * 4));
+  const size_t i_tpos = add(h.tiles.pos.data(), int64_t(h.tiles.pos.size() * 4));
+  const size_t i_trc = add(h.tiles.rc.data(), int64_t(h.tiles.rc.size() * 2));
+  const size_t i_tpos16 = add(h.tiles.pos16.data(), int64_t(h.tiles.pos16.size() * 2));
+  const size_t i_titems = add(h.super.items.data(), int64_t(h.super.items.size() * 4));
+  const size_t i_spairs = add(h.super.pairs.data(), int64_t(h.super.pairs.size() * 4));
+  const size_t i_schunk = add(h.super.chunk.data(), int64_t(h.super.chunk.size() * 4));
+  const size_t i_sbounds = add(h.super.bounds.data(), int64_t(h.super.bounds.size() * 4));
+  const size_t i_apairs = add(h.att.pairs.data(), int64_t(h.att.pairs.size() * 4));
+  const size_t i_achunk = add(h.att.chunk.data(), int64_t(h.att.chunk.size() * 4));
+  const size_t i_amasks = add(h.att.masks.data(), int64_t(h.att.masks.size() * 8));
 
   P.device = cuda::current_device();
   P.pdl = cuda::device_info(P.device).cc >= 90;
@@ -358,16 +398,16 @@ UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& probl
     if (p.bytes > 0) SPATTN_CUDA_CHECK(cudaMemcpy(base + p.offset, p.src, size_t(p.bytes), cudaMemcpyHostToDevice));
   auto at = [&](size_t i) -> void* { return pieces[i].bytes > 0 ? base + pieces[i].offset : nullptr; };
 
-  P.coarse = {S.block, C.block_rows, C.nblocks(), static_cast<int32_t*>(at(i_coff)), static_cast<int32_t*>(at(i_ccol)),
+  P.coarse = {P.split.block, C.block_rows, C.nblocks(), static_cast<int32_t*>(at(i_coff)), static_cast<int32_t*>(at(i_ccol)),
               static_cast<int32_t*>(at(i_cmask)), static_cast<uint64_t*>(at(i_masks))};
   P.fine = {F.nnz(), static_cast<int64_t*>(at(i_foff)), static_cast<int32_t*>(at(i_fcol))};
   P.sddmm_items = static_cast<int32_t*>(at(i_items));
-  P.n_sddmm_items = int64_t(items.size() / 3);
+  P.n_sddmm_items = int64_t(h.coarse.items.size() / 3);
   P.row_order = static_cast<int32_t*>(at(i_order));
   P.fine_items = static_cast<FineItem*>(at(i_fitems));
-  P.n_fine_items = int64_t(fitems.size());
+  P.n_fine_items = int64_t(h.fine.items.size());
   P.fine_rows = static_cast<int32_t*>(at(i_frows));
-  P.n_fine_rows = int64_t(frows.size());
+  P.n_fine_rows = int64_t(h.fine.rows.size());
   P.tiles.tile_pairs = static_cast<int32_t*>(at(i_tpairs));
   P.tiles.pair_chunk = static_cast<int32_t*>(at(i_tchunk));
   P.tiles.groups = static_cast<int32_t*>(at(i_tgroups));
@@ -378,7 +418,7 @@ UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& probl
   P.tiles.super_pairs = static_cast<int32_t*>(at(i_spairs));
   P.tiles.sp_chunk = static_cast<int32_t*>(at(i_schunk));
   P.tiles.sp_bounds = static_cast<int32_t*>(at(i_sbounds));
-  P.n_tc_items = int64_t(tc_items.size() / 3);
+  P.n_tc_items = int64_t(h.super.items.size() / 3);
   P.att_tiles.tile_pairs = static_cast<int32_t*>(at(i_apairs));
   P.att_tiles.pair_chunk = static_cast<int32_t*>(at(i_achunk));
   P.att_tiles.masks = static_cast<uint64_t*>(at(i_amasks));
@@ -386,6 +426,57 @@ UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& probl
   SPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&P.side, cudaStreamNonBlocking));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming));
   SPATTN_CUDA_CHECK(cudaEventCreateWithFlags(&P.join, cudaEventDisableTiming));
+}
+}  // namespace
+
+UnfusedPlan UnfusedPlan::build(const BoundPattern& pattern, const Problem& problem, const Options& options) {
+  auto impl = std::make_shared<Impl>();
+  Impl& P = *impl;
+  P.shape = checked_shape(pattern, problem);
+  P.problem = problem;
+  P.options = options;
+  P.scale = float(problem.softmax_scale());
+  P.split = split_pattern(pattern, options, problem.dtype);
+  check_split(P.split, P.shape);
+  const Bsr& C = P.split.coarse;
+  const Csr& F = P.split.fine;
+  const int64_t Lq = problem.q_len;
+  const bool has_coarse = C.nblocks() > 0, has_fine = F.nnz() > 0;
+
+  HostLists h;
+  h.coarse = coarse_lists(C);
+  P.row_blocks_p90 = h.coarse.row_blocks_p90;
+  h.fine = fine_lists(F, Lq, options.fine_slice, has_coarse);
+  // The fine part on tensor cores where its 64 x 64 tiles are full enough.
+  const bool tc_ok = has_fine && (problem.dtype == DType::bf16 || problem.dtype == DType::f16) &&
+                     P.shape.D % 16 == 0 && F.nnz() < (int64_t(1) << 31) && options.fine_tc_min_fill <= 1.0;
+  if (tc_ok) {
+    h.tiles = place_fine_tiles(F, Lq, problem.kv_len);
+    P.max_tile_entries = h.tiles.max_entries;
+    P.tile_fill = h.tiles.chunk.empty()
+                      ? 0.0
+                      : double(F.nnz()) / (double(h.tiles.chunk.size()) * kFineTileRows * kFineChunkKeys);
+    P.fine_tc = P.tile_fill >= options.fine_tc_min_fill;
+    P.tile_path = P.fine_tc && !has_coarse && P.max_tile_entries <= TileSoftmax::kMaxTileEntries;
+    if (!P.tile_path || P.max_tile_entries > 65536) h.tiles.pos16.clear();
+    if (!P.fine_tc) {
+      h.tiles.pairs.clear(); h.tiles.chunk.clear(); h.tiles.groups.clear(); h.tiles.pos.clear(); h.tiles.rc.clear();
+    } else {
+      P.tiles.ntiles = h.tiles.ntiles;
+      P.tiles.npairs = int64_t(h.tiles.chunk.size());
+      h.super = merge_super_tiles(h.tiles);
+      P.tiles.nsuper = h.super.nsuper;
+      P.tiles.nspairs = int64_t(h.super.chunk.size());
+    }
+  }
+  if (P.fine_tc && !has_coarse && options.fused_fine_attention && P.shape.D == P.shape.Dv &&
+      (P.shape.D == 64 || P.shape.D == 128)) {
+    h.att = att_tile_lists(F, Lq, problem.kv_len);
+    P.att_fused = true;
+    P.att_tiles.ntiles = h.att.ntiles;
+    P.att_tiles.npairs = int64_t(h.att.chunk.size());
+  }
+  upload(P, h);
   UnfusedPlan plan;
   plan.impl_ = std::move(impl);
   return plan;
