@@ -176,23 +176,18 @@ TEST(Parts, BackwardPartsCoverThePatternExactly) {
     int64_t nnz = 0;
     for (const auto& p : bp.parts) {
       nnz += p.nnz;
-      if (p.tile_kernel()) {
-        ASSERT_EQ(&p, &bp.parts.front()) << "the tiles part writes the gradients: it runs first";
-        std::vector<int64_t> keys;
-        for (int64_t q = 0; q < c.lq; ++q) {
-          p.pattern.row_keys(q, keys);
-          for (int64_t k : keys) ++count[size_t(q * c.lk + k)];
-        }
-        continue;
-      }
-      ASSERT_EQ(int64_t(p.offsets.size()), c.lq + 1);
-      ASSERT_EQ(p.offsets.back(), int64_t(p.cols.size()));
-      EXPECT_EQ(p.nnz, int64_t(p.cols.size()));
+      if (p.kind == PartKind::tiles) EXPECT_EQ(&p, &bp.parts.front()) << "the tiles part writes the gradients: first";
+      std::vector<int64_t> offsets;
+      std::vector<int32_t> cols;
+      spattn::plan::backward_part_csr(p, offsets, cols);
+      ASSERT_EQ(int64_t(offsets.size()), c.lq + 1);
+      ASSERT_EQ(offsets.back(), int64_t(cols.size()));
+      EXPECT_EQ(p.nnz, int64_t(cols.size()));
       for (int64_t q = 0; q < c.lq; ++q)
-        for (int64_t e = p.offsets[size_t(q)]; e < p.offsets[size_t(q) + 1]; ++e) {
-          ASSERT_TRUE(p.cols[size_t(e)] >= 0 && p.cols[size_t(e)] < c.lk);
-          if (e > p.offsets[size_t(q)]) ASSERT_LT(p.cols[size_t(e) - 1], p.cols[size_t(e)]) << "row " << q;
-          ++count[size_t(q * c.lk + p.cols[size_t(e)])];
+        for (int64_t e = offsets[size_t(q)]; e < offsets[size_t(q) + 1]; ++e) {
+          ASSERT_TRUE(cols[size_t(e)] >= 0 && cols[size_t(e)] < c.lk);
+          if (e > offsets[size_t(q)]) ASSERT_LT(cols[size_t(e) - 1], cols[size_t(e)]) << "row " << q;
+          ++count[size_t(q * c.lk + cols[size_t(e)])];
         }
     }
     EXPECT_EQ(nnz, pat.nnz());
@@ -200,9 +195,15 @@ TEST(Parts, BackwardPartsCoverThePatternExactly) {
       for (int64_t k = 0; k < c.lk; ++k)
         ASSERT_EQ(count[size_t(q * c.lk + k)], pat.contains(q, k) ? 1 : 0) << q << ", " << k;
   }
+  spattn::PlanOptions o;
+  const BoundPattern fixed = spattn::parse("sparse_fixed(64, 2)").bind(600);
+  o.compound = 1;
+  const std::string ex = spattn::plan::backward_parts(fixed, spattn::plan::analyze(fixed), 64, h100, o).describe();
+  EXPECT_NE(ex.find("columns [summary(64, c=2)]"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("the tile backward over its 18 keys gathered"), std::string::npos) << ex;
   // A forced kernel keeps the whole pattern (its tests force one).
   const BoundPattern pat = spattn::parse("local(64) | random(4)").bind(1024);
-  spattn::PlanOptions o;
+  o.compound = -1;
   o.backward_kernel = "cuda_csr_bwd";
   EXPECT_FALSE(spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), 64, h100, o).by_parts());
   o.backward_kernel.clear();

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cuda/backward/columns_backward.hpp"
 #include "cuda/backward/tile_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
@@ -237,13 +238,13 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
 // A compound pattern's backward by parts (plan::backward_parts): the decision, then each part's pass built at the
 // first run.
 struct PartsBackward {
-  plan::BackwardParts plan;  // the parts' CSRs emptied once uploaded
+  plan::BackwardParts plan;
   struct Run {
-    std::unique_ptr<TileBackward> tile;  // the tiles part where the tile kernel runs the tensors
-    std::unique_ptr<CsrBackward> csr;    // the other parts (and the tiles part where it does not)
+    std::unique_ptr<TileBackward> tile;        // the tiles part (first) where the tile kernel runs the tensors
+    std::unique_ptr<ColumnsBackward> columns;  // a columns part after another part, ditto
+    std::unique_ptr<CsrBackward> csr;          // every other part, and the above where the tile kernel cannot
   };
   std::vector<Run> runs;
-  bool built = false;
 };
 
 PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem, std::string kernel,
@@ -281,28 +282,31 @@ void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q
                                  void* stream) const {
   PartsBackward& pb = *parts_[i];
   const std::string why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+  const bool tiles_run = why.empty();
   {
+    // Each part's pass built at its first run: the tile backward (its plan uploaded) where the tensors allow it, else
+    // the CSR pass (the part's CSR and its transpose uploaded). The tile kernel writes every gradient: it runs the
+    // first part; a columns part after it adds dQ and its columns' dK, dV.
     std::lock_guard<std::mutex> lock(mu_);
-    if (!pb.built) {  // each part's pass, its plan or CSR (and the transpose) uploaded once
-      pb.runs.resize(pb.plan.parts.size());
-      for (size_t j = 0; j < pb.plan.parts.size(); ++j) {
-        plan::BackwardPart& part = pb.plan.parts[j];
-        if (part.tile_kernel()) continue;  // at its run: the tile kernel or the CSR pass, as the tensors allow
-        pb.runs[j].csr = std::make_unique<CsrBackward>(p.q_len, p.kv_len, part.offsets, part.cols);
-        std::vector<int64_t>().swap(part.offsets);
-        std::vector<int32_t>().swap(part.cols);
-      }
-      pb.built = true;
-    }
+    pb.runs.resize(pb.plan.parts.size());
     for (size_t j = 0; j < pb.plan.parts.size(); ++j) {
       const plan::BackwardPart& part = pb.plan.parts[j];
-      if (!part.tile_kernel()) continue;
-      // The tile kernel writes every gradient: the first part only (the split puts the tiles part first).
-      if (j == 0 && why.empty() && !pb.runs[j].tile) {
+      PartsBackward::Run& r = pb.runs[j];
+      const bool tile = tiles_run && ((j == 0 && part.kind == plan::PartKind::tiles) ||
+                                      (j > 0 && part.kind == plan::PartKind::columns));
+      if (tile && part.kind == plan::PartKind::tiles && !r.tile) {
         const plan::Analysis an = part.analysis ? *part.analysis : plan::analyze(part.pattern);
-        pb.runs[j].tile = std::make_unique<TileBackward>(part.pattern, an, p, plan::backward_row(choice_, an, p.head_dim));
+        r.tile = std::make_unique<TileBackward>(part.pattern, an, p, plan::backward_row(choice_, an, p.head_dim));
+      } else if (tile && part.kind == plan::PartKind::columns && !r.columns) {
+        const plan::Analysis an = plan::analyze(part.pattern);
+        r.columns = std::make_unique<ColumnsBackward>(part.pattern, part.columns, p,
+                                                      plan::backward_row(choice_, an, p.head_dim));
+      } else if (!tile && !r.csr) {
+        std::vector<int64_t> offsets;
+        std::vector<int32_t> cols;
+        plan::backward_part_csr(part, offsets, cols);
+        r.csr = std::make_unique<CsrBackward>(p.q_len, p.kv_len, offsets, cols);
       }
-      if ((j != 0 || !why.empty()) && !pb.runs[j].csr) pb.runs[j].csr = std::make_unique<CsrBackward>(part.pattern);
     }
     const Problem& a = problem_;
     if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, a.batch * a.q_heads * a.q_len)) * 4));
@@ -311,13 +315,17 @@ void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q
   int first_row = -1;
   for (size_t j = 0; j < pb.runs.size(); ++j) {
     const PartsBackward::Run& r = pb.runs[j];
+    const plan::PartKind kind = pb.plan.parts[j].kind;
     int row;
-    if (j == 0 && r.tile && why.empty()) {
+    // The first part writes the gradients, the others add theirs (each differentiated against the merged LSE and
+    // delta = rowsum(dO * O): the sum over the parts is the pattern's gradient).
+    if (tiles_run && r.tile && kind == plan::PartKind::tiles) {
       r.tile->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       row = r.tile->kernel_row();
+    } else if (tiles_run && r.columns && kind == plan::PartKind::columns) {
+      r.columns->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+      row = r.columns->kernel_row();
     } else {
-      // The first part writes the gradients, the others add theirs (each differentiated against the merged LSE and
-      // delta = rowsum(dO * O): the sum over the parts is the pattern's gradient).
       r.csr->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, problem_.q_heads * problem_.q_len,
                  problem_.q_len, stream, j > 0);
       row = plan::find_kernel("cuda_csr_bwd");
@@ -352,7 +360,11 @@ std::string PatternsBackward::explain() const {
     std::lock_guard<std::mutex> lock(mu_);
     const PartsBackward& pb = *parts_[i];
     s << pb.plan.describe();
-    if (pb.plan.by_parts() && !pb.runs.empty() && pb.runs[0].tile) s << "\n    tiles part: " << pb.runs[0].tile->explain();
+    for (size_t j = 0; j < pb.runs.size(); ++j) {
+      const PartsBackward::Run& r = pb.runs[j];
+      if (r.tile) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.tile->explain();
+      if (r.columns) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.columns->explain();
+    }
   }
   return s.str();
 }

@@ -128,7 +128,7 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
 
 void TileBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                       const TensorView& dv, void* stream) const {
+                       const TensorView& dv, void* stream, bool dq_accumulate) const {
   const Problem& pr = problem_;
   bwd::BwdParams p{};
   p.q = q.data, p.k = k.data, p.v = v.data, p.o = o.data, p.dout = dout.data;
@@ -154,6 +154,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   p.col_offsets = col_offsets_.get<int64_t>(), p.entries = entries_.get<int4>();
   p.masks = masks_.get<unsigned long long>(), p.order = order_.get<int32_t>();
   p.k_tiles = int(plan_.k_tiles);
+  p.dq_accumulate = dq_accumulate ? 1 : 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
   const bool tma = plan_.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);

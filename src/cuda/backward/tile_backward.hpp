@@ -27,9 +27,11 @@ class TileBackward {
                              const TensorView& dk, const TensorView& dv);
 
   // Requires refusal(...) == "". Enqueues on `stream`; runs of one TileBackward share its scratch: one stream at
-  // a time (as for the forward's work counters).
+  // a time (as for the forward's work counters). dq_accumulate: dQ added to what dq holds (a later part of a compound
+  // plan), else written; dk and dv are written either way.
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
-           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
+           const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream,
+           bool dq_accumulate = false) const;
 
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)

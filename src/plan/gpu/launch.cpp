@@ -365,10 +365,38 @@ std::string BackwardParts::describe() const {
   std::ostringstream s;
   if (!by_parts()) return "backward: the whole pattern (" + why + ")";
   s << "backward by parts (" << why << "), the first part writes dQ, dK, dV and the others add to them:";
-  for (const BackwardPart& p : parts)
-    s << "\n    " << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores; "
-      << (p.tile_kernel() ? "the tile backward (its own tile plan)" : "the CSR pass (cuda_csr_bwd) over the part's CSR and its transpose");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const BackwardPart& p = parts[i];
+    s << "\n    " << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores; ";
+    if (p.kind == PartKind::tiles)
+      s << "the tile backward (its own tile plan)";
+    else if (p.kind == PartKind::columns && i > 0)
+      s << "the tile backward over its " << p.columns.size() << " keys gathered (dK, dV added to theirs)";
+    else
+      s << "the CSR pass (cuda_csr_bwd) over the part's CSR and its transpose";
+  }
   return s.str();
+}
+
+void backward_part_csr(const BackwardPart& p, std::vector<int64_t>& offsets, std::vector<int32_t>& cols) {
+  if (p.kind == PartKind::scattered) {
+    offsets = p.offsets;
+    cols = p.cols;
+    return;
+  }
+  const int64_t lq = p.pattern.q_len();
+  offsets.assign(size_t(lq) + 1, 0);
+  cols.clear();
+  RowRuns runs;
+  for (int64_t q = 0; q < lq; ++q) {
+    p.pattern.row(q, runs);
+    for (const Run& r : runs)
+      for (int64_t i = 0; i < r.count; ++i) {
+        const int64_t k = r.start + i * r.stride;
+        cols.push_back(p.kind == PartKind::columns ? p.columns[size_t(k)] : int32_t(k));
+      }
+    offsets[size_t(q) + 1] = int64_t(cols.size());
+  }
 }
 
 BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
@@ -402,18 +430,10 @@ BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analys
         b.pattern = std::move(p.pattern);
         b.analysis = std::move(p.analysis);
         break;
-      case PartKind::columns: {  // compact key j stands for key columns[j]
-        const int64_t lq = p.pattern.q_len();
-        b.offsets.assign(size_t(lq) + 1, 0);
-        RowRuns runs;
-        for (int64_t q = 0; q < lq; ++q) {
-          p.pattern.row(q, runs);
-          for (const Run& r : runs)
-            for (int64_t i = 0; i < r.count; ++i) b.cols.push_back(p.columns[size_t(r.start + i * r.stride)]);
-          b.offsets[size_t(q) + 1] = int64_t(b.cols.size());
-        }
+      case PartKind::columns:
+        b.pattern = std::move(p.pattern);
+        b.columns = std::move(p.columns);
         break;
-      }
       case PartKind::scattered:
         b.offsets = std::move(p.offsets);
         b.cols = std::move(p.cols);

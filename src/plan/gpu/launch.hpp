@@ -158,18 +158,26 @@ BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, 
 
 // The backward of a compound plan by parts (issue 39): each part of the forward's split differentiated against the
 // merged LSE and delta = rowsum(dO * O), the parts' dQ, dK, dV summed (the first part writes, the others add). The
-// tiles part on the tile backward (its own tile plan); the columns and scattered parts on the CSR pass over just
-// that part's kept scores, in the full key space (its CSR and the transpose built once, at the first backward).
+// tiles part on the tile backward (its own tile plan); the columns part on the tile backward over its keys gathered
+// into a small dense K/V (dQ added, its dK/dV added to the columns' rows once), or on the CSR pass where it comes first
+// or the tile kernel cannot run the tensors; the scattered part on the CSR pass over just that part's kept scores, in
+// the full key space (its CSR and the transpose built once, at the first backward).
 struct BackwardPart {
   PartKind kind = PartKind::tiles;
   std::string terms;
   int64_t nnz = 0;
-  BoundPattern pattern;              // tiles: the part's pattern over (Lq, Lk)
+  // tiles: the part's pattern over (Lq, Lk); columns: over (Lq, columns.size()), compact key j standing for key
+  // columns[j] (Part::pattern, Part::columns).
+  BoundPattern pattern;
+  std::vector<int32_t> columns;
   std::optional<Analysis> analysis;  // tiles: analyze(pattern) where the split made it
-  std::vector<int64_t> offsets;      // columns, scattered: row q keeps keys cols[offsets[q] .. offsets[q + 1])
-  std::vector<int32_t> cols;         // (original key indices, increasing in each row)
-  bool tile_kernel() const { return kind == PartKind::tiles; }
+  std::vector<int64_t> offsets;      // scattered: row q keeps keys cols[offsets[q] .. offsets[q + 1]), increasing
+  std::vector<int32_t> cols;
+  bool tile_kernel() const { return kind != PartKind::scattered; }  // on the tile backward where it can
 };
+// The part's kept scores as a CSR in the full key space (row q: keys cols[offsets[q] .. offsets[q + 1]), increasing):
+// what the CSR pass runs.
+void backward_part_csr(const BackwardPart& part, std::vector<int64_t>& offsets, std::vector<int32_t>& cols);
 struct BackwardParts {
   std::vector<BackwardPart> parts;  // empty: the whole pattern as one tile list (or one CSR pass), as before
   std::string why;                  // why by parts, or why not
