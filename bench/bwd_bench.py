@@ -11,6 +11,12 @@ the compiled flex_attention with the block mask of the same pattern (its forward
 only, via retain_graph). Medians of CUDA-event timings of the calls, ours and Flex's alternated. Effective TFLOP/s of
 a backward count 2.5x the forward's kept-score FLOPs (4 * nnz * D * B * H * 2.5). Errors: ours and Flex's gradients
 against each other (relative Frobenius, the largest of dq, dk, dv); ours against the fp64 reference is the GPU tests'.
+Each row also has our forward's time and rate (fwd_ms, fwd_tflops), bwd_over_fwd (the backward's effective TFLOP/s
+over the forward's) and bwd_ratio_vs_flex (Flex's backward time over ours).
+
+    --compound: the compound cases of issue 39 instead of the suite (COMPOUND below: sparse_fixed, band | random,
+    longformer, a causal window with sinks at L = 32768 GQA 32/8 D = 128, bigbird), each at its own length, heads
+    and head dim; a compound plan's backward runs by parts (the kernel column reads parts(row+row...)).
 """
 import argparse
 import ctypes
@@ -52,6 +58,23 @@ def time_pair(fns, reps=20, warmup=3):
     return [statistics.median(a.elapsed_time(b) for a, b in t) for t in ts]
 
 
+def compound_cases(L):
+    """(name, spec, mask_mod or None, B, H, HK, L, D): issue 39's compound cases (L: the default length)."""
+    def sinks_causal(b, h, q, k):  # (local(left=2048, right=0) | global_cols(0:4)) & causal
+        return (q >= k) & ((q - k <= 2048) | (k < 4))
+
+    def longformer(b, h, q, k):
+        return ((q - k).abs() <= 256) | (q < 32) | (k < 32)
+
+    return [
+        ("sparse_fixed", "sparse_fixed(128, 4)", None, 2, 16, 16, L, 64),
+        ("bandrand8", "local(256) | random(8)", None, 2, 16, 16, L, 64),
+        ("longformer", "longformer(256, 32)", longformer, 2, 16, 16, L, 64),
+        ("sinks_causal", "(local(left=2048, right=0) | global_cols(0:4)) & causal", sinks_causal, 1, 32, 8, 2 * L, 128),
+        ("bigbird", "bigbird(64, 3, 2, 3)", None, 2, 16, 16, L, 64),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
@@ -65,6 +88,7 @@ def main():
     ap.add_argument("--kernel", default="", help="PlanOptions::backward_kernel ('' chosen); a comma list times each")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--compound", action="store_true", help="issue 39's compound cases (compound_cases) instead")
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", help="also write bench/baselines/NAME.json (+ .png) through baseline.py")
     args = ap.parse_args()
@@ -73,6 +97,7 @@ def main():
     L_.spattn_plan_backward.argtypes = [vp] + [vp, P64] * 4 + [vp] + [vp, P64] * 4 + [vp]
     L_.spattn_plan_last_backward_kernel.argtypes = [vp]
     L_.spattn_plan_last_backward_kernel.restype = ctypes.c_char_p
+    L_.spattn_plan_forward.argtypes = [vp, vp, P64, vp, P64, vp, P64, vp, P64, vp, vp]
 
     def ok(rc, what):
         if rc:
@@ -85,26 +110,39 @@ def main():
     kernels = args.kernel.split(",")
     print(f"# {dev}  B={B} H={H} bf16  backward_kernel={','.join(k or 'chosen' for k in kernels)}", flush=True)
     rows = []
-    for L in (int(x) for x in args.lengths.split(",")):
-        cases = {c[0]: c for c in suite(L)}
-        for entry in args.patterns.split(","):
-            name, _, dpin = entry.partition(":")  # "name:D" runs that head dim only
-            _, spec, mod, _dims = cases[name]
-            for D in ([int(dpin)] if dpin else [int(x) for x in args.dims.split(",")]):
+    for L0 in (int(x) for x in args.lengths.split(",")):
+        if args.compound:
+            runs = [c for c in compound_cases(L0) if args.patterns == ap.get_default("patterns") or c[0] in
+                    args.patterns.split(",")]
+        else:
+            cases = {c[0]: c for c in suite(L0)}
+            runs = []
+            for entry in args.patterns.split(","):
+                name, _, dpin = entry.partition(":")  # "name:D" runs that head dim only
+                _, spec, mod, _dims = cases[name]
+                for D in ([int(dpin)] if dpin else [int(x) for x in args.dims.split(",")]):
+                    runs.append((name, spec, mod, B, H, H, L0, D))
+        for name, spec, mod, B, H, HK, L, D in runs:
                 torch.manual_seed(0)
-                q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+                q, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                k, v = (torch.randn(B, HK, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                o, dq = torch.empty_like(q), torch.empty_like(q)
+                dk, dv = torch.empty_like(k), torch.empty_like(v)
                 lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
                 st = lambda: vp(torch.cuda.current_stream().cuda_stream)  # noqa: E731
                 hs = []
                 for kern in kernels:
                     h = vp()
                     opts = ",".join(x for x in (f"backward_kernel={kern}" if kern else "", args.options) if x)
-                    ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, H, L, L, D, float("nan"), opts.encode(),
+                    ok(L_.spattn_plan_create(spec.encode(), 0, 0, B, H, HK, L, L, D, float("nan"), opts.encode(),
                                              ctypes.byref(h)), spec)
                     hs.append(h)
-                ok(L_.spattn_plan_forward(hs[0], q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(),
-                                          strides(v), o.data_ptr(), strides(o), lse.data_ptr(), st()), "forward")
+
+                def forward(h):
+                    return lambda: ok(L_.spattn_plan_forward(
+                        h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v), o.data_ptr(),
+                        strides(o), lse.data_ptr(), st()), "forward")
+                forward(hs[0])()
 
                 def backward(h):
                     return lambda: ok(L_.spattn_plan_backward(
@@ -121,23 +159,30 @@ def main():
                         mm = mod
                     bm = create_block_mask(mm, None, None, L, L, device="cuda")
                     qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
-                    of = flex(qf, kf, vf, block_mask=bm)
+                    of = flex(qf, kf, vf, block_mask=bm, enable_gqa=HK != H)
                     fns.append(lambda: torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True))
                 times = time_pair(fns, args.reps)
+                # The forward of the same plan, timed on its own (after the backward: the plan's o and lse are what
+                # the backward read).
+                fwd_ms = time_pair([forward(hs[0])], args.reps)[0]
+                forward(hs[0])()
                 nnz = i64()
                 ok(L_.spattn_pattern_nnz(spec.encode(), L, L, ctypes.byref(nnz)), "nnz")
-                fl = 4 * nnz.value * D * B * H * 2.5
+                ffl = 4 * nnz.value * D * B * H
+                fl = ffl * 2.5
                 grads = None
                 if not args.no_flex:
                     grads = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
                 for j, h in enumerate(hs):
                     ran = L_.spattn_plan_last_backward_kernel(h).decode()
-                    r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "kernel": ran,
-                         "ms": times[j], "tflops": fl / times[j] / 1e9}
+                    r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "HK": HK, "kernel": ran,
+                         "ms": times[j], "tflops": fl / times[j] / 1e9, "fwd_ms": fwd_ms,
+                         "fwd_tflops": ffl / fwd_ms / 1e9}
+                    r["bwd_over_fwd"] = r["tflops"] / r["fwd_tflops"]
                     if kernels[j]:
                         r["forced"] = kernels[j]
-                    line = (f"{name:10s} L={L:5d} D={D:3d} {ran:14s} ours {times[j]:8.3f} ms "
-                            f"({r['tflops']:6.1f} TF/s)")
+                    line = (f"{name:12s} L={L:5d} D={D:3d} {ran:14s} fwd {fwd_ms:7.3f} ms ({r['fwd_tflops']:6.1f} TF/s) "
+                            f"bwd {times[j]:8.3f} ms ({r['tflops']:6.1f} TF/s) bwd/fwd {r['bwd_over_fwd']:.2f}")
                     if grads is not None:
                         gq, gk, gv = grads
                         fns[j]()
@@ -145,7 +190,7 @@ def main():
                         err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
                                   for a, b in ((dq, gq), (dk, gk), (dv, gv)))
                         r.update(flex_ms=times[-1], flex_tflops=fl / times[-1] / 1e9, speedup=times[-1] / times[j],
-                                 diff_vs_flex=err)
+                                 bwd_ratio_vs_flex=times[-1] / times[j], diff_vs_flex=err)
                         line += (f"  flex {times[-1]:8.3f} ms ({r['flex_tflops']:6.1f} TF/s)  flex/ours "
                                  f"{r['speedup']:5.2f}  diff vs flex {err:.1e}")
                     print(line, flush=True)

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/gpu/launch.hpp"
 #include "plan/parts.hpp"
 #include "spattn/plan.hpp"
 
@@ -131,6 +132,83 @@ TEST(Parts, SplitsWhatTheRulesSay) {
   EXPECT_EQ(kinds("dilated(8, 3) | global(0:4)", 1024, -1, true), "tiles") << "no band rows";
   EXPECT_EQ(kinds("local(64) | global_cols(0:8)", 1024, -1, true), "tiles") << "no rows: one band part";
   EXPECT_EQ(kinds("longformer(64, 8)", 1024, 0, true), "tiles") << "mode 0 never splits";
+}
+
+// The GPU backward's parts (plan::backward_parts, issue 39): where a compound split runs by parts, every kept score is
+// in exactly one part (the tiles part's pattern, or a CSR part's row in the full key space), so the parts' gradients
+// sum to the pattern's; a rows part or a forced kernel keeps the whole pattern. Host only: no device needed.
+TEST(Parts, BackwardPartsCoverThePatternExactly) {
+  const spattn::plan::GpuTarget h100{90, 132};
+  struct C {
+    const char* spec;
+    int64_t lq, lk;
+    int mode;
+    const char* kinds;  // the parts by kind, "" where the pattern runs whole
+  };
+  const C cs[] = {
+      {"sparse_fixed(128, 4)", 517, 517, 1, "tiles,columns"},
+      {"sparse_fixed(64)", 1024, 1024, -1, "tiles,columns"},
+      {"local(64) | random(4)", 1024, 1024, -1, "tiles,scattered"},
+      {"local(256) | random(8)", 1000, 1000, -1, "tiles,scattered"},
+      {"local(16) | random(4, seed=1)", 300, 300, 1, "tiles,scattered"},
+      {"sparse_fixed(64, 2)", 300, 300, 1, "tiles,columns"},
+      {"(local(left=200, right=0) | global_cols(0:4)) & causal", 457, 457, 1, ""},
+      {"local(64) | random(8, seed=3)", 333, 301, 1, "tiles,scattered"},
+      {"random(6, seed=2)", 301, 301, 1, "scattered"},
+      {"local(16) | global_cols(0:4) | random(3, seed=4)", 290, 290, 1, "tiles,columns,scattered"},
+      {"longformer(64, 8)", 1024, 1024, 1, ""},     // a rows part
+      {"longformer(256, 32)", 16384, 16384, -1, ""},  // a rows part beside band rows (the band kernel)
+      {"local(64)", 1024, 1024, -1, ""},
+      {"bigbird(64, 1, 1, 1)", 1024, 1024, -1, ""},
+  };
+  for (const C& c : cs) {
+    SCOPED_TRACE(std::string(c.spec) + " mode " + std::to_string(c.mode));
+    const BoundPattern pat = spattn::parse(c.spec).bind(c.lq, c.lk);
+    spattn::PlanOptions o;
+    o.compound = c.mode;
+    const spattn::plan::BackwardParts bp = spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), 64, h100, o);
+    std::string kinds;
+    for (const auto& p : bp.parts) kinds += std::string(kinds.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
+    EXPECT_EQ(kinds, c.kinds) << bp.describe();
+    EXPECT_EQ(bp.describe().find(bp.by_parts() ? "backward by parts" : "backward: the whole pattern"), 0u) << bp.describe();
+    if (!bp.by_parts()) continue;
+    std::vector<int> count(size_t(c.lq * c.lk), 0);
+    int64_t nnz = 0;
+    for (const auto& p : bp.parts) {
+      nnz += p.nnz;
+      if (p.kind == PartKind::tiles) EXPECT_EQ(&p, &bp.parts.front()) << "the tiles part writes the gradients: first";
+      std::vector<int64_t> offsets;
+      std::vector<int32_t> cols;
+      spattn::plan::backward_part_csr(p, offsets, cols);
+      ASSERT_EQ(int64_t(offsets.size()), c.lq + 1);
+      ASSERT_EQ(offsets.back(), int64_t(cols.size()));
+      EXPECT_EQ(p.nnz, int64_t(cols.size()));
+      for (int64_t q = 0; q < c.lq; ++q)
+        for (int64_t e = offsets[size_t(q)]; e < offsets[size_t(q) + 1]; ++e) {
+          ASSERT_TRUE(cols[size_t(e)] >= 0 && cols[size_t(e)] < c.lk);
+          if (e > offsets[size_t(q)]) ASSERT_LT(cols[size_t(e) - 1], cols[size_t(e)]) << "row " << q;
+          ++count[size_t(q * c.lk + cols[size_t(e)])];
+        }
+    }
+    EXPECT_EQ(nnz, pat.nnz());
+    for (int64_t q = 0; q < c.lq; ++q)
+      for (int64_t k = 0; k < c.lk; ++k)
+        ASSERT_EQ(count[size_t(q * c.lk + k)], pat.contains(q, k) ? 1 : 0) << q << ", " << k;
+  }
+  spattn::PlanOptions o;
+  const BoundPattern fixed = spattn::parse("sparse_fixed(64, 2)").bind(600);
+  o.compound = 1;
+  const std::string ex = spattn::plan::backward_parts(fixed, spattn::plan::analyze(fixed), 64, h100, o).describe();
+  EXPECT_NE(ex.find("columns [summary(64, c=2)]"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("the tile backward over its 18 keys gathered"), std::string::npos) << ex;
+  // A forced kernel keeps the whole pattern (its tests force one).
+  const BoundPattern pat = spattn::parse("local(64) | random(4)").bind(1024);
+  o.compound = -1;
+  o.backward_kernel = "cuda_csr_bwd";
+  EXPECT_FALSE(spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), 64, h100, o).by_parts());
+  o.backward_kernel.clear();
+  o.compound = 0;
+  EXPECT_FALSE(spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), 64, h100, o).by_parts());
 }
 
 TEST(Parts, UnionTerms) {

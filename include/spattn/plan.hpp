@@ -122,14 +122,18 @@ class Plan {
   // recomputed from q and k (o and lse ignored). GPU engines: every tensor in the plan's dtype, o and lse from the
   // forward required. On an sm_90a device with bf16 / fp16 at head dim 64 or 128: tensor-core tiles, key-major (dK,
   // dV on chip; dQ added up by fp32 atomics, so not bit-reproducible); elsewhere (or PlanOptions::backward_kernel
-  // "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's CSR and its transpose. Built at the first
-  // call; runs of one plan's backward share scratch: one stream at a time.
+  // "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's CSR and its transpose. The fused GPU engine runs
+  // a compound plan's backward by parts where no backward kernel is forced (explain lists them): each part against
+  // the forward's LSE, the first part writing dQ, dK, dV and the others adding theirs (tiles and gathered columns on
+  // the tiles, scattered keys on the CSR pass). Built at the first call; runs of one plan's backward share scratch:
+  // one stream at a time.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, Stream stream = nullptr) const;
   // What the last backward ran ("" before the first): "reference"; "cpu_fused_<isa>" followed, where they
   // apply, by "; split N" (slices per (batch, kv head) with dK/dV partials), "; fp64 for G of N groups" and
-  // "; forward recomputed"; on the GPU engines the kernel-table row (sm90_bwd_64x64_d64, ..., cuda_csr_bwd).
+  // "; forward recomputed"; on the GPU engines the kernel-table row (sm90_bwd_64x64_d64, ..., cuda_csr_bwd), or
+  // "parts(ROW+ROW...)" where a compound plan ran by parts (each part's row, in run order).
   std::string last_backward_kernel() const;
 
   // Plans of run-time masks (make_plan(MaskLayout), spattn/runtime_mask.hpp): forward and backward with the call's

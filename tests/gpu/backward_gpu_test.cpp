@@ -13,6 +13,8 @@
 
 #include "gpu/plan_run.hpp"
 #include "gpu/require_gpu.hpp"
+#include "plan/analysis.hpp"
+#include "plan/gpu/launch.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/plan.hpp"
 #include "spattn/reference.hpp"
@@ -30,6 +32,7 @@ struct Case {
   int64_t B, H, HK, Lq, Lk, D;
   bool bhld;  // tensors as [B, H, L, D] memory viewed as [B, L, H, D]
   spattn::Engine engine = spattn::Engine::automatic;
+  int compound = -1;  // PlanOptions::compound (1: every column and scattered term out of the tiles)
 };
 
 // Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched.
@@ -43,6 +46,7 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
   spattn::PlanOptions o;
   o.backward_kernel = kernel;
   o.engine = c.engine;
+  o.compound = c.compound;
   const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0), o);
   const int es = spattn::dtype_size(c.dt);
   const std::array<int64_t, 4> sq{c.B, c.Lq, c.H, c.D}, sk{c.B, c.Lk, c.HK, c.D};
@@ -214,6 +218,93 @@ TEST(BackwardGpu, CsrKernelTakesTheRest) {
     EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_ws_64x128_d64");  // the default
     for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
   }
+}
+
+// Compound plans (issue 39): each part of the forward's split differentiated against the merged LSE, the tiles part on
+// the tile backward (the CSR pass where the device or tensors refuse it) and the columns and scattered parts on the
+// CSR pass over their own CSR, the first part writing the gradients (poisoned beforehand) and the others adding to
+// them. Awkward lengths, GQA, D = 64 and 128, empty rows, per-head patterns; patterns with a rows part (longformer's
+// global rows) run whole. Whether a case runs by parts is the planner's (plan::backward_parts), and the cases marked
+// must.
+TEST(BackwardGpu, CompoundPlansByParts) {
+  REQUIRE_GPU();
+  struct ByParts {
+    Case c;
+    bool must;  // by parts whatever the device
+  };
+  const ByParts cs[] = {
+      {{{"sparse_fixed(128, 4)"}, DType::bf16, 1, 4, 2, 517, 517, 64, false, spattn::Engine::automatic, 1}, true},
+      {{{"local(64) | random(8, seed=3)"}, DType::bf16, 2, 2, 2, 333, 333, 64, false, spattn::Engine::automatic, 1}, true},
+      {{{"local(256) | random(8)"}, DType::bf16, 1, 2, 2, 1000, 1000, 128, false}, true},  // the split's own choice
+      {{{"random(6, seed=2)"}, DType::f16, 1, 2, 1, 301, 301, 64, false, spattn::Engine::automatic, 1}, true},  // no tiles part
+      {{{"local(16) | global_cols(0:4) | random(3, seed=4)"}, DType::bf16, 1, 4, 1, 290, 290, 128, false,
+        spattn::Engine::automatic, 1}, true},  // three parts, GQA 4:1
+      {{{"(local(left=200, right=0) | global_cols(0:4)) & causal"}, DType::f16, 1, 4, 1, 457, 457, 128, false,
+        spattn::Engine::automatic, 1}, false},
+      {{{"longformer(40, 4)"}, DType::bf16, 2, 2, 2, 257, 257, 64, false, spattn::Engine::automatic, 1}, false},
+      {{{"bigbird(16, 1, 1, 1, seed=1)"}, DType::bf16, 1, 2, 2, 300, 300, 128, false, spattn::Engine::automatic, 1}, false},
+      {{{"local(5) & global_rows(0:120) | random(3, seed=9) & global_rows(60:150)"}, DType::bf16, 1, 2, 2, 250, 250, 64,
+        false, spattn::Engine::automatic, 1}, false},  // rows 150... keep no key
+      {{{"local(16) | random(4, seed=1)", "sparse_fixed(64, 2)"}, DType::bf16, 1, 2, 2, 300, 300, 64, false,
+        spattn::Engine::automatic, 1}, true},  // per-head patterns
+  };
+  int dev = 0, sms = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int by_parts = 0;
+  uint32_t seed = 900;
+  for (const ByParts& b : cs) {
+    const Case& c = b.c;
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
+    spattn::PlanOptions o;
+    o.compound = c.compound;
+    bool want = false;
+    for (const char* s : c.specs) {
+      const spattn::BoundPattern bp = spattn::parse(s).bind(c.Lq, c.Lk);
+      want = want || spattn::plan::backward_parts(bp, spattn::plan::analyze(bp), c.D,
+                                                  spattn::plan::GpuTarget{10 * major + minor, sms}, o).by_parts();
+    }
+    if (b.must) EXPECT_TRUE(want);
+    std::string ran;
+    const auto e = backward_errors(c, "", &ran, seed++);
+    EXPECT_EQ(ran.rfind("parts(", 0) == 0, want) << ran;
+    if (want && on_sm90a() && c.specs[0][0] != 'r')  // a tiles part first, on the tile backward
+      EXPECT_EQ(ran.rfind("parts(sm90_bwd", 0), 0u) << ran;
+    // (ran: the last head's pattern; the parts' kernels checked on one-pattern cases)
+    const std::string spec = c.specs.size() == 1 ? c.specs[0] : "";
+    if (want && on_sm90a() && spec.rfind("sparse_fixed", 0) == 0)  // columns: the tiles over their gathered keys
+      EXPECT_EQ(ran.find("cuda_csr_bwd"), std::string::npos) << ran;
+    if (want && spec.find("random") != std::string::npos)  // the scattered part on the CSR pass
+      EXPECT_NE(ran.find("cuda_csr_bwd"), std::string::npos) << ran;
+    by_parts += want;
+    const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
+    EXPECT_LE(e[0], tol) << "dq";
+    EXPECT_LE(e[1], tol) << "dk";
+    EXPECT_LE(e[2], tol) << "dv";
+  }
+  EXPECT_GE(by_parts, 6);
+}
+
+// explain() names the backward's parts and kernels.
+TEST(BackwardGpu, CompoundExplainListsBackwardParts) {
+  REQUIRE_GPU();
+  spattn::Problem pr;
+  pr.batch = 1, pr.q_heads = pr.kv_heads = 2, pr.q_len = pr.kv_len = 600, pr.head_dim = 64, pr.dtype = DType::bf16;
+  spattn::PlanOptions o;
+  o.compound = 1;
+  const spattn::Plan plan = spattn::make_plan(spattn::parse("local(32) | random(4, seed=2)"), pr, spattn::Device::cuda(0), o);
+  const std::string ex = plan.explain();
+  EXPECT_NE(ex.find("backward by parts"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("scattered [random(4, seed=2)]"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("the CSR pass (cuda_csr_bwd)"), std::string::npos) << ex;
+  const spattn::Plan cols = spattn::make_plan(spattn::parse("sparse_fixed(64, 2)"), pr, spattn::Device::cuda(0), o);
+  EXPECT_NE(cols.explain().find("columns [summary(64, c=2)]"), std::string::npos) << cols.explain();
+  EXPECT_NE(cols.explain().find("keys gathered"), std::string::npos) << cols.explain();
+  o.compound = 0;
+  const spattn::Plan whole = spattn::make_plan(spattn::parse("local(32) | random(4, seed=2)"), pr, spattn::Device::cuda(0), o);
+  EXPECT_NE(whole.explain().find("backward: the whole pattern (one tile list)"), std::string::npos) << whole.explain();
 }
 
 TEST(BackwardGpu, ForcedTileKernelRefusesWhatItCannotRun) {

@@ -5,10 +5,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <memory>
+#include <sstream>
 #include <vector>
 
+#include "cuda/backward/columns_backward.hpp"
 #include "cuda/backward/tile_backward.hpp"
 #include "cuda/common/check.hpp"
+#include "cuda/common/device.hpp"
 #include "cuda/common/patterns_backward.hpp"
 #include "plan/kernels.hpp"
 #include "plan/key_plan.hpp"
@@ -32,6 +36,7 @@ struct Args {
   int64_t lse_sb, lse_sh, delta_sb, delta_sh;
   int B, H, group, Lq, Lk, D, Dv;
   float scale;
+  int accumulate;  // 1: the gradients added to dq, dk, dv's contents
   const int64_t* row_off;
   const int32_t* cols;
   const int64_t* col_off;
@@ -49,6 +54,11 @@ __device__ void st(void* p, int64_t i, float x) {
   if constexpr (std::is_same_v<T, float>) static_cast<float*>(p)[i] = x;
   else if constexpr (std::is_same_v<T, __half>) static_cast<__half*>(p)[i] = __float2half_rn(x);
   else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+}
+// Writes x, or adds it to what is there (acc).
+template <class T>
+__device__ void put(void* p, int64_t i, float x, int acc) {
+  st<T>(p, i, acc ? x + ld<T>(p, i) : x);
 }
 __device__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -94,7 +104,7 @@ __global__ void dq_kernel(Args a) {
   }
 #pragma unroll
   for (int t = 0; t < kMaxPerLane; ++t)
-    if (lane + 32 * t < a.D) st<T>(a.dq, b * a.dq_sb + i * a.dq_sl + h * a.dq_sh + lane + 32 * t, acc[t]);
+    if (lane + 32 * t < a.D) put<T>(a.dq, b * a.dq_sb + i * a.dq_sl + h * a.dq_sh + lane + 32 * t, acc[t], a.accumulate);
 }
 
 // A warp per (b, kv head, key row): over the query heads of its group and the queries that keep the key,
@@ -122,8 +132,8 @@ __global__ void dkv_kernel(Args a) {
     }
 #pragma unroll
   for (int t = 0; t < kMaxPerLane; ++t) {
-    if (lane + 32 * t < a.D) st<T>(a.dk, b * a.dk_sb + j * a.dk_sl + hk * a.dk_sh + lane + 32 * t, gk[t]);
-    if (lane + 32 * t < a.Dv) st<T>(a.dv, b * a.dv_sb + j * a.dv_sl + hk * a.dv_sh + lane + 32 * t, gv[t]);
+    if (lane + 32 * t < a.D) put<T>(a.dk, b * a.dk_sb + j * a.dk_sl + hk * a.dk_sh + lane + 32 * t, gk[t], a.accumulate);
+    if (lane + 32 * t < a.Dv) put<T>(a.dv, b * a.dv_sb + j * a.dv_sl + hk * a.dv_sh + lane + 32 * t, gv[t], a.accumulate);
   }
 }
 
@@ -149,22 +159,36 @@ V* upload(const std::vector<V>& h) {
 
 CsrBackward::CsrBackward(const BoundPattern& pattern) : q_len_(pattern.q_len()), k_len_(pattern.k_len()) {
   const Csr c = make_csr(pattern);
+  upload_csr(c.row_offsets, c.col_indices);
+}
+
+CsrBackward::CsrBackward(int64_t q_len, int64_t k_len, const std::vector<int64_t>& offsets,
+                         const std::vector<int32_t>& cols)
+    : q_len_(q_len), k_len_(k_len) {
+  if (int64_t(offsets.size()) != q_len + 1 || offsets.back() != int64_t(cols.size()))
+    throw Error("gpu backward: a CSR of " + std::to_string(offsets.size()) + " offsets and " +
+                std::to_string(cols.size()) + " keys for " + std::to_string(q_len) + " rows");
+  upload_csr(offsets, cols);
+}
+
+void CsrBackward::upload_csr(const std::vector<int64_t>& row_offsets, const std::vector<int32_t>& col_indices) {
   // The transpose by counting: for each key, the queries that keep it, ascending.
   std::vector<int64_t> col_off(size_t(k_len_) + 1, 0);
-  for (int32_t j : c.col_indices) col_off[size_t(j) + 1] += 1;
+  for (int32_t j : col_indices) col_off[size_t(j) + 1] += 1;
   for (int64_t j = 0; j < k_len_; ++j) col_off[size_t(j) + 1] += col_off[size_t(j)];
-  std::vector<int32_t> rows(c.col_indices.size());
+  std::vector<int32_t> rows(col_indices.size());
   std::vector<int64_t> fill(col_off.begin(), col_off.end() - 1);
   for (int64_t i = 0; i < q_len_; ++i)
-    for (int64_t e = c.row_offsets[size_t(i)]; e < c.row_offsets[size_t(i) + 1]; ++e)
-      rows[size_t(fill[size_t(c.col_indices[size_t(e)])]++)] = int32_t(i);
+    for (int64_t e = row_offsets[size_t(i)]; e < row_offsets[size_t(i) + 1]; ++e)
+      rows[size_t(fill[size_t(col_indices[size_t(e)])]++)] = int32_t(i);
   try {
-    row_off_ = upload(c.row_offsets);
-    cols_ = upload(c.col_indices);
+    row_off_ = upload(row_offsets);
+    cols_ = upload(col_indices);
     col_off_ = upload(col_off);
     rows_ = upload(rows);
   } catch (...) {
     cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_);
+    row_off_ = nullptr, cols_ = nullptr, col_off_ = nullptr, rows_ = nullptr;
     throw;
   }
 }
@@ -179,7 +203,7 @@ CsrBackward::~CsrBackward() {
 void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                       const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,
-                      void* stream) const {
+                      void* stream, bool accumulate) const {
   if (p.q_len != q_len_ || p.kv_len != k_len_)
     throw Error("gpu backward: built for lengths " + std::to_string(q_len_) + " x " + std::to_string(k_len_) +
                 ", problem has " + std::to_string(p.q_len) + " x " + std::to_string(p.kv_len));
@@ -201,7 +225,7 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
          dq.stride[0], dq.stride[1], dq.stride[2], dk.stride[0], dk.stride[1], dk.stride[2],
          dv.stride[0], dv.stride[1], dv.stride[2], static_cast<const float*>(lse.data), delta, lse.stride[0], lse.stride[1], delta_sb, delta_sh,
          int(p.batch), int(p.q_heads), int(p.q_heads / p.kv_heads), int(p.q_len), int(p.kv_len), int(p.head_dim),
-         int(p.dv()), float(p.softmax_scale()), row_off_, cols_, col_off_, rows_};
+         int(p.dv()), float(p.softmax_scale()), accumulate ? 1 : 0, row_off_, cols_, col_off_, rows_};
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (q.dtype) {
     case DType::f32: return launch<float>(a, s);
@@ -211,7 +235,20 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
   }
 }
 
-PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem, std::string kernel)
+// A compound pattern's backward by parts (plan::backward_parts): the decision, then each part's pass built at the
+// first run.
+struct PartsBackward {
+  plan::BackwardParts plan;
+  struct Run {
+    std::unique_ptr<TileBackward> tile;        // the tiles part (first) where the tile kernel runs the tensors
+    std::unique_ptr<ColumnsBackward> columns;  // a columns part after another part, ditto
+    std::unique_ptr<CsrBackward> csr;          // every other part, and the above where the tile kernel cannot
+  };
+  std::vector<Run> runs;
+};
+
+PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem, std::string kernel,
+                                   const PlanOptions* options)
     : patterns_(planned.patterns),
       analyses_(planned.analyses),
       of_head_(planned.of_head),
@@ -219,7 +256,118 @@ PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem
       kernel_(std::move(kernel)),
       choice_(plan::backward_choice(kernel_, problem_.head_dim)),
       csr_(patterns_.size()),
-      tile_(patterns_.size()) {}
+      tile_(patterns_.size()),
+      parts_(patterns_.size()),
+      parts_decided_(patterns_.size(), false) {
+  if (options) options_ = *options;
+}
+
+bool PatternsBackward::parts_ready(size_t i) const {
+  if (!options_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!parts_decided_[i]) {
+    const DeviceInfo& info = device_info(current_device());
+    plan::BackwardParts bp =
+        plan::backward_parts(patterns_[i], analyses_[i], problem_.head_dim, plan::GpuTarget{info.cc, info.sms}, *options_);
+    parts_decided_[i] = true;
+    parts_[i] = std::make_unique<PartsBackward>();
+    parts_[i]->plan = std::move(bp);
+  }
+  return parts_[i]->plan.by_parts();
+}
+
+void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
+                                 const TensorView& dq, const TensorView& dk, const TensorView& dv, int64_t delta_offset,
+                                 void* stream) const {
+  PartsBackward& pb = *parts_[i];
+  const std::string why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+  const bool tiles_run = why.empty();
+  {
+    // Each part's pass built at its first run: the tile backward (its plan uploaded) where the tensors allow it, else
+    // the CSR pass (the part's CSR and its transpose uploaded). The tile kernel writes every gradient: it runs the
+    // first part; a columns part after it adds dQ and its columns' dK, dV.
+    std::lock_guard<std::mutex> lock(mu_);
+    pb.runs.resize(pb.plan.parts.size());
+    for (size_t j = 0; j < pb.plan.parts.size(); ++j) {
+      const plan::BackwardPart& part = pb.plan.parts[j];
+      PartsBackward::Run& r = pb.runs[j];
+      const bool tile = tiles_run && ((j == 0 && part.kind == plan::PartKind::tiles) ||
+                                      (j > 0 && part.kind == plan::PartKind::columns));
+      if (tile && part.kind == plan::PartKind::tiles && !r.tile) {
+        const plan::Analysis an = part.analysis ? *part.analysis : plan::analyze(part.pattern);
+        r.tile = std::make_unique<TileBackward>(part.pattern, an, p, plan::backward_row(choice_, an, p.head_dim));
+      } else if (tile && part.kind == plan::PartKind::columns && !r.columns) {
+        const plan::Analysis an = plan::analyze(part.pattern);
+        r.columns = std::make_unique<ColumnsBackward>(part.pattern, part.columns, p,
+                                                      plan::backward_row(choice_, an, p.head_dim));
+      } else if (!tile && !r.csr) {
+        std::vector<int64_t> offsets;
+        std::vector<int32_t> cols;
+        plan::backward_part_csr(part, offsets, cols);
+        r.csr = std::make_unique<CsrBackward>(p.q_len, p.kv_len, offsets, cols);
+      }
+    }
+    const Problem& a = problem_;
+    if (!delta_) SPATTN_CUDA_CHECK(cudaMalloc(&delta_, size_t(std::max<int64_t>(1, a.batch * a.q_heads * a.q_len)) * 4));
+  }
+  std::string names;
+  int first_row = -1;
+  for (size_t j = 0; j < pb.runs.size(); ++j) {
+    const PartsBackward::Run& r = pb.runs[j];
+    const plan::PartKind kind = pb.plan.parts[j].kind;
+    int row;
+    // The first part writes the gradients, the others add theirs (each differentiated against the merged LSE and
+    // delta = rowsum(dO * O): the sum over the parts is the pattern's gradient).
+    if (tiles_run && r.tile && kind == plan::PartKind::tiles) {
+      r.tile->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+      row = r.tile->kernel_row();
+    } else if (tiles_run && r.columns && kind == plan::PartKind::columns) {
+      r.columns->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+      row = r.columns->kernel_row();
+    } else {
+      r.csr->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, problem_.q_heads * problem_.q_len,
+                 problem_.q_len, stream, j > 0);
+      row = plan::find_kernel("cuda_csr_bwd");
+    }
+    if (j == 0) first_row = row;
+    names += (j ? "+" : "") + std::string(plan::kKernels[row].name);
+  }
+  last_row_ = first_row;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_parts_ = "parts(" + names + ")";
+}
+
+std::string PatternsBackward::last_kernel() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!last_parts_.empty()) return last_parts_;
+  }
+  const int row = last_row_.load();
+  return row >= 0 ? plan::kKernels[row].name : "";
+}
+
+std::string PatternsBackward::explain() const {
+  std::ostringstream s;
+  for (size_t i = 0; i < patterns_.size(); ++i) {
+    if (i) s << "\n";
+    if (patterns_.size() > 1) s << "pattern " << i << " ";
+    if (!options_) {
+      s << "backward: the whole pattern";
+      continue;
+    }
+    parts_ready(i);
+    std::lock_guard<std::mutex> lock(mu_);
+    const PartsBackward& pb = *parts_[i];
+    s << pb.plan.describe();
+    for (size_t j = 0; j < pb.runs.size(); ++j) {
+      const PartsBackward::Run& r = pb.runs[j];
+      if (r.tile) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.tile->explain();
+      if (r.columns) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.columns->explain();
+    }
+  }
+  return s.str();
+}
 
 PatternsBackward::~PatternsBackward() { cudaFree(delta_); }
 
@@ -227,6 +375,7 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv, int64_t delta_offset,
                                void* stream) const {
+  if (parts_ready(i)) return run_parts(i, p, q, k, v, o, lse, dout, dq, dk, dv, delta_offset, stream);
   const bool want_csr = choice_.csr;
   std::string why;
   if (!want_csr) {
@@ -260,6 +409,10 @@ void PatternsBackward::run(const TensorView& q, const TensorView& k, const Tenso
                            const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                            const TensorView& dv, void* stream) const {
   const Problem& p = problem_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_parts_.clear();
+  }
   if (!lse.data) throw Error("gpu backward: needs the forward's lse");
   if (lse.dtype != DType::f32 || lse.stride[2] != 1)
     throw Error("gpu backward: lse must be fp32 [B, Hq, Lq], contiguous along the queries");

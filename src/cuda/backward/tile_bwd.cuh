@@ -47,6 +47,7 @@ struct BwdParams {
   float scale, scale_log2;
   const int64_t* col_offsets;
   const int4* entries;  // {query tile, mask, lo, hi}
+  int dq_accumulate;    // finish: dq += scale * accumulator (a later part of a compound plan), else dq =
   const unsigned long long* masks;
   const int32_t* order;
   int k_tiles;
@@ -357,10 +358,17 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
   }
   uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<Elem*>(p.dq) + int64_t(b) * p.dq_sb + int64_t(tok) * p.dq_sl +
                                               int64_t(h) * p.dq_sh + c);
-  dst[0] = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
-  dst[1] = pack2<kBf16>(x.z * p.scale, x.w * p.scale);
-  dst[2] = pack2<kBf16>(y.x * p.scale, y.y * p.scale);
-  dst[3] = pack2<kBf16>(y.z * p.scale, y.w * p.scale);
+  float g[8] = {x.x * p.scale, x.y * p.scale, x.z * p.scale, x.w * p.scale,
+                y.x * p.scale, y.y * p.scale, y.z * p.scale, y.w * p.scale};
+  if (p.dq_accumulate) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 old = unpack2<kBf16>(dst[e]);
+      g[2 * e] += old.x, g[2 * e + 1] += old.y;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dst[e] = pack2<kBf16>(g[2 * e], g[2 * e + 1]);
 }
 
 // kTma: a step's Q, dO, lse and delta come by TMA (one thread issues them, completing on the stage's mbarrier):

@@ -48,7 +48,7 @@ struct PatternRun {
 class CudaFusedBackend final : public Backend {
  public:
   CudaFusedBackend(const Planned& p, const Problem& problem, int device, const PlanOptions& o)
-      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p, problem, o.backward_kernel) {
+      : problem_(problem), device_(device), of_head_(p.of_head), bwd_(p, problem, o.backward_kernel, &o) {
     for (const Analysis& a : p.analyses) analysis_ms_ += a.ms;
     const cuda::PoolStats pool0 = cuda::pool_stats();
     DeviceScope scope(device);
@@ -98,10 +98,7 @@ class CudaFusedBackend final : public Backend {
     const int row = attn_[0].last_kernel_row();
     return row >= 0 ? kKernels[row].name : "";
   }
-  std::string last_backward_kernel() const override {
-    const int row = bwd_.last_kernel_row();
-    return row >= 0 ? kKernels[row].name : "";
-  }
+  std::string last_backward_kernel() const override { return bwd_.last_kernel(); }
   std::string explain() const override {
     std::ostringstream s;
     for (size_t i = 0; i < attn_.size(); ++i) s << (i ? "\n" : "") << attn_[i].explain();
@@ -113,6 +110,8 @@ class CudaFusedBackend final : public Backend {
       << " blocks from the pool's cache, " << pool_mallocs_
       << " cudaMalloc; process-wide counts while this plan was built); the backward's plan is built at the first "
          "backward call";
+    DeviceScope scope(device_);
+    s << "\n" << bwd_.explain();
     return s.str();
   }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 #include "plan/key_plan.hpp"
 
@@ -358,6 +359,91 @@ int backward_row(const BackwardChoice& c, const Analysis& analysis, int64_t head
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row) {
   // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
   return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, -1, false, 0);
+}
+
+std::string BackwardParts::describe() const {
+  std::ostringstream s;
+  if (!by_parts()) return "backward: the whole pattern (" + why + ")";
+  s << "backward by parts (" << why << "), the first part writes dQ, dK, dV and the others add to them:";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const BackwardPart& p = parts[i];
+    s << "\n    " << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores; ";
+    if (p.kind == PartKind::tiles)
+      s << "the tile backward (its own tile plan)";
+    else if (p.kind == PartKind::columns && i > 0)
+      s << "the tile backward over its " << p.columns.size() << " keys gathered (dK, dV added to theirs)";
+    else
+      s << "the CSR pass (cuda_csr_bwd) over the part's CSR and its transpose";
+  }
+  return s.str();
+}
+
+void backward_part_csr(const BackwardPart& p, std::vector<int64_t>& offsets, std::vector<int32_t>& cols) {
+  if (p.kind == PartKind::scattered) {
+    offsets = p.offsets;
+    cols = p.cols;
+    return;
+  }
+  const int64_t lq = p.pattern.q_len();
+  offsets.assign(size_t(lq) + 1, 0);
+  cols.clear();
+  RowRuns runs;
+  for (int64_t q = 0; q < lq; ++q) {
+    p.pattern.row(q, runs);
+    for (const Run& r : runs)
+      for (int64_t i = 0; i < r.count; ++i) {
+        const int64_t k = r.start + i * r.stride;
+        cols.push_back(p.kind == PartKind::columns ? p.columns[size_t(k)] : int32_t(k));
+      }
+    offsets[size_t(q) + 1] = int64_t(cols.size());
+  }
+}
+
+BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
+                             const GpuTarget& target, const PlanOptions& o) {
+  BackwardParts out;
+  if (!o.kernel.empty() || !o.backward_kernel.empty()) {
+    out.why = "a kernel forced";
+    return out;
+  }
+  KernelFilter filter;
+  const FusedOptions f = fused_options(o, &filter);
+  SplitTarget st = split_target(head_dim, target, f);
+  st.device_draw = false;  // the scattered part's CSR on the host: its transpose is built from it
+  Split split = split_pattern(pattern, analysis, o.compound, st);
+  if (!split.compound()) {
+    out.why = "one tile list";
+    return out;
+  }
+  for (const Part& p : split.parts)
+    if (p.kind == PartKind::rows) {
+      out.why = "a rows part replaces its rows' output";
+      return out;
+    }
+  for (Part& p : split.parts) {
+    BackwardPart b;
+    b.kind = p.kind;
+    b.terms = p.terms;
+    b.nnz = p.nnz;
+    switch (p.kind) {
+      case PartKind::tiles:
+        b.pattern = std::move(p.pattern);
+        b.analysis = std::move(p.analysis);
+        break;
+      case PartKind::columns:
+        b.pattern = std::move(p.pattern);
+        b.columns = std::move(p.columns);
+        break;
+      case PartKind::scattered:
+        b.offsets = std::move(p.offsets);
+        b.cols = std::move(p.cols);
+        break;
+      case PartKind::rows: break;
+    }
+    out.parts.push_back(std::move(b));
+  }
+  out.why = "compound split of " + std::to_string(out.parts.size()) + " parts";
+  return out;
 }
 
 }  // namespace spattn::plan

@@ -155,4 +155,40 @@ int backward_row(const BackwardChoice& choice, const Analysis& analysis, int64_t
 // Its plan: 64 query rows by the row's keys, residue permutation chosen as for the forward, no tile map.
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row);
 
+
+// The backward of a compound plan by parts (issue 39): each part of the forward's split differentiated against the
+// merged LSE and delta = rowsum(dO * O), the parts' dQ, dK, dV summed (the first part writes, the others add). The
+// tiles part on the tile backward (its own tile plan); the columns part on the tile backward over its keys gathered
+// into a small dense K/V (dQ added, its dK/dV added to the columns' rows once), or on the CSR pass where it comes first
+// or the tile kernel cannot run the tensors; the scattered part on the CSR pass over just that part's kept scores, in
+// the full key space (its CSR and the transpose built once, at the first backward).
+struct BackwardPart {
+  PartKind kind = PartKind::tiles;
+  std::string terms;
+  int64_t nnz = 0;
+  // tiles: the part's pattern over (Lq, Lk); columns: over (Lq, columns.size()), compact key j standing for key
+  // columns[j] (Part::pattern, Part::columns).
+  BoundPattern pattern;
+  std::vector<int32_t> columns;
+  std::optional<Analysis> analysis;  // tiles: analyze(pattern) where the split made it
+  std::vector<int64_t> offsets;      // scattered: row q keeps keys cols[offsets[q] .. offsets[q + 1]), increasing
+  std::vector<int32_t> cols;
+  bool tile_kernel() const { return kind != PartKind::scattered; }  // on the tile backward where it can
+};
+// The part's kept scores as a CSR in the full key space (row q: keys cols[offsets[q] .. offsets[q + 1]), increasing):
+// what the CSR pass runs.
+void backward_part_csr(const BackwardPart& part, std::vector<int64_t>& offsets, std::vector<int32_t>& cols);
+struct BackwardParts {
+  std::vector<BackwardPart> parts;  // empty: the whole pattern as one tile list (or one CSR pass), as before
+  std::string why;                  // why by parts, or why not
+  bool by_parts() const { return !parts.empty(); }
+  std::string describe() const;
+};
+// From the forward's split (split_pattern with the options' compound mode and split_target, the scattered part's CSR
+// on the host): by parts where it is compound and has no rows part (a rows part replaces its rows' output, so the
+// tiles part's scores in those rows would have to be dropped: the whole pattern runs instead), and neither kernel is
+// forced (PlanOptions::kernel, backward_kernel).
+BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
+                             const GpuTarget& target, const PlanOptions& options);
+
 }  // namespace spattn::plan
