@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Masks chosen at run time (docs/RUNTIME_MASKS.md) on the GPU: issue 44's bar cases, against the static plan of the same
-pairs and FlexAttention with the same BlockMask (bf16, forward and backward), each case in a process of its own.
+"""Masks chosen at run time (docs/RUNTIME_MASKS.md) on the GPU: issue 44's bar cases, against the static plan of the
+same pairs and FlexAttention with the same BlockMask (bf16, forward and backward), each case in a process of its own.
 
   blocks     L=32768, B=1, H=16, D=128, blocks of 128, 8 key blocks per query block, causal: spattn's run-time BlockMask
              (full blocks below the diagonal, the diagonal block partial with spec "causal") against the static plan of

@@ -88,7 +88,8 @@ class MaterialisedBackend final : public RuntimeBackend {
         cpu::reference_attention(pats, pr, cut(q), cut(k), cut(v), cut(o), cut(lse));
         return std::string("reference");
       }
-      if (gpu_refuses(pats, pr, false)) return reference_on_host(pats, pr, {cut(q), cut(k), cut(v)}, {cut(o), cut(lse)}, stream);
+      if (gpu_refuses(pats, pr, false))
+        return reference_on_host(pats, pr, {cut(q), cut(k), cut(v)}, {cut(o), cut(lse)}, stream);
       const Plan plan = make_plan(pats, pr, device_, options_);
       plan.forward(cut(q), cut(k), cut(v), cut(o), cut(lse), stream);
       return plan.last_kernel();
