@@ -15,7 +15,8 @@ same pairs and FlexAttention with the same BlockMask (bf16, forward and backward
              bytes of the gathered K and V rows (2048 x 2 x D x 2 bytes per query and kv head) at the rate a large
              device-to-device copy measures here.
 
-Each timing is the median of --reps calls, CUDA events around each (host work inside a call is in the time). Before
+Each timing is the median of --reps calls (down to one once a case is past its share of --budget-s, default 150 s),
+CUDA events around each (host work inside a call is in the time). Before
 timing, outputs are checked: run-time against static (same pairs, max abs difference), top-k against an fp32 gather on
 sampled rows. Rows (JSON, one per case): *_fwd_ms / *_bwd_ms, effective TFLOP/s (4 D kept a head forward, 2.5x that
 backward), runtime_over_static_{fwd,bwd} (static ms / run-time ms: >= 0.8 is the bar for blocks, 0.95 for documents),
