@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Masks chosen at run time (docs/RUNTIME_MASKS.md) on the GPU: issue 44's bar cases, against the static plan of the same
-pairs and FlexAttention with the same BlockMask, in one process (bf16, forward and backward).
+"""Masks chosen at run time (docs/RUNTIME_MASKS.md) on the GPU: issue 44's bar cases, against the static plan of the
+same pairs and FlexAttention with the same BlockMask (bf16, forward and backward), each case in a process of its own.
 
   blocks     L=32768, B=1, H=16, D=128, blocks of 128, 8 key blocks per query block, causal: spattn's run-time BlockMask
              (full blocks below the diagonal, the diagonal block partial with spec "causal") against the static plan of
@@ -15,7 +15,8 @@ pairs and FlexAttention with the same BlockMask, in one process (bf16, forward a
              bytes of the gathered K and V rows (2048 x 2 x D x 2 bytes per query and kv head) at the rate a large
              device-to-device copy measures here.
 
-Each timing is the median of --reps calls, CUDA events around each (host work inside a call is in the time). Before
+Each timing is the median of --reps calls (down to one once a case is past its share of --budget-s, default 150 s),
+CUDA events around each (host work inside a call is in the time). Before
 timing, outputs are checked: run-time against static (same pairs, max abs difference), top-k against an fp32 gather on
 sampled rows. Rows (JSON, one per case): *_fwd_ms / *_bwd_ms, effective TFLOP/s (4 D kept a head forward, 2.5x that
 backward), runtime_over_static_{fwd,bwd} (static ms / run-time ms: >= 0.8 is the bar for blocks, 0.95 for documents),
@@ -31,6 +32,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -49,7 +51,7 @@ def timed(fn, reps, deadline):
         b.record()
         b.synchronize()
         ms.append(a.elapsed_time(b))
-        if time.time() > deadline and i >= 1:
+        if time.time() > deadline:  # past the case's share of --budget-s: one measured call is a row
             break
     return statistics.median(ms)
 
@@ -122,7 +124,8 @@ def case_blocks(args, deadline):
     full_num = full.sum(1).int().view(1, 1, n)
     full_idx = torch.argsort(~full, dim=1, stable=True).int().view(1, 1, n, n)  # listed blocks first
     part_num = torch.ones(1, 1, n, dtype=torch.int32, device="cuda")
-    part_idx = i.view(1, 1, n, 1).int().contiguous()
+    # kv_indices as wide as the key blocks (torch 2.11's from_kv_blocks indexes a dense [n, C + 1] by them)
+    part_idx = i.view(1, 1, n, 1).expand(1, 1, n, n).int().contiguous()
 
     def causal(b, h, q, k):
         return q >= k
@@ -251,6 +254,26 @@ def case_topk(args, deadline):
     return row
 
 
+ROW_MARK = "runtime_bench row: "
+
+
+def run_case(name, args, deadline, timeout):
+    """Runs one case in a child process (a device-side assert or a crash there leaves the other cases' CUDA context
+    alone) and returns its row; a child that fails gives a row with its error and the tail of its output."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--one-case", name, "--deadline", repr(deadline),
+           "--reps", str(args.reps)] + (["--quick"] if args.quick else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"case": name, "error": f"timed out after {timeout:.0f} s"}
+    sys.stderr.write(r.stderr[-4000:])
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith(ROW_MARK):
+            return json.loads(line[len(ROW_MARK):])
+    tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
+    return {"case": name, "error": f"child exited {r.returncode} without a row: " + " | ".join(tail)[:600]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
@@ -258,7 +281,10 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="small lengths (a smoke run)")
     ap.add_argument("--cases", default="blocks,documents,topk")
-    ap.add_argument("--budget-s", type=float, default=420, help="stop taking more reps past this many seconds")
+    ap.add_argument("--budget-s", type=float, default=150,
+                    help="stop taking more reps past this many seconds (shared by the cases in turn)")
+    ap.add_argument("--one-case", help=argparse.SUPPRESS)  # internal: run this case here, print its row
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("runtime_bench: no CUDA device (this bench runs on a GPU)")
@@ -267,17 +293,23 @@ def main():
     if not spattn.build_info()["cuda"]:
         print("runtime_bench: this spattn build has no CUDA")
         return 0
+    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk}
+    if args.one_case:  # a child: one case, its row as the last line of stdout
+        try:
+            row = cases[args.one_case](args, args.deadline)
+        except Exception as e:  # noqa: BLE001
+            row = {"case": args.one_case, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        print(ROW_MARK + json.dumps(row), flush=True)
+        return 0
     start = time.time()
     rows = []
-    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk}
     names = [c for c in args.cases.split(",") if c]
     for i, name in enumerate(names):
+        if name not in cases:
+            raise SystemExit(f"runtime_bench: unknown case '{name}' (cases: {', '.join(cases)})")
         left = args.budget_s - (time.time() - start)
-        deadline = time.time() + max(5.0, left / (len(names) - i))
-        try:
-            row = cases[name](args, deadline)
-        except Exception as e:  # noqa: BLE001
-            row = {"case": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        share = max(5.0, left / (len(names) - i))
+        row = run_case(name, args, time.time() + share, timeout=share + 300)
         row["device"] = torch.cuda.get_device_name()
         row["seconds"] = round(time.time() - start, 1)
         rows.append(row)

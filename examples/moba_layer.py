@@ -35,25 +35,27 @@ def moba_block_mask(q: torch.Tensor, k: torch.Tensor, block: int, topk: int) -> 
         s = s.masked_fill(i[None, :] >= i[:, None], float("-inf"))                      # earlier blocks only
         kk = max(0, min(topk - 1, n - 1))
         top = s.topk(kk, -1) if kk else None
-        full_idx = torch.zeros(B, H, n, max(kk, 1), dtype=torch.int32, device=q.device)
+        # Index lists as wide as the key blocks (n): FlexAttention's own constructors make them so, and torch 2.11's
+        # from_kv_blocks indexes a dense [n, C + 1] by them (a narrower C fails there); entries past a count are unread.
+        full_idx = torch.zeros(B, H, n, n, dtype=torch.int32, device=q.device)
         full_num = torch.zeros(B, H, n, dtype=torch.int32, device=q.device)
         if top is not None:
             # topk sorts largest first: the -inf (later-block) entries of rows near the start come last, past the count
             full_num = (top.values > float("-inf")).sum(-1).int()
-            full_idx = top.indices.int()
+            full_idx[..., :kk] = top.indices.int()
         part_num = torch.ones(B, H, n, dtype=torch.int32, device=q.device)              # the diagonal block
-        part_idx = i.view(1, 1, n, 1).expand(B, H, n, 1).int().contiguous()
+        part_idx = i.view(1, 1, n, 1).expand(B, H, n, n).int().contiguous()
     return BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, BLOCK_SIZE=block, seq_lengths=(L, L))
 
 
 def dense_mask(bm: BlockMask, L: int, block: int) -> torch.Tensor:
     """The BlockMask's pairs as a boolean [B, H, L, L] (diagonal blocks causal): the check's oracle."""
     B, H, n = bm.kv_num_blocks.shape
-    blocks = torch.zeros(B, H, n, n, dtype=torch.bool, device=bm.kv_indices.device)
+    blocks = torch.zeros(B, H, n, n, dtype=torch.int32, device=bm.kv_indices.device)
     for num, idx in ((bm.full_kv_num_blocks, bm.full_kv_indices), (bm.kv_num_blocks, bm.kv_indices)):
         listed = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
-        blocks.scatter_(3, idx.long(), listed)
-    m = blocks.repeat_interleave(block, 2).repeat_interleave(block, 3)
+        blocks.scatter_add_(3, idx.long(), listed.int())  # padding past the count may repeat a listed index: add
+    m = (blocks > 0).repeat_interleave(block, 2).repeat_interleave(block, 3)
     return m & ~(torch.ones(L, L, dtype=torch.bool, device=m.device).triu(1) & (
         torch.arange(L, device=m.device)[:, None] // block == torch.arange(L, device=m.device)[None, :] // block))
 

@@ -4,14 +4,55 @@
 // the device path (plan/runtime_mask.hpp, DeviceMaskRunner: tile lists written on the device) takes the call.
 #include "api/runtime_plan.hpp"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "plan/runtime_mask.hpp"
 #include "spattn/reference.hpp"
 
 namespace spattn::plan {
 namespace {
+
+// A device tensor's bytes on the host: the span its strides reach (strides are never negative), copied there, the
+// view re-pointed at the copy; back() writes the span to the device again (device_to_host copies either way).
+struct HostCopy {
+  std::vector<char> bytes;
+  TensorView view;
+  HostCopy(const TensorView& t, int device, Stream stream) : view(t) {
+    int64_t last = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      if (t.shape[i] == 0) return;
+      last += (t.shape[i] - 1) * t.stride[i];
+    }
+    if (!t.data) return;
+    bytes.resize(size_t((last + 1) * dtype_size(t.dtype)));
+    device_to_host(bytes.data(), t.data, int64_t(bytes.size()), device, stream);
+    view.data = bytes.data();
+  }
+  void back(const TensorView& t, int device, Stream stream) const {
+    if (!bytes.empty()) device_to_host(t.data, bytes.data(), int64_t(bytes.size()), device, stream);
+  }
+};
+
+// Element-wise copy of one 4-D view into another of the same shape (any dtypes).
+void copy_into(const TensorView& src, const TensorView& dst) {
+  for (int64_t a = 0; a < src.shape[0]; ++a)
+    for (int64_t b = 0; b < src.shape[1]; ++b)
+      for (int64_t c = 0; c < src.shape[2]; ++c)
+        for (int64_t d = 0; d < src.shape[3]; ++d) dst.store(a, b, c, d, src.load(a, b, c, d));
+}
+
+// An fp32 host buffer shaped like `t` (contiguous), for the reference's outputs.
+struct F32Buffer {
+  std::vector<float> data;
+  TensorView view;
+  explicit F32Buffer(const TensorView& t) {
+    data.resize(size_t(std::max<int64_t>(1, t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3])));
+    view = TensorView::contiguous(data.data(), DType::f32, t.shape);
+  }
+};
 
 class MaterialisedBackend final : public RuntimeBackend {
  public:
@@ -47,6 +88,8 @@ class MaterialisedBackend final : public RuntimeBackend {
         cpu::reference_attention(pats, pr, cut(q), cut(k), cut(v), cut(o), cut(lse));
         return std::string("reference");
       }
+      if (gpu_refuses(pats, pr, false))
+        return reference_on_host(pats, pr, {cut(q), cut(k), cut(v)}, {cut(o), cut(lse)}, stream);
       const Plan plan = make_plan(pats, pr, device_, options_);
       plan.forward(cut(q), cut(k), cut(v), cut(o), cut(lse), stream);
       return plan.last_kernel();
@@ -70,6 +113,8 @@ class MaterialisedBackend final : public RuntimeBackend {
         cpu::reference_attention_backward(pats, pr, cut(q), cut(k), cut(v), cut(dout), cut(dq), cut(dk), cut(dv));
         return std::string("reference");
       }
+      if (gpu_refuses(pats, pr, true))
+        return reference_on_host(pats, pr, {cut(q), cut(k), cut(v), cut(dout)}, {cut(dq), cut(dk), cut(dv)}, stream);
       const Plan plan = make_plan(pats, pr, device_, options_);
       plan.backward(cut(q), cut(k), cut(v), cut(o), cut(lse), cut(dout), cut(dq), cut(dk), cut(dv), stream);
       return plan.last_backward_kernel();
@@ -100,6 +145,40 @@ class MaterialisedBackend final : public RuntimeBackend {
   const MaskLayout& layout() const override { return layout_; }
 
  private:
+  // Whether the GPU engine's plans cannot take these per-head rows: cuda_unfused takes one pattern for all heads,
+  // and the GPU backward takes per-head patterns only without grouped-query attention (dK / dV of a kv head whose
+  // query heads have different rows would need summing). Such calls run the reference on host copies: slow, correct.
+  bool gpu_refuses(const std::vector<BoundPattern>& pats, const Problem& pr, bool backward) const {
+    if (device_.kind != Device::Kind::cuda || pats.size() < 2) return false;
+    return engine_ == Engine::cuda_unfused || (backward && pr.q_heads != pr.kv_heads);
+  }
+
+  // The reference (fp64 accumulation) on host copies of the device tensors: `in` are q, k, v (and dout for the
+  // backward), `out` o and lse (dq, dk, dv for the backward), each computed in fp32 and stored in its own dtype.
+  std::string reference_on_host(const std::vector<BoundPattern>& pats, const Problem& pr,
+                                const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+                                Stream stream) const {
+    const int dev = device_.index;
+    std::vector<HostCopy> hin, hout;
+    for (const TensorView& t : in) hin.emplace_back(t, dev, stream);
+    for (const TensorView& t : out) hout.emplace_back(t, dev, stream);
+    std::vector<F32Buffer> f32;
+    for (const TensorView& t : out) f32.emplace_back(t);
+    if (in.size() == 3) {
+      const TensorView lse = out[1].data ? f32[1].view : TensorView{};
+      cpu::reference_attention(pats, pr, hin[0].view, hin[1].view, hin[2].view, f32[0].view, lse);
+    } else {
+      cpu::reference_attention_backward(pats, pr, hin[0].view, hin[1].view, hin[2].view, hin[3].view, f32[0].view,
+                                        f32[1].view, f32[2].view);
+    }
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i].data) {
+        copy_into(f32[i].view, hout[i].view);
+        hout[i].back(out[i], dev, stream);
+      }
+    return "reference on host copies";
+  }
+
   [[noreturn]] void refuse() const {
     throw Error("this plan takes its mask at every call (make_plan(MaskLayout) for mask " + layout_.str() +
                 "): pass a RuntimeMask to forward / backward");
