@@ -292,7 +292,8 @@ TEST(PlanGpu, RefusesTensorsOfAnotherProblem) {
 // Issue 42: affine terms at any stride. The strided term of sparse_strided(s) split from its band (the affine part,
 // grouped by residue: explain names the part and its kernel's residue permutation) and merged through the LSE; stride
 // and dilated terms alone grouped past stride 16. Lengths that leave residue groups unequal, D 64 and 128, bf16 and
-// fp16, chosen and forced (compound 1) splits.
+// fp16, chosen and forced (compound 1) splits. The planner's choices here are checked on the CPU too
+// (LaunchDecision.AffinePartsAtAnyStride): groups of about 16 tokens or more, where the cost model groups by residue.
 TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
   REQUIRE_GPU();
   struct C {
@@ -305,8 +306,8 @@ TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
   } const cases[] = {
       {"sparse_strided(256)", 4099, 64, DType::bf16, -1, true, 256},   // groups of 16 and 17 tokens
       {"sparse_strided(128)", 3001, 128, DType::f16, 1, true, 128},
-      {"sparse_strided(512)", 5003, 64, DType::bf16, 1, true, 512},    // groups of 9 and 10
-      {"local(left=300, right=0) | (stride(256) & causal)", 2999, 128, DType::bf16, 1, true, 256},
+      {"sparse_strided(512)", 9001, 64, DType::bf16, 1, true, 512},    // groups of 17 and 18
+      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, DType::bf16, 1, true, 256},
       {"stride(64) & causal", 5000, 128, DType::bf16, -1, false, 64},
       {"dilated(64, 32)", 4097, 64, DType::bf16, -1, false, 32},
       {"dilated(9, 100) & causal", 3333, 64, DType::f16, -1, false, 100},
