@@ -153,6 +153,17 @@ TEST(Parts, SplitsWhatTheRulesSay) {
   EXPECT_EQ(gpu("local(20) | dilated(3, 5)", 1024), "tiles") << "the band keeps all of the term";
   EXPECT_EQ(kinds("sparse_strided(256)", 16384), "tiles") << "the CPU engine's target: only when asked";
   EXPECT_EQ(kinds("sparse_strided(16)", 1024, 1), "tiles,affine") << "mode 1 always";
+  // The affine part's pattern: rows k = q + m d, lo <= m <= hi (here the strided term less the diagonal).
+  const BoundPattern a = BoundPattern::dilated_offsets(100, 90, 7, -3, -1);
+  for (int64_t q = 0; q < 100; ++q)
+    for (int64_t k = 0; k < 90; ++k) ASSERT_EQ(a.contains(q, k), (q - k) % 7 == 0 && q - k >= 7 && q - k <= 21) << q << ", " << k;
+  try {
+    BoundPattern::dilated_offsets(10, 10, 1, 0, 1);
+    ADD_FAILURE() << "d = 1 accepted";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got d 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(BoundPattern::dilated_offsets(10, 10, 3, 2, 1), spattn::Error) << "lo > hi";
 }
 
 TEST(Parts, UnionTerms) {
