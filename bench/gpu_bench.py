@@ -80,7 +80,11 @@ VARIANTS = {"": "", "cp": "kernel=sm90_cp", "p": "persistent=1", "np": "persiste
             "nb": "kernel=sm90_tma", "ns": "kernel=sm90_band,split=0", "s3": "kernel=sm90_band,split=3",
             "ss": "kernel=sm90_band,split=1", "nc": "compound=0", "nm": "tile_map=0", "m": "tile_map=1"}
 PROBLEM = {"batch": 2, "heads": 16}  # main() sets them from --batch / --heads
-OPT_IN = {"lfcols", "sinks"}  # suite cases run only when --patterns names them (not in the baselines' suite)
+# Affine terms at any stride (issue 42): the Sparse Transformer's strided pattern, a wide dilation, a causal stride.
+STRIDED = ["strided128", "strided256", "strided512", "dil64_32", "stride64c"]
+# suite cases run only when --patterns names them (not in the baselines' suite); --patterns strided names STRIDED
+OPT_IN = {"lfcols", "sinks", *STRIDED}
+GROUPS = {"strided": STRIDED}
 
 
 class Fused:
@@ -193,6 +197,21 @@ def suite(L):
     def causal(b, h, q, k):
         return q >= k
 
+    def sparse_strided(s):  # local(left=s-1, right=0) | (stride(s) & causal)
+        def mask_mod(b, h, q, k):
+            d = q - k
+            return (d >= 0) & ((d < s) | (d % s == 0))
+
+        return mask_mod
+
+    def dil64_32(b, h, q, k):
+        d = q - k
+        return (d.abs() <= 64 * 32) & (d % 32 == 0)
+
+    def stride64c(b, h, q, k):
+        d = q - k
+        return (d >= 0) & (d % 64 == 0)
+
     def dense(b, h, q, k):
         return q >= 0
 
@@ -221,6 +240,13 @@ def suite(L):
         ("na3d", f"neighborhood(dims=({d3[0]},{d3[1]},{d3[2]}), kernel=7, causal=(1,0,0))",
          neighborhood_mask(d3, (7, 7, 7), None, (1, 0, 0)), (64,)),
         ("na1d", "neighborhood(kernel=257)", neighborhood_mask((L,), (257,)), (64,)),
+        # affine terms at any stride (issue 42; opt-in: --patterns strided): the strided term split from the band and
+        # grouped by residue, dilated and causal strides grouped past 16
+        ("strided128", "sparse_strided(128)", sparse_strided(128), (64, 128)),
+        ("strided256", "sparse_strided(256)", sparse_strided(256), (64, 128)),
+        ("strided512", "sparse_strided(512)", sparse_strided(512), (64, 128)),
+        ("dil64_32", "dilated(64, 32)", dil64_32, (64, 128)),
+        ("stride64c", "stride(64) & causal", stride64c, (64, 128)),
     ]
 
 
@@ -329,7 +355,8 @@ def main():
     ap.add_argument("--baseline", default=None, metavar="NAME",
                     help="also write bench/baselines/NAME.json and NAME.png (e.g. h100-fused)")
     ap.add_argument("--lengths", default="4096,16384")
-    ap.add_argument("--patterns", default="", help="comma list of suite names (default: all)")
+    ap.add_argument("--patterns", default="",
+                    help="comma list of suite names (default: all but the opt-in ones; 'strided': issue 42's cases)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--dims", default="", help="comma list of head dims for every pattern (default: each its own)")
     ap.add_argument("--batch", type=int, default=2)
@@ -387,7 +414,7 @@ def main():
     B, H = args.batch, args.heads
     rows_out, table = [], []
     dense_cache = {}
-    wanted = set(filter(None, args.patterns.split(",")))
+    wanted = {n for w in filter(None, args.patterns.split(",")) for n in GROUPS.get(w, [w])}
 
     def row(impl, name, spec, L, D, density, ms, nnz, plan_ms=0.0, err=None):
         eff = 4.0 * nnz * D * B * H / (ms * 1e-3) / 1e12 if ms else None

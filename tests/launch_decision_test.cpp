@@ -110,4 +110,47 @@ TEST(LaunchDecision, ForcedKindFiltersCandidates) {
   EXPECT_NE(forced.launches[0]->why.find("asked for"), std::string::npos) << forced.launches[0]->why;
 }
 
+// Issue 42 on an sm_90a target: sparse_strided's strided term runs as an affine part grouped by residue (its stride)
+// beside the band part, stride and dilated terms alone as one list grouped past stride 16; the GPU tests' cases
+// (PlanGpu.AffinePartsAtAnyStrideMatchReference, explain's reasons) and the bench's (L 16384 and 65536, D 64 and 128).
+TEST(LaunchDecision, AffinePartsAtAnyStride) {
+  struct C {
+    const char* spec;
+    int64_t L, D;
+    int compound;
+    bool affine;
+    int perm;
+  } const cases[] = {
+      {"sparse_strided(256)", 4099, 64, -1, true, 256},
+      {"sparse_strided(128)", 3001, 128, 1, true, 128},
+      {"sparse_strided(512)", 9001, 64, 1, true, 512},
+      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, 1, true, 256},
+      {"stride(64) & causal", 5000, 128, -1, false, 64},
+      {"dilated(64, 32)", 4097, 64, -1, false, 32},
+      {"dilated(9, 100) & causal", 3333, 64, -1, false, 100},
+      {"sparse_strided(128)", 16384, 64, -1, true, 128},
+      {"sparse_strided(256)", 16384, 128, -1, true, 256},
+      {"sparse_strided(512)", 16384, 64, -1, true, 512},
+      {"sparse_strided(128)", 65536, 128, -1, true, 128},
+      {"sparse_strided(256)", 65536, 64, -1, true, 256},
+      {"sparse_strided(512)", 65536, 128, -1, true, 512},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
+    const BoundPattern pat = parse(c.spec).bind(c.L, c.L);
+    PlanOptions o;
+    o.compound = c.compound;
+    const PatternDecision d = decide_pattern(pat, analyze(pat), c.D, GpuTarget{90, 132}, o);
+    ASSERT_EQ(d.split.parts.size(), c.affine ? 2u : 1u) << d.split.describe();
+    const size_t i = c.affine ? 1 : 0;
+    if (c.affine) {
+      EXPECT_EQ(d.split.parts[1].kind, PartKind::affine);
+      EXPECT_TRUE(d.launches[0]->tiles.band) << "the band part on the band kernel: " << d.launches[0]->why;
+    }
+    EXPECT_EQ(d.launches[i]->tiles.perm_d, c.perm) << d.launches[i]->tiles.describe();
+    EXPECT_NE(d.launches[i]->why.find("residue permutation " + std::to_string(c.perm) + " "), std::string::npos)
+        << d.launches[i]->why;
+  }
+}
+
 }  // namespace

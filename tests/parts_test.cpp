@@ -79,6 +79,9 @@ const char* kSpecs[] = {
     "local(30) | global_cols(0:70) | global_rows(0:2)",  // the band overlapping the prefix in most rows
     "dilated(6, 3) | summary(12, c=2) | global_rows(3:5)",  // gathered columns less strided runs
     "stride(4) | summary(16, c=3)",
+    "sparse_strided(16)",                              // the affine part (issue 42): the strided term less the band
+    "sparse_strided(40)",                              // groups of 3 and 4 tokens at 131
+    "local(left=50, right=3) | (stride(20) & causal)",  // the band keeps three of the term's offsets
 };
 
 TEST(Parts, CoverThePatternExactly) {
@@ -132,6 +135,36 @@ TEST(Parts, SplitsWhatTheRulesSay) {
   EXPECT_EQ(kinds("dilated(8, 3) | global(0:4)", 1024, -1, true), "tiles") << "no band rows";
   EXPECT_EQ(kinds("local(64) | global_cols(0:8)", 1024, -1, true), "tiles") << "no rows: one band part";
   EXPECT_EQ(kinds("longformer(64, 8)", 1024, 0, true), "tiles") << "mode 0 never splits";
+  // The affine part (issue 42): the strided term of sparse_strided less its band, grouped by residue.
+  auto gpu = [](const char* spec, int64_t len, int64_t head_dim = 64) {
+    const BoundPattern pat = spattn::parse(spec).bind(len);
+    spattn::plan::SplitTarget t;
+    t.band_kernel = true, t.affine = true, t.head_dim = head_dim, t.tma = true;
+    const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), -1, t);
+    std::string s;
+    for (const Part& p : split.parts) s += std::string(s.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
+    return s + (split.parts.size() == 2 ? " " + split.parts[1].pattern.spec() : "");
+  };
+  EXPECT_EQ(gpu("sparse_strided(256)", 16384), "tiles,affine stride(256) & local(left=16384, right=-256)");
+  EXPECT_EQ(gpu("sparse_strided(128)", 65536, 128), "tiles,affine stride(128) & local(left=65536, right=-128)");
+  EXPECT_EQ(gpu("local(left=300, right=0) | (stride(256) & causal)", 16384),
+            "tiles,affine stride(256) & local(left=16384, right=-512)");
+  EXPECT_EQ(gpu("dilated(64, 32)", 16384), "tiles") << "one term: the tiles part alone, grouped by residue";
+  EXPECT_EQ(gpu("local(4) | dilated(3, 5)", 1024), "tiles") << "the band splits the term's offsets in two";
+  EXPECT_EQ(gpu("local(20) | dilated(3, 5)", 1024), "tiles") << "the band keeps all of the term";
+  EXPECT_EQ(kinds("sparse_strided(256)", 16384), "tiles") << "the CPU engine's target: only when asked";
+  EXPECT_EQ(kinds("sparse_strided(16)", 1024, 1), "tiles,affine") << "mode 1 always";
+  // The affine part's pattern: rows k = q + m d, lo <= m <= hi (here the strided term less the diagonal).
+  const BoundPattern a = BoundPattern::dilated_offsets(100, 90, 7, -3, -1);
+  for (int64_t q = 0; q < 100; ++q)
+    for (int64_t k = 0; k < 90; ++k) ASSERT_EQ(a.contains(q, k), (q - k) % 7 == 0 && q - k >= 7 && q - k <= 21) << q << ", " << k;
+  try {
+    BoundPattern::dilated_offsets(10, 10, 1, 0, 1);
+    ADD_FAILURE() << "d = 1 accepted";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("got d 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(BoundPattern::dilated_offsets(10, 10, 3, 2, 1), spattn::Error) << "lo > hi";
 }
 
 // The GPU backward's parts (plan::backward_parts, issue 39): where a compound split runs by parts, every kept score is

@@ -59,6 +59,10 @@ const std::vector<Case>& cases() {
       {"dilated(1, 2)", 777, 777},
       {"dilated(40, 20)", 2000, 2000},
       {"dilated(3, 9) & local(left=0, right=30)", 100, 130},
+      // stride(s) in closed form too (issue 42), past the stride 16 the GPU planner once capped: causal, ragged groups.
+      {"stride(64) & causal", 3001, 3001},
+      {"stride(100) & causal", 1000, 1500},
+      {"stride(300)", 2500, 2300},
       {"sparse_fixed(128)", 4096, 4096},
       {"neighborhood(dims=(64,64), kernel=13)", 4096, 4096},
       // A lone neighborhood atom's analysis in closed form (products of its axes' windows): dilation, causal axes,

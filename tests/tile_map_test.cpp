@@ -2,7 +2,7 @@
 // (plan/gpu/block_plan.hpp, mapped plan space), on the CPU: the maps are bijections on the tokens, a plan's entries
 // cover exactly the pattern's kept pairs (each in one visited tile, kept by its entry's mask, padding never kept),
 // the per-axis scores the box choice uses are the plan's own counts, and the planner picks mapped plans where
-// they pay and says so.
+// they pay and says so; residue-grouped plans at any stride and the compound split's affine part (AffineParts).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,11 +10,13 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/fused/key_boxes.hpp"  // plain arithmetic: the GPU kernels' key rows, checked here on the CPU
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/parts.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
 
@@ -616,3 +618,75 @@ TEST(TileMap, PlannerChoosesStripsForNa2d) {
 }
 
 }  // namespace
+
+// Issue 42: residue-grouped plans at any stride (kMaxGpuPermutation; was 16). Forced at the stride and each tile shape,
+// at lengths that leave the groups unequal (and rectangular), a plan keeps exactly the pattern's pairs; the compound
+// split's affine part (the strided term less the band) planned by the planner's choice is grouped by residue and keeps
+// exactly its own pairs.
+namespace {
+BoundPattern bind_rect(const char* spec, int64_t lq, int64_t lk) { return spattn::parse(spec).bind(lq, lk); }
+}  // namespace
+
+TEST(AffineParts, PermutedPlansAtAnyStrideCoverThePattern) {
+  struct Case {
+    const char* spec;
+    int64_t lq, lk, d;
+  };
+  for (const Case& c : {Case{"stride(40) & causal", 1000, 1000, 40}, Case{"stride(100) & causal", 1234, 1234, 100},
+                        Case{"stride(100) & causal", 777, 1301, 100}, Case{"dilated(5, 37)", 1111, 1111, 37},
+                        Case{"stride(256) & causal", 4000, 4000, 256}, Case{"dilated(3, 300) & causal", 2500, 1900, 300}}) {
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
+    const BoundPattern pat = bind_rect(c.spec, c.lq, c.lk);
+    const auto an = spattn::plan::analyze(pat);
+    EXPECT_EQ(an.residue, c.d);
+    EXPECT_EQ(an.permutation(spattn::plan::kMaxGpuPermutation), c.d) << "grouped by residue past stride 16";
+    for (auto [bm, bn] : {std::pair{64, 64}, {64, 128}, {128, 128}}) expect_covers(pat, spattn::plan::build_block_plan(pat, bm, bn, int(c.d), &an));
+    // Chosen by cost: groups of 8 tokens padded to 64 (777 / 100, 2500 / 300) may stay unpermuted.
+    expect_covers(pat, spattn::plan::choose_block_plan(pat, an, 64, 0, 0, -1, true));
+  }
+  // The issue's cases: the cost model groups them by residue, at both head dims.
+  for (auto [spec, len, d] : {std::tuple{"stride(64) & causal", int64_t(16384), 64}, {"stride(64) & causal", 65536, 64},
+                              {"dilated(64, 32)", 16384, 32}, {"dilated(64, 32)", 65536, 32}})
+    for (int64_t hd : {64, 128}) {
+      const BoundPattern pat = spattn::parse(spec).bind(len);
+      EXPECT_EQ(spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), hd, 0, 0, -1, true).perm_d, d)
+          << spec << " at " << len << ", D " << hd;
+    }
+}
+
+TEST(AffineParts, SplitPartsPlannedByResidueCoverTheirPairs) {
+  for (auto [spec, len] : {std::pair{"sparse_strided(100)", int64_t(3001)}, {"sparse_strided(64)", 2113},
+                           {"local(left=300, right=0) | (stride(256) & causal)", 4097}}) {
+    SCOPED_TRACE(std::string(spec) + " at " + std::to_string(len));
+    const BoundPattern pat = spattn::parse(spec).bind(len);
+    spattn::plan::SplitTarget t;
+    t.band_kernel = t.affine = t.tma = true;
+    const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), 1, t);
+    ASSERT_EQ(split.parts.size(), 2u) << split.describe();
+    ASSERT_EQ(split.parts[1].kind, spattn::plan::PartKind::affine);
+    for (const auto& part : split.parts) {
+      const BlockPlan p = spattn::plan::choose_block_plan(part.pattern, *part.analysis, 64, 0, 0, -1, true);
+      if (part.kind == spattn::plan::PartKind::affine) EXPECT_GT(p.perm_d, 1) << p.describe();
+      expect_covers(part.pattern, p);
+    }
+  }
+}
+
+// At stride 256 and L = 16384 each residue group holds 64 tokens, and stride(256) & causal less the diagonal (the
+// affine part of sparse_strided(256)) is one 64x64 band tile a group: 256 tiles.
+TEST(AffineParts, SparseStrided256IsOneCausalBlockAGroup) {
+  const BoundPattern pat = spattn::parse("sparse_strided(256)").bind(16384);
+  spattn::plan::SplitTarget t;
+  t.band_kernel = t.affine = t.tma = true;
+  const auto split = spattn::plan::split_pattern(pat, spattn::plan::analyze(pat), -1, t);
+  ASSERT_EQ(split.parts.size(), 2u) << split.describe();
+  const auto& ap = split.parts[1];
+  const BlockPlan p = spattn::plan::choose_block_plan(ap.pattern, *ap.analysis, 64, 0, 0, -1, true);
+  EXPECT_EQ(p.perm_d, 256);
+  EXPECT_EQ(p.q_group, 64);
+  EXPECT_EQ(p.block_m, 64);
+  EXPECT_EQ(p.block_n, 64);
+  EXPECT_EQ(p.nentries(), 256);
+  EXPECT_EQ(p.n_band, 256);
+  EXPECT_EQ(p.nnz, 256 * (64 * 63 / 2));
+}

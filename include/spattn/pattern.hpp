@@ -178,6 +178,12 @@ class BoundPattern {
   static BoundPattern less(const BoundPattern& base, const std::vector<BoundPattern>& minus, int64_t skip_begin,
                            int64_t skip_end);
 
+  // Row q keeps the keys k = q + m d with lo <= m <= hi and 0 <= k < k_len (d >= 2, lo <= hi): stride(d) &
+  // local(left=-lo d, right=hi d), whose sides may be negative (offsets that exclude the diagonal), which the parser
+  // refuses: the compound split's affine part (plan/parts.hpp: the strided term of sparse_strided less its band). Its
+  // spec() is that text; it does not parse. Throws Error naming a bad value.
+  static BoundPattern dilated_offsets(int64_t q_len, int64_t k_len, int64_t d, int64_t lo, int64_t hi);
+
   // A window of `base`: query i stands for the i-th index of `rows` and key j for the j-th of `keys` (each list's
   // ranges taken in the order given, disjoint, inside base's lengths; empty ranges allowed); rows whose query lies
   // in `skip` (base's query indices) keep nothing. A rank's sub-problem under context parallelism (src/dist): its
@@ -208,6 +214,8 @@ class BoundPattern {
 
  private:
   friend class Pattern;
+  // A parsed spec node bound to the lengths, its spec written from the node.
+  static BoundPattern of_node(std::shared_ptr<const detail::Node> node, int64_t q_len, int64_t k_len);
   std::string spec_;
   int64_t q_len_ = 0, k_len_ = 0;
   std::shared_ptr<const detail::BoundNode> root_;

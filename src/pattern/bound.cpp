@@ -279,6 +279,12 @@ struct DilatedB : BoundNode {
 
 struct StrideB : BoundNode {
   int64_t s = 1;
+  // A dilated band at d = s of offsets past every row's reach (stride(s) & causal: m <= 0, the Sparse Transformer's
+  // strided part).
+  bool dilated_band(int64_t& lo, int64_t& hi, int64_t& dd) const override {
+    lo = -q_len, hi = k_len, dd = s;
+    return true;
+  }
   bool contains(int64_t q, int64_t k) const override { return (q - k) % s == 0; }
   void row(int64_t q, RowRuns& out) const override {
     out.clear();

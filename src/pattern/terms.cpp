@@ -1,5 +1,6 @@
 // pattern/terms.cpp — a bound pattern's union terms (BoundPattern::union_terms), their union and their shape: what
 // the planner's split (plan/parts.hpp) reads of the spec; and a blocked spec's inner pattern (BoundPattern::blocked).
+#include <algorithm>
 #include <numeric>
 #include <string>
 
@@ -123,16 +124,18 @@ std::vector<BoundPattern> BoundPattern::union_terms() const {
   flatten(node_, nodes);
   if (nodes.size() == 1 && nodes[0] == node_) return {*this};
   std::vector<BoundPattern> terms;
-  for (auto& n : nodes) {
-    BoundPattern t;
-    t.spec_ = spec_of(*n);
-    t.q_len_ = q_len_;
-    t.k_len_ = k_len_;
-    t.node_ = n;
-    t.root_ = detail::bind_node(n, t.spec_, q_len_, k_len_);
-    terms.push_back(std::move(t));
-  }
+  for (auto& n : nodes) terms.push_back(of_node(n, q_len_, k_len_));
   return terms;
+}
+
+BoundPattern BoundPattern::of_node(std::shared_ptr<const detail::Node> node, int64_t q_len, int64_t k_len) {
+  BoundPattern b;
+  b.spec_ = spec_of(*node);
+  b.q_len_ = q_len;
+  b.k_len_ = k_len;
+  b.node_ = std::move(node);
+  b.root_ = detail::bind_node(b.node_, b.spec_, q_len, k_len);
+  return b;
 }
 
 BoundPattern BoundPattern::union_of(const std::vector<BoundPattern>& terms) {
@@ -147,13 +150,26 @@ BoundPattern BoundPattern::union_of(const std::vector<BoundPattern>& terms) {
                   ", '" + terms[0].spec_ + "' to " + std::to_string(terms[0].q_len_) + " x " + std::to_string(terms[0].k_len_));
     u->children.push_back(t.node_);
   }
-  BoundPattern b;
-  b.spec_ = spec_of(*u);
-  b.q_len_ = terms[0].q_len_;
-  b.k_len_ = terms[0].k_len_;
-  b.node_ = u;
-  b.root_ = detail::bind_node(u, b.spec_, b.q_len_, b.k_len_);
-  return b;
+  return of_node(u, terms[0].q_len_, terms[0].k_len_);
+}
+
+BoundPattern BoundPattern::dilated_offsets(int64_t q_len, int64_t k_len, int64_t d, int64_t lo, int64_t hi) {
+  if (d < 2 || lo > hi || q_len < 0 || k_len < 0)
+    throw Error("dilated_offsets: need d >= 2 and lo <= hi, got d " + std::to_string(d) + ", lo " + std::to_string(lo) +
+                ", hi " + std::to_string(hi));
+  // Offsets past every row's reach bind nothing: clamped so that m d fits.
+  lo = std::max(lo, -(q_len / d + 1)), hi = std::min(hi, k_len / d + 1);
+  auto st = std::make_shared<Node>();
+  st->kind = Kind::Stride;
+  st->a = d;
+  auto band = std::make_shared<Node>();
+  band->kind = Kind::Local;
+  band->a = -lo * d;
+  band->b = hi * d;
+  auto inter = std::make_shared<Node>();
+  inter->kind = Kind::Inter;
+  inter->children = {st, band};
+  return of_node(inter, q_len, k_len);
 }
 
 std::optional<BoundPattern::Blocked> BoundPattern::blocked() const {

@@ -100,8 +100,11 @@ inline constexpr KernelConfig kKernels[] = {
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
 
 // Residue permutations each tiler takes (Analysis::residue): the GPU kernels gather rows through the map in
-// their loads, padded to whole tiles per group (so large strides waste tiles); the CPU tiler has no padding.
-inline constexpr int64_t kMaxGpuPermutation = 16;
+// their loads (plan_token: any stride whose plan space fits 31 bits, checked at upload), each group padded to whole
+// tiles, so large strides waste tiles: the cost model prices the padding against the unpermuted candidates (issue
+// 42: stride(256) at L = 16384 is 256 groups of 64 tokens, one 64x64 tile each). Was 16 (a cap of the planner, not
+// of the kernels).
+inline constexpr int64_t kMaxGpuPermutation = 4096;
 inline constexpr int64_t kMaxCpuPermutation = 4096;
 
 // Compound plans (plan/parts.hpp): a random term goes to the scattered part where it keeps at most Lk / this many

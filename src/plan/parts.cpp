@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "common/parallel.hpp"
@@ -17,6 +19,7 @@ const char* part_kind_name(PartKind k) {
     case PartKind::columns: return "columns";
     case PartKind::rows: return "rows";
     case PartKind::scattered: return "scattered";
+    case PartKind::affine: return "affine";
   }
   return "?";
 }
@@ -68,6 +71,69 @@ void build_csr(int64_t lq, std::vector<int64_t>& offsets, std::vector<int32_t>& 
     std::copy(from.begin(), from.end(), cols.begin() + offsets[size_t(c * lq / nchunks)]);
     std::vector<int32_t>().swap(from);
   });
+}
+
+// The affine split of tiles terms alone (plan/parts.hpp): a dilated term and band rows for the others, the term less
+// the band's offsets one interval of multiples of d; [tiles part, affine part], or none where no term fits or (mode
+// -1) the cost model prices the union's one tile list cheaper.
+std::optional<std::vector<Part>> affine_split(const BoundPattern& pattern, const Analysis& analysis,
+                                              const std::vector<BoundPattern>& tiles, int mode, const SplitTarget& target) {
+  auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
+  auto best_cost = [&](const BoundPattern& p, const Analysis& an) {
+    double b = std::numeric_limits<double>::infinity();
+    for (const ShapeCost& c : block_shape_costs(p, an, target.head_dim, target.tma, 0)) b = std::min(b, c.cost);
+    return b;
+  };
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const auto db = tiles[i].dilated_band();
+    if (!db || db->d < 2) continue;
+    std::vector<BoundPattern> rest;
+    for (size_t j = 0; j < tiles.size(); ++j)
+      if (j != i) rest.push_back(tiles[j]);
+    const BoundPattern band_pat = BoundPattern::union_of(rest);
+    const auto band = band_pat.band();
+    if (!band) continue;
+    // The band keeps the term's offsets m d with c0 <= m <= c1; what is left must be one interval.
+    const int64_t d = db->d, c0 = -floor_div(-band->first, d), c1 = floor_div(band->second, d);
+    int64_t lo = db->lo, hi = db->hi;
+    if (c0 <= c1 && c0 <= hi && c1 >= lo) {
+      if (c0 <= lo && c1 >= hi) continue;  // the band keeps all of the term
+      if (c0 <= lo) {
+        lo = c1 + 1;
+      } else if (c1 >= hi) {
+        hi = c0 - 1;
+      } else {
+        continue;  // two intervals
+      }
+    }
+    Part tp;
+    tp.pattern = band_pat;
+    tp.analysis = analyze(band_pat);
+    tp.nnz = tp.analysis->nnz;
+    tp.terms = join_specs(rest);
+    Part ap;
+    ap.kind = PartKind::affine;
+    ap.pattern = BoundPattern::dilated_offsets(pattern.q_len(), pattern.k_len(), d, lo, hi);
+    ap.analysis = analyze(ap.pattern);
+    ap.nnz = ap.analysis->nnz;
+    ap.terms = tiles[i].spec();
+    if (ap.nnz == 0) continue;
+    // Both parts lie in the pattern and are disjoint by construction: their counts add up to its count.
+    if (tp.nnz + ap.nnz != analysis.nnz)
+      throw Error("compound split: the affine part of '" + pattern.spec() + "' keeps " + std::to_string(ap.nnz) +
+                  " scores and its band part " + std::to_string(tp.nnz) + ", the pattern " + std::to_string(analysis.nnz));
+    if (mode < 0) {
+      const double whole = best_cost(pattern, analysis);
+      if (!std::isfinite(whole) || best_cost(tp.pattern, *tp.analysis) + best_cost(ap.pattern, *ap.analysis) >
+                                       kAffineSplitGain * whole)
+        continue;
+    }
+    std::vector<Part> parts;
+    parts.push_back(std::move(tp));
+    parts.push_back(std::move(ap));
+    return parts;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -180,6 +246,13 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
   if (!rows.empty() && tiles.empty() && columns.empty() && scattered.empty()) {
     tiles = rows;
     rows.clear();
+  }
+  if (columns.empty() && rows.empty() && scattered.empty() && tiles.size() >= 2 && (mode > 0 || target.affine)) {
+    if (auto parts = affine_split(pattern, analysis, tiles, mode, target)) {
+      split.parts = std::move(*parts);
+      split.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return split;
+    }
   }
   if (columns.empty() && rows.empty() && scattered.empty()) {
     whole();

@@ -17,6 +17,13 @@
 //   scattered  random terms keeping at most Lk / kScatteredMaxFill keys a row on average (below about 256 kept
 //              scores a 128 x 128 tile, where a tile costs more than gathering its keys): a CSR part for the
 //              fine-grained kernel;
+//   affine     a dilated term (stride(s), dilated(w, d), with causal or bands: BoundPattern::dilated_band, d >= 2)
+//              united with band rows (sparse_strided(s) = local(left=s-1, right=0) | (stride(s) & causal)), where
+//              the terms are tiles only: the term less the offsets the band keeps (one interval of multiples of d:
+//              BoundPattern::dilated_offsets) runs as its own tile part, which the planner groups by residue
+//              (BlockPlan::perm_d = d: a group's rows are band rows), and the band rows stay the tiles part. Chosen
+//              (mode -1) where SplitTarget::affine and the cost model (block_shape_costs) prices the two parts'
+//              best shapes below kAffineSplitGain of the union's; in mode 1 always;
 //   tiles      every other term (and the above where they are too large): one pattern for the tile kernels.
 // Parts are disjoint where they merge: the columns part drops what the tiles part keeps, the scattered part what
 // the tiles and columns parts keep; rows of the rows part are dropped from the columns and scattered parts.
@@ -32,12 +39,12 @@
 
 namespace spattn::plan {
 
-enum class PartKind { tiles, columns, rows, scattered };
+enum class PartKind { tiles, columns, rows, scattered, affine };
 const char* part_kind_name(PartKind k);
 
 struct Part {
   PartKind kind = PartKind::tiles;
-  // tiles: over (Lq, Lk). columns: over (Lq, columns.size()), compact key j standing for key columns[j].
+  // tiles, affine: over (Lq, Lk). columns: over (Lq, columns.size()), compact key j standing for key columns[j].
   // rows: dense over (row_end - row_begin, Lk). scattered: the CSR below as an explicit pattern over (Lq, Lk).
   BoundPattern pattern;
   std::vector<int32_t> columns;        // columns: the gathered keys, increasing
@@ -61,7 +68,7 @@ struct Part {
 std::string describe(const Part& part);
 
 struct Split {
-  std::vector<Part> parts;  // in run order: tiles, columns, scattered, rows
+  std::vector<Part> parts;  // in run order: tiles, affine, columns, scattered, rows
   double ms = 0;            // time to split
   // One tiles part over the whole pattern: nothing to merge.
   bool compound() const { return parts.size() != 1 || parts[0].kind != PartKind::tiles; }
@@ -77,7 +84,17 @@ struct SplitTarget {
   // band rows (BoundPattern::band: local | random, the suite's bandrand) and nothing else (no columns part, no owned
   // rows): its CSR drawn by the device (Part::drawn), not here.
   bool device_draw = false;
+  // The affine part (above) where the cost model prices it cheaper: the GPU planner's target (head_dim, tma: its
+  // candidates, block_shape_costs). False: never in mode -1 (the CPU engine's default).
+  bool affine = false;
+  int64_t head_dim = 64;
+  bool tma = false;
 };
+
+// The affine part runs where its and the band part's predicted costs sum to at most this fraction of the union's:
+// the rest pays the second launch and the LSE merge (one read of two outputs, one write), which the cost model does
+// not price. Not measured yet (issue 42's bench: scripts/gpu_check.d/strided.sh).
+inline constexpr double kAffineSplitGain = 0.8;
 
 // mode: -1 chosen by the rules above; 0 never (one tiles part); 1 every columns, rows and scattered term out of
 // the tiles, whatever its size (tests).

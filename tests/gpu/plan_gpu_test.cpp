@@ -289,6 +289,45 @@ TEST(PlanGpu, RefusesTensorsOfAnotherProblem) {
                spattn::Error);
 }
 
+// Issue 42: affine terms at any stride. The strided term of sparse_strided(s) split from its band (the affine part,
+// grouped by residue: explain names the part and its kernel's residue permutation) and merged through the LSE; stride
+// and dilated terms alone grouped past stride 16. Lengths that leave residue groups unequal, D 64 and 128, bf16 and
+// fp16, chosen and forced (compound 1) splits. The planner's choices here are checked on the CPU too
+// (LaunchDecision.AffinePartsAtAnyStride): groups of about 16 tokens or more, where the cost model groups by residue.
+TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
+  REQUIRE_GPU();
+  struct C {
+    const char* spec;
+    int64_t L, D;
+    DType dt;
+    int compound;
+    bool affine;  // an affine part; else one tile list
+    int perm;     // the residue permutation explain must name (the affine part's, or the one list's)
+  } const cases[] = {
+      {"sparse_strided(256)", 4099, 64, DType::bf16, -1, true, 256},   // groups of 16 and 17 tokens
+      {"sparse_strided(128)", 3001, 128, DType::f16, 1, true, 128},
+      {"sparse_strided(512)", 9001, 64, DType::bf16, 1, true, 512},    // groups of 17 and 18
+      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, DType::bf16, 1, true, 256},
+      {"stride(64) & causal", 5000, 128, DType::bf16, -1, false, 64},
+      {"dilated(64, 32)", 4097, 64, DType::bf16, -1, false, 32},
+      {"dilated(9, 100) & causal", 3333, 64, DType::f16, -1, false, 100},
+  };
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
+    spattn::PlanOptions o;
+    o.compound = c.compound;
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0), o);
+    const std::string ex = plan.explain();
+    EXPECT_EQ(ex.find("\n  affine [") != std::string::npos, c.affine) << ex;
+    if (on_sm90a())  // the sm_90a rows' reasons (elsewhere the mma.sync rows, which gather the same way)
+      EXPECT_NE(ex.find("residue permutation " + std::to_string(c.perm) + " "), std::string::npos) << ex;
+    double lse_err = 0;
+    EXPECT_LE(run_vs_reference(plan, pats, c.dt, 13, &lse_err), 1e-2) << ex;
+    EXPECT_LE(lse_err, 2e-2) << ex;
+  }
+}
+
 }  // namespace
 
 // Zero lengths on every GPU engine (make_plan failed with "block plan: empty lengths"): no kernel of the engine runs;

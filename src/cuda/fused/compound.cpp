@@ -71,6 +71,12 @@ CompoundAttention::CompoundAttention(plan::PatternDecision decision, const Probl
       case plan::PartKind::tiles:
       case plan::PartKind::rows:
         break;
+      case plan::PartKind::affine:  // after the tiles part: its result merged in
+        if (i > 0 && !m.o2.get()) {
+          m.o2 = DeviceBuffer(size_t(rows) * size_t(problem.dv()) * es);
+          m.lse2 = DeviceBuffer(size_t(rows) * sizeof(float));
+        }
+        break;
       case plan::PartKind::columns: {
         r.keys = DeviceBuffer::upload(p.columns);
         const size_t kv = size_t(problem.batch) * p.columns.size() * size_t(problem.kv_heads) * size_t(problem.head_dim) * es;
@@ -129,6 +135,22 @@ CompoundAttention::~CompoundAttention() = default;
 CompoundAttention::CompoundAttention(CompoundAttention&&) noexcept = default;
 CompoundAttention& CompoundAttention::operator=(CompoundAttention&&) noexcept = default;
 
+namespace {
+
+// A part after the first: its result into the scratch (o2, lse2), merged into o and lse through the LSE.
+void merge_run(const DeviceBuffer& o2buf, const DeviceBuffer& lse2buf, const FusedAttention& attn, const Problem& sub, const TensorView& q,
+               const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse, bool bf16,
+               void* stream) {
+  const TensorView o2 = TensorView::contiguous(o2buf.get(), sub.dtype, {sub.batch, sub.q_len, sub.q_heads, sub.dv()});
+  const TensorView l2 = TensorView::contiguous(lse2buf.get(), DType::f32, {sub.batch, sub.q_heads, sub.q_len, 1});
+  attn.run(sub, q, k, v, o2, l2, stream);
+  launched(launch_merge(rows_of(o), static_cast<float*>(lse.data), lse.stride[0], lse.stride[1], o2buf.get(),
+                        lse2buf.get<float>(), int(sub.batch), int(sub.q_len), int(sub.q_heads), int(sub.dv()), bf16, stream),
+           "merge");
+}
+
+}  // namespace
+
 void CompoundAttention::run(const Problem& pr, const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& o, const TensorView& lse_in, void* stream) const {
   const Impl& m = *impl_;
@@ -152,6 +174,14 @@ void CompoundAttention::run(const Problem& pr, const TensorView& q, const Tensor
       case plan::PartKind::tiles:
         r.attn->run(pr, q, k, v, o, lse, stream);
         break;
+      case plan::PartKind::affine: {  // over (Lq, Lk), its rows gathered by residue (the part's plan, perm_d)
+        if (first) {
+          r.attn->run(pr, q, k, v, o, lse, stream);
+          break;
+        }
+        merge_run(m.o2, m.lse2, *r.attn, pr, q, k, v, o, lse, bf16, stream);
+        break;
+      }
       case plan::PartKind::rows: {
         Problem sub = pr;
         sub.q_len = p.row_end - p.row_begin;
@@ -173,13 +203,7 @@ void CompoundAttention::run(const Problem& pr, const TensorView& q, const Tensor
           r.attn->run(sub, q, kc, vc, o, lse, stream);
           break;
         }
-        const TensorView o2 = TensorView::contiguous(m.o2.get(), pr.dtype, {pr.batch, pr.q_len, pr.q_heads, pr.dv()});
-        const TensorView l2 = TensorView::contiguous(m.lse2.get(), DType::f32, {pr.batch, pr.q_heads, pr.q_len, 1});
-        r.attn->run(sub, q, kc, vc, o2, l2, stream);
-        launched(launch_merge(rows_of(o), static_cast<float*>(lse.data), lse.stride[0], lse.stride[1], m.o2.get(),
-                              m.lse2.get<float>(), int(pr.batch), int(pr.q_len), int(pr.q_heads), int(pr.dv()), bf16,
-                              stream),
-                 "merge");
+        merge_run(m.o2, m.lse2, *r.attn, sub, q, kc, vc, o, lse, bf16, stream);
         break;
       }
       case plan::PartKind::scattered: {

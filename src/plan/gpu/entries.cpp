@@ -235,7 +235,8 @@ BlockPlan build_plan(const BoundPattern& pat, int bm, int bn, int d, const Analy
   if ((bm != 64 && bm != 128 && bm != 192) || (bn != 64 && bn != 128))  // for_each_tile_span shifts by bn
     throw Error("block plan: tiles must be 64, 128 or 192 query rows by 64 or 128 keys, got " + std::to_string(bm) + "x" +
                 std::to_string(bn));
-  if (d < 1 || d > 64) throw Error("block plan: perm_d must be in [1, 64], got " + std::to_string(d));
+  if (d < 1 || d > kMaxGpuPermutation)
+    throw Error("block plan: perm_d must be in [1, " + std::to_string(kMaxGpuPermutation) + "], got " + std::to_string(d));
   const Space sp = maps ? Space(pat.q_len(), pat.k_len(), bm, bn, *maps) : Space(pat.q_len(), pat.k_len(), bm, bn, d);
   if (sp.q_tiles >= INT32_MAX || sp.k_tiles >= INT32_MAX) throw Error("block plan: too many tiles");
 

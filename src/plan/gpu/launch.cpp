@@ -286,6 +286,10 @@ SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedO
   t.band_kernel = band_block_m(head_dim) > 0 && target.sm90a() && f.tma && !f.force_sm80 && f.band != 0 &&
                   f.block_m <= 0 && f.perm_d <= 1 && f.tile_map < 1;
   t.device_draw = f.device_draw != 0;
+  // The affine part (issue 42) where nothing forces one tile plan.
+  t.affine = f.block_m <= 0 && f.perm_d < 1 && f.tile_map < 1;
+  t.head_dim = head_dim;
+  t.tma = target.sm90a() && f.tma && !f.force_sm80;
   return t;
 }
 
@@ -324,6 +328,9 @@ PatternDecision decide_pattern(const BoundPattern& pattern, const Analysis& anal
       }
       case PartKind::columns:
         out.launches.push_back(decide_tiles(p.pattern, nullptr, head_dim, target, sub));
+        break;
+      case PartKind::affine:  // grouped by residue where the cost model says so (its analysis: residue d)
+        out.launches.push_back(decide_tiles(p.pattern, p.analysis ? &*p.analysis : nullptr, head_dim, target, sub));
         break;
       case PartKind::scattered:
         out.launches.emplace_back();
