@@ -327,7 +327,9 @@ TEST(BackwardGpu, ForcedTileKernelRefusesWhatItCannotRun) {
 }
 
 // Issue 42: the backward of the strided cases (after the forward's affine part or residue groups past stride 16),
-// on the tile kernels the planner chooses, against the reference; lengths that leave residue groups unequal.
+// on the tile kernels the planner chooses, against the reference; lengths that leave residue groups unequal. It
+// failed on an H200 with the backward's residue groups past 16 (session 23): the backward now keeps them at
+// plan::kMaxGpuBackwardPermutation, so these run on unpermuted tiles (not yet re-run on a GPU).
 TEST(BackwardGpu, StridedPastSixteen) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";

@@ -364,8 +364,10 @@ int backward_row(const BackwardChoice& c, const Analysis& analysis, int64_t head
 }
 
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row) {
-  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only.
-  return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, -1, false, 0);
+  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only, the
+  // latter up to kMaxGpuBackwardPermutation (past it: unpermuted tiles, forced).
+  const int perm = analysis.permutation(kMaxGpuPermutation) > kMaxGpuBackwardPermutation ? 1 : -1;
+  return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, perm, false, 0);
 }
 
 std::string BackwardParts::describe() const {
