@@ -24,12 +24,16 @@ import datetime
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bwd_bench import time_pair  # noqa: E402  (calls in alternation, eager: the backward)
+from gpu_bench import time_paired  # noqa: E402  (CUDA-graph replays in alternation: the forward)
 
 # (name, B, L, Hq, Hkv, D, left, right, causal): left/right None = unbounded on that side
 CASES = [
@@ -68,34 +72,6 @@ def fa4():
     except Exception as e:  # noqa: BLE001
         print(f"# FlashAttention-4 not importable ({type(e).__name__}: {str(e)[:120]}): its columns are left empty")
         return None
-
-
-def graph_of(fn):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g.replay
-
-
-def alternate(fns, reps):
-    """Median ms of each fn, timed in alternation (one call of each, in turn, reps times)."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    ev = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-          for _ in fns]
-    for i in range(reps):
-        for j, fn in enumerate(fns):
-            ev[j][i][0].record()
-            fn()
-            ev[j][i][1].record()
-    torch.cuda.synchronize()
-    return [statistics.median(a.elapsed_time(b) for a, b in e) for e in ev]
 
 
 def reference(q, k, v, left, right, rows):
@@ -177,12 +153,8 @@ def main():
         for name, f in impls.items():
             row[f"{name}_fwd_err"] = rel(f(q, k, v)[:, sample], ref)
         # forward: graphs in alternation
-        outs = {}
-        fwd = []
-        for name, f in impls.items():
-            fwd.append(graph_of(lambda f=f, name=name: outs.__setitem__(name, f(q, k, v))))
-        fwd_ms = alternate(fwd, args.reps)
-        dense_ms = alternate([graph_of(lambda: cudnn(q, k, v))], args.reps)[0]
+        fwd_ms, _ = time_paired([lambda f=f: f(q, k, v) for f in impls.values()], args.reps)
+        dense_ms = time_paired([lambda: cudnn(q, k, v)], args.reps)[0][0]
         dense_kept = L * (L + 1) // 2 if causal else L * L
         # backward: autograd.grad in alternation over retained graphs
         bwd = []
@@ -190,7 +162,7 @@ def main():
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
             o = f(qg, kg, vg)
             bwd.append(lambda o=o, qg=qg, kg=kg, vg=vg: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
-        bwd_ms = alternate(bwd, args.reps)
+        bwd_ms = time_pair(bwd, args.reps)
         for (name, _f), fm, bm_ in zip(impls.items(), fwd_ms, bwd_ms):
             row[f"{name}_fwd_ms"] = fm
             row[f"{name}_bwd_ms"] = bm_
@@ -226,7 +198,7 @@ def main():
               f"flex {row.get('flex_fwd_tflops', float('nan')):6.0f} cudnn {row['cudnn_dense_fwd_tflops']:6.0f} | "
               f"bwd ours {row['spattn_bwd_tflops']:6.0f} fa4 {fb} flex {row.get('flex_bwd_tflops', float('nan')):6.0f}"
               f" | err fwd {row['spattn_fwd_err']:.1e} bwd {row['spattn_bwd_err']:.1e}", flush=True)
-        del q, k, v, do, bwd, fwd, outs
+        del q, k, v, do, bwd
         torch.cuda.empty_cache()
 
     def gm(key):
