@@ -263,7 +263,34 @@ def model(name, doc):
     return out
 
 
-TABLES = {"model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+def windows(name, doc):
+    """bench/windows_bench.py: the window and causal training cases against FlashAttention-4; issue 40's bar."""
+    rows, sm = doc["rows"], doc["summary"]
+    t = lambda r, k: f"{r[k]:.0f}" if r.get(k) else ""  # noqa: E731
+    x = lambda r, k: f"{r[k]:.2f}x" if r.get(k) else ""  # noqa: E731
+    out = [caption(name, doc, f"{doc['machine']}, bf16, effective TFLOP/s over kept scores (backward counted 2.5x "
+                              f"the forward's flops), FlashAttention-4 and FlexAttention in the same process"), "",
+           row(["spec", "B x L x Hq/Hkv, D", "fwd ours", "FA4", "Flex", "ratio vs FA4", "bwd ours", "FA4", "Flex",
+                "ratio vs FA4"]), rule(10)]
+    for r in rows:
+        out.append(row([f"`{r['spec']}`", f"{r['B']} x {r['L']} x {r['Hq']}/{r['Hkv']}, {r['D']}",
+                        t(r, "spattn_fwd_tflops"), t(r, "fa4_fwd_tflops"), t(r, "flex_fwd_tflops"),
+                        x(r, "fwd_ratio_vs_fa4"), t(r, "spattn_bwd_tflops"), t(r, "fa4_bwd_tflops"),
+                        t(r, "flex_bwd_tflops"), x(r, "bwd_ratio_vs_fa4")]))
+    fa4 = [r for r in rows if r.get("fwd_ratio_vs_fa4")]
+    if fa4:
+        fmin = min(r["fwd_ratio_vs_fa4"] for r in fa4)
+        bmin = min(r["bwd_ratio_vs_fa4"] for r in fa4)
+        ok = fmin >= 1.0 and sm["fwd_ratio_vs_fa4"] >= 1.1 and bmin >= 1.0
+        out += ["", f"Geomean against FA4: forward {sm['fwd_ratio_vs_fa4']:.2f}x (lowest {fmin:.2f}x), backward "
+                    f"{sm['bwd_ratio_vs_fa4']:.2f}x (lowest {bmin:.2f}x); against FlexAttention: forward "
+                    f"{sm['fwd_ratio_vs_flex']:.2f}x, backward {sm['bwd_ratio_vs_flex']:.2f}x. The bar (forward >= 1.0x "
+                    f"FA4 on every case and 1.1x geomean, backward >= 1.0x on every case): "
+                    f"{'met' if ok else 'not met'}."]
+    return out
+
+
+TABLES = {"windows": windows, "model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
 
 
 def block(path, summarize=False):

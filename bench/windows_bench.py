@@ -210,7 +210,7 @@ def main():
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
-    out = {"meta": {"commit": os.environ.get("SPATTN_COMMIT", commit), "date": datetime.date.today().isoformat(),
+    out = {"kind": "windows", "meta": {"commit": os.environ.get("SPATTN_COMMIT", commit), "date": datetime.date.today().isoformat(),
                     "command": "python3 bench/windows_bench.py " + " ".join(sys.argv[1:])},
            "machine": torch.cuda.get_device_name(), "summary": summary, "rows": rows}
     if args.json:
