@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -183,14 +184,24 @@ void CsrBackward::upload_csr(const std::vector<int64_t>& row_offsets, const std:
   for (int64_t i = 0; i < q_len_; ++i)
     for (int64_t e = row_offsets[size_t(i)]; e < row_offsets[size_t(i) + 1]; ++e)
       rows[size_t(fill[size_t(col_indices[size_t(e)])]++)] = int32_t(i);
+  // The keys by how many queries keep them, most first (stable: a counting sort on the counts).
+  int64_t most = 0;
+  for (int64_t j = 0; j < k_len_; ++j) most = std::max(most, col_off[size_t(j) + 1] - col_off[size_t(j)]);
+  std::vector<int64_t> at(size_t(most) + 2, 0);
+  for (int64_t j = 0; j < k_len_; ++j) at[size_t(most - (col_off[size_t(j) + 1] - col_off[size_t(j)])) + 1] += 1;
+  for (size_t c = 1; c < at.size(); ++c) at[c] += at[c - 1];
+  std::vector<int32_t> order(static_cast<size_t>(k_len_));
+  for (int64_t j = 0; j < k_len_; ++j)
+    order[size_t(at[size_t(most - (col_off[size_t(j) + 1] - col_off[size_t(j)]))]++)] = int32_t(j);
   try {
     row_off_ = upload(row_offsets);
     cols_ = upload(col_indices);
     col_off_ = upload(col_off);
     rows_ = upload(rows);
+    key_order_ = upload(order);
   } catch (...) {
-    cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_);
-    row_off_ = nullptr, cols_ = nullptr, col_off_ = nullptr, rows_ = nullptr;
+    cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_), cudaFree(key_order_);
+    row_off_ = nullptr, cols_ = nullptr, col_off_ = nullptr, rows_ = nullptr, key_order_ = nullptr;
     throw;
   }
 }
@@ -200,6 +211,7 @@ CsrBackward::~CsrBackward() {
   cudaFree(cols_);
   cudaFree(col_off_);
   cudaFree(rows_);
+  cudaFree(key_order_);
 }
 
 namespace {
@@ -247,7 +259,7 @@ bool CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
   }
   if (rows_kernels && q.dtype != DType::f32 && rows_kernels_allowed()) {
     ScatteredBwdParams rp = rows_params(p, all, lse, delta, delta_sb, delta_sh, accumulate);
-    rp.row_off = row_off_, rp.cols = cols_, rp.col_off = col_off_, rp.rows = rows_;
+    rp.row_off = row_off_, rp.cols = cols_, rp.col_off = col_off_, rp.rows = rows_, rp.key_order = key_order_;
     if (scattered_backward_takes(rp)) {
       SPATTN_CUDA_CHECK(cudaError_t(launch_scattered_backward(rp, stream)));
       return true;

@@ -43,6 +43,7 @@ class CsrBackward {
   int32_t* cols_ = nullptr;     // [nnz]
   int64_t* col_off_ = nullptr;  // [Lk + 1] (transpose)
   int32_t* rows_ = nullptr;     // [nnz]
+  int32_t* key_order_ = nullptr;  // [Lk]: keys by their queries, most first (the rows kernels' dK/dV pass)
 };
 
 }  // namespace spattn::cuda

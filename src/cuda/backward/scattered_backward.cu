@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kWarps * 32) dq_rows_kernel(ScatteredBwdParams
   put_row<T, E>(row_ptr<T>(p.dq, b, q, h, s * E), acc, p.accumulate);
 }
 
-// dK/dV pass: a key (b, kv head, j) a group of eight lanes, four keys a warp, keys fastest; its entries are the
+// dK/dV pass: a key (b, kv head, j) a group of eight lanes, four keys a warp, keys fastest (in key_order where given);
+// its entries are the
 // queries that keep it (transposed CSR) for each query head of its group, two a step, pipelined as above (Q and dO
 // rows, lse and delta).
 template <class T, int D>
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kWarps * 32) dkv_rows_kernel(ScatteredBwdParam
   const int64_t key = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * 4 + (lane >> 3);
   const bool live = key < nkeys;
   const int64_t r = live ? key : 0;
-  const int j = int(r % p.k_len);
+  const int j = p.key_order ? p.key_order[r % p.k_len] : int(r % p.k_len);
   const int64_t bh = r / p.k_len;
   const int hk = int(bh % kv_heads), b = int(bh / kv_heads);
   const int64_t beg = live ? p.col_off[j] : 0;

@@ -39,6 +39,9 @@ struct ScatteredBwdParams {
   const int32_t* cols = nullptr;
   const int64_t* col_off = nullptr;  // [Lk + 1]: key j is kept by rows[col_off[j] .. col_off[j + 1])
   const int32_t* rows = nullptr;
+  // [Lk] or null (keys in order): the dK/dV pass's keys in this order, the longest columns first (a warp's four keys
+  // then keep about as many queries each: with random keys' Poisson counts, unsorted, a warp runs ~1.4x its mean).
+  const int32_t* key_order = nullptr;
   int batch = 0, q_heads = 0, group = 1, q_len = 0, k_len = 0, head_dim = 64;
   float scale = 0;
   int accumulate = 0;
