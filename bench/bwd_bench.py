@@ -31,6 +31,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -124,6 +125,26 @@ def summary(rows):
                    f"{BAR_FLEX_GEOMEAN}, none below {BAR_FLEX_MIN}"}
 
 
+def with_env(fn, env):
+    """fn run with the environment variables env set for the call (the library reads some at each call: the A/B
+    switch SPATTN_CSR_BWD), then restored; fn itself where env is empty."""
+    if not env:
+        return fn
+
+    def call():
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            fn()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return call
+
+
 def compound_cases(L):
     """(name, spec, mask_mod or None, B, H, HK, L, D): issue 39's compound cases (L: the default length)."""
     return [
@@ -150,6 +171,9 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--compound", action="store_true", help="issue 39's compound cases (compound_cases) instead")
     ap.add_argument("--json", default="")
+    ap.add_argument("--env-ab", default="", help="VAR=VALUE[,VAR=VALUE]: also time the (first) plan's backward with "
+                    "these set at each call, alternated with the rest (an A/B in one process: SPATTN_CSR_BWD=warp runs "
+                    "the old warp-a-row pass of the CSR parts); its rows are marked forced: env:...")
     ap.add_argument("--issue", action="store_true", help="issue 39's table (issue_cases) instead")
     ap.add_argument("--baseline", default="", help="also write bench/baselines/NAME.json (+ .png) through baseline.py "
                     "(the --issue cases unless --compound or --patterns is given)")
@@ -176,6 +200,7 @@ def main():
     flex = torch.compile(flex_attention, dynamic=False)
     dev = torch.cuda.get_device_name()
     kernels = args.kernel.split(",")
+    env = dict(x.split("=", 1) for x in args.env_ab.split(",") if x)
     print(f"# {dev}  B={B} H={H} bf16  backward_kernel={','.join(k or 'chosen' for k in kernels)}", flush=True)
     rows = []
     for L0 in (int(x) for x in args.lengths.split(",")):
@@ -223,7 +248,11 @@ def main():
                         h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v), o.data_ptr(),
                         strides(o), lse.data_ptr(), do.data_ptr(), strides(do), dq.data_ptr(), strides(dq),
                         dk.data_ptr(), strides(dk), dv.data_ptr(), strides(dv), st()), "backward")
-                fns = [backward(h) for h in hs]
+                # (plan, label, env): each plan, then the first plan under --env-ab's variables
+                variants = [(h, kern, None) for h, kern in zip(hs, kernels)]
+                if env:
+                    variants.append((hs[0], "env:" + args.env_ab, env))
+                fns = [with_env(backward(h), e) for h, _, e in variants]
                 full = None
                 if not args.no_flex:
                     if mod is None:
@@ -247,7 +276,9 @@ def main():
                 grads = None
                 if not args.no_flex:
                     grads = torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)
-                for j, h in enumerate(hs):
+                for j, (h, label, _) in enumerate(variants):
+                    fns[j]()  # (the name of what this variant runs: the timing loop ended on another)
+                    torch.cuda.synchronize()
                     ran = L_.spattn_plan_last_backward_kernel(h).decode()
                     r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "HK": HK, "kernel": ran,
                          "ms": times[j], "tflops": fl / times[j] / 1e9, "fwd_ms": fwd_ms,
@@ -257,14 +288,12 @@ def main():
                     if args.issue:
                         r["class"] = BAR_CLASS.get(name, "other")
                         r["bar"] = bar_of(name)
-                    if kernels[j]:
-                        r["forced"] = kernels[j]
+                    if label:
+                        r["forced"] = label
                     line = (f"{name:12s} L={L:5d} D={D:3d} {ran:14s} fwd {fwd_ms:7.3f} ms ({r['fwd_tflops']:6.1f} TF/s) "
                             f"bwd {times[j]:8.3f} ms ({r['tflops']:6.1f} TF/s) bwd/fwd {r['bwd_over_fwd']:.2f}")
                     if grads is not None:
                         gq, gk, gv = grads
-                        fns[j]()
-                        torch.cuda.synchronize()
                         err = max(((a.float() - b.float()).norm() / b.float().norm()).item()
                                   for a, b in ((dq, gq), (dk, gk), (dv, gv)))
                         r.update(flex_ms=times[-1], flex_tflops=fl / times[-1] / 1e9, speedup=times[-1] / times[j],
@@ -273,15 +302,16 @@ def main():
                                  f"{r['speedup']:5.2f}  diff vs flex {err:.1e}")
                     print(line, flush=True)
                     rows.append(r)
+                for h in hs:
                     L_.spattn_plan_destroy(h)
                 if grads is not None:
                     del of, grads, bm
                 del q, k, v, do, o, dq, dk, dv, lse, full
-    for kern in kernels:
+    for kern in kernels + (["env:" + args.env_ab] if env else []):
         sp = [r["speedup"] for r in rows if "speedup" in r and r.get("forced", "") == kern]
         if sp:
             print(f"# geomean flex/ours {math.exp(sum(math.log(x) for x in sp) / len(sp)):.3f} over {len(sp)} cases"
-                  + (f" (backward_kernel={kern})" if kern else ""))
+                  + (f" ({kern if kern.startswith('env:') else 'backward_kernel=' + kern})" if kern else ""))
     doc = {"kind": "backward", "machine": {"gpu": dev, "command": "python3 bench/bwd_bench.py " + " ".join(sys.argv[1:])},
            "rows": rows}
     if args.issue:
