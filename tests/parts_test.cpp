@@ -244,6 +244,38 @@ TEST(Parts, BackwardPartsCoverThePatternExactly) {
   EXPECT_FALSE(spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), 64, h100, o).by_parts());
 }
 
+// The backward's parts of issue 39's cases at their lengths (host only): which parts each pattern's backward runs
+// and the kernels its description names; the patterns that run whole say why.
+TEST(Parts, BackwardPartsOfTheIssueCases) {
+  const spattn::plan::GpuTarget h200{90, 132};
+  struct C {
+    const char* spec;
+    int64_t len, d;
+    const char* kinds;  // "" where the pattern runs whole
+    const char* says;   // in describe()
+  };
+  const C cs[] = {
+      {"sparse_fixed(128, 4)", 16384, 64, "tiles,columns", "the tile backward over its 512 keys gathered"},
+      {"local(256) | random(8)", 16384, 64, "tiles,scattered", "(cuda_scattered_bwd"},
+      {"local(256)", 16384, 64, "", "backward: the whole pattern (one tile list)"},
+      {"bigbird(64, 3, 2, 3)", 16384, 64, "", "backward: the whole pattern (one tile list)"},
+      {"neighborhood(dims=(96,96), kernel=7)", 9216, 64, "", "backward: the whole pattern (one tile list)"},
+      {"(local(left=2048, right=0) | global_cols(0:4)) & causal", 32768, 128, "",
+       "backward: the whole pattern (one tile list)"},
+      {"longformer(256, 32)", 16384, 64, "", "a rows part replaces its rows' output"},
+  };
+  for (const C& c : cs) {
+    SCOPED_TRACE(c.spec);
+    const BoundPattern pat = spattn::parse(c.spec).bind(c.len);
+    const spattn::plan::BackwardParts bp =
+        spattn::plan::backward_parts(pat, spattn::plan::analyze(pat), c.d, h200, spattn::PlanOptions{});
+    std::string kinds;
+    for (const auto& p : bp.parts) kinds += std::string(kinds.empty() ? "" : ",") + spattn::plan::part_kind_name(p.kind);
+    EXPECT_EQ(kinds, c.kinds) << bp.describe();
+    EXPECT_NE(bp.describe().find(c.says), std::string::npos) << bp.describe();
+  }
+}
+
 TEST(Parts, UnionTerms) {
   const BoundPattern p = spattn::parse("longformer(4, 2) | (random(3) & causal)").bind(50);
   std::vector<std::string> specs;

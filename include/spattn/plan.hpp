@@ -125,7 +125,8 @@ class Plan {
   // "cuda_csr_bwd") a deterministic CUDA-core pass over the pattern's CSR and its transpose. The fused GPU engine runs
   // a compound plan's backward by parts where no backward kernel is forced (explain lists them): each part against
   // the forward's LSE, the first part writing dQ, dK, dV and the others adding theirs (tiles and gathered columns on
-  // the tiles, scattered keys on the CSR pass). Built at the first call; runs of one plan's backward share scratch:
+  // the tiles, scattered keys on cuda_scattered_bwd: eight lanes a row, dK/dV over the transposed CSR, no atomics).
+  // Built at the first call; runs of one plan's backward share scratch:
   // one stream at a time.
   void backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,

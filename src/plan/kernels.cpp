@@ -24,6 +24,7 @@ const char* kind_name(KernelKind kind) {
     case KernelKind::sm90_bwd: return "sm90_bwd";
     case KernelKind::sm90_bwd_ws: return "sm90_bwd_ws";
     case KernelKind::cuda_csr_bwd: return "cuda_csr_bwd";
+    case KernelKind::cuda_scattered_bwd: return "cuda_scattered_bwd";
   }
   return "?";
 }

@@ -26,6 +26,7 @@ enum class KernelKind : uint8_t {
   sm90_bwd,        // the backward pass on sm_90a: key-major tiles (64 queries x 128 keys), wgmma, dQ by atomics
   sm90_bwd_ws,     // ... warp-specialized: a producer warp (TMA steps), a dQ warp (bulk reduce-add), 2 consumer WGs
   cuda_csr_bwd,    // the backward pass on CUDA cores over the pattern's CSR and its transpose (any GPU, dtype, D <= 256)
+  cuda_scattered_bwd,  // a compound plan's CSR parts' backward: eight lanes a row, 16-byte gathers (scattered_backward.cu)
 };
 
 // dtypes a row accepts (bits of spattn::DType's values: f32 1, f16 2, bf16 4).
@@ -96,6 +97,7 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_bwd_ws_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_ws_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 128, kF16 | kBF16, 0, 0},
     {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
+    {"cuda_scattered_bwd", Engine::cuda_fused, KernelKind::cuda_scattered_bwd, 0, 0, 0, kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));
 

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -276,8 +277,8 @@ TEST(BackwardGpu, CompoundPlansByParts) {
     const std::string spec = c.specs.size() == 1 ? c.specs[0] : "";
     if (want && on_sm90a() && spec.rfind("sparse_fixed", 0) == 0)  // columns: the tiles over their gathered keys
       EXPECT_EQ(ran.find("cuda_csr_bwd"), std::string::npos) << ran;
-    if (want && spec.find("random") != std::string::npos)  // the scattered part on the CSR pass
-      EXPECT_NE(ran.find("cuda_csr_bwd"), std::string::npos) << ran;
+    if (want && spec.find("random") != std::string::npos)  // the scattered part on the rows kernels
+      EXPECT_NE(ran.find("cuda_scattered_bwd"), std::string::npos) << ran;
     by_parts += want;
     const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
     EXPECT_LE(e[0], tol) << "dq";
@@ -285,6 +286,49 @@ TEST(BackwardGpu, CompoundPlansByParts) {
     EXPECT_LE(e[2], tol) << "dv";
   }
   EXPECT_GE(by_parts, 6);
+}
+
+// The CSR parts' rows kernels (cuda_scattered_bwd, scattered_backward.hpp): the scattered part alone (it writes the
+// gradients: keys no row keeps get 0), after a tiles part (it adds), GQA, Lq != Lk, D = 64 and 128, a scattered part
+// with empty rows (a band covering most random keys); each against the reference, with SPATTN_CSR_BWD=warp (the
+// warp-a-row pass, the A/B switch) too.
+TEST(BackwardGpu, ScatteredPartRowsKernels) {
+  REQUIRE_GPU();
+  const Case cs[] = {
+      {{"random(6, seed=2)"}, DType::f16, 1, 2, 1, 301, 301, 64, false, spattn::Engine::automatic, 1},
+      {{"local(64) | random(8, seed=3)"}, DType::bf16, 2, 4, 2, 333, 301, 128, false, spattn::Engine::automatic, 1},
+      {{"local(100) | random(3, seed=1)"}, DType::bf16, 1, 2, 2, 150, 150, 64, false, spattn::Engine::automatic, 1},
+      {{"local(7) | random(5, seed=4)"}, DType::bf16, 2, 8, 1, 77, 1000, 64, true, spattn::Engine::automatic, 1},
+  };
+  uint32_t seed = 1300;
+  for (const Case& c : cs) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
+    const spattn::BoundPattern bp = spattn::parse(c.specs[0]).bind(c.Lq, c.Lk);
+    spattn::PlanOptions o;
+    o.compound = c.compound;
+    const spattn::plan::BackwardParts parts =
+        spattn::plan::backward_parts(bp, spattn::plan::analyze(bp), c.D, spattn::plan::GpuTarget{90, 132}, o);
+    ASSERT_TRUE(parts.by_parts()) << parts.describe();
+    ASSERT_EQ(parts.parts.back().kind, spattn::plan::PartKind::scattered) << parts.describe();
+    if (c.Lq == 150) {  // rows whose random keys all lie in the band: empty in the scattered part
+      const auto& off = parts.parts.back().offsets;
+      int64_t empty = 0;
+      for (size_t q = 0; q + 1 < off.size(); ++q) empty += off[q] == off[q + 1];
+      EXPECT_GT(empty, 20) << "the case should have empty scattered rows";
+    }
+    for (const char* mode : {"", "warp"}) {
+      if (*mode) setenv("SPATTN_CSR_BWD", mode, 1);
+      std::string ran;
+      const auto e = backward_errors(c, "", &ran, seed);
+      unsetenv("SPATTN_CSR_BWD");
+      EXPECT_NE(ran.find(*mode ? "cuda_csr_bwd" : "cuda_scattered_bwd"), std::string::npos) << mode << ": " << ran;
+      const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
+      EXPECT_LE(e[0], tol) << "dq " << mode;
+      EXPECT_LE(e[1], tol) << "dk " << mode;
+      EXPECT_LE(e[2], tol) << "dv " << mode;
+    }
+    ++seed;
+  }
 }
 
 // explain() names the backward's parts and kernels.
@@ -298,7 +342,7 @@ TEST(BackwardGpu, CompoundExplainListsBackwardParts) {
   const std::string ex = plan.explain();
   EXPECT_NE(ex.find("backward by parts"), std::string::npos) << ex;
   EXPECT_NE(ex.find("scattered [random(4, seed=2)]"), std::string::npos) << ex;
-  EXPECT_NE(ex.find("the CSR pass (cuda_csr_bwd)"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("the CSR pass over the part's CSR and its transpose (cuda_scattered_bwd"), std::string::npos) << ex;
   const spattn::Plan cols = spattn::make_plan(spattn::parse("sparse_fixed(64, 2)"), pr, spattn::Device::cuda(0), o);
   EXPECT_NE(cols.explain().find("columns [summary(64, c=2)]"), std::string::npos) << cols.explain();
   EXPECT_NE(cols.explain().find("keys gathered"), std::string::npos) << cols.explain();

@@ -5,11 +5,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <vector>
 
 #include "cuda/backward/columns_backward.hpp"
+#include "cuda/backward/scattered_backward.hpp"
 #include "cuda/backward/tile_backward.hpp"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
@@ -181,14 +184,24 @@ void CsrBackward::upload_csr(const std::vector<int64_t>& row_offsets, const std:
   for (int64_t i = 0; i < q_len_; ++i)
     for (int64_t e = row_offsets[size_t(i)]; e < row_offsets[size_t(i) + 1]; ++e)
       rows[size_t(fill[size_t(col_indices[size_t(e)])]++)] = int32_t(i);
+  // The keys by how many queries keep them, most first (stable: a counting sort on the counts).
+  int64_t most = 0;
+  for (int64_t j = 0; j < k_len_; ++j) most = std::max(most, col_off[size_t(j) + 1] - col_off[size_t(j)]);
+  std::vector<int64_t> at(size_t(most) + 2, 0);
+  for (int64_t j = 0; j < k_len_; ++j) at[size_t(most - (col_off[size_t(j) + 1] - col_off[size_t(j)])) + 1] += 1;
+  for (size_t c = 1; c < at.size(); ++c) at[c] += at[c - 1];
+  std::vector<int32_t> order(static_cast<size_t>(k_len_));
+  for (int64_t j = 0; j < k_len_; ++j)
+    order[size_t(at[size_t(most - (col_off[size_t(j) + 1] - col_off[size_t(j)]))]++)] = int32_t(j);
   try {
     row_off_ = upload(row_offsets);
     cols_ = upload(col_indices);
     col_off_ = upload(col_off);
     rows_ = upload(rows);
+    key_order_ = upload(order);
   } catch (...) {
-    cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_);
-    row_off_ = nullptr, cols_ = nullptr, col_off_ = nullptr, rows_ = nullptr;
+    cudaFree(row_off_), cudaFree(cols_), cudaFree(col_off_), cudaFree(rows_), cudaFree(key_order_);
+    row_off_ = nullptr, cols_ = nullptr, col_off_ = nullptr, rows_ = nullptr, key_order_ = nullptr;
     throw;
   }
 }
@@ -198,12 +211,36 @@ CsrBackward::~CsrBackward() {
   cudaFree(cols_);
   cudaFree(col_off_);
   cudaFree(rows_);
+  cudaFree(key_order_);
 }
 
-void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+namespace {
+// The rows kernels' arguments for these tensors (scattered_backward.hpp).
+ScatteredBwdParams rows_params(const Problem& p, const TensorView* t[8], const TensorView& lse, float* delta,
+                               int64_t delta_sb, int64_t delta_sh, bool accumulate) {
+  ScatteredBwdParams a;
+  ScatteredBwdParams::Rows* r[] = {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 8; ++i) *r[i] = {t[i]->data, t[i]->stride[0], t[i]->stride[1], t[i]->stride[2]};
+  a.lse = static_cast<const float*>(lse.data), a.lse_sb = lse.stride[0], a.lse_sh = lse.stride[1];
+  a.delta = delta, a.delta_sb = delta_sb, a.delta_sh = delta_sh;
+  a.batch = int(p.batch), a.q_heads = int(p.q_heads), a.group = int(p.q_heads / p.kv_heads);
+  a.q_len = int(p.q_len), a.k_len = int(p.kv_len), a.head_dim = p.dv() == p.head_dim ? int(p.head_dim) : 0;
+  a.scale = float(p.softmax_scale());
+  a.accumulate = accumulate ? 1 : 0;
+  a.bf16 = t[0]->dtype == DType::bf16;
+  return a;
+}
+// SPATTN_CSR_BWD=warp at the call: the warp-a-row passes where the rows kernels would run (A/B in one process).
+bool rows_kernels_allowed() {
+  const char* e = std::getenv("SPATTN_CSR_BWD");
+  return !(e && std::string(e) == "warp");
+}
+}  // namespace
+
+bool CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                       const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,
-                      void* stream, bool accumulate) const {
+                      void* stream, bool accumulate, bool rows_kernels) const {
   if (p.q_len != q_len_ || p.kv_len != k_len_)
     throw Error("gpu backward: built for lengths " + std::to_string(q_len_) + " x " + std::to_string(k_len_) +
                 ", problem has " + std::to_string(p.q_len) + " x " + std::to_string(p.kv_len));
@@ -220,6 +257,14 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
                   ", q has " + std::string(dtype_name(q.dtype)));
     if (all[t]->stride[3] != 1) throw Error(std::string("gpu backward: ") + names[t] + " needs a contiguous head dim");
   }
+  if (rows_kernels && q.dtype != DType::f32 && rows_kernels_allowed()) {
+    ScatteredBwdParams rp = rows_params(p, all, lse, delta, delta_sb, delta_sh, accumulate);
+    rp.row_off = row_off_, rp.cols = cols_, rp.col_off = col_off_, rp.rows = rows_, rp.key_order = key_order_;
+    if (scattered_backward_takes(rp)) {
+      SPATTN_CUDA_CHECK(cudaError_t(launch_scattered_backward(rp, stream)));
+      return true;
+    }
+  }
   auto view = [](const TensorView& t) { return View{t.data, t.stride[0], t.stride[1], t.stride[2]}; };
   Args a{view(q), view(k), view(v), view(o), view(dout), dq.data, dk.data, dv.data,
          dq.stride[0], dq.stride[1], dq.stride[2], dk.stride[0], dk.stride[1], dk.stride[2],
@@ -228,11 +273,12 @@ void CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
          int(p.dv()), float(p.softmax_scale()), accumulate ? 1 : 0, row_off_, cols_, col_off_, rows_};
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (q.dtype) {
-    case DType::f32: return launch<float>(a, s);
-    case DType::f16: return launch<__half>(a, s);
-    case DType::bf16: return launch<__nv_bfloat16>(a, s);
+    case DType::f32: launch<float>(a, s); break;
+    case DType::f16: launch<__half>(a, s); break;
+    case DType::bf16: launch<__nv_bfloat16>(a, s); break;
     default: throw Error("gpu backward: dtype must be fp32, fp16 or bf16, got " + std::string(dtype_name(q.dtype)));
   }
+  return false;
 }
 
 // A compound pattern's backward by parts (plan::backward_parts): the decision, then each part's pass built at the
@@ -326,9 +372,9 @@ void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q
       r.columns->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
       row = r.columns->kernel_row();
     } else {
-      r.csr->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset, problem_.q_heads * problem_.q_len,
-                 problem_.q_len, stream, j > 0);
-      row = plan::find_kernel("cuda_csr_bwd");
+      const bool rows = r.csr->run(p, q, k, v, o, lse, dout, dq, dk, dv, delta_ + delta_offset,
+                                   problem_.q_heads * problem_.q_len, problem_.q_len, stream, j > 0, true);
+      row = plan::find_kernel(rows ? "cuda_scattered_bwd" : "cuda_csr_bwd");
     }
     if (j == 0) first_row = row;
     names += (j ? "+" : "") + std::string(plan::kKernels[row].name);

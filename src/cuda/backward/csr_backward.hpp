@@ -28,10 +28,13 @@ class CsrBackward {
   // [B, Hq, Lq] from the forward (required; query axis contiguous; any batch and head strides), dq/dk/dv in that
   // dtype. `delta`: fp32 scratch [B, Hq, Lq] with batch and head strides delta_sb, delta_sh. accumulate: dq, dk, dv
   // get this pattern's gradients added to what they hold (a later part of a compound plan), else written.
-  void run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
+  // rows_kernels: the passes of scattered_backward.hpp (cuda_scattered_bwd: eight lanes a row, 16-byte gathers) where
+  // they take the tensors, unless the environment variable SPATTN_CSR_BWD is "warp" at the call (an A/B of the two in
+  // one process); else this header's warp-a-row passes. Returns whether the rows kernels ran.
+  bool run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
            const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,
-           void* stream, bool accumulate = false) const;
+           void* stream, bool accumulate = false, bool rows_kernels = false) const;
 
  private:
   void upload_csr(const std::vector<int64_t>& offsets, const std::vector<int32_t>& cols);
@@ -40,6 +43,7 @@ class CsrBackward {
   int32_t* cols_ = nullptr;     // [nnz]
   int64_t* col_off_ = nullptr;  // [Lk + 1] (transpose)
   int32_t* rows_ = nullptr;     // [nnz]
+  int32_t* key_order_ = nullptr;  // [Lk]: keys by their queries, most first (the rows kernels' dK/dV pass)
 };
 
 }  // namespace spattn::cuda

@@ -382,7 +382,8 @@ std::string BackwardParts::describe() const {
     else if (p.kind == PartKind::columns && i > 0)
       s << "the tile backward over its " << p.columns.size() << " keys gathered (dK, dV added to theirs)";
     else
-      s << "the CSR pass (cuda_csr_bwd) over the part's CSR and its transpose";
+      s << "the CSR pass over the part's CSR and its transpose (cuda_scattered_bwd: a row and a key an eight-lane "
+           "group, 16-byte gathers; cuda_csr_bwd where it cannot run the tensors)";
   }
   return s.str();
 }

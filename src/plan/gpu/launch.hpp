@@ -187,7 +187,12 @@ struct BackwardParts {
 // From the forward's split (split_pattern with the options' compound mode and split_target, the scattered part's CSR
 // on the host): by parts where it is compound and has no rows part (a rows part replaces its rows' output, so the
 // tiles part's scores in those rows would have to be dropped: the whole pattern runs instead), and neither kernel is
-// forced (PlanOptions::kernel, backward_kernel).
+// forced (PlanOptions::kernel, backward_kernel). Whole is also the cheaper backward there: the forward splits dense
+// rows off because its band kernel cannot take them, but the key-major tile backward takes them as one more query
+// tile of each key tile (longformer(256, 32), L = 16384: 1 step of ~12 a key tile, ~8%), where a rows part of its own
+// (issue 39's split over keys: dQ of the few rows over every key, dK/dV reduced once) repeats that step's work in
+// its own launch plus a dK/dV read-add-write of the whole key range (2 x 64 MB each way at B = 2, H = 16, D = 64).
+// Patterns the forward runs as one tile list (bigbird(64, 3, 2, 3): one 64x64 plan) run so here too.
 BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
                              const GpuTarget& target, const PlanOptions& options);
 
