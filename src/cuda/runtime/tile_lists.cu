@@ -1,4 +1,6 @@
 // cuda/runtime/tile_lists.cu — see tile_lists.hpp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/runtime/tile_lists.hpp"
@@ -201,7 +203,39 @@ __global__ void __launch_bounds__(kListThreads) flagged_lists(const unsigned cha
       });
 }
 
+__device__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float to_f32(__half x) { return __half2float(x); }
+template <class T> __device__ T from_f32(float x);
+template <> __device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __half from_f32<__half>(float x) { return __float2half(x); }
+
+// A thread an element of dst: the group's partials summed in fp32.
+template <class T>
+__global__ void group_sum(GroupSumArgs a) {
+  const int64_t n = int64_t(a.batch) * a.len * a.dim, slot = n;
+  const T* src = static_cast<const T*>(a.src);
+  T* dst = static_cast<T*>(a.dst);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int g = 0; g < a.group; ++g) s += to_f32(src[g * slot + i]);
+    const int64_t d = i % a.dim, r = i / a.dim, k = r % a.len, b = r / a.len;
+    dst[b * a.dst_s[0] + k * a.dst_s[1] + d * a.dst_s[2]] = from_f32<T>(s);
+  }
+}
+
 }  // namespace
+
+int launch_group_sum(const GroupSumArgs& a, void* stream) {
+  const int64_t n = int64_t(a.batch) * a.len * a.dim;
+  if (n == 0) return int(cudaSuccess);
+  const unsigned blocks = unsigned(n / 256 + 1 < 8192 ? n / 256 + 1 : 8192);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.bf16)
+    group_sum<__nv_bfloat16><<<blocks, 256, 0, s>>>(a);
+  else
+    group_sum<__half><<<blocks, 256, 0, s>>>(a);
+  return int(cudaGetLastError());
+}
 
 int launch_topk_tiles(const TopkTileArgs& a, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
