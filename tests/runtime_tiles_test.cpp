@@ -124,7 +124,7 @@ TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
 TEST(RuntimeTiles, BlockMasks) {
   std::mt19937 rng(2);
   for (int trial = 0; trial < 32; ++trial) {
-    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64 (forward lists only)
+    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64
     const int64_t Lq = std::uniform_int_distribution<int64_t>(1, 700)(rng), Lk = std::uniform_int_distribution<int64_t>(1, 700)(rng);
     const int64_t nq = (Lq + bs - 1) / bs + trial % 2, nk = (Lk + bs - 1) / bs, cap = nk + 1;
     const bool band = trial % 3 != 0;
@@ -167,16 +167,17 @@ TEST(RuntimeTiles, BlockMasks) {
       spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, bool full) {
         if (const int type = spattn::cuda::runtime::block_entry(a, q0, q1, kt, full))
           es.push_back(spattn::cuda::runtime::block_entry4(a, kt, type));
-        for (int64_t t = 2 * qt; bs == 128 && t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists)
+        const int64_t sub = bs / 64;  // the 64-row query tiles of a block (key-major, as block_key_lists)
+        for (int64_t t = sub * qt; t < sub * qt + sub && t * 64 < Lq; ++t)
           if (const int type = spattn::cuda::runtime::block_entry(a, t * 64, std::min<int64_t>(t * 64 + 64, Lq), kt, full))
             key_major[size_t(kt)].push_back(spattn::cuda::runtime::block_entry4(a, t, type));
       });
       std::sort(es.begin(), es.end(), by_tile);
       check_tile(qt, es, false, int(bs), int(bs), Lq, Lk, kept, none);
     }
-    for (int64_t kt = 0; bs == 128 && kt < nk; ++kt) {
+    for (int64_t kt = 0; kt < nk; ++kt) {  // key tiles as wide as the blocks (64: the sm90_bwd 64x64 row)
       std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
-      check_tile(int(kt), key_major[size_t(kt)], true, 128, 64, Lq, Lk, kept, none);
+      check_tile(int(kt), key_major[size_t(kt)], true, int(bs), 64, Lq, Lk, kept, none);
     }
   }
 }

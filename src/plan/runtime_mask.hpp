@@ -22,7 +22,7 @@ void device_to_host(void* dst, const void* src, int64_t bytes, int device, Strea
 // square blocks (a launch a (batch, head) list of the mask) and top-k keys (tile bitmasks set by the pairs; indices
 // per kv or query head a head at a time), each with no spec or a band spec (causal, local, their intersections); their
 // backward from key-major lists written on the device (the sm_90a tile backward; per-query-head lists under GQA through
-// per-head dK / dV partials summed over the kv group), except 64-blocks' (host_cases()).
+// per-head dK / dV partials summed over the kv group), except 64-blocks' at head dim 128 (host_cases()).
 class DeviceMaskRunner {
  public:
   virtual ~DeviceMaskRunner() = default;

@@ -352,10 +352,11 @@ def test_gpu_device_path_per_head_and_key_boundaries():
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
 def test_gpu_host_path_raises_under_sync_debug_error():
-    """The backward of 64 x 64 blocks still takes the host path on the GPU (docs/RUNTIME_MASKS.md): under
-    torch.cuda.set_sync_debug_mode("error") it raises naming the case instead of synchronising; without, it runs."""
+    """The backward of 64 x 64 blocks at head dim 128 still takes the host path on the GPU (docs/RUNTIME_MASKS.md):
+    under torch.cuda.set_sync_debug_mode("error") it raises naming the case instead of synchronising; without, it
+    runs."""
     st.clear_cache()
-    q, k, v = qkv(1, 256, 256, 2, 2, D=64, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv(1, 256, 256, 2, 2, D=128, dtype=torch.bfloat16, device="cuda")
     bm = random_block_mask(1, 2, 256, 256, 64, 64, seed=8)[0].to("cuda")
     st.sparse_attention(q, k, v, bm, spec="causal").float().sum().backward()  # allowed: the host path
     torch.cuda.synchronize()

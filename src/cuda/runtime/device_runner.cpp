@@ -97,8 +97,9 @@ ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::
   return out;
 }
 
-// The backward's key-major lists (64-row query tiles, 128-key tiles; `lists` of them, `capacity` entries and, where
-// `bitmasks`, as many transposed bitmasks) and the tile backward's scratch, where its sm_90a rows run (row < 0: not).
+// The backward's key-major lists (64-row query tiles, key tiles of key_tile keys: 128, the sm90_bwd_ws row, or 64, the
+// sm90_bwd 64x64 row, which exists at head dim 64 only; `lists` of them, `capacity` entries and, where `bitmasks`, as
+// many transposed bitmasks of 128-key tiles) and the tile backward's scratch, where such a row runs (row < 0: not).
 struct KeyMajor {
   int row = -1;
   mutable int last_row = -1;
@@ -113,12 +114,14 @@ struct KeyMajor {
 
   // parts: the masks may differ between the query heads of a kv group (the partials above are allocated).
   KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool parts,
-           bool wanted = true)
+           int key_tile = 128)
       : problem(pr) {
     const cuda::DeviceScope scope(device);
-    row = wanted && cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    const int d = int(pr.head_dim);
+    if (cuda::device_info(device).sm90a())
+      row = key_tile == 128 ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, d) : find_kernel(KernelKind::sm90_bwd, 64, 64, d);
     if (row < 0) return;
-    q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + 127) / 128, capacity = capacity_;
+    q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + key_tile - 1) / key_tile, capacity = capacity_;
     std::vector<int32_t> ord(static_cast<size_t>(k_tiles));
     std::iota(ord.begin(), ord.end(), 0);
     order = cuda::DeviceBuffer::upload(ord);
@@ -325,11 +328,12 @@ std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh,
 // that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
-  // block: 128 (the backward too) or 64 (the forward on 64x64 tiles; the backward on the host path).
+  // block: 128 or 64 (the forward on tiles of the block; the backward on 64-row query tiles and key tiles of the
+  // block: at block 64 the sm90_bwd 64x64 row, head dim 64 only, else the host path).
   BlockRunner(const Problem& pr, int device, bool band, int lo, int hi, int block)
       : problem_(pr), device_(device),
         bwd_(pr, device, pr.batch * pr.q_heads,
-             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + 127) / 128), false, true, block == 128) {
+             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + block - 1) / block), false, true, block) {
     const cuda::DeviceScope scope(device);
     const int64_t qt = (pr.q_len + block - 1) / block, kt = (pr.kv_len + block - 1) / block;
     plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false, block), pr, device);
@@ -381,11 +385,11 @@ class BlockRunner final : public DeviceMaskRunner {
     const cuda::DeviceScope scope(device_);
     const std::vector<ListViews> views = backward_lists(pr, nb, nh, q, k, v, o, lse, dout, dq, dk, dv);
     if (views.empty()) return false;
-    a.block_m = 64;  // the backward's query tiles; the mask's blocks stay 128 x 128
+    a.block_m = 64;  // the backward's query tiles; the mask's blocks (and key tiles) stay as they are
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, stream)));
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
     if (nh == 1 || pr.q_heads == pr.kv_heads) {
       bwd_.launch_all(views, stream);
       return true;
@@ -421,7 +425,8 @@ class BlockRunner final : public DeviceMaskRunner {
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
   std::string host_cases() const override {
     return "none in the forward" +
-           backward_host_cases(bwd_, args_.block_m == 64 ? "64 x 64 blocks: the tile backward's key tiles are 128 wide"
+           backward_host_cases(bwd_, args_.block_m == 64 ? "64 x 64 blocks at head dim 128, or no sm_90a device: the "
+                                                           "64x64 tile backward is sm90_bwd_64x64_d64's"
                                                          : "no sm_90a device");
   }
   std::string explain() const override {

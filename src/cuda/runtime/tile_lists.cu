@@ -108,10 +108,10 @@ __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
       });
 }
 
-// The backward's key-major lists of a block mask: a CTA a list; per 128-key tile, the 64-row query tiles of the query
-// blocks that list it (each listed block stands for its two query tiles), ascending. Counted into shared memory by
+// The backward's key-major lists of a block mask: a CTA a list; per key tile (a key block), the 64-row query tiles of
+// the query blocks that list it (each listed block stands for its `sub` query tiles), ascending. Counted into shared memory by
 // atomics, scanned into the list's column offsets, placed by atomics, then each key tile's few sorted.
-__global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a, int q_blocks) {
+__global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a, int q_blocks, int sub) {
   extern __shared__ int cursor[];  // [k_tiles]
   const int l = blockIdx.x, bb = l / a.heads, hh = l % a.heads;
   const int64_t base = int64_t(l) * a.list_capacity;
@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
       const int64_t j = full ? i % per - a.cap : i % per;
       if (j >= block_count(a, bb, hh, qb, full)) continue;
       const int64_t kt = block_index(a, bb, hh, qb, full, j);
-      for (int h = 0; h < 2; ++h) {
-        const int64_t qt = 2 * int64_t(qb) + h, q0 = qt * 64;
+      for (int h = 0; h < sub; ++h) {
+        const int64_t qt = sub * int64_t(qb) + h, q0 = qt * 64;
         if (q0 >= a.q_len) break;
         const int type = block_entry(a, q0, q0 + 64 < a.q_len ? q0 + 64 : a.q_len, kt, full);
         if (type) f(qt, kt, type);
@@ -258,9 +258,10 @@ int launch_topk_tiles(const TopkTileArgs& a, void* stream) {
   return int(cudaGetLastError());
 }
 
-int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream) {
+int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream) {
   if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
-  block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(a, q_blocks);
+  block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(
+      a, q_blocks, q_block / 64);
   return int(cudaGetLastError());
 }
 

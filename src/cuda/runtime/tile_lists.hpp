@@ -84,9 +84,10 @@ struct BlockTileArgs {
 // Enqueues the lists' kernel (a CTA a list) on `stream`. Returns the launch's cudaError_t.
 int launch_block_tiles(const BlockTileArgs& a, void* stream);
 // The backward's key-major lists of the same mask (cuda/backward/tile_backward.hpp, DeviceLists): `a` as for the
-// forward but block_m 64 (the backward's query tile; the mask's query blocks stay 128 rows: q_blocks of them) and
-// row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row query tiles x k_tiles.
-int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream);
+// forward but block_m 64 (the backward's query tile; the mask's query blocks stay q_block rows, 64 or 128: q_blocks of
+// them; its key blocks are the key tiles) and row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row
+// query tiles x k_tiles.
+int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream);
 
 // Top-k keys (TopkTileArgs): one list a batch element (topk_indices [B, Lq, K], shared by the heads). Every pair (q, k)
 // the row lists (or the spec's band keeps, lo <= k - q <= hi) sets its bit in the forward bitmask of tile (q / 128,
