@@ -13,9 +13,10 @@ same pairs and FlexAttention with the same BlockMask (bf16, forward and backward
              the Python call's wall time without waiting for the GPU, run-time vs static.
   topk       L=32768, 2048 keys per query (shared by the heads, -1 free), GQA 32/8, D=128: against its gather floor
              (below), forward and backward; the bar is fraction_of_floor >= 0.5.
+  topk_kv    the same with a list per kv head ([B, L, 8, K]); not in the default --cases.
 
 The top-k gather floor, a lower bound on the time of a kernel that gathers each query's rows (the bar's model):
-  gathered   the K and V rows each (query, kv head) reads: B Lq Hkv K' x 2 x D x 2 bytes (K' the listed keys, -1s not
+  gathered   the K and V rows each (query, kv head) reads: B Lq Hkv K' x 2 x D x 2 bytes (K' its listed keys, -1s not
              counted), at the L2 read rate where one (batch, kv head)'s K and V (Lk x 2 x D x 2 bytes, the set its
              gathers come from) fit in half the L2, else at the HBM rate;
   unique     the bytes any kernel moves to or from HBM once: forward Q, K, V, O, the indices; backward Q, K, V, O, dO,
@@ -268,15 +269,14 @@ def l2_rate_gbs():
         return 100 * 2 * a.numel() * 4 / ms / 1e6
 
 
-def topk_floor(row, B, L, Hq, Hkv, D, listed):
+def topk_floor(row, B, L, Hq, Hkv, D, listed, idx_bytes):
     """The gather floor of a top-k row (the module's docstring): fills row's rates, bytes and floor_{fwd,bwd}_ms.
-    `listed`: the listed keys (not -1) over every (batch, query)."""
+    `listed`: the listed keys (not -1) over every (batch, query, kv head); idx_bytes: the indices' size."""
     hbm, l2 = copy_rate_gbs(), l2_rate_gbs()
     e = 2  # bf16
-    gathered = listed * Hkv * 2 * D * e
+    gathered = listed * 2 * D * e
     in_l2 = L * 2 * D * e <= torch.cuda.get_device_properties(0).L2_cache_size / 2
     q_bytes, kv_bytes = B * L * Hq * D * e, B * L * Hkv * D * e
-    idx_bytes = listed * 4
     unique_fwd = 2 * q_bytes + 2 * kv_bytes + idx_bytes  # Q, O; K, V
     unique_bwd = 4 * q_bytes + 4 * kv_bytes + B * Hq * L * 4 + idx_bytes  # Q, O, dO, dQ; K, V, dK, dV; LSE
     gather_ms = gathered / (l2 if in_l2 else hbm) / 1e6
@@ -295,36 +295,40 @@ def topk_floor(row, B, L, Hq, Hkv, D, listed):
     return row
 
 
-def case_topk(args, deadline):
+def case_topk(args, deadline, per_kv_head=False):
+    """Top-k keys shared by the heads ([B, L, K]), or (per_kv_head: case topk_kv) one list per kv head."""
     import spattn.torch as st
 
     B, Hq, Hkv, D, K = 1, 32, 8, 128, 2048
     L = 4096 if args.quick else 32768
+    th = Hkv if per_kv_head else 1
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, L, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    # per query: K distinct keys (quick sizes: the top K of random scores at or before it, ties past the diagonal;
-    # else a random start and a stride of 13, without an L x L score matrix)
-    scores = torch.rand(B, L, L, device="cuda", generator=g) if L <= 8192 else None
-    if scores is not None:
-        idx = scores.tril().topk(K, -1).indices
+    # per query (and kv head): K distinct keys (quick sizes: the top K of random scores at or before it, ties past the
+    # diagonal; else a random start and a stride of 13, without an L x L score matrix)
+    if L <= 8192:
+        idx = torch.rand(B, th, L, L, device="cuda", generator=g).tril().topk(K, -1).indices.transpose(1, 2)
     else:  # sampled without the dense score matrix: K distinct keys per row by a random offset walk
-        base = torch.randint(0, L, (B, L, 1), device="cuda", generator=g)
+        base = torch.randint(0, L, (B, L, th, 1), device="cuda", generator=g)
         idx = (base + torch.arange(K, device="cuda") * 13) % L
-    idx = idx.int()
-    row = {"case": "topk", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "K": K, "kept": B * Hq * L * K}
-    f = lambda q, k, v: st.sparse_attention(q, k, v, None, topk_indices=idx)  # noqa: E731
+    idx = idx.int()  # [B, L, th, K]
+    row = {"case": "topk_kv" if per_kv_head else "topk", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "K": K,
+           "index_heads": th, "kept": B * Hq * L * K}
+    arg = (idx if per_kv_head else idx[:, :, 0]).contiguous()
+    f = lambda q, k, v: st.sparse_attention(q, k, v, None, topk_indices=arg)  # noqa: E731
     # check: sampled rows against an fp32 gather
     o = f(q, k, v)
     rows = torch.tensor([0, 1, L // 2, L - 1], device="cuda")
-    ks = idx[0, rows].long()  # [r, K]
-    kg = k[0][ks].float().repeat_interleave(Hq // Hkv, 2)  # [r, K, Hq, D]
-    vg = v[0][ks].float().repeat_interleave(Hq // Hkv, 2)
-    s = torch.einsum("rhd,rkhd->rhk", q[0, rows].float(), kg) / D ** 0.5
+    ks = idx[0, rows].long()  # [r, th, K]
+    kg = torch.stack([k[0, ks[:, h % th], h] for h in range(Hkv)], 2).float().repeat_interleave(Hq // Hkv, 2)
+    vg = torch.stack([v[0, ks[:, h % th], h] for h in range(Hkv)], 2).float().repeat_interleave(Hq // Hkv, 2)
+    s = torch.einsum("rhd,rkhd->rhk", q[0, rows].float(), kg) / D ** 0.5  # kg: [r, K, Hq, D]
     ref = torch.einsum("rhk,rkhd->rhd", s.softmax(-1), vg)
     row["max_abs_err_sampled"] = (o[0, rows].float() - ref).abs().max().item()
     run_impls(row, {"runtime": f}, q, k, v, 4.0 * D * row["kept"], args.reps, deadline)
-    topk_floor(row, B, L, Hq, Hkv, D, int((idx >= 0).sum()))
+    listed = int((idx >= 0).sum()) * (Hkv // th)  # rows gathered over every (batch, query, kv head)
+    topk_floor(row, B, L, Hq, Hkv, D, listed, idx.numel() * 4)
     row["runtime_over_static_fwd"] = row["runtime_over_static_bwd"] = None  # no static plan of the same pairs
     row["ratio_vs_flex_fwd"] = row["ratio_vs_flex_bwd"] = None
     row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "topk" in (p._p.mask or "")), None)
@@ -370,7 +374,8 @@ def main():
     if not spattn.build_info()["cuda"]:
         print("runtime_bench: this spattn build has no CUDA")
         return 0
-    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk}
+    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk,
+             "topk_kv": lambda a, d: case_topk(a, d, per_kv_head=True)}
     if args.one_case:  # a child: one case, its row as the last line of stdout
         try:
             row = cases[args.one_case](args, args.deadline)
