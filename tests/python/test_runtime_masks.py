@@ -208,6 +208,20 @@ def test_check_mode_errors():
     bm.kv_num_blocks[0, 0, 0] = 1
     with pytest.raises(spattn.Error, match=r"kv_indices\[0, 0, 0, 0\] is 7, outside \[0, 2\)"):
         st.sparse_attention(q, k, v, bm, check=True)
+    # shapes that disagree (checked at every call, check mode or not)
+    with pytest.raises(spattn.Error, match=r"topk_indices has shape \[1, 32, 3\], expected \[1, 64, 3\]"):
+        st.sparse_attention(q, k, v, None, topk_indices=idx[:, :32].contiguous())
+    cq, ck = torch.tensor([0, 32, 64], dtype=torch.int32), torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(spattn.Error, match="cu_seqlens_k has 2 boundaries, cu_seqlens_q 3"):
+        st.sparse_attention(q, k, v, None, cu_seqlens=cq, cu_seqlens_k=ck)
+    with pytest.raises(spattn.Error, match=r"cu_seqlens_k\[1\] is 65, outside \[0, 64\]"):
+        st.sparse_attention(q, k, v, None, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 65, 64], dtype=torch.int32),
+                            check=True)
+    bm, _, _ = random_block_mask(1, 2, 64, 64, 32, 32, seed=0)
+    bm.kv_num_blocks[0, 0, 0] = 2
+    bm.kv_indices[0, 0, 0, :2] = 1  # listed twice
+    with pytest.raises(spattn.Error, match=r"lists key block 1 twice"):
+        st.sparse_attention(q, k, v, bm, check=True)
 
 
 @pytest.mark.parametrize("script, args", [("moba_layer.py", ["--len", "256"]),
