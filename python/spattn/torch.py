@@ -281,6 +281,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
     with pattern the spec applied within each document (None: whole documents); ``topk_indices=`` (int32/int64
     [B, Lq, K] or [B, Lq, H, K], -1 padded) united with pattern's keys (None: the listed keys alone). ``check=True``
     validates the mask first (raises spattn.Error naming a bad index, count or shape; on a GPU it waits for it).
+    On a GPU these run without host synchronisation except the cases the plan's explain() lists (the host path);
+    under ``torch.cuda.set_sync_debug_mode("error")`` such a call raises spattn.Error naming the case instead.
     """
     q, k, v = _autocast(q, k, v)
     if cu_seqlens is not None or topk_indices is not None or _is_block_mask(pattern):
