@@ -11,20 +11,33 @@ same pairs and FlexAttention with the same BlockMask (bf16, forward and backward
              `document(n1, ..., n16) & local(left=4096, right=0)` plan of one of them (planned once; its plan time is
              reported: what replanning a call would cost) and flex_attention with a document block mask. Host time a call:
              the Python call's wall time without waiting for the GPU, run-time vs static.
-  topk       L=32768, 2048 keys per query (shared by the heads, -1 free), GQA 32/8, D=128: against the gather floor, the
-             bytes of the gathered K and V rows (2048 x 2 x D x 2 bytes per query and kv head) at the rate a large
-             device-to-device copy measures here.
+  topk       L=32768, 2048 keys per query (shared by the heads, -1 free), GQA 32/8, D=128: against its gather floor
+             (below), forward and backward; the bar is fraction_of_floor >= 0.5.
+  topk_kv    the same with a list per kv head ([B, L, 8, K]); not in the default --cases.
+
+The top-k gather floor, a lower bound on the time of a kernel that gathers each query's rows (the bar's model):
+  gathered   the K and V rows each (query, kv head) reads: B Lq Hkv K' x 2 x D x 2 bytes (K' its listed keys, -1s not
+             counted), at the L2 read rate where one (batch, kv head)'s K and V (Lk x 2 x D x 2 bytes, the set its
+             gathers come from) fit in half the L2, else at the HBM rate;
+  unique     the bytes any kernel moves to or from HBM once: forward Q, K, V, O, the indices; backward Q, K, V, O, dO,
+             LSE, dQ, dK, dV, the indices; at the HBM rate;
+  floor      the larger of the two (both can overlap, so their sum would not be a bound), fwd and bwd apart.
+Rates are measured here, each the highest of a few runs: L2 by a Triton kernel re-reading a buffer of a quarter of the
+L2 with loads that bypass L1 (without Triton, an in-L2 device copy in a CUDA graph, read and write bytes counted), HBM
+by a 1 GiB device-to-device copy (read and write bytes counted). fraction_of_floor = floor / measured time: at most 1
+for a kernel that gathers per (query, kv head); a tile kernel that shares gathered rows between queries in shared
+memory reads fewer bytes than `gathered` and may go past 1 (the row's floor_note says so where it does).
 
 Each timing is the median of --reps calls (down to one once a case is past its share of --budget-s, default 150 s),
 CUDA events around each (host work inside a call is in the time). Before
 timing, outputs are checked: run-time against static (same pairs, max abs difference), top-k against an fp32 gather on
 sampled rows. Rows (JSON, one per case): *_fwd_ms / *_bwd_ms, effective TFLOP/s (4 D kept a head forward, 2.5x that
 backward), runtime_over_static_{fwd,bwd} (static ms / run-time ms: >= 0.8 is the bar for blocks, 0.95 for documents),
-ratio_vs_flex_{fwd,bwd} (flex ms / run-time ms), fraction_of_floor_{fwd,bwd} (top-k), the device path the run-time
+ratio_vs_flex_{fwd,bwd} (flex ms / run-time ms), fraction_of_floor_{fwd,bwd} (top-k: floor / time), the device path the run-time
 plan took (last_kernel: "runtime_device: ..." or "runtime_rows: ..." for the host-materialised path), errors.
 
   python3 bench/runtime_bench.py --json out/runtime.json            # needs spattn importable with CUDA (pip install .)
-  python3 bench/runtime_bench.py --baseline h200-runtime              # bench/baselines/h200-runtime.json
+  python3 bench/runtime_bench.py --baseline h200-runtime              # bench/baselines/h200-runtime.json (~4 min)
   python3 bench/runtime_bench.py --quick                              # small sizes: a smoke run in seconds
 """
 import argparse
@@ -204,50 +217,118 @@ def case_documents(args, deadline):
                                    ("flex_flash", "ratio_vs_flex_flash")])
 
 
+try:  # the L2 read kernel of l2_rate_gbs (Triton: where it is importable)
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _l2_read(x, out, n_blocks, reps, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for r in range(reps):
+            b = (pid + r * nprog) % n_blocks
+            acc += tl.load(x + b * BLOCK + tl.arange(0, BLOCK), cache_modifier=".cg")
+        tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
+except ImportError:
+    _l2_read = None
+
+
 def copy_rate_gbs():
-    """Device-to-device copy rate (GB/s, read + write) of a 1 GiB buffer: the HBM rate the gather floor uses."""
+    """Device-to-device copy rate (GB/s, read + write) of a 1 GiB buffer: the HBM rate of the top-k floor."""
     x = torch.empty(1 << 29, dtype=torch.int16, device="cuda")
     y = torch.empty_like(x)
-    ms = timed(lambda: y.copy_(x), 10, time.time() + 60)
+    ms = min(timed(lambda: y.copy_(x), 10, time.time() + 60) for _ in range(3))
     return 2 * x.numel() * 2 / ms / 1e6
 
 
-def case_topk(args, deadline):
+def l2_rate_gbs():
+    """The L2 read rate (GB/s): a Triton kernel re-reading a quarter of the L2 (loads that bypass L1, .cg), GBs in one
+    launch; without Triton, an in-L2 device copy, 100 of them in a CUDA graph, read + write bytes counted. The best of
+    3 runs (a bound wants the highest rate)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size or (50 << 20)
+    n = max(1 << 16, l2 // 4 // 4)  # fp32 elements in a quarter of the L2
+    if _l2_read is not None:
+        BLOCK, reps = 2048, 256
+        n_blocks = n // BLOCK
+        x = torch.ones(n_blocks * BLOCK, device="cuda")
+        progs = torch.cuda.get_device_properties(0).multi_processor_count * 8
+        out = torch.empty(progs * BLOCK, device="cuda")
+        run = lambda: _l2_read[(progs,)](x, out, n_blocks, reps, BLOCK=BLOCK)  # noqa: E731
+        ms = min(timed(run, 10, time.time() + 30) for _ in range(3))
+        return progs * reps * BLOCK * 4 / ms / 1e6
+    else:
+        a = torch.empty(n // 2, device="cuda")
+        b = torch.empty_like(a)
+        graph = torch.cuda.CUDAGraph()
+        b.copy_(a)
+        with torch.cuda.graph(graph):
+            for _ in range(100):
+                b.copy_(a)
+        ms = min(timed(graph.replay, 10, time.time() + 30) for _ in range(3))
+        return 100 * 2 * a.numel() * 4 / ms / 1e6
+
+
+def topk_floor(row, B, L, Hq, Hkv, D, listed, idx_bytes):
+    """The gather floor of a top-k row (the module's docstring): fills row's rates, bytes and floor_{fwd,bwd}_ms.
+    `listed`: the listed keys (not -1) over every (batch, query, kv head); idx_bytes: the indices' size."""
+    hbm, l2 = copy_rate_gbs(), l2_rate_gbs()
+    e = 2  # bf16
+    gathered = listed * 2 * D * e
+    in_l2 = L * 2 * D * e <= torch.cuda.get_device_properties(0).L2_cache_size / 2
+    q_bytes, kv_bytes = B * L * Hq * D * e, B * L * Hkv * D * e
+    unique_fwd = 2 * q_bytes + 2 * kv_bytes + idx_bytes  # Q, O; K, V
+    unique_bwd = 4 * q_bytes + 4 * kv_bytes + B * Hq * L * 4 + idx_bytes  # Q, O, dO, dQ; K, V, dK, dV; LSE
+    gather_ms = gathered / (l2 if in_l2 else hbm) / 1e6
+    row.update({"hbm_rate_gbs": hbm, "l2_rate_gbs": l2, "gathered_bytes": gathered, "gather_from_l2": in_l2,
+                "gather_ms": gather_ms, "unique_fwd_ms": unique_fwd / hbm / 1e6, "unique_bwd_ms": unique_bwd / hbm / 1e6})
+    row["floor_fwd_ms"] = max(gather_ms, row["unique_fwd_ms"])
+    row["floor_bwd_ms"] = max(gather_ms, row["unique_bwd_ms"])
+    notes = []
+    for p in ("fwd", "bwd"):
+        m = row.get(f"runtime_{p}_ms")
+        row[f"fraction_of_floor_{p}"] = row[f"floor_{p}_ms"] / m if m else None
+        if m and m < row[f"floor_{p}_ms"]:
+            notes.append(f"{p} is past the gather floor: its kernel reads fewer bytes than a gather per (query, kv "
+                         "head), sharing rows between queries")
+    row["floor_note"] = "; ".join(notes) or None
+    return row
+
+
+def case_topk(args, deadline, per_kv_head=False):
+    """Top-k keys shared by the heads ([B, L, K]), or (per_kv_head: case topk_kv) one list per kv head."""
     import spattn.torch as st
 
     B, Hq, Hkv, D, K = 1, 32, 8, 128, 2048
     L = 4096 if args.quick else 32768
+    th = Hkv if per_kv_head else 1
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, L, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    # per query: K distinct keys (quick sizes: the top K of random scores at or before it, ties past the diagonal;
-    # else a random start and a stride of 13, without an L x L score matrix)
-    scores = torch.rand(B, L, L, device="cuda", generator=g) if L <= 8192 else None
-    if scores is not None:
-        idx = scores.tril().topk(K, -1).indices
+    # per query (and kv head): K distinct keys (quick sizes: the top K of random scores at or before it, ties past the
+    # diagonal; else a random start and a stride of 13, without an L x L score matrix)
+    if L <= 8192:
+        idx = torch.rand(B, th, L, L, device="cuda", generator=g).tril().topk(K, -1).indices.transpose(1, 2)
     else:  # sampled without the dense score matrix: K distinct keys per row by a random offset walk
-        base = torch.randint(0, L, (B, L, 1), device="cuda", generator=g)
+        base = torch.randint(0, L, (B, L, th, 1), device="cuda", generator=g)
         idx = (base + torch.arange(K, device="cuda") * 13) % L
-    idx = idx.int()
-    row = {"case": "topk", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "K": K, "kept": B * Hq * L * K}
-    f = lambda q, k, v: st.sparse_attention(q, k, v, None, topk_indices=idx)  # noqa: E731
+    idx = idx.int()  # [B, L, th, K]
+    row = {"case": "topk_kv" if per_kv_head else "topk", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D, "K": K,
+           "index_heads": th, "kept": B * Hq * L * K}
+    arg = (idx if per_kv_head else idx[:, :, 0]).contiguous()
+    f = lambda q, k, v: st.sparse_attention(q, k, v, None, topk_indices=arg)  # noqa: E731
     # check: sampled rows against an fp32 gather
     o = f(q, k, v)
     rows = torch.tensor([0, 1, L // 2, L - 1], device="cuda")
-    ks = idx[0, rows].long()  # [r, K]
-    kg = k[0][ks].float().repeat_interleave(Hq // Hkv, 2)  # [r, K, Hq, D]
-    vg = v[0][ks].float().repeat_interleave(Hq // Hkv, 2)
-    s = torch.einsum("rhd,rkhd->rhk", q[0, rows].float(), kg) / D ** 0.5
+    ks = idx[0, rows].long()  # [r, th, K]
+    kg = torch.stack([k[0, ks[:, h % th], h] for h in range(Hkv)], 2).float().repeat_interleave(Hq // Hkv, 2)
+    vg = torch.stack([v[0, ks[:, h % th], h] for h in range(Hkv)], 2).float().repeat_interleave(Hq // Hkv, 2)
+    s = torch.einsum("rhd,rkhd->rhk", q[0, rows].float(), kg) / D ** 0.5  # kg: [r, K, Hq, D]
     ref = torch.einsum("rhk,rkhd->rhd", s.softmax(-1), vg)
     row["max_abs_err_sampled"] = (o[0, rows].float() - ref).abs().max().item()
     run_impls(row, {"runtime": f}, q, k, v, 4.0 * D * row["kept"], args.reps, deadline)
-    rate = copy_rate_gbs()
-    floor_bytes = B * L * Hkv * K * 2 * D * 2
-    row["copy_rate_gbs"] = rate
-    row["floor_ms"] = floor_bytes / rate / 1e6
-    for p in ("fwd", "bwd"):
-        m = row.get(f"runtime_{p}_ms")
-        row[f"fraction_of_floor_{p}"] = row["floor_ms"] / m if m else None
+    listed = int((idx >= 0).sum()) * (Hkv // th)  # rows gathered over every (batch, query, kv head)
+    topk_floor(row, B, L, Hq, Hkv, D, listed, idx.numel() * 4)
     row["runtime_over_static_fwd"] = row["runtime_over_static_bwd"] = None  # no static plan of the same pairs
     row["ratio_vs_flex_fwd"] = row["ratio_vs_flex_bwd"] = None
     row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "topk" in (p._p.mask or "")), None)
@@ -293,7 +374,8 @@ def main():
     if not spattn.build_info()["cuda"]:
         print("runtime_bench: this spattn build has no CUDA")
         return 0
-    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk}
+    cases = {"blocks": case_blocks, "documents": case_documents, "topk": case_topk,
+             "topk_kv": lambda a, d: case_topk(a, d, per_kv_head=True)}
     if args.one_case:  # a child: one case, its row as the last line of stdout
         try:
             row = cases[args.one_case](args, args.deadline)
@@ -309,13 +391,19 @@ def main():
             raise SystemExit(f"runtime_bench: unknown case '{name}' (cases: {', '.join(cases)})")
         left = args.budget_s - (time.time() - start)
         share = max(5.0, left / (len(names) - i))
-        row = run_case(name, args, time.time() + share, timeout=share + 300)
+        row = run_case(name, args, time.time() + share, timeout=share + 180)  # + plans, compiles, checks
         row["device"] = torch.cuda.get_device_name()
         row["seconds"] = round(time.time() - start, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except OSError:
+        commit = None
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick}
+            "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick, "commit": commit,
+            "command": "python3 bench/runtime_bench.py " + " ".join(sys.argv[1:]), "seconds": round(time.time() - start, 1)}
     out = {"meta": meta, "rows": rows}
     path = args.json or (os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines", args.baseline + ".json")
                          if args.baseline else None)

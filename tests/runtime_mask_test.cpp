@@ -342,6 +342,26 @@ TEST(RuntimeMask, BadMasksNameTheValue) {
   EXPECT_NE(fwd(docs, dm).find("cu_seqlens_q[2] is 101, outside [0, 100]"), std::string::npos) << fwd(docs, dm);
   EXPECT_NE(fwd(docs, bm).find("kv_num_blocks was given to a plan for mask documents"), std::string::npos) << fwd(docs, bm);
   EXPECT_NE(fwd(docs, spattn::RuntimeMask{}).find("mask documents needs cu_seqlens_q"), std::string::npos);
+  // separate key boundaries: one count for both, non-decreasing, inside [0, kv_len]
+  cu = {0, 50, 100};
+  dm.cu_seqlens_q = spattn::IndexView::of(cu.data(), {3});
+  std::vector<int64_t> ck{0, 60, 30, 100};
+  dm.cu_seqlens_k = spattn::IndexView::of(ck.data(), {4});
+  EXPECT_NE(fwd(docs, dm).find("cu_seqlens_k has 4 boundaries, cu_seqlens_q 3"), std::string::npos) << fwd(docs, dm);
+  dm.cu_seqlens_k = spattn::IndexView::of(ck.data(), {3});
+  EXPECT_NE(fwd(docs, dm).find("cu_seqlens_k is not non-decreasing: [1] is 60, [2] is 30"), std::string::npos)
+      << fwd(docs, dm);
+  ck = {0, 60, 130};
+  EXPECT_NE(fwd(docs, dm).find("cu_seqlens_k[2] is 130, outside [0, 100]"), std::string::npos) << fwd(docs, dm);
+  ck = {0, 60, 100};
+  EXPECT_EQ(fwd(docs, dm), "(no error)");
+  dm.cu_seqlens_k = spattn::IndexView::of(ck.data(), {1, 3});
+  EXPECT_NE(fwd(docs, dm).find("cu_seqlens_k has 2 dimensions [1, 3], expected 1"), std::string::npos) << fwd(docs, dm);
+  dm.cu_seqlens_k = {};
+  // a negative count, and a count past the list's width
+  num[2] = -1;
+  EXPECT_NE(fwd(blocks, bm).find("kv_num_blocks[0, 0, 2] is -1"), std::string::npos) << fwd(blocks, bm);
+  num[2] = 1;
 
   const spattn::Plan topk = runtime_plan(spattn::MaskLayout::topk_keys(3), p, spattn::Engine::reference);
   std::vector<int64_t> tk(100 * 3, -1);
@@ -354,6 +374,12 @@ TEST(RuntimeMask, BadMasksNameTheValue) {
   EXPECT_NE(fwd(topk, tm).find("topk_indices[0, 2, 2] repeats key 5"), std::string::npos) << fwd(topk, tm);
   tm.topk_indices = spattn::IndexView::of(tk.data(), {1, 100, 1, 3});
   EXPECT_EQ(fwd(topk, tm).find("(no error)"), std::string::npos);
+  tk[8] = -1;
+  std::vector<int64_t> tk3(100 * 3 * 3, -1);
+  tm.topk_indices = spattn::IndexView::of(tk3.data(), {1, 100, 3, 3});  // 3 heads: neither 1, kv_heads nor q_heads
+  EXPECT_NE(fwd(topk, tm).find("topk_indices has 3 heads (dimension 2), expected 1, kv_heads (2) or q_heads (2)"),
+            std::string::npos)
+      << fwd(topk, tm);
   tm.topk_indices = spattn::IndexView::of(tk.data(), {1, 50, 2, 3});
   EXPECT_NE(fwd(topk, tm).find("topk_indices has shape [1, 50, 2, 3], expected [1, 100, 2, 3]"), std::string::npos)
       << fwd(topk, tm);

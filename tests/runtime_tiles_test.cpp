@@ -1,4 +1,5 @@
-// The run-time tile lists' walks (src/cuda/runtime/tile_walk.hpp), run on the host: for random packed documents and
+// The run-time tile lists' walks (src/cuda/runtime/tile_walk.hpp), run on the host: for random packed documents (one
+// set of boundaries, or separate key boundaries and lengths) and
 // block masks, forward and key-major (the backward's), every listed tile's pairs (full, band or bitmask, as the kernels read them) are exactly the mask's pairs
 // in that tile, every tile holding a kept pair is listed once, in ascending order, and no full tile runs past the keys.
 // The same walks write the lists on the GPU (tile_lists.cu); here they are checked without one.
@@ -59,32 +60,46 @@ void check_tile(int t, const std::vector<Entry4>& es, bool keys, int om, int im,
 
 TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
   std::mt19937 rng(1);
-  for (int trial = 0; trial < 300; ++trial) {
-    const int64_t L = std::uniform_int_distribution<int64_t>(1, 700)(rng);
-    const int n = std::uniform_int_distribution<int>(1, 9)(rng);
+  auto boundaries = [&](int n, int64_t L, bool gaps) {
     std::vector<int64_t> cu(size_t(n + 1));
     for (int64_t& x : cu) x = std::uniform_int_distribution<int64_t>(0, L)(rng);
     std::sort(cu.begin(), cu.end());
-    if (trial % 3) cu.front() = 0, cu.back() = L;
-    const int kind = trial % 4;  // dense, causal, a causal window, a two-sided window (random widths)
+    if (!gaps) cu.front() = 0, cu.back() = L;
+    return cu;
+  };
+  for (int trial = 0; trial < 600; ++trial) {
+    // odd trials: separate key boundaries (cu_seqlens_k) over keys of another length
+    const bool separate = trial % 2 == 1;
+    const int64_t L = std::uniform_int_distribution<int64_t>(1, 700)(rng);
+    const int64_t Lk = separate ? std::uniform_int_distribution<int64_t>(1, 700)(rng) : L;
+    const int n = std::uniform_int_distribution<int>(1, trial % 5 == 0 ? 40 : 9)(rng);
+    const std::vector<int64_t> cu = boundaries(n, L, trial % 3 == 0);
+    const std::vector<int64_t> ck = separate ? boundaries(n, Lk, trial % 7 == 0) : cu;
+    const int kind = (trial / 2) % 4;  // dense, causal, a causal window, a two-sided window (random widths)
     const int lo = kind < 2 ? int(-(L + 1)) : -std::uniform_int_distribution<int>(0, 300)(rng);
-    const int hi = kind == 0 ? int(L + 1) : kind == 3 ? std::uniform_int_distribution<int>(0, 200)(rng) : 0;
+    const int hi = kind == 0 ? int(Lk + 1) : kind == 3 ? std::uniform_int_distribution<int>(0, 200)(rng) : 0;
     const Kept kept = [&](int64_t q, int64_t k) {
       for (int d = 0; d < n; ++d)
-        if (cu[size_t(d)] <= q && q < cu[size_t(d + 1)]) return cu[size_t(d)] <= k && k < cu[size_t(d + 1)] && lo <= k - q && k - q <= hi;
+        if (cu[size_t(d)] <= q && q < cu[size_t(d + 1)]) {
+          const int64_t dk = k - ck[size_t(d)], dq = q - cu[size_t(d)];  // document coordinates
+          return ck[size_t(d)] <= k && k < ck[size_t(d + 1)] && lo <= dk - dq && dk - dq <= hi;
+        }
       return false;
     };
-    SCOPED_TRACE("trial " + std::to_string(trial) + ": L " + std::to_string(L) + ", " + std::to_string(n) + " documents, band " +
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": L " + std::to_string(L) + " x " + std::to_string(Lk) + ", " +
+                 std::to_string(n) + " documents" + (separate ? " (separate key boundaries)" : "") + ", band " +
                  std::to_string(lo) + ".." + std::to_string(hi));
     DocTileArgs a;
     a.cu = cu.data(), a.cu_bits = 64, a.documents = n;
-    a.q_len = a.k_len = int(L);
+    if (separate) a.cu_k = ck.data(), a.cu_k_bits = 64;
+    a.q_len = int(L), a.k_len = int(Lk);
     a.lo = lo, a.hi = hi;
     a.entry_capacity = int64_t(1) << 40;
     for (bool keys : {false, true}) {
       a.block_m = keys ? 64 : 128, a.block_n = 128;
-      const int om = keys ? 128 : 128, im = keys ? 64 : 128;
-      const int tiles = int((L + om - 1) / om);
+      const int om = 128, im = keys ? 64 : 128;
+      const int64_t olen = keys ? Lk : L, ilen = keys ? L : Lk;
+      const int tiles = int((olen + om - 1) / om), inner = int((ilen + im - 1) / im);
       int64_t at = 0;
       for (int t = 0; t < tiles; ++t) {
         const int64_t count = spattn::cuda::runtime::walk(a, t, nullptr, 0, keys);
@@ -92,12 +107,16 @@ TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
         ASSERT_EQ(spattn::cuda::runtime::walk(a, t, es.data(), at, keys), count);
         for (size_t i = 0; i < es.size(); ++i)
           if (es[i].y >= 0) ASSERT_EQ(es[i].y, at + int64_t(i)) << "a bitmask's index is its entry's";
-        check_tile(t, es, keys, om, im, L, L, kept, [&](int outer, const Entry4& e, int w) {
+        check_tile(t, es, keys, om, im, L, Lk, kept, [&](int outer, const Entry4& e, int w) {
           return keys ? spattn::cuda::runtime::doc_key_mask_word(a, outer, e.x, w)
                       : spattn::cuda::runtime::doc_mask_word(a, outer, e.x, w);
         });
         at += count;
       }
+      // The arrays' capacity (device_runner.cpp sizes them by document_entries) holds every list.
+      const int64_t per = keys ? spattn::cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, inner)
+                               : spattn::cuda::runtime::document_tiles_per_row(128, 128, lo, hi, inner);
+      EXPECT_LE(at, spattn::cuda::runtime::document_entries(tiles, inner, per, n, separate)) << (keys ? "key-major" : "forward");
     }
   }
 }
@@ -105,7 +124,7 @@ TEST(RuntimeTiles, DocumentsForwardAndKeyMajor) {
 TEST(RuntimeTiles, BlockMasks) {
   std::mt19937 rng(2);
   for (int trial = 0; trial < 32; ++trial) {
-    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64 (forward lists only)
+    const int64_t bs = trial % 4 < 2 ? 128 : 64;  // blocks (and tiles) of 128, or 64
     const int64_t Lq = std::uniform_int_distribution<int64_t>(1, 700)(rng), Lk = std::uniform_int_distribution<int64_t>(1, 700)(rng);
     const int64_t nq = (Lq + bs - 1) / bs + trial % 2, nk = (Lk + bs - 1) / bs, cap = nk + 1;
     const bool band = trial % 3 != 0;
@@ -148,16 +167,17 @@ TEST(RuntimeTiles, BlockMasks) {
       spattn::cuda::runtime::each_block(a, 0, 0, qt, [&](int64_t kt, bool full) {
         if (const int type = spattn::cuda::runtime::block_entry(a, q0, q1, kt, full))
           es.push_back(spattn::cuda::runtime::block_entry4(a, kt, type));
-        for (int64_t t = 2 * qt; bs == 128 && t < 2 * qt + 2 && t * 64 < Lq; ++t)  // key-major (block_key_lists)
+        const int64_t sub = bs / 64;  // the 64-row query tiles of a block (key-major, as block_key_lists)
+        for (int64_t t = sub * qt; t < sub * qt + sub && t * 64 < Lq; ++t)
           if (const int type = spattn::cuda::runtime::block_entry(a, t * 64, std::min<int64_t>(t * 64 + 64, Lq), kt, full))
             key_major[size_t(kt)].push_back(spattn::cuda::runtime::block_entry4(a, t, type));
       });
       std::sort(es.begin(), es.end(), by_tile);
       check_tile(qt, es, false, int(bs), int(bs), Lq, Lk, kept, none);
     }
-    for (int64_t kt = 0; bs == 128 && kt < nk; ++kt) {
+    for (int64_t kt = 0; kt < nk; ++kt) {  // key tiles as wide as the blocks (64: the sm90_bwd 64x64 row)
       std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
-      check_tile(int(kt), key_major[size_t(kt)], true, 128, 64, Lq, Lk, kept, none);
+      check_tile(int(kt), key_major[size_t(kt)], true, int(bs), 64, Lq, Lk, kept, none);
     }
   }
 }

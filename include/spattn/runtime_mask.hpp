@@ -32,7 +32,9 @@
 // partial) and no index out of range. Sortedness is never required. Shapes are checked at every call; the checking
 // mode (RuntimeMask::check) validates the contents too and raises spattn::Error naming the first bad value or count.
 // The host path validates every call's mask; the GPU's device path (docs/RUNTIME_MASKS.md) trusts it (a repeat may
-// count twice; an index out of range is dropped) and checks only shapes unless `check` is set.
+// count twice; an index out of range is dropped) and checks only shapes unless `check` is set. GPU plans run on the
+// device path except the cases their explain() names (then the host path: the mask copied to the host, the stream
+// waited for; refused under RuntimeMask::no_host).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -93,6 +95,11 @@ struct RuntimeMask {
   // Checking mode: every shape, count and index is validated before anything runs (GPU plans copy the tensors to the
   // host for it and wait for the stream: not capturable, for debugging and tests).
   bool check = false;
+  // Refuse the host path: a GPU call the device path does not take (docs/RUNTIME_MASKS.md) throws Error naming why,
+  // instead of copying the mask to the host and waiting for the stream. The Python operator sets it under
+  // torch.cuda.set_sync_debug_mode("error"); the C API as bit 2 of its `check` flags. (A call inside a CUDA graph
+  // capture refuses the host path whatever this says.)
+  bool no_host = false;
 
   // The tensors in a fixed order (the C API's slots): kv_num_blocks, kv_indices, full_kv_num_blocks,
   // full_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_indices.

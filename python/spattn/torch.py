@@ -281,6 +281,8 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Any = None, *,
     with pattern the spec applied within each document (None: whole documents); ``topk_indices=`` (int32/int64
     [B, Lq, K] or [B, Lq, H, K], -1 padded) united with pattern's keys (None: the listed keys alone). ``check=True``
     validates the mask first (raises spattn.Error naming a bad index, count or shape; on a GPU it waits for it).
+    On a GPU these run without host synchronisation except the cases the plan's explain() lists (the host path);
+    under ``torch.cuda.set_sync_debug_mode("error")`` such a call raises spattn.Error naming the case instead.
     """
     q, k, v = _autocast(q, k, v)
     if cu_seqlens is not None or topk_indices is not None or _is_block_mask(pattern):
@@ -398,6 +400,12 @@ def _is_block_mask(x: Any) -> bool:
     return type(x).__name__ == "BlockMask" and hasattr(x, "kv_num_blocks") and hasattr(x, "BLOCK_SIZE")
 
 
+def _no_host(q: Tensor) -> bool:
+    """Whether a masked call must not take the host path (docs/RUNTIME_MASKS.md): under
+    torch.cuda.set_sync_debug_mode("error") the C++ side raises where it would copy the mask to the host."""
+    return q.is_cuda and torch.cuda.get_sync_debug_mode() == 2
+
+
 def _mask_options(options: str) -> Tuple[str, bool]:
     """(the plan's options, check) of a masked op's options string."""
     parts = options.split(",") if options else []
@@ -412,7 +420,7 @@ def _masked_forward_impl(q: Tensor, k: Tensor, v: Tensor, mask: List[Optional[Te
     dev = q.device
     o = torch.empty(e.o_shape, dtype=e.o_dtype, device=dev)
     lse = torch.empty(e.lse_shape, dtype=e.lse_dtype, device=dev)
-    e.plan.forward_mask(q, k, v, o, lse, list(mask), check, _stream(q), e.layout)
+    e.plan.forward_mask(q, k, v, o, lse, list(mask), check, _stream(q), e.layout, _no_host(q))
     if e.o_dtype != e.out_dtype:
         o = o.to(e.out_dtype)
         if e.lse_dtype != _lse_dtype(q):
@@ -444,7 +452,7 @@ def _masked_attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: 
     dq = torch.empty(e.dq_shape, dtype=e.grad_dtype, device=dev)
     dk = torch.empty(e.dk_shape, dtype=e.grad_dtype, device=dev)
     dv = torch.empty(e.dv_shape, dtype=e.grad_dtype, device=dev)
-    e.plan.backward_mask(q, k, v, o, lse, dout, dq, dk, dv, list(mask), check, _stream(q), e.layout)
+    e.plan.backward_mask(q, k, v, o, lse, dout, dq, dk, dv, list(mask), check, _stream(q), e.layout, _no_host(q))
     if e.grad_dtype != q.dtype:
         dq, dk, dv = dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
     return dq, dk, dv

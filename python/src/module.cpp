@@ -361,7 +361,7 @@ struct PyPlan {
     std::array<IndexArg, spattn::RuntimeMask::kSlots> args;
     spattn::RuntimeMask mask;
   };
-  void load_mask(MaskArgs& m, const std::vector<nb::object>& mask, bool check) const {
+  void load_mask(MaskArgs& m, const std::vector<nb::object>& mask, bool check, bool no_host) const {
     if (mask.size() != size_t(spattn::RuntimeMask::kSlots))
       throw spattn::Error("mask: expected " + std::to_string(spattn::RuntimeMask::kSlots) + " slots, got " +
                           std::to_string(mask.size()));
@@ -380,24 +380,25 @@ struct PyPlan {
       m.mask.slot(i) = a.view;
     }
     m.mask.check = check;
+    m.mask.no_host = no_host;
   }
 
   void forward_mask(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse,
                     const std::vector<nb::object>& mask, bool check, const nb::object& stream,
-                    const std::string& layout) const {
+                    const std::string& layout, bool no_host) const {
     ForwardArgs f;
     load_forward(f, q, k, v, o, lse, stream, layout);
     MaskArgs m;
-    load_mask(m, mask, check);
+    load_mask(m, mask, check, no_host);
     nb::gil_scoped_release unlocked;
     plan.forward(f.q.view, f.k.view, f.v.view, f.o.view, f.lse_view(), m.mask, f.stream);
   }
 
   void backward_mask(nb::handle q, nb::handle k, nb::handle v, nb::handle o, nb::handle lse, nb::handle dout,
                      nb::handle dq, nb::handle dk, nb::handle dv, const std::vector<nb::object>& mask, bool check,
-                     const nb::object& stream, const std::string& layout) const {
+                     const nb::object& stream, const std::string& layout, bool no_host) const {
     MaskArgs m;
-    load_mask(m, mask, check);
+    load_mask(m, mask, check, no_host);
     run_backward(q, k, v, o, lse, dout, dq, dk, dv, stream, layout, &m.mask);
   }
 };
@@ -558,9 +559,10 @@ NB_MODULE(_core, m) {
            "stream"_a.none() = nb::none(), "layout"_a = "blhd")
       .def_prop_ro("mask", [](const PyPlan& p) { return p.plan.takes_mask() ? p.spec : std::string(); })
       .def("forward_mask", &PyPlan::forward_mask, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "mask"_a, "check"_a = false,
-           "stream"_a.none() = nb::none(), "layout"_a = "blhd")
+           "stream"_a.none() = nb::none(), "layout"_a = "blhd", "no_host"_a = false)
       .def("backward_mask", &PyPlan::backward_mask, "q"_a, "k"_a, "v"_a, "o"_a.none(), "lse"_a.none(), "dout"_a, "dq"_a,
-           "dk"_a, "dv"_a, "mask"_a, "check"_a = false, "stream"_a.none() = nb::none(), "layout"_a = "blhd")
+           "dk"_a, "dv"_a, "mask"_a, "check"_a = false, "stream"_a.none() = nb::none(), "layout"_a = "blhd",
+           "no_host"_a = false)
       .def("time_forward", &PyPlan::time_forward, "q"_a, "k"_a, "v"_a, "o"_a, "lse"_a.none(), "iters"_a,
            "layout"_a = "blhd");
 

@@ -100,7 +100,8 @@ namespace {
 // topk_indices (spattn::RuntimeMask::slot); null slots: none.
 spattn::RuntimeMask mask_of(const spattn_index_view* slots, int check) {
   spattn::RuntimeMask m;
-  m.check = check != 0;
+  m.check = (check & 1) != 0;
+  m.no_host = (check & 2) != 0;
   if (!slots) return m;
   for (int i = 0; i < spattn::RuntimeMask::kSlots; ++i) {
     const spattn_index_view& s = slots[i];
@@ -281,8 +282,8 @@ int spattn_plan_create_masked(const char* mask, int device, int dtype, int64_t b
 
 
 // spattn_plan_forward with the call's mask: `slots` points at 7 spattn_index_view (kv_num_blocks, kv_indices,
-// full_kv_num_blocks, full_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_indices; data null where absent); check != 0
-// runs the checking mode.
+// full_kv_num_blocks, full_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_indices; data null where absent); `check`
+// flags: bit 1 runs the checking mode (RuntimeMask::check), bit 2 refuses the host path (RuntimeMask::no_host).
 int spattn_plan_forward_masked(void* handle, const void* q, const int64_t* q_strides, const void* k,
                                const int64_t* k_strides, const void* v, const int64_t* v_strides, void* o,
                                const int64_t* o_strides, float* lse, const spattn_index_view* slots, int check,

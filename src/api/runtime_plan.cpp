@@ -60,7 +60,10 @@ class MaterialisedBackend final : public RuntimeBackend {
                       const PlanOptions& options)
       : layout_(layout), problem_(problem), device_(device), engine_(engine), options_(options) {
     options_.engine = engine;
-    if (engine == Engine::cuda_fused) runner_ = make_device_mask_runner(layout, problem, device.index, &no_runner_);
+    if (engine == Engine::cuda_fused)
+      runner_ = make_device_mask_runner(layout, problem, device.index, &no_runner_);
+    else if (device.kind == Device::Kind::cuda)
+      no_runner_ = "engine " + std::string(engine_name(engine)) + " (the device path is cuda_fused's)";
   }
 
   void forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const TensorView&,
@@ -75,13 +78,14 @@ class MaterialisedBackend final : public RuntimeBackend {
   void forward_mask(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                     const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
     if (runner_) {
-      if (mask.check) validate(load_host_mask(layout_, problem_, mask, true, device_.index, stream));
+      device_shapes(mask, stream);
       if (runner_->forward(q, k, v, o, lse, mask, stream)) {
         std::lock_guard<std::mutex> lock(mu_);
         last_ = "runtime_device: " + runner_->kernel();
         return;
       }
     }
+    refuse_host(mask, false);
     run(mask, stream, [&](const std::vector<BoundPattern>& pats, const Problem& pr, int64_t b0, int64_t b1) {
       auto cut = [&](const TensorView& t) { return t.data ? t.slice(0, b0, b1) : t; };
       if (engine_ == Engine::reference) {
@@ -100,13 +104,14 @@ class MaterialisedBackend final : public RuntimeBackend {
                      const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                      const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
     if (runner_) {
-      if (mask.check) validate(load_host_mask(layout_, problem_, mask, true, device_.index, stream));
+      device_shapes(mask, stream);
       if (runner_->backward(q, k, v, o, lse, dout, dq, dk, dv, mask, stream)) {
         std::lock_guard<std::mutex> lock(mu_);
         last_backward_ = "runtime_device: " + runner_->backward_kernel();
         return;
       }
     }
+    refuse_host(mask, true);
     run(mask, stream, [&](const std::vector<BoundPattern>& pats, const Problem& pr, int64_t b0, int64_t b1) {
       auto cut = [&](const TensorView& t) { return t.data ? t.slice(0, b0, b1) : t; };
       if (engine_ == Engine::reference) {
@@ -132,8 +137,8 @@ class MaterialisedBackend final : public RuntimeBackend {
   }
   std::string explain() const override {
     if (runner_)
-      return "run-time mask " + layout_.str() + ": forward on the " + runner_->explain() +
-             "; the backward (and calls the device path does not take) as below\n" + host_explain();
+      return "run-time mask " + layout_.str() + ": forward and backward on the device path, " + runner_->explain() +
+             "\nthe host path only for: " + runner_->host_cases() + "; there, " + host_explain();
     return host_explain() + (no_runner_.empty() ? "" : " (no device path: " + no_runner_ + ")");
   }
   std::string host_explain() const {
@@ -177,6 +182,24 @@ class MaterialisedBackend final : public RuntimeBackend {
         hout[i].back(out[i], dev, stream);
       }
     return "reference on host copies";
+  }
+
+  // The device path's calls: every shape checked (no tensor read), then the checking mode's validation if asked for.
+  void device_shapes(const RuntimeMask& mask, Stream stream) const {
+    load_host_mask(layout_, problem_, mask, true, device_.index, stream, false);
+    if (mask.check) validate(load_host_mask(layout_, problem_, mask, true, device_.index, stream));
+  }
+
+  // Throws where a GPU call would take the host path and the mask asks for none (RuntimeMask::no_host).
+  void refuse_host(const RuntimeMask& mask, bool backward) const {
+    if (device_.kind != Device::Kind::cuda || !mask.no_host) return;
+    const std::string why = runner_ ? "the device path does not take it; its host cases: " + runner_->host_cases()
+                                    : "this plan has no device path: " + no_runner_;
+    throw Error("run-time mask " + layout_.str() + ": this " + (backward ? "backward" : "forward") +
+                " would run on the host path (" + why +
+                "), which copies the mask to the host and waits for the stream; refused because no host "
+                "synchronisation was asked for (RuntimeMask::no_host; torch.cuda.set_sync_debug_mode(\"error\") in "
+                "Python)");
   }
 
   [[noreturn]] void refuse() const {

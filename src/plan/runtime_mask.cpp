@@ -115,8 +115,10 @@ std::string dims_text(std::initializer_list<int64_t> d) {
   return s + "]";
 }
 
-// The tensor in `slot` as contiguous int64 (its logical shape), after its rank and element width are checked.
-std::vector<int64_t> read(const IndexView& t, const char* name, int ndim, bool on_device, int device, Stream stream) {
+// The tensor in `slot` as contiguous int64 (its logical shape), after its rank and element width are checked (copy
+// false: only checked, the vector left empty).
+std::vector<int64_t> read(const IndexView& t, const char* name, int ndim, bool on_device, int device, Stream stream,
+                          bool copy = true) {
   if (t.bits != 32 && t.bits != 64)
     throw Error(std::string(name) + " has " + std::to_string(t.bits) + "-bit elements, expected int32 or int64");
   if (t.ndim != ndim)
@@ -129,6 +131,7 @@ std::vector<int64_t> read(const IndexView& t, const char* name, int ndim, bool o
     n *= s;
     if (s > 0) extent += (s - 1) * st;
   }
+  if (!copy) return {};
   std::vector<int64_t> out(static_cast<size_t>(n));
   if (n == 0) return out;
   const int64_t esize = t.bits / 8;
@@ -178,14 +181,15 @@ void broadcast_dim(int64_t got, int64_t want, const char* name, int dim, const c
                 what + "), expected " + std::to_string(want) + " or 1");
 }
 
-void load_blocks(HostMask& m, const RuntimeMask& mask, bool on_device, int device, Stream stream, bool full) {
+void load_blocks(HostMask& m, const RuntimeMask& mask, bool on_device, int device, Stream stream, bool full,
+                 bool copy) {
   const Problem& p = m.problem;
   const IndexView& num = full ? mask.full_kv_num_blocks : mask.kv_num_blocks;
   const IndexView& idx = full ? mask.full_kv_indices : mask.kv_indices;
   const char* nn = full ? "full_kv_num_blocks" : "kv_num_blocks";
   const char* in = full ? "full_kv_indices" : "kv_indices";
-  std::vector<int64_t> vn = read(num, nn, 3, on_device, device, stream);
-  std::vector<int64_t> vi = read(idx, in, 4, on_device, device, stream);
+  std::vector<int64_t> vn = read(num, nn, 3, on_device, device, stream, copy);
+  std::vector<int64_t> vi = read(idx, in, 4, on_device, device, stream, copy);
   broadcast_dim(num.shape[0], p.batch, nn, 0, "batch");
   broadcast_dim(num.shape[1], p.q_heads, nn, 1, "query heads");
   if (num.shape[2] < m.q_blocks())
@@ -225,7 +229,7 @@ int64_t topk_head(const HostMask& m, int64_t h) {
 }  // namespace
 
 HostMask load_host_mask(const MaskLayout& layout, const Problem& problem, const RuntimeMask& mask, bool on_device,
-                        int device, Stream stream) {
+                        int device, Stream stream, bool copy) {
   HostMask m;
   m.layout = layout;
   m.problem = problem;
@@ -236,21 +240,21 @@ HostMask load_host_mask(const MaskLayout& layout, const Problem& problem, const 
       need(mask.kv_indices, "kv_indices", layout);
       if (mask.full_kv_num_blocks.present() != mask.full_kv_indices.present())
         throw Error("full_kv_num_blocks and full_kv_indices come together (one of them is missing)");
-      load_blocks(m, mask, on_device, device, stream, false);
+      load_blocks(m, mask, on_device, device, stream, false, copy);
       m.has_full = mask.full_kv_num_blocks.present();
-      if (m.has_full) load_blocks(m, mask, on_device, device, stream, true);
+      if (m.has_full) load_blocks(m, mask, on_device, device, stream, true, copy);
       break;
     }
     case MaskKind::documents: {
       refuse_others(mask, {4, 5}, layout);
       need(mask.cu_seqlens_q, "cu_seqlens_q", layout);
-      m.cu_q = read(mask.cu_seqlens_q, "cu_seqlens_q", 1, on_device, device, stream);
-      if (m.cu_q.empty()) throw Error("cu_seqlens_q is empty: expected n + 1 boundaries of n documents");
+      m.cu_q = read(mask.cu_seqlens_q, "cu_seqlens_q", 1, on_device, device, stream, copy);
+      if (mask.cu_seqlens_q.shape[0] < 1) throw Error("cu_seqlens_q is empty: expected n + 1 boundaries of n documents");
       if (mask.cu_seqlens_k.present()) {
-        m.cu_k = read(mask.cu_seqlens_k, "cu_seqlens_k", 1, on_device, device, stream);
-        if (m.cu_k.size() != m.cu_q.size())
-          throw Error("cu_seqlens_k has " + std::to_string(m.cu_k.size()) + " boundaries, cu_seqlens_q " +
-                      std::to_string(m.cu_q.size()) + ": one document count for both");
+        m.cu_k = read(mask.cu_seqlens_k, "cu_seqlens_k", 1, on_device, device, stream, copy);
+        if (mask.cu_seqlens_k.shape[0] != mask.cu_seqlens_q.shape[0])
+          throw Error("cu_seqlens_k has " + std::to_string(mask.cu_seqlens_k.shape[0]) + " boundaries, cu_seqlens_q " +
+                      std::to_string(mask.cu_seqlens_q.shape[0]) + ": one document count for both");
       } else {
         if (problem.q_len != problem.kv_len)
           throw Error("cu_seqlens_k is needed where q_len (" + std::to_string(problem.q_len) + ") != kv_len (" +
@@ -264,7 +268,7 @@ HostMask load_host_mask(const MaskLayout& layout, const Problem& problem, const 
       need(mask.topk_indices, "topk_indices", layout);
       const IndexView& t = mask.topk_indices;
       const int nd = t.ndim == 3 ? 3 : 4;
-      m.topk = read(t, "topk_indices", nd, on_device, device, stream);
+      m.topk = read(t, "topk_indices", nd, on_device, device, stream, copy);
       const int64_t K = t.shape[size_t(nd - 1)];
       m.tk_h = nd == 3 ? 1 : t.shape[2];
       if (t.shape[0] != problem.batch || t.shape[1] != problem.q_len || K != layout.topk)
@@ -278,7 +282,7 @@ HostMask load_host_mask(const MaskLayout& layout, const Problem& problem, const 
       break;
     }
   }
-  if (!layout.spec.empty() && layout.kind != MaskKind::documents)
+  if (copy && !layout.spec.empty() && layout.kind != MaskKind::documents)
     m.spec = parse(layout.spec).bind(problem.q_len, problem.kv_len);
   return m;
 }

@@ -18,10 +18,11 @@ void device_to_host(void* dst, const void* src, int64_t bytes, int device, Strea
 
 // The GPU path of run-time masks (cuda/runtime/): tile lists written on the device from the mask tensors at every call
 // into fixed-capacity arrays sized here, feeding the fused forward kernels unchanged; no host synchronisation. Today:
-// packed documents (cu_seqlens_q only, q_len == kv_len), block masks of 128 or 64 square blocks (a launch a (batch, head)
-// list of the mask) and top-k keys shared by the heads (tile bitmasks set by the pairs), each with no spec or a band
-// spec (causal, local, their intersections); their backward from key-major lists written on the device (the sm_90a
-// tile backward; block masks whose kv groups share a list).
+// packed documents (cu_seqlens_q, and cu_seqlens_k with up to one document a query tile), block masks of 128 or 64
+// square blocks (a launch a (batch, head) list of the mask) and top-k keys (tile bitmasks set by the pairs; indices
+// per kv or query head a head at a time), each with no spec or a band spec (causal, local, their intersections); their
+// backward from key-major lists written on the device (the sm_90a tile backward; per-query-head lists under GQA through
+// per-head dK / dV partials summed over the kv group), except 64-blocks' at head dim 128 (host_cases()).
 class DeviceMaskRunner {
  public:
   virtual ~DeviceMaskRunner() = default;
@@ -38,6 +39,8 @@ class DeviceMaskRunner {
   virtual std::string backward_kernel() const { return ""; }  // the row the last backward here launched
   virtual std::string kernel() const = 0;  // the fused kernel-table row it runs
   virtual std::string explain() const = 0;
+  // The calls of its layout it does not take (forward or backward returns false; they run on the host path).
+  virtual std::string host_cases() const = 0;
 };
 // Null, with the reason in *why, where the device path does not take the layout or the problem (or the build has
 // no CUDA). Built on `device` (cuda/runtime/device_runner.cpp; the stub: api/runtime_stub.cpp).
@@ -65,9 +68,10 @@ struct HostMask {
 };
 
 // Loads `mask` for `layout` and `problem`: shapes checked (every call, cheap: O(dimensions)), tensors copied (device
-// plans: device_to_host on `device` / `stream`). Throws Error naming the tensor, dimension and both values.
+// plans: device_to_host on `device` / `stream`; copy false: the shapes only, no tensor read, the vectors empty).
+// Throws Error naming the tensor, dimension and both values.
 HostMask load_host_mask(const MaskLayout& layout, const Problem& problem, const RuntimeMask& mask, bool on_device,
-                        int device, Stream stream);
+                        int device, Stream stream, bool copy = true);
 
 // Validates the contents: counts in range, indices in range, no index twice in a row (nor a block both full and
 // partial), document boundaries non-decreasing inside [0, L]. Throws Error naming the tensor, its index and value.

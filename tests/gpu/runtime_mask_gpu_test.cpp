@@ -56,16 +56,25 @@ struct Io {
     plan.forward(dev(q, qs()), dev(k, ks()), dev(v, ks()), dev(o, qs()), dlse(), m, s);
   }
 
+  void backward(const spattn::Plan& plan, const spattn::RuntimeMask& m, cudaStream_t s = nullptr) {
+    plan.backward(dev(q, qs()), dev(k, ks()), dev(v, ks()), dev(o, qs()), dlse(), dev(dout, qs()), dev(dq, qs()),
+                  dev(dk, ks()), dev(dv, ks()), m, s);
+  }
+
   // The backward of `plan` after its forward (o, lse on the device) against the reference engine's; expects the
   // device path where `device_path` and the device is sm_90a.
   void check_backward(const spattn::Plan& plan, const spattn::MaskLayout& layout, const spattn::RuntimeMask& dm,
                       const spattn::RuntimeMask& hm, bool device_path) {
-    plan.backward(dev(q, qs()), dev(k, ks()), dev(v, ks()), dev(o, qs()), dlse(), dev(dout, qs()), dev(dq, qs()),
-                  dev(dk, ks()), dev(dv, ks()), dm);
+    backward(plan, dm);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (device_path && on_sm90a()) {  // the key-major lists written on the device, the tile backward
       EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_device: sm90_bwd", 0), 0u) << plan.last_backward_kernel();
     }
+    compare_backward(layout, hm);
+  }
+  // dq, dk, dv on the device against the reference engine's backward of `hm`.
+  void compare_backward(const spattn::MaskLayout& layout, const spattn::RuntimeMask& hm) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     spattn::PlanOptions ref;
     ref.engine = spattn::Engine::reference;
     const spattn::Plan rp = spattn::make_plan(layout, p, spattn::Device::cpu(), ref);
@@ -109,6 +118,44 @@ struct Io {
     return e;
   }
 };
+
+// A CUDA graph of the plan's forward and backward (the backward only on sm_90a devices, where it is on the device
+// path) captured once, replayed `replays` times; before each, update(replay) writes new mask contents to the device
+// tensors the graph reads and returns the same mask in host memory. Every replay is checked against the reference.
+template <class Update>
+void check_graph_replays(Io& io, const spattn::Plan& plan, const spattn::MaskLayout& layout,
+                         const spattn::RuntimeMask& dm, int replays, Update update) {
+  const bool bwd = on_sm90a();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  update(-1);
+  io.forward(plan, dm, s);  // warm (kernel attributes set outside the capture)
+  if (bwd) io.backward(plan, dm, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(plan.last_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_kernel() << "\n" << plan.explain();
+  if (bwd) EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_backward_kernel();
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  io.forward(plan, dm, s);
+  if (bwd) io.backward(plan, dm, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < replays; ++replay) {
+    const spattn::RuntimeMask hm = update(replay);
+    ASSERT_EQ(cudaMemsetAsync(io.o.p, 0xFF, Io::nq(io.p) * 2, s), cudaSuccess);  // NaN poison
+    ASSERT_EQ(cudaMemsetAsync(io.dk.p, 0xFF, Io::nk(io.p) * 2, s), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    double lse_err = 0;
+    EXPECT_LT(io.error_vs_reference(layout, hm, &lse_err), 2e-2) << "replay " << replay;
+    EXPECT_LT(lse_err, 1e-3) << "replay " << replay;
+    if (bwd) io.compare_backward(layout, hm);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
 
 std::vector<int32_t> random_documents(int64_t L, int n, std::mt19937& rng, bool gaps) {
   std::vector<int32_t> cu(size_t(n + 1));
@@ -194,7 +241,7 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
   const int64_t L = 1000;  // the last blocks partial
-  for (int64_t bs : {128, 64})  // 64-blocks: the forward on 64x64 tiles, the backward on the host path
+  for (int64_t bs : {128, 64})  // 64-blocks: 64x64 tiles forward and backward (head dim 64)
   for (int64_t D : {64, 128})
     for (int64_t heads : {1, 4})  // a mask broadcast over the heads (one launch), or one a head
       for (const char* spec : {"causal", ""}) {
@@ -234,9 +281,11 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
         double lse_err = 0;
         EXPECT_LT(io.error_vs_reference(layout, hm, &lse_err), 2e-2);
         EXPECT_LT(lse_err, 1e-3);
-        io.check_backward(plan, layout, dm, hm, heads == 1 && bs == 128);  // per-head lists under GQA: the host path
-        if (heads == 4)  // per-head rows under GQA: the GPU backward cannot sum dK / dV over them, the reference can
-          EXPECT_EQ(plan.last_backward_kernel(), "runtime_rows: reference on host copies");
+        // per-head lists under GQA too: each head's dK / dV partials summed over its kv group; 64-blocks on the
+        // sm90_bwd 64x64 row (head dim 64), at head dim 128 on the host path (docs/RUNTIME_MASKS.md)
+        io.check_backward(plan, layout, dm, hm, bs == 128 || D == 64);
+        if (bs == 64 && D == 128)
+          EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_rows: ", 0), 0u) << plan.last_backward_kernel();
       }
 }
 
@@ -269,6 +318,7 @@ TEST(RuntimeMaskGpu, TopkBothPathsAndSmallBlocks) {
   double lse_err = 0;
   EXPECT_LT(io.error_vs_reference(blocks, hm, &lse_err), 2e-2);
   EXPECT_LT(lse_err, 1e-3);
+  io.check_backward(bp, blocks, dm, hm, true);  // 64x64 tiles, per-head lists under GQA through the partials
   // Top-k keys per kv head, -1 padded, united with a window.
   const int64_t K = 16;
   std::vector<int64_t> tk(size_t(p.q_len * 2 * K));
@@ -286,9 +336,10 @@ TEST(RuntimeMaskGpu, TopkBothPathsAndSmallBlocks) {
   const auto topk = spattn::MaskLayout::topk_keys(K, "local(left=8, right=0)");
   const spattn::Plan tp = gpu_plan(topk, p);
   io.forward(tp, dtm);
-  EXPECT_EQ(tp.last_kernel().rfind("runtime_rows: ", 0), 0u) << tp.last_kernel();  // per kv head: the host path
+  EXPECT_EQ(tp.last_kernel().rfind("runtime_device: ", 0), 0u) << tp.last_kernel();  // per kv head: a head at a time
   EXPECT_LT(io.error_vs_reference(topk, htm, &lse_err), 2e-2);
   EXPECT_LT(lse_err, 1e-3);
+  io.check_backward(tp, topk, dtm, htm, true);
   // Shared by the heads ([B, Lq, K], a batch of 2): the device path, forward and backward.
   {
     const auto p2 = problem(2, 4, 2, 777, 64);
@@ -340,6 +391,159 @@ TEST(RuntimeMaskGpu, DocumentsBackward) {
   io.forward(plan, dm);
   EXPECT_EQ(plan.last_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_kernel();
   io.check_backward(plan, layout, dm, hm, true);
+}
+
+// Random top-k rows: K distinct keys of [0, lk) each, about one in five entries -1.
+std::vector<int32_t> random_topk(int64_t rows, int64_t K, int64_t lk, std::mt19937& rng) {
+  std::vector<int32_t> t(size_t(rows * K));
+  std::vector<int32_t> keys(static_cast<size_t>(lk));
+  std::iota(keys.begin(), keys.end(), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < K; ++j) std::swap(keys[size_t(j)], keys[size_t(j + int64_t(rng() % uint32_t(lk - j)))]);
+    for (int64_t j = 0; j < K; ++j) t[size_t(r * K + j)] = rng() % 5 == 0 ? -1 : keys[size_t(j)];
+  }
+  return t;
+}
+
+// Top-k keys per kv head and per query head (under GQA: per-head dK / dV partials summed over the group), on the
+// device path, replayed from a CUDA graph with new indices each replay.
+TEST(RuntimeMaskGpu, TopkPerHeadReplayedFromACudaGraph) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  for (int64_t ht : {2, 4})
+    for (const char* spec : {"", "local(left=16, right=0)"}) {
+      SCOPED_TRACE("heads " + std::to_string(ht) + ", spec '" + spec + "'");
+      const auto p = problem(2, 4, 2, 700, 128);
+      Io io(p, 43);
+      const int64_t K = 24;
+      Buf dt(size_t(2 * p.q_len * ht * K) * 4);
+      std::vector<int32_t> t;
+      spattn::RuntimeMask dm;
+      dm.topk_indices = spattn::IndexView::of(static_cast<const int32_t*>(dt.p), {2, p.q_len, ht, K});
+      const auto layout = spattn::MaskLayout::topk_keys(K, spec);
+      const spattn::Plan plan = gpu_plan(layout, p);
+      check_graph_replays(io, plan, layout, dm, 3, [&](int) {
+        t = random_topk(2 * p.q_len * ht, K, p.kv_len, rng);
+        EXPECT_EQ(cudaMemcpy(dt.p, t.data(), t.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        spattn::RuntimeMask hm;
+        hm.topk_indices = spattn::IndexView::of(t.data(), {2, p.q_len, ht, K});
+        return hm;
+      });
+    }
+}
+
+// A block mask per query head under GQA (and one broadcast over the batch): forward and backward on the device
+// path, replayed from a CUDA graph with new blocks each replay.
+TEST(RuntimeMaskGpu, PerHeadBlocksUnderGqaReplayedFromACudaGraph) {
+  REQUIRE_GPU();
+  std::mt19937 rng(47);
+  for (int64_t nb : {1, 2}) {
+    SCOPED_TRACE("mask batch " + std::to_string(nb));
+    const auto p = problem(2, 4, 2, 1000, 64);
+    Io io(p, 53);
+    const int64_t nq = 8, nk = 8, rows = nb * 4 * nq;
+    Buf dn(size_t(rows) * 4), di(size_t(rows * nk) * 4);
+    std::vector<int32_t> num, idx;
+    spattn::RuntimeMask dm;
+    dm.kv_num_blocks = spattn::IndexView::of(static_cast<const int32_t*>(dn.p), {nb, 4, nq});
+    dm.kv_indices = spattn::IndexView::of(static_cast<const int32_t*>(di.p), {nb, 4, nq, nk});
+    const auto layout = spattn::MaskLayout::blocks(128, 128, "causal");
+    const spattn::Plan plan = gpu_plan(layout, p);
+    check_graph_replays(io, plan, layout, dm, 3, [&](int) {
+      num.assign(size_t(rows), 0), idx.assign(size_t(rows * nk), 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int32_t> b(static_cast<size_t>(nk));
+        std::iota(b.begin(), b.end(), 0);
+        std::shuffle(b.begin(), b.end(), rng);
+        num[size_t(r)] = int32_t(std::uniform_int_distribution<int>(0, int(nk))(rng));
+        std::copy(b.begin(), b.end(), idx.begin() + r * nk);
+      }
+      EXPECT_EQ(cudaMemcpy(dn.p, num.data(), num.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(di.p, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      spattn::RuntimeMask hm;
+      hm.kv_num_blocks = spattn::IndexView::of(num.data(), {nb, 4, nq});
+      hm.kv_indices = spattn::IndexView::of(idx.data(), {nb, 4, nq, nk});
+      return hm;
+    });
+  }
+}
+
+// Packed documents with separate key boundaries (cu_seqlens_k; queries and keys of different lengths): the device
+// path, replayed from a CUDA graph with new boundaries each replay.
+TEST(RuntimeMaskGpu, DocumentsWithKeyBoundariesReplayedFromACudaGraph) {
+  REQUIRE_GPU();
+  std::mt19937 rng(59);
+  for (const char* spec : {"causal", "", "local(left=50, right=0)"}) {
+    SCOPED_TRACE(std::string("spec '") + spec + "'");
+    spattn::Problem p = problem(1, 4, 2, 900, 64);
+    p.kv_len = 1300;
+    Io io(p, 61);
+    const int n = 5;
+    Buf dq((n + 1) * 4), dk((n + 1) * 4);
+    std::vector<int32_t> cq, ck;
+    spattn::RuntimeMask dm;
+    dm.cu_seqlens_q = spattn::IndexView::of(static_cast<const int32_t*>(dq.p), {n + 1});
+    dm.cu_seqlens_k = spattn::IndexView::of(static_cast<const int32_t*>(dk.p), {n + 1});
+    const auto layout = spattn::MaskLayout::documents(spec);
+    const spattn::Plan plan = gpu_plan(layout, p);
+    check_graph_replays(io, plan, layout, dm, 3, [&](int replay) {
+      cq = random_documents(p.q_len, n, rng, replay == 1);
+      ck = random_documents(p.kv_len, n, rng, replay == 2);
+      EXPECT_EQ(cudaMemcpy(dq.p, cq.data(), cq.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(dk.p, ck.data(), ck.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      spattn::RuntimeMask hm;
+      hm.cu_seqlens_q = spattn::IndexView::of(cq.data(), {n + 1});
+      hm.cu_seqlens_k = spattn::IndexView::of(ck.data(), {n + 1});
+      return hm;
+    });
+  }
+}
+
+// The host path refused: under RuntimeMask::no_host a call the device path does not take throws naming why, and
+// inside a CUDA graph capture it throws whatever no_host says (no copy is attempted there).
+TEST(RuntimeMaskGpu, HostPathRefusedWhereAskedAndInsideCaptures) {
+  REQUIRE_GPU();
+  const auto p = problem(1, 2, 2, 256, 128);
+  Io io(p, 67);
+  std::vector<int32_t> num{1, 1, 1, 1}, idx{0, 1, 0, 1, 0, 1, 0, 1};
+  Buf dn(num.size() * 4), di(idx.size() * 4);
+  ASSERT_EQ(cudaMemcpy(dn.p, num.data(), num.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(di.p, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  spattn::RuntimeMask dm;
+  dm.kv_num_blocks = spattn::IndexView::of(static_cast<const int32_t*>(dn.p), {1, 1, 4});
+  dm.kv_indices = spattn::IndexView::of(static_cast<const int32_t*>(di.p), {1, 1, 4, 2});
+  const spattn::Plan plan = gpu_plan(spattn::MaskLayout::blocks(64, 64), p);  // 64-blocks at D 128: backward on the host path
+  dm.no_host = true;
+  io.forward(plan, dm);  // the forward is on the device path
+  EXPECT_EQ(plan.last_kernel().rfind("runtime_device: ", 0), 0u) << plan.last_kernel();
+  EXPECT_NE(plan.explain().find("the host path only for"), std::string::npos) << plan.explain();
+  try {
+    io.backward(plan, dm);
+    ADD_FAILURE() << "no error for the host path under no_host";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("would run on the host path (the device path does not take it"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("64 x 64 blocks"), std::string::npos) << e.what();
+  }
+  dm.no_host = false;
+  io.backward(plan, dm);  // allowed: the host path
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_rows: ", 0), 0u) << plan.last_backward_kernel();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string err;
+  try {
+    io.backward(plan, dm, s);
+  } catch (const spattn::Error& e) {
+    err = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(s, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  EXPECT_NE(err.find("cannot run inside a CUDA graph capture"), std::string::npos) << err;
+  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -208,6 +208,20 @@ def test_check_mode_errors():
     bm.kv_num_blocks[0, 0, 0] = 1
     with pytest.raises(spattn.Error, match=r"kv_indices\[0, 0, 0, 0\] is 7, outside \[0, 2\)"):
         st.sparse_attention(q, k, v, bm, check=True)
+    # shapes that disagree (checked at every call, check mode or not)
+    with pytest.raises(spattn.Error, match=r"topk_indices has shape \[1, 32, 3\], expected \[1, 64, 3\]"):
+        st.sparse_attention(q, k, v, None, topk_indices=idx[:, :32].contiguous())
+    cq, ck = torch.tensor([0, 32, 64], dtype=torch.int32), torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(spattn.Error, match="cu_seqlens_k has 2 boundaries, cu_seqlens_q 3"):
+        st.sparse_attention(q, k, v, None, cu_seqlens=cq, cu_seqlens_k=ck)
+    with pytest.raises(spattn.Error, match=r"cu_seqlens_k\[1\] is 65, outside \[0, 64\]"):
+        st.sparse_attention(q, k, v, None, cu_seqlens=cq, cu_seqlens_k=torch.tensor([0, 65, 64], dtype=torch.int32),
+                            check=True)
+    bm, _, _ = random_block_mask(1, 2, 64, 64, 32, 32, seed=0)
+    bm.kv_num_blocks[0, 0, 0] = 2
+    bm.kv_indices[0, 0, 0, :2] = 1  # listed twice
+    with pytest.raises(spattn.Error, match=r"lists key block 1 twice"):
+        st.sparse_attention(q, k, v, bm, check=True)
 
 
 @pytest.mark.parametrize("script, args", [("moba_layer.py", ["--len", "256"]),
@@ -294,3 +308,76 @@ def test_gpu_device_path_no_sync_and_graph_replay():
                 graph.replay()
                 torch.cuda.synchronize()
                 assert (out.float() - f().float()).abs().max() < 1e-2, name
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
+def test_gpu_device_path_per_head_and_key_boundaries():
+    """The cases that left the host path (issue 44): top-k per kv head and per query head under GQA, a BlockMask per
+    query head under GQA (backward through per-head dK / dV partials), cu_seqlens with cu_seqlens_k (queries and keys
+    of different lengths); each forward and backward under torch's sync debug mode "error", on the device path
+    (last_kernel), against fp64 attention over the mask's pairs on the CPU."""
+    st.clear_cache()
+    g = torch.Generator().manual_seed(5)
+    B, H, HK, Lq, Lk, K = 2, 4, 2, 640, 896, 32
+    q, k, v = qkv(B, Lq, Lk, H, HK, D=64, dtype=torch.bfloat16, device="cuda", seed=3)
+    cases = []
+    for th in (HK, H):  # per kv head, per query head
+        idx = torch.rand(B, Lq, th, Lk, generator=g).topk(K, -1).indices
+        idx = idx.masked_fill(torch.rand(idx.shape, generator=g) < 0.2, -1)
+        mask = torch.zeros(B, Lq, th, Lk + 1, dtype=torch.bool).scatter_(3, idx % (Lk + 1), True)[..., :Lk]
+        mask = mask.permute(0, 2, 1, 3).repeat_interleave(H // th, 1)
+        idx = idx.int().cuda()
+        cases.append((f"topk per {th} heads", lambda idx=idx: st.sparse_attention(q, k, v, None, topk_indices=idx), mask))
+    bm, part, full = random_block_mask(B, H, Lq, Lk, 128, 128, seed=6)
+    causal = torch.from_numpy(spattn.mask("causal", Lq, Lk))
+    bm = bm.to("cuda")
+    cases.append(("blocks per head", lambda: st.sparse_attention(q, k, v, bm, spec="causal"), full | (part & causal)))
+    cq, ck = random_documents(Lq, 5, g), random_documents(Lk, 5, g)
+    mask = torch.zeros(Lq, Lk, dtype=torch.bool)
+    for i in range(5):
+        n, m = int(cq[i + 1] - cq[i]), int(ck[i + 1] - ck[i])
+        mask[cq[i]:cq[i + 1], ck[i]:ck[i + 1]] = torch.ones(n, m, dtype=torch.bool).tril()  # causal, top left
+    cqd, ckd = cq.cuda(), ck.cuda()
+    cases.append(("documents with key boundaries",
+                  lambda: st.sparse_attention(q, k, v, "causal", cu_seqlens=cqd, cu_seqlens_k=ckd), mask))
+    do = torch.randn(B, Lq, H, 64, generator=g).to(torch.bfloat16).cuda()
+    for name, f, mask in cases:
+        f()  # plans built and first launches outside the checked region
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o = f()
+            grads = torch.autograd.grad(o, (q, k, v), do)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        plan = next(p for p in st.cached_plans() if p._p.mask and p.last_kernel())
+        assert plan.last_kernel().startswith("runtime_device: "), (name, plan.last_kernel(), plan.explain())
+        assert plan.last_backward_kernel().startswith("runtime_device: "), (name, plan.last_backward_kernel())
+        st.clear_cache()
+        qr, kr, vr = (x.detach().cpu().double().requires_grad_(True) for x in (q, k, v))
+        m = mask.expand(B, H, Lq, Lk) if mask.dim() == 2 else mask
+        ref = dense(qr, kr, vr, m)
+        refs = torch.autograd.grad(ref, (qr, kr, vr), do.cpu().double())
+        assert (o.cpu().double() - ref).abs().max() < 2e-2, name
+        for got, want in zip(grads, refs):
+            assert (got.cpu().double() - want).abs().max() < 5e-2 * max(1.0, want.abs().max().item()), name
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
+def test_gpu_host_path_raises_under_sync_debug_error():
+    """The backward of 64 x 64 blocks at head dim 128 still takes the host path on the GPU (docs/RUNTIME_MASKS.md):
+    under torch.cuda.set_sync_debug_mode("error") it raises naming the case instead of synchronising; without, it
+    runs."""
+    st.clear_cache()
+    q, k, v = qkv(1, 256, 256, 2, 2, D=128, dtype=torch.bfloat16, device="cuda")
+    bm = random_block_mask(1, 2, 256, 256, 64, 64, seed=8)[0].to("cuda")
+    st.sparse_attention(q, k, v, bm, spec="causal").float().sum().backward()  # allowed: the host path
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = st.sparse_attention(q, k, v, bm, spec="causal")  # the forward: the device path
+        with pytest.raises(Exception, match="would run on the host path .*64 x 64 blocks"):
+            o.float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

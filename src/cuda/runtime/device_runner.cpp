@@ -67,8 +67,9 @@ bool spec_band(const MaskLayout& layout, const Problem& pr, int* lo, int* hi, st
   return true;
 }
 
-// The problem and views of list l of a mask of nb x nh lists (batch nb > 1: one batch element; heads nh > 1: one
-// query head, its kv head for k-like views): q-like views are [B, L, Hq, .], k-like [B, L, Hkv, .], lse [B, Hq, L].
+// The problem and views of list l of a mask of nb x nh lists, l = b nh + h (batch nb > 1: one batch element; heads
+// nh > 1: nh is q_heads (one query head, its kv head for k-like views) or kv_heads (one kv head and its group of query
+// heads)): q-like views are [B, L, Hq, .], k-like [B, L, Hkv, .], lse [B, Hq, L].
 struct ListViews {
   Problem p;
   std::vector<TensorView> q_like, k_like;
@@ -76,9 +77,10 @@ struct ListViews {
 };
 ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::vector<TensorView> q_like,
                      std::vector<TensorView> k_like, TensorView lse) {
-  const int64_t b = l / nh, h = l % nh, group = pr.q_heads / pr.kv_heads;
+  const int64_t b = l / nh, h = l % nh;
   ListViews out{pr, std::move(q_like), std::move(k_like), lse};
   auto cut = [](TensorView& t, int axis, int64_t i) { t = t.data ? t.narrow(axis, i) : t; };
+  auto span = [](TensorView& t, int axis, int64_t i0, int64_t i1) { t = t.data ? t.slice(axis, i0, i1) : t; };
   if (nb > 1) {
     out.p.batch = 1;
     for (TensorView& t : out.q_like) cut(t, 0, b);
@@ -86,27 +88,40 @@ ListViews list_views(const Problem& pr, int64_t nb, int64_t nh, int64_t l, std::
     cut(out.lse, 0, b);
   }
   if (nh > 1) {
-    out.p.q_heads = out.p.kv_heads = 1;
-    for (TensorView& t : out.q_like) cut(t, 2, h);
-    for (TensorView& t : out.k_like) cut(t, 2, h / group);
-    cut(out.lse, 1, h);
+    const int64_t qh = pr.q_heads / nh, kvh = h * pr.kv_heads / nh;  // query heads a list, and their kv head
+    out.p.q_heads = qh, out.p.kv_heads = 1;
+    for (TensorView& t : out.q_like) span(t, 2, h * qh, (h + 1) * qh);
+    for (TensorView& t : out.k_like) cut(t, 2, kvh);
+    span(out.lse, 1, h * qh, (h + 1) * qh);
   }
   return out;
 }
 
-// The backward's key-major lists (64-row query tiles, 128-key tiles; `lists` of them, `capacity` entries and, where
-// `bitmasks`, as many transposed bitmasks) and the tile backward's scratch, where its sm_90a rows run (row < 0: not).
+// The backward's key-major lists (64-row query tiles, key tiles of key_tile keys: 128, the sm90_bwd_ws row, or 64, the
+// sm90_bwd 64x64 row, which exists at head dim 64 only; `lists` of them, `capacity` entries and, where `bitmasks`, as
+// many transposed bitmasks of 128-key tiles) and the tile backward's scratch, where such a row runs (row < 0: not).
 struct KeyMajor {
   int row = -1;
   mutable int last_row = -1;
   int64_t q_tiles = 0, k_tiles = 0, capacity = 0;
   cuda::DeviceBuffer offsets, entries, masks, order, dq_acc, lse2, delta;
 
-  KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool wanted = true) {
+  // Per-query-head lists under grouped-query attention (a block mask per head, top-k keys per query head): each
+  // head's dK / dV go to a slot of these (group x B x Lk x D each), summed into its kv head's by sum_group.
+  cuda::DeviceBuffer dk_part, dv_part;
+  int64_t group = 1, slot = 0;
+  Problem problem;
+
+  // parts: the masks may differ between the query heads of a kv group (the partials above are allocated).
+  KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool parts,
+           int key_tile = 128)
+      : problem(pr) {
     const cuda::DeviceScope scope(device);
-    row = wanted && cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    const int d = int(pr.head_dim);
+    if (cuda::device_info(device).sm90a())
+      row = key_tile == 128 ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, d) : find_kernel(KernelKind::sm90_bwd, 64, 64, d);
     if (row < 0) return;
-    q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + 127) / 128, capacity = capacity_;
+    q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + key_tile - 1) / key_tile, capacity = capacity_;
     std::vector<int32_t> ord(static_cast<size_t>(k_tiles));
     std::iota(ord.begin(), ord.end(), 0);
     order = cuda::DeviceBuffer::upload(ord);
@@ -117,6 +132,13 @@ struct KeyMajor {
     dq_acc = cuda::DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, pr.head_dim}, 4)));
     lse2 = cuda::DeviceBuffer(size_t(rows) * 4);
     delta = cuda::DeviceBuffer(size_t(rows) * 4);
+    group = pr.q_heads / pr.kv_heads;
+    if (group > 1 && parts) {
+      slot = pr.batch * pr.kv_len * pr.head_dim;
+      const int64_t bytes = checked_bytes("grouped-query dK / dV partials", {group, slot}, dtype_size(pr.dtype));
+      dk_part = cuda::DeviceBuffer(size_t(bytes), "run-time backward dK partials");
+      dv_part = cuda::DeviceBuffer(size_t(bytes), "run-time backward dV partials");
+    }
   }
   // The tile backward over list l's slice of the lists (already written on `stream`).
   void launch(const Problem& p, int64_t l, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -131,25 +153,60 @@ struct KeyMajor {
     bool tma = false;
     last_row = cuda::TileBackward::launch(p, row, d, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
   }
+  // launch() of list l on views w (backward_lists'): q, k, v, o, lse, dout, dq, dk, dv.
+  void launch(const ListViews& w, int64_t l, Stream stream) const {
+    launch(w.p, l, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2], w.q_like[3], w.k_like[2],
+           w.k_like[3], stream);
+  }
   // launch() for every list of `views` (backward_lists'), in order.
   void launch_all(const std::vector<ListViews>& views, Stream stream) const {
-    for (size_t l = 0; l < views.size(); ++l) {
-      const ListViews& w = views[l];
-      launch(w.p, int64_t(l), w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse, w.q_like[2], w.q_like[3],
-             w.k_like[2], w.k_like[3], stream);
+    for (size_t l = 0; l < views.size(); ++l) launch(views[l], int64_t(l), stream);
+  }
+  // List l of one query head (views w: batch element b, or every one where b < 0) with its dK / dV into slot g of
+  // the partials (g: the head's place in its kv group); sum_group adds the group's slots into the kv head's.
+  void launch_part(ListViews w, int64_t l, int64_t g, int64_t b, Stream stream) const {
+    const TensorView& dk = w.k_like[2];
+    const std::array<int64_t, 4> shape{problem.batch, problem.kv_len, 1, problem.head_dim};
+    const int64_t off = g * slot * dtype_size(dk.dtype);
+    w.k_like[2] = TensorView::contiguous(dk_part.get<char>() + off, dk.dtype, shape);
+    w.k_like[3] = TensorView::contiguous(dv_part.get<char>() + off, w.k_like[3].dtype, shape);
+    if (b >= 0) w.k_like[2] = w.k_like[2].narrow(0, b), w.k_like[3] = w.k_like[3].narrow(0, b);
+    launch(w, l, stream);
+  }
+  void sum_group(const TensorView& dk, const TensorView& dv, int64_t kvh, Stream stream) const {
+    for (auto [dst, src] : {std::pair{dk, &dk_part}, {dv, &dv_part}}) {
+      const TensorView d = dst.narrow(2, kvh);
+      cuda::runtime::GroupSumArgs a;
+      a.src = src->get<char>(), a.dst = d.data;
+      a.dst_s[0] = d.stride[0], a.dst_s[1] = d.stride[1], a.dst_s[2] = d.stride[3];
+      a.group = int(group), a.batch = int(problem.batch), a.len = int(problem.kv_len), a.dim = int(problem.head_dim);
+      a.bf16 = d.dtype == DType::bf16 ? 1 : 0;
+      SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_group_sum(a, stream)));
     }
   }
   std::string name() const { return last_row >= 0 ? kKernels[last_row].name : ""; }
 };
 
+// The backward calls a KeyMajor does not take, for host_cases().
+std::string backward_host_cases(const KeyMajor& bwd, const char* none = "no sm_90a device") {
+  return bwd.row < 0 ? std::string("; the backward (") + none + ")"
+                     : "; a backward whose tensors the tile backward refuses (alignment, strides, dtypes)";
+}
+
 class DocumentRunner final : public DeviceMaskRunner {
  public:
+  // Capacities: one set of boundaries needs tiles x per_row entries; separate key boundaries (cu_seqlens_k) up to
+  // (tiles + n) x per_row (tile_lists.hpp, document_entries), so the arrays hold that for n up to the tile count.
   DocumentRunner(const Problem& pr, int device, int lo, int hi, int64_t per_row)
-      : problem_(pr), device_(device),
-        bwd_(pr, device, 1, (pr.kv_len + 127) / 128 * cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, (pr.q_len + 63) / 64),
-             true) {
+      : problem_(pr), device_(device), per_row_(per_row),
+        per_col_(cuda::runtime::document_tiles_per_row(128, 64, -hi, -lo, (pr.q_len + 63) / 64)),
+        bwd_(pr, device, 1,
+             cuda::runtime::document_entries((pr.kv_len + 127) / 128, (pr.q_len + 63) / 64, per_col_,
+                                             (pr.kv_len + 127) / 128, true),
+             true, false) {
     const cuda::DeviceScope scope(device);
-    capacity_ = (pr.q_len + 127) / 128 * per_row;
+    const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
+    capacity_ = cuda::runtime::document_entries(qt, kt, per_row, qt, true);
     plan_ = upload(skeleton(pr, 1, capacity_, true), pr, device);
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(plan_->host().q_tiles);
@@ -160,15 +217,26 @@ class DocumentRunner final : public DeviceMaskRunner {
     args_.masks = const_cast<unsigned long long*>(plan_->masks());
   }
 
+  // The call's boundaries into `a`; false where the device path does not take them (more documents with separate
+  // key boundaries than the arrays hold: `outer` tiles of `inner` partners, per_row each, within `capacity`).
+  static bool read_mask(const RuntimeMask& mask, cuda::runtime::DocTileArgs& a, int64_t outer, int64_t inner,
+                        int64_t per_row, int64_t capacity) {
+    const IndexView &cu = mask.cu_seqlens_q, &ck = mask.cu_seqlens_k;
+    if (!cu.present() || cu.ndim != 1 || cu.shape[0] < 1 || cu.shape[0] > (1 << 30)) return false;
+    if (ck.present() && (ck.ndim != 1 || ck.shape[0] != cu.shape[0])) return false;
+    const int64_t n = cu.shape[0] - 1;
+    if (cuda::runtime::document_entries(outer, inner, per_row, n, ck.present()) > capacity) return false;
+    a.cu = cu.data, a.cu_bits = cu.bits, a.cu_stride = cu.stride[0];
+    a.cu_k = ck.present() ? ck.data : nullptr, a.cu_k_bits = ck.bits, a.cu_k_stride = ck.stride[0];
+    a.documents = int(n);
+    return true;
+  }
+
   bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
-    const IndexView& cu = mask.cu_seqlens_q;
-    if (!cu.present() || mask.cu_seqlens_k.present() || cu.ndim != 1 || cu.shape[0] < 1 || cu.shape[0] > (1 << 30))
-      return false;
-    const cuda::DeviceScope scope(device_);
     cuda::runtime::DocTileArgs a = args_;
-    a.cu = cu.data, a.cu_bits = cu.bits, a.cu_stride = cu.stride[0];
-    a.documents = int(cu.shape[0] - 1);
+    if (!read_mask(mask, a, args_.q_tiles, (problem_.kv_len + 127) / 128, per_row_, capacity_)) return false;
+    const cuda::DeviceScope scope(device_);
     FusedFwd::Arguments fa{problem_, q, k, v, o, lse};
     FusedFwd::Params params;
     const auto st = FusedFwd::can_implement(fa, *plan_, &params);
@@ -180,15 +248,12 @@ class DocumentRunner final : public DeviceMaskRunner {
   bool backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
-    const IndexView& cu = mask.cu_seqlens_q;
-    if (bwd_.row < 0 || !cu.present() || mask.cu_seqlens_k.present() || cu.ndim != 1 || cu.shape[0] < 1) return false;
+    cuda::runtime::DocTileArgs a = args_;  // key-major: "query tiles" are the key tiles, block_m the 64-row query tile
+    if (bwd_.row < 0 || !read_mask(mask, a, bwd_.k_tiles, bwd_.q_tiles, per_col_, bwd_.capacity)) return false;
     const cuda::DeviceScope scope(device_);
     if (!cuda::TileBackward::refusal(problem_, q, k, v, o, lse, dout, dq, dk, dv).empty()) return false;
-    cuda::runtime::DocTileArgs a = args_;  // key-major: "query tiles" are the key tiles, block_m the 64-row query tile
     a.block_m = 64, a.block_n = 128;
     a.q_tiles = int(bwd_.k_tiles);
-    a.cu = cu.data, a.cu_bits = cu.bits, a.cu_stride = cu.stride[0];
-    a.documents = int(cu.shape[0] - 1);
     a.entry_capacity = bwd_.capacity;
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
@@ -199,6 +264,14 @@ class DocumentRunner final : public DeviceMaskRunner {
   }
   std::string backward_kernel() const override { return bwd_.name(); }
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
+  std::string host_cases() const override {
+    const int64_t qt = args_.q_tiles, kt = (problem_.kv_len + 127) / 128;
+    const bool dense = per_row_ >= kt;  // no window: every document count fits the arrays
+    return (dense ? std::string("none in the forward")
+                  : "cu_seqlens_k with more than " + std::to_string(std::min(qt, kt)) +
+                        " documents (the lists' capacity under a window: one document a tile)") +
+           backward_host_cases(bwd_);
+  }
   std::string explain() const override {
     std::ostringstream s;
     s << "device tile lists of packed documents (128x128 tiles, band " << args_.lo << ".." << args_.hi << ", up to "
@@ -212,16 +285,19 @@ class DocumentRunner final : public DeviceMaskRunner {
  private:
   Problem problem_;
   int device_;
+  int64_t per_row_, per_col_;  // the most partner tiles a (document, tile) pair has: forward, key-major
   int64_t capacity_ = 0;
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::DocTileArgs args_;
   KeyMajor bwd_;
 };
 
-// The fused forward's launches of the nb x nh lists of `plan` (each list's row offsets: its slice of the plan's).
+// The fused forward's launches of the nb x nh lists of the mask (each list's row offsets: its slice of the plan's,
+// list l of the plan; where batch_lists, the plan holds a list a batch element, l / nh, rewritten for each head).
 std::vector<FusedFwd::Params> list_launches(const DevicePlan& plan, const Problem& pr, int64_t nb, int64_t nh,
                                             const TensorView& q, const TensorView& k, const TensorView& v,
-                                            const TensorView& o, const TensorView& lse, const char* what) {
+                                            const TensorView& o, const TensorView& lse, const char* what,
+                                            bool batch_lists = false) {
   std::vector<FusedFwd::Params> launches;
   const int64_t rows = plan.host().q_tiles + 1;
   for (int64_t l = 0; l < nb * nh; ++l) {
@@ -230,7 +306,7 @@ std::vector<FusedFwd::Params> list_launches(const DevicePlan& plan, const Proble
     const auto st = FusedFwd::can_implement(
         FusedFwd::Arguments{w.p, w.q_like[0], w.k_like[0], w.k_like[1], w.q_like[1], w.lse}, plan, &params);
     if (!st.ok) throw Error(std::string(what) + ": " + st.reason);
-    params.kernel.row_offsets = plan.row_offsets() + l * rows;
+    params.kernel.row_offsets = plan.row_offsets() + (batch_lists ? l / nh : l) * rows;
     launches.push_back(params);
   }
   return launches;
@@ -256,11 +332,12 @@ std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh,
 // that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
-  // block: 128 (the backward too) or 64 (the forward on 64x64 tiles; the backward on the host path).
+  // block: 128 or 64 (the forward on tiles of the block; the backward on 64-row query tiles and key tiles of the
+  // block: at block 64 the sm90_bwd 64x64 row, head dim 64 only, else the host path).
   BlockRunner(const Problem& pr, int device, bool band, int lo, int hi, int block)
       : problem_(pr), device_(device),
         bwd_(pr, device, pr.batch * pr.q_heads,
-             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + 127) / 128), false, block == 128) {
+             pr.batch * pr.q_heads * ((pr.q_len + 63) / 64) * ((pr.kv_len + block - 1) / block), false, true, block) {
     const cuda::DeviceScope scope(device);
     const int64_t qt = (pr.q_len + block - 1) / block, kt = (pr.kv_len + block - 1) / block;
     plan_ = upload(skeleton(pr, pr.batch * pr.q_heads, pr.batch * pr.q_heads * qt * kt, false, block), pr, device);
@@ -309,17 +386,28 @@ class BlockRunner final : public DeviceMaskRunner {
     int64_t nb = 0, nh = 0;
     if (bwd_.row < 0 || !read_mask(mask, a, &nb, &nh)) return false;
     const Problem& pr = problem_;
-    // Heads of one kv-head group sum into its dK and dV inside one launch: per-head lists need groups of one.
-    if (nh > 1 && pr.q_heads != pr.kv_heads) return false;
     const cuda::DeviceScope scope(device_);
     const std::vector<ListViews> views = backward_lists(pr, nb, nh, q, k, v, o, lse, dout, dq, dk, dv);
     if (views.empty()) return false;
-    a.block_m = 64;  // the backward's query tiles; the mask's blocks stay 128 x 128
+    a.block_m = 64;  // the backward's query tiles; the mask's blocks (and key tiles) stay as they are
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, stream)));
-    bwd_.launch_all(views, stream);
+    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
+    if (nh == 1 || pr.q_heads == pr.kv_heads) {
+      bwd_.launch_all(views, stream);
+      return true;
+    }
+    // Per-head lists under GQA: a launch sums the heads of its kv group into their dK / dV, so each query head's
+    // go to its slot of the partials, then the group's slots are summed into the kv head's.
+    for (int64_t kvh = 0; kvh < pr.kv_heads; ++kvh) {
+      for (int64_t g = 0; g < bwd_.group; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t l = b * nh + kvh * bwd_.group + g;
+          bwd_.launch_part(views[size_t(l)], l, g, nb > 1 ? b : -1, stream);
+        }
+      bwd_.sum_group(dk, dv, kvh, stream);
+    }
     return true;
   }
   std::string backward_kernel() const override { return bwd_.name(); }
@@ -339,13 +427,24 @@ class BlockRunner final : public DeviceMaskRunner {
     return true;
   }
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
+  std::string host_cases() const override {
+    return "none in the forward" +
+           backward_host_cases(bwd_, args_.block_m == 64 ? "64 x 64 blocks at head dim 128, or no sm_90a device: the "
+                                                           "64x64 tile backward is sm90_bwd_64x64_d64's"
+                                                         : "no sm_90a device");
+  }
   std::string explain() const override {
     std::ostringstream s;
     s << "device tile lists of block masks (" << args_.block_m << "x" << args_.block_n
       << " blocks and tiles, one list a (batch, head) of the mask, partial "
          "blocks "
       << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
-      << ", written at each call), kernel " << kernel() << ", a launch a list";
+      << ", written at each call), kernel " << kernel() << ", a launch a list; backward "
+      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise, ") + kKernels[bwd_.row].name +
+                              (bwd_.group > 1 ? " (per-head lists under GQA: each head's dK / dV partials summed over "
+                                                "its kv group)"
+                                              : "")
+                        : std::string("on the host path"));
     return s.str();
   }
 
@@ -363,7 +462,7 @@ class TopkRunner final : public DeviceMaskRunner {
  public:
   TopkRunner(const Problem& pr, int device, int64_t K, bool band, int lo, int hi)
       : problem_(pr), device_(device), topk_(K),
-        bwd_(pr, device, pr.batch, pr.batch * ((pr.kv_len + 127) / 128) * ((pr.q_len + 63) / 64), true) {
+        bwd_(pr, device, pr.batch, pr.batch * ((pr.kv_len + 127) / 128) * ((pr.q_len + 63) / 64), true, true) {
     const cuda::DeviceScope scope(device);
     const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
     plan_ = upload(skeleton(pr, pr.batch, pr.batch * qt * kt, true), pr, device);
@@ -375,32 +474,47 @@ class TopkRunner final : public DeviceMaskRunner {
     args_.q_tiles = int(qt), args_.k_tiles = int(kt), args_.q_tiles64 = int((pr.q_len + 63) / 64);
   }
 
-  // The call's indices into a copy of args_ (masks and lists unset); false where the device path does not take them.
-  bool read_mask(const RuntimeMask& mask, cuda::runtime::TopkTileArgs& a) const {
+  // The call's indices into a copy of args_ (masks and lists unset), with their head count (1, kv_heads or
+  // q_heads) and head stride; false where the device path does not take them.
+  bool read_mask(const RuntimeMask& mask, cuda::runtime::TopkTileArgs& a, int64_t* heads, int64_t* head_stride) const {
     const IndexView& t = mask.topk_indices;
     const Problem& pr = problem_;
-    if (!t.present() || (t.ndim != 3 && !(t.ndim == 4 && t.shape[2] == 1)) || t.shape[0] != pr.batch ||
-        t.shape[1] != pr.q_len || t.shape[size_t(t.ndim - 1)] != topk_)
+    if (!t.present() || (t.ndim != 3 && t.ndim != 4) || t.shape[0] != pr.batch || t.shape[1] != pr.q_len ||
+        t.shape[size_t(t.ndim - 1)] != topk_)
       return false;
+    *heads = t.ndim == 4 ? t.shape[2] : 1;
+    *head_stride = t.ndim == 4 ? t.stride[2] : 0;
+    if (*heads != 1 && *heads != pr.kv_heads && *heads != pr.q_heads) return false;
     a = args_;
     a.idx = t.data, a.idx_bits = t.bits;
     a.idx_s[0] = t.stride[0], a.idx_s[1] = t.stride[1], a.idx_s[2] = t.stride[size_t(t.ndim - 1)];
     return true;
   }
+  // `a` reading head h's lists (the heads' lists are written one head at a time into the same arrays).
+  static cuda::runtime::TopkTileArgs head_args(cuda::runtime::TopkTileArgs a, int64_t h, int64_t head_stride) {
+    a.idx = static_cast<const char*>(a.idx) + h * head_stride * (a.idx_bits / 8);
+    return a;
+  }
 
   bool forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                const TensorView& lse, const RuntimeMask& mask, Stream stream) const override {
     cuda::runtime::TopkTileArgs a;
-    if (!read_mask(mask, a)) return false;
+    int64_t nh = 1, hs = 0;
+    if (!read_mask(mask, a, &nh, &hs)) return false;
     const cuda::DeviceScope scope(device_);
+    const Problem& pr = problem_;
+    // Every launch's parameters first (checks, tensor maps): list b of the plan for batch element b of each head.
     const std::vector<FusedFwd::Params> launches =
-        list_launches(*plan_, problem_, problem_.batch, 1, q, k, v, o, lse, "run-time top-k keys");
+        list_launches(*plan_, pr, pr.batch, nh, q, k, v, o, lse, "run-time top-k keys", true);
     a.masks = const_cast<unsigned long long*>(plan_->masks());
     a.flags = flags_.get<unsigned char>();
     a.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
     a.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(a, stream)));
-    for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
+    for (int64_t h = 0; h < nh; ++h) {  // a head's lists, then its launches
+      SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(head_args(a, h, hs), stream)));
+      for (int64_t b = 0; b < pr.batch; ++b)
+        FusedFwd::run(launches[size_t(b * nh + h)], static_cast<cudaStream_t>(stream));
+    }
     return true;
   }
 
@@ -408,24 +522,39 @@ class TopkRunner final : public DeviceMaskRunner {
                 const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv, const RuntimeMask& mask, Stream stream) const override {
     cuda::runtime::TopkTileArgs a;
-    if (bwd_.row < 0 || !read_mask(mask, a)) return false;
+    int64_t nh = 1, hs = 0;
+    if (bwd_.row < 0 || !read_mask(mask, a, &nh, &hs)) return false;
     const cuda::DeviceScope scope(device_);
-    const std::vector<ListViews> views =
-        backward_lists(problem_, problem_.batch, 1, q, k, v, o, lse, dout, dq, dk, dv);
+    const Problem& pr = problem_;
+    const std::vector<ListViews> views = backward_lists(pr, pr.batch, nh, q, k, v, o, lse, dout, dq, dk, dv);
     if (views.empty()) return false;
     a.key_masks = bwd_.masks.get<unsigned long long>();
     a.key_flags = key_flags_.get<unsigned char>();
     a.key_offsets = bwd_.offsets.get<int64_t>();
     a.key_entries = bwd_.entries.get<int>();
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(a, stream)));
-    bwd_.launch_all(views, stream);
+    const bool parts = nh == pr.q_heads && pr.q_heads != pr.kv_heads;  // per query head under GQA
+    // Head h's lists (list b: batch element b), then its launches; per query head under GQA, each head's dK / dV
+    // into its slot of the partials and the kv group's summed after its last head.
+    for (int64_t h = 0; h < nh; ++h) {
+      SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_topk_tiles(head_args(a, h, hs), stream)));
+      for (int64_t b = 0; b < pr.batch; ++b) {
+        const ListViews& w = views[size_t(b * nh + h)];
+        if (parts)
+          bwd_.launch_part(w, b, h % bwd_.group, pr.batch > 1 ? b : -1, stream);
+        else
+          bwd_.launch(w, b, stream);
+      }
+      if (parts && h % bwd_.group == bwd_.group - 1) bwd_.sum_group(dk, dv, h / bwd_.group, stream);
+    }
     return true;
   }
   std::string backward_kernel() const override { return bwd_.name(); }
   std::string kernel() const override { return kKernels[plan_->kernel_row()].name; }
+  std::string host_cases() const override { return "none in the forward" + backward_host_cases(bwd_); }
   std::string explain() const override {
     return "device bitmasks of top-" + std::to_string(topk_) + " keys (every 128 x 128 tile's bits set by the pairs, " +
-           "the tiles holding any listed as entries, a list a batch element), kernel " + kernel() + "; backward " +
+           "the tiles holding any listed as entries, a list a batch element; indices per kv or query head written " +
+           "and run a head at a time), kernel " + kernel() + "; backward " +
            (bwd_.row >= 0 ? std::string("from transposed bitmasks set likewise, ") + kKernels[bwd_.row].name
                           : std::string("on the host path (no sm_90a device)"));
   }
@@ -467,10 +596,9 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     if (bytes > (int64_t(1) << 30)) return refuse("its list capacity (" + std::to_string(bytes >> 20) + " MiB) is past 1 GiB");
     return std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi, int(b));
   }
-  if (pr.q_len != pr.kv_len) return refuse("documents of queries and keys of different lengths");
-  const int64_t k_tiles = (pr.kv_len + 127) / 128;
+  const int64_t q_tiles = (pr.q_len + 127) / 128, k_tiles = (pr.kv_len + 127) / 128;
   const int64_t per_row = cuda::runtime::document_tiles_per_row(128, 128, lo, hi, k_tiles);
-  const int64_t mask_bytes = (pr.q_len + 127) / 128 * per_row * 128 * 128 / 8;
+  const int64_t mask_bytes = cuda::runtime::document_entries(q_tiles, k_tiles, per_row, q_tiles, true) * 128 * 128 / 8;
   if (mask_bytes > (int64_t(1) << 30))
     return refuse("its bitmask capacity (" + std::to_string(mask_bytes >> 20) + " MiB) is past 1 GiB");
   return std::make_unique<DocumentRunner>(pr, device, lo, hi, per_row);

@@ -1,4 +1,6 @@
 // cuda/runtime/tile_lists.cu — see tile_lists.hpp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/runtime/tile_lists.hpp"
@@ -106,10 +108,10 @@ __global__ void __launch_bounds__(kListThreads) block_lists(BlockTileArgs a) {
       });
 }
 
-// The backward's key-major lists of a block mask: a CTA a list; per 128-key tile, the 64-row query tiles of the query
-// blocks that list it (each listed block stands for its two query tiles), ascending. Counted into shared memory by
+// The backward's key-major lists of a block mask: a CTA a list; per key tile (a key block), the 64-row query tiles of
+// the query blocks that list it (each listed block stands for its `sub` query tiles), ascending. Counted into shared memory by
 // atomics, scanned into the list's column offsets, placed by atomics, then each key tile's few sorted.
-__global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a, int q_blocks) {
+__global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a, int q_blocks, int sub) {
   extern __shared__ int cursor[];  // [k_tiles]
   const int l = blockIdx.x, bb = l / a.heads, hh = l % a.heads;
   const int64_t base = int64_t(l) * a.list_capacity;
@@ -125,8 +127,8 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
       const int64_t j = full ? i % per - a.cap : i % per;
       if (j >= block_count(a, bb, hh, qb, full)) continue;
       const int64_t kt = block_index(a, bb, hh, qb, full, j);
-      for (int h = 0; h < 2; ++h) {
-        const int64_t qt = 2 * int64_t(qb) + h, q0 = qt * 64;
+      for (int h = 0; h < sub; ++h) {
+        const int64_t qt = sub * int64_t(qb) + h, q0 = qt * 64;
         if (q0 >= a.q_len) break;
         const int type = block_entry(a, q0, q0 + 64 < a.q_len ? q0 + 64 : a.q_len, kt, full);
         if (type) f(qt, kt, type);
@@ -201,7 +203,39 @@ __global__ void __launch_bounds__(kListThreads) flagged_lists(const unsigned cha
       });
 }
 
+__device__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float to_f32(__half x) { return __half2float(x); }
+template <class T> __device__ T from_f32(float x);
+template <> __device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __half from_f32<__half>(float x) { return __float2half(x); }
+
+// A thread an element of dst: the group's partials summed in fp32.
+template <class T>
+__global__ void group_sum(GroupSumArgs a) {
+  const int64_t n = int64_t(a.batch) * a.len * a.dim, slot = n;
+  const T* src = static_cast<const T*>(a.src);
+  T* dst = static_cast<T*>(a.dst);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int g = 0; g < a.group; ++g) s += to_f32(src[g * slot + i]);
+    const int64_t d = i % a.dim, r = i / a.dim, k = r % a.len, b = r / a.len;
+    dst[b * a.dst_s[0] + k * a.dst_s[1] + d * a.dst_s[2]] = from_f32<T>(s);
+  }
+}
+
 }  // namespace
+
+int launch_group_sum(const GroupSumArgs& a, void* stream) {
+  const int64_t n = int64_t(a.batch) * a.len * a.dim;
+  if (n == 0) return int(cudaSuccess);
+  const unsigned blocks = unsigned(n / 256 + 1 < 8192 ? n / 256 + 1 : 8192);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.bf16)
+    group_sum<__nv_bfloat16><<<blocks, 256, 0, s>>>(a);
+  else
+    group_sum<__half><<<blocks, 256, 0, s>>>(a);
+  return int(cudaGetLastError());
+}
 
 int launch_topk_tiles(const TopkTileArgs& a, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
@@ -224,9 +258,10 @@ int launch_topk_tiles(const TopkTileArgs& a, void* stream) {
   return int(cudaGetLastError());
 }
 
-int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream) {
+int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream) {
   if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
-  block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(a, q_blocks);
+  block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(
+      a, q_blocks, q_block / 64);
   return int(cudaGetLastError());
 }
 

@@ -17,6 +17,11 @@ struct DocTileArgs {
   const void* cu = nullptr;  // cu_seqlens [n + 1]: int32 (cu_bits 32) or int64, stride cu_stride elements
   int cu_bits = 32;
   int64_t cu_stride = 1;
+  // cu_seqlens_k [n + 1], the keys' boundaries (null: cu's). The spec is evaluated in document coordinates: within
+  // document d, lo <= (k - cu_k[d]) - (q - cu[d]) <= hi, so its band is shifted by cu_k[d] - cu[d] there.
+  const void* cu_k = nullptr;
+  int cu_k_bits = 32;
+  int64_t cu_k_stride = 1;
   int documents = 0;  // n
   int q_len = 0, k_len = 0;
   int block_m = 128, block_n = 128;
@@ -37,11 +42,20 @@ int launch_document_tiles(const DocTileArgs& a, void* stream);
 // (q_tiles: key tiles; block_m 64: the query tile); order is the identity, written at plan time.
 int launch_document_key_tiles(const DocTileArgs& a, void* stream);
 
-// The most entries a query tile can have (the arrays' capacity is q_tiles times this): the key tiles its band spans.
+// The most entries a query tile can have with one set of boundaries (the arrays' capacity is q_tiles times this): the
+// key tiles its band spans.
 inline int64_t document_tiles_per_row(int block_m, int block_n, int lo, int hi, int64_t k_tiles) {
   const int64_t span = int64_t(block_m) - 1 + int64_t(hi) - int64_t(lo);  // keys from q0 + lo to q1 - 1 + hi
   const int64_t t = span / block_n + 2;
   return t < k_tiles ? t : k_tiles;
+}
+// The most entries all `tiles` outer tiles (of `inner` possible partners each) can have for n documents with separate
+// query and key boundaries: each (document, outer tile) pair spans at most `per_row` (document_tiles_per_row) inner
+// tiles (its band, shifted), and there are at most tiles + n such pairs. With one set of boundaries tiles x per_row
+// holds (the band of a tile's rows spans per_row whatever their documents).
+inline int64_t document_entries(int64_t tiles, int64_t inner, int64_t per_row, int64_t n, bool separate_keys) {
+  const int64_t dense = tiles * inner, banded = (separate_keys ? tiles + n : tiles) * per_row;
+  return banded < dense ? banded : dense;
 }
 
 // Block masks (BlockTileArgs; FlexAttention's layout, blocks of block_m x block_n = the tiles): one list a (batch,
@@ -70,9 +84,10 @@ struct BlockTileArgs {
 // Enqueues the lists' kernel (a CTA a list) on `stream`. Returns the launch's cudaError_t.
 int launch_block_tiles(const BlockTileArgs& a, void* stream);
 // The backward's key-major lists of the same mask (cuda/backward/tile_backward.hpp, DeviceLists): `a` as for the
-// forward but block_m 64 (the backward's query tile; the mask's query blocks stay 128 rows: q_blocks of them) and
-// row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row query tiles x k_tiles.
-int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, void* stream);
+// forward but block_m 64 (the backward's query tile; the mask's query blocks stay q_block rows, 64 or 128: q_blocks of
+// them; its key blocks are the key tiles) and row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row
+// query tiles x k_tiles.
+int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream);
 
 // Top-k keys (TopkTileArgs): one list a batch element (topk_indices [B, Lq, K], shared by the heads). Every pair (q, k)
 // the row lists (or the spec's band keeps, lo <= k - q <= hi) sets its bit in the forward bitmask of tile (q / 128,
@@ -102,5 +117,17 @@ struct TopkTileArgs {
 // backward's where key_masks is set (each pass writes its own: another call's forward may run between the two).
 // Returns the launches' cudaError_t.
 int launch_topk_tiles(const TopkTileArgs& a, void* stream);
+
+// dK / dV of one kv head under grouped-query attention from per-query-head partials: dst[b, k, 0, d] = the sum over g
+// of src[g][b][k][d] (fp32 sums, stored once in dst's dtype). src: `group` contiguous [batch, len, dim] arrays of the
+// backward's per-query-head launches; dst: a [batch, len, 1, dim] view (element strides dst_s: batch, row, dim).
+struct GroupSumArgs {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t dst_s[3] = {0, 0, 1};
+  int group = 1, batch = 1, len = 0, dim = 0;
+  int bf16 = 1;  // 1: bfloat16, 0: float16
+};
+int launch_group_sum(const GroupSumArgs& a, void* stream);
 
 }  // namespace spattn::cuda::runtime

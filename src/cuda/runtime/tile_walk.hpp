@@ -26,39 +26,50 @@ SPATTN_HD int64_t boundary(const DocTileArgs& a, int i) {
   return a.cu_bits == 32 ? int64_t(static_cast<const int*>(a.cu)[i * a.cu_stride])
                          : int64_t(static_cast<const long long*>(a.cu)[i * a.cu_stride]);
 }
+// Document i's first key (cu_seqlens_k where given, else the queries' boundary).
+SPATTN_HD int64_t key_boundary(const DocTileArgs& a, int i) {
+  if (!a.cu_k) return boundary(a, i);
+  return a.cu_k_bits == 32 ? int64_t(static_cast<const int*>(a.cu_k)[i * a.cu_k_stride])
+                           : int64_t(static_cast<const long long*>(a.cu_k)[i * a.cu_k_stride]);
+}
+SPATTN_HD int64_t side_boundary(const DocTileArgs& a, int i, bool keys) { return keys ? key_boundary(a, i) : boundary(a, i); }
 
-// The first document d with cu[d + 1] > x (n where none): the one that holds x if any, else the next.
-SPATTN_HD int first_doc_after(const DocTileArgs& a, int64_t x) {
+// The first document d with cu[d + 1] > x (n where none): the one that holds x if any, else the next. keys: by the
+// keys' boundaries.
+SPATTN_HD int first_doc_after(const DocTileArgs& a, int64_t x, bool keys = false) {
   int lo = 0, hi = a.documents;  // answer in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (boundary(a, mid + 1) > x) hi = mid; else lo = mid + 1;
+    if (side_boundary(a, mid + 1, keys) > x) hi = mid; else lo = mid + 1;
   }
   return lo;
 }
 
-// kFull (-1) where the band keeps every pair of the tile [q0, q1) x [k0, k1) and every key of the tile is in range
-// (the kernels run full tiles unmasked: a tile past k_len is never full), else kBand (-2: the kernels mask by the
-// band and by the valid keys).
-SPATTN_HD int full_or_band(const DocTileArgs& a, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
-  return (k1 - k0 == a.block_n && k0 - (q1 - 1) >= a.lo && (k1 - 1) - q0 <= a.hi) ? -1 : -2;
+// kFull (-1) where the band lo..hi (of k - q) keeps every pair of the tile [q0, q1) x [k0, k1) and every key of the
+// tile is in range (the kernels run full tiles unmasked: a tile past k_len is never full), else kBand (-2: the kernels
+// mask by the band and by the valid keys).
+SPATTN_HD int full_or_band(const DocTileArgs& a, int64_t q0, int64_t q1, int64_t k0, int64_t k1, int64_t lo, int64_t hi) {
+  return (k1 - k0 == a.block_n && k0 - (q1 - 1) >= lo && (k1 - 1) - q0 <= hi) ? -1 : -2;
 }
 
 // Walks tile t's partner tiles in ascending order: the key tiles of query tile t, or (keys: the backward's key-major
 // lists) the 64-row query tiles of key tile t. Writes them at out (entry index first ...) where out is not null;
-// returns how many there are.
+// returns how many there are. Document d's band of k - q is lo..hi shifted by cu_k[d] - cu[d].
 SPATTN_HD int64_t walk(const DocTileArgs& a, int t, Entry4* out, int64_t first, bool keys = false) {
   const int os = keys ? a.block_n : a.block_m, is = keys ? a.block_m : a.block_n;  // outer and inner tile sizes
   const int64_t olen = keys ? a.k_len : a.q_len, ilen = keys ? a.q_len : a.k_len;
-  const int64_t dlo = keys ? -int64_t(a.hi) : a.lo, dhi = keys ? -int64_t(a.lo) : a.hi;  // inner - outer in the band
   const int64_t o0 = int64_t(t) * os, o1 = imin(o0 + os, olen);
   int64_t n = 0, last = -1;
-  for (int d = first_doc_after(a, o0); d < a.documents; ++d) {
-    const int64_t c0 = boundary(a, d), c1 = boundary(a, d + 1);
+  for (int d = first_doc_after(a, o0, keys); d < a.documents; ++d) {
+    const int64_t c0 = side_boundary(a, d, keys), c1 = side_boundary(a, d + 1, keys);      // the outer side's
+    const int64_t e0 = side_boundary(a, d, !keys), e1 = side_boundary(a, d + 1, !keys);    // the inner side's
     if (c0 >= o1) break;
     const int64_t oa = imax(o0, c0), ob = imin(o1, c1);
     if (oa >= ob) continue;
-    const int64_t ia = imax(imax(c0, oa + dlo), int64_t(0)), ib = imin(imin(c1, ob + dhi), ilen);  // [ia, ib)
+    const int64_t shift = key_boundary(a, d) - boundary(a, d);  // the band of k - q in this document
+    const int64_t lo = a.lo + shift, hi = a.hi + shift;
+    const int64_t dlo = keys ? -hi : lo, dhi = keys ? -lo : hi;  // inner - outer in the band
+    const int64_t ia = imax(imax(e0, oa + dlo), int64_t(0)), ib = imin(imin(e1, ob + dhi), ilen);  // [ia, ib)
     if (ia >= ib) continue;
     const bool one_doc_outer = c0 <= o0 && o1 <= c1;
     for (int64_t it = ia / is; it <= (ib - 1) / is; ++it) {
@@ -70,10 +81,10 @@ SPATTN_HD int64_t walk(const DocTileArgs& a, int t, Entry4* out, int64_t first, 
         const int64_t i0 = it * is, i1 = imin(i0 + is, ilen);
         Entry4 v;
         v.x = int(it);
-        v.z = a.lo;
-        v.w = a.hi;
-        if (one_doc_outer && c0 <= i0 && i1 <= c1)
-          v.y = keys ? full_or_band(a, i0, i1, o0, o1) : full_or_band(a, o0, o1, i0, i1);
+        v.z = int(lo);
+        v.w = int(hi);
+        if (one_doc_outer && e0 <= i0 && i1 <= e1)
+          v.y = keys ? full_or_band(a, i0, i1, o0, o1, lo, hi) : full_or_band(a, o0, o1, i0, i1, lo, hi);
         else
           v.y = int(e);  // bitmask: its own index
         out[n] = v;
@@ -85,15 +96,16 @@ SPATTN_HD int64_t walk(const DocTileArgs& a, int t, Entry4* out, int64_t first, 
 }
 
 // Word w of the forward bitmask of entry (query tile qt, key tile kt): bit c is (q0 + r, k0 + c0 + c), r = 64 w /
-// block_n, c0 = 64 w % block_n; kept iff both lie in one document and lo <= k - q <= hi, k < k_len.
+// block_n, c0 = 64 w % block_n; kept iff q lies in a document d, k in d's keys, lo <= k - q - shift_d <= hi, k < k_len.
 SPATTN_HD unsigned long long doc_mask_word(const DocTileArgs& a, int qt, int kt, int w) {
   const int r = w * 64 / a.block_n, c0 = w * 64 % a.block_n;
   const int64_t q = int64_t(qt) * a.block_m + r, k0 = int64_t(kt) * a.block_n + c0;
   if (q >= a.q_len) return 0;
   const int d = first_doc_after(a, q);
   if (d >= a.documents || boundary(a, d) > q) return 0;
-  const int64_t lo = imax(imax(boundary(a, d), q + a.lo), k0);
-  const int64_t hi = imin(imin(imin(boundary(a, d + 1), q + a.hi + 1), int64_t(a.k_len)), k0 + 64);  // [lo, hi)
+  const int64_t shift = key_boundary(a, d) - boundary(a, d);
+  const int64_t lo = imax(imax(key_boundary(a, d), q + a.lo + shift), k0);
+  const int64_t hi = imin(imin(imin(key_boundary(a, d + 1), q + a.hi + shift + 1), int64_t(a.k_len)), k0 + 64);  // [lo, hi)
   if (lo >= hi) return 0;
   const int n = int(hi - lo), s = int(lo - k0);
   return (n >= 64 ? ~0ull : ((1ull << n) - 1)) << s;
@@ -103,11 +115,12 @@ SPATTN_HD unsigned long long doc_mask_word(const DocTileArgs& a, int qt, int kt,
 SPATTN_HD unsigned long long doc_key_mask_word(const DocTileArgs& a, int kt, int qt, int c) {
   const int64_t k = int64_t(kt) * a.block_n + c, q0 = int64_t(qt) * a.block_m;
   if (k >= a.k_len) return 0;
-  const int d = first_doc_after(a, k);
-  if (d >= a.documents || boundary(a, d) > k) return 0;
-  // the document's queries whose band holds k: [k - hi, k - lo], clipped to the tile and to q_len
-  const int64_t qa = imax(imax(boundary(a, d), k - a.hi), q0);
-  const int64_t qb = imin(imin(imin(boundary(a, d + 1), k - a.lo + 1), q0 + 64), int64_t(a.q_len));
+  const int d = first_doc_after(a, k, true);
+  if (d >= a.documents || key_boundary(a, d) > k) return 0;
+  // the document's queries whose band holds k: [k - hi - shift, k - lo - shift], clipped to the tile and to q_len
+  const int64_t shift = key_boundary(a, d) - boundary(a, d);
+  const int64_t qa = imax(imax(boundary(a, d), k - a.hi - shift), q0);
+  const int64_t qb = imin(imin(imin(boundary(a, d + 1), k - a.lo - shift + 1), q0 + 64), int64_t(a.q_len));
   if (qa >= qb) return 0;
   const int n = int(qb - qa), s = int(qa - q0);
   return (n >= 64 ? ~0ull : ((1ull << n) - 1)) << s;
