@@ -380,6 +380,34 @@ TEST(Backward, CompoundPlan) {
   EXPECT_EQ(ran.rfind("cpu_fused_", 0), 0u) << ran;
 }
 
+// Issue 42 on the CPU: sparse_strided's strided term split from its band by default (compound -1) where its residue
+// groups hold kCpuAffineMinGroup tokens or more (plan/parts.hpp, kCpuAffineMinLen), run grouped by residue and merged
+// through the LSE; forward and backward against the oracle at a length that leaves the groups unequal (8197 = 256 x 32
+// + 5), with GQA. Shorter rows run whole.
+TEST(Backward, AffineSplitChosenOnTheCpu) {
+  const Case c{{"sparse_strided(256)"}, 1, 2, 1, 8197, 8197, 16, 16, 0};
+  Inputs in(problem_of(c), 31, DType::f32);
+  auto p = problem_of(c);
+  p.dtype = DType::f32;
+  const spattn::Plan plan = spattn::make_plan(patterns_of(c), p, spattn::Device::cpu(), spattn::PlanOptions{});
+  const std::string ex = plan.explain();
+  EXPECT_NE(ex.find("compound plan, 2 parts"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("affine [stride(256) & causal]"), std::string::npos) << ex;
+  std::vector<float> out(size_t(c.B * c.Lq * c.H * c.Dv)), lse(size_t(c.B * c.H * c.Lq));
+  plan.forward(in.q.view, in.k.view, in.v.view, TensorView::contiguous(out.data(), DType::f32, {c.B, c.Lq, c.H, c.Dv}),
+               TensorView::contiguous(lse.data(), DType::f32, {c.B, c.H, c.Lq, 1}));
+  std::vector<double> ro(out.size()), rl(lse.size());
+  spattn::cpu::reference_attention(bind(c), problem_of(c), in.q.view, in.k.view, in.v.view,
+                                   TensorView::contiguous(ro.data(), DType::f64, {c.B, c.Lq, c.H, c.Dv}),
+                                   TensorView::contiguous(rl.data(), DType::f64, {c.B, c.H, c.Lq, 1}));
+  EXPECT_LT(max_rel(std::vector<double>(out.begin(), out.end()), ro), kTolF32) << "o";
+  EXPECT_LT(max_rel(std::vector<double>(lse.begin(), lse.end()), rl), kTolF32) << "lse";
+  expect_close(plan_grads(c, in, BwdRun{}), reference_grads(c, in), describe(c));
+  p.q_len = p.kv_len = 4099;
+  const std::string whole = spattn::make_plan(patterns_of(c), p, spattn::Device::cpu(), spattn::PlanOptions{}).explain();
+  EXPECT_EQ(whole.find("compound plan"), std::string::npos) << whole;
+}
+
 // The reference engine's backward is the oracle itself (o and lse not needed).
 TEST(Backward, ReferenceEngineRunsTheOracle) {
   const Case c{{"local(3) | global(0)"}, 1, 2, 1, 30, 30, 8, 8, 0};
