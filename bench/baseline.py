@@ -57,9 +57,9 @@ def with_meta(text, block):
 
 def kind(doc):
     """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu), backward
-    (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one) or
-    model (bench/model_bench.py)."""
-    if doc.get("kind") in ("backward", "tsvd", "model"):
+    (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one),
+    model (bench/model_bench.py) or strided (bench/strided_bench.py)."""
+    if doc.get("kind") in ("backward", "tsvd", "model", "strided"):
         return doc["kind"]
     if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
         return "tsvd"
@@ -303,7 +303,32 @@ def plot_model(doc, png):
             f"{c['heads']}/{c['kv_heads']}, window {c['window']}, {c['dtype']}", png, fontsize=8)
 
 
-PLOTS = {"model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
+def plot_strided(doc, png):
+    """bench/strided_bench.py: forward and backward TFLOP/s of ours and Flex's per case; dense cuDNN's forward rate
+    and 0.4 of it (the issue's bar per kept score) as marks on the forward panel."""
+    plt = _pyplot()
+    rows = doc["rows"]
+    x = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(max(10, len(rows) * 1.2), 4.8))
+    for ax, p in zip(axes, ("fwd", "bwd")):
+        ax.bar([i - 0.2 for i in x], [r[f"{p}_tflops"] for r in rows], 0.4, label=f"spattn {p}")
+        ax.bar([i + 0.2 for i in x], [r[f"flex_{p}_tflops"] for r in rows], 0.4, label=f"FlexAttention {p}")
+        if p == "fwd":
+            ax.plot(x, [r["cudnn_dense_fwd_tflops"] for r in rows], "k_", markersize=16, label="dense cuDNN SDPA")
+            ax.plot(x, [doc["bar"]["fwd_frac_of_cudnn"] * r["cudnn_dense_fwd_tflops"] for r in rows], "r_",
+                    markersize=16, label=f"{doc['bar']['fwd_frac_of_cudnn']} of dense cuDNN (bar)")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['pattern']}\nL={r['L']}\nD={r['D']}" for r in rows], fontsize=7)
+        ax.set_ylabel(f"{p} effective TFLOP/s (kept scores" + (", 2.5x the forward's)" if p == "bwd" else ")"))
+        ax.legend(fontsize=7)
+    r0 = rows[0]
+    fig.suptitle(f"strided cases (issue 42), {doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+PLOTS = {"strided": plot_strided, "model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
 
 
 def plot(doc, png):
