@@ -382,8 +382,8 @@ TEST(Backward, CompoundPlan) {
 
 // Issue 42 on the CPU: sparse_strided's strided term split from its band by default (compound -1) where its residue
 // groups hold kCpuAffineMinGroup tokens or more (plan/parts.hpp, kCpuAffineMinLen), run grouped by residue and merged
-// through the LSE; forward and backward against the oracle at a length that leaves the groups unequal (8197 = 256 x 32
-// + 5), with GQA. Shorter rows run whole.
+// through the LSE; forward and backward against the oracle at a length that leaves the groups unequal
+// (8197 = 256 x 32 + 5), with GQA. Shorter rows run whole.
 TEST(Backward, AffineSplitChosenOnTheCpu) {
   const Case c{{"sparse_strided(256)"}, 1, 2, 1, 8197, 8197, 16, 16, 0};
   Inputs in(problem_of(c), 31, DType::f32);
@@ -402,7 +402,34 @@ TEST(Backward, AffineSplitChosenOnTheCpu) {
                                    TensorView::contiguous(rl.data(), DType::f64, {c.B, c.H, c.Lq, 1}));
   EXPECT_LT(max_rel(std::vector<double>(out.begin(), out.end()), ro), kTolF32) << "o";
   EXPECT_LT(max_rel(std::vector<double>(lse.begin(), lse.end()), rl), kTolF32) << "lse";
-  expect_close(plan_grads(c, in, BwdRun{}), reference_grads(c, in), describe(c));
+  // The backward (one tile list over the whole pattern), with O and the LSE given or recomputed.
+  const Grads want = reference_grads(c, in);
+  for (bool given : {true, false}) {
+    BwdRun r;
+    r.given = given;
+    std::string ran;
+    expect_close(plan_grads(c, in, r, &ran), want, describe(c) + (given ? "" : ", forward recomputed"));
+    EXPECT_EQ(ran.rfind("cpu_fused_", 0), 0u) << ran;
+    EXPECT_EQ(ran.find("forward recomputed") != std::string::npos, !given) << ran;
+  }
+  // A NaN key: the NaNs where the oracle has them (the rows keeping the key, through the band and the lattice).
+  in.k.view.store(0, 4096 + 7, 0, 3, std::numeric_limits<double>::quiet_NaN());
+  const Grads want_nan = reference_grads(c, in);
+  BwdRun r;
+  r.grad_dtype = DType::f64;
+  std::string ran;
+  const Grads got = plan_grads(c, in, r, &ran);
+  EXPECT_EQ(ran.rfind("cpu_fused_", 0), 0u) << ran;
+  int64_t nans = 0;
+  for (auto [a, b] : {std::pair{&got.dq, &want_nan.dq}, {&got.dk, &want_nan.dk}, {&got.dv, &want_nan.dv}}) {
+    const std::vector<double> x = a->values(), y = b->values();
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(std::isnan(x[i]), std::isnan(y[i])) << "element " << i;
+      nans += std::isnan(y[i]);
+      if (!std::isnan(y[i])) ASSERT_NEAR(x[i], y[i], kTolF32 * std::max(1.0, std::abs(y[i])));
+    }
+  }
+  EXPECT_GT(nans, 0);
   p.q_len = p.kv_len = 4099;
   const std::string whole = spattn::make_plan(patterns_of(c), p, spattn::Device::cpu(), spattn::PlanOptions{}).explain();
   EXPECT_EQ(whole.find("compound plan"), std::string::npos) << whole;
