@@ -13,8 +13,9 @@
 #      fwd_ratio_vs_flex >= 5, bwd_over_fwd >= 0.6.
 # Logs go to OUTDIR (else $SPATTN_OUT, else ./out). Builds what it runs into build-str/ (GoogleTest from .gtest/ where
 # the machine has none). No bench case starts past STRIDED_BUDGET_S (default 330) seconds into the script, build
-# included. STRIDED_SKIP_TESTS=1 skips 1 and 2; STRIDED_BENCH_ARGS adds bench arguments (a second call for what the
-# budget left: STRIDED_SKIP_TESTS=1 STRIDED_BENCH_ARGS="--lengths 65536 --resume <first call's strided.json>");
+# included. STRIDED_MEMCHECK=1 adds compute-sanitizer memcheck on the strided backward test; STRIDED_SKIP_TESTS=1
+# skips 1 and 2 (and memcheck); STRIDED_BENCH_ARGS adds bench arguments (a second call for what the
+# budget left: STRIDED_SKIP_TESTS=1 STRIDED_BENCH_ARGS="--resume <the first call's strided.json, put in the tree>");
 # SPATTN_COMMIT names the commit in the baseline's meta block (the device copy has no .git).
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler: the bench dlopens the library into PyTorch (see scripts/gpu_check.sh)
@@ -42,6 +43,12 @@ if [ "${STRIDED_SKIP_TESTS:-0}" != 1 ]; then
   for t in plan_gpu backward_gpu; do
     grep -qE "^\[  SKIPPED \] [0-9]+ tests?" "$OUTD/str_${t}_test.log" && fail "${t}_test skipped tests"
   done
+  if [ "${STRIDED_MEMCHECK:-0}" = 1 ]; then  # opt-in: it takes from the bench's budget
+    echo "== strided: compute-sanitizer memcheck on BackwardGpu.StridedPastSixteen ($(elapsed))"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/backward_gpu_test" \
+      --gtest_filter='BackwardGpu.StridedPastSixteen' >"$OUTD/str_memcheck.log" 2>&1 || fail "memcheck"
+    grep -E "ERROR SUMMARY" "$OUTD/str_memcheck.log" | head -1
+  fi
 fi
 
 echo "== strided: bench against FlexAttention and dense cuDNN, forward and backward ($(elapsed))"
