@@ -57,12 +57,14 @@ def with_meta(text, block):
 
 def kind(doc):
     """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu), backward
-    (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one),
-    model (bench/model_bench.py) or strided (bench/strided_bench.py)."""
-    if doc.get("kind") in ("backward", "tsvd", "model", "strided"):
+    (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one) or
+    model (bench/model_bench.py)."""
+    if doc.get("kind") in ("backward", "tsvd", "model"):
         return doc["kind"]
     if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
         return "tsvd"
+    if doc.get("kind") == "strided":  # bench/strided_bench.py
+        return "strided"
     if doc.get("machine", {}).get("device") == "cpu":
         return "cpu"
     impls = {r.get("impl") for r in doc["rows"]}
@@ -328,7 +330,8 @@ def plot_strided(doc, png):
     plt.close(fig)
 
 
-PLOTS = {"strided": plot_strided, "model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
+PLOTS = {"model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
+PLOTS["strided"] = plot_strided
 
 
 def plot(doc, png):
