@@ -263,6 +263,19 @@ def model(name, doc):
     return out
 
 
+TABLES = {"model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+
+
+def block(path, summarize=False):
+    """The generated text between NAME's markers (ends in a newline)."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path) as f:
+        doc = json.load(f)
+    if summarize and kind(doc) != "fused":
+        raise ValueError(f"a summary is of a fused-attention baseline; {name} is {kind(doc)}")
+    return "\n".join((summary if summarize else TABLES[kind(doc)])(name, doc)) + "\n"
+
+
 def strided(name, doc):
     """bench/strided_bench.py: issue 42's cases, forward and backward against Flex and dense cuDNN; the bar."""
     rows, bar = doc["rows"], doc["bar"]
@@ -283,19 +296,6 @@ def strided(name, doc):
                       f"forward's rate. Met in {met} of {len(rows)} cases; forward errors <= "
                       f"{e(max(r['fwd_err'] for r in rows))} (fp32 reference, sampled rows), gradients within "
                       f"{e(max(r['bwd_diff_vs_flex'] for r in rows))} of Flex's."]
-
-
-TABLES = {"model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
-
-
-def block(path, summarize=False):
-    """The generated text between NAME's markers (ends in a newline)."""
-    name = os.path.splitext(os.path.basename(path))[0]
-    with open(path) as f:
-        doc = json.load(f)
-    if summarize and kind(doc) != "fused":
-        raise ValueError(f"a summary is of a fused-attention baseline; {name} is {kind(doc)}")
-    return "\n".join((summary if summarize else TABLES[kind(doc)])(name, doc)) + "\n"
 
 
 TABLES["strided"] = strided
