@@ -63,6 +63,8 @@ def kind(doc):
         return doc["kind"]
     if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
         return "tsvd"
+    if doc.get("kind") == "strided":  # bench/strided_bench.py
+        return "strided"
     if doc.get("machine", {}).get("device") == "cpu":
         return "cpu"
     impls = {r.get("impl") for r in doc["rows"]}
@@ -303,7 +305,33 @@ def plot_model(doc, png):
             f"{c['heads']}/{c['kv_heads']}, window {c['window']}, {c['dtype']}", png, fontsize=8)
 
 
+def plot_strided(doc, png):
+    """bench/strided_bench.py: forward and backward TFLOP/s of ours and Flex's per case; dense cuDNN's forward rate
+    and 0.4 of it (the issue's bar per kept score) as marks on the forward panel."""
+    plt = _pyplot()
+    rows = doc["rows"]
+    x = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(max(10, len(rows) * 1.2), 4.8))
+    for ax, p in zip(axes, ("fwd", "bwd")):
+        ax.bar([i - 0.2 for i in x], [r[f"{p}_tflops"] for r in rows], 0.4, label=f"spattn {p}")
+        ax.bar([i + 0.2 for i in x], [r[f"flex_{p}_tflops"] for r in rows], 0.4, label=f"FlexAttention {p}")
+        if p == "fwd":
+            ax.plot(x, [r["cudnn_dense_fwd_tflops"] for r in rows], "k_", markersize=16, label="dense cuDNN SDPA")
+            ax.plot(x, [doc["bar"]["fwd_frac_of_cudnn"] * r["cudnn_dense_fwd_tflops"] for r in rows], "r_",
+                    markersize=16, label=f"{doc['bar']['fwd_frac_of_cudnn']} of dense cuDNN (bar)")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['pattern']}\nL={r['L']}\nD={r['D']}" for r in rows], fontsize=7)
+        ax.set_ylabel(f"{p} effective TFLOP/s (kept scores" + (", 2.5x the forward's)" if p == "bwd" else ")"))
+        ax.legend(fontsize=7)
+    r0 = rows[0]
+    fig.suptitle(f"strided cases (issue 42), {doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 PLOTS = {"model": plot_model, "fused": plot_fused, "unfused": plot_unfused, "cpu": plot_cpu, "backward": plot_backward, "tsvd": plot_tsvd}
+PLOTS["strided"] = plot_strided
 
 
 def plot(doc, png):

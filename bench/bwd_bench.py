@@ -42,14 +42,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import Lib, neighborhood_mask, suite  # noqa: E402
+from gpu_bench import bhld_strides as strides  # noqa: E402  ([B, H, L, D] tensor as [B, L, H, D])
 
 i64, vp = ctypes.c_int64, ctypes.c_void_p
-P64 = ctypes.POINTER(i64)
-
-
-def strides(t):  # [B, H, L, D] tensor as [B, L, H, D]
-    s = t.stride()
-    return (i64 * 4)(s[0], s[2], s[1], s[3])
 
 
 def time_pair(fns, reps=20, warmup=3):
@@ -185,11 +180,7 @@ def main():
     budget = args.budget_s if args.budget_s is not None else (230.0 if args.baseline else None)
     t_start = time.monotonic()
     lib = Lib(args.lib)
-    L_ = lib.lib
-    L_.spattn_plan_backward.argtypes = [vp] + [vp, P64] * 4 + [vp] + [vp, P64] * 4 + [vp]
-    L_.spattn_plan_last_backward_kernel.argtypes = [vp]
-    L_.spattn_plan_last_backward_kernel.restype = ctypes.c_char_p
-    L_.spattn_plan_forward.argtypes = [vp, vp, P64, vp, P64, vp, P64, vp, P64, vp, vp]
+    L_ = lib.lib  # (Lib sets the argument types of the plan calls)
 
     def ok(rc, what):
         if rc:

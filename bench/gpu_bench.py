@@ -55,6 +55,9 @@ class Lib:
             getattr(L, f).restype = cp
         p64 = ctypes.POINTER(i64)
         L.spattn_plan_forward.argtypes = [vp, vp, p64, vp, p64, vp, p64, vp, p64, vp, vp]
+        L.spattn_plan_backward.argtypes = [vp] + [vp, p64] * 4 + [vp] + [vp, p64] * 4 + [vp]
+        L.spattn_plan_last_backward_kernel.argtypes = [vp]
+        L.spattn_plan_last_backward_kernel.restype = cp
         L.spattn_pattern_mask.argtypes = [ctypes.c_char_p, i64, i64, i64, i64, vp]
         L.spattn_pattern_nnz.argtypes = [ctypes.c_char_p, i64, i64, p64]
 
@@ -118,18 +121,32 @@ class Fused:
             self.lib.lib.spattn_plan_destroy(self.h)
 
     def forward(self, q, k, v, o, lse=None):
-        def strides(t):  # (batch, seq, head, dim) strides of a [B, H, L, D] tensor viewed as [B, L, H, D]
-            s = t.stride()
-            return (ctypes.c_int64 * 4)(s[0], s[2], s[1], s[3])
-
         stream = torch.cuda.current_stream().cuda_stream
         rc = self.lib.lib.spattn_plan_forward(
-            self.h, q.data_ptr(), strides(q), k.data_ptr(), strides(k), v.data_ptr(), strides(v), o.data_ptr(),
-            strides(o), lse.data_ptr() if lse is not None else None, ctypes.c_void_p(stream))
+            self.h, q.data_ptr(), bhld_strides(q), k.data_ptr(), bhld_strides(k), v.data_ptr(), bhld_strides(v),
+            o.data_ptr(), bhld_strides(o), lse.data_ptr() if lse is not None else None, ctypes.c_void_p(stream))
         self.lib.check(rc, "spattn_plan_forward")
+
+    def backward(self, q, k, v, o, lse, do, dq, dk, dv):
+        """spattn_plan_backward on [B, H, L, D]-contiguous tensors (o, lse from forward)."""
+        ts = (q, k, v, o)
+        gs = (do, dq, dk, dv)
+        args = [x for t in ts for x in (t.data_ptr(), bhld_strides(t))] + [lse.data_ptr()]
+        args += [x for t in gs for x in (t.data_ptr(), bhld_strides(t))]
+        rc = self.lib.lib.spattn_plan_backward(self.h, *args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        self.lib.check(rc, "spattn_plan_backward")
 
     def last_kernel(self):
         return self.lib.lib.spattn_plan_last_kernel(self.h).decode()
+
+    def last_backward_kernel(self):
+        return self.lib.lib.spattn_plan_last_backward_kernel(self.h).decode()
+
+
+def bhld_strides(t):
+    """(batch, seq, head, dim) strides of a [B, H, L, D] tensor viewed as [B, L, H, D]."""
+    s = t.stride()
+    return (ctypes.c_int64 * 4)(s[0], s[2], s[1], s[3])
 
 
 # ---------------------------------------------------------------------------------------------------- the suite

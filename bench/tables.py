@@ -303,6 +303,31 @@ def block(path, summarize=False):
     return "\n".join((summary if summarize else TABLES[kind(doc)])(name, doc)) + "\n"
 
 
+def strided(name, doc):
+    """bench/strided_bench.py: issue 42's cases, forward and backward against Flex and dense cuDNN; the bar."""
+    rows, bar = doc["rows"], doc["bar"]
+    r0 = rows[0]
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}; TFLOP/s count kept scores "
+                              f"(the backward 2.5x the forward's FLOPs)"), "",
+           row(["pattern", "L", "D", "fwd TFLOP/s", "of dense cuDNN", "x Flex fwd", "bwd TFLOP/s", "x Flex bwd",
+                "bwd / fwd", "kernels (fwd / bwd)", "meets bar"]), rule(11)]
+    for r in rows:
+        out.append(row([f"`{r['spec']}`", str(r["L"]), str(r["D"]), f"{r['fwd_tflops']:.1f}",
+                        f"{r['fwd_frac_of_cudnn']:.2f}", f"{r['fwd_ratio_vs_flex']:.2f}", f"{r['bwd_tflops']:.1f}",
+                        f"{r['bwd_ratio_vs_flex']:.2f}", f"{r['bwd_over_fwd']:.2f}",
+                        f"{r['kernel']} / {r['bwd_kernel']}", "yes" if all(r["bar"].values()) else
+                        "no (" + ", ".join(k for k, ok in r["bar"].items() if not ok) + ")"]))
+    met = sum(all(r["bar"].values()) for r in rows)
+    return out + ["", f"The bar (issue 42): forward >= {bar['fwd_frac_of_cudnn']} of dense cuDNN's rate per kept score "
+                      f"and >= {bar['fwd_ratio_vs_flex']:g}x FlexAttention, backward >= {bar['bwd_over_fwd']}x the "
+                      f"forward's rate. Met in {met} of {len(rows)} cases; forward errors <= "
+                      f"{e(max(r['fwd_err'] for r in rows))} (fp32 reference, sampled rows), gradients within "
+                      f"{e(max(r['bwd_diff_vs_flex'] for r in rows))} of Flex's."]
+
+
+TABLES["strided"] = strided
+
+
 def main():
     global UP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,7 +3,9 @@
 // which restated the engine's choices of then: see the commit that added it). For every case of
 // launch_decision_cases.hpp (patterns x head dims 64 / 128 x compute capability 8.0 / 9.0 x forced kernels, shapes,
 // tile maps and compound modes): the same tile plan (shape, counts, a hash of its arrays), kernel-table row, band
-// split, refusal, compound parts, and backward row and plan. CPU only: the decision is plain data.
+// split, refusal, compound parts, and backward row and plan. CPU only: the decision is plain data. Changed since, on
+// purpose: the backward's plans at head dim 128 of dilated(256, 2), dilated(100, 3) and the dilated neighborhood,
+// now grouped by residue (issue 42: choose_block_plan prices a forced shape no forward row has; it kept the identity).
 #include <gtest/gtest.h>
 
 #include <fstream>

@@ -193,6 +193,12 @@ TEST(Parts, BackwardPartsCoverThePatternExactly) {
       {"longformer(256, 32)", 16384, 16384, -1, ""},  // a rows part beside band rows (the band kernel)
       {"local(64)", 1024, 1024, -1, ""},
       {"bigbird(64, 1, 1, 1)", 1024, 1024, -1, ""},
+      // Issue 42: the affine part (the strided term less the band) beside the band, at lengths that leave residue
+      // groups unequal. Its part had no pattern here (backward_parts dropped it): the CSR pass was handed an empty
+      // CSR ("a CSR of 1 offsets and 0 keys for 4099 rows", BackwardGpu.StridedPastSixteen on an H200).
+      {"sparse_strided(256)", 4099, 4099, -1, "tiles,affine"},
+      {"sparse_strided(100)", 3001, 3001, 1, "tiles,affine"},
+      {"local(left=300, right=0) | (stride(256) & causal)", 4097, 4097, 1, "tiles,affine"},
   };
   for (const C& c : cs) {
     SCOPED_TRACE(std::string(c.spec) + " mode " + std::to_string(c.mode));

@@ -16,6 +16,8 @@
 #include "cuda/fused/key_boxes.hpp"  // plain arithmetic: the GPU kernels' key rows, checked here on the CPU
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"
+#include "plan/key_plan.hpp"
 #include "plan/parts.hpp"
 #include "plan/tile_map.hpp"
 #include "spattn/pattern.hpp"
@@ -669,6 +671,60 @@ TEST(AffineParts, SplitPartsPlannedByResidueCoverTheirPairs) {
       if (part.kind == spattn::plan::PartKind::affine) EXPECT_GT(p.perm_d, 1) << p.describe();
       expect_covers(part.pattern, p);
     }
+  }
+}
+
+// The backward's plans of issue 42's cases, as an H200 makes them (plan::backward_parts, backward_row, backward_tiles;
+// BackwardGpu.StridedPastSixteen runs the same cases on the device): sparse_strided by parts, its affine part (the
+// part the backward once dropped) and the stride and dilated terms grouped by residue past 16 on the 64-query tiles
+// of the backward's rows, at lengths that leave the groups unequal, each plan keeping exactly its pattern's pairs.
+TEST(AffineParts, BackwardPlansGroupByResiduePastSixteen) {
+  const spattn::plan::GpuTarget h200{90, 132};
+  struct Case {
+    const char* spec;
+    int64_t lq, lk, d;
+    int compound, perm;
+    bool by_parts;
+  };
+  for (const Case& c : {Case{"sparse_strided(256)", 4099, 4099, 64, -1, 256, true},
+                        Case{"sparse_strided(128)", 3001, 3001, 128, -1, 128, true},
+                        Case{"sparse_strided(100)", 2111, 2111, 64, 1, 100, true},
+                        Case{"stride(64) & causal", 3001, 3001, 128, -1, 64, false},
+                        Case{"stride(40) & causal", 1999, 1999, 64, -1, 40, false},
+                        Case{"dilated(64, 32)", 2049, 2049, 64, -1, 32, false},
+                        Case{"dilated(16, 17)", 1500, 1301, 64, -1, 17, false}}) {
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + ", D " +
+                 std::to_string(c.d));
+    const BoundPattern pat = bind_rect(c.spec, c.lq, c.lk);
+    const auto an = spattn::plan::analyze(pat);
+    spattn::PlanOptions o;
+    o.compound = c.compound;
+    const spattn::plan::BackwardParts bp = spattn::plan::backward_parts(pat, an, c.d, h200, o);
+    ASSERT_EQ(bp.by_parts(), c.by_parts) << bp.describe();
+    const spattn::plan::BackwardChoice chosen = spattn::plan::backward_choice("", c.d);
+    auto plan_of = [&](const BoundPattern& p, const spattn::plan::Analysis& a) {
+      return spattn::plan::backward_tiles(p, a, c.d, spattn::plan::backward_row(chosen, a, c.d));
+    };
+    if (!c.by_parts) {
+      const BlockPlan p = plan_of(pat, an);
+      EXPECT_EQ(p.perm_d, c.perm) << p.describe();
+      expect_covers(pat, p);
+      continue;
+    }
+    ASSERT_EQ(bp.parts.size(), 2u) << bp.describe();
+    EXPECT_EQ(bp.parts[0].kind, spattn::plan::PartKind::tiles);
+    ASSERT_EQ(bp.parts[1].kind, spattn::plan::PartKind::affine) << bp.describe();
+    EXPECT_NE(bp.describe().find("grouped by residue; dQ, dK, dV added"), std::string::npos) << bp.describe();
+    int64_t nnz = 0;
+    for (const auto& part : bp.parts) {
+      ASSERT_EQ(part.pattern.q_len(), c.lq);
+      ASSERT_TRUE(part.analysis.has_value());
+      const BlockPlan p = plan_of(part.pattern, *part.analysis);
+      if (part.kind == spattn::plan::PartKind::affine) EXPECT_EQ(p.perm_d, c.perm) << p.describe();
+      expect_covers(part.pattern, p);
+      nnz += p.nnz;
+    }
+    EXPECT_EQ(nnz, an.nnz) << "the parts' pairs are the pattern's, once";
   }
 }
 

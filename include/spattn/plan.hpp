@@ -82,8 +82,10 @@ struct PlanOptions {
   int persistent = -1, split = -1;
   // Compound plans (parts run by their own kernels, merged through the LSE; `explain` lists them): -1 chosen by
   // the planner's rules (plan/parts.hpp), 0 never (one tile list), 1 every column, row and scattered term split
-  // out whatever its size. The fused GPU engine splits by default; the CPU engine only with 1 (its tiler already
-  // runs scattered keys as residue rows, faster than parts and a merge); the others ignore it.
+  // out whatever its size. The fused GPU engine splits by default; the CPU engine with 1, and with -1 only a lattice
+  // beside a band (sparse_strided's strided term grouped by residue, where its groups are long: plan/parts.hpp,
+  // kCpuAffineMinGroup; its tiler already runs scattered keys as residue rows, faster than parts and a merge); the
+  // others ignore it.
   int compound = -1;
   // The GPU backward's kernel (Plan::backward): "" chosen (the sm_90a tensor-core tiles where the tensors allow,
   // else the CUDA-core CSR pass), "sm90_bwd" (or one of its rows, sm90_bwd_64x64_d64 ...; an Error where it cannot run the

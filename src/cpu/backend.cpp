@@ -31,14 +31,28 @@ cpu::Isa parse_isa(const std::string& kernel) {
 }
 
 // A compound plan (plan/parts.hpp) for one pattern shared by every head, where asked (PlanOptions::compound 1) and
-// the split finds parts; else none. Not by default: the CPU tiler already runs scattered keys as residue rows
-// beside its key blocks, and the parts with their merge measured slower (2-core VM, L=4096, H=4, D=64, fp32:
-// sparse_fixed(128) 3.77 vs 2.50 ms, local(64)|random(4) 5.86 vs 3.14; random(20) alone 2.29 vs 2.77).
+// the split finds parts; chosen (compound -1) only as the affine split (issue 42: the strided term of sparse_strided
+// grouped by residue beside its band, SplitTarget::affine_cpu's rule); else none. The other parts are not chosen:
+// the CPU tiler already runs scattered keys as residue rows beside its key blocks, and the parts with their merge
+// measured slower (2-core VM, L=4096, H=4, D=64, fp32: sparse_fixed(128) 3.77 vs 2.50 ms, local(64)|random(4) 5.86
+// vs 3.14; random(20) alone 2.29 vs 2.77).
 std::optional<cpu::CompoundPlan> compound_of(const Planned& p, const Problem& problem, const PlanOptions& o,
                                              const cpu::Options& co) {
-  if (p.per_head() || o.compound != 1) return std::nullopt;
-  plan::Split split = split_pattern(p.patterns[0], p.analyses[0], o.compound);
+  if (p.per_head() || (o.compound != 1 && o.compound != -1)) return std::nullopt;
+  if (o.compound == -1) {  // terms of the tiles only, one of them dilated (no other part's lists built for nothing)
+    bool dilated = false;
+    for (const BoundPattern& t : p.patterns[0].union_terms()) {
+      if (t.shape() != BoundPattern::Shape::general) return std::nullopt;
+      const auto db = t.dilated_band();
+      dilated = dilated || (db && db->d >= 2);
+    }
+    if (!dilated) return std::nullopt;
+  }
+  SplitTarget target;
+  target.affine_cpu = o.compound == -1;
+  plan::Split split = split_pattern(p.patterns[0], p.analyses[0], o.compound, target);
   if (!split.compound()) return std::nullopt;
+  if (o.compound == -1 && (split.parts.size() != 2 || split.parts[1].kind != PartKind::affine)) return std::nullopt;
   return cpu::CompoundPlan(std::move(split), problem, co);
 }
 
@@ -64,6 +78,10 @@ class CpuBackend final : public Backend {
                 Stream) const override {
     // A compound plan's backward runs on one tile list over the whole pattern, planned at the first call: with the
     // merged LSE every part's P is exact (docs/KERNELS.md section 4), so the parts need no backward of their own.
+    // The affine split's parts run by parts (the band's plan writing the gradients, the lattice's adding its own) were
+    // no faster (2-core VM, one thread, fp32, H = 4, D = 64, CPU time: sparse_strided(256) at L = 16384 124 vs 127-132
+    // ms, (128) at 8192 48 vs 49, (512) at 16384 163-168 vs 153-157), and a part's fp64 redo of non-finite values
+    // sees only its own keys.
     if (compound_) std::call_once(bwd_once_, [&] { bwd_plan_.emplace(pats_, problem_, options_, analyses_); });
     const cpu::FusedPlan& plan = compound_ ? *bwd_plan_ : *plan_;
     const std::string ran = plan.backward(q, k, v, o, lse, dout, dq, dk, dv, options_).describe();

@@ -63,7 +63,7 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
   // without the permutation where the pattern allows (TileBackward runs the plain 64x128 row where they do not).
   // H100, dilated(256, 2), D=128, L=16384 (same process): plain 64x128 2.687 ms, warp-specialized 2.227 ms
   // (FlexAttention 2.584).
-  const bool permuted = analysis.permutation(kMaxGpuBackwardPermutation) > 1;
+  const bool permuted = analysis.permutation(kMaxGpuPermutation) > 1;
   int plain = -1, narrow = -1, ws = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];

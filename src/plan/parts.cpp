@@ -122,7 +122,9 @@ std::optional<std::vector<Part>> affine_split(const BoundPattern& pattern, const
     if (tp.nnz + ap.nnz != analysis.nnz)
       throw Error("compound split: the affine part of '" + pattern.spec() + "' keeps " + std::to_string(ap.nnz) +
                   " scores and its band part " + std::to_string(tp.nnz) + ", the pattern " + std::to_string(analysis.nnz));
-    if (mode < 0) {
+    if (mode < 0 && target.affine_cpu) {
+      if (pattern.q_len() < kCpuAffineMinLen || pattern.q_len() < kCpuAffineMinGroup * d) continue;
+    } else if (mode < 0) {
       const double whole = best_cost(pattern, analysis);
       if (!std::isfinite(whole) || best_cost(tp.pattern, *tp.analysis) + best_cost(ap.pattern, *ap.analysis) >
                                        kAffineSplitGain * whole)
@@ -247,7 +249,7 @@ Split split_pattern(const BoundPattern& pattern, const Analysis& analysis, int m
     tiles = rows;
     rows.clear();
   }
-  if (columns.empty() && rows.empty() && scattered.empty() && tiles.size() >= 2 && (mode > 0 || target.affine)) {
+  if (columns.empty() && rows.empty() && scattered.empty() && tiles.size() >= 2 && (mode > 0 || target.affine || target.affine_cpu)) {
     if (auto parts = affine_split(pattern, analysis, tiles, mode, target)) {
       split.parts = std::move(*parts);
       split.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

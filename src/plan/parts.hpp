@@ -23,7 +23,8 @@
 //              BoundPattern::dilated_offsets) runs as its own tile part, which the planner groups by residue
 //              (BlockPlan::perm_d = d: a group's rows are band rows), and the band rows stay the tiles part. Chosen
 //              (mode -1) where SplitTarget::affine and the cost model (block_shape_costs) prices the two parts'
-//              best shapes below kAffineSplitGain of the union's; in mode 1 always;
+//              best shapes below kAffineSplitGain of the union's, or where SplitTarget::affine_cpu (the CPU
+//              engine) and the groups hold kCpuAffineMinGroup tokens or more; in mode 1 always;
 //   tiles      every other term (and the above where they are too large): one pattern for the tile kernels.
 // Parts are disjoint where they merge: the columns part drops what the tiles part keeps, the scattered part what
 // the tiles and columns parts keep; rows of the rows part are dropped from the columns and scattered parts.
@@ -85,8 +86,11 @@ struct SplitTarget {
   // rows): its CSR drawn by the device (Part::drawn), not here.
   bool device_draw = false;
   // The affine part (above) where the cost model prices it cheaper: the GPU planner's target (head_dim, tma: its
-  // candidates, block_shape_costs). False: never in mode -1 (the CPU engine's default).
+  // candidates, block_shape_costs). False: never in mode -1.
   bool affine = false;
+  // The CPU engine's rule for the affine part in mode -1 instead of the GPU cost model (with affine): where its
+  // residue groups hold at least kCpuAffineMinGroup tokens and Lq >= kCpuAffineMinLen.
+  bool affine_cpu = false;
   int64_t head_dim = 64;
   bool tma = false;
 };
@@ -95,6 +99,13 @@ struct SplitTarget {
 // the rest pays the second launch and the LSE merge (one read of two outputs, one write), which the cost model does
 // not price. Not measured yet (issue 42's bench: scripts/gpu_check.d/strided.sh).
 inline constexpr double kAffineSplitGain = 0.8;
+
+// The CPU engine's affine split (SplitTarget::affine_cpu), from its forward on one core (CPU time, fp32, H = 4, D = 64,
+// session 24's 2-core VM): sparse_strided(s) split / whole at (s, L) = (64, 4096) 0.85, (128, 4096) 1.02,
+// (128, 8192) 0.91, (256, 8192) 0.88, (256, 16384) 0.92, (512, 8192) 1.04, (512, 16384) 0.82; at D = 128, (256, 8192)
+// 0.82. Groups of 16 tokens (512 at 8192) lose, and so did the one short case of 32 (128 at 4096).
+inline constexpr int64_t kCpuAffineMinGroup = 32;
+inline constexpr int64_t kCpuAffineMinLen = 8192;
 
 // mode: -1 chosen by the rules above; 0 never (one tiles part); 1 every columns, rows and scattered term out of
 // the tiles, whatever its size (tests).

@@ -286,7 +286,7 @@ bool CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
 struct PartsBackward {
   plan::BackwardParts plan;
   struct Run {
-    std::unique_ptr<TileBackward> tile;        // the tiles part (first) where the tile kernel runs the tensors
+    std::unique_ptr<TileBackward> tile;        // a tiles or affine part where the tile kernel runs the tensors
     std::unique_ptr<ColumnsBackward> columns;  // a columns part after another part, ditto
     std::unique_ptr<CsrBackward> csr;          // every other part, and the above where the tile kernel cannot
   };
@@ -331,16 +331,17 @@ void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q
   const bool tiles_run = why.empty();
   {
     // Each part's pass built at its first run: the tile backward (its plan uploaded) where the tensors allow it, else
-    // the CSR pass (the part's CSR and its transpose uploaded). The tile kernel writes every gradient: it runs the
-    // first part; a columns part after it adds dQ and its columns' dK, dV.
+    // the CSR pass (the part's CSR and its transpose uploaded). The tile kernel writes every gradient as the first
+    // part and adds them as a later one (the affine part after the tiles part); a columns part after another adds dQ
+    // and its columns' dK, dV.
     std::lock_guard<std::mutex> lock(mu_);
     pb.runs.resize(pb.plan.parts.size());
     for (size_t j = 0; j < pb.plan.parts.size(); ++j) {
       const plan::BackwardPart& part = pb.plan.parts[j];
       PartsBackward::Run& r = pb.runs[j];
-      const bool tile = tiles_run && ((j == 0 && part.kind == plan::PartKind::tiles) ||
-                                      (j > 0 && part.kind == plan::PartKind::columns));
-      if (tile && part.kind == plan::PartKind::tiles && !r.tile) {
+      const bool tiles_kind = part.kind == plan::PartKind::tiles || part.kind == plan::PartKind::affine;
+      const bool tile = tiles_run && (tiles_kind || (j > 0 && part.kind == plan::PartKind::columns));
+      if (tile && tiles_kind && !r.tile) {
         const plan::Analysis an = part.analysis ? *part.analysis : plan::analyze(part.pattern);
         r.tile = std::make_unique<TileBackward>(part.pattern, an, p, plan::backward_row(choice_, an, p.head_dim));
       } else if (tile && part.kind == plan::PartKind::columns && !r.columns) {
@@ -365,8 +366,8 @@ void PatternsBackward::run_parts(size_t i, const Problem& p, const TensorView& q
     int row;
     // The first part writes the gradients, the others add theirs (each differentiated against the merged LSE and
     // delta = rowsum(dO * O): the sum over the parts is the pattern's gradient).
-    if (tiles_run && r.tile && kind == plan::PartKind::tiles) {
-      r.tile->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+    if (tiles_run && r.tile) {  // a tiles or affine part
+      r.tile->run(q, k, v, o, lse, dout, dq, dk, dv, stream, j > 0, j > 0);
       row = r.tile->kernel_row();
     } else if (tiles_run && r.columns && kind == plan::PartKind::columns) {
       r.columns->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
@@ -406,6 +407,7 @@ std::string PatternsBackward::explain() const {
     std::lock_guard<std::mutex> lock(mu_);
     const PartsBackward& pb = *parts_[i];
     s << pb.plan.describe();
+    if (!pb.plan.by_parts() && tile_[i]) s << "\n    " << tile_[i]->explain();
     for (size_t j = 0; j < pb.runs.size(); ++j) {
       const PartsBackward::Run& r = pb.runs[j];
       if (r.tile) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.tile->explain();

@@ -128,20 +128,21 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
 
 void TileBackward::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
                        const TensorView& lse, const TensorView& dout, const TensorView& dq, const TensorView& dk,
-                       const TensorView& dv, void* stream, bool dq_accumulate) const {
+                       const TensorView& dv, void* stream, bool dq_accumulate, bool dkv_accumulate) const {
   DeviceLists l;
   l.col_offsets = col_offsets_.get<int64_t>(), l.entries = entries_.get<int4>();
   l.masks = masks_.get<unsigned long long>(), l.order = order_.get<int32_t>();
   l.q_tiles = plan_.q_tiles, l.k_tiles = plan_.k_tiles;
   l.perm_d = plan_.perm_d, l.q_group = plan_.q_group, l.k_group = plan_.k_group;
   l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
-  ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate);
+  ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate,
+                   dkv_accumulate);
 }
 
 int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const TensorView& q, const TensorView& k,
                          const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                          const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma_out,
-                         bool dq_accumulate) {
+                         bool dq_accumulate, bool dkv_accumulate) {
   bwd::BwdParams p{};
   p.q = q.data, p.k = k.data, p.v = v.data, p.o = o.data, p.dout = dout.data;
   p.dq = dq.data, p.dk = dk.data, p.dv = dv.data;
@@ -167,6 +168,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   p.masks = l.masks, p.order = l.order;
   p.k_tiles = int(l.k_tiles);
   p.dq_accumulate = dq_accumulate ? 1 : 0;
+  p.dkv_accumulate = dkv_accumulate ? 1 : 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
   const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);

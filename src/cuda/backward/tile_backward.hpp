@@ -28,10 +28,11 @@ class TileBackward {
 
   // Requires refusal(...) == "". Enqueues on `stream`; runs of one TileBackward share its scratch: one stream at
   // a time (as for the forward's work counters). dq_accumulate: dQ added to what dq holds (a later part of a compound
-  // plan), else written; dk and dv are written either way.
+  // plan), else written; dkv_accumulate: dK, dV added to what dk, dv hold (a later tile part: the affine part), else
+  // written.
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream,
-           bool dq_accumulate = false) const;
+           bool dq_accumulate = false, bool dkv_accumulate = false) const;
 
   // A key-major plan already on the device (its arrays and the scratch run() uses): plans written on the device at
   // every call (cuda/runtime/, run-time masks). q_tiles counts 64-row query tiles; perm_d 1: no permutation.
@@ -46,11 +47,12 @@ class TileBackward {
     float *dq_acc = nullptr, *lse2 = nullptr, *delta = nullptr;  // B Hq q_tiles 64 (x D for dq_acc) floats
   };
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
-  // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate as run()'s.
+  // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
+  // dkv_accumulate as run()'s.
   static int launch(const Problem& problem, int row, const DeviceLists& lists, const TensorView& q, const TensorView& k,
                     const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                     const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma,
-                    bool dq_accumulate = false);
+                    bool dq_accumulate = false, bool dkv_accumulate = false);
 
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)

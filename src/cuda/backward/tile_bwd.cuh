@@ -48,6 +48,8 @@ struct BwdParams {
   const int64_t* col_offsets;
   const int4* entries;  // {query tile, mask, lo, hi}
   int dq_accumulate;    // finish: dq += scale * accumulator (a later part of a compound plan), else dq =
+  int dkv_accumulate;   // epilogue: dk, dv += the tile's (a later tile part: the affine part), else written; key
+                        // tiles without entries then add nothing and return at once
   const unsigned long long* masks;
   const int32_t* order;
   int k_tiles;
@@ -230,7 +232,8 @@ __device__ __forceinline__ void tma_step(const BwdParams& p, uint32_t s_q, uint3
   bulk_load(s_rows + Tr::BM * 4, p.delta + row, Tr::BM * 4, bar);
 }
 
-// Epilogue: dK (times the softmax scale) and dV of this thread's two key rows at their tokens.
+// Epilogue: dK (times the softmax scale) and dV of this thread's two key rows at their tokens; added to what dk and
+// dv hold where p.dkv_accumulate (a key row is one CTA's: no race).
 template <class Tr>
 __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)[Tr::D / 2], const float (&dv)[Tr::D / 2],
                                            int b, int hk, int k0, int kr0) {
@@ -244,9 +247,16 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
     Elem* vrow = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_sb + int64_t(tok) * p.dv_sl + int64_t(hk) * p.dv_sh;
 #pragma unroll
     for (int j = 0; j < Tr::D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(krow + 8 * j + cb) =
-          pack2<Tr::kBf16>(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(vrow + 8 * j + cb) = pack2<Tr::kBf16>(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      uint32_t* kw = reinterpret_cast<uint32_t*>(krow + 8 * j + cb);
+      uint32_t* vw = reinterpret_cast<uint32_t*>(vrow + 8 * j + cb);
+      float2 k2 = make_float2(dk[4 * j + 2 * hh] * p.scale, dk[4 * j + 2 * hh + 1] * p.scale);
+      float2 v2 = make_float2(dv[4 * j + 2 * hh], dv[4 * j + 2 * hh + 1]);
+      if (p.dkv_accumulate) {
+        const float2 ko = unpack2<Tr::kBf16>(*kw), vo = unpack2<Tr::kBf16>(*vw);
+        k2.x += ko.x, k2.y += ko.y, v2.x += vo.x, v2.y += vo.y;
+      }
+      *kw = pack2<Tr::kBf16>(k2.x, k2.y);
+      *vw = pack2<Tr::kBf16>(v2.x, v2.y);
     }
   }
 }
@@ -388,6 +398,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const KeyTileWork w = key_tile_work<BN>(p);
+  if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
   const int64_t e0 = w.e0;
 

@@ -61,6 +61,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const KeyTileWork w = key_tile_work<BN>(p);
+  if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add (the whole CTA, before any barrier)
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
   const int64_t e0 = w.e0;
   // Step i: query head hk * group + i / ne, entry i % ne.

@@ -95,6 +95,14 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
           if (!forced || (c.block_m == block_m && c.block_n == block_n)) cands.push_back(c);
     for (Candidate& c : mapped) cands.push_back(std::move(c));
     if (forced) bm = block_m, bn = block_n, bd = perms[0];  // also where no row has the shape (can_implement says so)
+    if (forced && cands.empty() && perms.size() > 1 && tile_map < 1) {
+      // A shape no forward row has (the backward's 64x128 tiles at head dim 128): its permutations priced by the
+      // head dim's first cp.async row, the same for each, so that the tiles each visits decide (before, the
+      // identity always: stride(64) & causal's backward at D = 128 kept 1.5% of its visited scores).
+      const std::vector<Candidate> stand_in = candidates(head_dim, 1, false);
+      if (!stand_in.empty())
+        for (int d : perms) cands.push_back({block_m, block_n, d, stand_in.front().row, nullptr, nullptr});
+    }
     if (cands.empty() && !forced)
       throw Error("block plan: the kernel table has no fused GPU kernel at head dim " + std::to_string(head_dim));
     if (cands.size() > 1) {

@@ -364,10 +364,9 @@ int backward_row(const BackwardChoice& c, const Analysis& analysis, int64_t head
 }
 
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row) {
-  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only, the
-  // latter up to kMaxGpuBackwardPermutation (past it: unpermuted tiles, forced).
-  const int perm = analysis.permutation(kMaxGpuPermutation) > kMaxGpuBackwardPermutation ? 1 : -1;
-  return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, perm, false, 0);
+  // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only (any
+  // stride, kMaxGpuPermutation, as the forward).
+  return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, -1, false, 0);
 }
 
 std::string BackwardParts::describe() const {
@@ -377,8 +376,9 @@ std::string BackwardParts::describe() const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const BackwardPart& p = parts[i];
     s << "\n    " << part_kind_name(p.kind) << " [" << p.terms << "]: " << p.nnz << " kept scores; ";
-    if (p.kind == PartKind::tiles)
-      s << "the tile backward (its own tile plan)";
+    if (p.kind == PartKind::tiles || p.kind == PartKind::affine)
+      s << "the tile backward (its own tile plan" << (p.kind == PartKind::affine ? ", grouped by residue" : "")
+        << (i > 0 ? "; dQ, dK, dV added)" : ")");
     else if (p.kind == PartKind::columns && i > 0)
       s << "the tile backward over its " << p.columns.size() << " keys gathered (dK, dV added to theirs)";
     else
@@ -437,6 +437,7 @@ BackwardParts backward_parts(const BoundPattern& pattern, const Analysis& analys
     b.nnz = p.nnz;
     switch (p.kind) {
       case PartKind::tiles:
+      case PartKind::affine:  // its own tile plan, grouped by residue (the forward's)
         b.pattern = std::move(p.pattern);
         b.analysis = std::move(p.analysis);
         break;

@@ -158,7 +158,8 @@ BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, 
 
 // The backward of a compound plan by parts (issue 39): each part of the forward's split differentiated against the
 // merged LSE and delta = rowsum(dO * O), the parts' dQ, dK, dV summed (the first part writes, the others add). The
-// tiles part on the tile backward (its own tile plan); the columns part on the tile backward over its keys gathered
+// tiles part on the tile backward (its own tile plan); the affine part (issue 42) on the tile backward too, its own
+// plan grouped by residue, dQ, dK and dV added to the tiles part's; the columns part on the tile backward over its keys gathered
 // into a small dense K/V (dQ added, its dK/dV added to the columns' rows once), or on the CSR pass where it comes first
 // or the tile kernel cannot run the tensors; the scattered part on the CSR pass over just that part's kept scores, in
 // the full key space (its CSR and the transpose built once, at the first backward).
@@ -166,11 +167,11 @@ struct BackwardPart {
   PartKind kind = PartKind::tiles;
   std::string terms;
   int64_t nnz = 0;
-  // tiles: the part's pattern over (Lq, Lk); columns: over (Lq, columns.size()), compact key j standing for key
+  // tiles, affine: the part's pattern over (Lq, Lk); columns: over (Lq, columns.size()), compact key j standing for key
   // columns[j] (Part::pattern, Part::columns).
   BoundPattern pattern;
   std::vector<int32_t> columns;
-  std::optional<Analysis> analysis;  // tiles: analyze(pattern) where the split made it
+  std::optional<Analysis> analysis;  // tiles, affine: analyze(pattern) where the split made it
   std::vector<int64_t> offsets;      // scattered: row q keeps keys cols[offsets[q] .. offsets[q + 1]), increasing
   std::vector<int32_t> cols;
   bool tile_kernel() const { return kind != PartKind::scattered; }  // on the tile backward where it can

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Issue 42's strided cases, forward and backward, against FlexAttention and dense cuDNN, in one process.
+
+The cases are gpu_bench.py's STRIDED (`sparse_strided(128 | 256 | 512)`, `dilated(64, 32)`, `stride(64) & causal`;
+bf16, B = 2, H = 16) at each --lengths and --dims. For each it times
+  forward   ours (spattn_plan_forward) and Flex's (compiled flex_attention, a block mask of the same pattern), CUDA-graph
+            replays in alternation (gpu_bench.time_paired), median of --reps; dense cuDNN SDPA once per (L, D);
+  backward  ours (spattn_plan_backward after one forward) and Flex's (autograd.grad over a retained graph), the calls
+            in alternation (bwd_bench.time_pair), median of --reps;
+and checks our output against an fp32 reference on sampled query rows (gpu_bench.reference, the library's own mask)
+and our gradients against Flex's (relative Frobenius, the largest of dq, dk, dv; ours against the fp64 reference is
+BackwardGpu.StridedPastSixteen's).
+
+Effective TFLOP/s count kept scores: 4 * nnz * D * B * H forward, 2.5 times that backward. Each row: fwd_tflops,
+bwd_tflops, fwd_frac_of_cudnn (ours per kept score over dense cuDNN's per score), fwd_ratio_vs_flex and
+bwd_ratio_vs_flex (Flex's time over ours), bwd_over_fwd (backward TFLOP/s over forward's), the kernels, and "bar":
+whether each of the issue's marks is met (fwd_frac_of_cudnn >= 0.4, fwd_ratio_vs_flex >= 5, bwd_over_fwd >= 0.6).
+The JSON ("kind": "strided") is rewritten after every case, so a run cut short by --budget-s or a timeout keeps what
+it measured; --resume JSON continues such a run (its rows kept, its cases skipped).
+
+  python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
+  python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import baseline  # noqa: E402  (meta block, BASELINES, plots)
+import gpu_bench  # noqa: E402  (PROBLEM: the B and H Fused plans)
+from bwd_bench import time_pair  # noqa: E402  (calls in alternation, eager: the backward)
+from gpu_bench import STRIDED, Fused, Lib, reference, rel_err, sample_rows, suite, time_ms, time_paired  # noqa: E402
+
+# The issue's bar.
+BAR = {"fwd_frac_of_cudnn": 0.4, "fwd_ratio_vs_flex": 5.0, "bwd_over_fwd": 0.6}
+
+
+def max_rel(a, b):
+    return max(((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
+
+
+def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps):
+    """One case's row: ours and Flex's forward and backward timed in alternation, dense cuDNN's forward (cudnn_time:
+    (L, D, q, k, v) -> ms, cached by the caller), our output against the fp32 reference and our gradients against
+    Flex's."""
+    B, H = gpu_bench.PROBLEM["batch"], gpu_bench.PROBLEM["heads"]
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    cudnn_ms = cudnn_time(L, D, q, k, v)
+    fused = Fused(lib, spec, L, D)
+    o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    lse = torch.empty(B, H, L, device="cuda", dtype=torch.float32)
+    bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=L, KV_LEN=L, device="cuda")
+    flex(q, k, v, block_mask=bm)  # compile
+    fwd_ms, _hows = time_paired([lambda: fused.forward(q, k, v, o, lse),
+                                 lambda: flex(q, k, v, block_mask=bm)], reps)
+    o.fill_(float("nan"))
+    fused.forward(q, k, v, o, lse)
+    rows_s = sample_rows(L)
+    ref, idx = reference(q, k, v, lib.mask_rows(spec, L, rows_s), rows_s)
+    fwd_err = rel_err(o, ref, idx)
+    fwd_kernel = fused.last_kernel()
+    qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    of = flex(qf, kf, vf, block_mask=bm)
+    bwd_ms = time_pair([lambda: fused.backward(q, k, v, o, lse, do, dq, dk, dv),
+                        lambda: torch.autograd.grad(of, (qf, kf, vf), do, retain_graph=True)], reps)
+    fused.backward(q, k, v, o, lse, do, dq, dk, dv)
+    diff = max_rel((dq, dk, dv), torch.autograd.grad(of, (qf, kf, vf), do))
+    torch.cuda.synchronize()
+    flop = 4.0 * fused.nnz * D * B * H
+    r = {"pattern": name, "spec": spec, "L": L, "D": D, "B": B, "H": H, "nnz": fused.nnz,
+         "density": fused.nnz / (L * L), "plan_ms": fused.plan_ms, "kernel": fwd_kernel,
+         "bwd_kernel": fused.last_backward_kernel(),
+         "perm_d": [int(x) for x in re.findall(r"perm_d (\d+)", fused.explain)],  # the forward's tile plans
+         "fwd_ms": fwd_ms[0], "flex_fwd_ms": fwd_ms[1], "bwd_ms": bwd_ms[0], "flex_bwd_ms": bwd_ms[1],
+         "cudnn_dense_fwd_ms": cudnn_ms}
+    r["fwd_tflops"] = flop / r["fwd_ms"] / 1e9
+    r["bwd_tflops"] = 2.5 * flop / r["bwd_ms"] / 1e9
+    r["flex_fwd_tflops"] = flop / r["flex_fwd_ms"] / 1e9
+    r["flex_bwd_tflops"] = 2.5 * flop / r["flex_bwd_ms"] / 1e9
+    r["cudnn_dense_fwd_tflops"] = 4.0 * L * L * D * B * H / cudnn_ms / 1e9
+    r["fwd_frac_of_cudnn"] = r["fwd_tflops"] / r["cudnn_dense_fwd_tflops"]
+    r["fwd_ratio_vs_flex"] = r["flex_fwd_ms"] / r["fwd_ms"]
+    r["bwd_ratio_vs_flex"] = r["flex_bwd_ms"] / r["bwd_ms"]
+    r["bwd_over_fwd"] = r["bwd_tflops"] / r["fwd_tflops"]
+    r["fwd_err"] = fwd_err
+    r["bwd_diff_vs_flex"] = diff
+    r["bar"] = {key: r[key] >= mark for key, mark in BAR.items()}
+    del q, k, v, do, o, dq, dk, dv, lse, qf, kf, vf, of, bm, fused, ref
+    torch.cuda.empty_cache()
+    return r
+
+
+def line(r):
+    below = [k for k, ok in r["bar"].items() if not ok]
+    return (f"{r['pattern']:10s} L={r['L']:5d} D={r['D']:3d} fwd {r['fwd_tflops']:6.1f} TF/s ({r['fwd_frac_of_cudnn']:.2f} "
+            f"of cuDNN's {r['cudnn_dense_fwd_tflops']:.0f}, {r['fwd_ratio_vs_flex']:.2f}x Flex) bwd {r['bwd_tflops']:6.1f} "
+            f"TF/s ({r['bwd_ratio_vs_flex']:.2f}x Flex, bwd/fwd {r['bwd_over_fwd']:.2f}) err {r['fwd_err']:.1e} diff "
+            f"{r['bwd_diff_vs_flex']:.1e} [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
+            + (f"  below the bar: {', '.join(below)}" if below else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default=os.path.join(os.environ.get("SPATTN_BUILD", "build"), "libspattn.so"))
+    ap.add_argument("--lengths", default="16384,65536")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--patterns", default=",".join(STRIDED), help="comma list of STRIDED's names")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
+    ap.add_argument("--resume", default="", metavar="JSON",
+                    help="an earlier run's JSON: its rows kept (first) and its cases not measured again")
+    args = ap.parse_args()
+    assert args.reps >= 20, "docs/BENCHMARKS.md: median of at least 20"
+    t_start = time.time()
+    lib = Lib(args.lib)
+    import torch._dynamo as dynamo  # noqa: PLC0415
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
+    dynamo.config.cache_size_limit = 1000
+    dynamo.config.recompile_limit = 1000
+    flex = torch.compile(flex_attention, dynamic=False)
+    B, H = args.batch, args.heads
+    gpu_bench.PROBLEM.update(batch=B, heads=H)
+    dev = torch.cuda.get_device_name()
+    command = "python3 bench/strided_bench.py " + " ".join(sys.argv[1:])
+    outs = ([args.json] if args.json else []) + (
+        [os.path.join(baseline.BASELINES, args.baseline + ".json")] if args.baseline else [])
+    machine = {"gpu": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "command": command,
+               "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    rows, dense = (json.loads(Path(args.resume).read_text())["rows"] if args.resume else []), {}
+    done = {(r["pattern"], r["L"], r["D"]) for r in rows}
+
+    def cudnn_time(L, D, q, k, v):
+        if (L, D) not in dense:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                dense[(L, D)] = time_ms(lambda: F.scaled_dot_product_attention(q, k, v), args.reps)
+        return dense[(L, D)]
+
+    wanted = args.patterns.split(",")
+    print(f"# {dev}, torch {torch.__version__}, B={B} H={H} bf16", flush=True)
+
+    def write():
+        doc = {"kind": "strided", "meta": baseline.meta(args.baseline or None, command), "machine": machine,
+               "bar": BAR, "rows": rows}
+        for out in outs:
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            Path(out).write_text(json.dumps(doc, indent=1))
+        return doc
+
+    for L in (int(x) for x in args.lengths.split(",")):
+        cases = {c[0]: c for c in suite(L)}
+        for name in wanted:
+            _, spec, mask_mod, _dims = cases[name]
+            for D in (int(x) for x in args.dims.split(",")):
+                if (name, L, D) in done:
+                    continue
+                if time.time() - t_start > args.budget_s:
+                    print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
+                    continue
+                r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps)
+                rows.append(r)
+                write()
+                print(line(r), flush=True)
+    doc = write()
+    met = sum(all(r["bar"].values()) for r in rows)
+    print(f"# {met} of {len(rows)} cases meet the bar (fwd >= {BAR['fwd_frac_of_cudnn']} of dense cuDNN per kept score, "
+          f">= {BAR['fwd_ratio_vs_flex']}x Flex; bwd >= {BAR['bwd_over_fwd']}x the forward's rate); "
+          f"results: {', '.join(outs) or '(no file)'}")
+    if args.baseline and rows:
+        baseline.plot(doc, os.path.join(baseline.BASELINES, args.baseline + ".png"))
+    if any(not math.isfinite(r["fwd_err"]) or r["fwd_err"] > 2e-2 for r in rows):
+        print("# forward error above 2e-2", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
