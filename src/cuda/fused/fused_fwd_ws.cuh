@@ -18,10 +18,12 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, int BN_, int D_, bool kBf16_>
+template <int BM_, int BN_, int D_, bool kBf16_, int kExp_ = 0>
 struct WsTraits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
   static constexpr bool kBf16 = kBf16_;
+  // Forward experiments (kFwdExp* bits, pipelined_tiles; LaunchParams::fwd_exp): 0 the measured loop.
+  static constexpr int kExp = kExp_;
   static_assert(BM == 128 || BM == 192, "warp-specialized query tile: 2 or 3 consumer warpgroups");
   static_assert(BN == 128, "warp-specialized key tile: 128");
   static_assert(D == 64 || (D == 128 && BM == 128), "head dim 64 (128 with two consumer warpgroups)");
@@ -181,7 +183,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             stage_k, [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
             [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
-            [&] { mbar_arrive(bar_qempty + 8 * qb); });
+            [&] { mbar_arrive(bar_qempty + 8 * qb); }, std::integral_constant<int, Tr::kExp>{});
         g += unsigned(n);
       }
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, it.b, it.h, q0, r0, cb, lane);
