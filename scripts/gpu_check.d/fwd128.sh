@@ -2,9 +2,9 @@
 # scripts/gpu_check.d/fwd128.sh [OUTDIR] — issue 40's forward experiments at head dim 128 (SPATTN_FWD_EXP, temporary):
 # builds the library, fused_test and spattn._core into build-fwd128/ (gpu_lib.sh), runs the experiments' GPU tests
 # (tests/gpu/fused_test.cpp, Fused/FusedFwdExp: causal, windows and GQA at awkward lengths against the fp64
-# reference, each checked to have run with its bits) and the TMA kernel's D=128 cases of the windows table with
-# every variant against the measured loop, in one process (bench/fwd_exp_ab.py: CUDA graphs replayed in alternation,
-# FlashAttention-4 alongside) into OUTDIR/fwd_exp.json.
+# reference, each checked to have run with its bits) and the six cases of the windows table with every variant
+# against the measured kernels, in one process (bench/fwd_exp_ab.py: CUDA graphs replayed in alternation,
+# FlashAttention-4 alongside; "band:..." the band kernel forced at D=128) into OUTDIR/fwd_exp.json.
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
