@@ -17,7 +17,6 @@ struct FusedAttention::Impl {
   std::string why;
   PlanTimes times;
   mutable std::atomic<int> last_row{-1};
-  mutable std::atomic<int> last_exp{-1};
 
   FusedFwd::Arguments args(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& o, const TensorView& lse) const {
@@ -60,7 +59,6 @@ void FusedAttention::run(const Problem& problem, const TensorView& q, const Tens
   if (!st.ok) throw Error(st.reason);
   FusedFwd::run(params, static_cast<cudaStream_t>(stream));
   impl_->last_row.store(params.kernel_row, std::memory_order_relaxed);
-  impl_->last_exp.store(params.fwd_exp, std::memory_order_relaxed);
 }
 
 std::string FusedAttention::explain() const {
@@ -73,7 +71,6 @@ std::string FusedAttention::explain() const {
 }
 int FusedAttention::kernel_row() const { return impl_->plan->kernel_row(); }
 int FusedAttention::last_kernel_row() const { return impl_->last_row.load(std::memory_order_relaxed); }
-int FusedAttention::last_fwd_exp() const { return impl_->last_exp.load(std::memory_order_relaxed); }
 std::string FusedAttention::kernel_name() const {
   const int row = kernel_row();
   return row >= 0 ? plan::kKernels[row].name : "none";

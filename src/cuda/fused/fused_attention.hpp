@@ -62,7 +62,6 @@ class FusedAttention {
   std::string explain() const;  // the row and why, tile shape, permutation, visited/full/band/bitmask tiles, waste
   int kernel_row() const;       // the kernel-table row the plan chose (plan/kernels.hpp)
   int last_kernel_row() const;  // the row the last run launched (-1 before the first run)
-  int last_fwd_exp() const;     // the forward experiment bits it ran with (LaunchParams::fwd_exp; -1 before a run)
   std::string kernel_name() const;  // kKernels[kernel_row()].name
   const PlanTimes& plan_times() const;  // host build + upload, by stage
   // The planner's cost model for the chosen row: visited tile area (partial tiles at the row's partial cost)

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -21,31 +20,6 @@
 namespace spattn::cuda::fused {
 
 namespace {
-
-// SPATTN_FWD_EXP (issue 40, temporary): the TMA kernel's forward experiments as a comma list of ovl, p2, lazy, pre
-// (fused_fwd.cuh, kFwdExp*; any of them implies ovl) or "0"/unset for the measured loop. Read at every launch's
-// parameters, so that one process can time each value (a CUDA graph keeps the value it was captured with).
-int fwd_exp_from_env() {
-  const char* env = std::getenv("SPATTN_FWD_EXP");
-  if (env == nullptr || *env == 0 || std::strcmp(env, "0") == 0) return 0;
-  int bits = 0;
-  const std::string all(env);
-  size_t at = 0;
-  while (at <= all.size()) {
-    const size_t comma = std::min(all.find(',', at), all.size());
-    const std::string name = all.substr(at, comma - at);
-    if (name == "ovl") bits |= kFwdExpOverlap;
-    else if (name == "p2") bits |= kFwdExpParts2;
-    else if (name == "lazy") bits |= kFwdExpLazy;
-    else if (name == "pre") bits |= kFwdExpPrefetch;
-    else throw Error("SPATTN_FWD_EXP: '" + name + "' in '" + all + "' is none of ovl, p2, lazy, pre");
-    at = comma + 1;
-  }
-  bits |= kFwdExpOverlap;
-  for (int v : kFwdExpVariants)
-    if (v == bits) return bits;
-  throw Error("SPATTN_FWD_EXP: '" + all + "' is a combination without a build (ovl; ovl,p2; ovl,lazy; ovl,p2,lazy; all four)");
-}
 // The tensor maps of q, k and v for the TMA and band kernels (K/V boxes of `kv_rows` rows: the key tile, or the
 // band kernel's 64-key chunk); false where the driver's rules refuse one (strides, alignment).
 bool encode_qkv(const FusedFwd::Arguments& a, int q_rows, int kv_rows, FusedParams& k) {
@@ -340,12 +314,6 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
     const int64_t work = int64_t(k.split_first) + (int64_t(out.grid) - k.split_first) * k.split_k;
     out.grid = unsigned(std::min<int64_t>(work, sms));
   }
-  const int exp = fwd_exp_from_env();  // (read even where it does not apply: a bad value fails on every plan)
-  const plan::KernelConfig& ran = plan::kKernels[row];
-  if (kind == KernelKind::sm90_tma && ran.block_m == 128 && ran.block_n == 128 && ran.head_dim == 128 && out.bf16)
-    out.fwd_exp = exp;
-  else if (kind == KernelKind::sm90_band && !k.band_shifted && k.band_prefix == 0 && out.bf16)
-    out.fwd_exp = exp & kFwdExpOverlap;  // plain band steps: the overlap alone
   return out;
 }
 

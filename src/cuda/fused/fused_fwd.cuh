@@ -258,9 +258,6 @@ __device__ __forceinline__ float row_exp2(float (&s)[BN / 2], int hh, float sl2,
     for (int i = 0; i < w; ++i) rsp[i] += rsp[i + w];
   return rsp[0];
 }
-// Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
-// returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
-// max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
 // Row hh's maximum over a BN-wide tile (the 4 threads holding the row), as kP chains combined at the end.
 template <int BN, int kP>
 __device__ __forceinline__ float tile_row_max(const float (&s)[BN / 2], int hh) {
@@ -277,6 +274,9 @@ __device__ __forceinline__ float tile_row_max(const float (&s)[BN / 2], int hh) 
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
+// Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
+// returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
+// max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
 template <int BN, int kP = 1>
 __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2], float sl2,
                                              float (&alpha)[2]) {
@@ -289,17 +289,14 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
     row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
   }
 }
-// Forward experiments (issue 40; LaunchParams::fwd_exp, SPATTN_FWD_EXP): bits of the TMA kernel's key-tile loop at
-// D=128. kFwdExpOverlap: a basic-block boundary between the softmax and the wait for PV_{i-1} (ptxas otherwise
-// schedules that wait, WARPGROUP.DEPBAR, at the top of the block, ahead of the softmax: PV_{i-1} then never runs
-// under softmax_i, the intra-warpgroup overlap the loop is written for). kFwdExpParts2: the row max and sum in two
-// chains. kFwdExpLazy: FlashAttention-4's lazy rescale (the row max kept while no row of the warp rises by more than
-// kLazyLog2 log2 units; O rescaled only where one did, by a warp-uniform branch). kFwdExpPrefetch: the next tile's
-// plan entry loaded a step ahead (its load otherwise stalls the warp ahead of the turn wait).
-// (The bits: fused_params.hpp.)
+// The lazy rescale (FlashAttention-4; pipelined_tiles' kLazy, KERNELS.md section 6): a row's running max moves
+// only where some row of the warp would rise past it by more than kLazyLog2 log2 units (its exponentials then
+// stay <= 2^8, far from fp32's range and from P's bf16/fp16 range: P is scaled by 2^-m for the stale m and O and
+// the row sum carry the same factor, which the epilogue's division cancels, so the result is exact).
 inline constexpr float kLazyLog2 = 8.f;
 // A basic-block boundary after x is computed: a warp-uniform branch to a trap that never fires (x: a row sum, never
-// negative; NaN compares false). ptxas does not move instructions across it.
+// negative; NaN compares false). ptxas does not move instructions across it (pipelined_tiles: the wait for PV_{i-1}
+// stays behind softmax_i).
 __device__ __forceinline__ void block_boundary(float x) {
   if (__any_sync(0xffffffffu, x < 0.f)) __trap();
 }
@@ -385,21 +382,24 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
 //   release(i)    this thread is done with tile i's stage
 //   turn_wait(), turn_pass()   the turn barriers around the S issue
 //   after_last_s()             once every S of the tile list is done (before the last PV)
+// kLazy (the TMA kernel at D=128; KERNELS.md section 6): a basic-block boundary between softmax_i and the wait for
+// PV_{i-1} (ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the softmax, and PV_{i-1} never runs under
+// it), the row max and sum in two chains, the lazy rescale (tile_softmax_lazy: O rescaled on a warp-uniform branch)
+// and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait).
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
-          class Release, class TurnWait, class TurnPass, class AfterLastS, int kExp = 0>
+          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
 __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
                                                 float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                 Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
                                                 TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s,
-                                                std::integral_constant<int, kExp> = {}) {
+                                                std::bool_constant<kLazy> = {}) {
   constexpr int MW = BN / 64;
-  constexpr int kP = kExp & kFwdExpParts2 ? 2 : 1;
-  constexpr bool kLazy = kExp & kFwdExpLazy, kPre = kExp & kFwdExpPrefetch;
+  constexpr int kP = kLazy ? 2 : 1;
   float sacc[BN / 2];
   uint32_t pa[BN / 16][4];
   float alpha[2];
   unsigned long long mw[2][MW];
-  int4 e_next;  // kPre: tile i's entry, loaded during tile i - 1
+  int4 e_next;  // kLazy: tile i's entry, loaded during tile i - 1
   {  // tile 0: S only
     const int4 e = entry0();
     tile_mask_words<BM, BN>(p, e, r0, mw);
@@ -410,7 +410,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_issue_s<BM, BN, D, kBf16>(sacc, s_q_wg, stage(0));
     wgmma_commit();
     turn_pass();
-    if constexpr (kPre)
+    if constexpr (kLazy)
       if (n > 1) e_next = entry(1);
     wgmma_wait<0>();
     fence_regs(sacc);
@@ -420,7 +420,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
   }
   for (int i = 1; i < n; ++i) {
     int4 e;
-    if constexpr (kPre) {
+    if constexpr (kLazy) {
       e = e_next;
     } else {
       e = entry(i);
@@ -437,7 +437,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_issue_pv<BN, D, kBf16>(o, pa, stage(i - 1) + TileBytes);
     wgmma_commit();
     turn_pass();
-    if constexpr (kPre)
+    if constexpr (kLazy)
       if (i + 1 < n) e_next = entry(i + 1);
     wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
     fence_regs(sacc);
@@ -448,7 +448,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     } else {
       tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
     }
-    if constexpr (kExp != 0) block_boundary(fminf(row_sum[0], row_sum[1]));
+    if constexpr (kLazy) block_boundary(fminf(row_sum[0], row_sum[1]));
     wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
     fence_regs(o);
     fence_regs(pa);

@@ -30,14 +30,9 @@
 
 namespace spattn::cuda::fused {
 
-template <int BM_, int D_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false, bool kPrefix_ = false,
-          int kExp_ = 0>
+template <int BM_, int D_, bool kBf16_, bool kRunningMax_ = false, bool kShifted_ = false, bool kPrefix_ = false>
 struct BandTraits {
   static constexpr int BM = BM_, D = D_, kChunk = 64;
-  // Forward experiments (LaunchParams::fwd_exp; issue 40): kFwdExpOverlap on the plain steps (a basic-block boundary
-  // after the softmax, so that ptxas keeps the wait for the previous PV behind it). 0 the measured kernel.
-  static constexpr int kExp = kExp_;
-  static_assert(kExp == 0 || !(kRunningMax_ || kShifted_ || kPrefix_), "band kernel: experiments on plain bands");
   // A key prefix (FusedParams::band_prefix, BlockPlan::band_prefix: local(w) | global_cols(0:G), attention sinks):
   // every live slab first runs the prefix's 64-key chunks as 64-key steps (masked: the prefix's keys, and the band's
   // where it reaches into them), then its band chunks past them; one online softmax, each key visited once. An
@@ -764,7 +759,6 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
               if constexpr (Tr::kRunningMax)
                 running = __all_sync(0xffffffffu, row_max[0] != -INFINITY && row_max[1] != -INFINITY);
             }
-            if constexpr (Tr::kExp != 0) block_boundary(fminf(row_sum[0], row_sum[1]));
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs(pa);

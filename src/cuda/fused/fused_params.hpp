@@ -95,15 +95,7 @@ struct LaunchParams {
   int kernel_row = -1;  // plan::kKernels index: its kind, tile shape and head dim select the instantiation
   bool bf16 = true;
   unsigned grid = 0;
-  // Forward experiments (kFwdExp* bits, fused_fwd.cuh; issue 40): the TMA kernel's loop at 128x128, D=128, bf16, from
-  // SPATTN_FWD_EXP (fwd_exp_from_env); 0 the measured loop. Only the combinations in kFwdExpVariants are built. The
-  // band kernel's plain steps (bf16, no shift, no key prefix) take the overlap bit alone.
-  int fwd_exp = 0;
 };
-// Its bits (fused_fwd.cuh, pipelined_tiles).
-inline constexpr int kFwdExpOverlap = 1, kFwdExpParts2 = 2, kFwdExpLazy = 4, kFwdExpPrefetch = 8;
-// The fwd_exp values built: overlap alone, with two chains, with the lazy rescale, with both, and all four bits.
-inline constexpr int kFwdExpVariants[] = {1, 3, 5, 7, 15};
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return
 // cudaErrorInvalidConfiguration (as int) when no instantiation matches, else the launch's error code.

@@ -27,19 +27,6 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The TMA kernel's forward experiments at one shape, bf16 (LaunchParams::fwd_exp: a value of kFwdExpVariants).
-template <int BM, int BN, int D>
-int launch_fwd_exp(const LaunchParams& p, cudaStream_t stream) {
-  switch (p.fwd_exp) {
-    case 1: return int(launch_one<WsTraits<BM, BN, D, true, 1>, Kind::kWs>(p, stream));
-    case 3: return int(launch_one<WsTraits<BM, BN, D, true, 3>, Kind::kWs>(p, stream));
-    case 5: return int(launch_one<WsTraits<BM, BN, D, true, 5>, Kind::kWs>(p, stream));
-    case 7: return int(launch_one<WsTraits<BM, BN, D, true, 7>, Kind::kWs>(p, stream));
-    case 15: return int(launch_one<WsTraits<BM, BN, D, true, 15>, Kind::kWs>(p, stream));
-    default: return int(cudaErrorInvalidConfiguration);
-  }
-}
-
 // One row of the kernel table (plan/kernels.hpp) in this architecture's file: the instantiation of row I, or
 // cudaErrorInvalidConfiguration where the row belongs to the other file (or to no GPU kernel).
 template <int I, bool kSm90>
@@ -47,10 +34,6 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
   using plan::KernelKind;
   constexpr plan::KernelConfig c = plan::kKernels[I];
   if constexpr (kSm90 && c.kind == KernelKind::sm90_tma) {
-    if constexpr (c.block_m == 128 && c.block_n == 128 && c.head_dim == 128) {
-      if (p.bf16 && p.fwd_exp != 0)  // the forward experiments (LaunchParams::fwd_exp)
-        return launch_fwd_exp<c.block_m, c.block_n, c.head_dim>(p, stream);
-    }
     if (p.bf16) return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, true>, Kind::kWs>(p, stream));
     return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, false>, Kind::kWs>(p, stream));
   } else if constexpr (kSm90 && plan::is_band(c.kind)) {
@@ -68,10 +51,6 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
       }
     } else if (p.kernel.band_prefix > 0) {
       return int(cudaErrorInvalidConfiguration);  // no running-max instantiation with a key prefix
-    }
-    if constexpr (!kRunningMax) {
-      if (p.bf16 && p.fwd_exp == kFwdExpOverlap)  // the forward experiment on plain bands (LaunchParams::fwd_exp)
-        return int(launch_one<BandTraits<BM, D, true, false, false, false, kFwdExpOverlap>, Kind::kBand>(p, stream));
     }
     if (p.bf16) return int(launch_one<BandTraits<BM, D, true, kRunningMax>, Kind::kBand>(p, stream));
     return int(launch_one<BandTraits<BM, D, false, kRunningMax>, Kind::kBand>(p, stream));
