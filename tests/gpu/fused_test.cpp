@@ -40,6 +40,7 @@ struct Case {
   int running_max = -1;  // band kernel: -1 chosen, 1 running-max steps (checked to run on sm_90a), 0 never
   int draw = -1;         // random patterns: -1 chosen (not checked), 1 chosen and checked to draw the bitmasks on the
                          // device, 0 drawn on the host (checked)
+  bool tma128 = false;  // checked to run the TMA kernel at head dim 128 (its lazy-rescale loop) on sm_90a
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -157,6 +158,7 @@ void check_case(const Case& c) {
         EXPECT_EQ(ran.kind == KernelKind::sm90_band_rmax, c.running_max == 1) << ran.name;
       if (c.persistent >= 0 && !c.no_tma)
         EXPECT_TRUE(ran.kind == KernelKind::sm90_tma || spattn::plan::is_band(ran.kind)) << ran.name;
+      if (c.tma128) EXPECT_TRUE(ran.kind == KernelKind::sm90_tma && ran.head_dim == 128) << ran.name;
     }
   }
   std::vector<uint16_t> ho(nq);
@@ -351,6 +353,38 @@ const Case kCases[] = {
     {"random drawn, r = Lk - 1, 128x128 d128", "random(999, seed=4)", 1, 2, 2, 515, 1000, 128, fp, 128, false, -1, 128, false, false, -1, -1, -1, false, -1, 1},
 };
 INSTANTIATE_TEST_SUITE_P(Fused, FusedSuite, ::testing::ValuesIn(kCases));
+
+// The TMA kernel at head dim 128 (fused_fwd.cuh, pipelined_tiles' kLazy: the lazy rescale, the softmax under the
+// previous P V): causal, windows and GQA at awkward lengths, bf16 and fp16, each checked to have run that kernel.
+// The random scores' row maxima rise by a few log2 units from tile to tile, under the threshold of 8 (the stale-max
+// step, whose exponentials exceed 1); the rising scores (Case::rising) rise by ~32 log2 units per 128 keys and by
+// ~100-130 at the spike at key 699, past it (the rescale branch). Where a window starts in the first 128 keys the
+// spike is ~131 log2 units above the first tile's maximum: a missed rescale overflows fp32 there (2^131).
+Case tma128_case(const char* what, const char* spec, int64_t hq, int64_t hkv, int64_t len, DType t = DType::bf16,
+                 bool rising = false) {
+  Case c{what, spec, 1, hq, hkv, len, len, 128, t, 128};
+  c.band = 0;  // band rows on the TMA kernel
+  c.rising = rising;
+  c.tma128 = true;
+  return c;
+}
+const Case kTma128Cases[] = {
+    tma128_case("TMA D=128: causal, length 1999", "causal", 2, 2, 1999),
+    tma128_case("TMA D=128: GQA 4/2 causal", "causal", 4, 2, 1281),
+    tma128_case("TMA D=128: local window", "local(300)", 2, 2, 2049),
+    tma128_case("TMA D=128: GQA 4/1 left window", "local(left=700, right=0)", 4, 1, 1537),
+    tma128_case("TMA D=128: window, length 833", "local(200)", 2, 2, 833),
+    tma128_case("TMA D=128: rising scores, causal", "causal", 2, 2, 1501, DType::bf16, true),
+    tma128_case("TMA D=128: rising scores, left window", "local(left=900, right=0)", 2, 2, 1501, DType::bf16, true),
+    tma128_case("TMA D=128: fp16 causal", "causal", 2, 2, 1999, DType::f16),
+    tma128_case("TMA D=128: fp16 rising scores, left window", "local(left=900, right=0)", 2, 2, 1501, DType::f16, true),
+};
+class FusedTma128 : public ::testing::TestWithParam<Case> {};
+TEST_P(FusedTma128, MatchesReference) {
+  REQUIRE_GPU();
+  check_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Fused, FusedTma128, ::testing::ValuesIn(kTma128Cases));
 
 TEST(FusedPlan, BandAndPermutation) {
   // Host-only: the plan describes causal/local diagonals as bands and dilated rows as dense groups.

@@ -258,6 +258,22 @@ __device__ __forceinline__ float row_exp2(float (&s)[BN / 2], int hh, float sl2,
     for (int i = 0; i < w; ++i) rsp[i] += rsp[i + w];
   return rsp[0];
 }
+// Row hh's maximum over a BN-wide tile (the 4 threads holding the row), as kP chains combined at the end.
+template <int BN, int kP>
+__device__ __forceinline__ float tile_row_max(const float (&s)[BN / 2], int hh) {
+  float mxp[kP];
+#pragma unroll
+  for (int i = 0; i < kP; ++i) mxp[i] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) mxp[j % kP] = fmaxf(mxp[j % kP], fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+#pragma unroll
+  for (int w = kP / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) mxp[i] = fmaxf(mxp[i], mxp[i + w]);
+  float mx = mxp[0];
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
 // Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
 // returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
 // max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
@@ -266,24 +282,47 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
                                              float (&alpha)[2]) {
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float mxp[kP];
-#pragma unroll
-    for (int i = 0; i < kP; ++i) mxp[i] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) mxp[j % kP] = fmaxf(mxp[j % kP], fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
-#pragma unroll
-    for (int w = kP / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int i = 0; i < w; ++i) mxp[i] = fmaxf(mxp[i], mxp[i + w]);
-    float mx = mxp[0];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(row_max[hh], mx);
+    const float m_new = fmaxf(row_max[hh], tile_row_max<BN, kP>(s, hh));
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     alpha[hh] = ex2_ftz((row_max[hh] - m_use) * sl2);
     row_max[hh] = m_new;
     row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
   }
+}
+// The lazy rescale (FlashAttention-4; pipelined_tiles' kLazy, KERNELS.md section 6): a row's running max moves
+// only where some row of the warp would rise past it by more than kLazyLog2 log2 units (its exponentials then
+// stay <= 2^8, far from fp32's range and from P's bf16/fp16 range: P is scaled by 2^-m for the stale m and O and
+// the row sum carry the same factor, which the epilogue's division cancels, so the result is exact).
+inline constexpr float kLazyLog2 = 8.f;
+// A basic-block boundary after x is computed: a warp-uniform branch to a trap that never fires (x: a row sum, never
+// negative; NaN compares false). ptxas does not move instructions across it (pipelined_tiles: the wait for PV_{i-1}
+// stays behind softmax_i).
+__device__ __forceinline__ void block_boundary(float x) {
+  if (__any_sync(0xffffffffu, x < 0.f)) __trap();
+}
+// tile_softmax with FlashAttention-4's lazy rescale: where every row of the warp has a finite maximum and its tile
+// maximum exceeds it by at most kLazyLog2 / sl2 (p <= 2^kLazyLog2), the maxima stay, alpha is 1 and the function
+// returns false (no rescale of O needed); otherwise the exact step (returns true).
+template <int BN, int kP = 1>
+__device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                  float sl2, float (&alpha)[2]) {
+  float m_new[2];
+  bool grow = false;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    m_new[hh] = fmaxf(row_max[hh], tile_row_max<BN, kP>(s, hh));
+    grow |= !(row_max[hh] != -INFINITY && (m_new[hh] - row_max[hh]) * sl2 <= kLazyLog2);
+  }
+  const bool rescale = __any_sync(0xffffffffu, grow);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float m = rescale ? m_new[hh] : row_max[hh];
+    const float m_use = m == -INFINITY ? 0.f : m;
+    alpha[hh] = rescale ? ex2_ftz((row_max[hh] - m_use) * sl2) : 1.f;
+    row_max[hh] = m;
+    row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
+  }
+  return rescale;
 }
 // O *= alpha per row.
 template <int D>
@@ -343,17 +382,24 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
 //   release(i)    this thread is done with tile i's stage
 //   turn_wait(), turn_pass()   the turn barriers around the S issue
 //   after_last_s()             once every S of the tile list is done (before the last PV)
+// kLazy (the TMA kernel at D=128; KERNELS.md section 6): a basic-block boundary between softmax_i and the wait for
+// PV_{i-1} (ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the softmax, and PV_{i-1} never runs under
+// it), the row max and sum in two chains, the lazy rescale (tile_softmax_lazy: O rescaled on a warp-uniform branch)
+// and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait).
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
-          class Release, class TurnWait, class TurnPass, class AfterLastS>
+          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
 __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
                                                 float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                 Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
-                                                TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s) {
+                                                TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s,
+                                                std::bool_constant<kLazy> = {}) {
   constexpr int MW = BN / 64;
+  constexpr int kP = kLazy ? 2 : 1;
   float sacc[BN / 2];
   uint32_t pa[BN / 16][4];
   float alpha[2];
   unsigned long long mw[2][MW];
+  int4 e_next;  // kLazy: tile i's entry, loaded during tile i - 1
   {  // tile 0: S only
     const int4 e = entry0();
     tile_mask_words<BM, BN>(p, e, r0, mw);
@@ -364,14 +410,21 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_issue_s<BM, BN, D, kBf16>(sacc, s_q_wg, stage(0));
     wgmma_commit();
     turn_pass();
+    if constexpr (kLazy)
+      if (n > 1) e_next = entry(1);
     wgmma_wait<0>();
     fence_regs(sacc);
     tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
-    tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+    tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
     tile_to_p<BN, kBf16>(sacc, pa);
   }
   for (int i = 1; i < n; ++i) {
-    const int4 e = entry(i);
+    int4 e;
+    if constexpr (kLazy) {
+      e = e_next;
+    } else {
+      e = entry(i);
+    }
     tile_mask_words<BM, BN>(p, e, r0, mw);
     wait_full(i);
     fence_regs(sacc);
@@ -384,15 +437,23 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_issue_pv<BN, D, kBf16>(o, pa, stage(i - 1) + TileBytes);
     wgmma_commit();
     turn_pass();
+    if constexpr (kLazy)
+      if (i + 1 < n) e_next = entry(i + 1);
     wgmma_wait<1>();  // S_i done; PV_{i-1} may still run
     fence_regs(sacc);
     tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
-    tile_softmax<BN>(sacc, row_max, row_sum, sl2, alpha);
+    bool rescale = true;
+    if constexpr (kLazy) {
+      rescale = tile_softmax_lazy<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
+    } else {
+      tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
+    }
+    if constexpr (kLazy) block_boundary(fminf(row_sum[0], row_sum[1]));
     wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
     fence_regs(o);
     fence_regs(pa);
     release(i - 1);
-    tile_rescale<D>(o, alpha);
+    if (rescale) tile_rescale<D>(o, alpha);
     tile_to_p<BN, kBf16>(sacc, pa);
   }
   after_last_s();
