@@ -95,6 +95,9 @@ inline constexpr KernelConfig kKernels[] = {
     // runs, and is reported); run only when forced (backward_kernel) until measured against the rows above
     {"sm90_bwd_ws_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_ws_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 128, kF16 | kBF16, 0, 0},
+    // ... 128 queries a step (two 64-query entries; tile_bwd_ws2.cuh), head dim 64: forced, or the row above under
+    // SPATTN_BWD_VARIANT=new (a temporary switch for A/B runs), until measured against it
+    {"sm90_bwd_ws_128x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 128, 128, 64, kF16 | kBF16, 0, 0},
     {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
 };
 inline constexpr int kNumKernels = int(sizeof(kKernels) / sizeof(kKernels[0]));

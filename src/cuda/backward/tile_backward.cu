@@ -1,9 +1,11 @@
 // cuda/backward/tile_backward.cu — see tile_backward.hpp; the kernels are in tile_bwd.cuh.
 #include "cuda/backward/tile_backward.hpp"
 
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
-#include "cuda/backward/tile_bwd_ws.cuh"
+#include "cuda/backward/tile_bwd_ws2.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/launch.cuh"  // raise_smem_limit
@@ -73,9 +75,9 @@ std::string TileBackward::explain() const {
 }
 
 namespace {
-// Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: the
-// warp-specialized kernel's accumulator order).
-template <class Tr, bool kWs>
+// Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
+// warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major).
+template <class Tr, int kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
@@ -92,12 +94,17 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
 template <int BN, int D, bool kBf16>
 void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
   using Tr = bwd::BwdTraits<BN, D, kBf16>;
-  launch_three<Tr, false>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
+  launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
-  launch_three<Tr, true>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
+  launch_three<Tr, D / 2>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
+}
+template <bool kBf16>
+void launch_ws2(const bwd::BwdParams& p, cudaStream_t s) {
+  using Tr = bwd::BwdWs2Traits<kBf16>;
+  launch_three<Tr, Tr::kDQ>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
@@ -114,9 +121,13 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
         done = true;
       }
     } else if constexpr (c.kind == plan::KernelKind::sm90_bwd_ws) {
-      static_assert(c.block_m == 64 && c.block_n == 128, "tile_bwd_ws.cuh: 64 queries a step, 128 keys a CTA");
+      static_assert((c.block_m == 64 || (c.block_m == 128 && c.head_dim == 64)) && c.block_n == 128,
+                    "tile_bwd_ws.cuh: 64 queries a step, tile_bwd_ws2.cuh: 128 (D = 64); 128 keys a CTA");
       if (decltype(ic)::value == row && tma) {
-        bf16 ? launch_ws<c.head_dim, true>(p, s) : launch_ws<c.head_dim, false>(p, s);
+        if constexpr (c.block_m == 128)
+          bf16 ? launch_ws2<true>(p, s) : launch_ws2<false>(p, s);
+        else
+          bf16 ? launch_ws<c.head_dim, true>(p, s) : launch_ws<c.head_dim, false>(p, s);
         done = true;
       }
     }
@@ -171,9 +182,17 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
   const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
   if (tma_out) *tma_out = tma;
-  // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
+  // SPATTN_BWD_VARIANT=old|new (read each launch; temporary, for A/B runs in one process): a warp-specialized
+  // row runs as the head dim's 64-query-step row (old) or 128-query-step row (new, D = 64), where there is one.
   int ran = row;
-  if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws && !tma)
+  if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws) {
+    const char* v = std::getenv("SPATTN_BWD_VARIANT");
+    const int bm = v && std::strcmp(v, "new") == 0 ? 128 : v && std::strcmp(v, "old") == 0 ? 64 : 0;
+    const int alt = bm ? plan::find_kernel(plan::KernelKind::sm90_bwd_ws, bm, 128, int(pr.head_dim)) : -1;
+    if (alt >= 0) ran = alt;
+  }
+  // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
+  if (plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !tma)
     ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
   launch_row(ran, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
