@@ -295,6 +295,13 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   EXPECT_EQ(kKernels[plain].kind, spattn::plan::KernelKind::sm90_bwd);
   EXPECT_EQ(kKernels[plain].block_n, 128);
   EXPECT_EQ(spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(64)), 96), -1);
+  // The 128-query-step row (D = 64) is forced only (or SPATTN_BWD_VARIANT=new at launch): the chosen row steps by 64.
+  EXPECT_EQ(kKernels[causal].block_m, 64);
+  const int ws2 = spattn::plan::find_kernel("sm90_bwd_ws_128x128_d64");
+  ASSERT_GE(ws2, 0);
+  EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_ws_128x128_d64", 64).row, ws2);
+  EXPECT_THROW(spattn::plan::backward_choice("sm90_bwd_ws_128x128_d64", 128), spattn::Error);
+  EXPECT_EQ(kKernels[spattn::plan::backward_choice("sm90_bwd_ws", 64).row].block_m, 64);
 }
 
 // Zero lengths: the GPU planner gives an empty plan (no entries, nnz 0) for every tile shape, permutation and
