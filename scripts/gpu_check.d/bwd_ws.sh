@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.d/bwd_ws.sh [OUTDIR] — the backward's 128-query-step row (issue 40: tile_bwd_ws2.cuh,
-# sm90_bwd_ws_128x128_d64) against the 64-query-step one (tile_bwd_ws.cuh): builds the tests and the Python module
-# into build-bwdws/ (one configure), runs its GPU tests (the forced new row on band, causal, GQA, bitmask, awkward
-# lengths; every tile row; the sanitizer cases, under compute-sanitizer memcheck and racecheck), then times old vs
-# new in one process: bench/windows_bench.py --bwd-variants old,new (our backward under SPATTN_BWD_VARIANT=old and
-# =new, set around each call and read by the library at every launch, alternated with FA4's in one loop), and
-# bench/bwd_bench.py with both rows forced on local and causal at D = 64. Logs and JSON go to OUTDIR (else
-# $SPATTN_OUT, else ./out); under scripts/gpu_check.sh (SPATTN_BUILD) the windows bench runs only where that build
-# has the Python module. WINDOWS_ARGS replaces the windows bench's arguments (default --no-flex --reps 10).
+# sm90_bwd_ws_128x128_d64) against the 64-query-step one (tile_bwd_ws.cuh). Builds the tests and the Python module
+# into build-bwdws/ (one configure); runs the GPU tests (the forced new row on band, causal, GQA, bitmask, awkward
+# lengths; every tile row; the sanitizer cases); times old vs new in one process: bench/bwd_bench.py with both rows
+# forced (local, causal, D = 64), and bench/windows_bench.py --bwd-variants old,new (our backward under
+# SPATTN_BWD_VARIANT=old and =new, set around each call and read by the library at every launch, alternated with
+# FA4's in one loop); then compute-sanitizer memcheck and racecheck on the sanitizer cases. Logs and JSON go to
+# OUTDIR (else $SPATTN_OUT, else ./out). Under scripts/gpu_check.sh (SPATTN_BUILD) the windows bench runs only where
+# that build has the Python module. WINDOWS_ARGS replaces the windows bench's arguments (default --no-flex --reps 10).
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler: the module is loaded into the PyTorch process (scripts/gpu_check.sh)
 unset SPATTN_BWD_VARIANT  # the tests force rows; the variant switch would override them
@@ -23,15 +23,15 @@ rc=0
 echo "== bwd_ws: GPU tests ($(elapsed))"
 timeout 300 "$BUILD/tests/backward_gpu_test" \
   --gtest_filter='BackwardGpu.Ws128QueryStepMatchesReference:BackwardGpu.EveryTileRowMatchesReference:BackwardGpu.SmallCaseForSanitizersWs' \
-  >"$OUTD/bwdws_gpu_test.log" 2>&1 || rc=1
+  >"$OUTD/bwdws_gpu_test.log" 2>&1
+trc=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|Failure|Expected|Which is|Value of|dq|dk|dv" "$OUTD/bwdws_gpu_test.log" | head -40
-
-echo "== bwd_ws: compute-sanitizer memcheck, racecheck ($(elapsed))"
-for tool in memcheck racecheck; do
-  timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/tests/backward_gpu_test" \
-    --gtest_filter='BackwardGpu.SmallCaseForSanitizersWs' >"$OUTD/bwdws_$tool.log" 2>&1 || rc=1
-  echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/bwdws_$tool.log" | head -1)"
-done
+if [ $trc -eq 124 ]; then  # a hang (an mbarrier deadlock): the benches would hang too
+  echo "bwd_ws: GPU tests timed out; last test started: $(grep '^\[ RUN' "$OUTD/bwdws_gpu_test.log" | tail -1)"
+  echo "bwd_ws.sh: rc 1 ($(elapsed))"
+  exit 1
+fi
+[ $trc -eq 0 ] || rc=1
 
 echo "== bwd_ws: bwd_bench, both rows forced, D = 64 ($(elapsed))"
 timeout 240 python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --json "$OUTD/bwdws_bwd_bench.json" \
@@ -46,5 +46,13 @@ if ls "$BUILD"/python/spattn/_core* >/dev/null 2>&1; then
 else
   echo "bwd_ws: no spattn._core in $BUILD/python (no nanobind, or gpu_check.sh's build): no windows bench"
 fi
+
+echo "== bwd_ws: compute-sanitizer memcheck, racecheck ($(elapsed))"
+for tool in memcheck racecheck; do
+  timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD/tests/backward_gpu_test" \
+    --gtest_filter='BackwardGpu.SmallCaseForSanitizersWs' >"$OUTD/bwdws_$tool.log" 2>&1 || rc=1
+  echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTD/bwdws_$tool.log" | head -1)"
+done
+
 echo "bwd_ws.sh: rc $rc ($(elapsed))"
 exit $rc
