@@ -104,24 +104,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", help="write bench/baselines/NAME.json (+ .png)")
     ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--bwd-variants", default="",
-                    help="e.g. old,new: also time our backward under each SPATTN_BWD_VARIANT value (set around each "
-                         "call; the library reads it every launch), in the same alternation: spattn_VAR_bwd_* keys")
     args = ap.parse_args()
-    variants = [x for x in args.bwd_variants.split(",") if x]
-
-    def with_variant(fn, var):  # fn() under SPATTN_BWD_VARIANT=var
-        def g(*a):
-            old = os.environ.get("SPATTN_BWD_VARIANT")
-            os.environ["SPATTN_BWD_VARIANT"] = var
-            try:
-                return fn(*a)
-            finally:
-                if old is None:
-                    os.environ.pop("SPATTN_BWD_VARIANT", None)
-                else:
-                    os.environ["SPATTN_BWD_VARIANT"] = old
-        return g
 
     import spattn.torch as st  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
@@ -179,14 +162,7 @@ def main():
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
             o = f(qg, kg, vg)
             bwd.append(lambda o=o, qg=qg, kg=kg, vg=vg: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True))
-        for var in variants:  # our backward again, over the same retained graph, under each variant
-            bwd.append(with_variant(bwd[0], var))
         bwd_ms = time_pair(bwd, args.reps)
-        for var, bm_ in zip(variants, bwd_ms[len(impls):]):
-            row[f"spattn_{var}_bwd_ms"] = bm_
-            row[f"spattn_{var}_bwd_tflops"] = 2.5 * fwd_flop / bm_ / 1e9
-            if "fa4" in impls:  # FA4's time over this variant's
-                row[f"bwd_ratio_vs_fa4_{var}"] = bwd_ms[list(impls).index("fa4")] / bm_
         for (name, _f), fm, bm_ in zip(impls.items(), fwd_ms, bwd_ms):
             row[f"{name}_fwd_ms"] = fm
             row[f"{name}_bwd_ms"] = bm_
@@ -215,10 +191,6 @@ def main():
             qg, kg, vg = (x.requires_grad_() for x in (qs.clone(), ks.clone(), vs.clone()))
             gg = torch.autograd.grad(f(qg, kg, vg), (qg, kg, vg), dos)
             row[f"{name}_bwd_err"] = max(rel(a, b) for a, b in zip(gg, gref))
-        for var in variants:
-            qg, kg, vg = (x.requires_grad_() for x in (qs.clone(), ks.clone(), vs.clone()))
-            gg = with_variant(lambda: torch.autograd.grad(impls["spattn"](qg, kg, vg), (qg, kg, vg), dos), var)()
-            row[f"spattn_{var}_bwd_err"] = max(rel(a, b) for a, b in zip(gg, gref))
         rows.append(row)
         fa = f"{row.get('fa4_fwd_tflops', float('nan')):6.0f}" if flash else "     -"
         fb = f"{row.get('fa4_bwd_tflops', float('nan')):6.0f}" if flash else "     -"
@@ -226,24 +198,19 @@ def main():
               f"flex {row.get('flex_fwd_tflops', float('nan')):6.0f} cudnn {row['cudnn_dense_fwd_tflops']:6.0f} | "
               f"bwd ours {row['spattn_bwd_tflops']:6.0f} fa4 {fb} flex {row.get('flex_bwd_tflops', float('nan')):6.0f}"
               f" | err fwd {row['spattn_fwd_err']:.1e} bwd {row['spattn_bwd_err']:.1e}", flush=True)
-        for var in variants:
-            print(f"{'':28s}   bwd ours[{var}] {row[f'spattn_{var}_bwd_tflops']:6.0f}"
-                  f" ({row[f'spattn_{var}_bwd_ms']:.3f} ms) vs fa4 {row.get(f'bwd_ratio_vs_fa4_{var}') or float('nan'):.3f}x"
-                  f" | err bwd {row[f'spattn_{var}_bwd_err']:.1e}", flush=True)
         del q, k, v, do, bwd
         torch.cuda.empty_cache()
 
     def gm(key):
         xs = [r[key] for r in rows if r.get(key)]
         return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-    summary = {k: gm(k) for k in ("fwd_ratio_vs_fa4", "bwd_ratio_vs_fa4", "fwd_ratio_vs_flex", "bwd_ratio_vs_flex")
-               + tuple(f"bwd_ratio_vs_fa4_{var}" for var in variants)}
+    summary = {k: gm(k) for k in ("fwd_ratio_vs_fa4", "bwd_ratio_vs_fa4", "fwd_ratio_vs_flex", "bwd_ratio_vs_flex")}
     print("geomean:", {k: (round(v, 3) if v else None) for k, v in summary.items()})
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
-    out = {"meta": {"commit": os.environ.get("SPATTN_COMMIT", commit), "date": datetime.date.today().isoformat(),
+    out = {"kind": "windows", "meta": {"commit": os.environ.get("SPATTN_COMMIT", commit), "date": datetime.date.today().isoformat(),
                     "command": "python3 bench/windows_bench.py " + " ".join(sys.argv[1:])},
            "machine": torch.cuda.get_device_name(), "summary": summary, "rows": rows}
     if args.json:

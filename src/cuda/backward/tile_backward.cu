@@ -1,8 +1,6 @@
 // cuda/backward/tile_backward.cu — see tile_backward.hpp; the kernels are in tile_bwd.cuh.
 #include "cuda/backward/tile_backward.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <sstream>
 
 #include "cuda/backward/tile_bwd_ws2.cuh"
@@ -121,8 +119,8 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
         done = true;
       }
     } else if constexpr (c.kind == plan::KernelKind::sm90_bwd_ws) {
-      static_assert((c.block_m == 64 || (c.block_m == 128 && c.head_dim == 64)) && c.block_n == 128,
-                    "tile_bwd_ws.cuh: 64 queries a step, tile_bwd_ws2.cuh: 128 (D = 64); 128 keys a CTA");
+      static_assert(c.block_m == (c.head_dim == 64 ? 128 : 64) && c.block_n == 128,
+                    "tile_bwd_ws2.cuh: 128 queries a step (D = 64), tile_bwd_ws.cuh: 64 (D = 128); 128 keys a CTA");
       if (decltype(ic)::value == row && tma) {
         if constexpr (c.block_m == 128)
           bf16 ? launch_ws2<true>(p, s) : launch_ws2<false>(p, s);
@@ -182,17 +180,9 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
   const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
   if (tma_out) *tma_out = tma;
-  // SPATTN_BWD_VARIANT=old|new (read each launch; temporary, for A/B runs in one process): a warp-specialized
-  // row runs as the head dim's 64-query-step row (old) or 128-query-step row (new, D = 64), where there is one.
-  int ran = row;
-  if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws) {
-    const char* v = std::getenv("SPATTN_BWD_VARIANT");
-    const int bm = v && std::strcmp(v, "new") == 0 ? 128 : v && std::strcmp(v, "old") == 0 ? 64 : 0;
-    const int alt = bm ? plan::find_kernel(plan::KernelKind::sm90_bwd_ws, bm, 128, int(pr.head_dim)) : -1;
-    if (alt >= 0) ran = alt;
-  }
   // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
-  if (plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !tma)
+  int ran = row;
+  if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws && !tma)
     ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
   launch_row(ran, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;

@@ -17,6 +17,9 @@
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
+//
+// Its kernel runs head dim 128 (sm90_bwd_ws_64x128_d128). Head dim 64 runs tile_bwd_ws2.cuh (128 queries a step),
+// which replaced this kernel there and takes BwdWsTraits<64, *> as the traits of its 64-query halves (store_ds).
 #pragma once
 #include "cuda/backward/tile_bwd.cuh"
 

@@ -104,7 +104,7 @@ struct KeyMajor {
 
   KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool wanted = true) {
     const cuda::DeviceScope scope(device);
-    row = wanted && cuda::device_info(device).sm90a() ? find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(pr.head_dim)) : -1;
+    row = wanted && cuda::device_info(device).sm90a() ? first_kernel(KernelKind::sm90_bwd_ws, int(pr.head_dim)) : -1;
     if (row < 0) return;
     q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + 127) / 128, capacity = capacity_;
     std::vector<int32_t> ord(static_cast<size_t>(k_tiles));
