@@ -3,11 +3,14 @@
 // which restated the engine's choices of then: see the commit that added it). For every case of
 // launch_decision_cases.hpp (patterns x head dims 64 / 128 x compute capability 8.0 / 9.0 x forced kernels, shapes,
 // tile maps and compound modes): the same tile plan (shape, counts, a hash of its arrays), kernel-table row, band
-// split, refusal, compound parts, and backward row and plan. CPU only: the decision is plain data. Changed since, on
-// purpose: the backward's plans at head dim 128 of dilated(256, 2), dilated(100, 3) and the dilated neighborhood,
-// now grouped by residue (issue 42: choose_block_plan prices a forced shape no forward row has; it kept the identity).
+// split, refusal, compound parts, and backward row and plan. CPU only: the decision is plain data. Meant changes
+// since, each rewritten through SPATTN_GOLDEN_OUT and stated in its commit: the backward's plans at head dim 128 of
+// dilated(256, 2), dilated(100, 3) and the dilated neighborhood, now grouped by residue (issue 42: choose_block_plan
+// prices a forced shape no forward row has; it kept the identity); the head-dim-64 backward row
+// (sm90_bwd_ws_128x128_d64 for sm90_bwd_ws_64x128_d64).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -79,6 +82,13 @@ TEST(LaunchDecision, SameAsBeforeTheMove) {
   }
   const std::vector<decision_test::Case> cases = decision_test::cases();
   EXPECT_EQ(cases.size(), golden.size());
+  // SPATTN_GOLDEN_OUT=FILE writes this code's decisions there, one line a case as in the golden file, to replace it
+  // where a change of decision is meant (diff it against the golden file: only the meant lines may differ).
+  if (const char* out = std::getenv("SPATTN_GOLDEN_OUT")) {
+    std::ofstream f(out);
+    for (const decision_test::Case& c : cases) f << decision_test::name(c) << " => " << decide(c) << "\n";
+    ASSERT_TRUE(f) << "cannot write " << out;
+  }
   int refused = 0, compound = 0, band = 0;
   for (const decision_test::Case& c : cases) {
     const std::string name = decision_test::name(c);

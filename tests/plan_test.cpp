@@ -295,6 +295,23 @@ TEST(KeyMajorPlan, ChoosesTheBackwardRow) {
   EXPECT_EQ(kKernels[plain].kind, spattn::plan::KernelKind::sm90_bwd);
   EXPECT_EQ(kKernels[plain].block_n, 128);
   EXPECT_EQ(spattn::plan::choose_backward_row(spattn::plan::analyze(spattn::parse("causal").bind(64)), 96), -1);
+  // Head dim 64: the warp-specialized row steps by 128 queries (tile_bwd_ws2.cuh), chosen and as 'sm90_bwd_ws'; the
+  // 64-query-step row is the D = 128 one only. Its tile plan stays of 64-query entries (backward_tiles).
+  const int ws2 = spattn::plan::find_kernel("sm90_bwd_ws_128x128_d64");
+  ASSERT_GE(ws2, 0);
+  EXPECT_EQ(causal, ws2);
+  EXPECT_EQ(kKernels[d128].block_m, 64);
+  EXPECT_EQ(spattn::plan::find_kernel("sm90_bwd_ws_64x128_d64"), -1);
+  EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_ws", 64).row, ws2);
+  EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_ws", 128).row, d128);
+  EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_ws_128x128_d64", 64).row, ws2);
+  EXPECT_THROW(spattn::plan::backward_choice("sm90_bwd_ws_128x128_d64", 128), spattn::Error);
+  const spattn::BoundPattern lp = spattn::parse("local(256)").bind(4096);
+  const spattn::plan::Analysis la = spattn::plan::analyze(lp);
+  EXPECT_EQ(spattn::plan::backward_row(spattn::plan::backward_choice("", 64), la, 64), ws2);
+  const spattn::plan::BlockPlan bp = spattn::plan::backward_tiles(lp, la, 64, ws2);
+  EXPECT_EQ(bp.block_m, 64);
+  EXPECT_EQ(bp.block_n, 128);
 }
 
 // Zero lengths: the GPU planner gives an empty plan (no entries, nnz 0) for every tile shape, permutation and

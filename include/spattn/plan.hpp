@@ -89,9 +89,9 @@ struct PlanOptions {
   int compound = -1;
   // The GPU backward's kernel (Plan::backward): "" chosen (the sm_90a tensor-core tiles where the tensors allow,
   // else the CUDA-core CSR pass), "sm90_bwd" (or one of its rows, sm90_bwd_64x64_d64 ...; an Error where it cannot run the
-  // tensors), "sm90_bwd_ws" (the warp-specialized rows, sm90_bwd_ws_64x128_d64 ...: forced only for now; plans with a
-  // residue permutation run the sm90_bwd 64x128 row instead, and last_backward_kernel says so), "cuda_csr_bwd"
-  // (deterministic: no atomics).
+  // tensors), "sm90_bwd_ws" (the warp-specialized rows, chosen where steps come by TMA: sm90_bwd_ws_128x128_d64, 128
+  // queries a step, and sm90_bwd_ws_64x128_d128; plans with a residue permutation run the sm90_bwd 64x128 row instead,
+  // and last_backward_kernel says so), "cuda_csr_bwd" (deterministic: no atomics).
   std::string backward_kernel;
 };
 

@@ -92,9 +92,10 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_bwd_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x64_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 64, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
-    // warp-specialized (tile_bwd_ws.cuh): identity plans with tensor maps (else the 64x128 row of the head dim
-    // runs, and is reported); run only when forced (backward_kernel) until measured against the rows above
-    {"sm90_bwd_ws_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 64, kF16 | kBF16, 0, 0},
+    // warp-specialized: identity plans with tensor maps (else the 64x128 row of the head dim runs, and is
+    // reported); the planner's row where steps come by TMA (choose_backward_row). Head dim 64: 128 queries a step,
+    // two of the plan's 64-query entries (tile_bwd_ws2.cuh); 128: 64 queries a step (tile_bwd_ws.cuh)
+    {"sm90_bwd_ws_128x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 128, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_ws_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd_ws, 64, 128, 128, kF16 | kBF16, 0, 0},
     {"cuda_csr_bwd", Engine::cuda_fused, KernelKind::cuda_csr_bwd, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
     {"cuda_scattered_bwd", Engine::cuda_fused, KernelKind::cuda_scattered_bwd, 0, 0, 0, kF16 | kBF16, 0, 0},
@@ -137,7 +138,9 @@ constexpr bool device_draws_random(int64_t r, int64_t q_len, int64_t k_len) {
 // L=16384, TMA steps: local 1.09 vs 1.13 ms, bigbird 1.50 vs 1.67, causal 8.2 vs 9.4 (before TMA), longformer 1.31
 // vs 1.29; cp.async steps: dilated 1.29 vs 1.25. The warp-specialized rows (sm90_bwd_ws) replace the 128-key ones
 // where steps come by TMA: local 0.975 -> 0.902 ms (D=128 1.673 -> 1.394), causal 8.149 -> 7.102 (D=128 14.64 ->
-// 10.61), longformer 1.197 -> 1.095 (D=128 2.047 -> 1.729).
+// 10.61), longformer 1.197 -> 1.095 (D=128 2.047 -> 1.729). At head dim 64 its steps take 128 queries
+// (sm90_bwd_ws_128x128_d64, which replaced the 64-query-step row there): H200, B=2 H=16 L=16384, local 0.841 ->
+// 0.762 ms, causal 7.545 -> 6.311.
 
 // The band kernel's work items (src/cuda/fused/fused_fwd_band.cuh), as a plan's tile height: three 64-row slabs at
 // head dim 64, two at 128 (0: no band kernel at that head dim). Its plans' tiles are that many rows by 128 keys.
@@ -162,6 +165,12 @@ constexpr int find_kernel(KernelKind kind, int block_m, int block_n, int head_di
     if (c.kind == kind && c.block_m == block_m && c.block_n == block_n && (c.head_dim == 0 || c.head_dim == head_dim))
       return i;
   }
+  return -1;
+}
+// The first row of `kind` at `head_dim` (a backward kind's row of the head dim); -1 where the table has none.
+constexpr int first_kernel(KernelKind kind, int head_dim) {
+  for (int i = 0; i < kNumKernels; ++i)
+    if (kKernels[i].kind == kind && kKernels[i].head_dim == head_dim) return i;
   return -1;
 }
 // The row named `name`; -1 where none is.

@@ -64,12 +64,11 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
   // H100, dilated(256, 2), D=128, L=16384 (same process): plain 64x128 2.687 ms, warp-specialized 2.227 ms
   // (FlexAttention 2.584).
   const bool permuted = analysis.permutation(kMaxGpuPermutation) > 1;
-  int plain = -1, narrow = -1, ws = -1;
+  const int ws = first_kernel(KernelKind::sm90_bwd_ws, int(head_dim));
+  int plain = -1, narrow = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];
-    if (c.head_dim != head_dim) continue;
-    if (c.kind == KernelKind::sm90_bwd_ws && ws < 0) ws = i;
-    if (c.kind != KernelKind::sm90_bwd) continue;
+    if (c.head_dim != head_dim || c.kind != KernelKind::sm90_bwd) continue;
     if (plain < 0) plain = i;
     if (c.block_n == 64 && narrow < 0) narrow = i;
   }

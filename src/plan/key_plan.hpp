@@ -27,8 +27,9 @@ KeyMajorPlan key_major(const BlockPlan& plan);
 
 // The backward's row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
 // (plan/kernels.hpp): the warp-specialized sm90_bwd_ws row where the plan has no residue permutation (its steps come
-// by TMA; tensors without a tensor map run the sm90_bwd 128-key row), the 64-key sm90_bwd row for residue
-// permutations; -1 where none. warp_specialized false: sm90_bwd rows only (`backward_kernel=sm90_bwd`, the A/B).
+// by TMA, 128 queries a step at head dim 64; tensors without a tensor map run the sm90_bwd 128-key row), the 64-key
+// sm90_bwd row for residue permutations; -1 where none. warp_specialized false: sm90_bwd rows only
+// (`backward_kernel=sm90_bwd`, the A/B).
 int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_specialized = true);
 
 }  // namespace spattn::plan

@@ -178,7 +178,8 @@ TEST(BackwardGpu, SmallCaseForSanitizersWs) {
   for (const Case& c : cs) {
     std::string ran;
     const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 7);
-    EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d" + std::to_string(c.D));
+    // D = 64: the 128-query-step row (an odd key tile: an empty second half; a bitmask tile)
+    EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
     for (double x : e) EXPECT_LE(x, c.dt == DType::bf16 ? 2e-2 : 1e-2);
   }
 }
@@ -203,6 +204,37 @@ TEST(BackwardGpu, EveryTileRowMatchesReference) {
   EXPECT_EQ(ws_rows, 2);
 }
 
+// The 128-query-step row (tile_bwd_ws2.cuh, D = 64), forced: band, causal (full + band), bitmask, GQA, key tiles
+// with an odd number of entries (a pair's empty second half), lengths no multiple of 64 or 128, Lq != Lk, empty
+// rows, fp16 and bf16; each asserted to have run on that row.
+TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernel needs an sm_90a device (compute capability 9.0)";
+  const Case cs[] = {
+      {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
+      {{"local(40)"}, DType::bf16, 2, 4, 2, 300, 300, 64, false},
+      {{"causal"}, DType::bf16, 1, 4, 2, 777, 777, 64, false},
+      {{"causal"}, DType::f16, 2, 2, 2, 1024, 1024, 64, false},
+      {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 64, false},
+      {{"random(5, seed=3) | local(2)"}, DType::f16, 2, 2, 2, 200, 200, 64, false},
+      {{"causal & global_cols(100:180)"}, DType::bf16, 1, 2, 2, 250, 250, 64, false},
+      {{"local(30)"}, DType::bf16, 2, 2, 2, 150, 411, 64, false},
+      {{"dense"}, DType::f16, 1, 4, 1, 129, 129, 64, true},
+      {{"longformer(40, 4)"}, DType::bf16, 2, 2, 2, 257, 257, 64, false},
+  };
+  uint32_t seed = 900;
+  for (const Case& c : cs) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq));
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws_128x128_d64", &ran, seed++);
+    EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
+    const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
+    EXPECT_LE(e[0], tol) << "dq";
+    EXPECT_LE(e[1], tol) << "dk";
+    EXPECT_LE(e[2], tol) << "dv";
+  }
+}
+
 TEST(BackwardGpu, CsrKernelMatchesReference) {
   REQUIRE_GPU();
   check_cases("cuda_csr_bwd", 200);
@@ -219,7 +251,7 @@ TEST(BackwardGpu, CsrKernelTakesTheRest) {
     SCOPED_TRACE(c.specs[0]);
     std::string ran;
     const auto e = backward_errors(c, "", &ran, 300);
-    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_ws_64x128_d64");  // the default
+    EXPECT_EQ(ran, c.dt == DType::f32 || !on_sm90a() ? "cuda_csr_bwd" : "sm90_bwd_ws_128x128_d64");  // the default
     for (double x : e) EXPECT_LE(x, c.dt == DType::f32 ? 1e-4 : 2e-2);
   }
 }

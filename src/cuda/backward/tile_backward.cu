@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "cuda/backward/tile_bwd_ws.cuh"
+#include "cuda/backward/tile_bwd_ws2.cuh"
 #include "cuda/common/check.hpp"
 #include "cuda/common/device.hpp"
 #include "cuda/common/launch.cuh"  // raise_smem_limit
@@ -73,9 +73,9 @@ std::string TileBackward::explain() const {
 }
 
 namespace {
-// Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: the
-// warp-specialized kernel's accumulator order).
-template <class Tr, bool kWs>
+// Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
+// warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major).
+template <class Tr, int kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
@@ -92,12 +92,17 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
 template <int BN, int D, bool kBf16>
 void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
   using Tr = bwd::BwdTraits<BN, D, kBf16>;
-  launch_three<Tr, false>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
+  launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
-  launch_three<Tr, true>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
+  launch_three<Tr, D / 2>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
+}
+template <bool kBf16>
+void launch_ws2(const bwd::BwdParams& p, cudaStream_t s) {
+  using Tr = bwd::BwdWs2Traits<kBf16>;
+  launch_three<Tr, Tr::kDQ>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
@@ -114,9 +119,13 @@ void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStrea
         done = true;
       }
     } else if constexpr (c.kind == plan::KernelKind::sm90_bwd_ws) {
-      static_assert(c.block_m == 64 && c.block_n == 128, "tile_bwd_ws.cuh: 64 queries a step, 128 keys a CTA");
+      static_assert(c.block_m == (c.head_dim == 64 ? 128 : 64) && c.block_n == 128,
+                    "tile_bwd_ws2.cuh: 128 queries a step (D = 64), tile_bwd_ws.cuh: 64 (D = 128); 128 keys a CTA");
       if (decltype(ic)::value == row && tma) {
-        bf16 ? launch_ws<c.head_dim, true>(p, s) : launch_ws<c.head_dim, false>(p, s);
+        if constexpr (c.block_m == 128)
+          bf16 ? launch_ws2<true>(p, s) : launch_ws2<false>(p, s);
+        else
+          bf16 ? launch_ws<c.head_dim, true>(p, s) : launch_ws<c.head_dim, false>(p, s);
         done = true;
       }
     }

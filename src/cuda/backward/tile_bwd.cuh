@@ -116,29 +116,50 @@ __device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint3
 }
 
 // Partial tiles: S^T = -inf where entry `e` does not keep the score. Band (e.y == -2): kept iff
-// e.z <= kp - qp <= e.w; bitmask (e.y >= 0): mw, this thread's rows' words of the transposed mask.
-template <class Tr>
-__device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e, int k0, int kr0, int q0, int kvalid,
-                                          const unsigned long long (&mw)[2]) {
-  constexpr int BM = Tr::BM;
+// e.z <= kp - qp <= e.w; bitmask (e.y >= 0): mw, this thread's rows' words of the transposed mask. In two parts:
+// StepMask (four words a thread: the band's first column and width of each row, or the mask words) needs only the
+// entry, so it is built before the step's wgmma; apply_mask after it (the entry itself is no longer live then).
+struct StepMask {
+  int kind;     // -1 full, -2 band, else bitmask
+  uint32_t a[4];  // band: first[hh], width[hh] at 2 hh, 2 hh + 1; bitmask: mw[hh]'s low, high words
+};
+template <int BM>
+__device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, int q0, int kvalid,
+                                              const unsigned long long (&mw)[2]) {
+  StepMask m;
+  m.kind = e.y;
   const int cb = 2 * (threadIdx.x & 3);
   if (e.y == -2) {
     // Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past kvalid keys); a score's test is one
     // subtraction and one unsigned compare (as the forward's band mask).
-    unsigned first[2], width[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
       const int a = int(max(d0 - e.w, int64_t(0))), z = kr0 + 8 * hh < kvalid ? int(min(d0 - e.z, int64_t(BM - 1))) : -1;
-      first[hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
-      width[hh] = z >= a ? unsigned(z - a) : 0u;
+      m.a[2 * hh] = z >= a ? unsigned(a - cb) : 0x40000000u;
+      m.a[2 * hh + 1] = z >= a ? unsigned(z - a) : 0u;
     }
-    mma::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - first[hh] > width[hh]; });
-  } else if (e.y >= 0) {
+  } else {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) m.a[2 * hh] = uint32_t(mw[hh]), m.a[2 * hh + 1] = uint32_t(mw[hh] >> 32);
+  }
+  return m;
+}
+template <int BM>
+__device__ __forceinline__ void apply_mask(float (&s)[BM / 2], const StepMask& m) {
+  if (m.kind == -2) {
+    mma::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - m.a[2 * hh] > m.a[2 * hh + 1]; });
+  } else if (m.kind >= 0) {
     static_assert(BM == 64, "one mask word a row");
-    const unsigned long long w[2][1] = {{mw[0]}, {mw[1]}};
+    const int cb = 2 * (threadIdx.x & 3);
+    const unsigned long long w[2][1] = {{m.a[0] | (uint64_t(m.a[1]) << 32)}, {m.a[2] | (uint64_t(m.a[3]) << 32)}};
     mma::tile_mask_bits<BM>(s, w, cb);
   }
+}
+template <class Tr>
+__device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e, int k0, int kr0, int q0, int kvalid,
+                                          const unsigned long long (&mw)[2]) {
+  apply_mask<Tr::BM>(s, step_mask<Tr::BM>(e, k0, kr0, q0, kvalid, mw));
 }
 
 // kP: P^T = exp2(S^T scale log2 e - lse2) in place of S^T (0 where masked: -inf); kDS: dS^T = P^T (dP^T - delta)
@@ -281,12 +302,12 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
   return w;
 }
 
-// The warp-specialized kernel's dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
-// D/2 columns are a contiguous block (one bulk reduce-add), in its threads' register order (thread t's float4 u
-// at (128 u + t) 4: conflict-free st.shared.v4). The index of element (row r, column c) of the tile.
-template <int D>
+// The warp-specialized kernels' dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
+// kDQ columns (D/2: tile_bwd_ws.cuh; D: tile_bwd_ws2.cuh, a warpgroup per 64 queries) are a contiguous block (one
+// bulk reduce-add), in its threads' register order (thread t's float4 u at (128 u + t) 4: conflict-free
+// st.shared.v4). The index of element (row r, column c) of the tile.
+template <int D, int kDQ = D / 2>
 __device__ __forceinline__ int ws_acc_index(int r, int c) {
-  constexpr int kDQ = D / 2;
   const int w = c / kDQ, cc = c % kDQ, u = cc / 8, q = (cc % 8) / 2;
   const int t = (r / 16) * 32 + (r % 8) * 4 + q, hh = (r % 16) / 8;
   return w * 64 * kDQ + (u * 128 + t) * 4 + 2 * hh + (cc & 1);
@@ -342,8 +363,9 @@ __global__ void bwd_prep_kernel(const BwdParams p) {
 
 // dq[b, tok, h, :] = scale * accumulator: a thread per 8 elements of a real row (two 16-byte loads, four 4-byte
 // stores; dq rows are 4-byte aligned).
-// kWs: the accumulator in the warp-specialized kernel's order (detail::ws_acc_index; four 8-byte loads).
-template <class Elem, bool kBf16, int D, bool kWs = false>
+// kWs: the accumulator in a warp-specialized kernel's order (detail::ws_acc_index<D, kWs>, kWs columns a
+// warpgroup; four 8-byte loads); 0: row-major.
+template <class Elem, bool kBf16, int D, int kWs = 0>
 __global__ void bwd_finish_kernel(const BwdParams p) {
   using namespace detail;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -356,11 +378,11 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
   const int64_t bh = row / p.qp;
   const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
   float4 x, y;
-  if constexpr (kWs) {
+  if constexpr (kWs != 0) {
     const float* chunk = p.dq_acc + (row / 64) * 64 * D;
     float2 f[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D>(int(row % 64), c + 2 * q));
+    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D, kWs>(int(row % 64), c + 2 * q));
     x = make_float4(f[0].x, f[0].y, f[1].x, f[1].y), y = make_float4(f[2].x, f[2].y, f[3].x, f[3].y);
   } else {
     const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + row * D + c);

@@ -13,10 +13,13 @@
 //                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV, dK by RS wgmma, dS^T through a
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
 //                 dQ = dS K (this warpgroup's D/2 columns), staged for the writer in its register order
-//                 (detail::ws_acc_index; bwd_finish_kernel<..., true> reads that order).
+//                 (detail::ws_acc_index; bwd_finish_kernel<..., D / 2> reads that order).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
+//
+// Its kernel runs head dim 128 (sm90_bwd_ws_64x128_d128). Head dim 64 runs tile_bwd_ws2.cuh (128 queries a step),
+// which replaced this kernel there and takes BwdWsTraits<64, *> as the traits of its 64-query halves (store_ds).
 #pragma once
 #include "cuda/backward/tile_bwd.cuh"
 
@@ -43,6 +46,23 @@ struct BwdWsTraits {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
+
+// S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys at s_kw, s_vw) as two wgmma groups, S^T waited for: P^T's
+// exponentials run while dP^T's group does (the caller waits for it).
+template <class Tr>
+__device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], uint32_t s_kw,
+                                                 uint32_t s_vw, uint32_t s_q, uint32_t s_do) {
+  using namespace detail;
+  fence_regs(s);
+  fence_regs(dp);
+  wgmma_fence();
+  mma_keys_queries<Tr>(s, s_kw, s_q);
+  wgmma_commit();
+  mma_keys_queries<Tr>(dp, s_vw, s_do);
+  wgmma_commit();
+  wgmma_wait<1>();
+  fence_regs(s);
+}
 
 template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
@@ -150,15 +170,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
-    fence_regs(s);
-    fence_regs(dp);
-    wgmma_fence();
-    mma_keys_queries<Tr>(s, s_k + wg * 64 * 128, s_q(st));
-    wgmma_commit();
-    mma_keys_queries<Tr>(dp, s_v + wg * 64 * 128, s_do(st));
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_regs(s);
+    issue_sdp_wait_s<Tr>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
     mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
     probs_dscores<BM, true, false>(s, dp, s_rows(st), sl2);
     wgmma_wait<0>();
@@ -191,17 +203,6 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   }
 
   store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
-}
-
-template <class Tr>
-__global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
-#ifdef __CUDA_ARCH__
-  if constexpr (!mma::kWgmmaAvailable) {
-    __trap();
-  } else {
-    tile_bwd_ws_body<Tr>(p);
-  }
-#endif
 }
 
 }  // namespace spattn::cuda::bwd

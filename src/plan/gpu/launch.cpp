@@ -348,7 +348,7 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   if (kernel.empty() || c.csr || !c.warp_specialized) return c;
   int row = find_kernel(kernel.c_str());
   if (kernel == kind_name(KernelKind::sm90_bwd_ws))  // the warp-specialized row of the head dim
-    row = find_kernel(KernelKind::sm90_bwd_ws, 64, 128, int(head_dim));
+    row = first_kernel(KernelKind::sm90_bwd_ws, int(head_dim));
   if (row < 0 || (!is_tile_bwd(kKernels[row].kind) && kKernels[row].kind != KernelKind::cuda_csr_bwd))
     throw Error("backward kernel '" + kernel + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
                 "sm90_bwd_ws or a row of them, cuda_csr_bwd)");

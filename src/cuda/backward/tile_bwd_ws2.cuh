@@ -1,0 +1,229 @@
+// cuda/backward/tile_bwd_ws2.cuh — the warp-specialized backward with 128 queries a step (head dim 64, sm_90a):
+// tile_bwd_ws.cuh's structure (producer warp, dQ-writer warp, two consumer warpgroups of 64 keys) over steps of
+// TWO of the plan's 64-query entries of the key tile, as FA3 / FA4 run head dim 64 (128 x 128 tiles). A step's
+// fixed costs (mbarrier waits, the dS^T barrier, wgmma fences and waits, entry reads) are paid once per 128
+// queries instead of once per 64, and its wgmmas are twice as wide (S^T, dP^T: 64 keys x 128 queries a warpgroup;
+// dV, dK: K = 128 queries; dQ: each warpgroup the 64 queries of its half over all 64 columns, K = 128 keys).
+//
+//   step i: query head hk * group + i / np, entries 2 (i % np) and 2 (i % np) + 1 of the key tile (np = ceil(ne/2)
+//   pairs a head); an odd key tile's last pair has an empty second half: the first half's query tile loaded again
+//   under an empty band (P = 0, so dS = 0 and nothing reaches dK, dV), and the writer adds nothing for it.
+//   Registers a consumer thread: S^T 64 + dP^T 64 + dK 32 + dV 32 (+ dQ 32 after S^T and dP^T are packed).
+//   dQ staging: one buffer a warpgroup (64 x 64 fp32, in its register order: ws_acc_index<64, 64>), freed by the
+//   writer once its bulk reads are done (a step ahead of its reuse).
+#pragma once
+#include "cuda/backward/tile_bwd_ws.cuh"
+
+namespace spattn::cuda::bwd {
+
+template <bool kBf16_>
+struct BwdWs2Traits {
+  static constexpr int BM = 128, BN = 128, D = 64, kThreads = 384, kConsumerThreads = 256;
+  static constexpr bool kBf16 = kBf16_;
+  static constexpr int kStages = 2;
+  static constexpr int kDQ = D;  // dQ columns of a consumer warpgroup (its 64 queries)
+  static constexpr int kKV = BN * D * 2, kQ = BM * D * 2, kDS = BN * BM * 2, kHalfDS = kDS / 2;
+  static constexpr int kDQStage = 64 * kDQ * 4;
+  static constexpr int kOffV = kKV, kOffStage = 2 * kKV;  // stage s: Q at kOffStage + 2 s kQ, dO after it
+  static constexpr int kOffDS = kOffStage + kStages * 2 * kQ;  // two dS^T buffers (step parity), two halves each
+  static constexpr int kOffDQ = kOffDS + 2 * kDS;              // [consumer warpgroup] staged dQ
+  static constexpr int kOffRows = kOffDQ + 2 * kDQStage;       // stage s, half c: lse2 (64) then delta (64)
+  static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[2], dq_empty[2]
+  static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
+  static constexpr int kSmemBytes = kOffBar + (2 * kStages + 4) * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
+  using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
+};
+
+template <class Tr>
+__device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
+  using namespace detail;
+  using Hf = typename Tr::Half;
+  constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV;
+  auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
+  auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
+  auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };  // + 512 c: half c
+  auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };     // + kHalfDS c
+  auto s_dq = [&](int wg) { return s_k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; };
+  const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
+  const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const KeyTileWork w = key_tile_work<Tr::BN>(p);
+  const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
+  const int np = (ne + 1) / 2, n = np * p.group;
+  const int64_t e0 = w.e0;
+  // Step i's half c: entry 2 (i % np) + c of the key tile; past the tile's entries, the first half's query tile
+  // under an empty band (lo 1 > hi 0: keeps nothing).
+  auto half_entry = [&](int i, int c) {
+    const int j = 2 * (i % np) + c;
+    if (j < ne) return __ldg(&p.entries[e0 + j]);
+    const int4 a = __ldg(&p.entries[e0 + j - 1]);
+    return make_int4(a.x, -2, 1, 0);
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, NC);
+    }
+    for (int x = 0; x < 2; ++x) {
+      mbar_init(bar_dqfull + 8 * x, 128);
+      mbar_init(bar_dqempty + 8 * x, 1);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      // ---- producer: the two halves' Q, dO rows (64 each) and their lse2, delta ----
+      int i = 0;
+      for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+        const int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
+        for (int j = 0; j < ne; j += 2, ++i) {
+          const int st = i % S;
+          if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
+          const uint32_t bar = bar_full + 8 * st;
+          mbar_expect_tx(bar, Tr::kStepBytes);
+          const int qa = __ldg(&p.entries[e0 + j]).x * 64;
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int q0 = c == 0 || j + 1 == ne ? qa : __ldg(&p.entries[e0 + j + 1]).x * 64;
+            tma_load_4d(s_q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
+            tma_load_4d(s_do(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
+            bulk_load(s_rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
+            bulk_load(s_rows(st) + c * 512 + 256, p.delta + rows + q0, 64 * 4, bar);
+          }
+        }
+      }
+    } else if (warp == 1 && lane == 0) {
+      // ---- dQ writer: half c's 64 x 64 (consumer warpgroup c's) into its query tile's accumulator ----
+      int i = 0;
+      for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+        float* acc_h = p.dq_acc + (int64_t(b) * p.q_heads + h) * p.qp * Tr::D;
+        for (int j = 0; j < ne; j += 2, ++i) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            mbar_wait(bar_dqfull + 8 * c, i & 1);
+            if (j + c < ne) {
+              bulk_reduce_add_f32(acc_h + int64_t(__ldg(&p.entries[e0 + j + c]).x) * 64 * Tr::D, s_dq(c), Tr::kDQStage);
+              bulk_commit();
+              bulk_wait_all<true>();
+            }
+            mbar_arrive(bar_dqempty + 8 * c);
+          }
+        }
+      }
+      bulk_wait_all<false>();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int ct = tid - 128, wg = ct >> 7, t = ct & 127;
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
+  load_rows<Tr::BN, Tr::D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<Tr::BN, Tr::D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
+  cp_async_commit();
+
+  float dk[Tr::D / 2], dv[Tr::D / 2];
+#pragma unroll
+  for (int i = 0; i < Tr::D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int rw = (t >> 5) * 16 + (lane >> 2);
+  const int kr0 = wg * 64 + rw;
+  const float sl2 = p.scale_log2;
+  const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_sync(1, NC);
+
+  // Half c's mask (StepMask: built from the entries a step ahead, so the step waits on no global read).
+  auto half_mask = [&](int i, int c) {
+    const int4 e = half_entry(i, c);
+    unsigned long long mw[2] = {0, 0};
+    if (e.y >= 0) {
+      mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
+      mw[1] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0 + 8);
+    }
+    return step_mask<64>(e, k0, kr0, e.x * 64, kvalid, mw);
+  };
+  StepMask mn[2];
+  if (n > 0) mn[0] = half_mask(0, 0), mn[1] = half_mask(0, 1);
+  for (int i = 0; i < n; ++i) {
+    const int st = i % S;
+    const StepMask m[2] = {mn[0], mn[1]};
+    if (i + 1 < n) mn[0] = half_mask(i + 1, 0), mn[1] = half_mask(i + 1, 1);
+    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+
+    // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
+    float s[BM / 2], dp[BM / 2];
+    issue_sdp_wait_s<Tr>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
+    // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
+      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
+      apply_mask<64>(sc, m[c]);
+      probs_dscores<64, true, false>(sc, dc, s_rows(st) + c * 512, sl2);
+    }
+    wgmma_wait<0>();
+    fence_regs(dp);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
+      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
+      probs_dscores<64, false, true>(sc, dc, s_rows(st) + c * 512, sl2);
+    }
+
+    // ---- dV += P^T dO, dK += dS^T Q over the 128 queries ----
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    issue_dkv<Tr>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
+
+    // ---- dS^T, both halves, both warpgroups' keys ----
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      store_ds<Hf>(s_ds(i) + c * Tr::kHalfDS, *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]), kr0);
+    fence_proxy_async();
+    named_sync(1, NC);
+
+    // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys ----
+    float dq[kDQ / 2];
+    mma_dq_wait<Tr, kDQ>(dq, s_ds(i) + wg * Tr::kHalfDS, s_k, dv, dk);
+    mbar_arrive(bar_empty + 8 * st);
+
+    if (i >= 1) mbar_wait(bar_dqempty + 8 * wg, (i - 1) & 1);
+#pragma unroll
+    for (int u = 0; u < kDQ / 8; ++u)
+      st_shared_v4f32(s_dq(wg) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+    fence_proxy_async();
+    mbar_arrive(bar_dqfull + 8 * wg);
+  }
+
+  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+}
+
+// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
+#ifdef __CUDA_ARCH__
+  if constexpr (!mma::kWgmmaAvailable) {
+    __trap();
+  } else if constexpr (Tr::BM == 128) {
+    tile_bwd_ws2_body<Tr>(p);
+  } else {
+    tile_bwd_ws_body<Tr>(p);
+  }
+#endif
+}
+
+}  // namespace spattn::cuda::bwd
