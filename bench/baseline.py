@@ -58,8 +58,8 @@ def with_meta(text, block):
 def kind(doc):
     """fused (bench/gpu_bench.py), unfused (spattn bench --device cuda), cpu (spattn bench --device cpu), backward
     (bench/bwd_bench.py), tsvd (spattn tsvd bench: rows with tsvd_ms; a "kind": "tsvd" field where it has one) or
-    model (bench/model_bench.py) or windows (bench/windows_bench.py)."""
-    if doc.get("kind") in ("backward", "tsvd", "model", "windows"):
+    model (bench/model_bench.py), windows (bench/windows_bench.py) or runtime (bench/runtime_bench.py)."""
+    if doc.get("kind") in ("backward", "tsvd", "model", "windows", "runtime"):
         return doc["kind"]
     if doc.get("rows") and all("tsvd_ms" in r for r in doc["rows"]):
         return "tsvd"

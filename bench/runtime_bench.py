@@ -402,9 +402,9 @@ def main():
     except OSError:
         commit = None
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick, "commit": commit,
+            "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick, "commit": os.environ.get("SPATTN_COMMIT") or commit,
             "command": "python3 bench/runtime_bench.py " + " ".join(sys.argv[1:]), "seconds": round(time.time() - start, 1)}
-    out = {"meta": meta, "rows": rows}
+    out = {"kind": "runtime", "meta": meta, "rows": rows}
     path = args.json or (os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines", args.baseline + ".json")
                          if args.baseline else None)
     if path:

@@ -53,8 +53,9 @@ UP = ""
 def caption(name, doc, what):
     m = doc.get("meta", {})
     made = f"commit {m['commit']}, {m['date'][:10]}; " if m else ""
-    return (f"{what}; {made}[{name}.json]({UP}bench/baselines/{name}.json), "
-            f"[plot]({UP}bench/baselines/{name}.png):")
+    plot = (f", [plot]({UP}bench/baselines/{name}.png)" if os.path.exists(os.path.join(BASELINES, name + ".png"))
+            else "")
+    return f"{what}; {made}[{name}.json]({UP}bench/baselines/{name}.json){plot}:"
 
 
 def fused(name, doc):
@@ -178,20 +179,36 @@ def cpu(name, doc):
 
 
 def backward(name, doc):
+    """bench/bwd_bench.py: the backward against FlexAttention's; where the rows carry the forward's rate (issue 39's
+    table), its column and bwd / fwd with the issue's bar."""
     rows = doc["rows"]
     r0 = rows[0]
-    out = [caption(name, doc, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}, L={r0['L']}; backward "
-                              f"TFLOP/s count 2.5x the forward's kept-score FLOPs"), "",
-           row(["pattern", "D", "kernel", "ours ms", "ours TFLOP/s", "Flex ms", "Flex TFLOP/s", "ratio"]), rule(8)]
+    fwd = all("bwd_over_fwd" in r for r in rows)
+    shape = f"B={r0['B']}, H={r0['H']}, L={r0['L']}" if not fwd else "B=2, H=16, L=16384 unless the table says"
+    out = [caption(name, doc, f"{doc['machine']['gpu']}, bf16, {shape}; backward TFLOP/s count 2.5x the forward's "
+                              f"kept-score FLOPs"), "",
+           row(["pattern", "D", "kernel"] + (["fwd TFLOP/s"] if fwd else []) + ["ours ms", "ours TFLOP/s"]
+               + (["bwd / fwd"] if fwd else []) + ["Flex ms", "Flex TFLOP/s", "ratio"]), rule(10 if fwd else 8)]
     for r in rows:
-        out.append(row([r["pattern"], str(r["D"]), r["kernel"], f"{r['ms']:.3f}", f"{r['tflops']:.1f}",
-                        f"{r['flex_ms']:.3f}" if "flex_ms" in r else "", f"{r['flex_tflops']:.1f}" if "flex_ms" in r
-                        else "", f"{r['speedup']:.2f}" if "speedup" in r else ""]))
+        name_ = r["pattern"] if not fwd or (r["L"], r["B"], r["H"]) == (16384, 2, 16) else \
+            f"{r['pattern']} (B={r['B']}, H={r['H']}, L={r['L']})"
+        out.append(row([name_, str(r["D"]), r["kernel"]] + ([f"{r['fwd_tflops']:.1f}"] if fwd else [])
+                       + [f"{r['ms']:.3f}", f"{r['tflops']:.1f}"] + ([f"{r['bwd_over_fwd']:.2f}"] if fwd else [])
+                       + [f"{r['flex_ms']:.3f}" if "flex_ms" in r else "",
+                          f"{r['flex_tflops']:.1f}" if "flex_ms" in r else "",
+                          f"{r['speedup']:.2f}" if "speedup" in r else ""]))
     sp = [r["speedup"] for r in rows if "speedup" in r]
     if sp:
         out += ["", f"Geomean over these cases: {math.exp(sum(math.log(x) for x in sp) / len(sp)):.2f}x FlexAttention's "
                     f"backward; ours and Flex's gradients differ by <= {e(max(r['diff_vs_flex'] for r in rows if 'speedup' in r))} "
                     f"(relative)."]
+    if fwd:
+        bf = [r["bwd_over_fwd"] for r in rows]
+        out += ["", f"bwd / fwd: geomean {math.exp(sum(map(math.log, bf)) / len(bf)):.2f}, lowest {min(bf):.2f}. The bar "
+                    f"(issue 39): >= 0.6 on every case (0.8 on bands, blocks and causal), >= 2.5x Flex's backward in "
+                    f"geomean and 1.5x on every case; below it: "
+                    + (", ".join(r["pattern"] for r in rows if r["bwd_over_fwd"] < r.get("bar", 0.6) or r.get("speedup", 9) < 1.5)
+                       or "none") + "."]
     return out
 
 
@@ -290,7 +307,35 @@ def windows(name, doc):
     return out
 
 
-TABLES = {"windows": windows, "model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
+def runtime(name, doc):
+    """bench/runtime_bench.py: masks chosen at run time against the static plan of the same pairs and FlexAttention."""
+    f = lambda r, k, d=2: (f"{r[k]:.{d}f}" if r.get(k) is not None else "")  # noqa: E731
+    out = [caption(name, doc, "NVIDIA H200, bf16, masks given at run time through `spattn.torch.sparse_attention` "
+                              "(block mask, packed documents changing every call, top-k keys), the static plan of the "
+                              "same pairs and FlexAttention (Triton backend) in one process"), "",
+           row(["case", "shape", "fwd TFLOP/s", "x static", "x Flex", "bwd TFLOP/s", "x static", "x Flex", "notes"]),
+           rule(9)]
+    for r in doc["rows"]:
+        shape = f"B={r['B']}, L={r['L']}, H={r.get('H', r.get('Hq'))}" + (f"/{r['Hkv']}" if "Hkv" in r else "") \
+            + f", D={r['D']}"
+        note = ""
+        if r["case"] == "documents":
+            note = f"+{r['host_us_over_static']:.0f} us host a call over the static plan"
+        elif r["case"].startswith("topk"):
+            note = (f"{r['K']} keys a query; of the gather floor: fwd {r['fraction_of_floor_fwd']:.2f}, "
+                    f"bwd {r['fraction_of_floor_bwd']:.2f}")
+        elif r["case"] == "blocks":
+            note = f"blocks of {r['block']}, {r['key_blocks']} key blocks a query block, causal"
+        out.append(row([r["case"], shape, f(r, "runtime_fwd_tflops", 0), f(r, "runtime_over_static_fwd"),
+                        f(r, "ratio_vs_flex_fwd"), f(r, "runtime_bwd_tflops", 0), f(r, "runtime_over_static_bwd"),
+                        f(r, "ratio_vs_flex_bwd"), note]))
+    out += ["", "The bar (issue 44): a block mask >= 0.8x the static plan and >= 1.5x FlexAttention, forward and "
+                "backward; documents >= 0.95x the static plan and <= 30 us host a call over it; top-k >= 0.5 of the "
+                "gather floor, forward and backward."]
+    return out
+
+
+TABLES = {"runtime": runtime, "windows": windows, "model": model, "fused": fused, "unfused": unfused, "cpu": cpu, "backward": backward, "tsvd": tsvd}
 
 
 def block(path, summarize=False):
