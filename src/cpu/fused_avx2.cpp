@@ -35,7 +35,7 @@
 #else
 namespace spattn::cpu::fused::avx2 {
 const KernelSet& kernels() {
-  static const KernelSet k{"avx2", 8, 16, 64, nullptr, nullptr, nullptr, nullptr, nullptr};
+  static const KernelSet k{"avx2", 8, 16, 64, nullptr, nullptr, nullptr, nullptr};
   return k;
 }
 }  // namespace spattn::cpu::fused::avx2

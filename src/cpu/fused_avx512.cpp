@@ -36,7 +36,7 @@
 #else
 namespace spattn::cpu::fused::avx512 {
 const KernelSet& kernels() {
-  static const KernelSet k{"avx512", 16, 32, 64, nullptr, nullptr, nullptr, nullptr, nullptr};
+  static const KernelSet k{"avx512", 16, 32, 64, nullptr, nullptr, nullptr, nullptr};
   return k;
 }
 }  // namespace spattn::cpu::fused::avx512

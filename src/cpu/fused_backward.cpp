@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -89,42 +88,6 @@ std::vector<std::pair<int32_t, int32_t>> tile_key_ranges(const PatternPlan& pl) 
         }
   }
   return out;
-}
-
-// A pattern plan's residue as the two passes read it (ResidueLists), over Lk keys.
-ResidueLists residue_lists(const PatternPlan& pl, int64_t Lk, int64_t W) {
-  ResidueLists rl;
-  rl.tile_ent.assign(pl.refs.size(), -1);
-  rl.toff.assign(size_t(Lk + 1), 0);
-  for (size_t t = 0; t < pl.refs.size(); ++t) {
-    const TileRef& r = pl.refs[t];
-    if (!r.res_off) continue;
-    const KeyStore& st = pl.stores[size_t(pl.tiles[t].store)];
-    rl.tile_ent[t] = int64_t(rl.ent.size());
-    for (int i = 0; i < r.rows; ++i) {
-      rl.ent.push_back(rl.entries);
-      rl.entries += (r.res_cnt[i] + W - 1) / W * W;
-      for (int32_t j = 0; j < r.res_cnt[i]; ++j) ++rl.toff[size_t(st.res_keys[size_t(r.res_off[i] + j)]) + 1];
-    }
-  }
-  for (int64_t j = 0; j < Lk; ++j) rl.toff[size_t(j + 1)] += rl.toff[size_t(j)];
-  rl.tq.resize(size_t(rl.toff[size_t(Lk)]));
-  rl.te.resize(rl.tq.size());
-  std::vector<int64_t> at(rl.toff.begin(), rl.toff.end() - 1);
-  for (size_t t = 0; t < pl.refs.size(); ++t) {
-    const TileRef& r = pl.refs[t];
-    if (!r.res_off) continue;
-    const KeyStore& st = pl.stores[size_t(pl.tiles[t].store)];
-    for (int i = 0; i < r.rows; ++i) {
-      const int64_t e0 = rl.ent[size_t(rl.tile_ent[t] + i)];
-      for (int32_t j = 0; j < r.res_cnt[i]; ++j) {
-        const int64_t at_j = at[size_t(st.res_keys[size_t(r.res_off[i] + j)])]++;
-        rl.tq[size_t(at_j)] = r.qidx[i];
-        rl.te[size_t(at_j)] = e0 + j;
-      }
-    }
-  }
-  return rl;
 }
 
 // The calling thread's buffers, kept across calls (growing only): allocated per call, their pages were faulted in
@@ -317,7 +280,6 @@ std::string BackwardStats::describe() const {
   std::ostringstream os;
   os << "cpu_fused_" << isa;
   if (split > 1) os << "; split " << split;
-  if (residue_by_keys) os << "; residue by keys";
   if (exact_groups > 0) os << "; fp64 for " << exact_groups << " of " << groups << " groups";
   if (recomputed) os << "; forward recomputed";
   return os.str();
@@ -346,7 +308,6 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   }
   std::call_once(im.bwd_once, [&] {
     for (const PatternPlan& pl : im.plans) im.tile_keys.push_back(tile_key_ranges(pl));
-    for (const PatternPlan& pl : im.plans) im.res_lists.push_back(residue_lists(pl, Lk, im.ks->width));
   });
 
   // O and the LSE: the caller's, or the forward's now.
@@ -389,17 +350,6 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
   stats.split = S;
   AlignedFloats& partials = buf.partials;
   if (S > 1) partials.resize(B * partial_per_b);
-  // The residue by keys (two passes): the tiles' residue rows write their P and dS to per-head lists and add to dQ,
-  // then each key's dK / dV are summed over its transposed entries, once.
-  int64_t group_entries = 0;
-  for (int64_t hk = 0; hk < HK; ++hk) {
-    int64_t e = 0;
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) e += im.res_lists[size_t(im.plan_of_head[size_t(h)])].entries;
-    group_entries = std::max(group_entries, e);
-  }
-  const char* proto = std::getenv("SPATTN_BWD_PROTO");
-  const bool by_keys = S == 1 && group_entries > 0 && proto && proto[0] == '1';
-  stats.residue_by_keys = by_keys;
 
   const DqRows dqr = dq_rows(dq, buf.dq, B, Lq, H, D);
   float* const dqp = dqr.p;
@@ -455,18 +405,6 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
     }
     std::memset(acc, 0, size_t(nk * (DP + DVP)) * sizeof(float));
     int32_t nonfinite = 0;
-    // The residue lists of the group's heads (by_keys): head i's P at res[2 * off_i], its dS after them.
-    thread_local AlignedFloats res_buf;
-    std::vector<float*> res_p(static_cast<size_t>(group), nullptr), res_ds(static_cast<size_t>(group), nullptr);
-    if (by_keys) {
-      res_buf.resize(2 * group_entries);
-      int64_t off = 0;
-      for (int64_t i = 0; i < group; ++i) {
-        const int64_t e = im.res_lists[size_t(im.plan_of_head[size_t(hk * group + i)])].entries;
-        res_p[size_t(i)] = res_buf.ptr + 2 * off, res_ds[size_t(i)] = res_p[size_t(i)] + e;
-        off += e;
-      }
-    }
     BwdTileArgs a{};
     a.D = D, a.Dv = Dv, a.DP = DP, a.DVP = DVP, a.qscale = qscale, a.scale = scale;
     a.k = kvb.ptr + g * Lk * ld, a.k_ld = ld;
@@ -491,38 +429,7 @@ BackwardStats FusedPlan::backward(const TensorView& q, const TensorView& k, cons
       a.dq = dqp + b * dq_sb + u.h * dq_sh;
       a.tile = &pl.refs[size_t(u.tile)];
       a.keys = st.keys.data(), a.masks = st.masks.data(), a.res_keys = st.res_keys.data();
-      if (by_keys) {
-        const ResidueLists& rl = im.res_lists[size_t(im.plan_of_head[size_t(u.h)])];
-        const int64_t te = rl.tile_ent[size_t(u.tile)];
-        a.res_p = res_p[size_t(u.h - hk * group)], a.res_ds = res_ds[size_t(u.h - hk * group)];
-        a.res_ent = te >= 0 ? rl.ent.data() + te : nullptr;
-      }
       ks.run_bwd_tile(a);
-    }
-    if (by_keys && nk > 0) {  // the residue's dK / dV, key by key
-      const size_t ng = static_cast<size_t>(group);
-      std::vector<const int64_t*> toff(ng), te(ng);
-      std::vector<const int32_t*> tq(ng);
-      std::vector<const float*> qh(ng), dh(ng), ph(ng), dsh(ng);
-      BwdKeyArgs ka{};
-      ka.DP = DP, ka.DVP = DVP, ka.j0 = sl.key0, ka.j1 = int32_t(sl.key0 + nk), ka.nheads = int32_t(group);
-      for (int64_t i = 0; i < group; ++i) {
-        const int64_t h = hk * group + i, bh = b * H + h;
-        const ResidueLists& rl = im.res_lists[size_t(im.plan_of_head[size_t(h)])];
-        toff[size_t(i)] = rl.toff.data(), tq[size_t(i)] = rl.tq.data(), te[size_t(i)] = rl.te.data();
-        ph[size_t(i)] = res_p[size_t(i)], dsh[size_t(i)] = res_ds[size_t(i)];
-        if (pack_qd) {
-          qh[size_t(i)] = qdb.ptr + bh * Lq * ld, dh[size_t(i)] = qh[size_t(i)] + DP;
-          ka.q_ld = ka.dout_ld = ld;
-        } else {
-          qh[size_t(i)] = static_cast<const float*>(q.data) + b * q.stride[0] + h * q.stride[2], ka.q_ld = q.stride[1];
-          dh[size_t(i)] = static_cast<const float*>(dout.data) + b * dout.stride[0] + h * dout.stride[2];
-          ka.dout_ld = dout.stride[1];
-        }
-      }
-      ka.toff = toff.data(), ka.tq = tq.data(), ka.te = te.data(), ka.q = qh.data(), ka.dout = dh.data();
-      ka.p = ph.data(), ka.ds = dsh.data(), ka.gk = a.gk, ka.gv = a.gv, ka.key0 = sl.key0;
-      ks.run_bwd_keys(ka);
     }
     bool ok = nonfinite == 0;
     if (S == 1) {  // the group's dK / dV: its accumulator where its tiles keep keys, 0 elsewhere

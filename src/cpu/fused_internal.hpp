@@ -72,19 +72,6 @@ struct PatternPlan {
   plan::TileBox tile_box;
 };
 
-// The residue of a pattern plan as the backward's two passes read it (fused_backward.cpp, "residue by keys"): each
-// residue row's entries (its keys' P and dS, the count rounded up to the vector width) at ent[tile_ent[t] + r] in a
-// head's list of `entries`, and the transposed lists: key j's entries [toff[j], toff[j + 1]), of query token tq[i]
-// at entry te[i].
-struct ResidueLists {
-  std::vector<int64_t> tile_ent;  // [tiles] offset into ent of the tile's rows, -1: no residue
-  std::vector<int64_t> ent;
-  int64_t entries = 0;
-  std::vector<int64_t> toff;  // [Lk + 1]
-  std::vector<int32_t> tq;
-  std::vector<int64_t> te;
-};
-
 // A float buffer, 64-byte aligned, not initialised; reuse() keeps its storage across calls (growing only), so
 // per-call copies do not pay page faults and zero fill again.
 // huge: 2 MiB aligned and advised for transparent huge pages (Linux), for buffers read at scattered rows: the
@@ -154,7 +141,6 @@ struct FusedPlan::Impl {
   // range [first, last] of the keys it keeps (the dK / dV rows it adds to; first > last: none).
   mutable std::once_flag bwd_once;
   mutable std::vector<std::vector<std::pair<int32_t, int32_t>>> tile_keys;
-  mutable std::vector<fused::ResidueLists> res_lists;  // [plans], built with tile_keys
 };
 
 }  // namespace spattn::cpu

@@ -114,38 +114,9 @@ struct BwdTileArgs {
   const int32_t* res_keys;
   float* scratch;      // bwd_scratch_floats() floats, 64-byte aligned, private to the calling thread
   int32_t* nonfinite;  // set to 1 where a dQ value written is not finite (the caller redoes the group in fp64)
-  // The residue's two passes (fused_backward.cpp, "residue by keys"): where res_p is not null, row r's residue
-  // keys write their P and dS at res_p[res_ent[r] + i], res_ds[res_ent[r] + i] (i < the row's count rounded up to
-  // the vector width; padding lanes 0) and add to dQ only; run_bwd_keys adds their dK / dV afterwards.
-  float* res_p;
-  float* res_ds;
-  const int64_t* res_ent;
 };
 
 using BwdTileFn = void (*)(const BwdTileArgs&);
-
-// The residue's second pass: keys [j0, j1) of one (batch, kv head) against the transposed residue lists of its
-// query heads (head i: key j's entries [toff[i][j], toff[i][j + 1]) of query tokens tq[i][..] whose P and dS
-// sit at p[i][te[i][..]], ds[i][..]): dK[j] += sum dS Q[token], dV[j] += sum P dO[token], added to the
-// accumulators (gk, gv, key0 as BwdTileArgs').
-struct BwdKeyArgs {
-  int64_t DP, DVP;
-  int32_t j0, j1;
-  int32_t nheads;
-  const int64_t* const* toff;
-  const int32_t* const* tq;
-  const int64_t* const* te;
-  const float* const* q;     // [nheads] Q of the head: row t at q[i] + t * q_ld (DP floats)
-  const float* const* dout;  // [nheads] dO likewise (DVP floats)
-  int64_t q_ld, dout_ld;
-  const float* const* p;
-  const float* const* ds;
-  float* gk;
-  float* gv;
-  int32_t key0;
-};
-
-using BwdKeyFn = void (*)(const BwdKeyArgs&);
 
 // One ISA's kernel set. tile_rows: query rows per tile (a multiple of the vector width, <= 32 so a row
 // mask fits a uint32). block_keys: keys per dense block the planner should emit.
@@ -159,7 +130,6 @@ struct KernelSet {
   int64_t (*scratch_floats)(int64_t D, int64_t Dv);
   BwdTileFn run_bwd_tile;  // the backward of one tile
   int64_t (*bwd_scratch_floats)(int64_t D, int64_t Dv);
-  BwdKeyFn run_bwd_keys;  // the residue's second pass (BwdKeyArgs)
 };
 
 namespace avx512 { const KernelSet& kernels(); }

@@ -42,7 +42,6 @@ struct BackwardStats {
   int64_t exact_groups = 0;  // of which redone in fp64 (cpu/backward.hpp): non-finite values, fp32's range
   int split = 1;             // slices per group
   bool recomputed = false;   // O or the LSE was not given: the forward ran first
-  bool residue_by_keys = false;  // the residue rows' dK / dV by a second pass over their transposed lists
   // "cpu_fused_avx512", then where they apply "; split 2", "; fp64 for 1 of 4 groups", "; forward recomputed".
   std::string describe() const;
 };
