@@ -397,6 +397,29 @@ TEST(Backward, CompoundPlan) {
   EXPECT_EQ(ran.rfind("cpu_fused_", 0), 0u) << ran;
 }
 
+// Issue 39 on the CPU: the backward runs on the forward's tiles, never by parts, and explain() says why: no residue
+// (column strips and blocks are key blocks), residue rows (the scattered keys by parts measured no faster), or a
+// compound plan (one tile plan over the whole pattern).
+TEST(Backward, CpuExplainSaysWhyNotByParts) {
+  const auto explain = [](const std::string& spec, int compound) {
+    spattn::Problem p{.batch = 1, .q_heads = 2, .kv_heads = 1, .q_len = 200, .kv_len = 200, .head_dim = 16};
+    spattn::PlanOptions o;
+    o.compound = compound;
+    return spattn::make_plan(spattn::parse(spec), p, spattn::Device::cpu(), o).explain();
+  };
+  const std::string strips = explain("sparse_fixed(16, 2)", -1), residue = explain("local(8) | random(3, seed=1)", -1),
+                    compound = explain("local(8) | random(3, seed=1)", 1);
+  EXPECT_NE(strips.find("\nbackward: on the forward's tiles over the whole pattern (not by parts: every kept score is in "
+                        "the tiles' key blocks"),
+            std::string::npos)
+      << strips;
+  EXPECT_NE(residue.find("\nbackward: on the forward's tiles over the whole pattern, residue rows one at a time (not by "
+                         "parts:"),
+            std::string::npos)
+      << residue;
+  EXPECT_NE(compound.find("\nbackward: one tile plan over the whole pattern"), std::string::npos) << compound;
+}
+
 // Issue 42 on the CPU: sparse_strided's strided term split from its band by default (compound -1) where its residue
 // groups hold kCpuAffineMinGroup tokens or more (plan/parts.hpp, kCpuAffineMinLen), run grouped by residue and merged
 // through the LSE; forward and backward against the oracle at a length that leaves the groups unequal

@@ -82,6 +82,17 @@ class CpuBackend final : public Backend {
     // no faster (2-core VM, one thread, fp32, H = 4, D = 64, CPU time: sparse_strided(256) at L = 16384 124 vs 127-132
     // ms, (128) at 8192 48 vs 49, (512) at 16384 163-168 vs 153-157), and a part's fp64 redo of non-finite values
     // sees only its own keys.
+    // Nor the GPU's other parts (issue 39; same VM, one thread, fp32, H = 4, D = 64, medians): the tiler already
+    // holds column strips (sparse_fixed's summaries, sinks, global columns) and bigbird's blocks as key blocks
+    // (computed / nnz 1, no residue), so the backward runs at its forward's effective rate or above (L = 4096, GFLOP/s
+    // fwd vs bwd: sparse_fixed(128, 4) 103 vs 110, bigbird(64, 3, 2, 3) 159 vs 170, (local(left=2048, right=0) |
+    // global_cols(0:4)) & causal 129 vs 163, local(256) | random(8) 93 vs 108, longformer(256, 2) 106 vs 118). Only
+    // residue keys cost more than their share (L = 16384, perf: 24% of local(256) | random(8)'s backward for 2.4% of
+    // its scores, 3% of longformer(256, 2)'s): random row accesses. The scattered keys' backward on the transposed
+    // lists (P and dS listed by the tiles, each key's dK / dV summed once: git history, "residue rows by keys") was
+    // no faster, by keys / tiles 0.97-1.13 (random(8) and local(256) | random(8) at L = 16384, random(205) at 4096);
+    // the scattered part as a plan of its own costs its packing again (local(256) | random(8) at L = 16384: 222 ms
+    // whole, local(256) 177 + random(8) 61 apart).
     if (compound_) std::call_once(bwd_once_, [&] { bwd_plan_.emplace(pats_, problem_, options_, analyses_); });
     const cpu::FusedPlan& plan = compound_ ? *bwd_plan_ : *plan_;
     const std::string ran = plan.backward(q, k, v, o, lse, dout, dq, dk, dv, options_).describe();
@@ -92,11 +103,25 @@ class CpuBackend final : public Backend {
     return std::string("cpu_fused_") + (compound_ ? compound_->stats() : plan_->stats()).isa;
   }
   std::string last_kernel() const override { return ran_.load(std::memory_order_relaxed) ? kernel() : ""; }
+  // What the backward runs, and why not by parts (backward() says what was measured).
+  std::string backward_text() const {
+    if (compound_)
+      return "backward: one tile plan over the whole pattern, built at the first call (not by parts: the parts' "
+             "backward measured no faster)";
+    if (plan_->stats().residue_nnz == 0)
+      return "backward: on the forward's tiles over the whole pattern (not by parts: every kept score is in the tiles' "
+             "key blocks, column strips and long rows too; no residue rows)";
+    return "backward: on the forward's tiles over the whole pattern, residue rows one at a time (not by parts: column "
+           "strips are key blocks of the tiles; the residue keys by a pass over their transposed lists measured no "
+           "faster)";
+  }
   std::string last_backward_kernel() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return last_backward_;
   }
-  std::string explain() const override { return "cpu fused: " + (compound_ ? compound_->describe() : plan_->describe()); }
+  std::string explain() const override {
+    return "cpu fused: " + (compound_ ? compound_->describe() : plan_->describe()) + "\n" + backward_text();
+  }
 
  private:
   cpu::Options options_;
