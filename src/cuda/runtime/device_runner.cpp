@@ -578,6 +578,15 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     if (why) *why = std::move(reason);
     return nullptr;
   };
+  // The runners' uploads (pageable cudaMemcpy) and zeroing (cudaMemset) run on the legacy default stream and may
+  // return before they land; a non-blocking stream (a torch side stream, torch.cuda.graph's warm-up) does not wait
+  // for that stream, so its first call could read them early. Wait for it once, here at plan time (as
+  // fused_fwd.cpp does after its uploads); never on the per-call path.
+  auto ready = [&](std::unique_ptr<DeviceMaskRunner> runner) {
+    const cuda::DeviceScope scope(device);
+    SPATTN_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    return runner;
+  };
   if (pr.dtype != DType::bf16 && pr.dtype != DType::f16) return refuse("dtype " + std::string(dtype_name(pr.dtype)));
   if ((pr.head_dim != 64 && pr.head_dim != 128) || pr.dv() != pr.head_dim) return refuse("head dim");
   int lo = 0, hi = 0;
@@ -587,21 +596,21 @@ std::unique_ptr<DeviceMaskRunner> make_device_mask_runner(const MaskLayout& layo
     if (tiles * 2 * 2048 > (int64_t(1) << 31))  // forward and transposed bitmasks, 2 KiB a tile each
       return refuse("its bitmasks (" + std::to_string(tiles * 4096 >> 20) + " MiB) are past 2 GiB");
     if (!layout.spec.empty() && int64_t(hi) - lo > 8192) return refuse("a spec band wider than 8192 keys");
-    return std::make_unique<TopkRunner>(pr, device, layout.topk, !layout.spec.empty(), lo, hi);
+    return ready(std::make_unique<TopkRunner>(pr, device, layout.topk, !layout.spec.empty(), lo, hi));
   }
   if (layout.kind == MaskKind::blocks) {
     const int64_t b = layout.q_block;
     if (b != layout.k_block || (b != 128 && b != 64)) return refuse("blocks other than 128 x 128 or 64 x 64");
     const int64_t bytes = pr.batch * pr.q_heads * ((pr.q_len + b - 1) / b) * ((pr.kv_len + b - 1) / b) * 16;
     if (bytes > (int64_t(1) << 30)) return refuse("its list capacity (" + std::to_string(bytes >> 20) + " MiB) is past 1 GiB");
-    return std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi, int(b));
+    return ready(std::make_unique<BlockRunner>(pr, device, !layout.spec.empty(), lo, hi, int(b)));
   }
   const int64_t q_tiles = (pr.q_len + 127) / 128, k_tiles = (pr.kv_len + 127) / 128;
   const int64_t per_row = cuda::runtime::document_tiles_per_row(128, 128, lo, hi, k_tiles);
   const int64_t mask_bytes = cuda::runtime::document_entries(q_tiles, k_tiles, per_row, q_tiles, true) * 128 * 128 / 8;
   if (mask_bytes > (int64_t(1) << 30))
     return refuse("its bitmask capacity (" + std::to_string(mask_bytes >> 20) + " MiB) is past 1 GiB");
-  return std::make_unique<DocumentRunner>(pr, device, lo, hi, per_row);
+  return ready(std::make_unique<DocumentRunner>(pr, device, lo, hi, per_row));
 }
 
 }  // namespace spattn::plan
