@@ -14,14 +14,12 @@ set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler: the module is loaded into the PyTorch process (scripts/gpu_check.sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 source "$ROOT/scripts/gpu_lib.sh"
-OUTD=${1:-${SPATTN_OUT:-$ROOT/out}}
-mkdir -p "$OUTD"
-OUTD=$(cd "$OUTD" && pwd)
-BUILD=$ROOT/build-py
-rc=0
 nb=$(python3 -c "import nanobind; print(nanobind.cmake_dir())" 2>/dev/null) || { echo "runtime_masks.sh: no nanobind"; exit 2; }
-SPATTN_EXTRA_CMAKE="-DSPATTN_PYTHON=ON -DSPATTN_TESTS=ON -DSPATTN_TOOLS=OFF -Dnanobind_DIR=$nb" \
-  gpu_build "$BUILD" "$OUTD/runtime_build.log" _core runtime_mask_gpu_test runtime_mask_test runtime_tiles_test || exit 1
+export SPATTN_EXTRA_CMAKE="-DSPATTN_PYTHON=ON -DSPATTN_TESTS=ON -DSPATTN_TOOLS=OFF -Dnanobind_DIR=$nb"
+# Its own build even under gpu_check.sh (SPATTN_BUILD emptied): the Python tests need the module in it.
+SPATTN_BUILD= gpu_script_setup "${1:-}" build-py runtime_build.log _core runtime_mask_gpu_test runtime_mask_test \
+  runtime_tiles_test || exit 1
+rc=0
 
 echo "== runtime masks: C++ tests ($(elapsed))"
 for t in runtime_mask_gpu_test runtime_mask_test runtime_tiles_test; do
