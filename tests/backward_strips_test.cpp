@@ -167,6 +167,17 @@ TEST(BackwardStrips, OptIn) {
   const auto forced = spattn::plan::backward_choice("sm90_bwd_strips", 64);
   EXPECT_TRUE(spattn::plan::query_strips_asked(forced));
   EXPECT_EQ(forced.row, spattn::plan::find_kernel("sm90_bwd_64x64_d64"));
+  EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_strips", 128).row, spattn::plan::find_kernel("sm90_bwd_64x64_d128"));
+  // The D = 128 row runs query strips only: neither forced by name nor chosen.
+  EXPECT_THROW(spattn::plan::backward_choice("sm90_bwd_64x64_d128", 128), spattn::Error);
+  EXPECT_THROW(spattn::plan::backward_choice("sm90_bwd_strips", 96), spattn::Error);
+  for (const char* spec : {"dilated(64, 2)", "local(64)", "neighborhood(dims=(32, 32), kernel=7)"}) {
+    const spattn::plan::Analysis an = spattn::plan::analyze(spattn::parse(spec).bind(1024));
+    for (const char* kernel : {"", "sm90_bwd"}) {
+      const int row = spattn::plan::backward_row(spattn::plan::backward_choice(kernel, 128), an, 128);
+      EXPECT_FALSE(spattn::plan::bwd_strips_only(spattn::plan::kKernels[row])) << spec << " " << kernel;
+    }
+  }
   ::setenv("SPATTN_NBR_BWD", "1", 1);
   EXPECT_TRUE(spattn::plan::query_strips_asked(chosen));
   EXPECT_FALSE(spattn::plan::query_strips_asked(spattn::plan::backward_choice("sm90_bwd", 64)));

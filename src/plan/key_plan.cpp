@@ -136,7 +136,7 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
   int plain = -1, narrow = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];
-    if (c.head_dim != head_dim || c.kind != KernelKind::sm90_bwd) continue;
+    if (c.head_dim != head_dim || c.kind != KernelKind::sm90_bwd || bwd_strips_only(c)) continue;
     if (plain < 0) plain = i;
     if (c.block_n == 64 && narrow < 0) narrow = i;
   }

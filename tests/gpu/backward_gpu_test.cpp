@@ -194,7 +194,7 @@ TEST(BackwardGpu, EveryTileRowMatchesReference) {
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd kernel needs an sm_90a device (compute capability 9.0)";
   int rows = 0, ws_rows = 0;
   for (const auto& row : spattn::plan::kKernels)
-    if (spattn::plan::is_tile_bwd(row.kind)) {
+    if (spattn::plan::is_tile_bwd(row.kind) && !spattn::plan::bwd_strips_only(row)) {  // (QueryStrips*: the other)
       SCOPED_TRACE(row.name);
       const bool ws = row.kind == spattn::plan::KernelKind::sm90_bwd_ws;
       int ws_ran = 0;
@@ -460,6 +460,10 @@ const std::vector<Case>& strip_cases() {
       {{"neighborhood(dims=(40,48), kernel=13)"}, DType::bf16, 1, 2, 2, 1920, 1920, 64, false},
       {{"neighborhood(dims=(20,30), kernel=5) & causal"}, DType::bf16, 2, 2, 2, 600, 600, 64, false},
       {{"neighborhood(dims=(37,41), kernel=7)"}, DType::f16, 1, 4, 4, 1517, 1517, 64, true},
+      // D = 128 (sm90_bwd_64x64_d128, dQ in two halves)
+      {{"neighborhood(dims=(16,20), kernel=5)"}, DType::bf16, 1, 2, 2, 320, 320, 128, false},
+      {{"neighborhood(dims=(23,29), kernel=(5,3), dilation=(2,3))"}, DType::f16, 2, 4, 2, 667, 667, 128, true},  // GQA
+      {{"neighborhood(dims=(30,33), kernel=9, causal=(0,1))"}, DType::bf16, 1, 2, 1, 990, 990, 128, false},
   };
   return c;
 }
@@ -472,7 +476,7 @@ TEST(BackwardGpu, QueryStripsMatchReference) {
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
     std::string ran, ex;
     const auto e = backward_errors(c, "sm90_bwd_strips", &ran, seed++, &ex);
-    EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
+    EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d" + std::to_string(c.D) + ")");
     EXPECT_NE(ex.find("key-major query strips over"), std::string::npos) << ex;
     expect_within(e, c.dt);
   }
@@ -506,11 +510,13 @@ TEST(BackwardGpu, QueryStripsByEnvironment) {
 TEST(BackwardGpu, QueryStripsSmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
-  const Case c{{"neighborhood(dims=(13,21), kernel=(5,7), dilation=(1,2))"}, DType::bf16, 1, 4, 2, 273, 273, 64, false};
-  std::string ran;
-  const auto e = backward_errors(c, "sm90_bwd_strips", &ran, 35);
-  EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
-  for (double x : e) EXPECT_LE(x, 2e-2);
+  for (int64_t d : {64, 128}) {
+    const Case c{{"neighborhood(dims=(13,21), kernel=(5,7), dilation=(1,2))"}, DType::bf16, 1, 4, 2, 273, 273, d, false};
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_strips", &ran, 35);
+    EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d" + std::to_string(d) + ")");
+    for (double x : e) EXPECT_LE(x, 2e-2);
+  }
 }
 
 }  // namespace

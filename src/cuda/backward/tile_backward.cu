@@ -125,7 +125,10 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s
     if constexpr (BN == 64) return launch_three<Tr, 0>(bwd::tile_bwd_kernel<Tr, false, true>, p, s);
     throw Error("backward query strips: run on 64-key rows only");
   }
-  launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
+  if constexpr (BN == 64 && D == 128)  // plan::bwd_strips_only: its other instantiations would spill; none compiled
+    throw Error("backward tiles: sm90_bwd_64x64_d128 runs query strips only");
+  else
+    launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {

@@ -524,19 +524,24 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 
   constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
-  float dq[kDQ / 2];
+  // Query strips at D = 128 (one warpgroup, dK and dV 128 registers): dQ in two 64-column halves, the first added at
+  // once, the second after the next step's fence as below (all 128 columns at once spilled 148 bytes).
+  constexpr int kHalves = kStrips && BN == 64 && D == 128 ? 2 : 1;
+  constexpr int kDQR = kDQ / kHalves;  // dQ columns in registers
+  float dq[kDQR / 2];
   float* dq_prev = nullptr;  // the previous step's dQ rows (this warpgroup's columns), added after this step's fence
   float* dq_rows[2] = {nullptr, nullptr};  // kStrips: the previous step's rows rw, rw + 8 (null: padding)
   // dQ's atomics (red.global.add.v2: this thread's two rows, two columns of each 8-column block). Issued after the
   // step's fence: fence.proxy.async waits for every outstanding memory access of the thread (MEMBAR.ALL.CTA in
   // the SASS), and red's round trip there had been the kernel's largest stall (ncu source counters, local).
-  auto add_dq = [&](float* acc) {
+  // c0: the registers' first column (the second half's where kHalves is 2).
+  auto add_dq = [&](float* acc, int c0) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float* row = kStrips ? dq_rows[hh] : acc + int64_t(rw + 8 * hh) * D;
       if (kStrips && row == nullptr) continue;
 #pragma unroll
-      for (int j = 0; j < kDQ / 8; ++j) red_add_v2(row + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      for (int j = 0; j < kDQR / 8; ++j) red_add_v2(row + c0 + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
     }
   };
 
@@ -553,7 +558,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
-      if (dq_prev != nullptr) add_dq(dq_prev);
+      if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
     }
     const int4 e = e1;
     e1 = e2;
@@ -595,12 +600,11 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     // The TMA variant's only fence is the one above: the previous step's atomics go right after it, a step before
     // it comes again.
     if constexpr (kTma)
-      if (dq_prev != nullptr) add_dq(dq_prev);
+      if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
     // K MN-major: BN = 128, columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns
     // in. BN = 64: every column.
-    mma_dq_wait<Tr, kDQ>(dq, s_ds, s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), dv, dk);
     dq_prev = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
     if constexpr (kStrips)
 #pragma unroll
@@ -609,9 +613,16 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
         dq_rows[hh] = unsigned(t) < unsigned(p.q_len) ? p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + t) * D + wg * kDQ
                                                       : nullptr;
       }
+    if constexpr (kHalves == 2) {  // K's first 64-column block (BN rows x 128 B), added now; then its second
+      mma_dq_wait<Tr, kDQR>(dq, s_ds, s_k, dv, dk);
+      add_dq(dq_prev, 0);
+      mma_dq_wait<Tr, kDQR>(dq, s_ds, s_k + BN * 128, dv, dk);
+    } else {
+      mma_dq_wait<Tr, kDQ>(dq, s_ds, s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), dv, dk);
+    }
   }
   cp_async_wait<0>();
-  if (dq_prev != nullptr) add_dq(dq_prev);
+  if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
 
   store_dkdv<Tr, kStrips>(p, dk, dv, b, hk, k0, kr0);
 }

@@ -360,6 +360,8 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   if (row < 0 || (!is_tile_bwd(kKernels[row].kind) && kKernels[row].kind != KernelKind::cuda_csr_bwd))
     throw Error("backward kernel '" + kernel + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
                 "sm90_bwd_ws or a row of them, cuda_csr_bwd)");
+  if (bwd_strips_only(kKernels[row]))
+    throw Error("backward kernel '" + kernel + "' runs query strips only (backward_kernel 'sm90_bwd_strips')");
   if (kKernels[row].head_dim && kKernels[row].head_dim != head_dim)
     throw Error("backward kernel '" + kernel + "' runs head dim " + std::to_string(kKernels[row].head_dim) +
                 ", the problem has " + std::to_string(head_dim));
