@@ -31,7 +31,7 @@ sanitize_all nb "$T/backward_gpu_test" 'BackwardGpu.QueryStripsSmallCaseForSanit
 if [ "${NB_SKIP_BENCH:-0}" != 1 ]; then
   echo "== nb: A/B in one process, na2d_96 (D=64) and na2d_112 (D=128), SPATTN_NBR_BWD=1 vs the chosen row ($(elapsed))"
   timeout 240 python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --issue --patterns na2d_96,na2d_112 \
-    --env-ab SPATTN_NBR_BWD=1 --json "$OUTD/nbr_bwd_ab.json" 2>&1 | tee "$OUTD/nb_bench.log" | grep -v "^W1\|warn" ||
+    --env-ab SPATTN_NBR_BWD=1 --budget-s 200 --json "$OUTD/nbr_bwd_ab.json" 2>&1 | tee "$OUTD/nb_bench.log" | grep -v "^W1\|warn" ||
     fail "bench"
 fi
 echo "nbr_bwd.sh: rc $rc ($(elapsed))"
