@@ -75,6 +75,16 @@ gpu_script_setup() {
   fi
 }
 
+# gtest_run NAME TEST FILTER [SECONDS]: the GoogleTest executable TEST's cases FILTER (timeout SECONDS, default 240), its
+# log in OUTD/NAME.log and its summary and failures here; fails (rc=1) where it fails or skips a test.
+gtest_run() {
+  local name=$1 test=$2 filter=$3 secs=${4:-240}
+  timeout "$secs" "$test" --gtest_filter="$filter" >"$OUTD/$name.log" 2>&1 || fail "$name"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \]|Failure|Expected|Which is|actual|Value of|dq|dk|dv" \
+    "$OUTD/$name.log" | head -40
+  grep -qE "^\[  SKIPPED \] [0-9]+ tests?" "$OUTD/$name.log" && fail "$name skipped tests"
+}
+
 # sanitize_all PREFIX TEST FILTER: compute-sanitizer memcheck, racecheck and synccheck on the GoogleTest executable
 # TEST's cases FILTER, each log in OUTD/PREFIX_TOOL.log and a line each here; non-zero where one reports an error.
 sanitize_all() {

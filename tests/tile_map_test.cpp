@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "grid_spec.hpp"
 #include "cuda/fused/key_boxes.hpp"  // plain arithmetic: the GPU kernels' key rows, checked here on the CPU
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
@@ -30,20 +31,7 @@ using spattn::plan::BlockPlan;
 using spattn::plan::GridTiling;
 using spattn::plan::TileBox;
 
-BoundPattern bind(const std::string& spec) {
-  // Length: the product of the dims (every spec below gives dims, or is 1-D with a length after '@').
-  const size_t at = spec.find('@');
-  if (at != std::string::npos) return spattn::parse(spec.substr(0, at)).bind(std::stoll(spec.substr(at + 1)));
-  const size_t d = spec.find("dims=(");
-  int64_t n = 1;
-  for (size_t i = d + 6; spec[i] != ')';) {
-    char* end = nullptr;
-    n *= std::strtoll(spec.c_str() + i, &end, 10);
-    i = size_t(end - spec.c_str());
-    while (spec[i] == ',' || spec[i] == ' ') ++i;
-  }
-  return spattn::parse(spec).bind(n);
-}
+BoundPattern bind(const std::string& spec) { return spattn::test::bind_grid_spec(spec); }
 
 // Every plan position maps to a token or -1, every token appears once, every tile holds a token.
 void expect_bijection(const std::vector<int32_t>& map, int64_t len, int tile, const char* what) {
@@ -129,17 +117,7 @@ void expect_covers(const BoundPattern& pat, const BlockPlan& p) {
   EXPECT_EQ(wrong, 0) << "pairs kept that the pattern drops";
   EXPECT_EQ(padding_kept, 0) << "bitmask bits on padding positions";
   EXPECT_EQ(full_padding, 0) << "full tiles holding padding keys";
-  int64_t missing = 0, twice = 0, nnz = 0;
-  for (int64_t q = 0; q < lq; ++q)
-    for (int64_t k = 0; k < lk; ++k) {
-      const bool in = pat.contains(q, k);
-      nnz += in;
-      missing += in && kept[size_t(q * lk + k)] == 0;
-      twice += kept[size_t(q * lk + k)] > 1;
-    }
-  EXPECT_EQ(missing, 0) << "kept pairs no entry keeps";
-  EXPECT_EQ(twice, 0) << "pairs kept by two entries";
-  EXPECT_EQ(p.nnz, nnz);
+  spattn::test::expect_kept_once(pat, kept, p.nnz);
 }
 
 const std::vector<std::string> kSpecs = {

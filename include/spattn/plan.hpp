@@ -91,7 +91,9 @@ struct PlanOptions {
   // else the CUDA-core CSR pass), "sm90_bwd" (or one of its rows, sm90_bwd_64x64_d64 ...; an Error where it cannot run the
   // tensors), "sm90_bwd_ws" (the warp-specialized rows, chosen where steps come by TMA: sm90_bwd_ws_128x128_d64, 128
   // queries a step, and sm90_bwd_ws_64x128_d128; plans with a residue permutation run the sm90_bwd 64x128 row instead,
-  // and last_backward_kernel says so), "cuda_csr_bwd" (deterministic: no atomics).
+  // and last_backward_kernel says so), "cuda_csr_bwd" (deterministic: no atomics), "sm90_bwd_strips" (neighborhood
+  // patterns of a 1-2 axis grid: key boxes walking strips of the queries that see them, on the 64x64 sm90_bwd row of the
+  // head dim; an Error where the strips do not fit; opt-in until measured, also through SPATTN_NBR_BWD=1 at each call).
   std::string backward_kernel;
 };
 

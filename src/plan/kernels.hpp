@@ -92,6 +92,9 @@ inline constexpr KernelConfig kKernels[] = {
     {"sm90_bwd_64x128_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x64_d64", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 64, 64, kF16 | kBF16, 0, 0},
     {"sm90_bwd_64x128_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 128, 128, kF16 | kBF16, 0, 0},
+    // query strips only (issue 39's neighborhood backward, opt-in: plan/key_plan.hpp, key_major_strips;
+    // bwd_strips_only): one warpgroup, dQ in two 64-column halves, 255 registers without spills
+    {"sm90_bwd_64x64_d128", Engine::cuda_fused, KernelKind::sm90_bwd, 64, 64, 128, kF16 | kBF16, 0, 0},
     // warp-specialized: identity plans with tensor maps (else the 64x128 row of the head dim runs, and is
     // reported); the planner's row where steps come by TMA (choose_backward_row). Head dim 64: 128 queries a step,
     // two of the plan's 64-query entries (tile_bwd_ws2.cuh); 128: 64 queries a step (tile_bwd_ws.cuh)
@@ -156,6 +159,11 @@ constexpr bool is_gpu_fused(KernelKind k) {
 }
 constexpr bool is_sm90(KernelKind k) { return is_gpu_fused(k) && k != KernelKind::sm80_mma; }
 constexpr bool is_tile_bwd(KernelKind k) { return k == KernelKind::sm90_bwd || k == KernelKind::sm90_bwd_ws; }
+// The tile backward rows that run query strips only (sm90_bwd_64x64_d128: its row-major and residue instantiations
+// would spill; none is compiled): no planner choice, no forced backward_kernel, no run-time lists take them.
+constexpr bool bwd_strips_only(const KernelConfig& c) {
+  return c.kind == KernelKind::sm90_bwd && c.block_n == 64 && c.head_dim == 128;
+}
 constexpr bool is_band(KernelKind k) { return k == KernelKind::sm90_band || k == KernelKind::sm90_band_rmax; }
 
 // The row of (kind, tile, head dim); -1 where the table has none.

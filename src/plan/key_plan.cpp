@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "plan/kernels.hpp"
+#include "plan/key_strips.hpp"
+#include "plan/tile_map.hpp"
 #include "spattn/error.hpp"
 
 namespace spattn::plan {
@@ -57,6 +59,72 @@ KeyMajorPlan key_major(const BlockPlan& plan) {
   return out;
 }
 
+namespace {
+// The transpose of a pattern: row k keeps the queries q that keep k (ascending), as an explicit pattern. O(nnz).
+BoundPattern transposed(const BoundPattern& pattern) {
+  const int64_t lq = pattern.q_len(), lk = pattern.k_len();
+  std::vector<int64_t> offsets(size_t(lk) + 1, 0);
+  RowRuns runs;
+  auto each = [&](auto&& f) {
+    for (int64_t q = 0; q < lq; ++q) {
+      pattern.row(q, runs);
+      for (const Run& r : runs)
+        for (int64_t i = 0; i < r.count; ++i) f(q, r.start + i * r.stride);
+    }
+  };
+  each([&](int64_t, int64_t k) { ++offsets[size_t(k) + 1]; });
+  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+  std::vector<int32_t> cols(size_t(offsets.back()));
+  std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
+  each([&](int64_t q, int64_t k) { cols[size_t(fill[size_t(k)]++)] = int32_t(q); });  // q ascending in each row
+  return BoundPattern::from_rows(lk, lq, std::move(offsets), std::move(cols));
+}
+}  // namespace
+
+std::optional<KeyMajorPlan> key_major_strips(const BoundPattern& pattern, std::string* why) {
+  auto fail = [&](const std::string& reason) -> std::optional<KeyMajorPlan> {
+    if (why) *why = "query strips: " + reason;
+    return std::nullopt;
+  };
+  const std::optional<NeighborhoodGrid> grid = pattern.neighborhood_grid();
+  if (!grid) return fail("the pattern has no neighborhood grid");
+  const BoundPattern t = transposed(pattern);
+  std::optional<BlockPlan> best;
+  std::string last;
+  for (const TileBox& box : tile_boxes(*grid, 64)) {
+    std::string w;
+    std::optional<BlockPlan> sp = build_strip_plan(t, GridTiling::of(*grid, box), &w);
+    if (!sp) {
+      last = w;
+      continue;
+    }
+    if (!best || sp->nentries() < best->nentries()) best = std::move(sp);
+  }
+  if (!best) return fail(last.empty() ? "no 64-token box fits the grid " + describe_grid(*grid) : last);
+  const BlockPlan& sp = *best;  // its query tiles are our key boxes, its key strips our query strips
+  KeyMajorPlan out;
+  out.query_strips = true;
+  out.block_m = out.block_n = 64;
+  out.k_tiles = sp.q_tiles;
+  out.q_tiles = sp.k_tiles;
+  out.col_offsets = sp.row_offsets;
+  out.entries.reserve(sp.entries.size());
+  for (const TileEntry& e : sp.entries) {
+    const KeyStrip& st = sp.strips[size_t(e.kt)];
+    out.entries.push_back({e.kt, e.mask, st.base, strip_pack(st.width, st.count)});
+  }
+  // The strip plan's bitmask rows are its query rows (our keys), each a word over its strip's slots (our queries):
+  // already the transposed layout.
+  out.masks.assign(sp.masks.begin(), sp.masks.end());
+  out.order = sp.order;
+  out.k_map = sp.q_map;
+  out.strip_sx = sp.strip_sx;
+  out.strip_sy = sp.strip_sy;
+  out.nnz = sp.nnz;
+  out.key_boxes = sp.q_tiling.describe();
+  return out;
+}
+
 int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_specialized) {
   // Residue-permuted analyses take the 64-key row where the head dim has one (cp.async steps, two CTAs an SM); the
   // others, and those at head dims without a 64-key row, the warp-specialized row: its 128-key tiles come out
@@ -68,7 +136,7 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
   int plain = -1, narrow = -1;
   for (int i = 0; i < kNumKernels; ++i) {
     const KernelConfig& c = kKernels[i];
-    if (c.head_dim != head_dim || c.kind != KernelKind::sm90_bwd) continue;
+    if (c.head_dim != head_dim || c.kind != KernelKind::sm90_bwd || bwd_strips_only(c)) continue;
     if (plain < 0) plain = i;
     if (c.block_n == 64 && narrow < 0) narrow = i;
   }

@@ -6,6 +6,8 @@
 // bits over the tile's queries are one word (block_m == 64: bit r of word c is (q0 + r, k0 + c)).
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "plan/analysis.hpp"
@@ -20,10 +22,33 @@ struct KeyMajorPlan {
   std::vector<TileEntry> entries;    // per key tile, ascending query tile; TileEntry::kt holds the query tile
   std::vector<uint64_t> masks;       // [nbitmask * block_n]: word c of mask i = keys c's bits over the queries
   std::vector<int32_t> order;        // key tiles, most entries first
+  // Query strips (key_major_strips; issue 39, a neighborhood's backward on the forward's strips): key tiles are
+  // 64-token boxes of the grid, key row r of tile kt token k_map[kt * 64 + r] (-1: padding), and an entry's query
+  // "tile" (TileEntry::kt) is a strip of 64 query slots, its lo / hi words the strip's base token and
+  // strip_pack(W, count): slot r holds query strip_token(lo, hi, r, strip_sx, strip_sy) (plan/key_strips.hpp), -1 from
+  // count on. Every entry is a bitmask (word c: key c's bits over the 64 slots). q_tiles counts the strips.
+  bool query_strips = false;
+  std::vector<int32_t> k_map;
+  int32_t strip_sx = 0, strip_sy = 0;
+  int64_t nnz = 0;
+  std::string key_boxes;  // query strips: the key boxes ("4x16 boxes of a 96x96 grid")
+  // Kept scores over the visited ones (entries x block_m x block_n); nnz must be set (query strips; else 0).
+  double kept_fraction() const {
+    return entries.empty() ? 0.0 : double(nnz) / (double(entries.size()) * block_m * block_n);
+  }
 };
 
 // Requires plan.block_m == 64 (one 64-bit word per key of a transposed mask).
 KeyMajorPlan key_major(const BlockPlan& plan);
+
+// The key-major plan of a neighborhood pattern (self attention on its grid, BoundPattern::neighborhood_grid) over
+// query strips: the forward's key strips (plan/gpu/block_plan.hpp, build_strip_plan) of the transposed pattern (key k
+// keeps the queries that keep k), so a key box's CTA walks strips of the queries whose windows reach it, as dense as
+// the forward's strips are (kept fraction ~ the forward's strip plan's, ~2.6x the row-major key-major plan's on na2d
+// 96x96 K=7). Every 64-token box shape of the grid (tile_boxes) is tried; the plan of fewest entries is kept. Empty,
+// with the reason in *why, where the pattern has no grid on its lengths or the strips do not fit (a grid of three
+// axes longer than 1; reverse windows past 64 coordinates of the last axis). O(nnz + the strip builds).
+std::optional<KeyMajorPlan> key_major_strips(const BoundPattern& pattern, std::string* why = nullptr);
 
 // The backward's row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
 // (plan/kernels.hpp): the warp-specialized sm90_bwd_ws row where the plan has no residue permutation (its steps come

@@ -303,6 +303,8 @@ PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem
       choice_(plan::backward_choice(kernel_, problem_.head_dim)),
       csr_(patterns_.size()),
       tile_(patterns_.size()),
+      strips_(patterns_.size()),
+      strips_why_(patterns_.size()),
       parts_(patterns_.size()),
       parts_decided_(patterns_.size(), false) {
   if (options) options_ = *options;
@@ -391,7 +393,28 @@ std::string PatternsBackward::last_kernel() const {
     if (!last_parts_.empty()) return last_parts_;
   }
   const int row = last_row_.load();
-  return row >= 0 ? plan::kKernels[row].name : "";
+  if (row < 0) return "";
+  return last_strips_ ? "sm90_bwd_strips(" + std::string(plan::kKernels[row].name) + ")" : plan::kKernels[row].name;
+}
+
+TileBackward* PatternsBackward::strips_ready(size_t i, const Problem& p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!strips_[i] && strips_why_[i].empty()) {
+    std::string why;
+    const int row = plan::query_strips_row(p.head_dim, &why);
+    if (row >= 0) {
+      try {
+        strips_[i] = std::make_unique<TileBackward>(patterns_[i], analyses_[i], p, row, true);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+    }
+    if (!strips_[i]) {
+      if (choice_.query_strips) throw Error("backward kernel 'sm90_bwd_strips': " + why);
+      strips_why_[i] = why;
+    }
+  }
+  return strips_[i].get();
 }
 
 std::string PatternsBackward::explain() const {
@@ -408,6 +431,8 @@ std::string PatternsBackward::explain() const {
     const PartsBackward& pb = *parts_[i];
     s << pb.plan.describe();
     if (!pb.plan.by_parts() && tile_[i]) s << "\n    " << tile_[i]->explain();
+    if (strips_[i]) s << "\n    (opt-in, issue 39) " << strips_[i]->explain();
+    if (!strips_why_[i].empty()) s << "\n    (opt-in, issue 39) query strips asked, not run: " << strips_why_[i];
     for (size_t j = 0; j < pb.runs.size(); ++j) {
       const PartsBackward::Run& r = pb.runs[j];
       if (r.tile) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.tile->explain();
@@ -423,11 +448,21 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
                                const TensorView& v, const TensorView& o, const TensorView& lse, const TensorView& dout,
                                const TensorView& dq, const TensorView& dk, const TensorView& dv, int64_t delta_offset,
                                void* stream) const {
+  last_strips_ = false;
   if (parts_ready(i)) return run_parts(i, p, q, k, v, o, lse, dout, dq, dk, dv, delta_offset, stream);
   const bool want_csr = choice_.csr;
   std::string why;
   if (!want_csr) {
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
+    // Query strips where asked (opt-in until measured: backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD=1 read at
+    // every call) and they fit; else the chosen row.
+    if (why.empty() && plan::query_strips_asked(choice_))
+      if (TileBackward* t = strips_ready(i, p)) {
+        t->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
+        last_row_ = t->kernel_row();
+        last_strips_ = true;
+        return;
+      }
     if (why.empty()) {
       {
         std::lock_guard<std::mutex> lock(mu_);

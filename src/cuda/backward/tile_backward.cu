@@ -1,6 +1,7 @@
 // cuda/backward/tile_backward.cu — see tile_backward.hpp; the kernels are in tile_bwd.cuh.
 #include "cuda/backward/tile_backward.hpp"
 
+#include <optional>
 #include <sstream>
 
 #include "cuda/backward/tile_bwd_ws2.cuh"
@@ -14,19 +15,42 @@
 
 namespace spattn::cuda {
 
-TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an, const Problem& problem, int row)
-    : problem_(problem), row_(row) {
+TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an, const Problem& problem, int row,
+                           bool query_strips)
+    : problem_(problem), row_(row), strips_(query_strips) {
   if (row < 0 || !plan::is_tile_bwd(plan::kKernels[row].kind) || plan::kKernels[row].head_dim != problem.head_dim)
     throw Error("backward tiles: no sm90_bwd row for head dim " + std::to_string(problem.head_dim));
-  plan_ = plan::backward_tiles(pattern, an, problem.head_dim, row);
-  if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");
-  const plan::KeyMajorPlan km = plan::key_major(plan_);
+  plan::KeyMajorPlan km;
+  int64_t q_tiles = 0;
+  if (query_strips) {
+    if (plan::kKernels[row].kind != plan::KernelKind::sm90_bwd || plan::kKernels[row].block_n != 64)
+      throw Error(std::string("backward query strips: need a 64x64 sm90_bwd row, got ") + plan::kKernels[row].name);
+    std::string why;
+    std::optional<plan::KeyMajorPlan> s = plan::key_major_strips(pattern, &why);
+    if (!s) throw Error("backward " + why);
+    if (problem.q_len >= int64_t(INT32_MAX) - 64 || problem.kv_len >= int64_t(INT32_MAX))
+      throw Error("backward query strips: lengths below 2^31 - 64");
+    km = std::move(*s);
+    std::ostringstream d;
+    d << "query strips over " << km.key_boxes << ": " << km.k_tiles << " key boxes, " << km.q_tiles << " strips, "
+      << km.entries.size() << " entries (all bitmasks), kept " << km.kept_fraction() << " of visited scores";
+    strips_desc_ = d.str();
+    strip_k_tiles_ = km.k_tiles;
+    strip_sx_ = km.strip_sx, strip_sy_ = km.strip_sy;
+    k_map_ = DeviceBuffer::upload(km.k_map);
+    q_tiles = (problem.q_len + 63) / 64;  // lse2, delta, dq_acc in token order
+  } else {
+    plan_ = plan::backward_tiles(pattern, an, problem.head_dim, row);
+    if (plan_.mapped()) throw Error("backward tiles: a mapped plan (tile map) is not supported");
+    km = plan::key_major(plan_);
+    q_tiles = plan_.q_tiles;
+  }
   nbitmask_ = int64_t(km.masks.size()) / km.block_n;
   col_offsets_ = DeviceBuffer::upload(km.col_offsets);
   entries_ = DeviceBuffer::upload(km.entries);
   masks_ = DeviceBuffer::upload(km.masks);
   order_ = DeviceBuffer::upload(km.order);
-  const int64_t rows = problem.batch * problem.q_heads * plan_.q_tiles * 64;
+  const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   lse2_ = DeviceBuffer(size_t(rows) * 4);
   delta_ = DeviceBuffer(size_t(rows) * 4);
@@ -67,6 +91,10 @@ int TileBackward::kernel_row() const { return ran_row_ >= 0 ? ran_row_ : row_; }
 
 std::string TileBackward::explain() const {
   std::ostringstream s;
+  if (strips_) {
+    s << "backward " << plan::kKernels[row_].name << ": key-major " << strips_desc_;
+    return s.str();
+  }
   s << "backward " << plan::kKernels[row_].name << ": key-major " << plan_.describe() << " ("
     << nbitmask_ << " transposed bitmasks)";
   return s.str();
@@ -89,10 +117,18 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   bwd::bwd_finish_kernel<Elem, Tr::kBf16, D, kWs><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward finish");
 }
+// strips: query strips (BwdParams::k_map), 64-key rows only.
 template <int BN, int D, bool kBf16>
-void launch_tiles(const bwd::BwdParams& p, bool tma, cudaStream_t s) {
+void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s) {
   using Tr = bwd::BwdTraits<BN, D, kBf16>;
-  launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
+  if (strips) {
+    if constexpr (BN == 64) return launch_three<Tr, 0>(bwd::tile_bwd_kernel<Tr, false, true>, p, s);
+    throw Error("backward query strips: run on 64-key rows only");
+  }
+  if constexpr (BN == 64 && D == 128)  // plan::bwd_strips_only: its other instantiations would spill; none compiled
+    throw Error("backward tiles: sm90_bwd_64x64_d128 runs query strips only");
+  else
+    launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
@@ -108,20 +144,21 @@ void launch_ws2(const bwd::BwdParams& p, cudaStream_t s) {
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
 // (a warp-specialized row needs `tma`).
 template <int... I>
-void launch_row(int row, bool bf16, bool tma, const bwd::BwdParams& p, cudaStream_t s,
+void launch_row(int row, bool bf16, bool tma, bool strips, const bwd::BwdParams& p, cudaStream_t s,
                 std::integer_sequence<int, I...>) {
   bool done = false;
   auto one = [&](auto ic) {
     constexpr plan::KernelConfig c = plan::kKernels[decltype(ic)::value];
     if constexpr (c.kind == plan::KernelKind::sm90_bwd) {
       if (decltype(ic)::value == row) {
-        bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, tma, s) : launch_tiles<c.block_n, c.head_dim, false>(p, tma, s);
+        bf16 ? launch_tiles<c.block_n, c.head_dim, true>(p, tma, strips, s)
+             : launch_tiles<c.block_n, c.head_dim, false>(p, tma, strips, s);
         done = true;
       }
     } else if constexpr (c.kind == plan::KernelKind::sm90_bwd_ws) {
       static_assert(c.block_m == (c.head_dim == 64 ? 128 : 64) && c.block_n == 128,
                     "tile_bwd_ws2.cuh: 128 queries a step (D = 64), tile_bwd_ws.cuh: 64 (D = 128); 128 keys a CTA");
-      if (decltype(ic)::value == row && tma) {
+      if (decltype(ic)::value == row && tma && !strips) {
         if constexpr (c.block_m == 128)
           bf16 ? launch_ws2<true>(p, s) : launch_ws2<false>(p, s);
         else
@@ -141,8 +178,14 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   DeviceLists l;
   l.col_offsets = col_offsets_.get<int64_t>(), l.entries = entries_.get<int4>();
   l.masks = masks_.get<unsigned long long>(), l.order = order_.get<int32_t>();
-  l.q_tiles = plan_.q_tiles, l.k_tiles = plan_.k_tiles;
-  l.perm_d = plan_.perm_d, l.q_group = plan_.q_group, l.k_group = plan_.k_group;
+  if (strips_) {  // token order: no permutation
+    l.q_tiles = (problem_.q_len + 63) / 64, l.k_tiles = strip_k_tiles_;
+    l.q_group = l.q_tiles * 64, l.k_group = l.k_tiles * 64;
+    l.k_map = k_map_.get<int32_t>(), l.strip_sx = strip_sx_, l.strip_sy = strip_sy_;
+  } else {
+    l.q_tiles = plan_.q_tiles, l.k_tiles = plan_.k_tiles;
+    l.perm_d = plan_.perm_d, l.q_group = plan_.q_group, l.k_group = plan_.k_group;
+  }
   l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
   ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate,
                    dkv_accumulate);
@@ -178,15 +221,18 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   p.k_tiles = int(l.k_tiles);
   p.dq_accumulate = dq_accumulate ? 1 : 0;
   p.dkv_accumulate = dkv_accumulate ? 1 : 0;
+  p.k_map = l.k_map, p.strip_sx = l.strip_sx, p.strip_sy = l.strip_sy;
+  const bool strips = l.k_map != nullptr;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async).
-  const bool tma = l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
+  // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async; query strips
+  // gather their rows).
+  const bool tma = !strips && l.perm_d == 1 && encode_tmap(p.tmap_q, q, 64) && encode_tmap(p.tmap_do, dout, 64);
   if (tma_out) *tma_out = tma;
   // A warp-specialized row loads by TMA only: without it, the 64x128 row of the head dim runs (and is reported).
   int ran = row;
   if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws && !tma)
     ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
-  launch_row(ran, q.dtype == DType::bf16, tma, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
+  launch_row(ran, q.dtype == DType::bf16, tma, strips, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
 }
 

@@ -17,7 +17,10 @@ class TileBackward {
   // head dim: 64 queries x its block_n keys; residue permutation chosen as for the forward), transposes it
   // key-major and uploads it, with the scratch for `problem` (an fp32 dQ accumulator of B Hq Lq' D floats, Lq' the query length
   // rounded up to whole tiles per residue group; lse and delta rows).
-  TileBackward(const BoundPattern& pattern, const plan::Analysis& analysis, const Problem& problem, int row);
+  // query_strips: the key-major plan over query strips instead (plan/key_plan.hpp, key_major_strips; issue 39's
+  // neighborhood backward), on `row` (a 64x64 sm90_bwd row); an Error saying why where the strips do not fit.
+  TileBackward(const BoundPattern& pattern, const plan::Analysis& analysis, const Problem& problem, int row,
+               bool query_strips = false);
 
   // Why the tile kernel cannot run these tensors on the current device ("" where it can): an sm_90a device,
   // bf16 / fp16 everywhere, head dim 64 or 128 (dv equal), head dims contiguous, q / k / v / dout rows 16-byte
@@ -45,6 +48,11 @@ class TileBackward {
     int perm_d = 1;
     int64_t q_group = 0, k_group = 0;
     float *dq_acc = nullptr, *lse2 = nullptr, *delta = nullptr;  // B Hq q_tiles 64 (x D for dq_acc) floats
+    // Query strips (plan::KeyMajorPlan::query_strips): the key tiles' rows' tokens ([k_tiles * 64], -1 padding) and
+    // the strips' token strides; entries {strip, mask, base token, strip_pack}; q_tiles then counts the 64-row tiles
+    // of the query length (lse2, delta, dq_acc in token order). Null: no strips.
+    const int32_t* k_map = nullptr;
+    int strip_sx = 0, strip_sy = 0;
   };
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
   // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
@@ -56,6 +64,7 @@ class TileBackward {
 
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
+  bool query_strips() const { return strips_; }  // the plan is over query strips
   std::string explain() const;
 
  private:
@@ -63,7 +72,11 @@ class TileBackward {
   int row_ = -1;
   plan::BlockPlan plan_;  // the forward-order plan (its entries are kept for explain; the device has them key-major)
   int64_t nbitmask_ = 0;
-  DeviceBuffer col_offsets_, entries_, masks_, order_;
+  bool strips_ = false;        // query strips: the device lists are key_major_strips'
+  std::string strips_desc_;    // ... described (plan_ is then empty)
+  int64_t strip_k_tiles_ = 0;  // ... their key tiles
+  int32_t strip_sx_ = 0, strip_sy_ = 0;
+  DeviceBuffer col_offsets_, entries_, masks_, order_, k_map_;
   DeviceBuffer dq_acc_, lse2_, delta_;
   mutable bool last_tma_ = false;
   mutable int ran_row_ = -1;  // a warp-specialized row without TMA runs the 64x128 row of its head dim

@@ -27,6 +27,7 @@
 #include "cuda/common/mma_tile.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tmap.hpp"
+#include "plan/key_strips.hpp"  // plain constexpr: a query strip's slot -> token
 
 namespace spattn::cuda::bwd {
 
@@ -56,6 +57,12 @@ struct BwdParams {
   // The TMA variant (tile_bwd_kernel<Tr, true>: identity plans whose q and dout admit tensor maps): q's and dout's
   // maps ({D, L, H, B}, boxes of 64 elements x 64 rows, 128-byte swizzle).
   TensorMapBytes tmap_q, tmap_do;
+  // Query strips (tile_bwd_kernel<Tr, false, true>; plan/key_plan.hpp, key_major_strips): key row r of key tile kt is
+  // token k_map[kt * BN + r] (-1: padding); a step's query row r is slot r of its entry's strip, token
+  // strip_token(e.z, e.w, r, strip_sx, strip_sy) (-1: padding); lse2, delta and the dQ accumulator are in token order
+  // (perm_d 1, qp the query length rounded up to whole 64-row tiles). Null where the plan has no strips.
+  const int32_t* k_map;
+  int strip_sx, strip_sy;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -96,6 +103,29 @@ __device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
 }
 __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
   SPATTN_SM90A_ONLY(asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory"));
+}
+// 4 bytes from global to shared memory; src_bytes 0: zero-filled, the source never read.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// Query strips: ROWS rows of a [.., L, .., D] tensor gathered into a swizzled tile (sw_off) by cp.async, row r from
+// token tok(r); a token outside [0, len) (padding: -1) is zero-filled, never read.
+template <int ROWS, int D, int NT, class Tok>
+__device__ __forceinline__ void gather_rows(uint32_t sdst, const char* gbase, int64_t row_stride_bytes, int len, int tid,
+                                            Tok&& tok) {
+  constexpr int CH = D / 8;
+  static_assert((ROWS * CH) % NT == 0 && NT % CH == 0, "tile copy splits evenly");
+#pragma unroll
+  for (int j = 0; j < ROWS * CH / NT; ++j) {
+    const int row = tid / CH + j * (NT / CH), ch = tid % CH;
+    const int t = tok(row);
+    const bool ok = unsigned(t) < unsigned(len);
+    cp_async16(sdst + sw_off<ROWS>(row, ch), gbase + (ok ? int64_t(t) * row_stride_bytes + ch * 16 : 0), ok ? 16 : 0);
+  }
+}
+// Slot r of a query strip (an entry's z, w words: base token, strip_pack(W, count)): its token, -1 for padding.
+__device__ __forceinline__ int strip_slot(const int4& e, int r, int sx, int sy) {
+  return ::spattn::plan::strip_token(e.z, e.w, r, sx, sy);
 }
 
 
@@ -254,16 +284,16 @@ __device__ __forceinline__ void tma_step(const BwdParams& p, uint32_t s_q, uint3
 }
 
 // Epilogue: dK (times the softmax scale) and dV of this thread's two key rows at their tokens; added to what dk and
-// dv hold where p.dkv_accumulate (a key row is one CTA's: no race).
-template <class Tr>
+// dv hold where p.dkv_accumulate (a key row is one CTA's: no race). kMap: the rows' tokens from p.k_map (query strips).
+template <class Tr, bool kMap = false>
 __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)[Tr::D / 2], const float (&dv)[Tr::D / 2],
                                            int b, int hk, int k0, int kr0) {
   using Elem = typename Tr::Elem;
   const int cb = 2 * (threadIdx.x & 3);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int tok = plan_token(k0 + kr0 + 8 * hh, p.perm_d, p.k_group);
-    if (tok >= p.k_len) continue;
+    const int tok = kMap ? __ldg(p.k_map + k0 + kr0 + 8 * hh) : plan_token(k0 + kr0 + 8 * hh, p.perm_d, p.k_group);
+    if (unsigned(tok) >= unsigned(p.k_len)) continue;  // padding (-1 where kMap) or past the keys
     Elem* krow = static_cast<Elem*>(p.dk) + int64_t(b) * p.dk_sb + int64_t(tok) * p.dk_sl + int64_t(hk) * p.dk_sh;
     Elem* vrow = static_cast<Elem*>(p.dv) + int64_t(b) * p.dv_sb + int64_t(tok) * p.dv_sl + int64_t(hk) * p.dv_sh;
 #pragma unroll
@@ -406,8 +436,12 @@ __global__ void bwd_finish_kernel(const BwdParams p) {
 // kTma: a step's Q, dO, lse and delta come by TMA (one thread issues them, completing on the stage's mbarrier):
 // no cp.async issue work, and no fence.proxy.async at the top of each step (wgmma reads what the async proxy wrote).
 // Else by cp.async through the plan's row map (residue groups too).
-template <class Tr, bool kTma>
+// kStrips: query strips (BwdParams::k_map; cp.async): key rows through k_map, a step's query rows, their lse2 and
+// delta (4-byte copies) at its strip's tokens, dQ added at those tokens' accumulator rows; every entry a bitmask, which
+// keeps no padding slot or key (their zero-filled rows, lse2 and delta then give P = 0, dS = 0).
+template <class Tr, bool kTma, bool kStrips = false>
 __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
+  static_assert(!(kTma && kStrips), "query strips load by cp.async");
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, NT = Tr::kThreads;
   extern __shared__ uint8_t smem_raw[];
@@ -433,8 +467,14 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       fence_mbar_init();
     }
   }
-  load_rows<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
-  load_rows<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  if constexpr (kStrips) {
+    const int32_t* km = p.k_map + k0;
+    gather_rows<BN, D, NT>(s_k, kg, p.k_sl * 2, p.k_len, tid, [&](int r) { return __ldg(km + r); });
+    gather_rows<BN, D, NT>(s_v, vg, p.v_sl * 2, p.k_len, tid, [&](int r) { return __ldg(km + r); });
+  } else {
+    load_rows<BN, D, NT>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+    load_rows<BN, D, NT>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, tid);
+  }
   cp_async_commit();
   if constexpr (kTma) __syncthreads();  // the mbarriers initialized before thread 0's first copy completes on one
 
@@ -443,15 +483,27 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   // the loads' addresses nor the masks wait on a global read.
   auto entry = [&](int i) { return i < n ? __ldg(&p.entries[e0 + i % ne]) : make_int4(0, kFullEntry, 0, 0); };
   int4 e1 = entry(0), e2 = entry(1);
-  auto load_step = [&](int i, int st, int qt) {
+  auto load_step = [&](int i, int st, const int4& e) {
     const int h = hk * p.group + i / ne;
-    const int q0 = qt * BM;
+    const int q0 = e.x * BM;
     if constexpr (kTma) {  // thread 0 only
       tma_step<Tr>(p, s_q(st), s_do(st), s_rows + uint32_t(st) * 2 * BM * 4, s_bar + 8 * st, b, h, q0);
       return;
     }
     const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
     const char* dg = static_cast<const char*>(p.dout) + 2 * (int64_t(b) * p.do_sb + int64_t(h) * p.do_sh);
+    if constexpr (kStrips) {
+      static_assert(NT == 2 * BM, "a thread per row of lse2 or delta");
+      auto tok = [&](int r) { return strip_slot(e, r, p.strip_sx, p.strip_sy); };
+      gather_rows<BM, D, NT>(s_q(st), qg, p.q_sl * 2, p.q_len, tid, tok);
+      gather_rows<BM, D, NT>(s_do(st), dg, p.do_sl * 2, p.q_len, tid, tok);
+      const int r = tid % BM, t = tok(r);
+      const bool ok = unsigned(t) < unsigned(p.q_len);
+      const float* src = (tid < BM ? p.lse2 : p.delta) + (int64_t(b) * p.q_heads + h) * p.qp + (ok ? t : 0);
+      cp_async4(s_rows + uint32_t(st) * 2 * BM * 4 + (tid < BM ? 0 : BM * 4) + 4 * r, src, ok ? 4 : 0);
+      cp_async_commit();
+      return;
+    }
     load_rows<BM, D, NT>(s_q(st), qg, p.q_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
     load_rows<BM, D, NT>(s_do(st), dg, p.do_sl * 2, q0, p.q_len, p.perm_d, p.q_group, tid);
     if (tid < 32) {  // 16 chunks of lse2, 16 of delta
@@ -460,7 +512,7 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     }
     cp_async_commit();
   };
-  if (n > 0 && (!kTma || tid == 0)) load_step(0, 0, e1.x);
+  if (n > 0 && (!kTma || tid == 0)) load_step(0, 0, e1);
 
   float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -472,17 +524,25 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
 
   constexpr int kDQ = BN == 64 ? D : D / 2;  // dQ columns of this warpgroup
-  float dq[kDQ / 2];
+  // Query strips at D = 128 (one warpgroup, dK and dV 128 registers): dQ in two 64-column halves, the first added at
+  // once, the second after the next step's fence as below (all 128 columns at once spilled 148 bytes).
+  constexpr int kHalves = kStrips && BN == 64 && D == 128 ? 2 : 1;
+  constexpr int kDQR = kDQ / kHalves;  // dQ columns in registers
+  float dq[kDQR / 2];
   float* dq_prev = nullptr;  // the previous step's dQ rows (this warpgroup's columns), added after this step's fence
+  float* dq_rows[2] = {nullptr, nullptr};  // kStrips: the previous step's rows rw, rw + 8 (null: padding)
   // dQ's atomics (red.global.add.v2: this thread's two rows, two columns of each 8-column block). Issued after the
   // step's fence: fence.proxy.async waits for every outstanding memory access of the thread (MEMBAR.ALL.CTA in
   // the SASS), and red's round trip there had been the kernel's largest stall (ncu source counters, local).
-  auto add_dq = [&](float* acc) {
+  // c0: the registers' first column (the second half's where kHalves is 2).
+  auto add_dq = [&](float* acc, int c0) {
 #pragma unroll
-    for (int j = 0; j < kDQ / 8; ++j)
+    for (int hh = 0; hh < 2; ++hh) {
+      float* row = kStrips ? dq_rows[hh] : acc + int64_t(rw + 8 * hh) * D;
+      if (kStrips && row == nullptr) continue;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        red_add_v2(acc + int64_t(rw + 8 * hh) * D + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      for (int j = 0; j < kDQR / 8; ++j) red_add_v2(row + c0 + 8 * j + cb, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+    }
   };
 
   for (int i = 0; i < n; ++i) {
@@ -498,12 +558,12 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
       cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();  // this step's tiles visible to all; everyone done with step i - 1 (its stage, s_ds)
-      if (dq_prev != nullptr) add_dq(dq_prev);
+      if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
     }
     const int4 e = e1;
     e1 = e2;
     e2 = entry(i + 2);
-    if (i + 1 < n && (!kTma || tid == 0)) load_step(i + 1, st ^ 1, e1.x);
+    if (i + 1 < n && (!kTma || tid == 0)) load_step(i + 1, st ^ 1, e1);
     const int h = hk * p.group + i / ne;
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
@@ -540,27 +600,40 @@ __device__ __forceinline__ void tile_bwd_body(const BwdParams& p) {
     // The TMA variant's only fence is the one above: the previous step's atomics go right after it, a step before
     // it comes again.
     if constexpr (kTma)
-      if (dq_prev != nullptr) add_dq(dq_prev);
+      if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
     // K MN-major: BN = 128, columns [wg D/2, ...): D = 128, the warpgroup's 64-column block; D = 64, 32 columns
     // in. BN = 64: every column.
-    mma_dq_wait<Tr, kDQ>(dq, s_ds, s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), dv, dk);
     dq_prev = p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + q0) * D + wg * kDQ;
+    if constexpr (kStrips)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int t = strip_slot(e, rw + 8 * hh, p.strip_sx, p.strip_sy);
+        dq_rows[hh] = unsigned(t) < unsigned(p.q_len) ? p.dq_acc + ((int64_t(b) * p.q_heads + h) * p.qp + t) * D + wg * kDQ
+                                                      : nullptr;
+      }
+    if constexpr (kHalves == 2) {  // K's first 64-column block (BN rows x 128 B), added now; then its second
+      mma_dq_wait<Tr, kDQR>(dq, s_ds, s_k, dv, dk);
+      add_dq(dq_prev, 0);
+      mma_dq_wait<Tr, kDQR>(dq, s_ds, s_k + BN * 128, dv, dk);
+    } else {
+      mma_dq_wait<Tr, kDQ>(dq, s_ds, s_k + (BN == 64 ? 0 : D == 128 ? wg * BN * 128 : wg * 64), dv, dk);
+    }
   }
   cp_async_wait<0>();
-  if (dq_prev != nullptr) add_dq(dq_prev);
+  if (dq_prev != nullptr) add_dq(dq_prev, (kHalves - 1) * kDQR);
 
-  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+  store_dkdv<Tr, kStrips>(p, dk, dv, b, hk, k0, kr0);
 }
 
-template <class Tr, bool kTma>
+template <class Tr, bool kTma, bool kStrips = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) tile_bwd_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else {
-    tile_bwd_body<Tr, kTma>(p);
+    tile_bwd_body<Tr, kTma, kStrips>(p);
   }
 #endif
 }

@@ -38,7 +38,8 @@ class PatternsBackward {
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o, const TensorView& lse,
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
   int last_kernel_row() const { return last_row_.load(); }  // plan/kernels.hpp row of the last run, -1 before one
-  // The last run's kernel: the row's name, or "parts(row+row+...)" where a pattern ran by parts; "" before a run.
+  // The last run's kernel: the row's name, "parts(row+row+...)" where a pattern ran by parts, or
+  // "sm90_bwd_strips(row)" where it ran on query strips (issue 39, opt-in: plan::query_strips_asked); "" before a run.
   std::string last_kernel() const;
   // What the backward runs: each pattern's parts and kernels where it was built (at the first run), else what it
   // will decide.
@@ -50,6 +51,9 @@ class PatternsBackward {
                const TensorView& dk, const TensorView& dv, int64_t delta_offset, void* stream) const;
   // Builds pattern i's parts (plan::backward_parts) at its first run; false where it runs whole.
   bool parts_ready(size_t i) const;
+  // Pattern i's backward on query strips, built at its first run where asked (plan::query_strips_asked); null where
+  // they do not fit (strips_why_[i] says why; an Error instead where backward_kernel forced them).
+  TileBackward* strips_ready(size_t i, const Problem& p) const;
   void run_parts(size_t i, const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                  const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
                  const TensorView& dk, const TensorView& dv, int64_t delta_offset, void* stream) const;
@@ -62,6 +66,9 @@ class PatternsBackward {
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<CsrBackward>> csr_;
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;
+  mutable std::vector<std::unique_ptr<TileBackward>> strips_;  // query strips, where asked and they fit
+  mutable std::vector<std::string> strips_why_;                 // why not, where asked and they do not
+  mutable std::atomic<bool> last_strips_{false};                // the last run ran on query strips
   mutable float* delta_ = nullptr;  // the CSR pass's scratch, allocated at its first run
   mutable std::atomic<int> last_row_{-1};
   std::optional<PlanOptions> options_;                    // by parts where given

@@ -120,6 +120,7 @@ struct KeyMajor {
     const int d = int(pr.head_dim);
     if (cuda::device_info(device).sm90a())
       row = key_tile == 128 ? first_kernel(KernelKind::sm90_bwd_ws, d) : find_kernel(KernelKind::sm90_bwd, 64, 64, d);
+    if (row >= 0 && bwd_strips_only(kKernels[row])) row = -1;  // sm90_bwd_64x64_d128: query strips only
     if (row < 0) return;
     q_tiles = (pr.q_len + 63) / 64, k_tiles = (pr.kv_len + key_tile - 1) / key_tile, capacity = capacity_;
     std::vector<int32_t> ord(static_cast<size_t>(k_tiles));

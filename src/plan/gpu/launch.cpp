@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "plan/key_plan.hpp"
@@ -344,6 +345,13 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   BackwardChoice c;
   c.kernel = kernel;
   c.csr = kernel == "cuda_csr_bwd";
+  if (kernel == "sm90_bwd_strips") {
+    std::string w;
+    c.row = query_strips_row(head_dim, &w);
+    if (c.row < 0) throw Error("backward kernel 'sm90_bwd_strips': " + w);
+    c.query_strips = true;
+    return c;
+  }
   c.warp_specialized = kernel != kind_name(KernelKind::sm90_bwd);
   if (kernel.empty() || c.csr || !c.warp_specialized) return c;
   int row = find_kernel(kernel.c_str());
@@ -352,11 +360,26 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   if (row < 0 || (!is_tile_bwd(kKernels[row].kind) && kKernels[row].kind != KernelKind::cuda_csr_bwd))
     throw Error("backward kernel '" + kernel + "' is not a GPU backward kernel of the kernel table (sm90_bwd, " +
                 "sm90_bwd_ws or a row of them, cuda_csr_bwd)");
+  if (bwd_strips_only(kKernels[row]))
+    throw Error("backward kernel '" + kernel + "' runs query strips only (backward_kernel 'sm90_bwd_strips')");
   if (kKernels[row].head_dim && kKernels[row].head_dim != head_dim)
     throw Error("backward kernel '" + kernel + "' runs head dim " + std::to_string(kKernels[row].head_dim) +
                 ", the problem has " + std::to_string(head_dim));
   if (is_tile_bwd(kKernels[row].kind)) c.row = row;
   return c;
+}
+
+bool query_strips_asked(const BackwardChoice& c) {
+  if (c.query_strips) return true;
+  if (!c.kernel.empty()) return false;  // another kernel forced
+  const char* e = std::getenv("SPATTN_NBR_BWD");
+  return e != nullptr && std::string(e) == "1";
+}
+
+int query_strips_row(int64_t head_dim, std::string* why) {
+  const int row = find_kernel(KernelKind::sm90_bwd, 64, 64, int(head_dim));
+  if (row < 0 && why) *why = "query strips need a 64x64 sm90_bwd row at head dim " + std::to_string(head_dim) + ", the table has none";
+  return row;
 }
 
 int backward_row(const BackwardChoice& c, const Analysis& analysis, int64_t head_dim) {

@@ -147,7 +147,17 @@ struct BackwardChoice {
   int row = -1;                  // a forced sm90_bwd / sm90_bwd_ws row
   bool csr = false;              // cuda_csr_bwd forced
   bool warp_specialized = true;  // chosen rows may be the warp-specialized one (not where "sm90_bwd" is asked)
+  bool query_strips = false;     // "sm90_bwd_strips": a neighborhood's backward on query strips (key_major_strips)
+                                 // on the 64-key sm90_bwd row of the head dim; an Error where they do not fit
 };
+// The neighborhood backward on query strips (issue 39; plan/key_plan.hpp, key_major_strips) is opt-in until measured:
+// forced by backward_kernel "sm90_bwd_strips", or asked by SPATTN_NBR_BWD=1 in the environment, read at every call
+// (one process can A/B it: bench/bwd_bench.py --env-ab SPATTN_NBR_BWD=1), where it falls back to the chosen row
+// (with the reason in explain) if the strips do not fit. The golden decisions do not see it.
+bool query_strips_asked(const BackwardChoice& choice);
+// Its kernel-table row: the 64-key sm90_bwd row of the head dim (query strips are 64-query steps over 64-key boxes);
+// -1 where the table has none (why says so).
+int query_strips_row(int64_t head_dim, std::string* why = nullptr);
 // Throws Error where `kernel` is no GPU backward kernel, or a row of another head dim.
 BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim);
 // The tile row of a pattern's backward (the forced one, else choose_backward_row on its analysis).
