@@ -5,6 +5,7 @@
 // capturable, and a replay reads the mask tensors' new contents.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 
@@ -105,6 +106,9 @@ struct KeyMajor {
   mutable int last_row = -1;
   int64_t q_tiles = 0, k_tiles = 0, capacity = 0;
   cuda::DeviceBuffer offsets, entries, masks, order, dq_acc, lse2, delta;
+  // Each list's key-tile order (lists x k_tiles), written with the lists at every call where set by the caller
+  // before launch (block masks' grid build); null: `order`, the identity.
+  mutable const int32_t* list_order = nullptr;
 
   // Per-query-head lists under grouped-query attention (a block mask per head, top-k keys per query head): each
   // head's dK / dV go to a slot of these (group x B x Lk x D each), summed into its kv head's by sum_group.
@@ -146,7 +150,8 @@ struct KeyMajor {
               const TensorView& dk, const TensorView& dv, Stream stream) const {
     cuda::TileBackward::DeviceLists d;
     d.col_offsets = offsets.get<int64_t>() + l * (k_tiles + 1), d.entries = entries.get<int>();
-    d.masks = masks.get<unsigned long long>(), d.order = order.get<int32_t>();
+    d.masks = masks.get<unsigned long long>();
+    d.order = list_order ? list_order + l * k_tiles : order.get<int32_t>();
     d.q_tiles = q_tiles, d.k_tiles = k_tiles;
     d.q_group = p.q_len, d.k_group = p.kv_len;
     d.dq_acc = dq_acc.get<float>(), d.lse2 = lse2.get<float>(), d.delta = delta.get<float>();
@@ -348,6 +353,16 @@ class BlockRunner final : public DeviceMaskRunner {
     args_.list_capacity = qt * kt;
     args_.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
     args_.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
+    if (bwd_.row >= 0) {  // the grid build's scratch (tile_lists.hpp, BlockKeyScratch): marks zero between calls
+      const int64_t lists = pr.batch * pr.q_heads, words = (qt + 31) / 32;
+      const size_t mark_bytes = size_t(lists * 2 * kt * words) * 4;
+      marks_ = cuda::DeviceBuffer(mark_bytes, "run-time backward marks");
+      SPATTN_CUDA_CHECK(cudaMemset(marks_.get<char>(), 0, mark_bytes));
+      counts_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward counts");
+      orders_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward orders");
+      scratch_.marks = marks_.get<unsigned>(), scratch_.counts = counts_.get<int>();
+      scratch_.order = orders_.get<int32_t>(), scratch_.words = words;
+    }
   }
 
   // The mask's tensors into `a` (its lists nb x nh); false where the device path does not take their shapes.
@@ -393,7 +408,16 @@ class BlockRunner final : public DeviceMaskRunner {
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
+    // SPATTN_RT_KEY_LISTS=cta (read at every call, for the A/B of issue 44): the one-CTA build, identity order.
+    const char* env = std::getenv("SPATTN_RT_KEY_LISTS");
+    if (env && std::string(env) == "cta") {
+      bwd_.list_order = nullptr;
+      SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
+    } else {
+      bwd_.list_order = scratch_.order;
+      SPATTN_CUDA_CHECK(cudaError_t(
+          cuda::runtime::launch_block_key_tiles_grid(a, args_.q_tiles, args_.block_m, scratch_, stream)));
+    }
     if (nh == 1 || pr.q_heads == pr.kv_heads) {
       bwd_.launch_all(views, stream);
       return true;
@@ -440,7 +464,9 @@ class BlockRunner final : public DeviceMaskRunner {
          "blocks "
       << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
       << ", written at each call), kernel " << kernel() << ", a launch a list; backward "
-      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise, ") + kKernels[bwd_.row].name +
+      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise (across the grid: marks, counts, "
+                                      "offsets with the key tiles ordered most entries first, entries), ") +
+                              kKernels[bwd_.row].name +
                               (bwd_.group > 1 ? " (per-head lists under GQA: each head's dK / dV partials summed over "
                                                 "its kv group)"
                                               : "")
@@ -454,6 +480,8 @@ class BlockRunner final : public DeviceMaskRunner {
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::BlockTileArgs args_;
   KeyMajor bwd_;
+  cuda::DeviceBuffer marks_, counts_, orders_;
+  cuda::runtime::BlockKeyScratch scratch_;
 };
 
 // Top-k keys: every tile's bitmask set by the pairs on the device (a list a batch element, the heads sharing it), the

@@ -161,6 +161,106 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
   }
 }
 
+// ---- the backward's key-major lists of a block mask, built across the grid (launch_block_key_tiles_grid) ----
+constexpr int kWarps = 4;  // warps a CTA: a warp a query block (marks) or a key tile (counts, entries)
+
+// A warp a (query block, list): its listed blocks' marks (in range: block_entry drops the others too).
+__global__ void __launch_bounds__(kWarps * 32) block_key_marks(BlockTileArgs a, int q_blocks, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t qb = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, l = blockIdx.y;
+  if (qb >= q_blocks) return;
+  const int bb = int(l / a.heads), hh = int(l % a.heads);
+  for (int full = 0; full < 2; ++full) {
+    const int64_t n = block_count(a, bb, hh, int(qb), full != 0);
+    for (int64_t j = lane; j < n; j += 32) {
+      const int64_t kt = block_index(a, bb, hh, int(qb), full != 0, j);
+      if (kt >= 0 && kt < a.k_tiles)
+        atomicOr(s.marks + block_mark_word(l, full != 0, kt, a.k_tiles, s.words, qb), 1u << (qb % 32));
+    }
+  }
+}
+
+// Warp `t` (list t / k_tiles, key tile t % k_tiles): its two planes' words; the lane's run of them, [w0, w1)
+// (contiguous, so that the lanes' entries follow one another in the lanes' order).
+struct KeyColumn {
+  int64_t l, kt, w0, w1;
+  unsigned *part, *full;
+  __device__ KeyColumn(const BlockTileArgs& a, const BlockKeyScratch& s, int64_t t, int lane)
+      : l(t / a.k_tiles), kt(t % a.k_tiles) {
+    const int64_t per = (s.words + 31) / 32;
+    w0 = min(lane * per, s.words), w1 = min(w0 + per, s.words);
+    part = s.marks + block_mark_word(l, false, kt, a.k_tiles, s.words, 0);
+    full = s.marks + block_mark_word(l, true, kt, a.k_tiles, s.words, 0);
+  }
+  // The entries of the lane's words written at out (at most room; out null: counted).
+  __device__ int64_t entries(const BlockTileArgs& a, int sub, Entry4* out, int64_t room) const {
+    int64_t n = 0;
+    for (int64_t w = w0; w < w1; ++w)
+      n += key_word_entries(a, kt, w, part[w], full[w], sub, out ? out + n : nullptr, room - n);
+    return n;
+  }
+};
+
+// A warp a (list, key tile): its entries counted.
+__global__ void __launch_bounds__(kWarps * 32) block_key_counts(BlockTileArgs a, int sub, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= int64_t(a.lists) * a.k_tiles) return;
+  int64_t n = KeyColumn(a, s, t, lane).entries(a, sub, nullptr, 0);
+  for (int o = 16; o; o /= 2) n += __shfl_xor_sync(~0u, n, o);
+  if (lane == 0) s.counts[t] = int(n);
+}
+
+// A CTA a list: the counts scanned into its column offsets; its key tiles ordered most entries first, ties ascending
+// (a bitonic sort of key_order_key in shared memory; the identity past kMaxOrderedKeyTiles).
+__global__ void __launch_bounds__(kListThreads) block_key_offsets(BlockTileArgs a, BlockKeyScratch s) {
+  __shared__ unsigned long long keys[kMaxOrderedKeyTiles];
+  const int64_t l = blockIdx.x;
+  const int* counts = s.counts + l * a.k_tiles;
+  scan_lists(
+      a.k_tiles, l * a.list_capacity, a.list_capacity, a.row_offsets + l * (a.k_tiles + 1),
+      [&](int kt) { return int64_t(counts[kt]); }, [&](int, int64_t, int64_t) {});
+  int32_t* order = s.order + l * a.k_tiles;
+  if (a.k_tiles > kMaxOrderedKeyTiles) {
+    for (int kt = threadIdx.x; kt < a.k_tiles; kt += blockDim.x) order[kt] = kt;
+    return;
+  }
+  int n = 1;
+  while (n < a.k_tiles) n *= 2;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < a.k_tiles ? key_order_key(counts[i], i) : ~0ull;
+  __syncthreads();
+  for (int k = 2; k <= n; k *= 2)
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int p = i ^ j;
+        if (p <= i) continue;
+        const unsigned long long x = keys[i], y = keys[p];
+        if ((x > y) == ((i & k) == 0)) keys[i] = y, keys[p] = x;
+      }
+      __syncthreads();
+    }
+  for (int i = threadIdx.x; i < a.k_tiles; i += blockDim.x) order[i] = int32_t(keys[i] & 0xffffffffu);
+}
+
+// A warp a (list, key tile): its entries written (each lane's run after the lower lanes'), its marks cleared.
+__global__ void __launch_bounds__(kWarps * 32) block_key_entries(BlockTileArgs a, int sub, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= int64_t(a.lists) * a.k_tiles) return;
+  const KeyColumn c(a, s, t, lane);
+  const int64_t mine = c.entries(a, sub, nullptr, 0);
+  int64_t below = mine;  // inclusive scan over the lanes
+  for (int o = 1; o < 32; o *= 2) {
+    const int64_t x = __shfl_up_sync(~0u, below, o);
+    if (lane >= o) below += x;
+  }
+  below -= mine;
+  const int64_t* offsets = a.row_offsets + c.l * (a.k_tiles + 1);
+  const int64_t at = offsets[c.kt] + below, end = offsets[c.kt + 1];
+  if (at < end) c.entries(a, sub, reinterpret_cast<Entry4*>(a.entries) + at, end - at);
+  for (int64_t w = c.w0; w < c.w1; ++w) c.part[w] = 0, c.full[w] = 0;
+}
+
 // ---- top-k keys ----
 // A CTA a (list, query row): its K listed keys and its band's keys set their bits (atomicOr: rows of a tile share words).
 __global__ void __launch_bounds__(kMaskThreads) topk_scatter(TopkTileArgs a) {
@@ -262,6 +362,26 @@ int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, vo
   if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
   block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(
       a, q_blocks, q_block / 64);
+  return int(cudaGetLastError());
+}
+
+int launch_block_key_tiles_grid(const BlockTileArgs& a, int q_blocks, int q_block, const BlockKeyScratch& s,
+                                void* stream) {
+  if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
+  const auto st = static_cast<cudaStream_t>(stream);
+  const int sub = q_block / 64;
+  cudaError_t e = cudaSuccess;
+  if (q_blocks > 0) {
+    block_key_marks<<<dim3(unsigned((q_blocks + kWarps - 1) / kWarps), unsigned(a.lists)), kWarps * 32, 0, st>>>(
+        a, q_blocks, s);
+    if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  }
+  const unsigned columns = unsigned((int64_t(a.lists) * a.k_tiles + kWarps - 1) / kWarps);
+  block_key_counts<<<columns, kWarps * 32, 0, st>>>(a, sub, s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_key_offsets<<<unsigned(a.lists), kListThreads, 0, st>>>(a, s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_key_entries<<<columns, kWarps * 32, 0, st>>>(a, sub, s);
   return int(cudaGetLastError());
 }
 

@@ -88,6 +88,25 @@ int launch_block_tiles(const BlockTileArgs& a, void* stream);
 // them; its key blocks are the key tiles) and row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row
 // query tiles x k_tiles.
 int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream);
+// The same lists built across the grid (the default; launch_block_key_tiles above is the one-CTA build it replaced,
+// kept for the A/B: SPATTN_RT_KEY_LISTS=cta, device_runner.cpp). Four launches: the listed blocks mark bits of two
+// planes (partial, full: tile_walk.hpp, block_mark_word) by a warp a query block; a warp a key tile counts its
+// entries from its marks; a CTA a list scans the counts into the column offsets and orders the key tiles most entries
+// first, ties ascending (as plan/key_plan.cpp's static key-major plans); a warp a key tile writes its entries
+// (ascending query tiles: key_word_entries) and clears its marks, so the marks are zero between calls (zeroed once
+// when allocated). A block listed twice in a row is run once here (the one-CTA build ran it twice); valid masks list
+// none twice. Work O(listed blocks + lists x k_tiles x q_blocks / 32), where the one-CTA build read every slot of the
+// mask's index tensors (q_blocks x (C + full C)) on one SM.
+struct BlockKeyScratch {
+  unsigned* marks = nullptr;   // lists x 2 x k_tiles x words, zero between calls
+  int* counts = nullptr;       // lists x k_tiles
+  int32_t* order = nullptr;    // lists x k_tiles: each list's key tiles, most entries first
+  int64_t words = 0;           // (q_blocks + 31) / 32
+};
+int launch_block_key_tiles_grid(const BlockTileArgs& a, int q_blocks, int q_block, const BlockKeyScratch& s,
+                                void* stream);
+// The most key tiles the order's sort takes (a CTA's shared memory); past it the order is the identity.
+inline constexpr int kMaxOrderedKeyTiles = 4096;
 
 // Top-k keys (TopkTileArgs): one list a batch element (topk_indices [B, Lq, K], shared by the heads). Every pair (q, k)
 // the row lists (or the spec's band keeps, lo <= k - q <= hi) sets its bit in the forward bitmask of tile (q / 128,
