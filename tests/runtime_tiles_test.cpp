@@ -186,15 +186,16 @@ TEST(RuntimeTiles, BlockMasks) {
   }
 }
 
-// The grid build of the backward's key-major block-mask lists (tile_lists.cu, launch_block_key_tiles_grid), its
-// kernels' steps run on the host with the same walks (marks by block_mark_word, each column's entries word by word
-// by key_word_entries, a warp's lanes each a run of words placed after the lower lanes', the order by key_order_key),
-// against the static plan's key-major plan (plan/key_plan.cpp) of the same pairs: for random block masks (full and
-// partial blocks, no spec, causal or a causal window, masks per batch element and per head as under grouped-query
-// attention, empty rows, query blocks past Lq, key tiles past the keys, more than 32 query blocks a word) each key
-// tile lists the same 64-row query tiles in the same (ascending) order, its entries keep exactly the mask's pairs, and
-// the key tiles run in the same order (most entries first).
-TEST(RuntimeTiles, BlockKeyListsMatchStaticKeyMajor) {
+// The grid builds of block masks' lists (tile_lists.cu, launch_block_key_tiles_grid and launch_block_tiles_grid),
+// their kernels' steps run on the host with the same walks (marks by block_mark_word, each row's entries word by word
+// by key_word_entries / row_word_entries, a warp's lanes each a run of words placed after the lower lanes', the order
+// by key_order_key), against the static plans of the same pairs (the backward's key-major plan, plan/key_plan.cpp, and
+// the forward's tile plan): for random block masks (full and partial blocks, no spec, causal or a causal window, masks
+// per batch element and per head as under grouped-query attention, empty rows, query blocks past Lq, key tiles past
+// the keys, more than 32 blocks a word of marks) each key tile lists the same 64-row query tiles in the same
+// (ascending) order and each query tile the same key tiles, the entries keep exactly the mask's pairs, and the key
+// tiles run in the same order (most entries first).
+TEST(RuntimeTiles, BlockGridListsMatchStaticPlans) {
   namespace rt = spattn::cuda::runtime;
   std::mt19937 rng(3);
   for (int trial = 0; trial < 30; ++trial) {
@@ -235,17 +236,20 @@ TEST(RuntimeTiles, BlockKeyListsMatchStaticKeyMajor) {
     const int q_blocks = int((Lq + bs - 1) / bs), sub = int(bs / 64);
     const int64_t q_tiles = (Lq + 63) / 64, words = (q_blocks + 31) / 32;
     a.list_capacity = q_tiles * nk;
-    // block_key_marks
-    std::vector<unsigned> marks(size_t(lists * 2 * nk * words), 0);
+    // block_marks<true> (a row a key tile, a bit a query block) and block_marks<false> (a row a query tile)
+    const int64_t fwords = (nk + 31) / 32;
+    std::vector<unsigned> marks(size_t(lists * 2 * nk * words), 0), fmarks(size_t(lists * 2 * q_blocks * fwords), 0);
     for (int l = 0; l < lists; ++l)
       for (int qb = 0; qb < q_blocks; ++qb)
         for (int full = 0; full < 2; ++full)
           for (int64_t j = 0; j < rt::block_count(a, l / nh, l % nh, qb, full != 0); ++j) {
             const int64_t kt = rt::block_index(a, l / nh, l % nh, qb, full != 0, j);
-            if (kt >= 0 && kt < nk) marks[size_t(rt::block_mark_word(l, full != 0, kt, nk, words, qb))] |= 1u << (qb % 32);
+            if (kt < 0 || kt >= nk) continue;
+            marks[size_t(rt::block_mark_word(l, full != 0, kt, nk, words, qb))] |= 1u << (qb % 32);
+            fmarks[size_t(rt::block_mark_word(l, full != 0, qb, q_blocks, fwords, kt))] |= 1u << (kt % 32);
           }
     for (int l = 0; l < lists; ++l) {
-      // block_key_counts, block_key_offsets (the order: ascending key_order_key) and block_key_entries' lanes
+      // block_counts, block_offsets (the order: ascending key_order_key) and block_key_entries' lanes
       std::vector<int64_t> offsets(size_t(nk + 1), 0);
       std::vector<std::vector<Entry4>> cols(static_cast<size_t>(nk));
       std::vector<unsigned long long> keys;
@@ -297,6 +301,34 @@ TEST(RuntimeTiles, BlockKeyListsMatchStaticKeyMajor) {
       }
       for (int64_t i = 0; i < nk; ++i)
         ASSERT_EQ(int32_t(keys[size_t(i)] & 0xffffffffu), km.order[size_t(i)]) << "list " << l << " order " << i;
+      // The forward's lists (block_entries<false>: a warp a query tile) against the static forward plan's rows.
+      rt::BlockTileArgs f = a;
+      f.block_m = int(bs);
+      const spattn::plan::BlockPlan fplan =
+          spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 128, int(bs), int(bs), 1, false, 0);
+      ASSERT_EQ(fplan.perm_d, 1);
+      int64_t total = 0;
+      for (int64_t qt = 0; qt < q_blocks; ++qt) {
+        const unsigned* part = fmarks.data() + rt::block_mark_word(l, false, qt, q_blocks, fwords, 0);
+        const unsigned* full = fmarks.data() + rt::block_mark_word(l, true, qt, q_blocks, fwords, 0);
+        int64_t n = 0;
+        for (int64_t w = 0; w < fwords; ++w) n += rt::row_word_entries(f, qt, w, part[w], full[w], nullptr, 0);
+        std::vector<Entry4> row(static_cast<size_t>(n));
+        const int64_t per = (fwords + 31) / 32;
+        int64_t at = 0;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int64_t w = std::min(lane * per, fwords); w < std::min(lane * per + per, fwords); ++w)
+            at += rt::row_word_entries(f, qt, w, part[w], full[w], row.data() + at, n - at);
+        ASSERT_EQ(at, n);
+        total += n;
+        std::vector<int> mine, theirs;
+        for (const Entry4& e : row) mine.push_back(e.x);
+        for (int64_t i = fplan.row_offsets[size_t(qt)]; i < fplan.row_offsets[size_t(qt) + 1]; ++i)
+          theirs.push_back(fplan.entries[size_t(i)].kt);
+        ASSERT_EQ(mine, theirs) << "list " << l << " query tile " << qt;
+        check_tile(int(qt), row, false, int(bs), int(bs), Lq, Lk, kept, none);
+      }
+      ASSERT_LE(total, q_blocks * nk);
     }
   }
 }

@@ -290,16 +290,16 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
       }
 }
 
-// The backward's key-major lists of block masks from both builds (issue 44: the grid build, the default, and the one-CTA
-// build it replaced, SPATTN_RT_KEY_LISTS=cta, read at every call): more than 32 query blocks (marks of several words),
-// per-head masks, full, partial and empty rows; two masks one after the other through one plan (the grid build's
-// marks are cleared by the call that read them). Both against the reference.
-TEST(RuntimeMaskGpu, BlockKeyListsBothBuilds) {
+// Block masks' lists, forward and key-major backward, from both builds (issue 44: the grid builds, the default, and
+// the one-CTA builds they replaced, SPATTN_RT_KEY_LISTS=cta or one of them, read at every call): more than 32 query blocks (marks of
+// several words), per-head masks under GQA, full, partial and empty rows; two masks one after the other through one
+// plan (the grid builds' marks are cleared by the call that read them). Both against the reference.
+TEST(RuntimeMaskGpu, BlockListsBothBuilds) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the device backward needs sm_90a";
   std::mt19937 rng(61);
   for (int64_t bs : {128, 64})
-    for (const char* build : {"", "cta"}) {
+    for (const char* build : {"", "cta", "fwd"}) {  // the grid builds, the one-CTA builds, the forward's only
       SCOPED_TRACE(std::string("blocks ") + std::to_string(bs) + ", build '" + build + "'");
       setenv("SPATTN_RT_KEY_LISTS", build, 1);
       const int64_t L = bs == 64 ? 2500 : 4500, nq = (L + bs - 1) / bs, nk = nq, C = 6;

@@ -333,7 +333,14 @@ std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh,
   return views;
 }
 
-// Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on
+// SPATTN_RT_KEY_LISTS, read at every call (the A/B of issue 44): block masks' lists by the one-CTA builds, not the
+// grid builds: "cta" both, "fwd" the forward's, "bwd" the backward's (then in identity order).
+bool one_cta_lists(const char* side) {
+  const char* env = std::getenv("SPATTN_RT_KEY_LISTS");
+  return env && (std::string(env) == "cta" || std::string(env) == side);
+}
+
+// Block masks: one list a (batch, head) of the mask, written across the grid (tile_lists.hpp); the fused forward launched once a list on
 // that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
@@ -353,16 +360,26 @@ class BlockRunner final : public DeviceMaskRunner {
     args_.list_capacity = qt * kt;
     args_.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
     args_.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
-    if (bwd_.row >= 0) {  // the grid build's scratch (tile_lists.hpp, BlockKeyScratch): marks zero between calls
-      const int64_t lists = pr.batch * pr.q_heads, words = (qt + 31) / 32;
-      const size_t mark_bytes = size_t(lists * 2 * kt * words) * 4;
-      marks_ = cuda::DeviceBuffer(mark_bytes, "run-time backward marks");
-      SPATTN_CUDA_CHECK(cudaMemset(marks_.get<char>(), 0, mark_bytes));
-      counts_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward counts");
+    // The grid builds' scratch (tile_lists.hpp, BlockKeyScratch; marks zero between calls): the forward's (a row
+    // of marks a query tile) and the backward's (a row a key tile, and its orders), apart.
+    const int64_t lists = pr.batch * pr.q_heads;
+    fwd_scratch_ = grid_scratch(lists, qt, (kt + 31) / 32, fwd_marks_, fwd_counts_, "run-time forward");
+    if (bwd_.row >= 0) {
+      scratch_ = grid_scratch(lists, kt, (qt + 31) / 32, marks_, counts_, "run-time backward");
       orders_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward orders");
-      scratch_.marks = marks_.get<unsigned>(), scratch_.counts = counts_.get<int>();
-      scratch_.order = orders_.get<int32_t>(), scratch_.words = words;
+      scratch_.order = orders_.get<int32_t>();
     }
+  }
+  static cuda::runtime::BlockKeyScratch grid_scratch(int64_t lists, int64_t rows, int64_t words,
+                                                     cuda::DeviceBuffer& marks, cuda::DeviceBuffer& counts,
+                                                     const std::string& what) {
+    const size_t mark_bytes = size_t(lists * 2 * rows * words) * 4;
+    marks = cuda::DeviceBuffer(mark_bytes, (what + " marks").c_str());
+    SPATTN_CUDA_CHECK(cudaMemset(marks.get<char>(), 0, mark_bytes));
+    counts = cuda::DeviceBuffer(size_t(lists * rows) * 4, (what + " counts").c_str());
+    cuda::runtime::BlockKeyScratch s;
+    s.marks = marks.get<unsigned>(), s.counts = counts.get<int>(), s.words = words;
+    return s;
   }
 
   // The mask's tensors into `a` (its lists nb x nh); false where the device path does not take their shapes.
@@ -408,9 +425,7 @@ class BlockRunner final : public DeviceMaskRunner {
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
-    // SPATTN_RT_KEY_LISTS=cta (read at every call, for the A/B of issue 44): the one-CTA build, identity order.
-    const char* env = std::getenv("SPATTN_RT_KEY_LISTS");
-    if (env && std::string(env) == "cta") {
+    if (one_cta_lists("bwd")) {  // the one-CTA build, identity order
       bwd_.list_order = nullptr;
       SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
     } else {
@@ -446,7 +461,8 @@ class BlockRunner final : public DeviceMaskRunner {
     // Every launch's parameters first (checks, tensor maps), then the lists' kernel and the launches.
     const std::vector<FusedFwd::Params> launches =
         list_launches(*plan_, pr, nb, nh, q, k, v, o, lse, "run-time block mask");
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_tiles(a, stream)));
+    SPATTN_CUDA_CHECK(cudaError_t(one_cta_lists("fwd") ? cuda::runtime::launch_block_tiles(a, stream)
+                                                  : cuda::runtime::launch_block_tiles_grid(a, fwd_scratch_, stream)));
     for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
     return true;
   }
@@ -463,9 +479,10 @@ class BlockRunner final : public DeviceMaskRunner {
       << " blocks and tiles, one list a (batch, head) of the mask, partial "
          "blocks "
       << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
-      << ", written at each call), kernel " << kernel() << ", a launch a list; backward "
-      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise (across the grid: marks, counts, "
-                                      "offsets with the key tiles ordered most entries first, entries), ") +
+      << ", written at each call across the grid: marks, counts, offsets, entries), kernel " << kernel()
+      << ", a launch a list; backward "
+      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise (the key tiles run most entries "
+                                      "first), ") +
                               kKernels[bwd_.row].name +
                               (bwd_.group > 1 ? " (per-head lists under GQA: each head's dK / dV partials summed over "
                                                 "its kv group)"
@@ -480,8 +497,8 @@ class BlockRunner final : public DeviceMaskRunner {
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::BlockTileArgs args_;
   KeyMajor bwd_;
-  cuda::DeviceBuffer marks_, counts_, orders_;
-  cuda::runtime::BlockKeyScratch scratch_;
+  cuda::DeviceBuffer marks_, counts_, orders_, fwd_marks_, fwd_counts_;
+  cuda::runtime::BlockKeyScratch scratch_, fwd_scratch_;
 };
 
 // Top-k keys: every tile's bitmask set by the pairs on the device (a list a batch element, the heads sharing it), the

@@ -161,11 +161,14 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
   }
 }
 
-// ---- the backward's key-major lists of a block mask, built across the grid (launch_block_key_tiles_grid) ----
-constexpr int kWarps = 4;  // warps a CTA: a warp a query block (marks) or a key tile (counts, entries)
+// ---- block masks' lists built across the grid (launch_block_tiles_grid, launch_block_key_tiles_grid) ----
+// kKeys: the backward's key-major lists (a row of marks a key tile, a bit a query block), else the forward's (a row a
+// query tile, a bit a key tile); BlockKeyScratch::words words a row, two planes (partial, full) a list.
+constexpr int kWarps = 4;  // warps a CTA: a warp a query block (marks) or a row (counts, entries)
 
 // A warp a (query block, list): its listed blocks' marks (in range: block_entry drops the others too).
-__global__ void __launch_bounds__(kWarps * 32) block_key_marks(BlockTileArgs a, int q_blocks, BlockKeyScratch s) {
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32) block_marks(BlockTileArgs a, int q_blocks, BlockKeyScratch s) {
   const int lane = threadIdx.x % 32;
   const int64_t qb = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, l = blockIdx.y;
   if (qb >= q_blocks) return;
@@ -174,60 +177,67 @@ __global__ void __launch_bounds__(kWarps * 32) block_key_marks(BlockTileArgs a, 
     const int64_t n = block_count(a, bb, hh, int(qb), full != 0);
     for (int64_t j = lane; j < n; j += 32) {
       const int64_t kt = block_index(a, bb, hh, int(qb), full != 0, j);
-      if (kt >= 0 && kt < a.k_tiles)
+      if (kt < 0 || kt >= a.k_tiles) continue;
+      if (kKeys)
         atomicOr(s.marks + block_mark_word(l, full != 0, kt, a.k_tiles, s.words, qb), 1u << (qb % 32));
+      else
+        atomicOr(s.marks + block_mark_word(l, full != 0, qb, q_blocks, s.words, kt), 1u << (kt % 32));
     }
   }
 }
 
-// Warp `t` (list t / k_tiles, key tile t % k_tiles): its two planes' words; the lane's run of them, [w0, w1)
-// (contiguous, so that the lanes' entries follow one another in the lanes' order).
-struct KeyColumn {
-  int64_t l, kt, w0, w1;
+// Warp `t`'s row (list t / rows, row t % rows) of marks; the lane's run of its words, [w0, w1) (contiguous, so that
+// the lanes' entries follow one another in the lanes' order).
+template <bool kKeys>
+struct MarkRow {
+  int64_t l, r, w0, w1;
   unsigned *part, *full;
-  __device__ KeyColumn(const BlockTileArgs& a, const BlockKeyScratch& s, int64_t t, int lane)
-      : l(t / a.k_tiles), kt(t % a.k_tiles) {
+  __device__ MarkRow(const BlockTileArgs& a, const BlockKeyScratch& s, int64_t rows, int64_t t, int lane)
+      : l(t / rows), r(t % rows) {
     const int64_t per = (s.words + 31) / 32;
     w0 = min(lane * per, s.words), w1 = min(w0 + per, s.words);
-    part = s.marks + block_mark_word(l, false, kt, a.k_tiles, s.words, 0);
-    full = s.marks + block_mark_word(l, true, kt, a.k_tiles, s.words, 0);
+    part = s.marks + block_mark_word(l, false, r, rows, s.words, 0);
+    full = s.marks + block_mark_word(l, true, r, rows, s.words, 0);
   }
   // The entries of the lane's words written at out (at most room; out null: counted).
   __device__ int64_t entries(const BlockTileArgs& a, int sub, Entry4* out, int64_t room) const {
     int64_t n = 0;
     for (int64_t w = w0; w < w1; ++w)
-      n += key_word_entries(a, kt, w, part[w], full[w], sub, out ? out + n : nullptr, room - n);
+      n += kKeys ? key_word_entries(a, r, w, part[w], full[w], sub, out ? out + n : nullptr, room - n)
+                 : row_word_entries(a, r, w, part[w], full[w], out ? out + n : nullptr, room - n);
     return n;
   }
 };
 
-// A warp a (list, key tile): its entries counted.
-__global__ void __launch_bounds__(kWarps * 32) block_key_counts(BlockTileArgs a, int sub, BlockKeyScratch s) {
+// A warp a (list, row): its entries counted.
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32) block_counts(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (t >= int64_t(a.lists) * a.k_tiles) return;
-  int64_t n = KeyColumn(a, s, t, lane).entries(a, sub, nullptr, 0);
+  if (t >= int64_t(a.lists) * rows) return;
+  int64_t n = MarkRow<kKeys>(a, s, rows, t, lane).entries(a, sub, nullptr, 0);
   for (int o = 16; o; o /= 2) n += __shfl_xor_sync(~0u, n, o);
   if (lane == 0) s.counts[t] = int(n);
 }
 
-// A CTA a list: the counts scanned into its column offsets; its key tiles ordered most entries first, ties ascending
-// (a bitonic sort of key_order_key in shared memory; the identity past kMaxOrderedKeyTiles).
-__global__ void __launch_bounds__(kListThreads) block_key_offsets(BlockTileArgs a, BlockKeyScratch s) {
+// A CTA a list: the counts scanned into its row offsets; where s.order is set, its rows ordered most entries first,
+// ties ascending (a bitonic sort of key_order_key in shared memory; the identity past kMaxOrderedKeyTiles).
+__global__ void __launch_bounds__(kListThreads) block_offsets(BlockTileArgs a, int rows, BlockKeyScratch s) {
   __shared__ unsigned long long keys[kMaxOrderedKeyTiles];
   const int64_t l = blockIdx.x;
-  const int* counts = s.counts + l * a.k_tiles;
+  const int* counts = s.counts + l * rows;
   scan_lists(
-      a.k_tiles, l * a.list_capacity, a.list_capacity, a.row_offsets + l * (a.k_tiles + 1),
-      [&](int kt) { return int64_t(counts[kt]); }, [&](int, int64_t, int64_t) {});
-  int32_t* order = s.order + l * a.k_tiles;
-  if (a.k_tiles > kMaxOrderedKeyTiles) {
-    for (int kt = threadIdx.x; kt < a.k_tiles; kt += blockDim.x) order[kt] = kt;
+      rows, l * a.list_capacity, a.list_capacity, a.row_offsets + l * (rows + 1),
+      [&](int r) { return int64_t(counts[r]); }, [&](int, int64_t, int64_t) {});
+  if (!s.order) return;
+  int32_t* order = s.order + l * rows;
+  if (rows > kMaxOrderedKeyTiles) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) order[r] = r;
     return;
   }
   int n = 1;
-  while (n < a.k_tiles) n *= 2;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < a.k_tiles ? key_order_key(counts[i], i) : ~0ull;
+  while (n < rows) n *= 2;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < rows ? key_order_key(counts[i], i) : ~0ull;
   __syncthreads();
   for (int k = 2; k <= n; k *= 2)
     for (int j = k / 2; j > 0; j /= 2) {
@@ -239,15 +249,16 @@ __global__ void __launch_bounds__(kListThreads) block_key_offsets(BlockTileArgs 
       }
       __syncthreads();
     }
-  for (int i = threadIdx.x; i < a.k_tiles; i += blockDim.x) order[i] = int32_t(keys[i] & 0xffffffffu);
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) order[i] = int32_t(keys[i] & 0xffffffffu);
 }
 
-// A warp a (list, key tile): its entries written (each lane's run after the lower lanes'), its marks cleared.
-__global__ void __launch_bounds__(kWarps * 32) block_key_entries(BlockTileArgs a, int sub, BlockKeyScratch s) {
+// A warp a (list, row): its entries written (each lane's run after the lower lanes'), its marks cleared.
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32) block_entries(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (t >= int64_t(a.lists) * a.k_tiles) return;
-  const KeyColumn c(a, s, t, lane);
+  if (t >= int64_t(a.lists) * rows) return;
+  const MarkRow<kKeys> c(a, s, rows, t, lane);
   const int64_t mine = c.entries(a, sub, nullptr, 0);
   int64_t below = mine;  // inclusive scan over the lanes
   for (int o = 1; o < 32; o *= 2) {
@@ -255,10 +266,30 @@ __global__ void __launch_bounds__(kWarps * 32) block_key_entries(BlockTileArgs a
     if (lane >= o) below += x;
   }
   below -= mine;
-  const int64_t* offsets = a.row_offsets + c.l * (a.k_tiles + 1);
-  const int64_t at = offsets[c.kt] + below, end = offsets[c.kt + 1];
+  const int64_t* offsets = a.row_offsets + c.l * (rows + 1);
+  const int64_t at = offsets[c.r] + below, end = offsets[c.r + 1];
   if (at < end) c.entries(a, sub, reinterpret_cast<Entry4*>(a.entries) + at, end - at);
   for (int64_t w = c.w0; w < c.w1; ++w) c.part[w] = 0, c.full[w] = 0;
+}
+
+// The four launches of either build: rows of marks (key tiles or query tiles), `sub` 64-row query tiles a block.
+template <bool kKeys>
+int launch_grid_lists(const BlockTileArgs& a, int q_blocks, int64_t rows, int sub, const BlockKeyScratch& s,
+                      cudaStream_t st) {
+  if (rows == 0 || a.lists == 0) return int(cudaSuccess);
+  cudaError_t e = cudaSuccess;
+  if (q_blocks > 0) {
+    block_marks<kKeys><<<dim3(unsigned((q_blocks + kWarps - 1) / kWarps), unsigned(a.lists)), kWarps * 32, 0, st>>>(
+        a, q_blocks, s);
+    if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  }
+  const unsigned ctas = unsigned((int64_t(a.lists) * rows + kWarps - 1) / kWarps);
+  block_counts<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, rows, sub, s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_offsets<<<unsigned(a.lists), kListThreads, 0, st>>>(a, int(rows), s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_entries<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, rows, sub, s);
+  return int(cudaGetLastError());
 }
 
 // ---- top-k keys ----
@@ -367,22 +398,13 @@ int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, vo
 
 int launch_block_key_tiles_grid(const BlockTileArgs& a, int q_blocks, int q_block, const BlockKeyScratch& s,
                                 void* stream) {
-  if (a.k_tiles == 0 || a.lists == 0) return int(cudaSuccess);
-  const auto st = static_cast<cudaStream_t>(stream);
-  const int sub = q_block / 64;
-  cudaError_t e = cudaSuccess;
-  if (q_blocks > 0) {
-    block_key_marks<<<dim3(unsigned((q_blocks + kWarps - 1) / kWarps), unsigned(a.lists)), kWarps * 32, 0, st>>>(
-        a, q_blocks, s);
-    if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
-  }
-  const unsigned columns = unsigned((int64_t(a.lists) * a.k_tiles + kWarps - 1) / kWarps);
-  block_key_counts<<<columns, kWarps * 32, 0, st>>>(a, sub, s);
-  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
-  block_key_offsets<<<unsigned(a.lists), kListThreads, 0, st>>>(a, s);
-  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
-  block_key_entries<<<columns, kWarps * 32, 0, st>>>(a, sub, s);
-  return int(cudaGetLastError());
+  return launch_grid_lists<true>(a, q_blocks, a.k_tiles, q_block / 64, s, static_cast<cudaStream_t>(stream));
+}
+
+int launch_block_tiles_grid(const BlockTileArgs& a, const BlockKeyScratch& s, void* stream) {
+  BlockKeyScratch f = s;
+  f.order = nullptr;
+  return launch_grid_lists<false>(a, a.q_tiles, a.q_tiles, 1, f, static_cast<cudaStream_t>(stream));
 }
 
 int launch_block_tiles(const BlockTileArgs& a, void* stream) {

@@ -180,13 +180,32 @@ SPATTN_HD void each_block(const BlockTileArgs& a, int bb, int hh, int qb, F f) {
   }
 }
 
-// ---- block masks, key-major by marks (launch_block_key_tiles' default build; tile_lists.hpp, BlockKeyScratch) ----
-// A list's marks: two planes (partial, full) of k_tiles rows of `words` 32-bit words; bit qb % 32 of word qb / 32 of
-// row kt is set where query block qb lists key block kt. A listed block marks one bit however often it is listed.
+// ---- block masks by marks (the grid builds: tile_lists.hpp, BlockKeyScratch) ----
+// A list's marks: two planes (partial, full) of `rows` rows of `words` 32-bit words. Key-major (the backward): a row a
+// key tile, bit qb % 32 of word qb / 32 of row kt set where query block qb lists key block kt; the forward's: a row a
+// query tile, bit kt of row qb. A listed block marks one bit however often it is listed.
 
-// The word of plane `full`, key tile kt of list l that query block qb's mark goes to.
-SPATTN_HD int64_t block_mark_word(int64_t l, bool full, int64_t kt, int64_t k_tiles, int64_t words, int64_t qb) {
-  return ((l * 2 + (full ? 1 : 0)) * k_tiles + kt) * words + qb / 32;
+// The word of plane `full`, row `row` (of `rows`) of list l that holds bit `bit`.
+SPATTN_HD int64_t block_mark_word(int64_t l, bool full, int64_t row, int64_t rows, int64_t words, int64_t bit) {
+  return ((l * 2 + (full ? 1 : 0)) * rows + row) * words + bit / 32;
+}
+
+// The entries of key tile kt for the rows [q0, q1) marked at bit b of part / full (partial first), each tile `tile`'s
+// entry of block_entry's type: written at out + n while n < room where out is not null, n counting them. False where
+// the room ran out.
+SPATTN_HD bool marked_entries(const BlockTileArgs& a, unsigned part, unsigned full, int b, int64_t q0, int64_t q1,
+                              int64_t kt, int64_t tile, Entry4* out, int64_t room, int64_t& n) {
+  for (int f = 0; f < 2; ++f) {
+    if (!(((f ? full : part) >> b) & 1u)) continue;
+    const int type = block_entry(a, q0, q1, kt, f != 0);
+    if (!type) continue;
+    if (out) {
+      if (n >= room) return false;
+      out[n] = block_entry4(a, tile, type);
+    }
+    ++n;
+  }
+  return true;
 }
 
 // The entries of word w of key tile kt's marks (part, full: its two planes' words; the query blocks 32 w .. 32 w + 31,
@@ -201,18 +220,23 @@ SPATTN_HD int64_t key_word_entries(const BlockTileArgs& a, int64_t kt, int64_t w
     for (int h = 0; h < sub; ++h) {
       const int64_t qt = sub * qb + h, q0 = qt * 64;
       if (q0 >= a.q_len) break;
-      const int64_t q1 = imin(q0 + 64, int64_t(a.q_len));
-      for (int f = 0; f < 2; ++f) {
-        if (!(((f ? full : part) >> b) & 1u)) continue;
-        const int type = block_entry(a, q0, q1, kt, f != 0);
-        if (!type) continue;
-        if (out) {
-          if (n >= room) return n;
-          out[n] = block_entry4(a, qt, type);
-        }
-        ++n;
-      }
+      if (!marked_entries(a, part, full, b, q0, imin(q0 + 64, int64_t(a.q_len)), kt, qt, out, room, n)) return n;
     }
+  }
+  return n;
+}
+
+// The forward's entries of word w of query tile qt's marks (a row a query tile, a bit a key tile: the key tiles
+// 32 w .. 32 w + 31, ascending, a block marked both ways partial first), as launch_block_tiles_grid writes them:
+// written at out (at most `room`) where out is not null; returns how many there are.
+SPATTN_HD int64_t row_word_entries(const BlockTileArgs& a, int64_t qt, int64_t w, unsigned part, unsigned full,
+                                   Entry4* out, int64_t room) {
+  const int64_t q0 = qt * a.block_m, q1 = imin(q0 + a.block_m, int64_t(a.q_len));
+  int64_t n = 0;
+  for (unsigned both = part | full; both; both &= both - 1) {
+    const int b = low_bit(both);
+    const int64_t kt = 32 * w + b;
+    if (!marked_entries(a, part, full, b, q0, q1, kt, kt, out, room, n)) return n;
   }
   return n;
 }
