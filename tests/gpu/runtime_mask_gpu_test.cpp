@@ -291,9 +291,10 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
 }
 
 // Block masks' lists, forward and key-major backward, from both builds (issue 44: the grid builds, the default, and
-// the one-CTA builds they replaced, SPATTN_RT_KEY_LISTS=cta or one of them, read at every call): more than 32 query blocks (marks of
-// several words), per-head masks under GQA, full, partial and empty rows; two masks one after the other through one
-// plan (the grid builds' marks are cleared by the call that read them). Both against the reference.
+// the one-CTA builds they replaced, SPATTN_RT_KEY_LISTS=cta or one of them, read at every call): more than 32 query
+// blocks (marks of several words), per-head masks under GQA, full, partial and empty rows; two masks one after the
+// other through one plan (the grid builds' marks are cleared by the call that read them). Both against the
+// reference.
 TEST(RuntimeMaskGpu, BlockListsBothBuilds) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the device backward needs sm_90a";

@@ -340,8 +340,9 @@ bool one_cta_lists(const char* side) {
   return env && (std::string(env) == "cta" || std::string(env) == side);
 }
 
-// Block masks: one list a (batch, head) of the mask, written across the grid (tile_lists.hpp); the fused forward launched once a list on
-// that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
+// Block masks: one list a (batch, head) of the mask, written across the grid (tile_lists.hpp); the fused forward
+// launched once a list on that list's batch and head (all of them where the mask broadcasts over them: one launch for
+// a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
   // block: 128 or 64 (the forward on tiles of the block; the backward on 64-row query tiles and key tiles of the

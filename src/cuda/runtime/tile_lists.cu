@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(kListThreads) block_offsets(BlockTileArgs a, i
 
 // A warp a (list, row): its entries written (each lane's run after the lower lanes'), its marks cleared.
 template <bool kKeys>
-__global__ void __launch_bounds__(kWarps * 32) block_entries(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
+__global__ void __launch_bounds__(kWarps * 32)
+    block_entries(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (t >= int64_t(a.lists) * rows) return;

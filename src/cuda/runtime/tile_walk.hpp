@@ -244,7 +244,8 @@ SPATTN_HD int64_t row_word_entries(const BlockTileArgs& a, int64_t qt, int64_t w
 // The order's sort key of key tile kt with n entries (launch_block_key_tiles_grid): ascending keys give most entries
 // first, ties by ascending tile.
 SPATTN_HD unsigned long long key_order_key(int64_t n, int64_t kt) {
-  return (static_cast<unsigned long long>(0x7fffffff - imin(n, 0x7fffffff)) << 32) | static_cast<unsigned long long>(kt);
+  return (static_cast<unsigned long long>(0x7fffffff - imin(n, 0x7fffffff)) << 32) |
+         static_cast<unsigned long long>(kt);
 }
 
 }  // namespace spattn::cuda::runtime
