@@ -166,12 +166,12 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
 // query tile, a bit a key tile); BlockKeyScratch::words words a row, two planes (partial, full) a list.
 constexpr int kWarps = 4;  // warps a CTA: a warp a query block (marks) or a row (counts, entries)
 
-// A warp a (query block, list): its listed blocks' marks (in range: block_entry drops the others too).
+// A warp a (list, query block): its listed blocks' marks (in range: block_entry drops the others too).
 template <bool kKeys>
 __global__ void __launch_bounds__(kWarps * 32) block_marks(BlockTileArgs a, int q_blocks, BlockKeyScratch s) {
   const int lane = threadIdx.x % 32;
-  const int64_t qb = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, l = blockIdx.y;
-  if (qb >= q_blocks) return;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, qb = t % q_blocks, l = t / q_blocks;
+  if (l >= a.lists) return;
   const int bb = int(l / a.heads), hh = int(l % a.heads);
   for (int full = 0; full < 2; ++full) {
     const int64_t n = block_count(a, bb, hh, int(qb), full != 0);
@@ -280,8 +280,8 @@ int launch_grid_lists(const BlockTileArgs& a, int q_blocks, int64_t rows, int su
   if (rows == 0 || a.lists == 0) return int(cudaSuccess);
   cudaError_t e = cudaSuccess;
   if (q_blocks > 0) {
-    block_marks<kKeys><<<dim3(unsigned((q_blocks + kWarps - 1) / kWarps), unsigned(a.lists)), kWarps * 32, 0, st>>>(
-        a, q_blocks, s);
+    const unsigned ctas = unsigned((int64_t(q_blocks) * a.lists + kWarps - 1) / kWarps);
+    block_marks<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, q_blocks, s);
     if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
   }
   const unsigned ctas = unsigned((int64_t(a.lists) * rows + kWarps - 1) / kWarps);
