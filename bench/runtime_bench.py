@@ -39,6 +39,8 @@ plan took (last_kernel: "runtime_device: ..." or "runtime_rows: ..." for the hos
   python3 bench/runtime_bench.py --json out/runtime.json            # needs spattn importable with CUDA (pip install .)
   python3 bench/runtime_bench.py --baseline h200-runtime              # bench/baselines/h200-runtime.json (~4 min)
   python3 bench/runtime_bench.py --quick                              # small sizes: a smoke run in seconds
+  python3 bench/runtime_bench.py --cases blocks --ab-lists            # + the one-CTA list builds (cta_over_grid_*)
+  python3 bench/runtime_bench.py --cases blocks --ab-lists --profile  # + each one's kernels (row key profile)
 """
 import argparse
 import datetime
@@ -123,6 +125,38 @@ def ratios(row, base, others):
     return row
 
 
+def kernel_profile(fn, reps=3):
+    """The device work of one fn() call by torch.profiler: total kernel (and memset / memcpy) microseconds a call and
+    the heaviest entries by name, to account a gap between two implementations kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        us = e.cuda_time_total if us is None else us
+        if us:
+            rows.append({"name": e.key[:120], "us_per_call": round(us / reps, 2), "count_per_call": e.count / reps})
+    rows.sort(key=lambda r: -r["us_per_call"])
+    return {"device_us_per_call": round(sum(r["us_per_call"] for r in rows), 1), "top": rows[:12]}
+
+
+def lists_env(f, value):
+    """f with SPATTN_RT_KEY_LISTS (read by spattn at every call) set to `value` ("" unset) at each call; run_impls
+    times an implementation's backward right after its forward, so the backward runs under the same value."""
+    def g(q, k, v):
+        if value:
+            os.environ["SPATTN_RT_KEY_LISTS"] = value
+        else:
+            os.environ.pop("SPATTN_RT_KEY_LISTS", None)
+        return f(q, k, v)
+    return g
+
+
 def case_blocks(args, deadline):
     import spattn
     import spattn.torch as st
@@ -151,13 +185,29 @@ def case_blocks(args, deadline):
     impls = {"runtime": lambda q, k, v: st.sparse_attention(q, k, v, bm, spec="causal"),
              "static": lambda q, k, v: st.sparse_attention(q, k, v, spec)}
     impls.update(flex_fns(flex_attention, bm, False))
+    if args.ab_lists:  # the A/B of issue 44: the grid list builds (default) against the one-CTA ones
+        impls["runtime"] = lists_env(impls["runtime"], "")
+        for name, value in (("runtime_cta", "cta"), ("runtime_ctafwd", "fwd"), ("runtime_ctabwd", "bwd")):
+            impls[name] = lists_env(lambda q, k, v: st.sparse_attention(q, k, v, bm, spec="causal"), value)
     row = {"case": "blocks", "B": B, "L": L, "H": H, "D": D, "block": QB, "key_blocks": R, "kept": kept * B * H}
     o_rt, o_st = impls["runtime"](q, k, v), impls["static"](q, k, v)
     row["runtime_vs_static_max_abs"] = (o_rt.float() - o_st.float()).abs().max().item()
     run_impls(row, impls, q, k, v, 4.0 * D * kept * B * H, args.reps, deadline)
     row["runtime_last_kernel"] = next((p.last_kernel() for p in st.cached_plans() if "blocks:" in (p._p.mask or "")), None)
+    if args.profile:  # kernel by kernel, forward and backward (the accounting of issue 44's gap)
+        do = torch.randn_like(q)
+        row["profile"] = {}
+        for name in [n for n in impls if n.startswith("runtime") or n == "static"]:
+            f = impls[name]
+            try:
+                row["profile"][name] = {"fwd": kernel_profile(lambda f=f: f(q, k, v)),
+                                        "bwd": kernel_profile(grad_fn(f, q, k, v, do))}
+            except Exception as e:  # noqa: BLE001
+                row["profile"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    os.environ.pop("SPATTN_RT_KEY_LISTS", None)
     return ratios(row, "runtime", [("static", "runtime_over_static"), ("flex", "ratio_vs_flex"),
-                                   ("flex_flash", "ratio_vs_flex_flash")])
+                                   ("flex_flash", "ratio_vs_flex_flash")] +
+                  ([("runtime_cta", "cta_over_grid")] if args.ab_lists else []))
 
 
 def random_lengths(L, n, g):
@@ -342,7 +392,9 @@ def run_case(name, args, deadline, timeout):
     """Runs one case in a child process (a device-side assert or a crash there leaves the other cases' CUDA context
     alone) and returns its row; a child that fails gives a row with its error and the tail of its output."""
     cmd = [sys.executable, os.path.abspath(__file__), "--one-case", name, "--deadline", repr(deadline),
-           "--reps", str(args.reps)] + (["--quick"] if args.quick else [])
+           "--reps", str(args.reps)]
+    cmd += [flag for flag, on in (("--quick", args.quick), ("--ab-lists", args.ab_lists), ("--profile", args.profile))
+            if on]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -364,6 +416,12 @@ def main():
     ap.add_argument("--cases", default="blocks,documents,topk")
     ap.add_argument("--budget-s", type=float, default=150,
                     help="stop taking more reps past this many seconds (shared by the cases in turn)")
+    ap.add_argument("--ab-lists", action="store_true",
+                    help="blocks: also time the one-CTA list builds (SPATTN_RT_KEY_LISTS=cta, fwd, bwd) in the same "
+                         "process, rows runtime_cta_*, runtime_ctafwd_*, runtime_ctabwd_*")
+    ap.add_argument("--profile", action="store_true",
+                    help="blocks: each run-time build's and the static plan's kernels by torch.profiler, forward and "
+                         "backward (row key profile: device microseconds a call and the heaviest kernels)")
     ap.add_argument("--one-case", help=argparse.SUPPRESS)  # internal: run this case here, print its row
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -11,6 +11,10 @@
 #include <vector>
 
 #include "cuda/runtime/tile_walk.hpp"
+#include "plan/analysis.hpp"
+#include "plan/gpu/block_plan.hpp"
+#include "plan/key_plan.hpp"
+#include "spattn/pattern.hpp"
 
 namespace {
 
@@ -178,6 +182,153 @@ TEST(RuntimeTiles, BlockMasks) {
     for (int64_t kt = 0; kt < nk; ++kt) {  // key tiles as wide as the blocks (64: the sm90_bwd 64x64 row)
       std::sort(key_major[size_t(kt)].begin(), key_major[size_t(kt)].end(), by_tile);
       check_tile(int(kt), key_major[size_t(kt)], true, int(bs), 64, Lq, Lk, kept, none);
+    }
+  }
+}
+
+// The grid builds of block masks' lists (tile_lists.cu, launch_block_key_tiles_grid and launch_block_tiles_grid),
+// their kernels' steps run on the host with the same walks (marks by block_mark_word, each row's entries word by word
+// by key_word_entries / row_word_entries, a warp's lanes each a run of words placed after the lower lanes', the order
+// by key_order_key), against the static plans of the same pairs (the backward's key-major plan, plan/key_plan.cpp, and
+// the forward's tile plan): for random block masks (full and partial blocks, no spec, causal or a causal window, masks
+// per batch element and per head as under grouped-query attention, empty rows, query blocks past Lq, key tiles past
+// the keys, more than 32 blocks a word of marks) each key tile lists the same 64-row query tiles in the same
+// (ascending) order and each query tile the same key tiles, the entries keep exactly the mask's pairs, and the key
+// tiles run in the same order (most entries first).
+TEST(RuntimeTiles, BlockGridListsMatchStaticPlans) {
+  namespace rt = spattn::cuda::runtime;
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t bs = trial % 3 == 2 ? 64 : 128;
+    const int64_t top = trial % 5 == 4 ? 4500 : 700;  // some with more than 32 query blocks (words of marks)
+    const int64_t Lq = std::uniform_int_distribution<int64_t>(1, top)(rng);
+    const int64_t Lk = trial % 2 ? Lq : std::uniform_int_distribution<int64_t>(1, top)(rng);
+    const int64_t nq = (Lq + bs - 1) / bs + trial % 2, nk = (Lk + bs - 1) / bs, cap = std::min<int64_t>(nk, 12);
+    const int nb = trial % 4 == 1 ? 2 : 1, nh = trial % 3 == 0 ? 3 : 1, lists = nb * nh;
+    const int spec = trial % 3;  // none, causal, a causal window of 100
+    const int lo = spec == 2 ? -100 : int(-(Lq + 1)), hi = spec ? 0 : int(Lk + 1);
+    std::vector<int32_t> num(size_t(lists * nq)), idx(size_t(lists * nq * cap), 9999), fnum(size_t(lists * nq)),
+        fidx(size_t(lists * nq * cap), -5);
+    std::vector<int8_t> kind(size_t(lists * nq * nk), 0);  // 0 none, 1 partial, 2 full
+    for (int64_t r = 0; r < lists * nq; ++r) {
+      std::vector<int32_t> b(static_cast<size_t>(nk));
+      for (int64_t j = 0; j < nk; ++j) b[size_t(j)] = int32_t(j);
+      std::shuffle(b.begin(), b.end(), rng);
+      const int64_t n = rng() % 4 == 0 ? 0 : std::uniform_int_distribution<int64_t>(0, cap)(rng);  // empty rows
+      const int64_t f = std::uniform_int_distribution<int64_t>(0, n)(rng);
+      fnum[size_t(r)] = int32_t(f), num[size_t(r)] = int32_t(n - f);
+      for (int64_t j = 0; j < n; ++j) {
+        (j < f ? fidx : idx)[size_t(r * cap + (j < f ? j : j - f))] = b[size_t(j)];
+        kind[size_t(r * nk + b[size_t(j)])] = j < f ? 2 : 1;
+      }
+    }
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + std::to_string(Lq) + " x " + std::to_string(Lk) +
+                 ", blocks of " + std::to_string(bs) + ", " + std::to_string(lists) + " lists");
+    rt::BlockTileArgs a;
+    a.num = num.data(), a.idx = idx.data(), a.full_num = fnum.data(), a.full_idx = fidx.data();
+    a.num_s[0] = nh * nq, a.num_s[1] = nq, a.num_s[2] = 1;
+    a.idx_s[0] = nh * nq * cap, a.idx_s[1] = nq * cap, a.idx_s[2] = cap, a.idx_s[3] = 1;
+    std::copy(a.num_s, a.num_s + 3, a.full_num_s);
+    std::copy(a.idx_s, a.idx_s + 4, a.full_idx_s);
+    a.cap = a.full_cap = int(cap), a.heads = nh, a.lists = lists;
+    a.q_len = int(Lq), a.k_len = int(Lk), a.block_m = 64, a.block_n = int(bs);
+    a.k_tiles = int(nk), a.band = spec != 0, a.lo = lo, a.hi = hi;
+    const int q_blocks = int((Lq + bs - 1) / bs), sub = int(bs / 64);
+    const int64_t q_tiles = (Lq + 63) / 64, words = (q_blocks + 31) / 32;
+    a.list_capacity = q_tiles * nk;
+    // block_marks<true> (a row a key tile, a bit a query block) and block_marks<false> (a row a query tile)
+    const int64_t fwords = (nk + 31) / 32;
+    std::vector<unsigned> marks(size_t(lists * 2 * nk * words), 0), fmarks(size_t(lists * 2 * q_blocks * fwords), 0);
+    for (int l = 0; l < lists; ++l)
+      for (int qb = 0; qb < q_blocks; ++qb)
+        for (int full = 0; full < 2; ++full)
+          for (int64_t j = 0; j < rt::block_count(a, l / nh, l % nh, qb, full != 0); ++j) {
+            const int64_t kt = rt::block_index(a, l / nh, l % nh, qb, full != 0, j);
+            if (kt < 0 || kt >= nk) continue;
+            marks[size_t(rt::block_mark_word(l, full != 0, kt, nk, words, qb))] |= 1u << (qb % 32);
+            fmarks[size_t(rt::block_mark_word(l, full != 0, qb, q_blocks, fwords, kt))] |= 1u << (kt % 32);
+          }
+    for (int l = 0; l < lists; ++l) {
+      // block_counts, block_offsets (the order: ascending key_order_key) and block_key_entries' lanes
+      std::vector<int64_t> offsets(size_t(nk + 1), 0);
+      std::vector<std::vector<Entry4>> cols(static_cast<size_t>(nk));
+      std::vector<unsigned long long> keys;
+      for (int64_t kt = 0; kt < nk; ++kt) {
+        const unsigned* part = marks.data() + rt::block_mark_word(l, false, kt, nk, words, 0);
+        const unsigned* full = marks.data() + rt::block_mark_word(l, true, kt, nk, words, 0);
+        int64_t n = 0;
+        for (int64_t w = 0; w < words; ++w) n += rt::key_word_entries(a, kt, w, part[w], full[w], sub, nullptr, 0);
+        offsets[size_t(kt + 1)] = offsets[size_t(kt)] + n;
+        keys.push_back(rt::key_order_key(n, kt));
+        std::vector<Entry4>& col = cols[size_t(kt)];
+        col.resize(size_t(n));
+        const int64_t per = (words + 31) / 32;
+        int64_t at = 0;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int64_t w = std::min(lane * per, words); w < std::min(lane * per + per, words); ++w)
+            at += rt::key_word_entries(a, kt, w, part[w], full[w], sub, col.data() + at, n - at);
+        ASSERT_EQ(at, n);
+      }
+      ASSERT_LE(offsets.back(), a.list_capacity);
+      std::sort(keys.begin(), keys.end());
+      // The static plan of the same pairs.
+      auto kept = [&](int64_t q, int64_t k) {
+        const int t = kind[size_t((l * nq + q / bs) * nk + k / bs)];
+        return t == 2 || (t == 1 && (spec == 0 || (lo <= k - q && k - q <= hi)));
+      };
+      std::vector<int64_t> rows{0};
+      std::vector<int32_t> keep;
+      for (int64_t q = 0; q < Lq; ++q) {
+        for (int64_t k = 0; k < Lk; ++k)
+          if (kept(q, k)) keep.push_back(int32_t(k));
+        rows.push_back(int64_t(keep.size()));
+      }
+      const spattn::BoundPattern pat = spattn::BoundPattern::from_rows(Lq, Lk, rows, keep);
+      const spattn::plan::BlockPlan plan =
+          spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 128, 64, int(bs), 1, false, 0);
+      ASSERT_EQ(plan.perm_d, 1);
+      const spattn::plan::KeyMajorPlan km = spattn::plan::key_major(plan);
+      ASSERT_EQ(km.k_tiles, nk);
+      const auto none = [](int, const Entry4&, int) { return 0ull; };
+      for (int64_t kt = 0; kt < nk; ++kt) {
+        const std::vector<Entry4>& col = cols[size_t(kt)];
+        std::vector<int> mine, theirs;
+        for (const Entry4& e : col) mine.push_back(e.x);
+        for (int64_t i = km.col_offsets[size_t(kt)]; i < km.col_offsets[size_t(kt) + 1]; ++i)
+          theirs.push_back(km.entries[size_t(i)].kt);
+        ASSERT_EQ(mine, theirs) << "list " << l << " key tile " << kt;
+        check_tile(int(kt), col, true, int(bs), 64, Lq, Lk, kept, none);
+      }
+      for (int64_t i = 0; i < nk; ++i)
+        ASSERT_EQ(int32_t(keys[size_t(i)] & 0xffffffffu), km.order[size_t(i)]) << "list " << l << " order " << i;
+      // The forward's lists (block_entries<false>: a warp a query tile) against the static forward plan's rows.
+      rt::BlockTileArgs f = a;
+      f.block_m = int(bs);
+      const spattn::plan::BlockPlan fplan =
+          spattn::plan::choose_block_plan(pat, spattn::plan::analyze(pat), 128, int(bs), int(bs), 1, false, 0);
+      ASSERT_EQ(fplan.perm_d, 1);
+      int64_t total = 0;
+      for (int64_t qt = 0; qt < q_blocks; ++qt) {
+        const unsigned* part = fmarks.data() + rt::block_mark_word(l, false, qt, q_blocks, fwords, 0);
+        const unsigned* full = fmarks.data() + rt::block_mark_word(l, true, qt, q_blocks, fwords, 0);
+        int64_t n = 0;
+        for (int64_t w = 0; w < fwords; ++w) n += rt::row_word_entries(f, qt, w, part[w], full[w], nullptr, 0);
+        std::vector<Entry4> row(static_cast<size_t>(n));
+        const int64_t per = (fwords + 31) / 32;
+        int64_t at = 0;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int64_t w = std::min(lane * per, fwords); w < std::min(lane * per + per, fwords); ++w)
+            at += rt::row_word_entries(f, qt, w, part[w], full[w], row.data() + at, n - at);
+        ASSERT_EQ(at, n);
+        total += n;
+        std::vector<int> mine, theirs;
+        for (const Entry4& e : row) mine.push_back(e.x);
+        for (int64_t i = fplan.row_offsets[size_t(qt)]; i < fplan.row_offsets[size_t(qt) + 1]; ++i)
+          theirs.push_back(fplan.entries[size_t(i)].kt);
+        ASSERT_EQ(mine, theirs) << "list " << l << " query tile " << qt;
+        check_tile(int(qt), row, false, int(bs), int(bs), Lq, Lk, kept, none);
+      }
+      ASSERT_LE(total, q_blocks * nk);
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -287,6 +288,61 @@ TEST(RuntimeMaskGpu, BlocksOnTheDevicePath) {
         if (bs == 64 && D == 128)
           EXPECT_EQ(plan.last_backward_kernel().rfind("runtime_rows: ", 0), 0u) << plan.last_backward_kernel();
       }
+}
+
+// Block masks' lists, forward and key-major backward, from both builds (issue 44: the grid builds, the default, and
+// the one-CTA builds they replaced, SPATTN_RT_KEY_LISTS=cta or one of them, read at every call): more than 32 query
+// blocks (marks of several words), per-head masks under GQA, full, partial and empty rows; two masks one after the
+// other through one plan (the grid builds' marks are cleared by the call that read them). Both against the
+// reference.
+TEST(RuntimeMaskGpu, BlockListsBothBuilds) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the device backward needs sm_90a";
+  std::mt19937 rng(61);
+  for (int64_t bs : {128, 64})
+    for (const char* build : {"", "cta", "fwd"}) {  // the grid builds, the one-CTA builds, the forward's only
+      SCOPED_TRACE(std::string("blocks ") + std::to_string(bs) + ", build '" + build + "'");
+      setenv("SPATTN_RT_KEY_LISTS", build, 1);
+      const int64_t L = bs == 64 ? 2500 : 4500, nq = (L + bs - 1) / bs, nk = nq, C = 6;
+      const auto p = problem(1, 2, 1, L, 64);
+      Io io(p, 67);
+      const auto layout = spattn::MaskLayout::blocks(bs, bs, "causal");
+      const spattn::Plan plan = gpu_plan(layout, p);
+      for (int mask = 0; mask < 2; ++mask) {
+        const int64_t rows = 2 * nq;
+        std::vector<int32_t> num(static_cast<size_t>(rows)), idx(static_cast<size_t>(rows * C), 0),
+            fnum(static_cast<size_t>(rows)), fidx(static_cast<size_t>(rows * C), 0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t qb = r % nq;
+          std::vector<int32_t> b(static_cast<size_t>(qb + 1));  // the causal blocks, the diagonal partial
+          std::iota(b.begin(), b.end(), 0);
+          std::shuffle(b.begin(), b.end() - 1, rng);
+          const int n = rng() % 5 == 0 ? 0 : std::uniform_int_distribution<int>(0, int(std::min<int64_t>(C, qb)))(rng);
+          fnum[size_t(r)] = n;
+          std::copy(b.begin(), b.begin() + n, fidx.begin() + r * C);
+          num[size_t(r)] = rng() % 7 == 0 ? 0 : 1;
+          idx[size_t(r * C)] = int32_t(qb);
+        }
+        Buf dn(size_t(rows) * 4), di(size_t(rows * C) * 4), dfn(size_t(rows) * 4), dfi(size_t(rows * C) * 4);
+        for (auto [d, h] : {std::pair{&dn, &num}, {&di, &idx}, {&dfn, &fnum}, {&dfi, &fidx}})
+          ASSERT_EQ(cudaMemcpy(d->p, h->data(), h->size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        auto view = [&](const void* data, bool list) {
+          return list ? spattn::IndexView::of(static_cast<const int32_t*>(data), {1, 2, nq, C})
+                      : spattn::IndexView::of(static_cast<const int32_t*>(data), {1, 2, nq});
+        };
+        spattn::RuntimeMask dm, hm;
+        dm.kv_num_blocks = view(dn.p, false), dm.kv_indices = view(di.p, true);
+        dm.full_kv_num_blocks = view(dfn.p, false), dm.full_kv_indices = view(dfi.p, true);
+        hm.kv_num_blocks = view(num.data(), false), hm.kv_indices = view(idx.data(), true);
+        hm.full_kv_num_blocks = view(fnum.data(), false), hm.full_kv_indices = view(fidx.data(), true);
+        io.forward(plan, dm);
+        double lse_err = 0;
+        EXPECT_LT(io.error_vs_reference(layout, hm, &lse_err), 2e-2) << "mask " << mask;
+        EXPECT_LT(lse_err, 1e-3) << "mask " << mask;
+        io.check_backward(plan, layout, dm, hm, true);
+      }
+    }
+  unsetenv("SPATTN_RT_KEY_LISTS");
 }
 
 TEST(RuntimeMaskGpu, TopkBothPathsAndSmallBlocks) {

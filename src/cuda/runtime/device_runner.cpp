@@ -5,6 +5,7 @@
 // capturable, and a replay reads the mask tensors' new contents.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 
@@ -105,6 +106,9 @@ struct KeyMajor {
   mutable int last_row = -1;
   int64_t q_tiles = 0, k_tiles = 0, capacity = 0;
   cuda::DeviceBuffer offsets, entries, masks, order, dq_acc, lse2, delta;
+  // Each list's key-tile order (lists x k_tiles), written with the lists at every call where set by the caller
+  // before launch (block masks' grid build); null: `order`, the identity.
+  mutable const int32_t* list_order = nullptr;
 
   // Per-query-head lists under grouped-query attention (a block mask per head, top-k keys per query head): each
   // head's dK / dV go to a slot of these (group x B x Lk x D each), summed into its kv head's by sum_group.
@@ -147,7 +151,8 @@ struct KeyMajor {
               const TensorView& dk, const TensorView& dv, Stream stream) const {
     cuda::TileBackward::DeviceLists d;
     d.col_offsets = offsets.get<int64_t>() + l * (k_tiles + 1), d.entries = entries.get<int>();
-    d.masks = masks.get<unsigned long long>(), d.order = order.get<int32_t>();
+    d.masks = masks.get<unsigned long long>();
+    d.order = list_order ? list_order + l * k_tiles : order.get<int32_t>();
     d.q_tiles = q_tiles, d.k_tiles = k_tiles;
     d.q_group = p.q_len, d.k_group = p.kv_len;
     d.dq_acc = dq_acc.get<float>(), d.lse2 = lse2.get<float>(), d.delta = delta.get<float>();
@@ -329,8 +334,16 @@ std::vector<ListViews> backward_lists(const Problem& pr, int64_t nb, int64_t nh,
   return views;
 }
 
-// Block masks: one list a (batch, head) of the mask, written by one kernel; the fused forward launched once a list on
-// that list's batch and head (all of them where the mask broadcasts over them: one launch for a [1, 1, NQ] mask).
+// SPATTN_RT_KEY_LISTS, read at every call (the A/B of issue 44): block masks' lists by the one-CTA builds, not the
+// grid builds: "cta" both, "fwd" the forward's, "bwd" the backward's (then in identity order).
+bool one_cta_lists(const char* side) {
+  const char* env = std::getenv("SPATTN_RT_KEY_LISTS");
+  return env && (std::string(env) == "cta" || std::string(env) == side);
+}
+
+// Block masks: one list a (batch, head) of the mask, written across the grid (tile_lists.hpp); the fused forward
+// launched once a list on that list's batch and head (all of them where the mask broadcasts over them: one launch for
+// a [1, 1, NQ] mask).
 class BlockRunner final : public DeviceMaskRunner {
  public:
   // block: 128 or 64 (the forward on tiles of the block; the backward on 64-row query tiles and key tiles of the
@@ -349,6 +362,30 @@ class BlockRunner final : public DeviceMaskRunner {
     args_.list_capacity = qt * kt;
     args_.row_offsets = const_cast<int64_t*>(plan_->row_offsets());
     args_.entries = const_cast<int*>(reinterpret_cast<const int*>(plan_->entries()));
+    // The grid builds' scratch (tile_lists.hpp, BlockKeyScratch; marks zero between calls): the forward's (a row
+    // of marks a query tile) and the backward's (a row a key tile, and its orders), apart.
+    const int64_t lists = pr.batch * pr.q_heads;
+    fwd_scratch_ = grid_scratch(lists, qt, (kt + 31) / 32, fwd_marks_, fwd_counts_, "run-time forward");
+    if (bwd_.row >= 0) {
+      scratch_ = grid_scratch(lists, kt, (qt + 31) / 32, marks_, counts_, "run-time backward");
+      orders_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward orders");
+      scratch_.order = orders_.get<int32_t>();
+    }
+    // cudaMemset of device memory returns before it is done and runs on the legacy default stream, which a
+    // non-blocking stream (a torch side stream, as under torch.cuda.graph's warm-up) does not wait for: the first
+    // call's marks could be set before the zeros land. Wait here, at plan time (no capture runs this).
+    SPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  static cuda::runtime::BlockKeyScratch grid_scratch(int64_t lists, int64_t rows, int64_t words,
+                                                     cuda::DeviceBuffer& marks, cuda::DeviceBuffer& counts,
+                                                     const std::string& what) {
+    const size_t mark_bytes = size_t(lists * 2 * rows * words) * 4;
+    marks = cuda::DeviceBuffer(mark_bytes, (what + " marks").c_str());
+    SPATTN_CUDA_CHECK(cudaMemset(marks.get<char>(), 0, mark_bytes));
+    counts = cuda::DeviceBuffer(size_t(lists * rows) * 4, (what + " counts").c_str());
+    cuda::runtime::BlockKeyScratch s;
+    s.marks = marks.get<unsigned>(), s.counts = counts.get<int>(), s.words = words;
+    return s;
   }
 
   // The mask's tensors into `a` (its lists nb x nh); false where the device path does not take their shapes.
@@ -394,7 +431,14 @@ class BlockRunner final : public DeviceMaskRunner {
     a.row_offsets = bwd_.offsets.get<int64_t>();
     a.entries = bwd_.entries.get<int>();
     a.list_capacity = bwd_.q_tiles * bwd_.k_tiles;
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
+    if (one_cta_lists("bwd")) {  // the one-CTA build, identity order
+      bwd_.list_order = nullptr;
+      SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_key_tiles(a, args_.q_tiles, args_.block_m, stream)));
+    } else {
+      bwd_.list_order = scratch_.order;
+      SPATTN_CUDA_CHECK(cudaError_t(
+          cuda::runtime::launch_block_key_tiles_grid(a, args_.q_tiles, args_.block_m, scratch_, stream)));
+    }
     if (nh == 1 || pr.q_heads == pr.kv_heads) {
       bwd_.launch_all(views, stream);
       return true;
@@ -423,7 +467,8 @@ class BlockRunner final : public DeviceMaskRunner {
     // Every launch's parameters first (checks, tensor maps), then the lists' kernel and the launches.
     const std::vector<FusedFwd::Params> launches =
         list_launches(*plan_, pr, nb, nh, q, k, v, o, lse, "run-time block mask");
-    SPATTN_CUDA_CHECK(cudaError_t(cuda::runtime::launch_block_tiles(a, stream)));
+    SPATTN_CUDA_CHECK(cudaError_t(one_cta_lists("fwd") ? cuda::runtime::launch_block_tiles(a, stream)
+                                                  : cuda::runtime::launch_block_tiles_grid(a, fwd_scratch_, stream)));
     for (const FusedFwd::Params& params : launches) FusedFwd::run(params, static_cast<cudaStream_t>(stream));
     return true;
   }
@@ -440,8 +485,11 @@ class BlockRunner final : public DeviceMaskRunner {
       << " blocks and tiles, one list a (batch, head) of the mask, partial "
          "blocks "
       << (args_.band ? "banded " + std::to_string(args_.lo) + ".." + std::to_string(args_.hi) : std::string("whole"))
-      << ", written at each call), kernel " << kernel() << ", a launch a list; backward "
-      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise, ") + kKernels[bwd_.row].name +
+      << ", written at each call across the grid: marks, counts, offsets, entries), kernel " << kernel()
+      << ", a launch a list; backward "
+      << (bwd_.row >= 0 ? std::string("from key-major lists written likewise (the key tiles run most entries "
+                                      "first), ") +
+                              kKernels[bwd_.row].name +
                               (bwd_.group > 1 ? " (per-head lists under GQA: each head's dK / dV partials summed over "
                                                 "its kv group)"
                                               : "")
@@ -455,6 +503,8 @@ class BlockRunner final : public DeviceMaskRunner {
   std::unique_ptr<DevicePlan> plan_;
   cuda::runtime::BlockTileArgs args_;
   KeyMajor bwd_;
+  cuda::DeviceBuffer marks_, counts_, orders_, fwd_marks_, fwd_counts_;
+  cuda::runtime::BlockKeyScratch scratch_, fwd_scratch_;
 };
 
 // Top-k keys: every tile's bitmask set by the pairs on the device (a list a batch element, the heads sharing it), the

@@ -161,6 +161,138 @@ __global__ void __launch_bounds__(kListThreads) block_key_lists(BlockTileArgs a,
   }
 }
 
+// ---- block masks' lists built across the grid (launch_block_tiles_grid, launch_block_key_tiles_grid) ----
+// kKeys: the backward's key-major lists (a row of marks a key tile, a bit a query block), else the forward's (a row a
+// query tile, a bit a key tile); BlockKeyScratch::words words a row, two planes (partial, full) a list.
+constexpr int kWarps = 4;  // warps a CTA: a warp a query block (marks) or a row (counts, entries)
+
+// A warp a (list, query block): its listed blocks' marks (in range: block_entry drops the others too).
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32) block_marks(BlockTileArgs a, int q_blocks, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32, qb = t % q_blocks, l = t / q_blocks;
+  if (l >= a.lists) return;
+  const int bb = int(l / a.heads), hh = int(l % a.heads);
+  for (int full = 0; full < 2; ++full) {
+    const int64_t n = block_count(a, bb, hh, int(qb), full != 0);
+    for (int64_t j = lane; j < n; j += 32) {
+      const int64_t kt = block_index(a, bb, hh, int(qb), full != 0, j);
+      if (kt < 0 || kt >= a.k_tiles) continue;
+      if (kKeys)
+        atomicOr(s.marks + block_mark_word(l, full != 0, kt, a.k_tiles, s.words, qb), 1u << (qb % 32));
+      else
+        atomicOr(s.marks + block_mark_word(l, full != 0, qb, q_blocks, s.words, kt), 1u << (kt % 32));
+    }
+  }
+}
+
+// Warp `t`'s row (list t / rows, row t % rows) of marks; the lane's run of its words, [w0, w1) (contiguous, so that
+// the lanes' entries follow one another in the lanes' order).
+template <bool kKeys>
+struct MarkRow {
+  int64_t l, r, w0, w1;
+  unsigned *part, *full;
+  __device__ MarkRow(const BlockTileArgs& a, const BlockKeyScratch& s, int64_t rows, int64_t t, int lane)
+      : l(t / rows), r(t % rows) {
+    const int64_t per = (s.words + 31) / 32;
+    w0 = min(lane * per, s.words), w1 = min(w0 + per, s.words);
+    part = s.marks + block_mark_word(l, false, r, rows, s.words, 0);
+    full = s.marks + block_mark_word(l, true, r, rows, s.words, 0);
+  }
+  // The entries of the lane's words written at out (at most room; out null: counted).
+  __device__ int64_t entries(const BlockTileArgs& a, int sub, Entry4* out, int64_t room) const {
+    int64_t n = 0;
+    for (int64_t w = w0; w < w1; ++w)
+      n += kKeys ? key_word_entries(a, r, w, part[w], full[w], sub, out ? out + n : nullptr, room - n)
+                 : row_word_entries(a, r, w, part[w], full[w], out ? out + n : nullptr, room - n);
+    return n;
+  }
+};
+
+// A warp a (list, row): its entries counted.
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32) block_counts(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= int64_t(a.lists) * rows) return;
+  int64_t n = MarkRow<kKeys>(a, s, rows, t, lane).entries(a, sub, nullptr, 0);
+  for (int o = 16; o; o /= 2) n += __shfl_xor_sync(~0u, n, o);
+  if (lane == 0) s.counts[t] = int(n);
+}
+
+// A CTA a list: the counts scanned into its row offsets; where s.order is set, its rows ordered most entries first,
+// ties ascending (a bitonic sort of key_order_key in shared memory; the identity past kMaxOrderedKeyTiles).
+__global__ void __launch_bounds__(kListThreads) block_offsets(BlockTileArgs a, int rows, BlockKeyScratch s) {
+  __shared__ unsigned long long keys[kMaxOrderedKeyTiles];
+  const int64_t l = blockIdx.x;
+  const int* counts = s.counts + l * rows;
+  scan_lists(
+      rows, l * a.list_capacity, a.list_capacity, a.row_offsets + l * (rows + 1),
+      [&](int r) { return int64_t(counts[r]); }, [&](int, int64_t, int64_t) {});
+  if (!s.order) return;
+  int32_t* order = s.order + l * rows;
+  if (rows > kMaxOrderedKeyTiles) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) order[r] = r;
+    return;
+  }
+  int n = 1;
+  while (n < rows) n *= 2;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = i < rows ? key_order_key(counts[i], i) : ~0ull;
+  __syncthreads();
+  for (int k = 2; k <= n; k *= 2)
+    for (int j = k / 2; j > 0; j /= 2) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int p = i ^ j;
+        if (p <= i) continue;
+        const unsigned long long x = keys[i], y = keys[p];
+        if ((x > y) == ((i & k) == 0)) keys[i] = y, keys[p] = x;
+      }
+      __syncthreads();
+    }
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) order[i] = int32_t(keys[i] & 0xffffffffu);
+}
+
+// A warp a (list, row): its entries written (each lane's run after the lower lanes'), its marks cleared.
+template <bool kKeys>
+__global__ void __launch_bounds__(kWarps * 32)
+    block_entries(BlockTileArgs a, int64_t rows, int sub, BlockKeyScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= int64_t(a.lists) * rows) return;
+  const MarkRow<kKeys> c(a, s, rows, t, lane);
+  const int64_t mine = c.entries(a, sub, nullptr, 0);
+  int64_t below = mine;  // inclusive scan over the lanes
+  for (int o = 1; o < 32; o *= 2) {
+    const int64_t x = __shfl_up_sync(~0u, below, o);
+    if (lane >= o) below += x;
+  }
+  below -= mine;
+  const int64_t* offsets = a.row_offsets + c.l * (rows + 1);
+  const int64_t at = offsets[c.r] + below, end = offsets[c.r + 1];
+  if (at < end) c.entries(a, sub, reinterpret_cast<Entry4*>(a.entries) + at, end - at);
+  for (int64_t w = c.w0; w < c.w1; ++w) c.part[w] = 0, c.full[w] = 0;
+}
+
+// The four launches of either build: rows of marks (key tiles or query tiles), `sub` 64-row query tiles a block.
+template <bool kKeys>
+int launch_grid_lists(const BlockTileArgs& a, int q_blocks, int64_t rows, int sub, const BlockKeyScratch& s,
+                      cudaStream_t st) {
+  if (rows == 0 || a.lists == 0) return int(cudaSuccess);
+  cudaError_t e = cudaSuccess;
+  if (q_blocks > 0) {
+    const unsigned ctas = unsigned((int64_t(q_blocks) * a.lists + kWarps - 1) / kWarps);
+    block_marks<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, q_blocks, s);
+    if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  }
+  const unsigned ctas = unsigned((int64_t(a.lists) * rows + kWarps - 1) / kWarps);
+  block_counts<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, rows, sub, s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_offsets<<<unsigned(a.lists), kListThreads, 0, st>>>(a, int(rows), s);
+  if ((e = cudaGetLastError()) != cudaSuccess) return int(e);
+  block_entries<kKeys><<<ctas, kWarps * 32, 0, st>>>(a, rows, sub, s);
+  return int(cudaGetLastError());
+}
+
 // ---- top-k keys ----
 // A CTA a (list, query row): its K listed keys and its band's keys set their bits (atomicOr: rows of a tile share words).
 __global__ void __launch_bounds__(kMaskThreads) topk_scatter(TopkTileArgs a) {
@@ -263,6 +395,17 @@ int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, vo
   block_key_lists<<<a.lists, kListThreads, size_t(a.k_tiles) * sizeof(int), static_cast<cudaStream_t>(stream)>>>(
       a, q_blocks, q_block / 64);
   return int(cudaGetLastError());
+}
+
+int launch_block_key_tiles_grid(const BlockTileArgs& a, int q_blocks, int q_block, const BlockKeyScratch& s,
+                                void* stream) {
+  return launch_grid_lists<true>(a, q_blocks, a.k_tiles, q_block / 64, s, static_cast<cudaStream_t>(stream));
+}
+
+int launch_block_tiles_grid(const BlockTileArgs& a, const BlockKeyScratch& s, void* stream) {
+  BlockKeyScratch f = s;
+  f.order = nullptr;
+  return launch_grid_lists<false>(a, a.q_tiles, a.q_tiles, 1, f, static_cast<cudaStream_t>(stream));
 }
 
 int launch_block_tiles(const BlockTileArgs& a, void* stream) {

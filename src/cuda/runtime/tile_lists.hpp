@@ -63,7 +63,8 @@ inline int64_t document_entries(int64_t tiles, int64_t inner, int64_t per_row, i
 // and its row offsets at row_offsets[l * (q_tiles + 1) ...] (absolute entry indices: each list's launch reads its own
 // slice). A query tile's entries are its listed key blocks, ascending: full blocks kFull; partial blocks kFull without a
 // spec, else (the spec's band lo..hi) kFull / kBand / dropped as the band covers all, some or none of the tile. Indices
-// outside [0, k_tiles) are dropped (the fast path trusts the mask otherwise: a repeat is run twice).
+// outside [0, k_tiles) are dropped (the fast path trusts the mask otherwise: a repeat is run twice by the one-CTA
+// builds, once by the grid builds).
 struct BlockTileArgs {
   const void* num = nullptr;  // kv_num_blocks [B', H', NQ], element strides num_s[3]; bits 32 or 64
   const void* idx = nullptr;  // kv_indices [B', H', NQ, C], strides idx_s[4]
@@ -88,6 +89,29 @@ int launch_block_tiles(const BlockTileArgs& a, void* stream);
 // them; its key blocks are the key tiles) and row_offsets the column offsets, k_tiles + 1 a list; list_capacity 64-row
 // query tiles x k_tiles.
 int launch_block_key_tiles(const BlockTileArgs& a, int q_blocks, int q_block, void* stream);
+// The same lists built across the grid (the default; launch_block_key_tiles above is the one-CTA build it replaced,
+// kept for the A/B: SPATTN_RT_KEY_LISTS=bwd, device_runner.cpp; =cta the forward's one-CTA build too). Four
+// launches: the listed blocks mark bits of two planes (partial, full: tile_walk.hpp, block_mark_word) by a warp a
+// query block; a warp a key tile counts its entries from its marks; a CTA a list scans the counts into the column
+// offsets and orders the key tiles most entries first, ties ascending (as plan/key_plan.cpp's static key-major plans);
+// a warp a key tile writes its entries (ascending query tiles: key_word_entries) and clears its marks, so the marks
+// are zero between calls (zeroed once when allocated). A block listed twice in a row is run once here (the one-CTA
+// builds ran it twice); valid masks list none twice. Work O(listed blocks + lists x k_tiles x q_blocks / 32), where
+// the one-CTA build read every slot of the mask's index tensors (q_blocks x (C + full C)) on one SM.
+struct BlockKeyScratch {
+  unsigned* marks = nullptr;   // lists x 2 x rows x words, zero between calls
+  int* counts = nullptr;       // lists x rows
+  int32_t* order = nullptr;    // lists x rows: each list's key tiles, most entries first (the backward's)
+  int64_t words = 0;           // (bits a row + 31) / 32: (q_blocks + 31) / 32 key-major
+};
+int launch_block_key_tiles_grid(const BlockTileArgs& a, int q_blocks, int q_block, const BlockKeyScratch& s,
+                                void* stream);
+// The forward's lists (launch_block_tiles') built the same way: a row of marks a query tile, a bit a key tile
+// (words: (k_tiles + 31) / 32; counts q_tiles a list; s.order unused), each query tile's entries ascending
+// (row_word_entries). The forward's scratch is its own: a forward and a backward may run on two streams at once.
+int launch_block_tiles_grid(const BlockTileArgs& a, const BlockKeyScratch& s, void* stream);
+// The most key tiles the order's sort takes (a CTA's shared memory); past it the order is the identity.
+inline constexpr int kMaxOrderedKeyTiles = 4096;
 
 // Top-k keys (TopkTileArgs): one list a batch element (topk_indices [B, Lq, K], shared by the heads). Every pair (q, k)
 // the row lists (or the spec's band keeps, lo <= k - q <= hi) sets its bit in the forward bitmask of tile (q / 128,

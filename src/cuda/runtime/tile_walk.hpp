@@ -21,6 +21,14 @@ struct Entry4 {
 
 SPATTN_HD int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 SPATTN_HD int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+// The lowest set bit's index of x != 0.
+SPATTN_HD int low_bit(unsigned x) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(int(x)) - 1;
+#else
+  return __builtin_ctz(x);
+#endif
+}
 
 SPATTN_HD int64_t boundary(const DocTileArgs& a, int i) {
   return a.cu_bits == 32 ? int64_t(static_cast<const int*>(a.cu)[i * a.cu_stride])
@@ -170,6 +178,74 @@ SPATTN_HD void each_block(const BlockTileArgs& a, int bb, int hh, int qb, F f) {
     const int64_t n = block_count(a, bb, hh, qb, full != 0);
     for (int64_t j = 0; j < n; ++j) f(block_index(a, bb, hh, qb, full != 0, j), full != 0);
   }
+}
+
+// ---- block masks by marks (the grid builds: tile_lists.hpp, BlockKeyScratch) ----
+// A list's marks: two planes (partial, full) of `rows` rows of `words` 32-bit words. Key-major (the backward): a row a
+// key tile, bit qb % 32 of word qb / 32 of row kt set where query block qb lists key block kt; the forward's: a row a
+// query tile, bit kt of row qb. A listed block marks one bit however often it is listed.
+
+// The word of plane `full`, row `row` (of `rows`) of list l that holds bit `bit`.
+SPATTN_HD int64_t block_mark_word(int64_t l, bool full, int64_t row, int64_t rows, int64_t words, int64_t bit) {
+  return ((l * 2 + (full ? 1 : 0)) * rows + row) * words + bit / 32;
+}
+
+// The entries of key tile kt for the rows [q0, q1) marked at bit b of part / full (partial first), each tile `tile`'s
+// entry of block_entry's type: written at out + n while n < room where out is not null, n counting them. False where
+// the room ran out.
+SPATTN_HD bool marked_entries(const BlockTileArgs& a, unsigned part, unsigned full, int b, int64_t q0, int64_t q1,
+                              int64_t kt, int64_t tile, Entry4* out, int64_t room, int64_t& n) {
+  for (int f = 0; f < 2; ++f) {
+    if (!(((f ? full : part) >> b) & 1u)) continue;
+    const int type = block_entry(a, q0, q1, kt, f != 0);
+    if (!type) continue;
+    if (out) {
+      if (n >= room) return false;
+      out[n] = block_entry4(a, tile, type);
+    }
+    ++n;
+  }
+  return true;
+}
+
+// The entries of word w of key tile kt's marks (part, full: its two planes' words; the query blocks 32 w .. 32 w + 31,
+// ascending, each block's `sub` 64-row query tiles ascending, a block marked both ways partial first), as
+// block_key_lists writes them: written at out (at most `room`) where out is not null; returns how many there are.
+SPATTN_HD int64_t key_word_entries(const BlockTileArgs& a, int64_t kt, int64_t w, unsigned part, unsigned full, int sub,
+                                   Entry4* out, int64_t room) {
+  int64_t n = 0;
+  for (unsigned both = part | full; both; both &= both - 1) {
+    const int b = low_bit(both);
+    const int64_t qb = 32 * w + b;
+    for (int h = 0; h < sub; ++h) {
+      const int64_t qt = sub * qb + h, q0 = qt * 64;
+      if (q0 >= a.q_len) break;
+      if (!marked_entries(a, part, full, b, q0, imin(q0 + 64, int64_t(a.q_len)), kt, qt, out, room, n)) return n;
+    }
+  }
+  return n;
+}
+
+// The forward's entries of word w of query tile qt's marks (a row a query tile, a bit a key tile: the key tiles
+// 32 w .. 32 w + 31, ascending, a block marked both ways partial first), as launch_block_tiles_grid writes them:
+// written at out (at most `room`) where out is not null; returns how many there are.
+SPATTN_HD int64_t row_word_entries(const BlockTileArgs& a, int64_t qt, int64_t w, unsigned part, unsigned full,
+                                   Entry4* out, int64_t room) {
+  const int64_t q0 = qt * a.block_m, q1 = imin(q0 + a.block_m, int64_t(a.q_len));
+  int64_t n = 0;
+  for (unsigned both = part | full; both; both &= both - 1) {
+    const int b = low_bit(both);
+    const int64_t kt = 32 * w + b;
+    if (!marked_entries(a, part, full, b, q0, q1, kt, kt, out, room, n)) return n;
+  }
+  return n;
+}
+
+// The order's sort key of key tile kt with n entries (launch_block_key_tiles_grid): ascending keys give most entries
+// first, ties by ascending tile.
+SPATTN_HD unsigned long long key_order_key(int64_t n, int64_t kt) {
+  return (static_cast<unsigned long long>(0x7fffffff - imin(n, 0x7fffffff)) << 32) |
+         static_cast<unsigned long long>(kt);
 }
 
 }  // namespace spattn::cuda::runtime
