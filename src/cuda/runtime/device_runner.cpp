@@ -371,10 +371,6 @@ class BlockRunner final : public DeviceMaskRunner {
       orders_ = cuda::DeviceBuffer(size_t(lists * kt) * 4, "run-time backward orders");
       scratch_.order = orders_.get<int32_t>();
     }
-    // cudaMemset of device memory returns before it is done and runs on the legacy default stream, which a
-    // non-blocking stream (a torch side stream, as under torch.cuda.graph's warm-up) does not wait for: the first
-    // call's marks could be set before the zeros land. Wait here, at plan time (no capture runs this).
-    SPATTN_CUDA_CHECK(cudaDeviceSynchronize());
   }
   static cuda::runtime::BlockKeyScratch grid_scratch(int64_t lists, int64_t rows, int64_t words,
                                                      cuda::DeviceBuffer& marks, cuda::DeviceBuffer& counts,
