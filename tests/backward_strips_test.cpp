@@ -158,14 +158,27 @@ TEST(BackwardStrips, KeptFractionNearTheForwards) {
   }
 }
 
-// Opt-in: backward_kernel "sm90_bwd_strips" forces it on the 64x64 sm90_bwd row of the head dim; SPATTN_NBR_BWD=1
-// asks for it where no other kernel is forced; nothing else does.
-TEST(BackwardStrips, OptIn) {
+// Asked for 2-D neighborhoods where no kernel is forced; backward_kernel "sm90_bwd_strips" forces it on the 64x64
+// sm90_bwd row of the head dim; SPATTN_NBR_BWD=0 / 1 overrides the choice (never / every neighborhood grid) where no
+// other kernel is forced.
+TEST(BackwardStrips, WhereAsked) {
   ::unsetenv("SPATTN_NBR_BWD");
+  using spattn::plan::query_strips_asked;
+  const auto bind = [](const char* spec, int64_t len) { return spattn::parse(spec).bind(len); };
+  const spattn::BoundPattern na2d = bind("neighborhood(dims=(32, 32), kernel=7)", 1024);
+  const spattn::BoundPattern na2d_causal = bind("neighborhood(dims=(20, 30), kernel=5) & causal", 600);
+  const spattn::BoundPattern na1d = bind("neighborhood(kernel=7)", 300);
+  const spattn::BoundPattern na3d = bind("neighborhood(dims=(8, 8, 16), kernel=3)", 1024);
+  const spattn::BoundPattern band = bind("local(64)", 1024);
   const auto chosen = spattn::plan::backward_choice("", 64);
-  EXPECT_FALSE(spattn::plan::query_strips_asked(chosen));
+  EXPECT_TRUE(query_strips_asked(chosen, na2d));
+  EXPECT_TRUE(query_strips_asked(chosen, na2d_causal));
+  EXPECT_FALSE(query_strips_asked(chosen, na1d));  // a band: the tile rows
+  EXPECT_FALSE(query_strips_asked(chosen, na3d));
+  EXPECT_FALSE(query_strips_asked(chosen, band));
   const auto forced = spattn::plan::backward_choice("sm90_bwd_strips", 64);
-  EXPECT_TRUE(spattn::plan::query_strips_asked(forced));
+  EXPECT_TRUE(query_strips_asked(forced, na2d));
+  EXPECT_TRUE(query_strips_asked(forced, band));  // forced: run, or an Error where they do not fit
   EXPECT_EQ(forced.row, spattn::plan::find_kernel("sm90_bwd_64x64_d64"));
   EXPECT_EQ(spattn::plan::backward_choice("sm90_bwd_strips", 128).row, spattn::plan::find_kernel("sm90_bwd_64x64_d128"));
   // The D = 128 row runs query strips only: neither forced by name nor chosen.
@@ -179,10 +192,12 @@ TEST(BackwardStrips, OptIn) {
     }
   }
   ::setenv("SPATTN_NBR_BWD", "1", 1);
-  EXPECT_TRUE(spattn::plan::query_strips_asked(chosen));
-  EXPECT_FALSE(spattn::plan::query_strips_asked(spattn::plan::backward_choice("sm90_bwd", 64)));
+  EXPECT_TRUE(query_strips_asked(chosen, na1d));
+  EXPECT_FALSE(query_strips_asked(chosen, band));  // no neighborhood grid
+  EXPECT_FALSE(query_strips_asked(spattn::plan::backward_choice("sm90_bwd", 64), na2d));
   ::setenv("SPATTN_NBR_BWD", "0", 1);
-  EXPECT_FALSE(spattn::plan::query_strips_asked(chosen));
+  EXPECT_FALSE(query_strips_asked(chosen, na2d));
+  EXPECT_TRUE(query_strips_asked(forced, na2d));
   ::unsetenv("SPATTN_NBR_BWD");
 }
 

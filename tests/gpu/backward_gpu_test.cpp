@@ -448,8 +448,8 @@ TEST(BackwardGpu, StridedPastSixteen) {
   }
 }
 
-// Issue 39: the neighborhood backward on query strips (opt-in: backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD=1
-// read at each call), forced and asserted to have run, against the fp64 reference: dilation, causal axes, an
+// Issue 39: the neighborhood backward on query strips (chosen for 2-D neighborhoods; backward_kernel "sm90_bwd_strips"),
+// forced and asserted to have run, against the fp64 reference: dilation, causal axes, an
 // intersection with causal, awkward grid sizes (strips and key boxes with padding), GQA, [B, H, L, D] views, fp16.
 const std::vector<Case>& strip_cases() {
   static const std::vector<Case> c = {
@@ -482,15 +482,21 @@ TEST(BackwardGpu, QueryStripsMatchReference) {
   }
 }
 
-// The switch of the A/B: SPATTN_NBR_BWD=1 runs query strips where they fit, read at each call (one plan, both paths);
-// where they do not fit the chosen row runs and explain says why; a forced kernel wins over the variable.
+// The choice and its A/B switch: a 2-D neighborhood runs query strips by default; SPATTN_NBR_BWD (read at each call:
+// one plan, both paths) =0 runs the chosen row, =1 asks for strips on any neighborhood grid, and where they do not fit
+// the chosen row runs and explain says why; a forced kernel wins over the variable.
 TEST(BackwardGpu, QueryStripsByEnvironment) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
   const Case c{{"neighborhood(dims=(16,20), kernel=5)"}, DType::bf16, 1, 2, 2, 320, 320, 64, false};
   std::string ran, ex;
+  ::unsetenv("SPATTN_NBR_BWD");
+  auto e = backward_errors(c, "", &ran, 30, &ex);
+  EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
+  EXPECT_NE(ex.find("key-major query strips over"), std::string::npos) << ex;
+  for (double x : e) EXPECT_LE(x, 2e-2);
   ::setenv("SPATTN_NBR_BWD", "1", 1);
-  auto e = backward_errors(c, "", &ran, 31, &ex);
+  e = backward_errors(c, "", &ran, 31, &ex);
   EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
   for (double x : e) EXPECT_LE(x, 2e-2);
   e = backward_errors(c, "sm90_bwd", &ran, 32);
@@ -501,9 +507,11 @@ TEST(BackwardGpu, QueryStripsByEnvironment) {
   EXPECT_EQ(ran.find("strips"), std::string::npos) << ran;
   EXPECT_NE(ex.find("query strips asked, not run"), std::string::npos) << ex;
   for (double x : e) EXPECT_LE(x, 2e-2);
-  ::unsetenv("SPATTN_NBR_BWD");
+  ::setenv("SPATTN_NBR_BWD", "0", 1);
   e = backward_errors(c, "", &ran, 34);
   EXPECT_EQ(ran.find("strips"), std::string::npos) << ran;
+  for (double x : e) EXPECT_LE(x, 2e-2);
+  ::unsetenv("SPATTN_NBR_BWD");
 }
 
 // One small case for compute-sanitizer (scripts/gpu_check.d/nbr_bwd.sh): padding slots and keys, GQA.

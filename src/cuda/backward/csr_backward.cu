@@ -431,8 +431,8 @@ std::string PatternsBackward::explain() const {
     const PartsBackward& pb = *parts_[i];
     s << pb.plan.describe();
     if (!pb.plan.by_parts() && tile_[i]) s << "\n    " << tile_[i]->explain();
-    if (strips_[i]) s << "\n    (opt-in, issue 39) " << strips_[i]->explain();
-    if (!strips_why_[i].empty()) s << "\n    (opt-in, issue 39) query strips asked, not run: " << strips_why_[i];
+    if (strips_[i]) s << "\n    " << strips_[i]->explain();
+    if (!strips_why_[i].empty()) s << "\n    query strips asked, not run: " << strips_why_[i];
     for (size_t j = 0; j < pb.runs.size(); ++j) {
       const PartsBackward::Run& r = pb.runs[j];
       if (r.tile) s << "\n    " << plan::part_kind_name(pb.plan.parts[j].kind) << " part: " << r.tile->explain();
@@ -454,9 +454,9 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   std::string why;
   if (!want_csr) {
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
-    // Query strips where asked (opt-in until measured: backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD=1 read at
-    // every call) and they fit; else the chosen row.
-    if (why.empty() && plan::query_strips_asked(choice_))
+    // Query strips where asked (2-D neighborhoods, backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD read at every
+    // call: plan::query_strips_asked) and they fit; else the chosen row.
+    if (why.empty() && plan::query_strips_asked(choice_, patterns_[i]))
       if (TileBackward* t = strips_ready(i, p)) {
         t->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
         last_row_ = t->kernel_row();

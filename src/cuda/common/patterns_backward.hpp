@@ -39,7 +39,7 @@ class PatternsBackward {
            const TensorView& dout, const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream) const;
   int last_kernel_row() const { return last_row_.load(); }  // plan/kernels.hpp row of the last run, -1 before one
   // The last run's kernel: the row's name, "parts(row+row+...)" where a pattern ran by parts, or
-  // "sm90_bwd_strips(row)" where it ran on query strips (issue 39, opt-in: plan::query_strips_asked); "" before a run.
+  // "sm90_bwd_strips(row)" where it ran on query strips (issue 39: plan::query_strips_asked); "" before a run.
   std::string last_kernel() const;
   // What the backward runs: each pattern's parts and kernels where it was built (at the first run), else what it
   // will decide.

@@ -369,11 +369,16 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   return c;
 }
 
-bool query_strips_asked(const BackwardChoice& c) {
+bool query_strips_asked(const BackwardChoice& c, const BoundPattern& pattern) {
   if (c.query_strips) return true;
   if (!c.kernel.empty()) return false;  // another kernel forced
-  const char* e = std::getenv("SPATTN_NBR_BWD");
-  return e != nullptr && std::string(e) == "1";
+  const std::optional<NeighborhoodGrid> grid = pattern.neighborhood_grid();
+  if (!grid) return false;
+  if (const char* e = std::getenv("SPATTN_NBR_BWD"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
+    return std::string(e) == "1";
+  int long_axes = 0;
+  for (int a = 0; a < grid->naxes; ++a) long_axes += grid->dims[size_t(a)] > 1;
+  return long_axes == 2;
 }
 
 int query_strips_row(int64_t head_dim, std::string* why) {
