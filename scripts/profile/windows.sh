@@ -28,7 +28,9 @@ while [ $# -ge 5 ]; do
   ncu -i "$OUTD/$name.ncu-rep" --page raw --csv --metrics gpu__time_duration.sum 2>/dev/null |
     awk -F'","' 'NR > 2 {print $5}' | sort -u | head -12 | while read -r kname; do
       short=$(echo "$kname" | tr -c 'A-Za-z0-9_\n' '_' | cut -c1-60)
-      ncu -i "$OUTD/$name.ncu-rep" --page source --print-source sass --csv -k "$kname" \
+      # -k takes the function's base name (a demangled name with its template arguments and parameters matches none)
+      base=$(echo "$kname" | sed -E 's/^void //; s/[<(].*//; s/.*:://')
+      ncu -i "$OUTD/$name.ncu-rep" --page source --print-source sass --csv -k "regex:^$base" \
         >"$OUTD/${name}_sass_${short}.csv" 2>/dev/null || true
     done
   echo "profiled $name: $(ls "$OUTD"/${name}_sass_*.csv 2>/dev/null | wc -l) SASS listings"

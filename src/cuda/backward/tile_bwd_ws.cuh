@@ -79,7 +79,10 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // warp (and below wg, n) through a lane-0 shuffle: values the compiler knows are warp-uniform, so the wgmma
+  // descriptors derived from them live in uniform registers (no R2UR / IMAD per wgmma; CUTLASS's
+  // canonical_warp_group_idx).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const KeyTileWork w = key_tile_work<BN>(p);
   if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add (the whole CTA, before any barrier)
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
@@ -132,7 +135,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
   // ---- consumers ----
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int ct = tid - 128, wg = ct >> 7, t = ct & 127;
+  const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
   load_rows<BN, D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
@@ -153,13 +156,16 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   fence_proxy_async();
   named_sync(1, NC);  // K and V visible to both consumer warpgroups
 
-  // Entries read two steps ahead, so the masks do not wait on a global read.
+  // Entries read two steps ahead, so the masks do not wait on a global read; step i + 2's entry index (i + 2) % ne
+  // kept by increments (no division a step).
   int4 e1 = entry(0), e2 = entry(1);
+  int jn = ne > 0 ? 2 % ne : 0;
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     const int4 e = e1;
     e1 = e2;
-    e2 = entry(i + 2);
+    e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
+    jn = jn + 1 == ne ? 0 : jn + 1;
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {

@@ -53,15 +53,17 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
+  // registers (tile_bwd_ws.cuh).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const KeyTileWork w = key_tile_work<Tr::BN>(p);
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
   const int np = (ne + 1) / 2, n = np * p.group;
   const int64_t e0 = w.e0;
-  // Step i's half c: entry 2 (i % np) + c of the key tile; past the tile's entries, the first half's query tile
-  // under an empty band (lo 1 > hi 0: keeps nothing).
-  auto half_entry = [&](int i, int c) {
-    const int j = 2 * (i % np) + c;
+  // Step i's half c: entry 2 jj + c of the key tile, jj = i % np (the step's slot, kept by increments); past the
+  // tile's entries, the first half's query tile under an empty band (lo 1 > hi 0: keeps nothing).
+  auto half_entry_at = [&](int jj, int c) {
+    const int j = 2 * jj + c;
     if (j < ne) return __ldg(&p.entries[e0 + j]);
     const int4 a = __ldg(&p.entries[e0 + j - 1]);
     return make_int4(a.x, -2, 1, 0);
@@ -128,7 +130,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 
   // ---- consumers ----
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int ct = tid - 128, wg = ct >> 7, t = ct & 127;
+  const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
   const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
   load_rows<Tr::BN, Tr::D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
@@ -148,8 +150,8 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   named_sync(1, NC);
 
   // Half c's mask (StepMask: built from the entries a step ahead, so the step waits on no global read).
-  auto half_mask = [&](int i, int c) {
-    const int4 e = half_entry(i, c);
+  auto half_mask = [&](int jj, int c) {  // slot jj = i % np
+    const int4 e = half_entry_at(jj, c);
     unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
@@ -159,10 +161,12 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   };
   StepMask mn[2];
   if (n > 0) mn[0] = half_mask(0, 0), mn[1] = half_mask(0, 1);
+  int jn = np > 1 ? 1 : 0;  // step i + 1's slot, (i + 1) % np
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     const StepMask m[2] = {mn[0], mn[1]};
-    if (i + 1 < n) mn[0] = half_mask(i + 1, 0), mn[1] = half_mask(i + 1, 1);
+    if (i + 1 < n) mn[0] = half_mask(jn, 0), mn[1] = half_mask(jn, 1);
+    jn = jn + 1 == np ? 0 : jn + 1;
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----

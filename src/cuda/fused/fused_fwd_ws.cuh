@@ -65,7 +65,9 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   // start of every item.
   const uint32_t slots = s_q + Tr::kSlotOffset;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  // warp through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors derived from it (each
+  // consumer warpgroup's rows) stay in uniform registers, with no R2UR before every wgmma.
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
   const int items = p.q_tiles * bh_count;  // work items (query tile, batch, head), most work first
   // Persistent CTAs with a dynamic scheduler: the producer takes the next work item from a global counter
