@@ -165,4 +165,39 @@ TEST(LaunchDecision, AffinePartsAtAnyStride) {
   }
 }
 
+// Head sections of a launch's work order (plan::head_section): whole groups of the kv head's q heads, as many as fit in
+// 5/8 of the L2, at least one; none where one section holds every unit, where the lists are uneven (imbalance past
+// 8), or where the inputs say nothing (no L2, no bytes); SPATTN_HEAD_SECTION overrides (0 none, n groups).
+TEST(LaunchDecision, HeadSections) {
+  ::unsetenv("SPATTN_HEAD_SECTION");
+  const int64_t l2 = 50 << 20, mb = 1 << 20;
+  // causal D = 128, L = 8192, B x H = 32: a kv head's K and V are 4 MiB; 31.25 MiB take 7 of them.
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 2.0), 7);
+  EXPECT_EQ(head_section(4 * mb, 32, 4, l2, 2.0), 28);  // GQA 4: seven kv heads, 28 q heads
+  EXPECT_EQ(head_section(64 * mb, 32, 1, l2, 2.0), 1);  // past the L2: one unit a section
+  EXPECT_EQ(head_section(64 * mb, 32, 8, l2, 2.0), 8);  // ... one whole group
+  EXPECT_EQ(head_section(mb, 16, 1, l2, 2.0), 0);       // every unit fits: one section
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 9.0), 0);   // uneven lists (global rows)
+  EXPECT_EQ(head_section(4 * mb, 32, 1, 0, 2.0), 0);
+  EXPECT_EQ(head_section(0, 32, 1, l2, 2.0), 0);
+  ::setenv("SPATTN_HEAD_SECTION", "0", 1);
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 2.0), 0);
+  ::setenv("SPATTN_HEAD_SECTION", "3", 1);
+  EXPECT_EQ(head_section(4 * mb, 32, 2, l2, 20.0), 6);
+  ::unsetenv("SPATTN_HEAD_SECTION");
+  EXPECT_DOUBLE_EQ(list_imbalance({0, 4, 8, 12}), 1.0);
+  EXPECT_DOUBLE_EQ(list_imbalance({0, 4, 6, 7, 8}), 2.0);  // a causal-like staircase: 4 over a mean of 2
+  EXPECT_DOUBLE_EQ(list_imbalance({0}), 1.0);
+  EXPECT_DOUBLE_EQ(list_imbalance({0, 0, 0}), 1.0);
+  // longformer(256, 32): its first query tile's list holds every key tile.
+  const BoundPattern lf = parse("longformer(256, 32)").bind(16384);
+  const Analysis an = analyze(lf);
+  const LaunchDecision d = decide_tiles(lf, &an, 64, GpuTarget{90, 132}, FusedOptions{});
+  EXPECT_GT(list_imbalance(d.tiles.row_offsets), 8.0);
+  const BoundPattern causal = parse("causal").bind(8192);
+  const Analysis ac = analyze(causal);
+  const LaunchDecision dc = decide_tiles(causal, &ac, 128, GpuTarget{90, 132}, FusedOptions{});
+  EXPECT_LT(list_imbalance(dc.tiles.row_offsets), 2.5);
+}
+
 }  // namespace

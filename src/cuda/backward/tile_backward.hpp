@@ -53,6 +53,7 @@ class TileBackward {
     // of the query length (lse2, delta, dq_acc in token order). Null: no strips.
     const int32_t* k_map = nullptr;
     int strip_sx = 0, strip_sy = 0;
+    double imbalance = 1;  // plan::list_imbalance of the key tiles' lists (run-time lists: taken as even)
   };
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
   // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
@@ -72,6 +73,7 @@ class TileBackward {
   int row_ = -1;
   plan::BlockPlan plan_;  // the forward-order plan (its entries are kept for explain; the device has them key-major)
   int64_t nbitmask_ = 0;
+  double imbalance_ = 1;  // plan::list_imbalance of the key-major plan
   bool strips_ = false;        // query strips: the device lists are key_major_strips'
   std::string strips_desc_;    // ... described (plan_ is then empty)
   int64_t strip_k_tiles_ = 0;  // ... their key tiles

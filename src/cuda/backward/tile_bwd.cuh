@@ -27,6 +27,7 @@
 #include "cuda/common/mma_tile.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/tmap.hpp"
+#include "cuda/common/work_order.cuh"
 #include "plan/key_strips.hpp"  // plain constexpr: a query strip's slot -> token
 
 namespace spattn::cuda::bwd {
@@ -63,6 +64,8 @@ struct BwdParams {
   // (perm_d 1, qp the query length rounded up to whole 64-row tiles). Null where the plan has no strips.
   const int32_t* k_map;
   int strip_sx, strip_sy;
+  // The grid's head sections (plan::head_section; section_item in cuda/common/work_order.cuh): 0 none.
+  int head_section;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -312,7 +315,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
   }
 }
 
-// The CTA's work (a CTA per key tile, batch and kv head; key tiles in the plan's order, most entries first): its
+// The CTA's work (a CTA per key tile, batch and kv head; key tiles in the plan's order, most entries first, within
+// head sections): its
 // steps are the key tile's entries for each query head of the kv head's group, n = ne * group.
 struct KeyTileWork {
   int b, hk, k0, ne, n;
@@ -320,9 +324,8 @@ struct KeyTileWork {
 };
 template <int BN>
 __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
-  const int bhk_count = p.batch * p.kv_heads;
-  const int kt = p.order[blockIdx.x / bhk_count];
-  const int bhk = blockIdx.x % bhk_count;
+  const WorkItem it = section_item(int(blockIdx.x), p.k_tiles, p.batch * p.kv_heads, p.head_section, p.order);
+  const int kt = it.tile, bhk = it.unit;
   KeyTileWork w;
   w.b = bhk / p.kv_heads, w.hk = bhk % p.kv_heads;
   w.k0 = kt * BN;

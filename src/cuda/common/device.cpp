@@ -57,6 +57,7 @@ DeviceInfo query(int dev) {
   d.sms = attribute(cudaDevAttrMultiProcessorCount);
   d.cc = attribute(cudaDevAttrComputeCapabilityMajor) * 10 + attribute(cudaDevAttrComputeCapabilityMinor);
   d.max_smem_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  d.l2_bytes = attribute(cudaDevAttrL2CacheSize);
   return d;
 }
 }  // namespace

@@ -1,5 +1,6 @@
 // cuda/common/device.hpp — what the host code needs to know of a CUDA device, read once per device.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace spattn::cuda {
@@ -8,6 +9,7 @@ struct DeviceInfo {
   int sms = 0;             // multiprocessors
   int cc = 0;              // compute capability, major * 10 + minor
   int max_smem_optin = 0;  // dynamic shared memory a CTA may opt into (bytes; cudaFuncSetAttribute)
+  int64_t l2_bytes = 0;    // L2 cache (bytes; the work orders' head sections, plan::head_section)
   // Whether the sm_90a kernels (wgmma, TMA, setmaxnreg) run here: their code runs on compute capability 9.0 only
   // (architecture-specific features, the "a").
   bool sm90a() const { return cc == 90; }

@@ -24,6 +24,7 @@
 
 #include "cuda/common/mma_tile.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/work_order.cuh"
 #include "cuda/fused/fused_params.hpp"
 
 namespace spattn::cuda::fused {
@@ -485,8 +486,8 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bh_count = p.batch * p.q_heads;
-  const int qt = p.order[blockIdx.x / bh_count];
-  const int bh = blockIdx.x % bh_count;
+  const WorkItem it = section_item(int(blockIdx.x), p.q_tiles, bh_count, p.head_section, p.order);
+  const int qt = it.tile, bh = it.unit;
   const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group;
   const int q0 = qt * BM;
   const int64_t e_begin = p.row_offsets[qt];

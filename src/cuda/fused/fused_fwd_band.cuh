@@ -441,7 +441,8 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
         const int w = us < 0 ? u : p.split_first + us / p.split_k;
         const int part = us < 0 ? 0 : us % p.split_k, nparts = us < 0 ? 1 : p.split_k;
         const bool slab_part = us >= 0 && p.split_slabs;  // part `part` is slab `part` alone
-        const int qt = p.order[w / bh_count], bh = w % bh_count;
+        const WorkItem wi = section_item(w, p.q_tiles, bh_count, p.head_section, p.order);
+        const int qt = wi.tile, bh = wi.unit;
         const int b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group, q0 = qt * BM;
         // Each slab's chunks: keys first(first row) ... last(last row) (both rise with the row); empty: first > last.
         // kPrefix: the band's chunks past the prefix's pc (in every part); live: the slabs this work id runs.

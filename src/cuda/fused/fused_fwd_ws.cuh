@@ -81,7 +81,8 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   };
   auto item = [&](int w) {
     Item it;
-    const int qt = p.order[w / bh_count], bh = w % bh_count;
+    const WorkItem wi = section_item(w, p.q_tiles, bh_count, p.head_section, p.order);
+    const int qt = wi.tile, bh = wi.unit;
     it.b = bh / p.q_heads, it.h = bh % p.q_heads, it.hk = it.h / p.group;
     it.q0 = qt * BM;
     it.e_begin = p.row_offsets[qt];

@@ -71,6 +71,8 @@ struct FusedParams {
   // step of the strips' outer and inner (last used) grid axes in a dilation group.
   int strips;
   int strip_sx, strip_sy;
+  // The work order's head sections (plan::head_section; section_item in cuda/common/work_order.cuh): 0 none.
+  int head_section;
 };
 
 // Floats a consumer thread of the band kernel writes per split part at head dim d: its d / 2 O accumulators, 2 row

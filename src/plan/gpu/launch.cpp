@@ -244,6 +244,26 @@ SplitChoice choose_split(const BlockPlan& hp, int64_t bh, int sms, int split, in
   return k;
 }
 
+int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, double imbalance) {
+  group = std::max(group, 1);
+  int64_t n = -1;
+  if (const char* e = std::getenv("SPATTN_HEAD_SECTION"))  // A/B only: 0 one section, n > 0 groups a section
+    n = std::atoll(e) > 0 ? std::atoll(e) * group : 0;
+  if (n < 0) {
+    if (group_bytes <= 0 || l2_bytes <= 0 || imbalance > 8) return 0;
+    n = std::max<int64_t>(1, l2_bytes * 5 / 8 / group_bytes) * group;
+  }
+  return n <= 0 || n >= units ? 0 : int(n);
+}
+
+double list_imbalance(const std::vector<int64_t>& offsets) {
+  if (offsets.size() < 2 || offsets.back() <= offsets.front()) return 1;
+  int64_t most = 0;
+  for (size_t i = 1; i < offsets.size(); ++i) most = std::max(most, offsets[i] - offsets[i - 1]);
+  const double mean = double(offsets.back() - offsets.front()) / double(offsets.size() - 1);
+  return double(most) / mean;
+}
+
 SplitChoice LaunchDecision::split_for(int64_t bh, int sms, int cap) const {
   return choose_split(tiles, bh, sms, split, cap);
 }

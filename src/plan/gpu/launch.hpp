@@ -122,6 +122,22 @@ int choose_kernel(const BlockPlan& plan, int64_t head_dim, int cc, const FusedOp
 // `split`), with at most `cap` parts (the workspace).
 SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, int cap);
 
+// The head sections of a launch's work order (FusedParams::head_section, BwdParams::head_section; the kernels'
+// section_item): its work items (a tile of the plan x a batch-and-head unit) run section by section, a section being
+// that many consecutive units with all their tiles (tiles in the plan's order, units fastest), so that what a
+// section's tiles share (the forward's K and V of a head, the backward's Q, dO and dQ accumulator) stays in L2 while
+// they run, as FlashAttention-3's tile scheduler does. Heads fastest over every unit instead kept 65-74% of L2 hits
+// on causal D = 128 against FA4's 91-95%, with 3.5-5.5x its DRAM traffic (bench/LOG.md). `group` consecutive units
+// share `group_bytes` (the q heads of a kv head; 1 where units are kv heads); sections hold whole groups, as many as
+// fit in 5/8 of the L2 (`l2_bytes`), at least one. 0: one section of every unit (`units` of them), and always where
+// the plan's tile lists are uneven (`imbalance`, list_imbalance, above 8): the sections' order then delays long
+// lists that the plan's order over every unit starts first (global rows and columns: longformer's backward 0.77x,
+// bigbird's forward 0.72x, sink columns' backward 0.59x with sections; causal and windows unchanged, a block mask's
+// backward 1.21x; bench/LOG.md).
+int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, double imbalance);
+// A plan's longest tile list over its mean (offsets: [tiles + 1] list offsets); 1 where even or empty.
+double list_imbalance(const std::vector<int64_t>& offsets);
+
 // What runs a compound split's parts on `target` with `options` (plan/parts.hpp, SplitTarget).
 SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedOptions& options);
 
