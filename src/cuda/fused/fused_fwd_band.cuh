@@ -385,9 +385,7 @@ __device__ __forceinline__ void fused_fwd_band_body(const FusedParams& p) {
                      : s_q + Tr::kOOffset + uint32_t(c) * Tr::kOBytes;
   };
 
-  // warp through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors derived from it (each
-  // consumer warpgroup's rows) stay in uniform registers, with no R2UR before every wgmma.
-  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31, wg = warp >> 2;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int bh_count = p.batch * p.q_heads;
   const int items = p.q_tiles * bh_count;
   const int work = p.split_first + (items - p.split_first) * p.split_k;  // work ids (split parts counted)
