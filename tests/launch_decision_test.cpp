@@ -17,6 +17,7 @@
 
 #include "launch_decision_cases.hpp"
 #include "plan/gpu/launch.hpp"
+#include "plan/key_plan.hpp"
 
 namespace {
 
@@ -167,37 +168,70 @@ TEST(LaunchDecision, AffinePartsAtAnyStride) {
 
 // Head sections of a launch's work order (plan::head_section): whole groups of the kv head's q heads, as many as fit in
 // 5/8 of the L2, at least one; none where one section holds every unit, where the lists are uneven (imbalance past
-// 8), or where the inputs say nothing (no L2, no bytes); SPATTN_HEAD_SECTION overrides (0 none, n groups).
+// 8) or reach less than a third of the other axis, or where the inputs say nothing (no L2, no bytes);
+// SPATTN_HEAD_SECTION overrides (0 none, n groups).
 TEST(LaunchDecision, HeadSections) {
   ::unsetenv("SPATTN_HEAD_SECTION");
   const int64_t l2 = 50 << 20, mb = 1 << 20;
+  const ListShape even{2.0, 0.5}, uneven{9.0, 0.5}, near{1.0, 0.2};
   // causal D = 128, L = 8192, B x H = 32: a kv head's K and V are 4 MiB; 31.25 MiB take 7 of them.
-  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 2.0), 7);
-  EXPECT_EQ(head_section(4 * mb, 32, 4, l2, 2.0), 28);  // GQA 4: seven kv heads, 28 q heads
-  EXPECT_EQ(head_section(64 * mb, 32, 1, l2, 2.0), 1);  // past the L2: one unit a section
-  EXPECT_EQ(head_section(64 * mb, 32, 8, l2, 2.0), 8);  // ... one whole group
-  EXPECT_EQ(head_section(mb, 16, 1, l2, 2.0), 0);       // every unit fits: one section
-  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 9.0), 0);   // uneven lists (global rows)
-  EXPECT_EQ(head_section(4 * mb, 32, 1, 0, 2.0), 0);
-  EXPECT_EQ(head_section(0, 32, 1, l2, 2.0), 0);
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, even), 7);
+  EXPECT_EQ(head_section(4 * mb, 32, 4, l2, even), 28);  // GQA 4: seven kv heads, 28 q heads
+  EXPECT_EQ(head_section(64 * mb, 32, 1, l2, even), 1);  // past the L2: one unit a section
+  EXPECT_EQ(head_section(64 * mb, 32, 8, l2, even), 8);  // ... one whole group
+  EXPECT_EQ(head_section(mb, 16, 1, l2, even), 0);       // every unit fits: one section
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, uneven), 0);  // global rows
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, near), 0);    // windows
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, ListShape{}), 7);  // lists not known (run-time): as even, far
+  EXPECT_EQ(head_section(4 * mb, 32, 1, 0, even), 0);
+  EXPECT_EQ(head_section(0, 32, 1, l2, even), 0);
   ::setenv("SPATTN_HEAD_SECTION", "0", 1);
-  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, 2.0), 0);
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, even), 0);
   ::setenv("SPATTN_HEAD_SECTION", "3", 1);
-  EXPECT_EQ(head_section(4 * mb, 32, 2, l2, 20.0), 6);
+  EXPECT_EQ(head_section(4 * mb, 32, 2, l2, uneven), 6);
   ::unsetenv("SPATTN_HEAD_SECTION");
-  EXPECT_DOUBLE_EQ(list_imbalance({0, 4, 8, 12}), 1.0);
-  EXPECT_DOUBLE_EQ(list_imbalance({0, 4, 6, 7, 8}), 2.0);  // a causal-like staircase: 4 over a mean of 2
-  EXPECT_DOUBLE_EQ(list_imbalance({0}), 1.0);
-  EXPECT_DOUBLE_EQ(list_imbalance({0, 0, 0}), 1.0);
-  // longformer(256, 32): its first query tile's list holds every key tile.
-  const BoundPattern lf = parse("longformer(256, 32)").bind(16384);
-  const Analysis an = analyze(lf);
-  const LaunchDecision d = decide_tiles(lf, &an, 64, GpuTarget{90, 132}, FusedOptions{});
-  EXPECT_GT(list_imbalance(d.tiles.row_offsets), 8.0);
-  const BoundPattern causal = parse("causal").bind(8192);
-  const Analysis ac = analyze(causal);
-  const LaunchDecision dc = decide_tiles(causal, &ac, 128, GpuTarget{90, 132}, FusedOptions{});
-  EXPECT_LT(list_imbalance(dc.tiles.row_offsets), 2.5);
+  const std::vector<TileEntry> e = {{0, kFull, 0, 0}, {1, kFull, 0, 0}, {3, kFull, 0, 0}, {2, kFull, 0, 0}};
+  const ListShape s = list_shape({0, 2, 3, 4, 4}, e, 4);  // lists {0, 1}, {3}, {2}, {}
+  EXPECT_DOUBLE_EQ(s.imbalance, 2.0);                       // 2 over a mean of 1
+  EXPECT_DOUBLE_EQ(s.reach, (2.0 / 4 + 1.0 / 4 + 1.0 / 4) / 3);
+  EXPECT_DOUBLE_EQ(list_shape({0}, {}, 4).reach, 1.0);
+  EXPECT_DOUBLE_EQ(list_shape({0, 0, 0}, {}, 4).imbalance, 1.0);
+}
+
+// The cases the sections were measured on (bench/LOG.md) fall on the side of the gate they were measured to win on:
+// the forward's (query-tile lists) and the backward's (key-major lists) plans.
+TEST(LaunchDecision, HeadSectionCases) {
+  const GpuTarget h200{90, 132};
+  struct Case {
+    const char* spec;
+    int64_t len, dim;
+    bool fwd, bwd;  // sections expected
+  };
+  const Case cases[] = {
+      {"causal", 8192, 128, true, true},
+      {"causal", 16384, 64, true, true},
+      {"blocked(128, random(8) | local(0)) & causal", 32768, 128, true, true},
+      {"dense", 8192, 128, true, true},
+      {"local(left=4096, right=0)", 16384, 128, false, false},
+      {"local(1024)", 32768, 128, false, false},
+      {"local(256)", 16384, 64, false, false},
+      {"neighborhood(dims=(96,96), kernel=7)", 9216, 64, false, false},
+      {"longformer(256, 32)", 16384, 64, false, false},
+      {"bigbird(64, 3, 2, 3)", 16384, 64, false, false},
+      {"(local(left=2048, right=0) | global_cols(0:4)) & causal", 32768, 128, true, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const BoundPattern p = parse(c.spec).bind(c.len);
+    const Analysis an = analyze(p);
+    const LaunchDecision d = decide_tiles(p, &an, c.dim, h200, FusedOptions{});
+    const ListShape f = list_shape(d.tiles.row_offsets, d.tiles.entries, d.tiles.k_tiles);
+    EXPECT_EQ(head_section(4 << 20, 1024, 1, 50 << 20, f) > 0, c.fwd) << f.imbalance << " " << f.reach;
+    const int row = backward_row(backward_choice("", c.dim), an, c.dim);
+    const KeyMajorPlan km = key_major(backward_tiles(p, an, c.dim, row));
+    const ListShape b = list_shape(km.col_offsets, km.entries, km.q_tiles);
+    EXPECT_EQ(head_section(4 << 20, 1024, 1, 50 << 20, b) > 0, c.bwd) << b.imbalance << " " << b.reach;
+  }
 }
 
 }  // namespace

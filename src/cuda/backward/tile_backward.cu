@@ -50,7 +50,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   entries_ = DeviceBuffer::upload(km.entries);
   masks_ = DeviceBuffer::upload(km.masks);
   order_ = DeviceBuffer::upload(km.order);
-  imbalance_ = plan::list_imbalance(km.col_offsets);
+  shape_ = plan::list_shape(km.col_offsets, km.entries, km.q_tiles);
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   lse2_ = DeviceBuffer(size_t(rows) * 4);
@@ -188,7 +188,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
     l.perm_d = plan_.perm_d, l.q_group = plan_.q_group, l.k_group = plan_.k_group;
   }
   l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
-  l.imbalance = imbalance_;
+  l.shape = shape_;
   ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate,
                    dkv_accumulate);
 }
@@ -229,7 +229,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   const int64_t esize = int64_t(dtype_size(pr.dtype));
   p.head_section = plan::head_section(
       int64_t(p.group) * p.qp * ((pr.head_dim + pr.dv()) * esize + 4 * pr.head_dim + 8),
-      pr.batch * pr.kv_heads, 1, device_info(current_device()).l2_bytes, l.imbalance);
+      pr.batch * pr.kv_heads, 1, device_info(current_device()).l2_bytes, l.shape);
   const bool strips = l.k_map != nullptr;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // TMA loads where the plan is the identity and the driver gives q and dout tensor maps (else cp.async; query strips

@@ -6,6 +6,7 @@
 #include "cuda/common/buffer.hpp"
 #include "plan/analysis.hpp"
 #include "plan/gpu/block_plan.hpp"
+#include "plan/gpu/launch.hpp"  // ListShape
 #include "spattn/pattern.hpp"
 #include "spattn/tensor.hpp"
 
@@ -53,7 +54,7 @@ class TileBackward {
     // of the query length (lse2, delta, dq_acc in token order). Null: no strips.
     const int32_t* k_map = nullptr;
     int strip_sx = 0, strip_sy = 0;
-    double imbalance = 1;  // plan::list_imbalance of the key tiles' lists (run-time lists: taken as even)
+    plan::ListShape shape;  // of the key tiles' lists (plan::list_shape; run-time lists: as their runner says)
   };
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
   // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
@@ -73,7 +74,7 @@ class TileBackward {
   int row_ = -1;
   plan::BlockPlan plan_;  // the forward-order plan (its entries are kept for explain; the device has them key-major)
   int64_t nbitmask_ = 0;
-  double imbalance_ = 1;  // plan::list_imbalance of the key-major plan
+  plan::ListShape shape_;  // plan::list_shape of the key-major plan
   bool strips_ = false;        // query strips: the device lists are key_major_strips'
   std::string strips_desc_;    // ... described (plan_ is then empty)
   int64_t strip_k_tiles_ = 0;  // ... their key tiles

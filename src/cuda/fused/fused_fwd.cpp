@@ -49,7 +49,7 @@ static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
 DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(host)), kernel_row_(kernel_row) {
   const auto t0 = std::chrono::steady_clock::now();
   device_ = current_device();
-  imbalance_ = plan::list_imbalance(host_.row_offsets);
+  shape_ = plan::list_shape(host_.row_offsets, host_.entries, host_.k_tiles);
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
   // 64x128 plans: mark partial tiles whose kept keys lie in one 64-key half (kHalfShift, fused_params.hpp).
   std::vector<plan::TileEntry> up(host_.entries);
@@ -280,7 +280,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   // Head sections of the work order: a kv head's K and V, read by its group's q heads.
   k.head_section = plan::head_section(pr.kv_len * (pr.head_dim + pr.dv()) * int64_t(dtype_size(pr.dtype)),
                                       pr.batch * pr.q_heads, k.group, device_info(plan.device()).l2_bytes,
-                                      plan.imbalance());
+                                      plan.list_shape());
   out.bf16 = pr.dtype == DType::bf16;
   // The plan's row, or where the tensors' strides admit no tensor map, the row that runs without it: the band
   // kernel stores through o's map (else the TMA kernel runs the band plan), the TMA kernels load through q's,

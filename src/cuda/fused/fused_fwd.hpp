@@ -43,7 +43,9 @@ class DevicePlan {
   const int32_t* k_map() const { return k_map_; }
   double upload_ms() const { return upload_ms_; }
   int64_t narrow_entries() const { return narrow_; }  // entries run as one 64-key half (64x128 plans)
-  double imbalance() const { return imbalance_; }  // plan::list_imbalance of the query tiles' lists
+  // plan::list_shape of the query tiles' lists (set_list_shape: where the lists are written on the device)
+  const plan::ListShape& list_shape() const { return shape_; }
+  void set_list_shape(const plan::ListShape& s) { shape_ = s; }
   // The TMA kernels' work-item counter: left zero by every launch (the kernels reset it), so runs of one plan on
   // one stream (or in one graph) may follow each other freely; concurrent runs on two streams need two plans.
   int* work_counter() const { return work_counter_; }
@@ -72,7 +74,7 @@ class DevicePlan {
   int split_cap_ = 0;
   double upload_ms_ = 0;
   int64_t narrow_ = 0;
-  double imbalance_ = 1;
+  plan::ListShape shape_;
 };
 
 class FusedFwd {

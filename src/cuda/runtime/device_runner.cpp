@@ -115,6 +115,9 @@ struct KeyMajor {
   cuda::DeviceBuffer dk_part, dv_part;
   int64_t group = 1, slot = 0;
   Problem problem;
+  // The lists' shape for the launch's head sections (plan::head_section): not known here; {1, 1} (even lists that
+  // reach far: block masks) unless the runner says otherwise.
+  ListShape shape;
 
   // parts: the masks may differ between the query heads of a kv group (the partials above are allocated).
   KeyMajor(const Problem& pr, int device, int64_t lists, int64_t capacity_, bool bitmasks, bool parts,
@@ -155,6 +158,7 @@ struct KeyMajor {
     d.order = list_order ? list_order + l * k_tiles : order.get<int32_t>();
     d.q_tiles = q_tiles, d.k_tiles = k_tiles;
     d.q_group = p.q_len, d.k_group = p.kv_len;
+    d.shape = shape;
     d.dq_acc = dq_acc.get<float>(), d.lse2 = lse2.get<float>(), d.delta = delta.get<float>();
     bool tma = false;
     last_row = cuda::TileBackward::launch(p, row, d, q, k, v, o, lse, dout, dq, dk, dv, stream, &tma);
@@ -214,6 +218,10 @@ class DocumentRunner final : public DeviceMaskRunner {
     const int64_t qt = (pr.q_len + 127) / 128, kt = (pr.kv_len + 127) / 128;
     capacity_ = cuda::runtime::document_entries(qt, kt, per_row, qt, true);
     plan_ = upload(skeleton(pr, 1, capacity_, true), pr, device);
+    // Documents' lists reach within their documents: no head sections, as the static plan of the same pairs
+    // (plan::list_shape: reach below a third of the other axis).
+    plan_->set_list_shape({1, 0});
+    bwd_.shape = {1, 0};
     args_.q_len = int(pr.q_len), args_.k_len = int(pr.kv_len);
     args_.q_tiles = int(plan_->host().q_tiles);
     args_.lo = lo, args_.hi = hi;

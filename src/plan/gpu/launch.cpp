@@ -3,6 +3,7 @@
 #include "plan/gpu/launch.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -244,24 +245,35 @@ SplitChoice choose_split(const BlockPlan& hp, int64_t bh, int sms, int split, in
   return k;
 }
 
-int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, double imbalance) {
+int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, const ListShape& shape) {
   group = std::max(group, 1);
   int64_t n = -1;
   if (const char* e = std::getenv("SPATTN_HEAD_SECTION"))  // A/B only: 0 one section, n > 0 groups a section
     n = std::atoll(e) > 0 ? std::atoll(e) * group : 0;
   if (n < 0) {
-    if (group_bytes <= 0 || l2_bytes <= 0 || imbalance > 8) return 0;
+    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || shape.reach < 1.0 / 3) return 0;
     n = std::max<int64_t>(1, l2_bytes * 5 / 8 / group_bytes) * group;
   }
   return n <= 0 || n >= units ? 0 : int(n);
 }
 
-double list_imbalance(const std::vector<int64_t>& offsets) {
-  if (offsets.size() < 2 || offsets.back() <= offsets.front()) return 1;
-  int64_t most = 0;
-  for (size_t i = 1; i < offsets.size(); ++i) most = std::max(most, offsets[i] - offsets[i - 1]);
-  const double mean = double(offsets.back() - offsets.front()) / double(offsets.size() - 1);
-  return double(most) / mean;
+ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles) {
+  ListShape s;
+  if (offsets.size() < 2 || offsets.back() <= offsets.front() || entries.empty() || other_tiles <= 0) return s;
+  int64_t most = 0, lists = 0;
+  double reach = 0;
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    const int64_t a = offsets[i - 1], b = offsets[i];
+    most = std::max(most, b - a);
+    if (b <= a) continue;
+    int32_t lo = INT32_MAX, hi = INT32_MIN;
+    for (int64_t j = a; j < b; ++j) lo = std::min(lo, entries[size_t(j)].kt), hi = std::max(hi, entries[size_t(j)].kt);
+    reach += double(int64_t(hi) - lo + 1) / double(other_tiles);
+    ++lists;
+  }
+  s.imbalance = double(most) / (double(offsets.back() - offsets.front()) / double(offsets.size() - 1));
+  s.reach = reach / double(lists);
+  return s;
 }
 
 SplitChoice LaunchDecision::split_for(int64_t bh, int sms, int cap) const {

@@ -129,14 +129,22 @@ SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, 
 // they run, as FlashAttention-3's tile scheduler does. Heads fastest over every unit instead kept 65-74% of L2 hits
 // on causal D = 128 against FA4's 91-95%, with 3.5-5.5x its DRAM traffic (bench/LOG.md). `group` consecutive units
 // share `group_bytes` (the q heads of a kv head; 1 where units are kv heads); sections hold whole groups, as many as
-// fit in 5/8 of the L2 (`l2_bytes`), at least one. 0: one section of every unit (`units` of them), and always where
-// the plan's tile lists are uneven (`imbalance`, list_imbalance, above 8): the sections' order then delays long
-// lists that the plan's order over every unit starts first (global rows and columns: longformer's backward 0.77x,
-// bigbird's forward 0.72x, sink columns' backward 0.59x with sections; causal and windows unchanged, a block mask's
-// backward 1.21x; bench/LOG.md).
-int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, double imbalance);
-// A plan's longest tile list over its mean (offsets: [tiles + 1] list offsets); 1 where even or empty.
-double list_imbalance(const std::vector<int64_t>& offsets);
+// fit in 5/8 of the L2 (`l2_bytes`), at least one. 0: one section of every unit (`units` of them), and where the
+// plan's lists (`shape`, list_shape) say sections do not pay:
+//  - uneven lists (imbalance above 8): the sections' order delays long lists that the plan's order over every unit
+//    starts first (global rows and columns: longformer's backward 0.77x, bigbird's forward 0.72x, sink columns'
+//    backward 0.59x with sections);
+//  - lists that reach less than a third of the other axis (windows, neighborhoods: what a unit's tiles share is
+//    small and stays in L2 anyway; na2d 96x96 forward 0.96x, local(left=4096) L 16384 GQA 0.96x with sections);
+// measured kept: causal D = 128 forward 1.06x, a block mask's backward 1.19x and forward 1.03x (bench/LOG.md).
+struct ListShape {
+  double imbalance = 1;  // the longest list over the mean
+  double reach = 1;      // mean over non-empty lists of (last - first + 1) other-axis tiles / the other axis's tiles
+};
+int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, const ListShape& shape);
+// The shape of a plan's lists: offsets [tiles + 1] into entries, whose kt is a tile of the other axis (of
+// `other_tiles`). {1, 1} where there are no entries (lists written on the device: not known here).
+ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles);
 
 // What runs a compound split's parts on `target` with `options` (plan/parts.hpp, SplitTarget).
 SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedOptions& options);
