@@ -55,7 +55,9 @@ def caption(name, doc, what):
     made = f"commit {m['commit']}, {m['date'][:10]}; " if m else ""
     plot = (f", [plot]({UP}bench/baselines/{name}.png)" if os.path.exists(os.path.join(BASELINES, name + ".png"))
             else "")
-    return f"{what}; {made}[{name}.json]({UP}bench/baselines/{name}.json){plot}:"
+    # meta "note": what a reader must know of the figures (a row that a later commit changed, e.g.), after the caption
+    note = f" ({m['note']})" if m.get("note") else ""
+    return f"{what}; {made}[{name}.json]({UP}bench/baselines/{name}.json){plot}{note}:"
 
 
 def fused(name, doc):
