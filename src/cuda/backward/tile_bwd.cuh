@@ -198,14 +198,18 @@ __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e,
 // kP: P^T = exp2(S^T scale log2 e - lse2) in place of S^T (0 where masked: -inf); kDS: dS^T = P^T (dP^T - delta)
 // in place of dP^T. rows_s: the step's lse2 row in shared memory, delta's after it. Both in one loop (tile_bwd_kernel)
 // or one at a time (the warp-specialized kernel: P^T while dP^T's wgmma runs).
-template <int BM, bool kP, bool kDS>
+// kImm: the thread's address rows_s + 4 cb made opaque to the compiler first, so each load is that register plus an
+// immediate (LDS [R + 32 j]); else the compiler ORs 32 j into the (disjoint) lane bits, one LOP3 a load, every step.
+template <int BM, bool kP, bool kDS, bool kImm = false>
 __device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t rows_s, float sl2) {
   const int cb = 2 * (threadIdx.x & 3);
+  uint32_t base = rows_s + 4 * cb;
+  if constexpr (kImm) asm("" : "+r"(base));
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j) {
     float2 l2, dl;
-    if constexpr (kP) l2 = ld_shared_f2(rows_s + 4 * (8 * j + cb));
-    if constexpr (kDS) dl = ld_shared_f2(rows_s + BM * 4 + 4 * (8 * j + cb));
+    if constexpr (kP) l2 = ld_shared_f2(kImm ? base + 32 * j : rows_s + 4 * (8 * j + cb));
+    if constexpr (kDS) dl = ld_shared_f2(kImm ? base + BM * 4 + 32 * j : rows_s + BM * 4 + 4 * (8 * j + cb));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -250,6 +254,24 @@ __device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&da)[Tr:
       const int j = 2 * kk + (x >> 1), hh = x & 1;  // tile_to_p: word x of kk holds (8j + cb, row + 8 hh)
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_ds + sw_off<Tr::BN>(kr0 + 8 * hh, j) + 2 * cb), "r"(da[kk][x]));
     }
+}
+
+// store_ds by stmatrix (the warp-specialized kernels): word x of da[kk] is 8x8 matrix x of a stmatrix.x4 (rows
+// kr0 - lane / 4 + 8 (x & 1), 16-byte chunk 2 kk + (x >> 1)), so a step's 16 st.shared.b32 and their swizzled
+// addresses become 4 stmatrix. Lane l gives row l & 7 of matrix l >> 3: key row kb + 8 ((l >> 3) & 1) + (l & 7)
+// (kb: the warp's first), chunk (2 kk + (l >> 4)) ^ (l & 7) = ((l >> 4) ^ (l & 7)) ^ 2 kk: the address of kk = 0
+// XOR 32 kk (within the row's 128 bytes; s_ds 1024-aligned).
+template <class Tr>
+__device__ __forceinline__ uint32_t stsm_ds_lane_off(int kr0) {
+  const int lane = threadIdx.x & 31, kb = kr0 - (lane >> 2);
+  const int row = kb + 8 * ((lane >> 3) & 1) + (lane & 7);
+  return sw_off<Tr::BN>(row, lane >> 4);
+}
+template <class Tr>
+__device__ __forceinline__ void store_ds_stsm(uint32_t s_ds, const uint32_t (&da)[Tr::BM / 16][4], uint32_t lane_off) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk)
+    stmatrix_x4(s_ds + (lane_off ^ uint32_t(kk << 5)), da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
 }
 
 // dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),

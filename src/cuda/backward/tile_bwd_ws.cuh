@@ -64,7 +64,10 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
   fence_regs(s);
 }
 
-template <class Tr>
+// kOld (temporary, SPATTN_BWD_VARIANT=old: an A/B of session 25's step against the previous one): the step as it
+// was; else lse2 and delta loaded at immediate offsets and dS^T stored by stmatrix (probs_dscores' kImm,
+// store_ds_stsm).
+template <class Tr, bool kOld = false>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
@@ -151,6 +154,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
   // K MN-major for dQ: D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
   const uint32_t s_kcols = s_k + (D == 128 ? wg * BN * 128 : wg * 64);
+  const uint32_t ds_off = stsm_ds_lane_off<Tr>(kr0);
 
   cp_async_wait<0>();
   fence_proxy_async();
@@ -178,10 +182,10 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     float s[BM / 2], dp[BM / 2];
     issue_sdp_wait_s<Tr>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
     mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
-    probs_dscores<BM, true, false>(s, dp, s_rows(st), sl2);
+    probs_dscores<BM, true, false, !kOld>(s, dp, s_rows(st), sl2);
     wgmma_wait<0>();
     fence_regs(dp);
-    probs_dscores<BM, false, true>(s, dp, s_rows(st), sl2);
+    probs_dscores<BM, false, true, !kOld>(s, dp, s_rows(st), sl2);
 
     // ---- dV += P^T dO, dK += dS^T Q ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
@@ -189,7 +193,10 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
     // before they met at step i - 1's barrier ----
-    store_ds<Tr>(s_ds(i), da, kr0);
+    if constexpr (kOld)
+      store_ds<Tr>(s_ds(i), da, kr0);
+    else
+      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
     fence_proxy_async();
     named_sync(1, NC);
 

@@ -37,7 +37,8 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-template <class Tr>
+// kOld: as tile_bwd_ws_body's (temporary).
+template <class Tr, bool kOld = false>
 __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   using namespace detail;
   using Hf = typename Tr::Half;
@@ -144,6 +145,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   const int kr0 = wg * 64 + rw;
   const float sl2 = p.scale_log2;
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+  const uint32_t ds_off = stsm_ds_lane_off<Hf>(kr0);
 
   cp_async_wait<0>();
   fence_proxy_async();
@@ -178,7 +180,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
       float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
       float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
       apply_mask<64>(sc, m[c]);
-      probs_dscores<64, true, false>(sc, dc, s_rows(st) + c * 512, sl2);
+      probs_dscores<64, true, false, !kOld>(sc, dc, s_rows(st) + c * 512, sl2);
     }
     wgmma_wait<0>();
     fence_regs(dp);
@@ -186,7 +188,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     for (int c = 0; c < 2; ++c) {
       float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
       float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      probs_dscores<64, false, true>(sc, dc, s_rows(st) + c * 512, sl2);
+      probs_dscores<64, false, true, !kOld>(sc, dc, s_rows(st) + c * 512, sl2);
     }
 
     // ---- dV += P^T dO, dK += dS^T Q over the 128 queries ----
@@ -195,8 +197,13 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 
     // ---- dS^T, both halves, both warpgroups' keys ----
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
-      store_ds<Hf>(s_ds(i) + c * Tr::kHalfDS, *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]), kr0);
+    for (int c = 0; c < 2; ++c) {
+      const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
+      if constexpr (kOld)
+        store_ds<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, kr0);
+      else
+        store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_off);
+    }
     fence_proxy_async();
     named_sync(1, NC);
 
@@ -216,16 +223,17 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
 }
 
-// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
-template <class Tr>
+// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits). kOld: the
+// bodies' (temporary).
+template <class Tr, bool kOld = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else if constexpr (Tr::BM == 128) {
-    tile_bwd_ws2_body<Tr>(p);
+    tile_bwd_ws2_body<Tr, kOld>(p);
   } else {
-    tile_bwd_ws_body<Tr>(p);
+    tile_bwd_ws_body<Tr, kOld>(p);
   }
 #endif
 }
