@@ -136,16 +136,25 @@ __device__ __forceinline__ int strip_slot(const int4& e, int r, int sx, int sy) 
 // Tr: BM, BN, D, kBf16, Elem. A warpgroup owns 64 keys of the key tile (its thread's rows kr0, kr0 + 8) and
 // sees the step's 64 queries.
 
+// The descriptor of the tile at lo's address + 16 off bytes. kAdd64 (the warp-specialized kernels): off added to the
+// whole 64-bit descriptor (one UIADD3.64 a wgmma operand, CUTLASS's descriptor iterators' way); else to its low word
+// before the constant high word is set (UIADD3 + UMOV: ptxas rewrites a wgmma's descriptor registers every time).
+// The same bits: lo + off never carries out of the low word (a shared address >> 4 below 2^14).
+template <bool kAdd64>
+__device__ __forceinline__ uint64_t desc_at(uint32_t lo, uint32_t off) {
+  return kAdd64 ? desc_of_lo(lo) + off : desc_of_lo(lo + off);
+}
+
 // acc = A B^T, this warpgroup's 64 keys x the step's queries: A at s_a (K or V rows of the warpgroup, in a BN-row
 // tile), B at s_b (Q or dO, K-major): S^T or dP^T. Issue only (the caller fences and commits).
-template <class Tr>
+template <class Tr, bool kAdd64 = false>
 __device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
   const uint32_t a_lo = desc_lo(s_a, 16), b_lo = desc_lo(s_b, 16);
 #pragma unroll
   for (int kk = 0; kk < Tr::D / 16; ++kk)
     ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
-        acc, desc_of_lo(a_lo + (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
-        desc_of_lo(b_lo + (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+        acc, desc_at<kAdd64>(a_lo, (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
+        desc_at<kAdd64>(b_lo, (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
 }
 
 // Partial tiles: S^T = -inf where entry `e` does not keep the score. Band (e.y == -2): kept iff
@@ -223,7 +232,7 @@ __device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM
 
 // P^T and dS^T (s, dp) to 16-bit A fragments pa, da (unchanged until the group completes), then dV += P^T dO,
 // dK += dS^T Q issued as one wgmma group (RS, B operands MN-major at the step's dO and Q).
-template <class Tr>
+template <class Tr, bool kAdd64 = false>
 __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                           uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
                                           float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
@@ -237,9 +246,9 @@ __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const fl
   wgmma_fence();
   const uint32_t d_lo = desc_lo(s_do, Tr::BM * 128), q_lo = desc_lo(s_q, Tr::BM * 128);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], desc_of_lo(d_lo + kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], desc_at<kAdd64>(d_lo, kk * 128), 1);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], desc_of_lo(q_lo + kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], desc_at<kAdd64>(q_lo, kk * 128), 1);
   wgmma_commit();
 }
 
@@ -276,7 +285,7 @@ __device__ __forceinline__ void store_ds_stsm(uint32_t s_ds, const uint32_t (&da
 
 // dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),
 // waited for with every earlier group of the warpgroup (issue_dkv's: dv, dk final for the step).
-template <class Tr, int NQ>
+template <class Tr, int NQ, bool kAdd64 = false>
 __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
   fence_regs(dq);
@@ -284,8 +293,8 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
   const uint32_t a_lo = desc_lo(s_ds, Tr::BN * 128), b_lo = desc_lo(s_kcols, Tr::BN * 128);
 #pragma unroll
   for (int kk = 0; kk < Tr::BN / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
-                                                     desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_at<kAdd64>(a_lo, kk * 128),
+                                                     desc_at<kAdd64>(b_lo, kk * 128), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(dq);

@@ -49,24 +49,24 @@ struct BwdWsTraits {
 
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys at s_kw, s_vw) as two wgmma groups, S^T waited for: P^T's
 // exponentials run while dP^T's group does (the caller waits for it).
-template <class Tr>
+template <class Tr, bool kAdd64 = false>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], uint32_t s_kw,
                                                  uint32_t s_vw, uint32_t s_q, uint32_t s_do) {
   using namespace detail;
   fence_regs(s);
   fence_regs(dp);
   wgmma_fence();
-  mma_keys_queries<Tr>(s, s_kw, s_q);
+  mma_keys_queries<Tr, kAdd64>(s, s_kw, s_q);
   wgmma_commit();
-  mma_keys_queries<Tr>(dp, s_vw, s_do);
+  mma_keys_queries<Tr, kAdd64>(dp, s_vw, s_do);
   wgmma_commit();
   wgmma_wait<1>();
   fence_regs(s);
 }
 
 // kOld (temporary, SPATTN_BWD_VARIANT=old: an A/B of session 25's step against the previous one): the step as it
-// was; else lse2 and delta loaded at immediate offsets and dS^T stored by stmatrix (probs_dscores' kImm,
-// store_ds_stsm).
+// was; else wgmma descriptors stepped by 64-bit adds (desc_at), lse2 and delta loaded at immediate offsets and dS^T
+// stored by stmatrix (probs_dscores' kImm, store_ds_stsm).
 template <class Tr, bool kOld = false>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
@@ -180,7 +180,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
-    issue_sdp_wait_s<Tr>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
+    issue_sdp_wait_s<Tr, !kOld>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
     mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
     probs_dscores<BM, true, false, !kOld>(s, dp, s_rows(st), sl2);
     wgmma_wait<0>();
@@ -189,7 +189,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- dV += P^T dO, dK += dS^T Q ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-    issue_dkv<Tr>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
+    issue_dkv<Tr, !kOld>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
 
     // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
     // before they met at step i - 1's barrier ----
@@ -202,7 +202,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
     float dq[kDQ / 2];
-    mma_dq_wait<Tr, kDQ>(dq, s_ds(i), s_kcols, dv, dk);
+    mma_dq_wait<Tr, kDQ, !kOld>(dq, s_ds(i), s_kcols, dv, dk);
     mbar_arrive(bar_empty + 8 * st);  // every wgmma reading the stage is done
 
     // ---- dQ to the writer: staged in this thread's register order ----
