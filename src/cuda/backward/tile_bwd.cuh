@@ -140,9 +140,14 @@ __device__ __forceinline__ int strip_slot(const int4& e, int r, int sx, int sy) 
 // whole 64-bit descriptor (one UIADD3.64 a wgmma operand, CUTLASS's descriptor iterators' way); else to its low word
 // before the constant high word is set (UIADD3 + UMOV: ptxas rewrites a wgmma's descriptor registers every time).
 // The same bits: lo + off never carries out of the low word (a shared address >> 4 below 2^14).
+// The descriptor is opaque to the compiler before the add: knowing the address's alignment, it would otherwise OR the
+// offset into the low word (and re-set the high word again).
 template <bool kAdd64>
 __device__ __forceinline__ uint64_t desc_at(uint32_t lo, uint32_t off) {
-  return kAdd64 ? desc_of_lo(lo) + off : desc_of_lo(lo + off);
+  if constexpr (!kAdd64) return desc_of_lo(lo + off);
+  uint64_t d = desc_of_lo(lo);
+  asm("" : "+l"(d));
+  return d + off;
 }
 
 // acc = A B^T, this warpgroup's 64 keys x the step's queries: A at s_a (K or V rows of the warpgroup, in a BN-row

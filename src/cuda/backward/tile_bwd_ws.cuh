@@ -49,6 +49,24 @@ struct BwdWsTraits {
 
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys at s_kw, s_vw) as two wgmma groups, S^T waited for: P^T's
 // exponentials run while dP^T's group does (the caller waits for it).
+// The CTA's work through lane-0 shuffles (every thread of the warp present): values the compiler then knows are
+// warp-uniform, kept in uniform registers (the D = 64 kernel had spilled its per-thread n and np, 3 LDL a step).
+__device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork w) {
+  auto u = [](int x) { return __shfl_sync(0xffffffffu, x, 0); };
+  w.b = u(w.b), w.hk = u(w.hk), w.k0 = u(w.k0), w.ne = u(w.ne), w.n = u(w.n);
+  w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
+  return w;
+}
+// The aligned base of the dynamic shared memory as a shared-window address: computed there (kShared, no generic
+// address: no SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it), or from the
+// aligned generic pointer. The same address (the generic window of shared memory is aligned far beyond 1024).
+template <bool kShared>
+__device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
+  using detail::smem_u32;
+  if constexpr (kShared) return (smem_u32(smem_raw) + 1023u) & ~1023u;
+  return smem_u32(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+}
+
 template <class Tr, bool kAdd64 = false>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], uint32_t s_kw,
                                                  uint32_t s_vw, uint32_t s_q, uint32_t s_do) {
@@ -65,15 +83,15 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
 }
 
 // kOld (temporary, SPATTN_BWD_VARIANT=old: an A/B of session 25's step against the previous one): the step as it
-// was; else wgmma descriptors stepped by 64-bit adds (desc_at), lse2 and delta loaded at immediate offsets and dS^T
-// stored by stmatrix (probs_dscores' kImm, store_ds_stsm).
+// was; else wgmma descriptors stepped by 64-bit adds (desc_at), lse2 and delta loaded at immediate offsets, dS^T
+// stored by stmatrix (probs_dscores' kImm, store_ds_stsm) and the shared base aligned in the shared window
+// (smem_base_1024).
 template <class Tr, bool kOld = false>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV;
+  const uint32_t s_k = smem_base_1024<!kOld>(smem_raw), s_v = s_k + Tr::kOffV;
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
@@ -86,7 +104,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   // descriptors derived from them live in uniform registers (no R2UR / IMAD per wgmma; CUTLASS's
   // canonical_warp_group_idx).
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
-  const KeyTileWork w = key_tile_work<BN>(p);
+  const detail::KeyTileWork w = key_tile_work<BN>(p);
   if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add (the whole CTA, before any barrier)
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
   const int64_t e0 = w.e0;

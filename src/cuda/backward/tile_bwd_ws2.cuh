@@ -44,8 +44,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   using Hf = typename Tr::Half;
   constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t s_k = smem_u32(smem), s_v = s_k + Tr::kOffV;
+  const uint32_t s_k = smem_base_1024<!kOld>(smem_raw), s_v = s_k + Tr::kOffV;
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };  // + 512 c: half c
@@ -57,7 +56,8 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
-  const KeyTileWork w = key_tile_work<Tr::BN>(p);
+  detail::KeyTileWork w = key_tile_work<Tr::BN>(p);
+  if constexpr (!kOld) w = warp_uniform(w);
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
   const int np = (ne + 1) / 2, n = np * p.group;
   const int64_t e0 = w.e0;
