@@ -136,30 +136,45 @@ __device__ __forceinline__ int strip_slot(const int4& e, int r, int sx, int sy) 
 // Tr: BM, BN, D, kBf16, Elem. A warpgroup owns 64 keys of the key tile (its thread's rows kr0, kr0 + 8) and
 // sees the step's 64 queries.
 
-// The descriptor of the tile at lo's address + 16 off bytes. kAdd64 (the warp-specialized kernels): off added to the
-// whole 64-bit descriptor (one UIADD3.64 a wgmma operand, CUTLASS's descriptor iterators' way); else to its low word
-// before the constant high word is set (UIADD3 + UMOV: ptxas rewrites a wgmma's descriptor registers every time).
-// The same bits: lo + off never carries out of the low word (a shared address >> 4 below 2^14).
-// The descriptor is opaque to the compiler before the add: knowing the address's alignment, it would otherwise OR the
-// offset into the low word (and re-set the high word again).
-template <bool kAdd64>
-__device__ __forceinline__ uint64_t desc_at(uint32_t lo, uint32_t off) {
-  if constexpr (!kAdd64) return desc_of_lo(lo + off);
-  uint64_t d = desc_of_lo(lo);
-  asm("" : "+l"(d));
-  return d + off;
+// A wgmma operand: the descriptor of the tile at its address + 16 off bytes (at(off)). DescLo: off added to the low
+// word before the constant high word is set (UIADD3 + UMOV a wgmma: ptxas rewrites a wgmma's descriptor registers
+// every time). Desc64 (the warp-specialized kernels): off added to the whole 64-bit descriptor (one UIADD3.64,
+// CUTLASS's descriptor iterators' way), built once where the caller hoists it. The same bits: lo + off never carries
+// out of the low word (a shared-window offset >> 4 is below 2^14).
+struct DescLo {
+  uint32_t lo;
+  __device__ __forceinline__ uint64_t at(uint32_t off) const { return desc_of_lo(lo + off); }
+};
+struct Desc64 {
+  uint64_t d;
+  __device__ __forceinline__ uint64_t at(uint32_t off) const { return d + off; }
+  __device__ __forceinline__ Desc64 operator+(uint32_t off) const { return {d + off}; }
+};
+// The operand at shared address addr, leading-byte offset lbo. Desc64's descriptor is opaque to the compiler: knowing
+// the address's alignment, it would otherwise OR the offsets into the low word (and re-set the high word again).
+template <bool k64>
+__device__ __forceinline__ auto operand(uint32_t addr, uint32_t lbo) {
+  if constexpr (k64) {
+    uint64_t d = desc_of_lo(desc_lo(addr, lbo));
+    asm("" : "+l"(d));
+    return Desc64{d};
+  } else {
+    return DescLo{desc_lo(addr, lbo)};
+  }
 }
 
-// acc = A B^T, this warpgroup's 64 keys x the step's queries: A at s_a (K or V rows of the warpgroup, in a BN-row
-// tile), B at s_b (Q or dO, K-major): S^T or dP^T. Issue only (the caller fences and commits).
-template <class Tr, bool kAdd64 = false>
-__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
-  const uint32_t a_lo = desc_lo(s_a, 16), b_lo = desc_lo(s_b, 16);
+// acc = A B^T, this warpgroup's 64 keys x the step's queries: A (K or V rows of the warpgroup, in a BN-row tile), B
+// (Q or dO, K-major), both leading-byte offset 16: S^T or dP^T. Issue only (the caller fences and commits).
+template <class Tr, class O>
+__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], const O& a, const O& b) {
 #pragma unroll
   for (int kk = 0; kk < Tr::D / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
-        acc, desc_at<kAdd64>(a_lo, (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
-        desc_at<kAdd64>(b_lo, (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(acc, a.at((kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
+                                                     b.at((kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+}
+template <class Tr>
+__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
+  mma_keys_queries<Tr>(acc, operand<false>(s_a, 16), operand<false>(s_b, 16));
 }
 
 // Partial tiles: S^T = -inf where entry `e` does not keep the score. Band (e.y == -2): kept iff
@@ -237,10 +252,12 @@ __device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM
 
 // P^T and dS^T (s, dp) to 16-bit A fragments pa, da (unchanged until the group completes), then dV += P^T dO,
 // dK += dS^T Q issued as one wgmma group (RS, B operands MN-major at the step's dO and Q).
-template <class Tr, bool kAdd64 = false>
+// d_do, d_q: the operands of dO and Q at leading-byte offset BM 128 (operand<k64>(s_do, Tr::BM * 128)).
+template <class Tr, class O>
 __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                           uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
-                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
+                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], const O& d_do,
+                                          const O& d_q) {
   using Op = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
   mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
   mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
@@ -249,12 +266,17 @@ __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const fl
   fence_regs(pa);
   fence_regs(da);
   wgmma_fence();
-  const uint32_t d_lo = desc_lo(s_do, Tr::BM * 128), q_lo = desc_lo(s_q, Tr::BM * 128);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], desc_at<kAdd64>(d_lo, kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], d_do.at(kk * 128), 1);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], desc_at<kAdd64>(q_lo, kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], d_q.at(kk * 128), 1);
   wgmma_commit();
+}
+template <class Tr>
+__device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                          uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
+  issue_dkv<Tr>(s, dp, pa, da, dv, dk, operand<false>(s_do, Tr::BM * 128), operand<false>(s_q, Tr::BM * 128));
 }
 
 // dS^T to shared memory at s_ds (keys x queries, queries contiguous: the MN-major A of dQ = dS K).
@@ -290,21 +312,25 @@ __device__ __forceinline__ void store_ds_stsm(uint32_t s_ds, const uint32_t (&da
 
 // dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),
 // waited for with every earlier group of the warpgroup (issue_dkv's: dv, dk final for the step).
-template <class Tr, int NQ, bool kAdd64 = false>
-__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
+// d_ds, d_kcols: operands at leading-byte offset BN 128.
+template <class Tr, int NQ, class O>
+__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], const O& d_ds, const O& d_kcols,
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
   fence_regs(dq);
   wgmma_fence();
-  const uint32_t a_lo = desc_lo(s_ds, Tr::BN * 128), b_lo = desc_lo(s_kcols, Tr::BN * 128);
 #pragma unroll
   for (int kk = 0; kk < Tr::BN / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_at<kAdd64>(a_lo, kk * 128),
-                                                     desc_at<kAdd64>(b_lo, kk * 128), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, d_ds.at(kk * 128), d_kcols.at(kk * 128), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(dq);
   fence_regs(dv);
   fence_regs(dk);
+}
+template <class Tr, int NQ>
+__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
+  mma_dq_wait<Tr, NQ>(dq, operand<false>(s_ds, Tr::BN * 128), operand<false>(s_kcols, Tr::BN * 128), dv, dk);
 }
 
 // A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).

@@ -146,6 +146,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   const float sl2 = p.scale_log2;
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
   const uint32_t ds_off = stsm_ds_lane_off<Hf>(kr0);
+  const StepOperands<Tr, true> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0) + wg * Tr::kHalfDS, s_k);
 
   cp_async_wait<0>();
   fence_proxy_async();
@@ -173,7 +174,9 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
-    issue_sdp_wait_s<Tr, !kOld>(s, dp, s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_do(st));
+    const StepOperands<Tr, !kOld> o(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_ds(i) + wg * Tr::kHalfDS, s_k,
+                                    ops, st, i);
+    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
     // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -193,7 +196,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 
     // ---- dV += P^T dO, dK += dS^T Q over the 128 queries ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-    issue_dkv<Tr, !kOld>(s, dp, pa, da, dv, dk, s_do(st), s_q(st));
+    issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
     // ---- dS^T, both halves, both warpgroups' keys ----
 #pragma unroll
@@ -209,7 +212,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 
     // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys ----
     float dq[kDQ / 2];
-    mma_dq_wait<Tr, kDQ, !kOld>(dq, s_ds(i) + wg * Tr::kHalfDS, s_k, dv, dk);
+    mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
     mbar_arrive(bar_empty + 8 * st);
 
     if (i >= 1) mbar_wait(bar_dqempty + 8 * wg, (i - 1) & 1);
