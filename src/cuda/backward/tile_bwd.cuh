@@ -296,7 +296,7 @@ __device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&da)[Tr:
 // kr0 - lane / 4 + 8 (x & 1), 16-byte chunk 2 kk + (x >> 1)), so a step's 16 st.shared.b32 and their swizzled
 // addresses become 4 stmatrix. Lane l gives row l & 7 of matrix l >> 3: key row kb + 8 ((l >> 3) & 1) + (l & 7)
 // (kb: the warp's first), chunk (2 kk + (l >> 4)) ^ (l & 7) = ((l >> 4) ^ (l & 7)) ^ 2 kk: the address of kk = 0
-// XOR 32 kk (within the row's 128 bytes; s_ds 1024-aligned).
+// XOR 32 kk (within the row's 128 bytes; s_ds 1024-aligned, so the XOR may follow the add).
 template <class Tr>
 __device__ __forceinline__ uint32_t stsm_ds_lane_off(int kr0) {
   const int lane = threadIdx.x & 31, kb = kr0 - (lane >> 2);
@@ -305,9 +305,9 @@ __device__ __forceinline__ uint32_t stsm_ds_lane_off(int kr0) {
 }
 template <class Tr>
 __device__ __forceinline__ void store_ds_stsm(uint32_t s_ds, const uint32_t (&da)[Tr::BM / 16][4], uint32_t lane_off) {
+  const uint32_t a = s_ds + lane_off;
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk)
-    stmatrix_x4(s_ds + (lane_off ^ uint32_t(kk << 5)), da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) stmatrix_x4(a ^ uint32_t(kk << 5), da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
 }
 
 // dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),

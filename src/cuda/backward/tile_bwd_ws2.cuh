@@ -152,9 +152,8 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   fence_proxy_async();
   named_sync(1, NC);
 
-  // Half c's mask (StepMask: built from the entries a step ahead, so the step waits on no global read).
-  auto half_mask = [&](int jj, int c) {  // slot jj = i % np
-    const int4 e = half_entry_at(jj, c);
+  // Half c's mask (StepMask) of entry e.
+  auto entry_mask = [&](const int4& e) {
     unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
@@ -162,13 +161,32 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     }
     return step_mask<64>(e, k0, kr0, e.x * 64, kvalid, mw);
   };
-  StepMask mn[2];
-  if (n > 0) mn[0] = half_mask(0, 0), mn[1] = half_mask(0, 1);
+  // What is read a step ahead (slot jj = i % np), so the step waits on no read of an entry: kOld, the halves' masks
+  // (built a step ahead, the mask words' loads and the band's arithmetic on every step, full tiles' too); else the
+  // halves' entries, whose masks the step builds before its wait for its stage, partial tiles only.
+  using Ahead = std::conditional_t<kOld, StepMask, int4>;
+  auto ahead = [&](int jj, int c) -> Ahead {
+    if constexpr (kOld)
+      return entry_mask(half_entry_at(jj, c));
+    else
+      return half_entry_at(jj, c);
+  };
+  Ahead an[2];
+  if (n > 0) an[0] = ahead(0, 0), an[1] = ahead(0, 1);
   int jn = np > 1 ? 1 : 0;  // step i + 1's slot, (i + 1) % np
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
-    const StepMask m[2] = {mn[0], mn[1]};
-    if (i + 1 < n) mn[0] = half_mask(jn, 0), mn[1] = half_mask(jn, 1);
+    StepMask m[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      if constexpr (kOld) {
+        m[c] = an[c];
+      } else {
+        m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
+        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
+      }
+    }
+    if (i + 1 < n) an[0] = ahead(jn, 0), an[1] = ahead(jn, 1);
     jn = jn + 1 == np ? 0 : jn + 1;
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
