@@ -47,10 +47,9 @@ struct BwdWsTraits {
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
-// S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys at s_kw, s_vw) as two wgmma groups, S^T waited for: P^T's
-// exponentials run while dP^T's group does (the caller waits for it).
 // The CTA's work through lane-0 shuffles (every thread of the warp present): values the compiler then knows are
-// warp-uniform, kept in uniform registers (the D = 64 kernel had spilled its per-thread n and np, 3 LDL a step).
+// warp-uniform, kept in uniform registers (the D = 64 kernel had spilled its per-thread n and np: 3 LDL a step, 1
+// with this).
 __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork w) {
   auto u = [](int x) { return __shfl_sync(0xffffffffu, x, 0); };
   w.b = u(w.b), w.hk = u(w.hk), w.k0 = u(w.k0), w.ne = u(w.ne), w.n = u(w.n);
@@ -67,7 +66,9 @@ __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
   return smem_u32(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
 }
 
-// Operands (detail::operand) at leading-byte offset 16: this warpgroup's keys kw, vw, the step's q, d_o.
+// S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys kw, vw) as two wgmma groups, S^T waited for: P^T's
+// exponentials run while dP^T's group does (the caller waits for it). Operands (detail::operand) at leading-byte
+// offset 16, the step's q and d_o too.
 template <class Tr, class O>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
                                                  const O& vw, const O& q, const O& d_o) {
@@ -115,9 +116,8 @@ struct StepOperands {
 
 // kOld (temporary, SPATTN_BWD_VARIANT=old: an A/B of session 25's step against the previous one): the step as it
 // was; else wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at
-// immediate offsets, dS^T
-// stored by stmatrix (probs_dscores' kImm, store_ds_stsm) and the shared base aligned in the shared window
-// (smem_base_1024).
+// immediate offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm) and the shared base aligned in
+// the shared window (smem_base_1024).
 template <class Tr, bool kOld = false>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
