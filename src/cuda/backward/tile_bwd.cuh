@@ -185,13 +185,27 @@ struct StepMask {
   int kind;     // -1 full, -2 band, else bitmask
   uint32_t a[4];  // band: first[hh], width[hh] at 2 hh, 2 hh + 1; bitmask: mw[hh]'s low, high words
 };
-template <int BM>
+// kBandBits (the warp-specialized kernels): a band row's kept columns [a, z] as a mask word instead (bits a ... z:
+// kind 0, a bitmask tile to apply_mask), whose test is one bit a score (a predicate from R2P, a select) where the
+// band's is a subtraction, a compare and a select.
+template <int BM, bool kBandBits = false>
 __device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, int q0, int kvalid,
                                               const unsigned long long (&mw)[2]) {
   StepMask m;
   m.kind = e.y;
   const int cb = 2 * (threadIdx.x & 3);
-  if (e.y == -2) {
+  static_assert(!kBandBits || BM == 64, "one mask word a row");
+  if (kBandBits && e.y == -2) {
+    m.kind = 0;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
+      const int64_t a = max(d0 - e.w, int64_t(0)), z = kr0 + 8 * hh < kvalid ? min(d0 - e.z, int64_t(BM - 1)) : -1;
+      // 0 <= a <= z <= 63 where the row keeps any column
+      const unsigned long long w = z >= a ? (~0ull >> (63 - int(z))) & (~0ull << int(a)) : 0ull;
+      m.a[2 * hh] = uint32_t(w), m.a[2 * hh + 1] = uint32_t(w >> 32);
+    }
+  } else if (e.y == -2) {
     // Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past kvalid keys); a score's test is one
     // subtraction and one unsigned compare (as the forward's band mask).
 #pragma unroll
@@ -207,9 +221,10 @@ __device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, in
   }
   return m;
 }
-template <int BM>
+// kBandBits: m from step_mask<BM, true> (no band kind left).
+template <int BM, bool kBandBits = false>
 __device__ __forceinline__ void apply_mask(float (&s)[BM / 2], const StepMask& m) {
-  if (m.kind == -2) {
+  if (!kBandBits && m.kind == -2) {
     mma::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - m.a[2 * hh] > m.a[2 * hh + 1]; });
   } else if (m.kind >= 0) {
     static_assert(BM == 64, "one mask word a row");
@@ -218,10 +233,10 @@ __device__ __forceinline__ void apply_mask(float (&s)[BM / 2], const StepMask& m
     mma::tile_mask_bits<BM>(s, w, cb);
   }
 }
-template <class Tr>
+template <class Tr, bool kBandBits = false>
 __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e, int k0, int kr0, int q0, int kvalid,
                                           const unsigned long long (&mw)[2]) {
-  apply_mask<Tr::BM>(s, step_mask<Tr::BM>(e, k0, kr0, q0, kvalid, mw));
+  apply_mask<Tr::BM, kBandBits>(s, step_mask<Tr::BM, kBandBits>(e, k0, kr0, q0, kvalid, mw));
 }
 
 // kP: P^T = exp2(S^T scale log2 e - lse2) in place of S^T (0 where masked: -inf); kDS: dS^T = P^T (dP^T - delta)

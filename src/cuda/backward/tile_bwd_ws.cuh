@@ -233,7 +233,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr, !kOld> o(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_ds(i), s_kcols, ops, st, i);
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-    mask_step<Tr>(s, e, k0, kr0, q0, kvalid, mw);
+    mask_step<Tr, !kOld>(s, e, k0, kr0, q0, kvalid, mw);
     probs_dscores<BM, true, false, !kOld>(s, dp, s_rows(st), sl2);
     wgmma_wait<0>();
     fence_regs(dp);

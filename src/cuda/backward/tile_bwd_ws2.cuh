@@ -159,7 +159,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
       mw[1] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0 + 8);
     }
-    return step_mask<64>(e, k0, kr0, e.x * 64, kvalid, mw);
+    return step_mask<64, !kOld>(e, k0, kr0, e.x * 64, kvalid, mw);
   };
   // What is read a step ahead (slot jj = i % np), so the step waits on no read of an entry: kOld, the halves' masks
   // (built a step ahead, the mask words' loads and the band's arithmetic on every step, full tiles' too); else the
@@ -200,7 +200,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     for (int c = 0; c < 2; ++c) {
       float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
       float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      apply_mask<64>(sc, m[c]);
+      apply_mask<64, !kOld>(sc, m[c]);
       probs_dscores<64, true, false, !kOld>(sc, dc, s_rows(st) + c * 512, sl2);
     }
     wgmma_wait<0>();
