@@ -197,12 +197,18 @@ __device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, in
   static_assert(!kBandBits || BM == 64, "one mask word a row");
   if (kBandBits && e.y == -2) {
     m.kind = 0;
+    // Row kr's a = max(a0 + kr, 0), z = min(z0 + kr, 63) with the entry's (warp-uniform) a0 = k0 - q0 - e.w and
+    // z0 = k0 - q0 - e.z, clamped to [-256, 256] in 64 bits first: as kr < 256, a clamped a0 or z0 leaves each row
+    // as it was (a 0, or past 63: empty; z 63, or negative: empty), and the rows' arithmetic is 32-bit.
+    const int64_t d = int64_t(k0) - q0;
+    const int a0 = int(min(max(d - e.w, int64_t(-256)), int64_t(256)));
+    const int z0 = int(min(max(d - e.z, int64_t(-256)), int64_t(256)));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int64_t d0 = int64_t(k0 + kr0 + 8 * hh) - q0;
-      const int64_t a = max(d0 - e.w, int64_t(0)), z = kr0 + 8 * hh < kvalid ? min(d0 - e.z, int64_t(BM - 1)) : -1;
+      const int kr = kr0 + 8 * hh;
+      const int a = max(a0 + kr, 0), z = kr < kvalid ? min(z0 + kr, BM - 1) : -1;
       // 0 <= a <= z <= 63 where the row keeps any column
-      const unsigned long long w = z >= a ? (~0ull >> (63 - int(z))) & (~0ull << int(a)) : 0ull;
+      const unsigned long long w = z >= a ? (~0ull >> (63 - z)) & (~0ull << a) : 0ull;
       m.a[2 * hh] = uint32_t(w), m.a[2 * hh + 1] = uint32_t(w >> 32);
     }
   } else if (e.y == -2) {
