@@ -136,16 +136,45 @@ __device__ __forceinline__ int strip_slot(const int4& e, int r, int sx, int sy) 
 // Tr: BM, BN, D, kBf16, Elem. A warpgroup owns 64 keys of the key tile (its thread's rows kr0, kr0 + 8) and
 // sees the step's 64 queries.
 
-// acc = A B^T, this warpgroup's 64 keys x the step's queries: A at s_a (K or V rows of the warpgroup, in a BN-row
-// tile), B at s_b (Q or dO, K-major): S^T or dP^T. Issue only (the caller fences and commits).
-template <class Tr>
-__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
-  const uint32_t a_lo = desc_lo(s_a, 16), b_lo = desc_lo(s_b, 16);
+// A wgmma operand: the descriptor of the tile at its address + 16 off bytes (at(off)). DescLo: off added to the low
+// word before the constant high word is set (UIADD3 + UMOV a wgmma: ptxas rewrites a wgmma's descriptor registers
+// every time). Desc64 (the warp-specialized kernels): off added to the whole 64-bit descriptor (one UIADD3.64,
+// CUTLASS's descriptor iterators' way), built once where the caller hoists it. The same bits: lo + off never carries
+// out of the low word (a shared-window offset >> 4 is below 2^14).
+struct DescLo {
+  uint32_t lo;
+  __device__ __forceinline__ uint64_t at(uint32_t off) const { return desc_of_lo(lo + off); }
+};
+struct Desc64 {
+  uint64_t d;
+  __device__ __forceinline__ uint64_t at(uint32_t off) const { return d + off; }
+  __device__ __forceinline__ Desc64 operator+(uint32_t off) const { return {d + off}; }
+};
+// The operand at shared address addr, leading-byte offset lbo. Desc64's descriptor is opaque to the compiler: knowing
+// the address's alignment, it would otherwise OR the offsets into the low word (and re-set the high word again).
+template <bool k64>
+__device__ __forceinline__ auto operand(uint32_t addr, uint32_t lbo) {
+  if constexpr (k64) {
+    uint64_t d = desc_of_lo(desc_lo(addr, lbo));
+    asm("" : "+l"(d));
+    return Desc64{d};
+  } else {
+    return DescLo{desc_lo(addr, lbo)};
+  }
+}
+
+// acc = A B^T, this warpgroup's 64 keys x the step's queries: A (K or V rows of the warpgroup, in a BN-row tile), B
+// (Q or dO, K-major), both leading-byte offset 16: S^T or dP^T. Issue only (the caller fences and commits).
+template <class Tr, class O>
+__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], const O& a, const O& b) {
 #pragma unroll
   for (int kk = 0; kk < Tr::D / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(
-        acc, desc_of_lo(a_lo + (kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
-        desc_of_lo(b_lo + (kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<Tr::BM, Tr::kBf16>::ss(acc, a.at((kk / 4) * Tr::BN * 8 + (kk % 4) * 2),
+                                                     b.at((kk / 4) * Tr::BM * 8 + (kk % 4) * 2), kk > 0 ? 1 : 0);
+}
+template <class Tr>
+__device__ __forceinline__ void mma_keys_queries(float (&acc)[Tr::BM / 2], uint32_t s_a, uint32_t s_b) {
+  mma_keys_queries<Tr>(acc, operand<false>(s_a, 16), operand<false>(s_b, 16));
 }
 
 // Partial tiles: S^T = -inf where entry `e` does not keep the score. Band (e.y == -2): kept iff
@@ -156,13 +185,33 @@ struct StepMask {
   int kind;     // -1 full, -2 band, else bitmask
   uint32_t a[4];  // band: first[hh], width[hh] at 2 hh, 2 hh + 1; bitmask: mw[hh]'s low, high words
 };
-template <int BM>
+// kBandBits (the warp-specialized kernels): a band row's kept columns [a, z] as a mask word instead (bits a ... z:
+// kind 0, a bitmask tile to apply_mask), whose test is one bit a score (a predicate from R2P, a select) where the
+// band's is a subtraction, a compare and a select.
+template <int BM, bool kBandBits = false>
 __device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, int q0, int kvalid,
                                               const unsigned long long (&mw)[2]) {
   StepMask m;
   m.kind = e.y;
   const int cb = 2 * (threadIdx.x & 3);
-  if (e.y == -2) {
+  static_assert(!kBandBits || BM == 64, "one mask word a row");
+  if (kBandBits && e.y == -2) {
+    m.kind = 0;
+    // Row kr's a = max(a0 + kr, 0), z = min(z0 + kr, 63) with the entry's (warp-uniform) a0 = k0 - q0 - e.w and
+    // z0 = k0 - q0 - e.z, clamped to [-256, 256] in 64 bits first: as kr < 256, a clamped a0 or z0 leaves each row
+    // as it was (a 0, or past 63: empty; z 63, or negative: empty), and the rows' arithmetic is 32-bit.
+    const int64_t d = int64_t(k0) - q0;
+    const int a0 = int(min(max(d - e.w, int64_t(-256)), int64_t(256)));
+    const int z0 = int(min(max(d - e.z, int64_t(-256)), int64_t(256)));
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int kr = kr0 + 8 * hh;
+      const int a = max(a0 + kr, 0), z = kr < kvalid ? min(z0 + kr, BM - 1) : -1;
+      // 0 <= a <= z <= 63 where the row keeps any column
+      const unsigned long long w = z >= a ? (~0ull >> (63 - z)) & (~0ull << a) : 0ull;
+      m.a[2 * hh] = uint32_t(w), m.a[2 * hh + 1] = uint32_t(w >> 32);
+    }
+  } else if (e.y == -2) {
     // Row hh (key kp = k0 + kr) keeps the query columns [a, z] (none past kvalid keys); a score's test is one
     // subtraction and one unsigned compare (as the forward's band mask).
 #pragma unroll
@@ -178,9 +227,10 @@ __device__ __forceinline__ StepMask step_mask(const int4& e, int k0, int kr0, in
   }
   return m;
 }
-template <int BM>
+// kBandBits: m from step_mask<BM, true> (no band kind left).
+template <int BM, bool kBandBits = false>
 __device__ __forceinline__ void apply_mask(float (&s)[BM / 2], const StepMask& m) {
-  if (m.kind == -2) {
+  if (!kBandBits && m.kind == -2) {
     mma::mask_fragment(s, [&](int c, int hh) { return unsigned(c) - m.a[2 * hh] > m.a[2 * hh + 1]; });
   } else if (m.kind >= 0) {
     static_assert(BM == 64, "one mask word a row");
@@ -189,23 +239,27 @@ __device__ __forceinline__ void apply_mask(float (&s)[BM / 2], const StepMask& m
     mma::tile_mask_bits<BM>(s, w, cb);
   }
 }
-template <class Tr>
+template <class Tr, bool kBandBits = false>
 __device__ __forceinline__ void mask_step(float (&s)[Tr::BM / 2], const int4& e, int k0, int kr0, int q0, int kvalid,
                                           const unsigned long long (&mw)[2]) {
-  apply_mask<Tr::BM>(s, step_mask<Tr::BM>(e, k0, kr0, q0, kvalid, mw));
+  apply_mask<Tr::BM, kBandBits>(s, step_mask<Tr::BM, kBandBits>(e, k0, kr0, q0, kvalid, mw));
 }
 
 // kP: P^T = exp2(S^T scale log2 e - lse2) in place of S^T (0 where masked: -inf); kDS: dS^T = P^T (dP^T - delta)
 // in place of dP^T. rows_s: the step's lse2 row in shared memory, delta's after it. Both in one loop (tile_bwd_kernel)
 // or one at a time (the warp-specialized kernel: P^T while dP^T's wgmma runs).
-template <int BM, bool kP, bool kDS>
+// kImm: the thread's address rows_s + 4 cb made opaque to the compiler first, so each load is that register plus an
+// immediate (LDS [R + 32 j]); else the compiler ORs 32 j into the (disjoint) lane bits, one LOP3 a load, every step.
+template <int BM, bool kP, bool kDS, bool kImm = false>
 __device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t rows_s, float sl2) {
   const int cb = 2 * (threadIdx.x & 3);
+  uint32_t base = rows_s + 4 * cb;
+  if constexpr (kImm) asm("" : "+r"(base));
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j) {
     float2 l2, dl;
-    if constexpr (kP) l2 = ld_shared_f2(rows_s + 4 * (8 * j + cb));
-    if constexpr (kDS) dl = ld_shared_f2(rows_s + BM * 4 + 4 * (8 * j + cb));
+    if constexpr (kP) l2 = ld_shared_f2(kImm ? base + 32 * j : rows_s + 4 * (8 * j + cb));
+    if constexpr (kDS) dl = ld_shared_f2(kImm ? base + BM * 4 + 32 * j : rows_s + BM * 4 + 4 * (8 * j + cb));
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -219,10 +273,12 @@ __device__ __forceinline__ void probs_dscores(float (&s)[BM / 2], float (&dp)[BM
 
 // P^T and dS^T (s, dp) to 16-bit A fragments pa, da (unchanged until the group completes), then dV += P^T dO,
 // dK += dS^T Q issued as one wgmma group (RS, B operands MN-major at the step's dO and Q).
-template <class Tr>
+// d_do, d_q: the operands of dO and Q at leading-byte offset BM 128 (operand<k64>(s_do, Tr::BM * 128)).
+template <class Tr, class O>
 __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                           uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
-                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
+                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], const O& d_do,
+                                          const O& d_q) {
   using Op = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
   mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
   mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
@@ -231,12 +287,17 @@ __device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const fl
   fence_regs(pa);
   fence_regs(da);
   wgmma_fence();
-  const uint32_t d_lo = desc_lo(s_do, Tr::BM * 128), q_lo = desc_lo(s_q, Tr::BM * 128);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], desc_of_lo(d_lo + kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dv, pa[kk], d_do.at(kk * 128), 1);
 #pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], desc_of_lo(q_lo + kk * 128), 1);
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) Op::rs_tb(dk, da[kk], d_q.at(kk * 128), 1);
   wgmma_commit();
+}
+template <class Tr>
+__device__ __forceinline__ void issue_dkv(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                          uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                          float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], uint32_t s_do, uint32_t s_q) {
+  issue_dkv<Tr>(s, dp, pa, da, dv, dk, operand<false>(s_do, Tr::BM * 128), operand<false>(s_q, Tr::BM * 128));
 }
 
 // dS^T to shared memory at s_ds (keys x queries, queries contiguous: the MN-major A of dQ = dS K).
@@ -252,23 +313,45 @@ __device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&da)[Tr:
     }
 }
 
+// store_ds by stmatrix (the warp-specialized kernels): word x of da[kk] is 8x8 matrix x of a stmatrix.x4 (rows
+// kr0 - lane / 4 + 8 (x & 1), 16-byte chunk 2 kk + (x >> 1)), so a step's 16 st.shared.b32 and their swizzled
+// addresses become 4 stmatrix. Lane l gives row l & 7 of matrix l >> 3: key row kb + 8 ((l >> 3) & 1) + (l & 7)
+// (kb: the warp's first), chunk (2 kk + (l >> 4)) ^ (l & 7) = ((l >> 4) ^ (l & 7)) ^ 2 kk: the address of kk = 0
+// XOR 32 kk (within the row's 128 bytes; s_ds 1024-aligned, so the XOR may follow the add).
+template <class Tr>
+__device__ __forceinline__ uint32_t stsm_ds_lane_off(int kr0) {
+  const int lane = threadIdx.x & 31, kb = kr0 - (lane >> 2);
+  const int row = kb + 8 * ((lane >> 3) & 1) + (lane & 7);
+  return sw_off<Tr::BN>(row, lane >> 4);
+}
+template <class Tr>
+__device__ __forceinline__ void store_ds_stsm(uint32_t s_ds, const uint32_t (&da)[Tr::BM / 16][4], uint32_t lane_off) {
+  const uint32_t a = s_ds + lane_off;
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) stmatrix_x4(a ^ uint32_t(kk << 5), da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
+}
+
 // dQ (the step's queries x NQ columns of K at s_kcols, MN-major) = dS K over the tile's BN keys (dS^T at s_ds),
 // waited for with every earlier group of the warpgroup (issue_dkv's: dv, dk final for the step).
-template <class Tr, int NQ>
-__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
+// d_ds, d_kcols: operands at leading-byte offset BN 128.
+template <class Tr, int NQ, class O>
+__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], const O& d_ds, const O& d_kcols,
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
   fence_regs(dq);
   wgmma_fence();
-  const uint32_t a_lo = desc_lo(s_ds, Tr::BN * 128), b_lo = desc_lo(s_kcols, Tr::BN * 128);
 #pragma unroll
   for (int kk = 0; kk < Tr::BN / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, desc_of_lo(a_lo + kk * 128),
-                                                     desc_of_lo(b_lo + kk * 128), kk > 0 ? 1 : 0);
+    ::spattn::cuda::wgmma::Op<NQ, Tr::kBf16>::ss_tt(dq, d_ds.at(kk * 128), d_kcols.at(kk * 128), kk > 0 ? 1 : 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_regs(dq);
   fence_regs(dv);
   fence_regs(dk);
+}
+template <class Tr, int NQ>
+__device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, uint32_t s_kcols,
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2]) {
+  mma_dq_wait<Tr, NQ>(dq, operand<false>(s_ds, Tr::BN * 128), operand<false>(s_kcols, Tr::BN * 128), dv, dk);
 }
 
 // A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).
