@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/backward/tile_backward.hpp"
 #include "gpu/plan_run.hpp"
 #include "gpu/require_gpu.hpp"
 #include "plan/analysis.hpp"
@@ -34,6 +35,7 @@ struct Case {
   bool bhld;  // tensors as [B, H, L, D] memory viewed as [B, L, H, D]
   spattn::Engine engine = spattn::Engine::automatic;
   int compound = -1;  // PlanOptions::compound (1: every column and scattered term out of the tiles)
+  int64_t pad = 0;    // o and dq: [B, L, H, D + pad] memory viewed as [B, L, H, D] (narrowed rows; [B, L, H, D] only)
 };
 
 // Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched;
@@ -59,6 +61,14 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
     return TensorView{p, c.dt, {s[0], s[1], s[2], s[3]}, {s[1] * s[2] * s[3], s[3], s[1] * s[3], 1}};
   };
   const size_t nq = size_t(c.B * c.Lq * c.H * c.D), nk = size_t(c.B * c.Lk * c.HK * c.D);
+  // o and dq: rows of D + pad elements in memory (the padding poisoned, and checked to stay so for dq).
+  const int64_t Dp = c.D + c.pad;
+  const size_t nqp = size_t(c.B * c.Lq * c.H * Dp);
+  EXPECT_TRUE(c.pad == 0 || !c.bhld);
+  auto narrow_view = [&](void* p, std::array<int64_t, 4> s) {
+    if (!c.pad) return dev_view(p, s);
+    return TensorView{p, c.dt, {s[0], s[1], s[2], s[3]}, {s[1] * s[2] * Dp, s[2] * Dp, Dp, 1}};
+  };
   std::vector<uint8_t> hq(nq * es), hk(nk * es), hv(nk * es), hdo(nq * es);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -68,8 +78,8 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
     return t;
   };
   const TensorView tq = fill(hq, sq), tk = fill(hk, sk), tv = fill(hv, sk), tdo = fill(hdo, sq);
-  Buf q(nq * es), k(nk * es), v(nk * es), dout(nq * es), o_(nq * es), lse(size_t(c.B * c.H * c.Lq) * 4), gq(nq * es),
-      gk(nk * es), gv(nk * es);
+  Buf q(nq * es), k(nk * es), v(nk * es), dout(nq * es), o_(nq * es), lse(size_t(c.B * c.H * c.Lq) * 4), gq(nqp * es),
+      gk(nk * es), gv(nk * es), o_narrow(c.pad ? nqp * es : 1);
   auto upload = [&](const TensorView& host, const Buf& b, std::array<int64_t, 4> s) {
     const TensorView d = dev_view(b.p, s);
     std::vector<uint8_t> tmp(host.shape[0] * host.shape[1] * host.shape[2] * host.shape[3] * es);
@@ -79,11 +89,18 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
   };
   upload(tq, q, sq), upload(tk, k, sk), upload(tv, v, sk), upload(tdo, dout, sq);
   // Poison the gradients: every element must be written.
-  for (const Buf* g : {&gq, &gk, &gv}) EXPECT_EQ(cudaMemset(g->p, 0x7f, g == &gq ? nq * es : nk * es), cudaSuccess);
+  for (const Buf* g : {&gq, &gk, &gv}) EXPECT_EQ(cudaMemset(g->p, 0x7f, g == &gq ? nqp * es : nk * es), cudaSuccess);
   const TensorView tl = TensorView::contiguous(lse.p, DType::f32, {c.B, c.H, c.Lq, 1});
   plan.forward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o_.p, sq), tl);
-  plan.backward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o_.p, sq), tl, dev_view(dout.p, sq),
-                dev_view(gq.p, sq), dev_view(gk.p, sk), dev_view(gv.p, sk));
+  void* o_rows = o_.p;
+  if (c.pad) {  // the forward's o copied into the narrowed rows
+    EXPECT_EQ(cudaMemset(o_narrow.p, 0x7f, nqp * es), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy2D(o_narrow.p, Dp * es, o_.p, c.D * es, c.D * es, nq / c.D, cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+    o_rows = o_narrow.p;
+  }
+  plan.backward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), narrow_view(o_rows, sq), tl,
+                dev_view(dout.p, sq), narrow_view(gq.p, sq), dev_view(gk.p, sk), dev_view(gv.p, sk));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   *ran = plan.last_backward_kernel();
   if (explained) *explained = plan.explain();
@@ -92,9 +109,16 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
                                             TensorView::contiguous(rk.data(), DType::f64, sk),
                                             TensorView::contiguous(rv.data(), DType::f64, sk));
   auto err = [&](const Buf& g, const std::vector<double>& want, std::array<int64_t, 4> s) {
-    std::vector<uint8_t> h(want.size() * es);
+    const bool narrowed = &g == &gq && c.pad;
+    std::vector<uint8_t> h((narrowed ? nqp : want.size()) * es);
     EXPECT_EQ(cudaMemcpy(h.data(), g.p, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    const TensorView t{h.data(), c.dt, dev_view(h.data(), s).shape, dev_view(h.data(), s).stride};
+    const TensorView t = narrowed ? narrow_view(h.data(), s) : dev_view(h.data(), s);
+    if (narrowed) {  // the padding keeps its poison
+      size_t written = 0;
+      for (size_t r = 0; r < nq / size_t(c.D); ++r)
+        for (size_t b = c.D * es; b < size_t(Dp * es); ++b) written += h[r * Dp * es + b] != 0x7f;
+      EXPECT_EQ(written, 0u) << "dq bytes written past its view's rows";
+    }
     double num = 0, den = 0;
     size_t i = 0;
     for_each_index(s, [&](int64_t a, int64_t b, int64_t x, int64_t d) {
@@ -113,6 +137,84 @@ void expect_within(const std::array<double, 3>& e, DType dt) {
   EXPECT_LE(e[0], tol) << "dq";
   EXPECT_LE(e[1], tol) << "dk";
   EXPECT_LE(e[2], tol) << "dv";
+}
+
+// The prep and finish kernels (tile_bwd.cuh): 16-byte O loads and dq loads / stores where those rows are 16-byte
+// aligned, 4-byte ones where they are not (o and dq narrowed from [B, L, H, D + 2] buffers: 4-byte aligned rows), as
+// each launch decides (TileBackward::prepfin_counts); and the old flat-grid kernels (SPATTN_BWD_PREPFIN=old, the
+// temporary A/B switch), asserted to have run, agreeing with the new ones. Every run against the reference: the
+// warp-specialized rows' accumulator orders (D = 64, 128), the sm90_bwd rows', residue permutations, GQA, dq_accumulate
+// (a compound plan's later tile part), lengths no multiple of 64.
+TEST(BackwardGpu, PrepFinishAlignedAndNarrowedRows) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
+  using spattn::cuda::TileBackward;
+  struct PF {
+    Case c;
+    const char* kernel;
+  };
+  const auto a = spattn::Engine::automatic;
+  const PF cs[] = {
+      {{{"local(40)"}, DType::bf16, 2, 4, 2, 300, 300, 64, false}, "sm90_bwd_ws_128x128_d64"},  // GQA
+      {{{"causal"}, DType::f16, 1, 2, 2, 333, 333, 128, false}, "sm90_bwd_ws_64x128_d128"},
+      {{{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, false}, "sm90_bwd_64x128_d128"},
+      {{{"dilated(20, 3)"}, DType::bf16, 1, 2, 1, 301, 301, 64, false}, "sm90_bwd_64x128_d64"},  // residue groups
+      {{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, a, 1}, ""},  // the affine part adds dq
+      {{{"sparse_fixed(128, 4)"}, DType::bf16, 1, 4, 2, 517, 517, 64, false, a, 1}, ""},   // columns: dq added
+  };
+  uint32_t seed = 1700;
+  for (const PF& x : cs) {
+    for (int64_t pad : {0, 2}) {
+      Case c = x.c;
+      c.pad = pad;
+      std::array<double, 3> e[2];
+      for (int old = 0; old < 2; ++old) {
+        SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " pad=" + std::to_string(pad) +
+                     (old ? " old" : " new"));
+        if (old) ::setenv("SPATTN_BWD_PREPFIN", "old", 1);
+        const TileBackward::PrepFinCounts n0 = TileBackward::prepfin_counts();
+        std::string ran;
+        e[old] = backward_errors(c, x.kernel, &ran, seed);
+        const TileBackward::PrepFinCounts n1 = TileBackward::prepfin_counts();
+        ::unsetenv("SPATTN_BWD_PREPFIN");
+        EXPECT_NE(ran.find("sm90_bwd"), std::string::npos) << ran;
+        if (*x.kernel) EXPECT_EQ(ran, x.kernel);
+        const int64_t tiles = old ? n1.old - n0.old : n1.grid - n0.grid;  // tile backward launches
+        EXPECT_GE(tiles, 1);
+        EXPECT_EQ(old ? n1.grid - n0.grid : n1.old - n0.old, 0);
+        EXPECT_EQ(n1.o16 - n0.o16, old || pad ? 0 : tiles) << "16-byte O loads";
+        EXPECT_EQ(n1.dq16 - n0.dq16, old || pad ? 0 : tiles) << "16-byte dq stores";
+        expect_within(e[old], c.dt);
+      }
+      // the same inputs: old and new differ only in the accumulator's summation order
+      for (int i = 0; i < 3; ++i) EXPECT_NEAR(e[0][i], e[1][i], 2e-3) << i << " " << c.specs[0] << " pad " << pad;
+    }
+    ++seed;
+  }
+  // The grids split past their batch / head limit (lowered here to 3 and 1 a launch; CUDA's is 65535): the same
+  // answers, for the row-major and the warp-specialized accumulator orders and dq_accumulate.
+  struct Limit {
+    int prev;
+    explicit Limit(int l) : prev(TileBackward::set_prepfin_grid_limit(l)) {}
+    ~Limit() { TileBackward::set_prepfin_grid_limit(prev); }
+  };
+  for (int lim : {3, 1}) {
+    const Limit guard(lim);
+    for (int i : {0, 2, 5})
+      for (int64_t pad : {0, 2}) {
+        Case c = cs[i].c;
+        c.pad = pad;
+        SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " pad=" + std::to_string(pad) +
+                     " limit " + std::to_string(lim));
+        const TileBackward::PrepFinCounts n0 = TileBackward::prepfin_counts();
+        std::string ran;
+        const auto e = backward_errors(c, cs[i].kernel, &ran, 1800 + i);
+        EXPECT_GE(TileBackward::prepfin_counts().grid - n0.grid, 1) << ran;
+        expect_within(e, c.dt);
+      }
+  }
+  EXPECT_THROW(TileBackward::set_prepfin_grid_limit(0), spattn::Error);
+  EXPECT_THROW(TileBackward::set_prepfin_grid_limit(65536), spattn::Error);
 }
 
 const std::vector<Case>& cases() {

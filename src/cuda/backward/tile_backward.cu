@@ -1,7 +1,10 @@
 // cuda/backward/tile_backward.cu — see tile_backward.hpp; the kernels are in tile_bwd.cuh.
 #include "cuda/backward/tile_backward.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -104,21 +107,90 @@ std::string TileBackward::explain() const {
 }
 
 namespace {
+std::atomic<int64_t> g_prepfin[4];  // PrepFinCounts' fields, in order
+
+// Temporary, for a same-process A/B on the GPU: SPATTN_BWD_PREPFIN=old (read at each launch) runs the old flat-grid
+// prep and finish kernels (bwd_prep_kernel, bwd_finish_kernel: 64-bit index math, 4-byte O and dq accesses) in place
+// of the per-head-grid ones. Remove with those kernels once the A/B is in.
+bool prepfin_old_asked() {
+  const char* e = std::getenv("SPATTN_BWD_PREPFIN");
+  return e && std::strcmp(e, "old") == 0;
+}
+// Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
+bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && sb % 8 == 0 && sl % 8 == 0 && sh % 8 == 0;
+}
+
+std::atomic<int> g_grid_limit{65535};  // TileBackward::set_prepfin_grid_limit
+
+// f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel) of p's batches and query heads, in chunks of at most
+// g_grid_limit of each (grid y and z): c is p with its pointers to O, dO, dQ, lse and the plan-space rows moved to the
+// chunk's first batch and head (the kernels' row index keeps p.q_heads as its stride).
+template <class Elem, int D, class F>
+void prepfin_grids(const bwd::BwdParams& p, F&& f) {
+  const int lim = g_grid_limit.load();
+  for (int b0 = 0; b0 < p.batch; b0 += lim)
+    for (int h0 = 0; h0 < p.q_heads; h0 += lim) {
+      bwd::BwdParams c = p;
+      const auto at = [&](const void* t, int64_t sb, int64_t sh) {
+        return static_cast<const Elem*>(t) + (b0 * sb + h0 * sh);
+      };
+      c.o = at(p.o, p.o_sb, p.o_sh), c.dout = at(p.dout, p.do_sb, p.do_sh);
+      c.dq = const_cast<Elem*>(at(p.dq, p.dq_sb, p.dq_sh));
+      c.lse = p.lse + (b0 * p.lse_sb + h0 * p.lse_sh);
+      const int64_t r0 = (int64_t(b0) * p.q_heads + h0) * p.qp;
+      c.dq_acc = p.dq_acc + r0 * D, c.lse2 = p.lse2 + r0, c.delta = p.delta + r0;
+      f(c, dim3(unsigned(p.qp / bwd::kPfRows<D>), unsigned(std::min(lim, p.q_heads - h0)),
+                unsigned(std::min(lim, p.batch - b0))));
+    }
+}
+
 // Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
-// warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major).
+// warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major). Prep and finish: grids of
+// (plan-space rows, head, batch) (bwd_prep_grid_kernel, prepfin_grids), 16-byte O loads and dq stores where those rows
+// are 16-byte aligned; the old flat grid (bwd_prep_kernel) where the A/B asks for it.
 template <class Tr, int kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
+  constexpr bool B16 = Tr::kBf16;
+  constexpr int NT = bwd::kPfThreads;
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
-  const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;
-  bwd::bwd_prep_kernel<Elem, Tr::kBf16, D><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
-  SPATTN_LAUNCH_CHECK("backward prep");
+  if (p.qp % 64 != 0)
+    throw Error("backward: plan-space query rows " + std::to_string(p.qp) + " not whole 64-row tiles");
+  const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;  // none: the tile kernel alone (dK, dV)
+  const bool old = prepfin_old_asked();
+  const bool o16 = !old && rows_16byte(p.o, p.o_sb, p.o_sl, p.o_sh);
+  const bool dq16 = !old && rows_16byte(p.dq, p.dq_sb, p.dq_sl, p.dq_sh);
+  ++g_prepfin[old ? 0 : 1], g_prepfin[2] += o16, g_prepfin[3] += dq16;
+  const unsigned flat = unsigned((rows * (D / 8) + NT - 1) / NT);
+  if (rows > 0) {
+    if (old)
+      bwd::bwd_prep_kernel<Elem, B16, D><<<flat, NT, 0, s>>>(p);
+    else
+      prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+        if (o16)
+          bwd::bwd_prep_grid_kernel<Elem, B16, D, true><<<grid, NT, 0, s>>>(c);
+        else
+          bwd::bwd_prep_grid_kernel<Elem, B16, D, false><<<grid, NT, 0, s>>>(c);
+      });
+    SPATTN_LAUNCH_CHECK("backward prep");
+  }
   const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
-  bwd::bwd_finish_kernel<Elem, Tr::kBf16, D, kWs><<<unsigned((rows * (D / 8) + 255) / 256), 256, 0, s>>>(p);
-  SPATTN_LAUNCH_CHECK("backward finish");
+  if (rows > 0) {
+    if (old)
+      bwd::bwd_finish_kernel<Elem, B16, D, kWs><<<flat, NT, 0, s>>>(p);
+    else
+      prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+        if (dq16)
+          bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, true><<<grid, NT, 0, s>>>(c);
+        else
+          bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, false><<<grid, NT, 0, s>>>(c);
+      });
+    SPATTN_LAUNCH_CHECK("backward finish");
+  }
 }
 // strips: query strips (BwdParams::k_map), 64-key rows only.
 template <int BN, int D, bool kBf16>
@@ -251,6 +323,16 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
     ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
   launch_row(ran, q.dtype == DType::bf16, tma, strips, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
+}
+
+int TileBackward::set_prepfin_grid_limit(int limit) {
+  if (limit < 1 || limit > 65535)
+    throw Error("backward: prep / finish grid limit " + std::to_string(limit) + " not in [1, 65535]");
+  return g_grid_limit.exchange(limit);
+}
+
+TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
+  return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load(), g_prepfin[3].load()};
 }
 
 }  // namespace spattn::cuda

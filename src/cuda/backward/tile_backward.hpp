@@ -64,6 +64,16 @@ class TileBackward {
                     const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma,
                     bool dq_accumulate = false, bool dkv_accumulate = false);
 
+  // Temporary, for the SPATTN_BWD_PREPFIN=old A/B and its test: the prep / finish launches of this process so far,
+  // on the old flat grid, on the per-head grid, and of those with 16-byte O loads (prep) and dq stores (finish).
+  struct PrepFinCounts {
+    int64_t old = 0, grid = 0, o16 = 0, dq16 = 0;
+  };
+  static PrepFinCounts prepfin_counts();
+  // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
+  // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
+  static int set_prepfin_grid_limit(int limit);
+
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
   bool query_strips() const { return strips_; }  // the plan is over query strips

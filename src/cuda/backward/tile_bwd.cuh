@@ -429,45 +429,46 @@ __device__ __forceinline__ int ws_acc_index(int r, int c) {
   return w * 64 * kDQ + (u * 128 + t) * 4 + 2 * hh + (cc & 1);
 }
 
-}  // namespace detail
+// 8 2-byte elements at p as four words: one 16-byte load (kVec: p 16-byte aligned) or four 4-byte loads.
+template <bool kVec>
+__device__ __forceinline__ void load8(const void* p, uint32_t (&u)[4]) {
+  if constexpr (kVec) {
+    const uint4 w = *static_cast<const uint4*>(p);
+    u[0] = w.x, u[1] = w.y, u[2] = w.z, u[3] = w.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u[e] = static_cast<const uint32_t*>(p)[e];
+  }
+}
 
-// Prep: lse2, delta and the dQ accumulator zeroed, per plan-space query row. A thread per 8 elements of a row (D / 8
-// threads a row, a row's threads in one warp): dO by one 16-byte load (16-byte aligned rows), O by four 4-byte
-// loads (4-byte aligned), the accumulator's 8 floats by two 16-byte stores. (A warp a row with 2-byte loads ran at
-// 1.4 TB/s: 197 us of local's 1.1 ms backward at L = 16384, H100.)
-template <class Elem, bool kBf16, int D>
-__global__ void bwd_prep_kernel(const BwdParams p) {
-  using namespace detail;
-  constexpr int TPR = D / 8;
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t w = t / TPR;
-  const int c = int(t % TPR) * 8;
-  const bool in = w < int64_t(p.batch) * p.q_heads * p.qp;
-  const int pos = int(w % p.qp);
-  const int64_t bh = w / p.qp;
-  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
-  const int tok = plan_token(pos, p.perm_d, p.q_group);
+// Prep's work for one thread: 8 columns [c, c + 8) of plan-space row w (token tok of batch b, head h; `in`: the row
+// exists): delta's partial sum over dO o O, reduced over the row's D / 8 threads (one warp), then lse2 and delta
+// (column 0's thread) and the accumulator's 8 floats zeroed (two 16-byte stores). dO by one 16-byte load (16-byte
+// aligned rows); O by one 16-byte load (kVec: its rows 16-byte aligned) or four 4-byte loads.
+template <class Elem, bool kBf16, int D, bool kVec>
+__device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, int h, int tok, bool in, int c) {
   const bool real = in && tok < p.q_len;
   float s = 0.f;
   if (real) {
-    const uint32_t* orow = reinterpret_cast<const uint32_t*>(
-        static_cast<const Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh + c);
-    const uint4 dw = *reinterpret_cast<const uint4*>(
-        static_cast<const Elem*>(p.dout) + int64_t(b) * p.do_sb + int64_t(tok) * p.do_sl + int64_t(h) * p.do_sh + c);
+    const Elem* orow = static_cast<const Elem*>(p.o) + (b * p.o_sb + tok * p.o_sl + h * p.o_sh + c);
+    uint32_t oo[4];
+    load8<kVec>(orow, oo);
+    const uint4 dw = *reinterpret_cast<const uint4*>(static_cast<const Elem*>(p.dout) +
+                                                     (b * p.do_sb + tok * p.do_sl + h * p.do_sh + c));
     const uint32_t dd[4] = {dw.x, dw.y, dw.z, dw.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float2 a = unpack2<kBf16>(orow[e]), d = unpack2<kBf16>(dd[e]);
+      const float2 a = unpack2<kBf16>(oo[e]), d = unpack2<kBf16>(dd[e]);
       s = fmaf(a.x, d.x, fmaf(a.y, d.y, s));
     }
   }
 #pragma unroll
-  for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // within the row's threads
+  for (int o = D / 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // within the row's threads
   if (!in) return;
   if (c == 0) {
     float l2 = INFINITY;
     if (real) {
-      const float l = p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok];
+      const float l = p.lse[b * p.lse_sb + h * p.lse_sh + tok];
       l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;  // a row that kept no key: P = 0
     }
     p.lse2[w] = l2;
@@ -477,46 +478,104 @@ __global__ void bwd_prep_kernel(const BwdParams p) {
   acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// dq[b, tok, h, :] = scale * accumulator: a thread per 8 elements of a real row (two 16-byte loads, four 4-byte
-// stores; dq rows are 4-byte aligned).
-// kWs: the accumulator in a warp-specialized kernel's order (detail::ws_acc_index<D, kWs>, kWs columns a
-// warpgroup; four 8-byte loads); 0: row-major.
-template <class Elem, bool kBf16, int D, int kWs = 0>
-__global__ void bwd_finish_kernel(const BwdParams p) {
-  using namespace detail;
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= int64_t(p.batch) * p.q_heads * p.qp * (D / 8)) return;
-  const int64_t row = t / (D / 8);
-  const int c = 8 * int(t % (D / 8));
-  const int pos = int(row % p.qp);
-  const int tok = plan_token(pos, p.perm_d, p.q_group);
-  if (tok >= p.q_len) return;
-  const int64_t bh = row / p.qp;
-  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
+// Finish's work for one thread: dq[b, tok, h, c .. c + 8) = scale * the accumulator's (plan-space row w, r its row
+// in its 64-row tile; kWs as bwd_finish_kernel's), + what dq holds where p.dq_accumulate. kVec: dq's rows 16-byte
+// aligned, one 16-byte store (and load of the old dq), else four 4-byte ones.
+template <class Elem, bool kBf16, int D, int kWs, bool kVec>
+__device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int r, int b, int h, int tok, int c) {
   float4 x, y;
   if constexpr (kWs != 0) {
-    const float* chunk = p.dq_acc + (row / 64) * 64 * D;
+    const float* chunk = p.dq_acc + (w - r) * D;
     float2 f[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D, kWs>(int(row % 64), c + 2 * q));
+    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D, kWs>(r, c + 2 * q));
     x = make_float4(f[0].x, f[0].y, f[1].x, f[1].y), y = make_float4(f[2].x, f[2].y, f[3].x, f[3].y);
   } else {
-    const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + row * D + c);
+    const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + w * D + c);
     x = acc[0], y = acc[1];
   }
-  uint32_t* dst = reinterpret_cast<uint32_t*>(static_cast<Elem*>(p.dq) + int64_t(b) * p.dq_sb + int64_t(tok) * p.dq_sl +
-                                              int64_t(h) * p.dq_sh + c);
+  Elem* drow = static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c);
   float g[8] = {x.x * p.scale, x.y * p.scale, x.z * p.scale, x.w * p.scale,
                 y.x * p.scale, y.y * p.scale, y.z * p.scale, y.w * p.scale};
+  uint32_t u[4];
   if (p.dq_accumulate) {
+    load8<kVec>(drow, u);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float2 old = unpack2<kBf16>(dst[e]);
+      const float2 old = unpack2<kBf16>(u[e]);
       g[2 * e] += old.x, g[2 * e + 1] += old.y;
     }
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) dst[e] = pack2<kBf16>(g[2 * e], g[2 * e + 1]);
+  for (int e = 0; e < 4; ++e) u[e] = pack2<kBf16>(g[2 * e], g[2 * e + 1]);
+  if constexpr (kVec) {
+    *reinterpret_cast<uint4*>(drow) = make_uint4(u[0], u[1], u[2], u[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) reinterpret_cast<uint32_t*>(drow)[e] = u[e];
+  }
+}
+}  // namespace detail
+
+// Prep: lse2, delta and the dQ accumulator zeroed, per plan-space query row; a thread per 8 elements of a row (D / 8
+// threads a row, a row's threads in one warp; detail::prep_row). Grid: blockIdx.z the batch, blockIdx.y the query
+// head, x over the head's plan-space rows, kPfRows<D> a CTA (256 threads): qp / kPfRows<D> CTAs exactly (qp is
+// whole 64-row tiles), so every thread has a row. 32-bit index math; on the identity plan (perm_d 1) no division.
+// kVec: O's rows 16-byte aligned (pointer and strides; the host decides per launch). (A warp a row with 2-byte
+// loads ran at 1.4 TB/s: 197 us of local's 1.1 ms backward at L = 16384, H100.)
+inline constexpr int kPfThreads = 256;
+template <int D>
+inline constexpr int kPfRows = kPfThreads / (D / 8);
+template <class Elem, bool kBf16, int D, bool kVec>
+__global__ void __launch_bounds__(kPfThreads) bwd_prep_grid_kernel(const BwdParams p) {
+  constexpr int TPR = D / 8;
+  const int b = int(blockIdx.z), h = int(blockIdx.y);
+  const int pos = int(blockIdx.x) * kPfRows<D> + int(threadIdx.x / TPR);
+  const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
+  detail::prep_row<Elem, kBf16, D, kVec>(p, w, b, h, detail::plan_token(pos, p.perm_d, p.q_group), true,
+                                         int(threadIdx.x % TPR) * 8);
+}
+
+// Finish: dq[b, tok, h, :] = scale * accumulator (detail::finish_row), a thread per 8 elements of a real row; the
+// grid as bwd_prep_grid_kernel's. kWs: the accumulator in a warp-specialized kernel's order (detail::ws_acc_index<D,
+// kWs>, kWs columns a warpgroup; four 8-byte loads); 0: row-major. kVec: dq's rows 16-byte aligned.
+template <class Elem, bool kBf16, int D, int kWs, bool kVec>
+__global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdParams p) {
+  constexpr int TPR = D / 8;
+  const int b = int(blockIdx.z), h = int(blockIdx.y);
+  const int pos = int(blockIdx.x) * kPfRows<D> + int(threadIdx.x / TPR);
+  const int tok = detail::plan_token(pos, p.perm_d, p.q_group);
+  if (tok >= p.q_len) return;
+  const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
+  detail::finish_row<Elem, kBf16, D, kWs, kVec>(p, w, pos & 63, b, h, tok, int(threadIdx.x % TPR) * 8);
+}
+
+// Temporary, for a same-process A/B against the kernels above (SPATTN_BWD_PREPFIN=old, tile_backward.cu; also the
+// fallback where the batch or the heads pass the grid's 65535): the flat grid over every (batch, head, row) with
+// 64-bit index math. Remove once the A/B is in.
+template <class Elem, bool kBf16, int D>
+__global__ void bwd_prep_kernel(const BwdParams p) {
+  constexpr int TPR = D / 8;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t w = t / TPR;
+  const bool in = w < int64_t(p.batch) * p.q_heads * p.qp;
+  const int pos = int(w % p.qp);
+  const int64_t bh = w / p.qp;
+  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
+  detail::prep_row<Elem, kBf16, D, false>(p, w, b, h, detail::plan_token(pos, p.perm_d, p.q_group), in,
+                                          int(t % TPR) * 8);
+}
+template <class Elem, bool kBf16, int D, int kWs = 0>
+__global__ void bwd_finish_kernel(const BwdParams p) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(p.batch) * p.q_heads * p.qp * (D / 8)) return;
+  const int64_t row = t / (D / 8);
+  const int pos = int(row % p.qp);
+  const int tok = detail::plan_token(pos, p.perm_d, p.q_group);
+  if (tok >= p.q_len) return;
+  const int64_t bh = row / p.qp;
+  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
+  detail::finish_row<Elem, kBf16, D, kWs, false>(p, row, int(row % 64), b, h, tok, 8 * int(t % (D / 8)));
 }
 
 // kTma: a step's Q, dO, lse and delta come by TMA (one thread issues them, completing on the stage's mbarrier):
