@@ -360,6 +360,18 @@ __device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum,
     p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l == 0.f ? -INFINITY : row_max * p.scale + __logf(l);
   return l == 0.f ? 0.f : 1.f / l;
 }
+// FusedParams::merge_out: query row `pos`'s O row and LSE, which the epilogue reads to merge into, on their way to L2
+// while the item's tiles run (sm_90+; 16-byte aligned rows only), so that the epilogue's read does not wait on DRAM.
+template <int D, bool kMapped>
+__device__ __forceinline__ void merge_prefetch(const FusedParams& p, int b, int h, int pos) {
+  const int tok = kMapped ? __ldg(p.q_map + pos) : plan_token(pos, p.perm_d, p.q_group);
+  if (kMapped ? unsigned(tok) >= unsigned(p.q_len) : tok >= p.q_len) return;
+  const char* orow = static_cast<const char*>(p.o) + 2 * (int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh);
+  if ((reinterpret_cast<uintptr_t>(orow) & 15) == 0) bulk_prefetch_l2(orow, 2 * D);
+  const uintptr_t lp = reinterpret_cast<uintptr_t>(p.lse + int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok);
+  bulk_prefetch_l2(reinterpret_cast<const void*>(lp & ~uintptr_t(15)), 16);
+}
+
 // Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped. kMapped: a mapped
 // plan (p.q_map: the rows' tokens), else the affine layout. kMerge (FusedParams::merge_out): o and lse hold another
 // part's rows, merged with these through the LSE (KERNELS.md section 3, plan/merge.hpp) where the merge kernel once read
@@ -523,7 +535,10 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const int q0 = qt * BM;
   const int64_t e_begin = p.row_offsets[qt];
   const int n = int(p.row_offsets[qt + 1] - e_begin);
-  if (p.merge_out && n == 0) return;  // merged into another part's rows: nothing of this part here
+  if (p.merge_out) {
+    if (n == 0) return;  // merged into another part's rows: nothing of this part here
+    if (tid < BM) merge_prefetch<D, Tr::kMapped>(p, b, h, q0 + tid);
+  }
 
   const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
