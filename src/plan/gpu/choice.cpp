@@ -14,6 +14,21 @@ namespace {
 // by, as before issue 42's fit (gather_item_cost, plan/kernels.hpp, was measured on permuted items only).
 double base_cost(const Candidate& c) { return c.cost - c.gathered; }
 
+// Residue groups of at most 32 tokens leave a 64-row tile half padding or more (sparse_strided(512)'s affine part at
+// L = 16384: 512 groups of 32, one 64x64 tile each, 12% of it kept). A coarser grouping, d / 2^j for the least j
+// whose groups hold more than 32 tokens, puts 2^j of them in one group (token t at position t / (d / 2^j)): its tiles
+// are not bands but bitmasks, and there are about 2^-j as many (the pattern's keys of a row stay in its group, since
+// d / 2^j divides d). A candidate more of the forward's (issue 42; SPATTN_STRIDED_VARIANT=old: none); 0 where none
+// applies.
+int coarser_groups(int d, int64_t lq) {
+  if (d < 2 || ceil_div(lq, d) > 32) return 0;
+  for (int c = d; c % 2 == 0;) {
+    c /= 2;
+    if (ceil_div(lq, c) > 32) return c;
+  }
+  return 0;
+}
+
 // The cheapest candidate (ties: the earlier) of the shape of `kind`'s first row at `head_dim`; `otherwise` where
 // none has it.
 size_t cheapest_of_kind(const std::vector<Candidate>& cands, KernelKind kind, int64_t head_dim, size_t otherwise) {
@@ -79,6 +94,9 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     const int d = an.permutation(kMaxGpuPermutation);
     perms = {1};
     if (d > 1) perms.push_back(d);
+    // Not where a shape is forced (the backward's plans, backward_tiles: their kernels' items differ; tests).
+    if (const int c = coarser_groups(d, pat.q_len()); c > 1 && !forced && strided_variant() != StridedVariant::old)
+      perms.push_back(c);
   }
   // Band rows on the TMA kernel's device: the band kernel multiplies 64-row slabs over 64-key chunks, so the tile's
   // height costs no area there, and 192-row items (128 at head dim 128) share each chunk among three (two) consumer
