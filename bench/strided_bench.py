@@ -20,6 +20,13 @@ it measured; --resume JSON continues such a run (its rows kept, its cases skippe
 
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
+
+--env-ab VAR=VALUE (issue 42's SPATTN_STRIDED_VARIANT=old or =items): also a second plan of each case made with VAR set
+to VALUE, its forward timed against the first's (VAR unset) in alternation, VAR set around each call and each graph
+capture (what the library reads at launch and at make_plan both apply); the row's "env_ab": both times, the speed of
+the default over the variant's, the variant's error against the same reference and its kernels.
+
+  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_STRIDED_VARIANT=old
 """
 import argparse
 import datetime
@@ -48,10 +55,28 @@ def max_rel(a, b):
     return max(((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
 
 
-def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps):
+def with_env(var, value, fn):
+    """fn with the environment variable var set to value (None: unset) around the call, restored after."""
+    def call():
+        old = os.environ.get(var)
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+        try:
+            return fn()
+        finally:
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
+    return call
+
+
+def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None):
     """One case's row: ours and Flex's forward and backward timed in alternation, dense cuDNN's forward (cudnn_time:
     (L, D, q, k, v) -> ms, cached by the caller), our output against the fp32 reference and our gradients against
-    Flex's."""
+    Flex's; env_ab (var, value): also our forward under var=value against it (the module's docstring)."""
     B, H = gpu_bench.PROBLEM["batch"], gpu_bench.PROBLEM["heads"]
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -69,6 +94,19 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     ref, idx = reference(q, k, v, lib.mask_rows(spec, L, rows_s), rows_s)
     fwd_err = rel_err(o, ref, idx)
     fwd_kernel = fused.last_kernel()
+    ab = None
+    if env_ab:
+        var, val = env_ab
+        alt = with_env(var, val, lambda: Fused(lib, spec, L, D))()
+        o2, lse2 = torch.empty_like(q), torch.empty_like(lse)
+        ms, _hows = time_paired([with_env(var, None, lambda: fused.forward(q, k, v, o, lse)),
+                                 with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))], reps)
+        o2.fill_(float("nan"))
+        with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))()
+        ab = {"env": f"{var}={val}", "fwd_ms_default": ms[0], "fwd_ms_env": ms[1], "default_speed_over_env": ms[1] / ms[0],
+              "fwd_err_env": rel_err(o2, ref, idx), "kernel_env": alt.last_kernel(),
+              "perm_d_env": [int(x) for x in re.findall(r"perm_d (\d+)", alt.explain)]}
+        del alt, o2, lse2
     qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
     of = flex(qf, kf, vf, block_mask=bm)
     bwd_ms = time_pair([lambda: fused.backward(q, k, v, o, lse, do, dq, dk, dv),
@@ -95,6 +133,8 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     r["fwd_err"] = fwd_err
     r["bwd_diff_vs_flex"] = diff
     r["bar"] = {key: r[key] >= mark for key, mark in BAR.items()}
+    if ab:
+        r["env_ab"] = ab
     del q, k, v, do, o, dq, dk, dv, lse, qf, kf, vf, of, bm, fused, ref
     torch.cuda.empty_cache()
     return r
@@ -106,7 +146,11 @@ def line(r):
             f"of cuDNN's {r['cudnn_dense_fwd_tflops']:.0f}, {r['fwd_ratio_vs_flex']:.2f}x Flex) bwd {r['bwd_tflops']:6.1f} "
             f"TF/s ({r['bwd_ratio_vs_flex']:.2f}x Flex, bwd/fwd {r['bwd_over_fwd']:.2f}) err {r['fwd_err']:.1e} diff "
             f"{r['bwd_diff_vs_flex']:.1e} [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
-            + (f"  below the bar: {', '.join(below)}" if below else ""))
+            + (f"  below the bar: {', '.join(below)}" if below else "")
+            + (f"\n    {r['env_ab']['env']}: fwd {r['env_ab']['fwd_ms_default']:.4f} ms default / "
+               f"{r['env_ab']['fwd_ms_env']:.4f} ms env (default {r['env_ab']['default_speed_over_env']:.3f}x), env err "
+               f"{r['env_ab']['fwd_err_env']:.1e} [{r['env_ab']['kernel_env']}, perm_d {r['env_ab']['perm_d_env']}]"
+               if "env_ab" in r else ""))
 
 
 def main():
@@ -121,6 +165,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
+    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
+                    help="also each case's forward under VAR=VALUE (a plan made so) against VAR unset")
     ap.add_argument("--resume", default="", metavar="JSON",
                     help="an earlier run's JSON: its rows kept (first) and its cases not measured again")
     args = ap.parse_args()
@@ -171,7 +217,8 @@ def main():
                 if time.time() - t_start > args.budget_s:
                     print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
                     continue
-                r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps)
+                r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps,
+                            tuple(args.env_ab.split("=", 1)) if args.env_ab else None)
                 rows.append(r)
                 write()
                 print(line(r), flush=True)
@@ -182,7 +229,8 @@ def main():
           f"results: {', '.join(outs) or '(no file)'}")
     if args.baseline and rows:
         baseline.plot(doc, os.path.join(baseline.BASELINES, args.baseline + ".png"))
-    if any(not math.isfinite(r["fwd_err"]) or r["fwd_err"] > 2e-2 for r in rows):
+    if any(not math.isfinite(e) or e > 2e-2 for r in rows for e in [r["fwd_err"]] + (
+            [r["env_ab"]["fwd_err_env"]] if "env_ab" in r else [])):
         print("# forward error above 2e-2", file=sys.stderr)
         return 1
     return 0

@@ -2,7 +2,9 @@
 # scripts/gpu_check.d/strided.sh [OUTDIR] — GPU checks of affine terms at any stride (issue 42), in one device call:
 #   1. host checks of the plans (parts_test: the backward's parts keep the affine part; tile_map_test AffineParts: the
 #      forward's and the backward's residue-grouped plans past stride 16 cover their patterns);
-#   2. the GPU tests against the fp64 reference: PlanGpu.AffinePartsAtAnyStrideMatchReference (the forward) and all
+#   2. the GPU tests against the fp64 reference: PlanGpu.AffinePartsAtAnyStrideMatchReference (the forward),
+#      PlanGpu.StridedVariantsMatchReference (SPATTN_STRIDED_VARIANT's default, "old" and "items": the affine part merged
+#      in its epilogue, four CTAs for residue-grouped 64x64 tiles at D = 64) and all
 #      of backward_gpu_test (BackwardGpu.StridedPastSixteen: sparse_strided by parts, its affine part on the tile
 #      backward adding dK, dV; stride and dilated terms grouped past 16; lengths that leave residue groups unequal;
 #      and every other backward test, since the tile kernels' epilogue changed);
@@ -14,7 +16,8 @@
 # Logs go to OUTDIR (else $SPATTN_OUT, else ./out). Builds what it runs into build-str/ (GoogleTest from .gtest/ where
 # the machine has none). No bench case starts past STRIDED_BUDGET_S (default 330) seconds into the script, build
 # included. STRIDED_MEMCHECK=1 adds compute-sanitizer memcheck on the strided backward test; STRIDED_SKIP_TESTS=1
-# skips 1 and 2 (and memcheck); STRIDED_BENCH_ARGS adds bench arguments (a second call for what the
+# skips 1 and 2 (and memcheck); STRIDED_BENCH_ARGS adds bench arguments (an A/B against the variant before issue 42's
+# forward changes: STRIDED_BENCH_ARGS="--env-ab SPATTN_STRIDED_VARIANT=old"; a second call for what the
 # budget left: STRIDED_SKIP_TESTS=1 STRIDED_BENCH_ARGS="--resume <the first call's strided.json, put in the tree>");
 # SPATTN_COMMIT names the commit in the baseline's meta block (the device copy has no .git).
 set -uo pipefail
@@ -32,7 +35,7 @@ if [ "${STRIDED_SKIP_TESTS:-0}" != 1 ]; then
   timeout 120 "$T/parts_test" --gtest_filter='Parts.BackwardParts*' >"$OUTD/str_parts_test.log" 2>&1 || fail "parts_test"
   timeout 120 "$T/tile_map_test" --gtest_filter='AffineParts.*' >"$OUTD/str_tile_map_test.log" 2>&1 || fail "tile_map_test"
   echo "== strided: GPU tests ($(elapsed))"
-  timeout 120 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference' \
+  timeout 180 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference:PlanGpu.StridedVariantsMatchReference' \
     >"$OUTD/str_plan_gpu_test.log" 2>&1 || fail "plan_gpu_test"
   timeout 240 "$T/backward_gpu_test" >"$OUTD/str_backward_gpu_test.log" 2>&1 || fail "backward_gpu_test"
   for t in parts tile_map plan_gpu backward_gpu; do

@@ -21,7 +21,8 @@
 //              united with band rows (sparse_strided(s) = local(left=s-1, right=0) | (stride(s) & causal)), where
 //              the terms are tiles only: the term less the offsets the band keeps (one interval of multiples of d:
 //              BoundPattern::dilated_offsets) runs as its own tile part, which the planner groups by residue
-//              (BlockPlan::perm_d = d: a group's rows are band rows), and the band rows stay the tiles part. Chosen
+//              (BlockPlan::perm_d = d: a group's rows are band rows; on the GPU d / 2^j where d's groups hold 32
+//              tokens or fewer, plan/gpu/choice.cpp), and the band rows stay the tiles part. Chosen
 //              (mode -1) where SplitTarget::affine and the cost model (block_shape_costs) prices the two parts'
 //              best shapes below kAffineSplitGain of the union's, or where SplitTarget::affine_cpu (the CPU
 //              engine) and the groups hold kCpuAffineMinGroup tokens or more; in mode 1 always;
@@ -96,8 +97,9 @@ struct SplitTarget {
 };
 
 // The affine part runs where its and the band part's predicted costs sum to at most this fraction of the union's:
-// the rest pays the second launch and the LSE merge (one read of two outputs, one write), which the cost model does
-// not price. Not measured yet (issue 42's bench: scripts/gpu_check.d/strided.sh).
+// the rest pays the second launch and the LSE merge (the affine part's epilogue reads O and LSE back and writes them,
+// FusedParams::merge_out; before issue 42's epilogue merge, a scratch O written, then one read of two outputs and
+// one write), which the cost model does not price. Not measured yet (issue 42's bench: scripts/gpu_check.d/strided.sh).
 inline constexpr double kAffineSplitGain = 0.8;
 
 // The CPU engine's affine split (SplitTarget::affine_cpu), from its forward on one core (CPU time, fp32, H = 4, D = 64,

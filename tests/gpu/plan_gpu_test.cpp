@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -304,10 +305,12 @@ TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
     bool affine;  // an affine part; else one tile list
     int perm;     // the residue permutation explain must name (the affine part's, or the one list's)
   } const cases[] = {
-      {"sparse_strided(256)", 4099, 64, DType::bf16, -1, true, 256},   // groups of 16 and 17 tokens
-      {"sparse_strided(128)", 3001, 128, DType::f16, 1, true, 128},
-      {"sparse_strided(512)", 9001, 64, DType::bf16, 1, true, 512},    // groups of 17 and 18
-      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, DType::bf16, 1, true, 256},
+      // Groups of 32 tokens or fewer grouped coarser (issue 42: two or four residues a group, bitmask tiles; the
+      // permutation named is that of the coarser groups).
+      {"sparse_strided(256)", 4099, 64, DType::bf16, -1, true, 128},   // groups of 16 and 17 tokens, paired
+      {"sparse_strided(128)", 3001, 128, DType::f16, 1, true, 64},
+      {"sparse_strided(512)", 9001, 64, DType::bf16, 1, true, 256},    // groups of 17 and 18, paired
+      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, DType::bf16, 1, true, 128},
       {"stride(64) & causal", 5000, 128, DType::bf16, -1, false, 64},
       {"dilated(64, 32)", 4097, 64, DType::bf16, -1, false, 32},
       {"dilated(9, 100) & causal", 3333, 64, DType::f16, -1, false, 100},
@@ -326,6 +329,53 @@ TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
     EXPECT_LE(run_vs_reference(plan, pats, c.dt, 13, &lse_err), 1e-2) << ex;
     EXPECT_LE(lse_err, 2e-2) << ex;
   }
+}
+
+// Issue 42's switch (SPATTN_STRIDED_VARIANT, plan/kernels.hpp), read at every launch: by default plans grouped by
+// residue on the 64x64 cp.async row at D = 64 run four CTAs an SM (cuda/fused/fused_fwd.cuh, Traits::kGathered: a
+// launch failure there shows here) and a compound plan's affine part merges into the band part's O and LSE in its
+// epilogue (FusedParams::merge_out; on the 64-row and the two-warpgroup 128x128 kernels); "old" three CTAs and the
+// merge kernel. One plan run under both against the reference (outputs poisoned with NaN first: a row the merge
+// leaves unwritten fails). "items" (the planner's shape choice with gather_item_cost) is read at make_plan: a plan
+// made under it too (stride(64) & causal at D = 128: 64x64 there, 128x128 by default). Residue groups unequal.
+TEST(PlanGpu, StridedVariantsMatchReference) {
+  REQUIRE_GPU();
+  struct C {
+    const char* spec;
+    int64_t L, D;
+    DType dt;
+  } const cases[] = {
+      {"sparse_strided(256)", 4099, 64, DType::bf16},   // the affine part on 64x64 perm_d 128 (256 under "old"), merged
+      {"dilated(64, 32)", 6001, 64, DType::f16},        // one list, 64x64 perm_d 32
+      {"stride(64) & causal", 5001, 64, DType::bf16},   // 64x64 perm_d 64
+      {"sparse_strided(128)", 3001, 128, DType::bf16},  // the affine part on 64x64 perm_d 128 (D = 128), merged
+      {"sparse_strided(128)", 10001, 128, DType::f16},  // on 128x128 perm_d 128, merged by two warpgroups
+      {"stride(64) & causal", 5000, 128, DType::f16},
+  };
+  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
+  const std::string saved = before ? before : "";
+  auto set = [](const char* v) { v ? setenv("SPATTN_STRIDED_VARIANT", v, 1) : unsetenv("SPATTN_STRIDED_VARIANT"); };
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
+    const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
+    set(nullptr);
+    const spattn::Plan plan = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
+    if (on_sm90a())
+      EXPECT_NE(plan.explain().find(c.D == 64 ? "sm90_cp_64x64_d64" : "sm90_cp_"), std::string::npos) << plan.explain();
+    for (const char* v : {static_cast<const char*>(nullptr), "old"}) {
+      SCOPED_TRACE(v ? v : "default");
+      set(v);
+      double lse_err = 0;
+      EXPECT_LE(run_vs_reference(plan, pats, c.dt, 17, &lse_err), 1e-2) << plan.explain();
+      EXPECT_LE(lse_err, 2e-2) << plan.explain();
+    }
+    set("items");
+    const spattn::Plan items = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
+    double lse_err = 0;
+    EXPECT_LE(run_vs_reference(items, pats, c.dt, 19, &lse_err), 1e-2) << items.explain();
+    EXPECT_LE(lse_err, 2e-2) << items.explain();
+  }
+  set(before ? saved.c_str() : nullptr);
 }
 
 }  // namespace

@@ -179,6 +179,12 @@ void CompoundAttention::run(const Problem& pr, const TensorView& q, const Tensor
           r.attn->run(pr, q, k, v, o, lse, stream);
           break;
         }
+        // Merged in the kernel's epilogue (issue 42: no scratch copy written and read back, no merge launch; two of
+        // the split's four extra passes over O), or SPATTN_STRIDED_VARIANT=old (plan/kernels.hpp) by the merge kernel.
+        if (r.attn->merges_out() && plan::strided_variant() != plan::StridedVariant::old) {
+          r.attn->run(pr, q, k, v, o, lse, stream, true);
+          break;
+        }
         merge_run(m.o2, m.lse2, *r.attn, pr, q, k, v, o, lse, bf16, stream);
         break;
       }

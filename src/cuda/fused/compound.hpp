@@ -4,8 +4,10 @@
 //   tiles      FusedAttention over the part's pattern (band, TMA or cp.async tile kernels);
 //   columns    the part's keys gathered into a small contiguous K/V, FusedAttention over the compact pattern;
 //   scattered  the fine-grained CSR kernel (parts_kernels.cu: cuda_scattered), merging in its epilogue;
-//   rows       FusedAttention of dense rows over views of the owned query rows, replacing what is there.
-// The first part writes O and LSE; a later columns part writes scratch and one merge kernel folds it in.
+//   rows       FusedAttention of dense rows over views of the owned query rows, replacing what is there;
+//   affine     FusedAttention over the part's pattern grouped by residue (cp.async / mma.sync tile kernels).
+// The first part writes O and LSE; a later columns part writes scratch and one merge kernel folds it in; a later
+// affine part merges in its kernel's epilogue (FusedParams::merge_out; SPATTN_STRIDED_VARIANT=old: as columns).
 // Scratch (the LSE where the caller passes none, the columns part's K/V and partial O) is allocated once at
 // construction for the problem given; runs are graph-capturable (no allocation, no sync). One object per stream.
 #pragma once

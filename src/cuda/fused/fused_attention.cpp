@@ -53,10 +53,18 @@ common::Status FusedAttention::can_implement(const Problem& problem, const Tenso
 }
 
 void FusedAttention::run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& o, const TensorView& lse, void* stream) const {
+                         const TensorView& o, const TensorView& lse, void* stream, bool merge_out) const {
   FusedFwd::Params params;
   const auto st = FusedFwd::can_implement(impl_->args(problem, q, k, v, o, lse), *impl_->plan, &params);
   if (!st.ok) throw Error(st.reason);
+  if (merge_out) {
+    const plan::KernelKind kind = plan::kKernels[params.kernel_row].kind;
+    if (kind != plan::KernelKind::sm90_cp && kind != plan::KernelKind::sm80_mma)
+      throw Error(std::string("fused attention: merge_out needs a cp.async or mma.sync row, got ") +
+                  plan::kKernels[params.kernel_row].name);
+    if (lse.data == nullptr) throw Error("fused attention: merge_out needs the lse of the rows it merges into");
+    params.kernel.merge_out = 1;
+  }
   FusedFwd::run(params, static_cast<cudaStream_t>(stream));
   impl_->last_row.store(params.kernel_row, std::memory_order_relaxed);
 }
@@ -70,6 +78,10 @@ std::string FusedAttention::explain() const {
   return s.str();
 }
 int FusedAttention::kernel_row() const { return impl_->plan->kernel_row(); }
+bool FusedAttention::merges_out() const {
+  const plan::KernelKind kind = plan::kKernels[kernel_row()].kind;
+  return kind == plan::KernelKind::sm90_cp || kind == plan::KernelKind::sm80_mma;
+}
 int FusedAttention::last_kernel_row() const { return impl_->last_row.load(std::memory_order_relaxed); }
 std::string FusedAttention::kernel_name() const {
   const int row = kernel_row();

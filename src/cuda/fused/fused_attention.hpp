@@ -55,9 +55,14 @@ class FusedAttention {
                                const TensorView& o, const TensorView& lse) const;
   size_t workspace_size(const Problem&) const { return 0; }
   // Enqueues the forward on `stream` (a cudaStream_t, null for the default stream). Throws Error when
-  // can_implement fails or the launch fails.
+  // can_implement fails or the launch fails. merge_out (a compound plan's later part, issue 42): o and lse (not null)
+  // hold another part's rows over disjoint keys, and this forward's rows are merged into them through the LSE in the
+  // kernel's epilogue (FusedParams::merge_out) instead of written: only where merges_out() (else Error).
   void run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
-           const TensorView& o, const TensorView& lse, void* stream = nullptr) const;
+           const TensorView& o, const TensorView& lse, void* stream = nullptr, bool merge_out = false) const;
+  // Whether run may merge its rows into o and lse (merge_out): the plan's row is a cp.async or mma.sync one, whose
+  // epilogue can (the TMA and band kernels' cannot).
+  bool merges_out() const;
 
   std::string explain() const;  // the row and why, tile shape, permutation, visited/full/band/bitmask tiles, waste
   int kernel_row() const;       // the kernel-table row the plan chose (plan/kernels.hpp)

@@ -308,6 +308,7 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
   k.split_k = 1;
   k.split_slabs = 0;
   k.trace = nullptr;
+  k.merge_out = 0;
   k.split_ws = plan.split_ws();
   k.split_count = plan.work_counter() + 2;
   if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) && k.persistent) {

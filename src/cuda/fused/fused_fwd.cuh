@@ -26,16 +26,21 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/work_order.cuh"
 #include "cuda/fused/fused_params.hpp"
+#include "plan/merge.hpp"
 
 namespace spattn::cuda::fused {
 
 // kMapped_: the instantiation for mapped plans (FusedParams::q_map / k_map set: multi-dimensional tiles), whose
 // loads gather each row through the map; the affine instantiations keep their code (the map's index registers
 // cost the 64x64 kernel 128 -> 164 registers in one instantiation for both).
-template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_, bool kMapped_ = false>
+// kGathered_: the affine instantiation for plans grouped by residue (perm_d > 1) run four CTAs an SM (the 64x64 one
+// at D = 64 on sm_90a; issue 42: their items are short, 1-3 tiles, and wait on their gathered Q and first K/V, which
+// a fourth CTA overlaps; launch_row, SPATTN_STRIDED_VARIANT). The code is the affine instantiation's.
+template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_, bool kMapped_ = false, bool kGathered_ = false>
 struct Traits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
-  static constexpr bool kBf16 = kBf16_, kSm90 = kSm90_, kMapped = kMapped_;
+  static constexpr bool kBf16 = kBf16_, kSm90 = kSm90_, kMapped = kMapped_, kGathered = kGathered_;
+  static_assert(!(kMapped && kGathered), "a plan is mapped or grouped by residue, not both");
   static_assert(BM == 64 || BM == 128, "query tile is 64 or 128 rows");
   static_assert(BN == 64 || BN == 128, "key tile is 64 or 128 keys");
   static_assert(D == 64 || D == 128, "head dim is 64 or 128");
@@ -64,7 +69,7 @@ struct Traits {
   // unmapped one measured 6.5% slower so on bigbird, and the mma.sync one would spill at 128 registers), the other
   // one-warpgroup CTAs three at D=64 and two at D=128 (the 64x64 one's 112 KB of tiles exactly). The request is raised
   // where the tiles alone would let one CTA more onto the SM.
-  static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? (BN == 64 && kSm90 && kMapped ? 4 : 3) : 2);
+  static constexpr int kMinBlocks = BM == 128 ? 1 : (D == 64 ? (BN == 64 && kSm90 && (kMapped || kGathered) ? 4 : 3) : 2);
   static constexpr int kSmemNeed = kBarOffset + (kDecoupled ? 2 * kStages * 8 : 0);
   static constexpr int kSmemBytes = std::max(kSmemNeed, 228 * 1024 / (kMinBlocks + 1) - 1024 + 16);
   static_assert(kMinBlocks * (kSmemBytes + 1024) <= 228 * 1024 && (kMinBlocks + 1) * (kSmemBytes + 1024) > 228 * 1024,
@@ -340,19 +345,38 @@ __device__ __forceinline__ void tile_rescale(float (&o)[D / 2], const float (&al
 // kept no key); with p.lse, lane 0 of the quad writes the row's LSE at token tok. Shared by the epilogues.
 // A NaN or +inf score makes l NaN (fmaxf skips NaN in the row max, the exponential keeps it; +inf - +inf is NaN):
 // LSE and 1 / l are then NaN, so the row's O and LSE are NaN (PATTERNS.md); only l == 0 is a row with no key.
-__device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum, float row_max, int b, int h, int tok,
-                                            bool write_lse) {
+// row_total: the row's sum over its quad of lanes (NaN where the maximum was lost); row_finish also writes the LSE.
+__device__ __forceinline__ float row_total(const FusedParams& p, float row_sum, float row_max) {
   float l = row_sum;
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (scaled_max_lost(row_max, p.scale_log2)) l = __int_as_float(0x7fffffff);  // O and LSE NaN (ptx.cuh)
+  return l;
+}
+__device__ __forceinline__ float row_finish(const FusedParams& p, float row_sum, float row_max, int b, int h, int tok,
+                                            bool write_lse) {
+  const float l = row_total(p, row_sum, row_max);
   if (write_lse && p.lse != nullptr)
     p.lse[int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok] = l == 0.f ? -INFINITY : row_max * p.scale + __logf(l);
   return l == 0.f ? 0.f : 1.f / l;
 }
+// FusedParams::merge_out: query row `pos`'s O row and LSE, which the epilogue reads to merge into, on their way to L2
+// while the item's tiles run (sm_90+; 16-byte aligned rows only), so that the epilogue's read does not wait on DRAM.
+template <int D, bool kMapped>
+__device__ __forceinline__ void merge_prefetch(const FusedParams& p, int b, int h, int pos) {
+  const int tok = kMapped ? __ldg(p.q_map + pos) : plan_token(pos, p.perm_d, p.q_group);
+  if (kMapped ? unsigned(tok) >= unsigned(p.q_len) : tok >= p.q_len) return;
+  const char* orow = static_cast<const char*>(p.o) + 2 * (int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh);
+  if ((reinterpret_cast<uintptr_t>(orow) & 15) == 0) bulk_prefetch_l2(orow, 2 * D);
+  const uintptr_t lp = reinterpret_cast<uintptr_t>(p.lse + int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + tok);
+  bulk_prefetch_l2(reinterpret_cast<const void*>(lp & ~uintptr_t(15)), 16);
+}
+
 // Epilogue: O / l and LSE of this thread's two rows; rows outside [0, Lq) (padding) are dropped. kMapped: a mapped
-// plan (p.q_map: the rows' tokens), else the affine layout.
-template <int D, class Elem, bool kBf16, bool kMapped = false>
+// plan (p.q_map: the rows' tokens), else the affine layout. kMerge (FusedParams::merge_out): o and lse hold another
+// part's rows, merged with these through the LSE (KERNELS.md section 3, plan/merge.hpp) where the merge kernel once read
+// this launch's rows back from a scratch copy (parts_kernels.cu, launch_merge; issue 42: two passes over O saved).
+template <int D, class Elem, bool kBf16, bool kMapped = false, bool kMerge = false>
 __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o)[D / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], int b, int h, int q0, int r0, int cb, int lane) {
 #pragma unroll
@@ -360,6 +384,25 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
     const int pos = q0 + r0 + 8 * hh;
     const int tok = kMapped ? __ldg(p.q_map + pos) : plan_token(pos, p.perm_d, p.q_group);
     const bool in = kMapped ? unsigned(tok) < unsigned(p.q_len) : tok < p.q_len;  // padding: -1 (mapped) or >= Lq
+    if constexpr (kMerge) {
+      const float l = row_total(p, row_sum[hh], row_max[hh]);
+      float* lp = p.lse + int64_t(b) * p.lse_sb + int64_t(h) * p.lse_sh + (in ? tok : 0);
+      const float lse_a = in ? *lp : -INFINITY;
+      __syncwarp();  // the quad's four lanes have read the row's LSE before its first lane writes it
+      const plan::MergeWeights w = plan::merge_weights(lse_a, l == 0.f ? -INFINITY : row_max[hh] * p.scale + __logf(l));
+      if ((lane & 3) == 0 && in) *lp = w.lse;
+      if (in) {
+        Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
+        const float wo = l == 0.f ? 0.f : w.wb / l;  // this part's O / l, weighed
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          uint32_t* at = reinterpret_cast<uint32_t*>(orow + 8 * j + cb);
+          const float2 a = unpack2<kBf16>(*at);
+          *at = pack2<kBf16>(w.wa * a.x + wo * o[4 * j + 2 * hh], w.wa * a.y + wo * o[4 * j + 2 * hh + 1]);
+        }
+      }
+      continue;
+    }
     const float inv = row_finish(p, row_sum[hh], row_max[hh], b, h, tok, (lane & 3) == 0 && in);
     if (in) {
       Elem* orow = static_cast<Elem*>(p.o) + int64_t(b) * p.o_sb + int64_t(tok) * p.o_sl + int64_t(h) * p.o_sh;
@@ -492,6 +535,10 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   const int q0 = qt * BM;
   const int64_t e_begin = p.row_offsets[qt];
   const int n = int(p.row_offsets[qt + 1] - e_begin);
+  if (p.merge_out) {
+    if (n == 0) return;  // merged into another part's rows: nothing of this part here
+    if (tid < BM) merge_prefetch<D, Tr::kMapped>(p, b, h, q0 + tid);
+  }
 
   const char* qg = static_cast<const char*>(p.q) + 2 * (int64_t(b) * p.q_sb + int64_t(h) * p.q_sh);
   const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
@@ -751,7 +798,11 @@ __device__ __forceinline__ void fused_fwd_body(const FusedParams& p) {
   }
 
   // ---- epilogue: O / l, LSE; rows outside [0, Lq) (padding) are dropped ----
-  tile_store<D, typename Tr::Elem, kBf16, Tr::kMapped>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+  if (p.merge_out) {
+    tile_store<D, typename Tr::Elem, kBf16, Tr::kMapped, true>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+  } else {
+    tile_store<D, typename Tr::Elem, kBf16, Tr::kMapped>(p, o, row_max, row_sum, b, h, q0, r0, cb, lane);
+  }
 }
 
 template <class Tr>

@@ -73,6 +73,10 @@ struct FusedParams {
   int strip_sx, strip_sy;
   // The work order's head sections (plan::head_section; section_item in cuda/common/work_order.cuh): 0 none.
   int head_section;
+  // cp.async and mma.sync kernels (FusedAttention::run's merge_out; issue 42): 1 where o and lse already hold another
+  // part's rows over disjoint keys (a compound plan's band part): the epilogue merges this launch's rows into them
+  // through the LSE (plan/merge.hpp) instead of writing them, and query tiles with no entry write nothing; 0 writes.
+  int merge_out;
 };
 
 // Floats a consumer thread of the band kernel writes per split part at head dim d: its d / 2 O accumulators, 2 row
