@@ -4,7 +4,9 @@
 #      forward's and the backward's residue-grouped plans past stride 16 cover their patterns);
 #   2. the GPU tests against the fp64 reference: PlanGpu.AffinePartsAtAnyStrideMatchReference (the forward),
 #      PlanGpu.StridedVariantsMatchReference (SPATTN_STRIDED_VARIANT's default, "old" and "items": the affine part merged
-#      in its epilogue, four CTAs for residue-grouped 64x64 tiles at D = 64) and all
+#      in its epilogue, four CTAs for residue-grouped 64x64 tiles at D = 64),
+#      PlanGpu.StridedMergeOnViewsAndUnequalLengths (the merge at Lq != Lk, [B, H, L, D] views, a padded LSE, per-head
+#      patterns) and all
 #      of backward_gpu_test (BackwardGpu.StridedPastSixteen: sparse_strided by parts, its affine part on the tile
 #      backward adding dK, dV; stride and dilated terms grouped past 16; lengths that leave residue groups unequal;
 #      and every other backward test, since the tile kernels' epilogue changed);
@@ -35,7 +37,7 @@ if [ "${STRIDED_SKIP_TESTS:-0}" != 1 ]; then
   timeout 120 "$T/parts_test" --gtest_filter='Parts.BackwardParts*' >"$OUTD/str_parts_test.log" 2>&1 || fail "parts_test"
   timeout 120 "$T/tile_map_test" --gtest_filter='AffineParts.*' >"$OUTD/str_tile_map_test.log" 2>&1 || fail "tile_map_test"
   echo "== strided: GPU tests ($(elapsed))"
-  timeout 180 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference:PlanGpu.StridedVariantsMatchReference' \
+  timeout 240 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference:PlanGpu.StridedVariantsMatchReference:PlanGpu.StridedMergeOnViewsAndUnequalLengths' \
     >"$OUTD/str_plan_gpu_test.log" 2>&1 || fail "plan_gpu_test"
   timeout 240 "$T/backward_gpu_test" >"$OUTD/str_backward_gpu_test.log" 2>&1 || fail "backward_gpu_test"
   for t in parts tile_map plan_gpu backward_gpu; do

@@ -2,7 +2,7 @@
 // the same (rounded) inputs, element by element: a NaN or +inf score poisons its row (O and LSE NaN) and no other;
 // an empty row stays O = 0, LSE = -inf beside a poisoned one; rows the plant does not reach match the reference.
 // Paths: every fused kernel-table row this device runs (forced, checked through Plan::last_kernel), the band
-// kernel's split-item and slab-part routes, compound plans (tiles, columns, scattered parts and their merges),
+// kernel's split-item and slab-part routes, compound plans (tiles, columns, scattered, affine parts and their merges),
 // cuda_unfused, and the backward (sm90_bwd rows, cuda_csr_bwd). Awkward lengths (Lq 400, Lk 300: no multiple of a
 // tile), GQA, bf16 and fp16, D 64 and 128.
 //
@@ -304,6 +304,10 @@ std::vector<Case> forward_cases() {
       {"local(40) | random(4, seed=3)", 128, DType::f16, false},         // tiles, scattered
       {"random(9, seed=2)", 64, DType::bf16, true},                      // scattered only: kept pairs only
       {"dilated(20, 3) | global(0:5) | random(2)", 64, DType::f16, false},  // all four
+      // Band and affine parts (issue 42): the affine part grouped by residue (8: groups of 50 tokens), merged into the
+      // band part's rows in its epilogue, rows past Lk + s - 1 empty in the band part; 64x64 at D = 64: four CTAs an SM.
+      {"sparse_strided(64)", 64, DType::bf16, false},
+      {"sparse_strided(32)", 128, DType::f16, false},
   };
   for (const Cp& p : compound) {
     Case c;

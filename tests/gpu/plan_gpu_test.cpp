@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ namespace {
 using spattn::DType;
 using spattn::TensorView;
 using spattn::test::Buf;
+using spattn::test::for_each_index;
 using spattn::test::problem;
 using spattn::test::run_vs_reference;
 
@@ -374,6 +376,124 @@ TEST(PlanGpu, StridedVariantsMatchReference) {
     double lse_err = 0;
     EXPECT_LE(run_vs_reference(items, pats, c.dt, 19, &lse_err), 1e-2) << items.explain();
     EXPECT_LE(lse_err, 2e-2) << items.explain();
+  }
+  set(before ? saved.c_str() : nullptr);
+}
+
+// The affine part's epilogue merge (FusedParams::merge_out) on what the square, contiguous cases above leave out: Lq
+// above Lk (sparse_strided(256)'s band keeps no key of rows past Lk + 255, the affine part's rows there merge into
+// empty rows: lse -inf), Lq below Lk, [B, H, L, D] views, GQA, batch 2, an LSE whose head stride is padded past Lq
+// (the padding, poisoned, must stay as it was: a write past a head's Lq rows lands there), per-head patterns (each
+// head's compound plan on views of one head, the LSE a narrowed view). Under the default and "old" (the merge
+// kernel), both against the reference.
+TEST(PlanGpu, StridedMergeOnViewsAndUnequalLengths) {
+  REQUIRE_GPU();
+  struct C {
+    std::vector<const char*> specs;
+    int64_t B, H, HK, Lq, Lk, D;
+    DType dt;
+    bool bhld;    // q, k, v, o as [B, H, L, D] memory viewed as [B, L, H, D]
+    int64_t pad;  // LSE rows a head past Lq
+  } const cases[] = {
+      {{"sparse_strided(256)"}, 1, 4, 2, 4099, 3001, 64, DType::bf16, true, 5},
+      {{"sparse_strided(128)"}, 2, 2, 1, 2000, 5000, 64, DType::f16, false, 3},
+      {{"sparse_strided(128)"}, 1, 2, 2, 3001, 3001, 128, DType::bf16, true, 0},
+      {{"sparse_strided(256)", "sparse_strided(512)"}, 2, 2, 2, 9001, 9001, 64, DType::bf16, false, 7},
+  };
+  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
+  const std::string saved = before ? before : "";
+  auto set = [](const char* v) { v ? setenv("SPATTN_STRIDED_VARIANT", v, 1) : unsetenv("SPATTN_STRIDED_VARIANT"); };
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(c.specs[0]) + (c.specs.size() > 1 ? " (per head)" : "") + " at " + std::to_string(c.Lq) +
+                 "x" + std::to_string(c.Lk) + ", D " + std::to_string(c.D));
+    std::vector<spattn::Pattern> pats;
+    for (const char* s : c.specs) pats.push_back(spattn::parse(s));
+    spattn::Problem pr;
+    pr.batch = c.B, pr.q_heads = c.H, pr.kv_heads = c.HK, pr.q_len = c.Lq, pr.kv_len = c.Lk, pr.head_dim = c.D;
+    pr.dtype = c.dt;
+    set(nullptr);
+    const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0));
+    const std::string ex = plan.explain();
+    EXPECT_NE(ex.find("affine ["), std::string::npos) << ex;
+    const int es = spattn::dtype_size(c.dt);
+    const std::array<int64_t, 4> sq{c.B, c.Lq, c.H, c.D}, sk{c.B, c.Lk, c.HK, c.D};
+    auto dev_view = [&](void* p, std::array<int64_t, 4> s) {
+      if (!c.bhld) return TensorView::contiguous(p, c.dt, s);
+      return TensorView{p, c.dt, {s[0], s[1], s[2], s[3]}, {s[1] * s[2] * s[3], s[3], s[1] * s[3], 1}};
+    };
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    auto fill = [&](std::vector<uint8_t>& h, std::array<int64_t, 4> s) {
+      h.resize(size_t(s[0] * s[1] * s[2] * s[3]) * es);
+      const TensorView t = TensorView::contiguous(h.data(), c.dt, s);
+      for_each_index(s, [&](int64_t a, int64_t b, int64_t x, int64_t d) { t.store(a, b, x, d, nd(rng)); });
+      return t;
+    };
+    std::vector<uint8_t> hq, hk, hv;
+    const TensorView tq = fill(hq, sq), tk = fill(hk, sk), tv = fill(hv, sk);
+    Buf q(hq.size()), k(hk.size()), v(hv.size()), o(hq.size());
+    auto upload = [&](const TensorView& host, const Buf& b, std::array<int64_t, 4> s) {
+      const TensorView d = dev_view(b.p, s);
+      std::vector<uint8_t> tmp(size_t(s[0] * s[1] * s[2] * s[3]) * es);
+      const TensorView t{tmp.data(), c.dt, d.shape, d.stride};
+      for_each_index(s, [&](int64_t a, int64_t l, int64_t x, int64_t e) { t.store(a, l, x, e, host.load(a, l, x, e)); });
+      EXPECT_EQ(cudaMemcpy(b.p, tmp.data(), tmp.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    };
+    upload(tq, q, sq), upload(tk, k, sk), upload(tv, v, sk);
+    const int64_t ls = c.Lq + c.pad;  // the LSE's head stride
+    const size_t nl = size_t(c.B * c.H * ls);
+    Buf lse(nl * 4);
+    const TensorView tl{lse.p, DType::f32, {c.B, c.H, c.Lq, 1}, {c.H * ls, ls, 1, 1}};
+    std::vector<double> ro(size_t(c.B * c.Lq * c.H * c.D)), rl(size_t(c.B * c.H * c.Lq));
+    spattn::PlanOptions ref;
+    ref.engine = spattn::Engine::reference;
+    spattn::make_plan(pats, pr, spattn::Device::cpu(), ref)
+        .forward(tq, tk, tv, TensorView::contiguous(ro.data(), DType::f64, sq),
+                 TensorView::contiguous(rl.data(), DType::f64, {c.B, c.H, c.Lq, 1}));
+    for (const char* var : {static_cast<const char*>(nullptr), "old"}) {
+      SCOPED_TRACE(var ? var : "default");
+      set(var);
+      // explain says what runs (read as the switch is now): the merge, and on sm_90a the 64x64 D = 64 affine part's
+      // four CTAs an SM.
+      const std::string now = plan.explain();
+      EXPECT_NE(now.find(var ? "merged by the merge kernel" : "merged into the rows before it in its kernel's epilogue"),
+                std::string::npos) << now;
+      if (on_sm90a() && c.D == 64) EXPECT_EQ(now.find("four CTAs an SM") != std::string::npos, var == nullptr) << now;
+      EXPECT_EQ(cudaMemset(o.p, 0xFF, hq.size()), cudaSuccess);  // NaN poison: an unwritten row fails
+      EXPECT_EQ(cudaMemset(lse.p, 0xFF, nl * 4), cudaSuccess);
+      plan.forward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o.p, sq), tl);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint8_t> ho(hq.size());
+      std::vector<uint32_t> hl(nl);
+      EXPECT_EQ(cudaMemcpy(ho.data(), o.p, ho.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(hl.data(), lse.p, nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      const TensorView got = dev_view(ho.data(), sq);
+      double num = 0, den = 0, lse_err = 0;
+      int64_t pad_written = 0;
+      size_t i = 0;
+      for_each_index(sq, [&](int64_t a, int64_t l, int64_t x, int64_t d) {
+        const double e = got.load(a, l, x, d) - ro[i++];
+        num += e * e, den += ro[i - 1] * ro[i - 1];
+      });
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t r = 0; r < ls; ++r) {
+            const uint32_t bits = hl[size_t((b * c.H + h) * ls + r)];
+            if (r >= c.Lq) {
+              pad_written += bits != 0xFFFFFFFFu;
+              continue;
+            }
+            float g;
+            std::memcpy(&g, &bits, 4);
+            const double want = rl[size_t((b * c.H + h) * c.Lq + r)];
+            lse_err = std::max(lse_err, std::isinf(want) ? (double(g) == want ? 0.0 : INFINITY)
+                                        : std::isnan(g)  ? INFINITY
+                                                         : std::fabs(g - want));
+          }
+      EXPECT_LE(std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY, 1e-2) << ex;
+      EXPECT_LE(lse_err, 2e-2) << ex;
+      EXPECT_EQ(pad_written, 0) << "LSE padding past Lq written";
+    }
   }
   set(before ? saved.c_str() : nullptr);
 }

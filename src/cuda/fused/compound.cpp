@@ -241,6 +241,11 @@ std::string CompoundAttention::explain() const {
     << m.times.total() << " ms)";
   for (const Impl::PartRun& r : m.parts) {
     s << "\n  " << plan::describe(r.part) << "; " << (r.attn ? r.attn->explain() : std::string("kernel cuda_scattered: a warp a row, K/V rows gathered"));
+    // How a later affine part's rows join the others (run: as SPATTN_STRIDED_VARIANT reads now).
+    if (&r != &m.parts.front() && r.part.kind == plan::PartKind::affine)
+      s << (r.attn->merges_out() && plan::strided_variant() != plan::StridedVariant::old
+                ? "; merged into the rows before it in its kernel's epilogue"
+                : "; its rows written to scratch, merged by the merge kernel");
   }
   return s.str();
 }

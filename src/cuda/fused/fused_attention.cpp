@@ -73,6 +73,13 @@ std::string FusedAttention::explain() const {
   std::ostringstream s;
   s << "fused block-sparse attention, kernel " << kernel_name() << " (" << impl_->why << "): " << impl_->plan->host().describe();
   if (impl_->plan->narrow_entries() > 0) s << ", " << impl_->plan->narrow_entries() << " half-width";
+  // launch_row (launch.cuh): residue-grouped 64x64 plans at D = 64 on the sm_90a cp.async row, four CTAs an SM.
+  if (const int r = kernel_row(); r >= 0) {
+    const plan::KernelConfig& row = plan::kKernels[r];
+    if (row.kind == plan::KernelKind::sm90_cp && row.block_m == 64 && row.block_n == 64 && row.head_dim == 64 &&
+        impl_->plan->host().perm_d > 1 && plan::strided_variant() != plan::StridedVariant::old)
+      s << ", four CTAs an SM";
+  }
   const PlanTimes& t = impl_->times;
   s << "; plan " << t.total() << " ms (" << t.upload << " uploading)";
   return s.str();
