@@ -32,20 +32,15 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The D=128 warp-specialized forward's variant (WsTraits' kVariant_), read once from SPATTN_FWD_VARIANT: `old`
-// (0), `pack` (1) or `new` (2, also when unset). An A/B switch: any other value is refused at the first launch.
+// The D=128 warp-specialized forward's variant (WsTraits' kVariant_), read from SPATTN_FWD_VARIANT at each launch (an
+// A/B in one process switches it between calls): `old` (0), `pack` (1) or `new` (2, also when unset); any other
+// value is refused, naming it.
 inline int fwd_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("SPATTN_FWD_VARIANT");
-    if (e == nullptr || *e == '\0' || std::strcmp(e, "new") == 0) return 2;
-    if (std::strcmp(e, "old") == 0) return 0;
-    if (std::strcmp(e, "pack") == 0) return 1;
-    return -1;
-  }();
-  if (v < 0)
-    throw std::invalid_argument(std::string("SPATTN_FWD_VARIANT=") + std::getenv("SPATTN_FWD_VARIANT") +
-                                ": expected old, pack or new");
-  return v;
+  const char* e = std::getenv("SPATTN_FWD_VARIANT");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "new") == 0) return 2;
+  if (std::strcmp(e, "old") == 0) return 0;
+  if (std::strcmp(e, "pack") == 0) return 1;
+  throw std::invalid_argument(std::string("SPATTN_FWD_VARIANT=") + e + ": expected old, pack or new");
 }
 
 template <int BM, int BN, int D, bool kBf16>
