@@ -1,5 +1,10 @@
 // cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
 #pragma once
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
 #include "cuda/common/launch.cuh"  // raise_smem_limit
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
@@ -27,6 +32,30 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The D=128 warp-specialized forward's variant (WsTraits' kVariant_), read from SPATTN_FWD_VARIANT at each launch (an
+// A/B in one process switches it between calls): `old` (0), `pack` (1) or `new` (2, also when unset); any other
+// value is refused, naming it.
+inline int fwd_variant() {
+  const char* e = std::getenv("SPATTN_FWD_VARIANT");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "new") == 0) return 2;
+  if (std::strcmp(e, "old") == 0) return 0;
+  if (std::strcmp(e, "pack") == 0) return 1;
+  throw std::invalid_argument(std::string("SPATTN_FWD_VARIANT=") + e + ": expected old, pack or new");
+}
+
+template <int BM, int BN, int D, bool kBf16>
+int launch_ws(const LaunchParams& p, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    switch (fwd_variant()) {
+      case 0: return int(launch_one<WsTraits<BM, BN, D, kBf16, 0>, Kind::kWs>(p, stream));
+      case 1: return int(launch_one<WsTraits<BM, BN, D, kBf16, 1>, Kind::kWs>(p, stream));
+      case 2: return int(launch_one<WsTraits<BM, BN, D, kBf16, 2>, Kind::kWs>(p, stream));
+      default: return int(cudaErrorInvalidValue);  // not reached: fwd_variant() throws
+    }
+  }
+  return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
+}
+
 // One row of the kernel table (plan/kernels.hpp) in this architecture's file: the instantiation of row I, or
 // cudaErrorInvalidConfiguration where the row belongs to the other file (or to no GPU kernel).
 template <int I, bool kSm90>
@@ -34,8 +63,8 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
   using plan::KernelKind;
   constexpr plan::KernelConfig c = plan::kKernels[I];
   if constexpr (kSm90 && c.kind == KernelKind::sm90_tma) {
-    if (p.bf16) return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, true>, Kind::kWs>(p, stream));
-    return int(launch_one<WsTraits<c.block_m, c.block_n, c.head_dim, false>, Kind::kWs>(p, stream));
+    if (p.bf16) return launch_ws<c.block_m, c.block_n, c.head_dim, true>(p, stream);
+    return launch_ws<c.block_m, c.block_n, c.head_dim, false>(p, stream);
   } else if constexpr (kSm90 && plan::is_band(c.kind)) {
     constexpr int BM = c.block_m, D = c.head_dim;
     static_assert(BM == plan::band_block_m(D) && c.block_n == 128, "the band kernel's items: plan::band_block_m");
