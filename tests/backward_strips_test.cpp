@@ -164,12 +164,14 @@ TEST(BackwardStrips, KeptFractionNearTheForwards) {
 TEST(BackwardStrips, WhereAsked) {
   ::unsetenv("SPATTN_NBR_BWD");
   using spattn::plan::query_strips_asked;
-  const auto bind = [](const char* spec, int64_t len) { return spattn::parse(spec).bind(len); };
-  const spattn::BoundPattern na2d = bind("neighborhood(dims=(32, 32), kernel=7)", 1024);
-  const spattn::BoundPattern na2d_causal = bind("neighborhood(dims=(20, 30), kernel=5) & causal", 600);
-  const spattn::BoundPattern na1d = bind("neighborhood(kernel=7)", 300);
-  const spattn::BoundPattern na3d = bind("neighborhood(dims=(8, 8, 16), kernel=3)", 1024);
-  const spattn::BoundPattern band = bind("local(64)", 1024);
+  const auto grid = [](const char* spec, int64_t len) {
+    return spattn::plan::query_strips_grid(spattn::parse(spec).bind(len));
+  };
+  const auto na2d = grid("neighborhood(dims=(32, 32), kernel=7)", 1024);
+  const auto na2d_causal = grid("neighborhood(dims=(20, 30), kernel=5) & causal", 600);
+  const auto na1d = grid("neighborhood(kernel=7)", 300);
+  const auto na3d = grid("neighborhood(dims=(8, 8, 16), kernel=3)", 1024);
+  const auto band = grid("local(64)", 1024);
   const auto chosen = spattn::plan::backward_choice("", 64);
   EXPECT_TRUE(query_strips_asked(chosen, na2d));
   EXPECT_TRUE(query_strips_asked(chosen, na2d_causal));

@@ -308,6 +308,7 @@ PatternsBackward::PatternsBackward(const plan::Planned& planned, Problem problem
       parts_(patterns_.size()),
       parts_decided_(patterns_.size(), false) {
   if (options) options_ = *options;
+  for (const BoundPattern& p : patterns_) strips_grid_.push_back(plan::query_strips_grid(p));
 }
 
 bool PatternsBackward::parts_ready(size_t i) const {
@@ -456,7 +457,7 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
     // Query strips where asked (2-D neighborhoods, backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD read at every
     // call: plan::query_strips_asked) and they fit; else the chosen row.
-    if (why.empty() && plan::query_strips_asked(choice_, patterns_[i]))
+    if (why.empty() && plan::query_strips_asked(choice_, strips_grid_[i]))
       if (TileBackward* t = strips_ready(i, p)) {
         t->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
         last_row_ = t->kernel_row();

@@ -68,6 +68,7 @@ class PatternsBackward {
   mutable std::vector<std::unique_ptr<TileBackward>> tile_;
   mutable std::vector<std::unique_ptr<TileBackward>> strips_;  // query strips, where asked and they fit
   mutable std::vector<std::string> strips_why_;                 // why not, where asked and they do not
+  std::vector<plan::QueryStripsGrid> strips_grid_;              // plan::query_strips_grid of each pattern
   mutable std::atomic<bool> last_strips_{false};                // the last run ran on query strips
   mutable float* delta_ = nullptr;  // the CSR pass's scratch, allocated at its first run
   mutable std::atomic<int> last_row_{-1};

@@ -401,16 +401,20 @@ BackwardChoice backward_choice(const std::string& kernel, int64_t head_dim) {
   return c;
 }
 
-bool query_strips_asked(const BackwardChoice& c, const BoundPattern& pattern) {
-  if (c.query_strips) return true;
-  if (!c.kernel.empty()) return false;  // another kernel forced
+QueryStripsGrid query_strips_grid(const BoundPattern& pattern) {
   const std::optional<NeighborhoodGrid> grid = pattern.neighborhood_grid();
-  if (!grid) return false;
-  if (const char* e = std::getenv("SPATTN_NBR_BWD"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
-    return std::string(e) == "1";
+  if (!grid) return QueryStripsGrid::none;
   int long_axes = 0;
   for (int a = 0; a < grid->naxes; ++a) long_axes += grid->dims[size_t(a)] > 1;
-  return long_axes == 2;
+  return long_axes == 2 ? QueryStripsGrid::two_d : QueryStripsGrid::other;
+}
+
+bool query_strips_asked(const BackwardChoice& c, QueryStripsGrid grid) {
+  if (c.query_strips) return true;
+  if (!c.kernel.empty() || grid == QueryStripsGrid::none) return false;  // another kernel forced; no grid
+  if (const char* e = std::getenv("SPATTN_NBR_BWD"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
+    return std::string(e) == "1";
+  return grid == QueryStripsGrid::two_d;
 }
 
 int query_strips_row(int64_t head_dim, std::string* why) {
