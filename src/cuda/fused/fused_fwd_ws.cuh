@@ -19,7 +19,7 @@
 namespace spattn::cuda::fused {
 
 // kVariant_ (D=128; the launch picks it from SPATTN_FWD_VARIANT, launch.cuh's fwd_variant()): 0 `old`, the loop as measured in
-// session 25; 1 `pack`, P packed inside the softmax's block (pipelined_tiles' kPackEarly); 2 `new` (the default),
+// session 25; 1 `pack` (the default), P packed inside the softmax's block (pipelined_tiles' kPackEarly); 2 `new`,
 // that plus one `empty` arrival a consumer warp instead of one a thread.
 template <int BM_, int BN_, int D_, bool kBf16_, int kVariant_ = 0>
 struct WsTraits {
