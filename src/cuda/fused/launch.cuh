@@ -1,10 +1,5 @@
 // cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
 #pragma once
-#include <cstdlib>
-#include <cstring>
-#include <stdexcept>
-#include <string>
-
 #include "cuda/common/launch.cuh"  // raise_smem_limit
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
@@ -32,27 +27,8 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The D=128 warp-specialized forward's variant (WsTraits' kVariant_), read from SPATTN_FWD_VARIANT at each launch (an
-// A/B in one process switches it between calls): `old` (0), `pack` (1, also when unset: 1.5% faster than `new` on the
-// six D=128 cases, bench/LOG.md session 26) or `new` (2); any other value is refused, naming it.
-inline int fwd_variant() {
-  const char* e = std::getenv("SPATTN_FWD_VARIANT");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "pack") == 0) return 1;
-  if (std::strcmp(e, "old") == 0) return 0;
-  if (std::strcmp(e, "new") == 0) return 2;
-  throw std::invalid_argument(std::string("SPATTN_FWD_VARIANT=") + e + ": expected old, pack or new");
-}
-
 template <int BM, int BN, int D, bool kBf16>
 int launch_ws(const LaunchParams& p, cudaStream_t stream) {
-  if constexpr (D == 128) {
-    switch (fwd_variant()) {
-      case 0: return int(launch_one<WsTraits<BM, BN, D, kBf16, 0>, Kind::kWs>(p, stream));
-      case 1: return int(launch_one<WsTraits<BM, BN, D, kBf16, 1>, Kind::kWs>(p, stream));
-      case 2: return int(launch_one<WsTraits<BM, BN, D, kBf16, 2>, Kind::kWs>(p, stream));
-      default: return int(cudaErrorInvalidValue);  // not reached: fwd_variant() throws
-    }
-  }
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
