@@ -205,22 +205,15 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s
   else
     launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
-// TEMPORARY (an A/B in one process): SPATTN_BWD_VARIANT=old runs the warp-specialized kernels' previous step
-// (tile_bwd_ws_kernel's kOld), read at every launch.
-bool bwd_variant_old() {
-  const char* e = std::getenv("SPATTN_BWD_VARIANT");
-  return e != nullptr && std::string(e) == "old";
-}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
-  launch_three<Tr, D / 2>(bwd_variant_old() ? bwd::tile_bwd_ws_kernel<Tr, true> : bwd::tile_bwd_ws_kernel<Tr>, p, s);
+  launch_three<Tr, D / 2>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  launch_three<Tr, Tr::kDQ>(bwd_variant_old() ? bwd::tile_bwd_ws_kernel<Tr, true> : bwd::tile_bwd_ws_kernel<Tr>, p,
-                            s);
+  launch_three<Tr, Tr::kDQ>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
