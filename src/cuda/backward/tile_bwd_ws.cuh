@@ -13,7 +13,7 @@
 //                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV, dK by RS wgmma, dS^T through a
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
 //                 dQ = dS K (this warpgroup's D/2 columns), staged for the writer in its register order
-//                 (detail::ws_acc_index; bwd_finish_kernel<..., D / 2> reads that order).
+//                 (detail::ws_acc_index; bwd_finish_grid_kernel<..., D / 2, ...> reads that order).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
