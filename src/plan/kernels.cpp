@@ -8,9 +8,7 @@ namespace spattn::plan {
 
 StridedVariant strided_variant() {
   const char* e = std::getenv("SPATTN_STRIDED_VARIANT");
-  if (e == nullptr) return StridedVariant::standard;
-  if (std::strcmp(e, "old") == 0) return StridedVariant::old;
-  return std::strcmp(e, "items") == 0 ? StridedVariant::items : StridedVariant::standard;
+  return e != nullptr && std::strcmp(e, "items") == 0 ? StridedVariant::items : StridedVariant::standard;
 }
 
 int find_kernel(const char* name) {

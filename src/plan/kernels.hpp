@@ -61,15 +61,10 @@ constexpr double predicted_cost(const KernelConfig& c, double full, double parti
   return (full + partial * c.partial_cost + items * c.item_cost) * tile_scores * c.full_cost;
 }
 
-// Issue 42's switch, SPATTN_STRIDED_VARIANT in the environment, read at every call (an A/B in one process for what is
-// read at launch; the planner's part at make_plan): "old" as before it; unset (or any other value) the default: plans
-// grouped by residue on the 64x64 cp.async row at D = 64 run four CTAs an SM (cuda/fused/fused_fwd.cuh,
-// Traits::kGathered), a compound plan's affine part merges into the band part's rows in its epilogue
-// (FusedParams::merge_out), and the forward's residue groups of 32 tokens or fewer may be grouped coarser
-// (plan/gpu/choice.cpp, coarser_groups); "items" all that and the planner's shape of a residue permutation chosen
-// with gather_item_cost (changes D = 128 choices only, 128x128 -> 64x64 where items are short: not the default
-// until measured).
-enum class StridedVariant { old, standard, items };
+// Issue 42's switch, SPATTN_STRIDED_VARIANT in the environment, read at every call (at make_plan): "items" the
+// planner's shape of a residue permutation chosen with gather_item_cost (changes D = 128 choices only, 128x128 ->
+// 64x64 where items are short: not the default until measured); unset (or any other value) the default.
+enum class StridedVariant { standard, items };
 StridedVariant strided_variant();
 
 // A work item's own cost on the sm_90a cp.async rows where its rows are gathered by residue (perm_d > 1), in the units

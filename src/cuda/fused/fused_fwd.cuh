@@ -35,7 +35,7 @@ namespace spattn::cuda::fused {
 // cost the 64x64 kernel 128 -> 164 registers in one instantiation for both).
 // kGathered_: the affine instantiation for plans grouped by residue (perm_d > 1) run four CTAs an SM (the 64x64 one
 // at D = 64 on sm_90a; issue 42: their items are short, 1-3 tiles, and wait on their gathered Q and first K/V, which
-// a fourth CTA overlaps; launch_row, SPATTN_STRIDED_VARIANT). The code is the affine instantiation's.
+// a fourth CTA overlaps; launch_row). The code is the affine instantiation's.
 template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_, bool kMapped_ = false, bool kGathered_ = false>
 struct Traits {
   static constexpr int BM = BM_, BN = BN_, D = D_;

@@ -65,9 +65,8 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
       return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, false, kSm90, true>>(p, stream));
     }
     if constexpr (kSm90 && c.block_m == 64 && c.block_n == 64 && c.head_dim == 64) {
-      // Grouped by residue: four CTAs an SM (Traits::kGathered; SPATTN_STRIDED_VARIANT=old, read at every launch of
-      // such a plan: three, as before).
-      if (p.kernel.perm_d > 1 && plan::strided_variant() != plan::StridedVariant::old) {
+      // Grouped by residue: four CTAs an SM (Traits::kGathered).
+      if (p.kernel.perm_d > 1) {
         if (p.bf16) return int(launch_one<Traits<64, 64, 64, true, true, false, true>>(p, stream));
         return int(launch_one<Traits<64, 64, 64, false, true, false, true>>(p, stream));
       }

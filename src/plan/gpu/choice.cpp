@@ -18,8 +18,7 @@ double base_cost(const Candidate& c) { return c.cost - c.gathered; }
 // L = 16384: 512 groups of 32, one 64x64 tile each, 12% of it kept). A coarser grouping, d / 2^j for the least j
 // whose groups hold more than 32 tokens, puts 2^j of them in one group (token t at position t / (d / 2^j)): its tiles
 // are not bands but bitmasks, and there are about 2^-j as many (the pattern's keys of a row stay in its group, since
-// d / 2^j divides d). A candidate more of the forward's (issue 42; SPATTN_STRIDED_VARIANT=old: none); 0 where none
-// applies.
+// d / 2^j divides d). A candidate more of the forward's (issue 42); 0 where none applies.
 int coarser_groups(int d, int64_t lq) {
   if (d < 2 || ceil_div(lq, d) > 32) return 0;
   for (int c = d; c % 2 == 0;) {
@@ -95,7 +94,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     perms = {1};
     if (d > 1) perms.push_back(d);
     // Not where a shape is forced (the backward's plans, backward_tiles: their kernels' items differ; tests).
-    if (const int c = coarser_groups(d, pat.q_len()); c > 1 && !forced && strided_variant() != StridedVariant::old)
+    if (const int c = coarser_groups(d, pat.q_len()); c > 1 && !forced)
       perms.push_back(c);
   }
   // Band rows on the TMA kernel's device: the band kernel multiplies 64-row slabs over 64-key chunks, so the tile's
