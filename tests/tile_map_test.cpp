@@ -675,38 +675,6 @@ TEST(AffineParts, CoarserGroupsWhereGroupsAreShort) {
   }
 }
 
-// Issue 42's "items" variant (SPATTN_STRIDED_VARIANT=items: the shape of a residue permutation chosen with its gathered
-// items' own cost, plan/kernels.hpp, gather_item_cost): the same permutation as the default, 64-row query tiles where
-// the fit prices 128-row items above the tiles they save (head dim 128, short items; head dim 64 kept), every plan
-// keeping exactly its pattern's pairs; the default's plans stay those before it (LaunchDecision.SameAsBeforeTheMove).
-TEST(AffineParts, ItemsVariantKeepsThePermutationAndCovers) {
-  struct Case {
-    const char* spec;
-    int64_t len, d;
-    int items_bm, default_bm;  // the query tile height chosen with "items" and by default
-  };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  for (const Case& c : {Case{"stride(64) & causal", 16384, 128, 64, 128},  // 128 items of 1.5 tiles -> 256 of 2.5
-                        Case{"dilated(64, 32)", 4096, 128, 64, 128},        // groups of 128: two items of 2 tiles
-                        Case{"stride(128) & causal", 4099, 128, 64, 64}, Case{"stride(64) & causal", 4096, 64, 64, 64}}) {
-    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.len) + ", D " + std::to_string(c.d));
-    const BoundPattern pat = spattn::parse(c.spec).bind(c.len);
-    const auto an = spattn::plan::analyze(pat);
-    unsetenv("SPATTN_STRIDED_VARIANT");
-    const BlockPlan def = spattn::plan::choose_block_plan(pat, an, c.d, 0, 0, -1, true);
-    setenv("SPATTN_STRIDED_VARIANT", "items", 1);
-    const BlockPlan items = spattn::plan::choose_block_plan(pat, an, c.d, 0, 0, -1, true);
-    unsetenv("SPATTN_STRIDED_VARIANT");
-    EXPECT_GT(def.perm_d, 1) << def.describe();
-    EXPECT_EQ(items.perm_d, def.perm_d) << items.describe();
-    EXPECT_EQ(def.block_m, c.default_bm) << def.describe();
-    EXPECT_EQ(items.block_m, c.items_bm) << items.describe();
-    expect_covers(pat, items);
-  }
-  if (before) setenv("SPATTN_STRIDED_VARIANT", saved.c_str(), 1);
-}
-
 // The backward's plans of issue 42's cases, as an H200 makes them (plan::backward_parts, backward_row, backward_tiles;
 // BackwardGpu.StridedPastSixteen runs the same cases on the device): sparse_strided by parts, its affine part (the
 // part the backward once dropped) and the stride and dilated terms grouped by residue past 16 on the 64-query tiles

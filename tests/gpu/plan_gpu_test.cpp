@@ -337,10 +337,8 @@ TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
 // (cuda/fused/fused_fwd.cuh, Traits::kGathered: a launch failure there shows here) and a compound plan's affine part
 // merges into the band part's O and LSE in its epilogue (FusedParams::merge_out; on the 64-row and the two-warpgroup
 // 128x128 kernels), against the reference (outputs poisoned with NaN first: a row the merge leaves unwritten fails).
-// "items" (SPATTN_STRIDED_VARIANT, plan/kernels.hpp: the planner's shape choice with gather_item_cost) is read at
-// make_plan: a plan made under it too (stride(64) & causal at D = 128: 64x64 there, 128x128 by default). Residue
-// groups unequal.
-TEST(PlanGpu, StridedVariantsMatchReference) {
+// Residue groups unequal.
+TEST(PlanGpu, StridedPlansMatchReference) {
   REQUIRE_GPU();
   struct C {
     const char* spec;
@@ -354,25 +352,16 @@ TEST(PlanGpu, StridedVariantsMatchReference) {
       {"sparse_strided(128)", 10001, 128, DType::f16},  // on 128x128 perm_d 128, merged by two warpgroups
       {"stride(64) & causal", 5000, 128, DType::f16},
   };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  auto set = [](const char* v) { v ? setenv("SPATTN_STRIDED_VARIANT", v, 1) : unsetenv("SPATTN_STRIDED_VARIANT"); };
   for (const C& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
     const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
-    set(nullptr);
     const spattn::Plan plan = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
     if (on_sm90a())
       EXPECT_NE(plan.explain().find(c.D == 64 ? "sm90_cp_64x64_d64" : "sm90_cp_"), std::string::npos) << plan.explain();
     double lse_err = 0;
     EXPECT_LE(run_vs_reference(plan, pats, c.dt, 17, &lse_err), 1e-2) << plan.explain();
     EXPECT_LE(lse_err, 2e-2) << plan.explain();
-    set("items");
-    const spattn::Plan items = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
-    EXPECT_LE(run_vs_reference(items, pats, c.dt, 19, &lse_err), 1e-2) << items.explain();
-    EXPECT_LE(lse_err, 2e-2) << items.explain();
   }
-  set(before ? saved.c_str() : nullptr);
 }
 
 // The affine part's epilogue merge (FusedParams::merge_out) on what the square, contiguous cases above leave out: Lq
