@@ -21,12 +21,12 @@ it measured; --resume JSON continues such a run (its rows kept, its cases skippe
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
 
---env-ab VAR=VALUE (issue 42's SPATTN_STRIDED_VARIANT=old or =items): also a second plan of each case made with VAR set
+--env-ab VAR=VALUE (an environment switch, e.g. SPATTN_HEAD_SECTION=0): also a second plan of each case made with VAR set
 to VALUE, its forward timed against the first's (VAR unset) in alternation, VAR set around each call and each graph
 capture (what the library reads at launch and at make_plan both apply); the row's "env_ab": both times, the speed of
 the default over the variant's, the variant's error against the same reference and its kernels.
 
-  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_STRIDED_VARIANT=old
+  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_HEAD_SECTION=0
 """
 import argparse
 import datetime

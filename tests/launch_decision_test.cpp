@@ -133,35 +133,25 @@ TEST(LaunchDecision, AffinePartsAtAnyStride) {
     int compound;
     bool affine;
     int perm;
-    int old = 0;  // the permutation under SPATTN_STRIDED_VARIANT=old (0: perm)
   } const cases[] = {
       // Groups of at most 32 tokens grouped coarser (choose_block_plan, coarser_groups; issue 42): 2 or 4 residues
-      // of the lattice a group, bitmask tiles, half or a quarter of the items (SPATTN_STRIDED_VARIANT=old: d itself).
-      {"sparse_strided(256)", 4099, 64, -1, true, 128, 256},
-      {"sparse_strided(128)", 3001, 128, 1, true, 64, 128},
-      {"sparse_strided(512)", 9001, 64, 1, true, 256, 512},
-      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, 1, true, 128, 256},
+      // of the lattice a group, bitmask tiles, half or a quarter of the items.
+      {"sparse_strided(256)", 4099, 64, -1, true, 128},
+      {"sparse_strided(128)", 3001, 128, 1, true, 64},
+      {"sparse_strided(512)", 9001, 64, 1, true, 256},
+      {"local(left=300, right=0) | (stride(256) & causal)", 4099, 128, 1, true, 128},
       {"stride(64) & causal", 5000, 128, -1, false, 64},
       {"dilated(64, 32)", 4097, 64, -1, false, 32},
       {"dilated(9, 100) & causal", 3333, 64, -1, false, 100},
       {"sparse_strided(128)", 16384, 64, -1, true, 128},
       {"sparse_strided(256)", 16384, 128, -1, true, 256},
-      {"sparse_strided(512)", 16384, 64, -1, true, 256, 512},  // 512 groups of 32 -> 256 of 64
+      {"sparse_strided(512)", 16384, 64, -1, true, 256},  // 512 groups of 32 -> 256 of 64
       {"sparse_strided(128)", 65536, 128, -1, true, 128},
       {"sparse_strided(256)", 65536, 64, -1, true, 256},
       {"sparse_strided(512)", 65536, 128, -1, true, 512},
   };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  for (const bool old : {false, true})
   for (const C& c : cases) {
-    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D) + (old ? ", old" : ""));
-    if (old) {
-      ::setenv("SPATTN_STRIDED_VARIANT", "old", 1);
-    } else {
-      ::unsetenv("SPATTN_STRIDED_VARIANT");
-    }
-    const int perm = old && c.old ? c.old : c.perm;
+    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
     const BoundPattern pat = parse(c.spec).bind(c.L, c.L);
     PlanOptions o;
     o.compound = c.compound;
@@ -172,14 +162,9 @@ TEST(LaunchDecision, AffinePartsAtAnyStride) {
       EXPECT_EQ(d.split.parts[1].kind, PartKind::affine);
       EXPECT_TRUE(d.launches[0]->tiles.band) << "the band part on the band kernel: " << d.launches[0]->why;
     }
-    EXPECT_EQ(d.launches[i]->tiles.perm_d, perm) << d.launches[i]->tiles.describe();
-    EXPECT_NE(d.launches[i]->why.find("residue permutation " + std::to_string(perm) + " "), std::string::npos)
+    EXPECT_EQ(d.launches[i]->tiles.perm_d, c.perm) << d.launches[i]->tiles.describe();
+    EXPECT_NE(d.launches[i]->why.find("residue permutation " + std::to_string(c.perm) + " "), std::string::npos)
         << d.launches[i]->why;
-  }
-  if (before) {
-    ::setenv("SPATTN_STRIDED_VARIANT", saved.c_str(), 1);
-  } else {
-    ::unsetenv("SPATTN_STRIDED_VARIANT");
   }
 }
 

@@ -654,64 +654,25 @@ TEST(AffineParts, SplitPartsPlannedByResidueCoverTheirPairs) {
 
 // Residue groups of 32 tokens or fewer grouped coarser (issue 42; choose_block_plan's coarser_groups): d / 2^j, the
 // least j whose groups hold more than 32 tokens, chosen by the cost model over d's half-empty tiles, its plans'
-// bitmask tiles keeping exactly the pattern's pairs; not under SPATTN_STRIDED_VARIANT=old, nor where a shape is forced
-// (the backward's plans): d or the identity there, by cost.
+// bitmask tiles keeping exactly the pattern's pairs; not where a shape is forced (the backward's plans): d or the
+// identity there, by cost.
 TEST(AffineParts, CoarserGroupsWhereGroupsAreShort) {
   struct Case {
     const char* spec;
     int64_t lq, lk, d, coarse;
   };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
   for (const Case& c : {Case{"stride(512) & causal", 9001, 9001, 512, 256}, Case{"dilated(5, 300) & causal", 2500, 2500, 300, 75},
                         Case{"stride(256) & causal", 4099, 4099, 256, 128}, Case{"stride(512) & causal", 16384, 16384, 512, 256}}) {
     SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.lq) + "x" + std::to_string(c.lk));
     const BoundPattern pat = bind_rect(c.spec, c.lq, c.lk);
     const auto an = spattn::plan::analyze(pat);
     ASSERT_EQ(an.permutation(spattn::plan::kMaxGpuPermutation), c.d);
-    unsetenv("SPATTN_STRIDED_VARIANT");
     const BlockPlan p = spattn::plan::choose_block_plan(pat, an, 64, 0, 0, -1, true);
     EXPECT_EQ(p.perm_d, c.coarse) << p.describe();
     EXPECT_GT(p.n_bitmask, 0) << p.describe();
     expect_covers(pat, p);
     EXPECT_NE(spattn::plan::choose_block_plan(pat, an, 64, 64, 64, -1, true).perm_d, c.coarse) << "a forced shape";
-    setenv("SPATTN_STRIDED_VARIANT", "old", 1);
-    EXPECT_NE(spattn::plan::choose_block_plan(pat, an, 64, 0, 0, -1, true).perm_d, c.coarse) << "old";
-    unsetenv("SPATTN_STRIDED_VARIANT");
   }
-  if (before) setenv("SPATTN_STRIDED_VARIANT", saved.c_str(), 1);
-}
-
-// Issue 42's "items" variant (SPATTN_STRIDED_VARIANT=items: the shape of a residue permutation chosen with its gathered
-// items' own cost, plan/kernels.hpp, gather_item_cost): the same permutation as the default, 64-row query tiles where
-// the fit prices 128-row items above the tiles they save (head dim 128, short items; head dim 64 kept), every plan
-// keeping exactly its pattern's pairs; the default's plans stay those before it (LaunchDecision.SameAsBeforeTheMove).
-TEST(AffineParts, ItemsVariantKeepsThePermutationAndCovers) {
-  struct Case {
-    const char* spec;
-    int64_t len, d;
-    int items_bm, default_bm;  // the query tile height chosen with "items" and by default
-  };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  for (const Case& c : {Case{"stride(64) & causal", 16384, 128, 64, 128},  // 128 items of 1.5 tiles -> 256 of 2.5
-                        Case{"dilated(64, 32)", 4096, 128, 64, 128},        // groups of 128: two items of 2 tiles
-                        Case{"stride(128) & causal", 4099, 128, 64, 64}, Case{"stride(64) & causal", 4096, 64, 64, 64}}) {
-    SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.len) + ", D " + std::to_string(c.d));
-    const BoundPattern pat = spattn::parse(c.spec).bind(c.len);
-    const auto an = spattn::plan::analyze(pat);
-    unsetenv("SPATTN_STRIDED_VARIANT");
-    const BlockPlan def = spattn::plan::choose_block_plan(pat, an, c.d, 0, 0, -1, true);
-    setenv("SPATTN_STRIDED_VARIANT", "items", 1);
-    const BlockPlan items = spattn::plan::choose_block_plan(pat, an, c.d, 0, 0, -1, true);
-    unsetenv("SPATTN_STRIDED_VARIANT");
-    EXPECT_GT(def.perm_d, 1) << def.describe();
-    EXPECT_EQ(items.perm_d, def.perm_d) << items.describe();
-    EXPECT_EQ(def.block_m, c.default_bm) << def.describe();
-    EXPECT_EQ(items.block_m, c.items_bm) << items.describe();
-    expect_covers(pat, items);
-  }
-  if (before) setenv("SPATTN_STRIDED_VARIANT", saved.c_str(), 1);
 }
 
 // The backward's plans of issue 42's cases, as an H200 makes them (plan::backward_parts, backward_row, backward_tiles;

@@ -3,8 +3,8 @@
 #   1. host checks of the plans (parts_test: the backward's parts keep the affine part; tile_map_test AffineParts: the
 #      forward's and the backward's residue-grouped plans past stride 16 cover their patterns);
 #   2. the GPU tests against the fp64 reference: PlanGpu.AffinePartsAtAnyStrideMatchReference (the forward),
-#      PlanGpu.StridedVariantsMatchReference (SPATTN_STRIDED_VARIANT's default, "old" and "items": the affine part merged
-#      in its epilogue, four CTAs for residue-grouped 64x64 tiles at D = 64),
+#      PlanGpu.StridedPlansMatchReference (the affine part merged in its epilogue, four CTAs for residue-grouped
+#      64x64 tiles at D = 64),
 #      PlanGpu.StridedMergeOnViewsAndUnequalLengths (the merge at Lq != Lk, [B, H, L, D] views, a padded LSE, per-head
 #      patterns) and all
 #      of backward_gpu_test (BackwardGpu.StridedPastSixteen: sparse_strided by parts, its affine part on the tile
@@ -18,9 +18,9 @@
 # Logs go to OUTDIR (else $SPATTN_OUT, else ./out). Builds what it runs into build-str/ (GoogleTest from .gtest/ where
 # the machine has none). No bench case starts past STRIDED_BUDGET_S (default 330) seconds into the script, build
 # included. STRIDED_MEMCHECK=1 adds compute-sanitizer memcheck on the strided backward test; STRIDED_SKIP_TESTS=1
-# skips 1 and 2 (and memcheck); STRIDED_BENCH_ARGS adds bench arguments (an A/B against the variant before issue 42's
-# forward changes: STRIDED_BENCH_ARGS="--env-ab SPATTN_STRIDED_VARIANT=old"; a second call for what the
-# budget left: STRIDED_SKIP_TESTS=1 STRIDED_BENCH_ARGS="--resume <the first call's strided.json, put in the tree>");
+# skips 1 and 2 (and memcheck); STRIDED_BENCH_ARGS adds bench arguments (an A/B against an environment switch:
+# STRIDED_BENCH_ARGS="--env-ab VAR=VALUE"; a second call for what the budget left:
+# STRIDED_SKIP_TESTS=1 STRIDED_BENCH_ARGS="--resume <the first call's strided.json, put in the tree>");
 # SPATTN_COMMIT names the commit in the baseline's meta block (the device copy has no .git).
 set -uo pipefail
 unset CXX CC CUDAHOSTCXX  # the system compiler: the bench dlopens the library into PyTorch (see scripts/gpu_check.sh)
@@ -37,7 +37,7 @@ if [ "${STRIDED_SKIP_TESTS:-0}" != 1 ]; then
   timeout 120 "$T/parts_test" --gtest_filter='Parts.BackwardParts*' >"$OUTD/str_parts_test.log" 2>&1 || fail "parts_test"
   timeout 120 "$T/tile_map_test" --gtest_filter='AffineParts.*' >"$OUTD/str_tile_map_test.log" 2>&1 || fail "tile_map_test"
   echo "== strided: GPU tests ($(elapsed))"
-  timeout 240 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference:PlanGpu.StridedVariantsMatchReference:PlanGpu.StridedMergeOnViewsAndUnequalLengths' \
+  timeout 240 "$T/plan_gpu_test" --gtest_filter='PlanGpu.AffinePartsAtAnyStrideMatchReference:PlanGpu.StridedPlansMatchReference:PlanGpu.StridedMergeOnViewsAndUnequalLengths' \
     >"$OUTD/str_plan_gpu_test.log" 2>&1 || fail "plan_gpu_test"
   timeout 240 "$T/backward_gpu_test" >"$OUTD/str_backward_gpu_test.log" 2>&1 || fail "backward_gpu_test"
   for t in parts tile_map plan_gpu backward_gpu; do

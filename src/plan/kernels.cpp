@@ -1,17 +1,9 @@
 // plan/kernels.cpp — name lookups in the kernel table (plan/kernels.hpp).
 #include "plan/kernels.hpp"
 
-#include <cstdlib>
 #include <cstring>
 
 namespace spattn::plan {
-
-StridedVariant strided_variant() {
-  const char* e = std::getenv("SPATTN_STRIDED_VARIANT");
-  if (e == nullptr) return StridedVariant::standard;
-  if (std::strcmp(e, "old") == 0) return StridedVariant::old;
-  return std::strcmp(e, "items") == 0 ? StridedVariant::items : StridedVariant::standard;
-}
 
 int find_kernel(const char* name) {
   for (int i = 0; i < kNumKernels; ++i)

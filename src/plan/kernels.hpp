@@ -61,32 +61,6 @@ constexpr double predicted_cost(const KernelConfig& c, double full, double parti
   return (full + partial * c.partial_cost + items * c.item_cost) * tile_scores * c.full_cost;
 }
 
-// Issue 42's switch, SPATTN_STRIDED_VARIANT in the environment, read at every call (an A/B in one process for what is
-// read at launch; the planner's part at make_plan): "old" as before it; unset (or any other value) the default: plans
-// grouped by residue on the 64x64 cp.async row at D = 64 run four CTAs an SM (cuda/fused/fused_fwd.cuh,
-// Traits::kGathered), a compound plan's affine part merges into the band part's rows in its epilogue
-// (FusedParams::merge_out), and the forward's residue groups of 32 tokens or fewer may be grouped coarser
-// (plan/gpu/choice.cpp, coarser_groups); "items" all that and the planner's shape of a residue permutation chosen
-// with gather_item_cost (changes D = 128 choices only, 128x128 -> 64x64 where items are short: not the default
-// until measured).
-enum class StridedVariant { old, standard, items };
-StridedVariant strided_variant();
-
-// A work item's own cost on the sm_90a cp.async rows where its rows are gathered by residue (perm_d > 1), in the units
-// of predicted_cost (a row's tile terms; one CTA an item: the gathered Q load, the first K/V wait, the O and LSE
-// stores overlap no other item's tiles). Fitted to issue 42's H200 baseline (bench/baselines/h200-strided.json,
-// commit d392415; the one-part cases, their items' time a SM = a x (tile units + this)): D = 64, 64x64 and 64x128
-// rows together (stride(64) & causal and dilated(64, 32): 2.85, 2.92, 2.95 us an item of 12.6k, 14.1k, 15.1k units,
-// 4.75 us at 37.7k): 1.9 us, 25k units, 2-3x a short item's tiles; 128x128 not measured, twice that (as the D = 128
-// rows' ratio, 2.8, suggests, rounded down). D = 128: 128x128 (9.83 us at 31.5k, 16.3 us at 90.4k) 6.4 us, 58.5k;
-// 64x64 (4.74 us at 22.5k and 24.1k, the 128x128 row's slope) 20.9k. Priced only in the "items" variant, and there
-// only among one permutation's shapes (Candidate::gathered): unpermuted rows were not measured so.
-constexpr double gather_item_cost(const KernelConfig& c) {
-  if (c.kind != KernelKind::sm90_cp) return 0;  // measured there only
-  if (c.head_dim == 128) return c.block_m >= 128 ? 58500 : 20900;
-  return c.block_m >= 128 ? 50000 : 25000;
-}
-
 inline constexpr KernelConfig kKernels[] = {
     {"cpu_fused", Engine::cpu_fused, KernelKind::cpu_tiles, 0, 0, 0, kF32 | kF16 | kBF16, 0, 0},
     // sm_80 mma.sync (kernels_sm80.cu); same shapes and costs as the sm_90a cp.async rows

@@ -81,10 +81,7 @@ std::optional<std::vector<Part>> affine_split(const BoundPattern& pattern, const
   auto floor_div = [](int64_t a, int64_t n) { return a >= 0 ? a / n : -((-a + n - 1) / n); };
   auto best_cost = [&](const BoundPattern& p, const Analysis& an) {
     double b = std::numeric_limits<double>::infinity();
-    // Without the gathered items' own cost: the union's unpermuted candidates are priced without theirs (issue 42's
-    // fit, plan/kernels.hpp, gather_item_cost, measured permuted items only), and the split's choices stay those
-    // measured in bench/baselines/h200-strided.json.
-    for (const ShapeCost& c : block_shape_costs(p, an, target.head_dim, target.tma, 0)) b = std::min(b, c.cost - c.gathered);
+    for (const ShapeCost& c : block_shape_costs(p, an, target.head_dim, target.tma, 0)) b = std::min(b, c.cost);
     return b;
   };
   for (size_t i = 0; i < tiles.size(); ++i) {

@@ -333,59 +333,42 @@ TEST(PlanGpu, AffinePartsAtAnyStrideMatchReference) {
   }
 }
 
-// Issue 42's switch (SPATTN_STRIDED_VARIANT, plan/kernels.hpp), read at every launch: by default plans grouped by
-// residue on the 64x64 cp.async row at D = 64 run four CTAs an SM (cuda/fused/fused_fwd.cuh, Traits::kGathered: a
-// launch failure there shows here) and a compound plan's affine part merges into the band part's O and LSE in its
-// epilogue (FusedParams::merge_out; on the 64-row and the two-warpgroup 128x128 kernels); "old" three CTAs and the
-// merge kernel. One plan run under both against the reference (outputs poisoned with NaN first: a row the merge
-// leaves unwritten fails). "items" (the planner's shape choice with gather_item_cost) is read at make_plan: a plan
-// made under it too (stride(64) & causal at D = 128: 64x64 there, 128x128 by default). Residue groups unequal.
-TEST(PlanGpu, StridedVariantsMatchReference) {
+// Issue 42's forward: plans grouped by residue on the 64x64 cp.async row at D = 64 run four CTAs an SM
+// (cuda/fused/fused_fwd.cuh, Traits::kGathered: a launch failure there shows here) and a compound plan's affine part
+// merges into the band part's O and LSE in its epilogue (FusedParams::merge_out; on the 64-row and the two-warpgroup
+// 128x128 kernels), against the reference (outputs poisoned with NaN first: a row the merge leaves unwritten fails).
+// Residue groups unequal.
+TEST(PlanGpu, StridedPlansMatchReference) {
   REQUIRE_GPU();
   struct C {
     const char* spec;
     int64_t L, D;
     DType dt;
   } const cases[] = {
-      {"sparse_strided(256)", 4099, 64, DType::bf16},   // the affine part on 64x64 perm_d 128 (256 under "old"), merged
+      {"sparse_strided(256)", 4099, 64, DType::bf16},   // the affine part on 64x64 perm_d 128, merged
       {"dilated(64, 32)", 6001, 64, DType::f16},        // one list, 64x64 perm_d 32
       {"stride(64) & causal", 5001, 64, DType::bf16},   // 64x64 perm_d 64
       {"sparse_strided(128)", 3001, 128, DType::bf16},  // the affine part on 64x64 perm_d 128 (D = 128), merged
       {"sparse_strided(128)", 10001, 128, DType::f16},  // on 128x128 perm_d 128, merged by two warpgroups
       {"stride(64) & causal", 5000, 128, DType::f16},
   };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  auto set = [](const char* v) { v ? setenv("SPATTN_STRIDED_VARIANT", v, 1) : unsetenv("SPATTN_STRIDED_VARIANT"); };
   for (const C& c : cases) {
     SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.L) + ", D " + std::to_string(c.D));
     const std::vector<spattn::Pattern> pats{spattn::parse(c.spec)};
-    set(nullptr);
     const spattn::Plan plan = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
     if (on_sm90a())
       EXPECT_NE(plan.explain().find(c.D == 64 ? "sm90_cp_64x64_d64" : "sm90_cp_"), std::string::npos) << plan.explain();
-    for (const char* v : {static_cast<const char*>(nullptr), "old"}) {
-      SCOPED_TRACE(v ? v : "default");
-      set(v);
-      double lse_err = 0;
-      EXPECT_LE(run_vs_reference(plan, pats, c.dt, 17, &lse_err), 1e-2) << plan.explain();
-      EXPECT_LE(lse_err, 2e-2) << plan.explain();
-    }
-    set("items");
-    const spattn::Plan items = spattn::make_plan(pats, problem(1, 4, 2, c.L, c.D, c.dt), spattn::Device::cuda(0));
     double lse_err = 0;
-    EXPECT_LE(run_vs_reference(items, pats, c.dt, 19, &lse_err), 1e-2) << items.explain();
-    EXPECT_LE(lse_err, 2e-2) << items.explain();
+    EXPECT_LE(run_vs_reference(plan, pats, c.dt, 17, &lse_err), 1e-2) << plan.explain();
+    EXPECT_LE(lse_err, 2e-2) << plan.explain();
   }
-  set(before ? saved.c_str() : nullptr);
 }
 
 // The affine part's epilogue merge (FusedParams::merge_out) on what the square, contiguous cases above leave out: Lq
 // above Lk (sparse_strided(256)'s band keeps no key of rows past Lk + 255, the affine part's rows there merge into
 // empty rows: lse -inf), Lq below Lk, [B, H, L, D] views, GQA, batch 2, an LSE whose head stride is padded past Lq
 // (the padding, poisoned, must stay as it was: a write past a head's Lq rows lands there), per-head patterns (each
-// head's compound plan on views of one head, the LSE a narrowed view). Under the default and "old" (the merge
-// kernel), both against the reference.
+// head's compound plan on views of one head, the LSE a narrowed view), against the reference.
 TEST(PlanGpu, StridedMergeOnViewsAndUnequalLengths) {
   REQUIRE_GPU();
   struct C {
@@ -400,9 +383,6 @@ TEST(PlanGpu, StridedMergeOnViewsAndUnequalLengths) {
       {{"sparse_strided(128)"}, 1, 2, 2, 3001, 3001, 128, DType::bf16, true, 0},
       {{"sparse_strided(256)", "sparse_strided(512)"}, 2, 2, 2, 9001, 9001, 64, DType::bf16, false, 7},
   };
-  const char* before = std::getenv("SPATTN_STRIDED_VARIANT");
-  const std::string saved = before ? before : "";
-  auto set = [](const char* v) { v ? setenv("SPATTN_STRIDED_VARIANT", v, 1) : unsetenv("SPATTN_STRIDED_VARIANT"); };
   for (const C& c : cases) {
     SCOPED_TRACE(std::string(c.specs[0]) + (c.specs.size() > 1 ? " (per head)" : "") + " at " + std::to_string(c.Lq) +
                  "x" + std::to_string(c.Lk) + ", D " + std::to_string(c.D));
@@ -411,7 +391,6 @@ TEST(PlanGpu, StridedMergeOnViewsAndUnequalLengths) {
     spattn::Problem pr;
     pr.batch = c.B, pr.q_heads = c.H, pr.kv_heads = c.HK, pr.q_len = c.Lq, pr.kv_len = c.Lk, pr.head_dim = c.D;
     pr.dtype = c.dt;
-    set(nullptr);
     const spattn::Plan plan = spattn::make_plan(pats, pr, spattn::Device::cuda(0));
     const std::string ex = plan.explain();
     EXPECT_NE(ex.find("affine ["), std::string::npos) << ex;
@@ -450,52 +429,44 @@ TEST(PlanGpu, StridedMergeOnViewsAndUnequalLengths) {
     spattn::make_plan(pats, pr, spattn::Device::cpu(), ref)
         .forward(tq, tk, tv, TensorView::contiguous(ro.data(), DType::f64, sq),
                  TensorView::contiguous(rl.data(), DType::f64, {c.B, c.H, c.Lq, 1}));
-    for (const char* var : {static_cast<const char*>(nullptr), "old"}) {
-      SCOPED_TRACE(var ? var : "default");
-      set(var);
-      // explain says what runs (read as the switch is now): the merge, and on sm_90a the 64x64 D = 64 affine part's
-      // four CTAs an SM.
-      const std::string now = plan.explain();
-      EXPECT_NE(now.find(var ? "merged by the merge kernel" : "merged into the rows before it in its kernel's epilogue"),
-                std::string::npos) << now;
-      if (on_sm90a() && c.D == 64) EXPECT_EQ(now.find("four CTAs an SM") != std::string::npos, var == nullptr) << now;
-      EXPECT_EQ(cudaMemset(o.p, 0xFF, hq.size()), cudaSuccess);  // NaN poison: an unwritten row fails
-      EXPECT_EQ(cudaMemset(lse.p, 0xFF, nl * 4), cudaSuccess);
-      plan.forward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o.p, sq), tl);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      std::vector<uint8_t> ho(hq.size());
-      std::vector<uint32_t> hl(nl);
-      EXPECT_EQ(cudaMemcpy(ho.data(), o.p, ho.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(hl.data(), lse.p, nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      const TensorView got = dev_view(ho.data(), sq);
-      double num = 0, den = 0, lse_err = 0;
-      int64_t pad_written = 0;
-      size_t i = 0;
-      for_each_index(sq, [&](int64_t a, int64_t l, int64_t x, int64_t d) {
-        const double e = got.load(a, l, x, d) - ro[i++];
-        num += e * e, den += ro[i - 1] * ro[i - 1];
-      });
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t h = 0; h < c.H; ++h)
-          for (int64_t r = 0; r < ls; ++r) {
-            const uint32_t bits = hl[size_t((b * c.H + h) * ls + r)];
-            if (r >= c.Lq) {
-              pad_written += bits != 0xFFFFFFFFu;
-              continue;
-            }
-            float g;
-            std::memcpy(&g, &bits, 4);
-            const double want = rl[size_t((b * c.H + h) * c.Lq + r)];
-            lse_err = std::max(lse_err, std::isinf(want) ? (double(g) == want ? 0.0 : INFINITY)
-                                        : std::isnan(g)  ? INFINITY
-                                                         : std::fabs(g - want));
+    // explain says what runs: the merge, and on sm_90a the 64x64 D = 64 affine part's four CTAs an SM.
+    EXPECT_NE(ex.find("merged into the rows before it in its kernel's epilogue"), std::string::npos) << ex;
+    if (on_sm90a() && c.D == 64) EXPECT_NE(ex.find("four CTAs an SM"), std::string::npos) << ex;
+    EXPECT_EQ(cudaMemset(o.p, 0xFF, hq.size()), cudaSuccess);  // NaN poison: an unwritten row fails
+    EXPECT_EQ(cudaMemset(lse.p, 0xFF, nl * 4), cudaSuccess);
+    plan.forward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), dev_view(o.p, sq), tl);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> ho(hq.size());
+    std::vector<uint32_t> hl(nl);
+    EXPECT_EQ(cudaMemcpy(ho.data(), o.p, ho.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(hl.data(), lse.p, nl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    const TensorView got = dev_view(ho.data(), sq);
+    double num = 0, den = 0, lse_err = 0;
+    int64_t pad_written = 0;
+    size_t i = 0;
+    for_each_index(sq, [&](int64_t a, int64_t l, int64_t x, int64_t d) {
+      const double e = got.load(a, l, x, d) - ro[i++];
+      num += e * e, den += ro[i - 1] * ro[i - 1];
+    });
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t r = 0; r < ls; ++r) {
+          const uint32_t bits = hl[size_t((b * c.H + h) * ls + r)];
+          if (r >= c.Lq) {
+            pad_written += bits != 0xFFFFFFFFu;
+            continue;
           }
-      EXPECT_LE(std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY, 1e-2) << ex;
-      EXPECT_LE(lse_err, 2e-2) << ex;
-      EXPECT_EQ(pad_written, 0) << "LSE padding past Lq written";
-    }
+          float g;
+          std::memcpy(&g, &bits, 4);
+          const double want = rl[size_t((b * c.H + h) * c.Lq + r)];
+          lse_err = std::max(lse_err, std::isinf(want) ? (double(g) == want ? 0.0 : INFINITY)
+                                      : std::isnan(g)  ? INFINITY
+                                                       : std::fabs(g - want));
+        }
+    EXPECT_LE(std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY, 1e-2) << ex;
+    EXPECT_LE(lse_err, 2e-2) << ex;
+    EXPECT_EQ(pad_written, 0) << "LSE padding past Lq written";
   }
-  set(before ? saved.c_str() : nullptr);
 }
 
 }  // namespace

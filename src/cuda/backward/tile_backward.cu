@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -107,15 +105,8 @@ std::string TileBackward::explain() const {
 }
 
 namespace {
-std::atomic<int64_t> g_prepfin[4];  // PrepFinCounts' fields, in order
+std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 
-// Temporary, for a same-process A/B on the GPU: SPATTN_BWD_PREPFIN=old (read at each launch) runs the old flat-grid
-// prep and finish kernels (bwd_prep_kernel, bwd_finish_kernel: 64-bit index math, 4-byte O and dq accesses) in place
-// of the per-head-grid ones. Remove with those kernels once the A/B is in.
-bool prepfin_old_asked() {
-  const char* e = std::getenv("SPATTN_BWD_PREPFIN");
-  return e && std::strcmp(e, "old") == 0;
-}
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
   return reinterpret_cast<uintptr_t>(data) % 16 == 0 && sb % 8 == 0 && sl % 8 == 0 && sh % 8 == 0;
@@ -148,7 +139,7 @@ void prepfin_grids(const bwd::BwdParams& p, F&& f) {
 // Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
 // warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major). Prep and finish: grids of
 // (plan-space rows, head, batch) (bwd_prep_grid_kernel, prepfin_grids), 16-byte O loads and dq stores where those rows
-// are 16-byte aligned; the old flat grid (bwd_prep_kernel) where the A/B asks for it.
+// are 16-byte aligned.
 template <class Tr, int kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
   using Elem = typename Tr::Elem;
@@ -159,36 +150,28 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   if (p.qp % 64 != 0)
     throw Error("backward: plan-space query rows " + std::to_string(p.qp) + " not whole 64-row tiles");
   const int64_t rows = int64_t(p.batch) * p.q_heads * p.qp;  // none: the tile kernel alone (dK, dV)
-  const bool old = prepfin_old_asked();
-  const bool o16 = !old && rows_16byte(p.o, p.o_sb, p.o_sl, p.o_sh);
-  const bool dq16 = !old && rows_16byte(p.dq, p.dq_sb, p.dq_sl, p.dq_sh);
-  ++g_prepfin[old ? 0 : 1], g_prepfin[2] += o16, g_prepfin[3] += dq16;
-  const unsigned flat = unsigned((rows * (D / 8) + NT - 1) / NT);
+  const bool o16 = rows_16byte(p.o, p.o_sb, p.o_sl, p.o_sh);
+  const bool dq16 = rows_16byte(p.dq, p.dq_sb, p.dq_sl, p.dq_sh);
+  ++g_prepfin[0], g_prepfin[1] += o16, g_prepfin[2] += dq16;
   if (rows > 0) {
-    if (old)
-      bwd::bwd_prep_kernel<Elem, B16, D><<<flat, NT, 0, s>>>(p);
-    else
-      prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
-        if (o16)
-          bwd::bwd_prep_grid_kernel<Elem, B16, D, true><<<grid, NT, 0, s>>>(c);
-        else
-          bwd::bwd_prep_grid_kernel<Elem, B16, D, false><<<grid, NT, 0, s>>>(c);
-      });
+    prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+      if (o16)
+        bwd::bwd_prep_grid_kernel<Elem, B16, D, true><<<grid, NT, 0, s>>>(c);
+      else
+        bwd::bwd_prep_grid_kernel<Elem, B16, D, false><<<grid, NT, 0, s>>>(c);
+    });
     SPATTN_LAUNCH_CHECK("backward prep");
   }
   const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
   if (rows > 0) {
-    if (old)
-      bwd::bwd_finish_kernel<Elem, B16, D, kWs><<<flat, NT, 0, s>>>(p);
-    else
-      prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
-        if (dq16)
-          bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, true><<<grid, NT, 0, s>>>(c);
-        else
-          bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, false><<<grid, NT, 0, s>>>(c);
-      });
+    prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+      if (dq16)
+        bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, true><<<grid, NT, 0, s>>>(c);
+      else
+        bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, false><<<grid, NT, 0, s>>>(c);
+    });
     SPATTN_LAUNCH_CHECK("backward finish");
   }
 }
@@ -205,22 +188,15 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s
   else
     launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
-// TEMPORARY (an A/B in one process): SPATTN_BWD_VARIANT=old runs the warp-specialized kernels' previous step
-// (tile_bwd_ws_kernel's kOld), read at every launch.
-bool bwd_variant_old() {
-  const char* e = std::getenv("SPATTN_BWD_VARIANT");
-  return e != nullptr && std::string(e) == "old";
-}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
-  launch_three<Tr, D / 2>(bwd_variant_old() ? bwd::tile_bwd_ws_kernel<Tr, true> : bwd::tile_bwd_ws_kernel<Tr>, p, s);
+  launch_three<Tr, D / 2>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  launch_three<Tr, Tr::kDQ>(bwd_variant_old() ? bwd::tile_bwd_ws_kernel<Tr, true> : bwd::tile_bwd_ws_kernel<Tr>, p,
-                            s);
+  launch_three<Tr, Tr::kDQ>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
@@ -332,7 +308,7 @@ int TileBackward::set_prepfin_grid_limit(int limit) {
 }
 
 TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
-  return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load(), g_prepfin[3].load()};
+  return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load()};
 }
 
 }  // namespace spattn::cuda

@@ -64,10 +64,10 @@ class TileBackward {
                     const TensorView& dq, const TensorView& dk, const TensorView& dv, void* stream, bool* tma,
                     bool dq_accumulate = false, bool dkv_accumulate = false);
 
-  // Temporary, for the SPATTN_BWD_PREPFIN=old A/B and its test: the prep / finish launches of this process so far,
-  // on the old flat grid, on the per-head grid, and of those with 16-byte O loads (prep) and dq stores (finish).
+  // For tests: the tile backward's launches in this process so far (each a prep, the tile kernel and a finish), and
+  // of those the ones with 16-byte O loads (prep) and dq stores (finish).
   struct PrepFinCounts {
-    int64_t old = 0, grid = 0, o16 = 0, dq16 = 0;
+    int64_t launches = 0, o16 = 0, dq16 = 0;
   };
   static PrepFinCounts prepfin_counts();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split

@@ -441,13 +441,12 @@ __device__ __forceinline__ void load8(const void* p, uint32_t (&u)[4]) {
   }
 }
 
-// Prep's work for one thread: 8 columns [c, c + 8) of plan-space row w (token tok of batch b, head h; `in`: the row
-// exists): delta's partial sum over dO o O, reduced over the row's D / 8 threads (one warp), then lse2 and delta
+// Prep's work for one thread: 8 columns [c, c + 8) of plan-space row w (token tok of batch b, head h): delta's partial sum over dO o O, reduced over the row's D / 8 threads (one warp), then lse2 and delta
 // (column 0's thread) and the accumulator's 8 floats zeroed (two 16-byte stores). dO by one 16-byte load (16-byte
 // aligned rows); O by one 16-byte load (kVec: its rows 16-byte aligned) or four 4-byte loads.
 template <class Elem, bool kBf16, int D, bool kVec>
-__device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, int h, int tok, bool in, int c) {
-  const bool real = in && tok < p.q_len;
+__device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, int h, int tok, int c) {
+  const bool real = tok < p.q_len;
   float s = 0.f;
   if (real) {
     const Elem* orow = static_cast<const Elem*>(p.o) + (b * p.o_sb + tok * p.o_sl + h * p.o_sh + c);
@@ -464,7 +463,6 @@ __device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, i
   }
 #pragma unroll
   for (int o = D / 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // within the row's threads
-  if (!in) return;
   if (c == 0) {
     float l2 = INFINITY;
     if (real) {
@@ -479,7 +477,7 @@ __device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, i
 }
 
 // Finish's work for one thread: dq[b, tok, h, c .. c + 8) = scale * the accumulator's (plan-space row w, r its row
-// in its 64-row tile; kWs as bwd_finish_kernel's), + what dq holds where p.dq_accumulate. kVec: dq's rows 16-byte
+// in its 64-row tile; kWs as bwd_finish_grid_kernel's), + what dq holds where p.dq_accumulate. kVec: dq's rows 16-byte
 // aligned, one 16-byte store (and load of the old dq), else four 4-byte ones.
 template <class Elem, bool kBf16, int D, int kWs, bool kVec>
 __device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int r, int b, int h, int tok, int c) {
@@ -532,7 +530,7 @@ __global__ void __launch_bounds__(kPfThreads) bwd_prep_grid_kernel(const BwdPara
   const int b = int(blockIdx.z), h = int(blockIdx.y);
   const int pos = int(blockIdx.x) * kPfRows<D> + int(threadIdx.x / TPR);
   const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
-  detail::prep_row<Elem, kBf16, D, kVec>(p, w, b, h, detail::plan_token(pos, p.perm_d, p.q_group), true,
+  detail::prep_row<Elem, kBf16, D, kVec>(p, w, b, h, detail::plan_token(pos, p.perm_d, p.q_group),
                                          int(threadIdx.x % TPR) * 8);
 }
 
@@ -548,34 +546,6 @@ __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdPa
   if (tok >= p.q_len) return;
   const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
   detail::finish_row<Elem, kBf16, D, kWs, kVec>(p, w, pos & 63, b, h, tok, int(threadIdx.x % TPR) * 8);
-}
-
-// Temporary, for a same-process A/B against the kernels above (SPATTN_BWD_PREPFIN=old, tile_backward.cu; also the
-// fallback where the batch or the heads pass the grid's 65535): the flat grid over every (batch, head, row) with
-// 64-bit index math. Remove once the A/B is in.
-template <class Elem, bool kBf16, int D>
-__global__ void bwd_prep_kernel(const BwdParams p) {
-  constexpr int TPR = D / 8;
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t w = t / TPR;
-  const bool in = w < int64_t(p.batch) * p.q_heads * p.qp;
-  const int pos = int(w % p.qp);
-  const int64_t bh = w / p.qp;
-  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
-  detail::prep_row<Elem, kBf16, D, false>(p, w, b, h, detail::plan_token(pos, p.perm_d, p.q_group), in,
-                                          int(t % TPR) * 8);
-}
-template <class Elem, bool kBf16, int D, int kWs = 0>
-__global__ void bwd_finish_kernel(const BwdParams p) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= int64_t(p.batch) * p.q_heads * p.qp * (D / 8)) return;
-  const int64_t row = t / (D / 8);
-  const int pos = int(row % p.qp);
-  const int tok = detail::plan_token(pos, p.perm_d, p.q_group);
-  if (tok >= p.q_len) return;
-  const int64_t bh = row / p.qp;
-  const int b = int(bh / p.q_heads), h = int(bh % p.q_heads);
-  detail::finish_row<Elem, kBf16, D, kWs, false>(p, row, int(row % 64), b, h, tok, 8 * int(t % (D / 8)));
 }
 
 // kTma: a step's Q, dO, lse and delta come by TMA (one thread issues them, completing on the stage's mbarrier):

@@ -13,7 +13,7 @@
 //                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV, dK by RS wgmma, dS^T through a
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
 //                 dQ = dS K (this warpgroup's D/2 columns), staged for the writer in its register order
-//                 (detail::ws_acc_index; bwd_finish_kernel<..., D / 2> reads that order).
+//                 (detail::ws_acc_index; bwd_finish_grid_kernel<..., D / 2, ...> reads that order).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
@@ -56,14 +56,10 @@ __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork 
   w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
   return w;
 }
-// The aligned base of the dynamic shared memory as a shared-window address: computed there (kShared, no generic
-// address: no SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it), or from the
-// aligned generic pointer. The same address (the generic window of shared memory is aligned far beyond 1024).
-template <bool kShared>
+// The aligned base of the dynamic shared memory as a shared-window address, computed there (no generic address: no
+// SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it).
 __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
-  using detail::smem_u32;
-  if constexpr (kShared) return (smem_u32(smem_raw) + 1023u) & ~1023u;
-  return smem_u32(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+  return (detail::smem_u32(smem_raw) + 1023u) & ~1023u;
 }
 
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys kw, vw) as two wgmma groups, S^T waited for: P^T's
@@ -86,44 +82,38 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
 
 // A step's wgmma operands: kw, vw (this warpgroup's K and V rows), q16, do16 (the stage's Q and dO, K-major: leading
 // byte offset 16), qbm, dobm (MN-major: BM 128), ds (the step's dS^T buffer), kcols (K's dQ columns; BN 128).
-// k64 false: DescLo from each step's addresses (the code before Desc64). k64 true: the first constructor builds the
-// descriptors of stage 0 / buffer 0 once, before the loop (opaque: the compiler neither rematerializes nor re-derives
-// them); a step's (the second) adds the stage's and buffer's offsets in 16-byte units.
-template <class Tr, bool k64>
+// The first constructor builds the descriptors of stage 0 / buffer 0 once, before the loop (Desc64, opaque: the
+// compiler neither rematerializes nor re-derives them); a step's (the second) adds the stage's and buffer's offsets in
+// 16-byte units.
+template <class Tr>
 struct StepOperands {
-  using O = std::conditional_t<k64, detail::Desc64, detail::DescLo>;
+  using O = detail::Desc64;
   O kw, vw, q16, do16, qbm, dobm, ds, kcols;
   __device__ __forceinline__ StepOperands(uint32_t s_kw, uint32_t s_vw, uint32_t s_q, uint32_t s_ds, uint32_t s_kcols) {
     using detail::operand;
-    kw = operand<k64>(s_kw, 16), vw = operand<k64>(s_vw, 16);
-    q16 = operand<k64>(s_q, 16), do16 = operand<k64>(s_q + Tr::kQ, 16);
-    qbm = operand<k64>(s_q, Tr::BM * 128), dobm = operand<k64>(s_q + Tr::kQ, Tr::BM * 128);
-    ds = operand<k64>(s_ds, Tr::BN * 128), kcols = operand<k64>(s_kcols, Tr::BN * 128);
+    kw = operand<true>(s_kw, 16), vw = operand<true>(s_vw, 16);
+    q16 = operand<true>(s_q, 16), do16 = operand<true>(s_q + Tr::kQ, 16);
+    qbm = operand<true>(s_q, Tr::BM * 128), dobm = operand<true>(s_q + Tr::kQ, Tr::BM * 128);
+    ds = operand<true>(s_ds, Tr::BN * 128), kcols = operand<true>(s_kcols, Tr::BN * 128);
   }
-  // Step i at stage st: from the addresses (k64 false) or from `first` (true).
-  __device__ __forceinline__ StepOperands(uint32_t s_kw, uint32_t s_vw, uint32_t s_q, uint32_t s_ds, uint32_t s_kcols,
-                                          const StepOperands<Tr, true>& first, int st, int i) {
-    if constexpr (k64) {
-      const uint32_t qo = uint32_t(st) * (2 * Tr::kQ / 16), dso = uint32_t(i & 1) * (Tr::kDS / 16);
-      kw = first.kw, vw = first.vw, kcols = first.kcols;
-      q16 = first.q16 + qo, do16 = first.do16 + qo, qbm = first.qbm + qo, dobm = first.dobm + qo;
-      ds = first.ds + dso;
-    } else {
-      *this = StepOperands(s_kw, s_vw, s_q, s_ds, s_kcols);
-    }
+  // Step i at stage st, from `first`.
+  __device__ __forceinline__ StepOperands(const StepOperands& first, int st, int i) {
+    const uint32_t qo = uint32_t(st) * (2 * Tr::kQ / 16), dso = uint32_t(i & 1) * (Tr::kDS / 16);
+    kw = first.kw, vw = first.vw, kcols = first.kcols;
+    q16 = first.q16 + qo, do16 = first.do16 + qo, qbm = first.qbm + qo, dobm = first.dobm + qo;
+    ds = first.ds + dso;
   }
 };
 
-// kOld (temporary, SPATTN_BWD_VARIANT=old: an A/B of session 25's step against the previous one): the step as it
-// was; else wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at
-// immediate offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm) and the shared base aligned in
-// the shared window (smem_base_1024).
-template <class Tr, bool kOld = false>
+// A step: wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at immediate
+// offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm), the shared base aligned in the shared
+// window (smem_base_1024).
+template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t s_k = smem_base_1024<!kOld>(smem_raw), s_v = s_k + Tr::kOffV;
+  const uint32_t s_k = smem_base_1024(smem_raw), s_v = s_k + Tr::kOffV;
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
@@ -205,7 +195,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   // K MN-major for dQ: D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
   const uint32_t s_kcols = s_k + (D == 128 ? wg * BN * 128 : wg * 64);
   const uint32_t ds_off = stsm_ds_lane_off<Tr>(kr0);
-  const StepOperands<Tr, true> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0), s_kcols);
+  const StepOperands<Tr> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0), s_kcols);
 
   cp_async_wait<0>();
   fence_proxy_async();
@@ -231,13 +221,13 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
-    const StepOperands<Tr, !kOld> o(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_ds(i), s_kcols, ops, st, i);
+    const StepOperands<Tr> o(ops, st, i);
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-    mask_step<Tr, !kOld>(s, e, k0, kr0, q0, kvalid, mw);
-    probs_dscores<BM, true, false, !kOld>(s, dp, s_rows(st), sl2);
+    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+    probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
     wgmma_wait<0>();
     fence_regs(dp);
-    probs_dscores<BM, false, true, !kOld>(s, dp, s_rows(st), sl2);
+    probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
 
     // ---- dV += P^T dO, dK += dS^T Q ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
@@ -245,10 +235,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
     // before they met at step i - 1's barrier ----
-    if constexpr (kOld)
-      store_ds<Tr>(s_ds(i), da, kr0);
-    else
-      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
+    store_ds_stsm<Tr>(s_ds(i), da, ds_off);
     fence_proxy_async();
     named_sync(1, NC);
 

@@ -37,14 +37,14 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// kOld: as tile_bwd_ws_body's (temporary).
-template <class Tr, bool kOld = false>
+// The step as tile_bwd_ws_body's.
+template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   using namespace detail;
   using Hf = typename Tr::Half;
   constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t s_k = smem_base_1024<!kOld>(smem_raw), s_v = s_k + Tr::kOffV;
+  const uint32_t s_k = smem_base_1024(smem_raw), s_v = s_k + Tr::kOffV;
   auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
   auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };  // + 512 c: half c
@@ -56,8 +56,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
-  detail::KeyTileWork w = key_tile_work<Tr::BN>(p);
-  if constexpr (!kOld) w = warp_uniform(w);
+  const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p));
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
   const int np = (ne + 1) / 2, n = np * p.group;
   const int64_t e0 = w.e0;
@@ -146,7 +145,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   const float sl2 = p.scale_log2;
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
   const uint32_t ds_off = stsm_ds_lane_off<Hf>(kr0);
-  const StepOperands<Tr, true> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0) + wg * Tr::kHalfDS, s_k);
+  const StepOperands<Tr> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0) + wg * Tr::kHalfDS, s_k);
 
   cp_async_wait<0>();
   fence_proxy_async();
@@ -159,49 +158,36 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
       mw[1] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0 + 8);
     }
-    return step_mask<64, !kOld>(e, k0, kr0, e.x * 64, kvalid, mw);
+    return step_mask<64, true>(e, k0, kr0, e.x * 64, kvalid, mw);
   };
-  // What is read a step ahead (slot jj = i % np), so the step waits on no read of an entry: kOld, the halves' masks
-  // (built a step ahead, the mask words' loads and the band's arithmetic on every step, full tiles' too); else the
-  // halves' entries, whose masks the step builds before its wait for its stage, partial tiles only.
-  using Ahead = std::conditional_t<kOld, StepMask, int4>;
-  auto ahead = [&](int jj, int c) -> Ahead {
-    if constexpr (kOld)
-      return entry_mask(half_entry_at(jj, c));
-    else
-      return half_entry_at(jj, c);
-  };
-  Ahead an[2];
-  if (n > 0) an[0] = ahead(0, 0), an[1] = ahead(0, 1);
+  // The halves' entries read a step ahead (slot jj = i % np), so the step waits on no read of an entry; it builds
+  // their masks before its wait for its stage, partial tiles only.
+  int4 an[2];
+  if (n > 0) an[0] = half_entry_at(0, 0), an[1] = half_entry_at(0, 1);
   int jn = np > 1 ? 1 : 0;  // step i + 1's slot, (i + 1) % np
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     StepMask m[2];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      if constexpr (kOld) {
-        m[c] = an[c];
-      } else {
-        m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
-        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
-      }
+      m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
+      if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
     }
-    if (i + 1 < n) an[0] = ahead(jn, 0), an[1] = ahead(jn, 1);
+    if (i + 1 < n) an[0] = half_entry_at(jn, 0), an[1] = half_entry_at(jn, 1);
     jn = jn + 1 == np ? 0 : jn + 1;
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
-    const StepOperands<Tr, !kOld> o(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(st), s_ds(i) + wg * Tr::kHalfDS, s_k,
-                                    ops, st, i);
+    const StepOperands<Tr> o(ops, st, i);
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
     // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
       float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      apply_mask<64, !kOld>(sc, m[c]);
-      probs_dscores<64, true, false, !kOld>(sc, dc, s_rows(st) + c * 512, sl2);
+      apply_mask<64, true>(sc, m[c]);
+      probs_dscores<64, true, false, true>(sc, dc, s_rows(st) + c * 512, sl2);
     }
     wgmma_wait<0>();
     fence_regs(dp);
@@ -209,7 +195,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     for (int c = 0; c < 2; ++c) {
       float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
       float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      probs_dscores<64, false, true, !kOld>(sc, dc, s_rows(st) + c * 512, sl2);
+      probs_dscores<64, false, true, true>(sc, dc, s_rows(st) + c * 512, sl2);
     }
 
     // ---- dV += P^T dO, dK += dS^T Q over the 128 queries ----
@@ -220,10 +206,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-      if constexpr (kOld)
-        store_ds<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, kr0);
-      else
-        store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_off);
+      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_off);
     }
     fence_proxy_async();
     named_sync(1, NC);
@@ -244,17 +227,16 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
 }
 
-// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits). kOld: the
-// bodies' (temporary).
-template <class Tr, bool kOld = false>
+// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
+template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!mma::kWgmmaAvailable) {
     __trap();
   } else if constexpr (Tr::BM == 128) {
-    tile_bwd_ws2_body<Tr, kOld>(p);
+    tile_bwd_ws2_body<Tr>(p);
   } else {
-    tile_bwd_ws_body<Tr, kOld>(p);
+    tile_bwd_ws_body<Tr>(p);
   }
 #endif
 }

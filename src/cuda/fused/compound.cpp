@@ -180,8 +180,8 @@ void CompoundAttention::run(const Problem& pr, const TensorView& q, const Tensor
           break;
         }
         // Merged in the kernel's epilogue (issue 42: no scratch copy written and read back, no merge launch; two of
-        // the split's four extra passes over O), or SPATTN_STRIDED_VARIANT=old (plan/kernels.hpp) by the merge kernel.
-        if (r.attn->merges_out() && plan::strided_variant() != plan::StridedVariant::old) {
+        // the split's four extra passes over O); by the merge kernel where the part's kernel cannot merge.
+        if (r.attn->merges_out()) {
           r.attn->run(pr, q, k, v, o, lse, stream, true);
           break;
         }
@@ -241,11 +241,10 @@ std::string CompoundAttention::explain() const {
     << m.times.total() << " ms)";
   for (const Impl::PartRun& r : m.parts) {
     s << "\n  " << plan::describe(r.part) << "; " << (r.attn ? r.attn->explain() : std::string("kernel cuda_scattered: a warp a row, K/V rows gathered"));
-    // How a later affine part's rows join the others (run: as SPATTN_STRIDED_VARIANT reads now).
+    // How a later affine part's rows join the others (run).
     if (&r != &m.parts.front() && r.part.kind == plan::PartKind::affine)
-      s << (r.attn->merges_out() && plan::strided_variant() != plan::StridedVariant::old
-                ? "; merged into the rows before it in its kernel's epilogue"
-                : "; its rows written to scratch, merged by the merge kernel");
+      s << (r.attn->merges_out() ? "; merged into the rows before it in its kernel's epilogue"
+                                 : "; its rows written to scratch, merged by the merge kernel");
   }
   return s.str();
 }

@@ -7,7 +7,7 @@
 //   rows       FusedAttention of dense rows over views of the owned query rows, replacing what is there;
 //   affine     FusedAttention over the part's pattern grouped by residue (cp.async / mma.sync tile kernels).
 // The first part writes O and LSE; a later columns part writes scratch and one merge kernel folds it in; a later
-// affine part merges in its kernel's epilogue (FusedParams::merge_out; SPATTN_STRIDED_VARIANT=old: as columns).
+// affine part merges in its kernel's epilogue (FusedParams::merge_out; as columns where its kernel cannot).
 // Scratch (the LSE where the caller passes none, the columns part's K/V and partial O) is allocated once at
 // construction for the problem given; runs are graph-capturable (no allocation, no sync). One object per stream.
 #pragma once

@@ -77,7 +77,7 @@ std::string FusedAttention::explain() const {
   if (const int r = kernel_row(); r >= 0) {
     const plan::KernelConfig& row = plan::kKernels[r];
     if (row.kind == plan::KernelKind::sm90_cp && row.block_m == 64 && row.block_n == 64 && row.head_dim == 64 &&
-        impl_->plan->host().perm_d > 1 && plan::strided_variant() != plan::StridedVariant::old)
+        impl_->plan->host().perm_d > 1)
       s << ", four CTAs an SM";
   }
   const PlanTimes& t = impl_->times;

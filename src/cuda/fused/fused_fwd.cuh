@@ -35,7 +35,7 @@ namespace spattn::cuda::fused {
 // cost the 64x64 kernel 128 -> 164 registers in one instantiation for both).
 // kGathered_: the affine instantiation for plans grouped by residue (perm_d > 1) run four CTAs an SM (the 64x64 one
 // at D = 64 on sm_90a; issue 42: their items are short, 1-3 tiles, and wait on their gathered Q and first K/V, which
-// a fourth CTA overlaps; launch_row, SPATTN_STRIDED_VARIANT). The code is the affine instantiation's.
+// a fourth CTA overlaps; launch_row). The code is the affine instantiation's.
 template <int BM_, int BN_, int D_, bool kBf16_, bool kSm90_, bool kMapped_ = false, bool kGathered_ = false>
 struct Traits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
@@ -429,20 +429,19 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
 // kLazy (the TMA kernel at D=128; KERNELS.md section 6): a basic-block boundary between softmax_i and the wait for
 // PV_{i-1} (ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the softmax, and PV_{i-1} never runs under
 // it), the row max and sum in two chains, the lazy rescale (tile_softmax_lazy: O rescaled on a warp-uniform branch)
-// and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait).
-// kPackEarly (with kLazy; the TMA kernel's default, SPATTN_FWD_VARIANT): P_i is packed to 16 bits inside softmax_i's
-// basic block, into the second of two P buffers (PV_{i-1} still reads the first; the loop runs two tiles a trip so
-// that the buffers alternate). ptxas then interleaves the 32 F2FP packs with the 66 MUFU.EX2 of that block (a warp's
-// EX2 holds the quarter-rate pipe 8 cycles), where otherwise they ran back to back after the block boundary with
-// nothing to hide under: causal D=128's profile put 7.5% more warp time than FlashAttention-4's in this tail.
+// and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait); and
+// P_i packed to 16 bits inside softmax_i's basic block, into the second of two P buffers (PV_{i-1} still reads the
+// first; the loop runs two tiles a trip so that the buffers alternate). ptxas then interleaves the 32 F2FP packs
+// with the 66 MUFU.EX2 of that block (a warp's EX2 holds the quarter-rate pipe 8 cycles), where otherwise they ran
+// back to back after the block boundary with nothing to hide under: causal D=128's profile put 7.5% more warp time
+// than FlashAttention-4's in this tail.
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
-          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false, bool kPackEarly = false>
+          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
 __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
                                                 float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                 Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
                                                 TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s,
-                                                std::bool_constant<kLazy> = {}, std::bool_constant<kPackEarly> = {}) {
-  static_assert(!kPackEarly || kLazy, "the early pack rides on the lazy loop's block boundary");
+                                                std::bool_constant<kLazy> = {}) {
   constexpr int MW = BN / 64;
   constexpr int kP = kLazy ? 2 : 1;
   float sacc[BN / 2];
@@ -469,7 +468,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     tile_to_p<BN, kBf16>(sacc, pa);
   }
   // Tile i: S_i issued with PV_{i-1} (P_{i-1} in pin), softmax_i, P_i packed into pout (the same array as pin,
-  // after the wait for PV_{i-1}; kPackEarly: the other buffer, before the block boundary, PV_{i-1} still running).
+  // after the wait for PV_{i-1}; kLazy: the other buffer, before the block boundary, PV_{i-1} still running).
   auto step = [&](int i, uint32_t(&pin)[BN / 16][4], uint32_t(&pout)[BN / 16][4]) {
     int4 e;
     if constexpr (kLazy) {
@@ -500,14 +499,16 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     } else {
       tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
     }
-    if constexpr (kPackEarly) tile_to_p<BN, kBf16>(sacc, pout);
-    if constexpr (kLazy) block_boundary(fminf(row_sum[0], row_sum[1]));
+    if constexpr (kLazy) {
+      tile_to_p<BN, kBf16>(sacc, pout);
+      block_boundary(fminf(row_sum[0], row_sum[1]));
+    }
     wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
     fence_regs(o);
     fence_regs(pin);
     release(i - 1);
     if (rescale) tile_rescale<D>(o, alpha);
-    if constexpr (!kPackEarly) tile_to_p<BN, kBf16>(sacc, pout);
+    if constexpr (!kLazy) tile_to_p<BN, kBf16>(sacc, pout);
   };
   // The last PV, P_{n-1} in pl.
   auto last_pv = [&](uint32_t(&pl)[BN / 16][4]) {
@@ -521,7 +522,7 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     fence_regs(o);
     release(n - 1);
   };
-  if constexpr (kPackEarly) {
+  if constexpr (kLazy) {
     // Two P buffers taking turns, two tiles a trip: no copy between them (a copy after the wait let ptxas merge
     // the buffers and serialize every wgmma, C7513).
     uint32_t pb[BN / 16][4];

@@ -18,27 +18,19 @@
 
 namespace spattn::cuda::fused {
 
-// kVariant_ (D=128; the launch picks it from SPATTN_FWD_VARIANT, launch.cuh's fwd_variant()): 0 `old`, the loop as measured in
-// session 25; 1 `pack` (the default), P packed inside the softmax's block (pipelined_tiles' kPackEarly); 2 `new`,
-// that plus one `empty` arrival a consumer warp instead of one a thread.
-template <int BM_, int BN_, int D_, bool kBf16_, int kVariant_ = 0>
+template <int BM_, int BN_, int D_, bool kBf16_>
 struct WsTraits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
   static constexpr bool kBf16 = kBf16_;
-  static_assert(kVariant_ == 0 || D == 128, "forward variants: D=128 only");
   static_assert(BM == 128 || BM == 192, "warp-specialized query tile: 2 or 3 consumer warpgroups");
   static_assert(BN == 128, "warp-specialized key tile: 128");
   static_assert(D == 64 || (D == 128 && BM == 128), "head dim 64 (128 with two consumer warpgroups)");
   static constexpr int kConsumers = BM / 64;
-  // D=128: the key-tile loop with the lazy rescale and the softmax kept under the previous P V (pipelined_tiles'
-  // kLazy): +3.9-4.7% on the windows table's three D=128 cases (H200, bf16). D=64 keeps the plain loop.
+  // D=128: the key-tile loop with the lazy rescale and the softmax kept under the previous P V, P packed inside the
+  // softmax's block (pipelined_tiles' kLazy): +3.9-4.7% on the windows table's three D=128 cases (H200, bf16), the
+  // early pack 1.5% more on the six D=128 cases (bench/LOG.md, session 26). D=64 keeps the plain loop.
   static constexpr bool kLazy = D == 128;
-  static constexpr bool kPackEarly = kLazy && kVariant_ >= 1;
-  // kWarpArrive: lane 0 of each consumer warp releases a K/V stage for its warp (after the warp-collective
-  // wgmma.wait_group), as FlashAttention-4 does; else every consumer thread arrives (128 C arrivals a stage: one
-  // SYNCS.ARRIVE a warp that stalled 0.7% of the samples, and the next instruction 0.6%).
-  static constexpr bool kWarpArrive = kVariant_ >= 2;
-  static constexpr int kEmptyArrivals = kWarpArrive ? 4 * kConsumers : 128 * kConsumers;
+  static constexpr int kEmptyArrivals = 128 * kConsumers;  // every consumer thread releases a K/V stage
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // D=64: 4 K/V stages and two query-tile buffers (the next item's Q loads during this item's last tiles);
   // D=128: 3 stages and one buffer (224 KB).
@@ -103,7 +95,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 1);         // the producer's expect_tx; completes on the bytes
-      mbar_init(bar_empty + 8 * s, Tr::kEmptyArrivals);  // every consumer thread (warp: kWarpArrive) done with the stage
+      mbar_init(bar_empty + 8 * s, Tr::kEmptyArrivals);  // every consumer thread done with the stage
     }
     for (int s = 0; s < NQ; ++s) {
       mbar_init(bar_qfull + 8 * s, 1);        // item id written (and its Q tile landed)
@@ -195,13 +187,10 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             [&] { return e_first; }, [&](int i) { return __ldg(&p.entries[it.e_begin + i]); },
             [&](int i) { mbar_wait(bar_full + 8 * ((g + unsigned(i)) % S), int(((g + unsigned(i)) / S) & 1)); },
             stage_k,
-            [&](int i) {
-              if (!Tr::kWarpArrive || lane == 0) mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S));
-            },
+            [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
             [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
-            [&] { mbar_arrive(bar_qempty + 8 * qb); }, std::bool_constant<Tr::kLazy>{},
-            std::bool_constant<Tr::kPackEarly>{});
+            [&] { mbar_arrive(bar_qempty + 8 * qb); }, std::bool_constant<Tr::kLazy>{});
         g += unsigned(n);
       }
       tile_store<D, typename Tr::Elem, kBf16>(p, o, row_max, row_sum, it.b, it.h, q0, r0, cb, lane);

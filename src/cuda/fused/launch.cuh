@@ -1,10 +1,5 @@
 // cuda/fused/launch.cuh — instantiation and launch of one kernel configuration (shared by the per-arch files).
 #pragma once
-#include <cstdlib>
-#include <cstring>
-#include <stdexcept>
-#include <string>
-
 #include "cuda/common/launch.cuh"  // raise_smem_limit
 #include "cuda/fused/fused_fwd.cuh"
 #include "cuda/fused/fused_fwd_band.cuh"
@@ -32,27 +27,8 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The D=128 warp-specialized forward's variant (WsTraits' kVariant_), read from SPATTN_FWD_VARIANT at each launch (an
-// A/B in one process switches it between calls): `old` (0), `pack` (1, also when unset: 1.5% faster than `new` on the
-// six D=128 cases, bench/LOG.md session 26) or `new` (2); any other value is refused, naming it.
-inline int fwd_variant() {
-  const char* e = std::getenv("SPATTN_FWD_VARIANT");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "pack") == 0) return 1;
-  if (std::strcmp(e, "old") == 0) return 0;
-  if (std::strcmp(e, "new") == 0) return 2;
-  throw std::invalid_argument(std::string("SPATTN_FWD_VARIANT=") + e + ": expected old, pack or new");
-}
-
 template <int BM, int BN, int D, bool kBf16>
 int launch_ws(const LaunchParams& p, cudaStream_t stream) {
-  if constexpr (D == 128) {
-    switch (fwd_variant()) {
-      case 0: return int(launch_one<WsTraits<BM, BN, D, kBf16, 0>, Kind::kWs>(p, stream));
-      case 1: return int(launch_one<WsTraits<BM, BN, D, kBf16, 1>, Kind::kWs>(p, stream));
-      case 2: return int(launch_one<WsTraits<BM, BN, D, kBf16, 2>, Kind::kWs>(p, stream));
-      default: return int(cudaErrorInvalidValue);  // not reached: fwd_variant() throws
-    }
-  }
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
@@ -89,9 +65,8 @@ int launch_row(const LaunchParams& p, cudaStream_t stream) {
       return int(launch_one<Traits<c.block_m, c.block_n, c.head_dim, false, kSm90, true>>(p, stream));
     }
     if constexpr (kSm90 && c.block_m == 64 && c.block_n == 64 && c.head_dim == 64) {
-      // Grouped by residue: four CTAs an SM (Traits::kGathered; SPATTN_STRIDED_VARIANT=old, read at every launch of
-      // such a plan: three, as before).
-      if (p.kernel.perm_d > 1 && plan::strided_variant() != plan::StridedVariant::old) {
+      // Grouped by residue: four CTAs an SM (Traits::kGathered).
+      if (p.kernel.perm_d > 1) {
         if (p.bf16) return int(launch_one<Traits<64, 64, 64, true, true, false, true>>(p, stream));
         return int(launch_one<Traits<64, 64, 64, false, true, false, true>>(p, stream));
       }

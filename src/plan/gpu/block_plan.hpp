@@ -223,9 +223,6 @@ struct ShapeCost {
   bool mapped = false;  // a tile map (boxes q_box / k_box of the grid)
   bool strips = false;  // mapped with key strips (k_box unused)
   TileBox q_box, k_box;
-  // Of cost: a permuted candidate's items' own cost (gather_item_cost, plan/kernels.hpp), which the unpermuted ones do
-  // not carry; the affine split (plan/parts.hpp) compares its parts' costs without it.
-  double gathered = 0;
 };
 std::vector<ShapeCost> block_shape_costs(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim,
                                          bool tma = false, int tile_map = -1);

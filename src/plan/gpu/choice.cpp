@@ -10,16 +10,11 @@ namespace spattn::plan {
 using namespace gpu;
 
 namespace {
-// A candidate's cost without its gathered items' own (Candidate::gathered): what the permutation and the row are chosen
-// by, as before issue 42's fit (gather_item_cost, plan/kernels.hpp, was measured on permuted items only).
-double base_cost(const Candidate& c) { return c.cost - c.gathered; }
-
 // Residue groups of at most 32 tokens leave a 64-row tile half padding or more (sparse_strided(512)'s affine part at
 // L = 16384: 512 groups of 32, one 64x64 tile each, 12% of it kept). A coarser grouping, d / 2^j for the least j
 // whose groups hold more than 32 tokens, puts 2^j of them in one group (token t at position t / (d / 2^j)): its tiles
 // are not bands but bitmasks, and there are about 2^-j as many (the pattern's keys of a row stay in its group, since
-// d / 2^j divides d). A candidate more of the forward's (issue 42; SPATTN_STRIDED_VARIANT=old: none); 0 where none
-// applies.
+// d / 2^j divides d). A candidate more of the forward's (issue 42); 0 where none applies.
 int coarser_groups(int d, int64_t lq) {
   if (d < 2 || ceil_div(lq, d) > 32) return 0;
   for (int c = d; c % 2 == 0;) {
@@ -41,7 +36,7 @@ size_t cheapest_of_kind(const std::vector<Candidate>& cands, KernelKind kind, in
   size_t best = cands.size();
   for (size_t i = 0; first && i < cands.size(); ++i)
     if (cands[i].block_m == first->block_m && cands[i].block_n == first->block_n &&
-        (best == cands.size() || base_cost(cands[i]) < base_cost(cands[best])))
+        (best == cands.size() || cands[i].cost < cands[best].cost))
       best = i;
   return best < cands.size() ? best : otherwise;
 }
@@ -95,7 +90,7 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     perms = {1};
     if (d > 1) perms.push_back(d);
     // Not where a shape is forced (the backward's plans, backward_tiles: their kernels' items differ; tests).
-    if (const int c = coarser_groups(d, pat.q_len()); c > 1 && !forced && strided_variant() != StridedVariant::old)
+    if (const int c = coarser_groups(d, pat.q_len()); c > 1 && !forced)
       perms.push_back(c);
   }
   // Band rows on the TMA kernel's device: the band kernel multiplies 64-row slabs over 64-key chunks, so the tile's
@@ -135,17 +130,9 @@ BlockPlan choose_block_plan(const BoundPattern& pat, const Analysis& an, int64_t
     if (!cands.empty()) {
       size_t best = 0;
       for (size_t i = 1; i < cands.size(); ++i)  // in order: ties keep the earlier candidate
-        if (base_cost(cands[i]) < base_cost(cands[best])) best = i;
+        if (cands[i].cost < cands[best].cost) best = i;
       if (only_kind >= 0 && !forced && int(cands[best].row->kind) != only_kind)
         best = cheapest_of_kind(cands, KernelKind(only_kind), head_dim, best);
-      // Residue groups (issue 42, SPATTN_STRIDED_VARIANT=items; else no candidate has gathered > 0): among the chosen
-      // permutation's shapes, the one of least cost with its items' own (one CTA an item on the cp.async rows: short
-      // items of gathered rows are mostly that; gather_item_cost).
-      if (!forced && only_kind < 0 && cands[best].d > 1 && !cands[best].maps) {
-        const size_t chosen = best;
-        for (size_t i = 0; i < cands.size(); ++i)
-          if (cands[i].d == cands[chosen].d && !cands[i].maps && cands[i].cost < cands[best].cost) best = i;
-      }
       bm = cands[best].block_m, bn = cands[best].block_n, bd = cands[best].d, maps = cands[best].maps;
       strip = cands[best].strip;
     }

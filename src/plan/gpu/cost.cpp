@@ -28,8 +28,7 @@ int64_t sampled_tile(const Space& sp, int64_t samples, int64_t i) {
 void price(Candidate& c, const Space& sp, int64_t samples, int64_t n_full, int64_t n_partial, int64_t items, int64_t nnz) {
   const double tile = double(c.block_m) * c.block_n;
   const double scale = double(sp.q_tiles) / double(std::max<int64_t>(samples, 1));
-  c.gathered = c.d > 1 && strided_variant() == StridedVariant::items ? gather_item_cost(*c.row) * double(items) * scale : 0.0;
-  c.cost = predicted_cost(*c.row, double(n_full), double(n_partial), double(items), tile) * scale + c.gathered;
+  c.cost = predicted_cost(*c.row, double(n_full), double(n_partial), double(items), tile) * scale;
   c.kept = n_full + n_partial > 0 ? double(nnz) / (double(n_full + n_partial) * tile) : 0.0;
 }
 void price(Candidate& c, const Space& sp, const std::vector<std::vector<char>>& full, int64_t nnz) {
@@ -532,7 +531,7 @@ std::vector<ShapeCost> block_shape_costs(const BoundPattern& pat, const Analysis
   std::vector<ShapeCost> out;
   for (const Candidate& c : cands)
     out.push_back({c.block_m, c.block_n, c.d, c.cost, c.kept, c.maps != nullptr, c.strip != nullptr,
-                   c.maps ? c.maps->q.box : TileBox{}, c.maps ? c.maps->k.box : TileBox{}, c.gathered});
+                   c.maps ? c.maps->q.box : TileBox{}, c.maps ? c.maps->k.box : TileBox{}});
   return out;
 }
 

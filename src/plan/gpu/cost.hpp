@@ -20,7 +20,6 @@ struct Candidate {
   bool priced = false;               // priced already: from its plan (strips) or in closed form (estimate_groups, ...)
   double cost = 0;
   double kept = 0;  // sampled: kept scores over the visited tiles' scores
-  double gathered = 0;  // of cost: the gathered items' own cost (gather_item_cost; 0 unpermuted)
 };
 
 // The shapes the fused GPU rows offer at `head_dim`, in table order, each priced by its TMA row where `tma`
