@@ -15,6 +15,11 @@ Effective TFLOP/s count kept scores: 4 * nnz * D * B * H forward, 2.5 times that
 bwd_tflops, fwd_frac_of_cudnn (ours per kept score over dense cuDNN's per score), fwd_ratio_vs_flex and
 bwd_ratio_vs_flex (Flex's time over ours), bwd_over_fwd (backward TFLOP/s over forward's), the kernels, and "bar":
 whether each of the issue's marks is met (fwd_frac_of_cudnn >= 0.4, fwd_ratio_vs_flex >= 5, bwd_over_fwd >= 0.6).
+The memory roofline (baseline.strided_roofline: the fewest bytes a call must move, at the HBM rate of a timed
+device-to-device copy, machine.hbm_tbs, or --hbm-tbs) gives roofline_tflops and bwd_roofline_tflops, the best any
+kernel could reach, and frac_of_roofline, bwd_frac_of_roofline (ours over min(roofline, dense cuDNN's rate): the
+forward cannot beat dense attention's compute rate either); bar_reachable: whether 0.4 of cuDNN lies under the
+forward's roofline (dilated(64, 32) and stride(64) & causal at L = 16384 keep ~121-128 keys a query: ~60 FLOP/B).
 The JSON ("kind": "strided") is rewritten after every case, so a run cut short by --budget-s or a timeout keeps what
 it measured; --resume JSON continues such a run (its rows kept, its cases skipped).
 
@@ -73,7 +78,16 @@ def with_env(var, value, fn):
     return call
 
 
-def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None):
+def hbm_tbs(reps):
+    """The HBM rate of a device-to-device copy of 1 GiB (read and write counted), TB/s, median of reps."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps)
+    del src, dst
+    return 2.0 * (1 << 30) / ms / 1e9
+
+
+def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None, hbm=None):
     """One case's row: ours and Flex's forward and backward timed in alternation, dense cuDNN's forward (cudnn_time:
     (L, D, q, k, v) -> ms, cached by the caller), our output against the fp32 reference and our gradients against
     Flex's; env_ab (var, value): also our forward under var=value against it (the module's docstring)."""
@@ -133,6 +147,10 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     r["fwd_err"] = fwd_err
     r["bwd_diff_vs_flex"] = diff
     r["bar"] = {key: r[key] >= mark for key, mark in BAR.items()}
+    r.update(baseline.strided_roofline(r, hbm))
+    r["frac_of_roofline"] = r["fwd_tflops"] / min(r["roofline_tflops"], r["cudnn_dense_fwd_tflops"])
+    r["bwd_frac_of_roofline"] = r["bwd_tflops"] / r["bwd_roofline_tflops"]
+    r["bar_reachable"] = BAR["fwd_frac_of_cudnn"] * r["cudnn_dense_fwd_tflops"] <= r["roofline_tflops"]
     if ab:
         r["env_ab"] = ab
     del q, k, v, do, o, dq, dk, dv, lse, qf, kf, vf, of, bm, fused, ref
@@ -145,7 +163,8 @@ def line(r):
     return (f"{r['pattern']:10s} L={r['L']:5d} D={r['D']:3d} fwd {r['fwd_tflops']:6.1f} TF/s ({r['fwd_frac_of_cudnn']:.2f} "
             f"of cuDNN's {r['cudnn_dense_fwd_tflops']:.0f}, {r['fwd_ratio_vs_flex']:.2f}x Flex) bwd {r['bwd_tflops']:6.1f} "
             f"TF/s ({r['bwd_ratio_vs_flex']:.2f}x Flex, bwd/fwd {r['bwd_over_fwd']:.2f}) err {r['fwd_err']:.1e} diff "
-            f"{r['bwd_diff_vs_flex']:.1e} [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
+            f"{r['bwd_diff_vs_flex']:.1e} roofline {r['roofline_tflops']:.0f} TF/s ({r['frac_of_roofline']:.2f} of "
+            f"min(it, cuDNN)) [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
             + (f"  below the bar: {', '.join(below)}" if below else "")
             + (f"\n    {r['env_ab']['env']}: fwd {r['env_ab']['fwd_ms_default']:.4f} ms default / "
                f"{r['env_ab']['fwd_ms_env']:.4f} ms env (default {r['env_ab']['default_speed_over_env']:.3f}x), env err "
@@ -167,6 +186,8 @@ def main():
     ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
     ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
                     help="also each case's forward under VAR=VALUE (a plan made so) against VAR unset")
+    ap.add_argument("--hbm-tbs", type=float, default=0.0,
+                    help="the HBM rate (TB/s) of the memory roofline; 0: a timed 1 GiB device copy")
     ap.add_argument("--resume", default="", metavar="JSON",
                     help="an earlier run's JSON: its rows kept (first) and its cases not measured again")
     args = ap.parse_args()
@@ -186,7 +207,8 @@ def main():
     outs = ([args.json] if args.json else []) + (
         [os.path.join(baseline.BASELINES, args.baseline + ".json")] if args.baseline else [])
     machine = {"gpu": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "command": command,
-               "date": datetime.datetime.now().isoformat(timespec="seconds")}
+               "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "hbm_tbs": args.hbm_tbs or hbm_tbs(args.reps)}
     rows, dense = (json.loads(Path(args.resume).read_text())["rows"] if args.resume else []), {}
     done = {(r["pattern"], r["L"], r["D"]) for r in rows}
 
@@ -197,7 +219,8 @@ def main():
         return dense[(L, D)]
 
     wanted = args.patterns.split(",")
-    print(f"# {dev}, torch {torch.__version__}, B={B} H={H} bf16", flush=True)
+    print(f"# {dev}, torch {torch.__version__}, B={B} H={H} bf16, HBM {machine['hbm_tbs']:.2f} TB/s (roofline)",
+          flush=True)
 
     def write():
         doc = {"kind": "strided", "meta": baseline.meta(args.baseline or None, command), "machine": machine,
@@ -218,7 +241,7 @@ def main():
                     print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
                     continue
                 r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps,
-                            tuple(args.env_ab.split("=", 1)) if args.env_ab else None)
+                            tuple(args.env_ab.split("=", 1)) if args.env_ab else None, machine["hbm_tbs"])
                 rows.append(r)
                 write()
                 print(line(r), flush=True)
