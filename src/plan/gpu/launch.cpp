@@ -251,15 +251,20 @@ int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes
   if (const char* e = std::getenv("SPATTN_HEAD_SECTION"))  // A/B only: 0 one section, n > 0 groups a section
     n = std::atoll(e) > 0 ? std::atoll(e) * group : 0;
   if (n < 0) {
-    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || shape.reach < 1.0 / 3) return 0;
+    const char* rs = std::getenv("SPATTN_RESIDUE_SECTIONS");  // A/B only: "old", reach against the whole axis
+    const double reach = rs && std::string(rs) == "old" ? shape.reach / std::max(shape.groups, 1) : shape.reach;
+    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || reach < 1.0 / 3) return 0;
     n = std::max<int64_t>(1, l2_bytes * 5 / 8 / group_bytes) * group;
   }
   return n <= 0 || n >= units ? 0 : int(n);
 }
 
-ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles) {
+ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles,
+                     int groups) {
   ListShape s;
+  s.groups = std::max(groups, 1);
   if (offsets.size() < 2 || offsets.back() <= offsets.front() || entries.empty() || other_tiles <= 0) return s;
+  const double span = double(std::max<int64_t>(1, other_tiles / s.groups));  // a residue group's tiles
   int64_t most = 0, lists = 0;
   double reach = 0;
   for (size_t i = 1; i < offsets.size(); ++i) {
@@ -268,7 +273,7 @@ ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<Tile
     if (b <= a) continue;
     int32_t lo = INT32_MAX, hi = INT32_MIN;
     for (int64_t j = a; j < b; ++j) lo = std::min(lo, entries[size_t(j)].kt), hi = std::max(hi, entries[size_t(j)].kt);
-    reach += double(int64_t(hi) - lo + 1) / double(other_tiles);
+    reach += std::min(1.0, double(int64_t(hi) - lo + 1) / span);
     ++lists;
   }
   s.imbalance = double(most) / (double(offsets.back() - offsets.front()) / double(offsets.size() - 1));
