@@ -26,12 +26,13 @@ it measured; --resume JSON continues such a run (its rows kept, its cases skippe
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
 
---env-ab VAR=VALUE (issue 42's SPATTN_STRIDED_VARIANT=old or =items): also a second plan of each case made with VAR set
-to VALUE, its forward timed against the first's (VAR unset) in alternation, VAR set around each call and each graph
-capture (what the library reads at launch and at make_plan both apply); the row's "env_ab": both times, the speed of
-the default over the variant's, the variant's error against the same reference and its kernels.
+--env-ab VAR=VALUE (issue 42's SPATTN_RESIDUE_SECTIONS=old, SPATTN_RESIDUE_BWD=old): also a second plan of each case
+made with VAR set to VALUE, its forward and its backward timed against the first's (VAR unset) in alternation, VAR set
+around each call and each graph capture (what the library reads at launch, at make_plan and where the backward's plans
+are built at its first call all apply); the row's "env_ab": the times, the speeds of the default over the variant's,
+the variant's forward error against the same reference, its gradients against the default's and its kernels.
 
-  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_STRIDED_VARIANT=old
+  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_RESIDUE_BWD=old
 """
 import argparse
 import datetime
@@ -120,7 +121,16 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
         ab = {"env": f"{var}={val}", "fwd_ms_default": ms[0], "fwd_ms_env": ms[1], "default_speed_over_env": ms[1] / ms[0],
               "fwd_err_env": rel_err(o2, ref, idx), "kernel_env": alt.last_kernel(),
               "perm_d_env": [int(x) for x in re.findall(r"perm_d (\d+)", alt.explain)]}
-        del alt, o2, lse2
+        # The backward too, each plan's after its own forward: its first call under VAR builds the variant's backward
+        # plans (what is read where a plan is built applies), and VAR is set around each timed call.
+        g1, g2 = [tuple(torch.empty_like(q) for _ in range(3)) for _ in range(2)]
+        with_env(var, None, lambda: fused.backward(q, k, v, o, lse, do, *g1))()
+        with_env(var, val, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))()
+        bms = time_pair([with_env(var, None, lambda: fused.backward(q, k, v, o, lse, do, *g1)),
+                         with_env(var, val, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))], reps)
+        ab.update({"bwd_ms_default": bms[0], "bwd_ms_env": bms[1], "default_bwd_speed_over_env": bms[1] / bms[0],
+                   "bwd_diff_env_vs_default": max_rel(g2, g1), "bwd_kernel_env": alt.last_backward_kernel()})
+        del alt, o2, lse2, g1, g2
     qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
     of = flex(qf, kf, vf, block_mask=bm)
     bwd_ms = time_pair([lambda: fused.backward(q, k, v, o, lse, do, dq, dk, dv),
@@ -168,7 +178,10 @@ def line(r):
             + (f"  below the bar: {', '.join(below)}" if below else "")
             + (f"\n    {r['env_ab']['env']}: fwd {r['env_ab']['fwd_ms_default']:.4f} ms default / "
                f"{r['env_ab']['fwd_ms_env']:.4f} ms env (default {r['env_ab']['default_speed_over_env']:.3f}x), env err "
-               f"{r['env_ab']['fwd_err_env']:.1e} [{r['env_ab']['kernel_env']}, perm_d {r['env_ab']['perm_d_env']}]"
+               f"{r['env_ab']['fwd_err_env']:.1e} [{r['env_ab']['kernel_env']}, perm_d {r['env_ab']['perm_d_env']}]; bwd "
+               f"{r['env_ab']['bwd_ms_default']:.4f} ms default / {r['env_ab']['bwd_ms_env']:.4f} ms env (default "
+               f"{r['env_ab']['default_bwd_speed_over_env']:.3f}x), env grads within "
+               f"{r['env_ab']['bwd_diff_env_vs_default']:.1e} of the default's [{r['env_ab']['bwd_kernel_env']}]"
                if "env_ab" in r else ""))
 
 
@@ -185,7 +198,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
     ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
-                    help="also each case's forward under VAR=VALUE (a plan made so) against VAR unset")
+                    help="also each case's forward and backward under VAR=VALUE (a plan made so) against VAR unset")
     ap.add_argument("--hbm-tbs", type=float, default=0.0,
                     help="the HBM rate (TB/s) of the memory roofline; 0: a timed 1 GiB device copy")
     ap.add_argument("--resume", default="", metavar="JSON",
@@ -255,6 +268,10 @@ def main():
     if any(not math.isfinite(e) or e > 2e-2 for r in rows for e in [r["fwd_err"]] + (
             [r["env_ab"]["fwd_err_env"]] if "env_ab" in r else [])):
         print("# forward error above 2e-2", file=sys.stderr)
+        return 1
+    if any(not math.isfinite(e) or e > 2e-2 for r in rows if "env_ab" in r
+           for e in [r["env_ab"].get("bwd_diff_env_vs_default", 0.0)]):
+        print("# the variant's gradients differ from the default's by more than 2e-2", file=sys.stderr)
         return 1
     return 0
 
