@@ -26,11 +26,12 @@ it measured; --resume JSON continues such a run (its rows kept, its cases skippe
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
 
---env-ab VAR=VALUE (issue 42's SPATTN_RESIDUE_SECTIONS=old, SPATTN_RESIDUE_BWD=old): also a second plan of each case
-made with VAR set to VALUE, its forward and its backward timed against the first's (VAR unset) in alternation, VAR set
-around each call and each graph capture (what the library reads at launch, at make_plan and where the backward's plans
-are built at its first call all apply); the row's "env_ab": the times, the speeds of the default over the variant's,
-the variant's forward error against the same reference, its gradients against the default's and its kernels.
+--env-ab VAR=VALUE[,VAR=VALUE] (issue 42's SPATTN_RESIDUE_SECTIONS=old, SPATTN_RESIDUE_BWD=old): also a second plan
+of each case made with those set, its forward and its backward timed against the first's (the variables unset) in
+alternation, the variables set around each call and each graph capture (what the library reads at launch, at make_plan
+and where the backward's plans are built at its first call all apply); the row's "env_ab": the times, the speeds of
+the default over the variant's, the variant's forward error against the same reference, its gradients against the
+default's and its kernels.
 
   python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_RESIDUE_BWD=old
 """
@@ -61,21 +62,23 @@ def max_rel(a, b):
     return max(((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
 
 
-def with_env(var, value, fn):
-    """fn with the environment variable var set to value (None: unset) around the call, restored after."""
+def with_env(env, fn):
+    """fn with the environment variables of env ({name: value}; None: unset) set around the call, restored after."""
     def call():
-        old = os.environ.get(var)
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+        old = {var: os.environ.get(var) for var in env}
+        for var, value in env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
         try:
             return fn()
         finally:
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
+            for var, value in old.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
     return call
 
 
@@ -91,7 +94,7 @@ def hbm_tbs(reps):
 def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None, hbm=None):
     """One case's row: ours and Flex's forward and backward timed in alternation, dense cuDNN's forward (cudnn_time:
     (L, D, q, k, v) -> ms, cached by the caller), our output against the fp32 reference and our gradients against
-    Flex's; env_ab (var, value): also our forward under var=value against it (the module's docstring)."""
+    Flex's; env_ab ({var: value}): also our forward and backward under those against it (the module's docstring)."""
     B, H = gpu_bench.PROBLEM["batch"], gpu_bench.PROBLEM["heads"]
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -111,23 +114,24 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     fwd_kernel = fused.last_kernel()
     ab = None
     if env_ab:
-        var, val = env_ab
-        alt = with_env(var, val, lambda: Fused(lib, spec, L, D))()
+        on, off = env_ab, {var: None for var in env_ab}
+        alt = with_env(on, lambda: Fused(lib, spec, L, D))()
         o2, lse2 = torch.empty_like(q), torch.empty_like(lse)
-        ms, _hows = time_paired([with_env(var, None, lambda: fused.forward(q, k, v, o, lse)),
-                                 with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))], reps)
+        ms, _hows = time_paired([with_env(off, lambda: fused.forward(q, k, v, o, lse)),
+                                 with_env(on, lambda: alt.forward(q, k, v, o2, lse2))], reps)
         o2.fill_(float("nan"))
-        with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))()
-        ab = {"env": f"{var}={val}", "fwd_ms_default": ms[0], "fwd_ms_env": ms[1], "default_speed_over_env": ms[1] / ms[0],
+        with_env(on, lambda: alt.forward(q, k, v, o2, lse2))()
+        ab = {"env": ",".join(f"{var}={val}" for var, val in on.items()), "fwd_ms_default": ms[0], "fwd_ms_env": ms[1],
+              "default_speed_over_env": ms[1] / ms[0],
               "fwd_err_env": rel_err(o2, ref, idx), "kernel_env": alt.last_kernel(),
               "perm_d_env": [int(x) for x in re.findall(r"perm_d (\d+)", alt.explain)]}
         # The backward too, each plan's after its own forward: its first call under VAR builds the variant's backward
         # plans (what is read where a plan is built applies), and VAR is set around each timed call.
         g1, g2 = [tuple(torch.empty_like(q) for _ in range(3)) for _ in range(2)]
-        with_env(var, None, lambda: fused.backward(q, k, v, o, lse, do, *g1))()
-        with_env(var, val, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))()
-        bms = time_pair([with_env(var, None, lambda: fused.backward(q, k, v, o, lse, do, *g1)),
-                         with_env(var, val, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))], reps)
+        with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1))()
+        with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))()
+        bms = time_pair([with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1)),
+                         with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))], reps)
         ab.update({"bwd_ms_default": bms[0], "bwd_ms_env": bms[1], "default_bwd_speed_over_env": bms[1] / bms[0],
                    "bwd_diff_env_vs_default": max_rel(g2, g1), "bwd_kernel_env": alt.last_backward_kernel()})
         del alt, o2, lse2, g1, g2
@@ -197,7 +201,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
-    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
+    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE[,VAR=VALUE]",
                     help="also each case's forward and backward under VAR=VALUE (a plan made so) against VAR unset")
     ap.add_argument("--hbm-tbs", type=float, default=0.0,
                     help="the HBM rate (TB/s) of the memory roofline; 0: a timed 1 GiB device copy")
@@ -254,7 +258,7 @@ def main():
                     print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
                     continue
                 r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps,
-                            tuple(args.env_ab.split("=", 1)) if args.env_ab else None, machine["hbm_tbs"])
+                            dict(x.split("=", 1) for x in args.env_ab.split(",") if x) or None, machine["hbm_tbs"])
                 rows.append(r)
                 write()
                 print(line(r), flush=True)
