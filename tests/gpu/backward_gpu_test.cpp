@@ -534,16 +534,21 @@ TEST(BackwardGpu, StridedPastSixteen) {
       {{{"dilated(16, 17)"}, DType::bf16, 1, 2, 2, 1500, 1301, 64, false}, 17, false, 17},  // Lq != Lk
   };
   uint32_t seed = 400;
-  for (const bool old : {false, true})
+  // Passes: the default; SPATTN_RESIDUE_BWD=old (where it differs); head sections of one kv head (SPATTN_HEAD_SECTION,
+  // read at each launch: residue-grouped plans run in sections at the suite's lengths, plan::list_shape).
+  for (const int pass : {0, 1, 2})
   for (const Strided& x : cs) {
+    const bool old = pass == 1;
     if (old && x.old == x.perm) continue;
     const Case& c = x.c;
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) +
-                 (old ? " SPATTN_RESIDUE_BWD=old" : ""));
+                 (old ? " SPATTN_RESIDUE_BWD=old" : pass == 2 ? " SPATTN_HEAD_SECTION=1" : ""));
     std::string ran, ex;
     if (old) setenv("SPATTN_RESIDUE_BWD", "old", 1);
+    if (pass == 2) setenv("SPATTN_HEAD_SECTION", "1", 1);
     const auto e = backward_errors(c, "", &ran, seed++, &ex);
     unsetenv("SPATTN_RESIDUE_BWD");
+    unsetenv("SPATTN_HEAD_SECTION");
     if (x.by_parts) {
       EXPECT_EQ(ran.rfind("parts(sm90_bwd", 0), 0u) << ran;
       EXPECT_NE(ran.find("+sm90_bwd"), std::string::npos) << "the affine part on the tile backward: " << ran;
