@@ -305,6 +305,28 @@ def plot_model(doc, png):
             f"{c['heads']}/{c['kv_heads']}, window {c['window']}, {c['dtype']}", png, fontsize=8)
 
 
+# The HBM rate a strided baseline's roofline assumes where its JSON records none (an H200's device-to-device copy
+# measured ~4.2 TB/s, session 26).
+HBM_TBS = 4.2
+
+
+def strided_roofline(r, hbm_tbs=HBM_TBS):
+    """The memory roofline of a strided row (bench/strided_bench.py): the best effective TFLOP/s any kernel could
+    reach when the fewest bytes a call must move go at hbm_tbs TB/s. Forward: Q and K and V read once, O written
+    once (bf16, D each per token), the LSE written (fp32 per token), for each of the B * H heads; every key is read
+    because every suite pattern keeps the diagonal; FLOPs 4 * nnz * D per head, as the bench counts. Backward: Q, K,
+    V, O, dO read, dQ, dK, dV written, the LSE read (2.5x the forward's FLOPs). The
+    intensity is about nnz / L / 2 FLOP per byte (half the kept keys per query): dilated(64, 32) keeps ~121-127
+    keys a query, ~60 FLOP/B, ~250 TFLOP/s at 4.2 TB/s. Returns {"roofline_tflops", "bwd_roofline_tflops",
+    "intensity"}."""
+    heads, L, D = r["B"] * r["H"], r["L"], r["D"]
+    flop = 4.0 * r["nnz"] * D * heads
+    fwd_bytes = heads * (4 * L * D * 2 + L * 4)
+    bwd_bytes = heads * (8 * L * D * 2 + L * 4)
+    return {"roofline_tflops": flop / fwd_bytes * hbm_tbs, "bwd_roofline_tflops": 2.5 * flop / bwd_bytes * hbm_tbs,
+            "intensity": flop / fwd_bytes}
+
+
 def plot_strided(doc, png):
     """bench/strided_bench.py: forward and backward TFLOP/s of ours and Flex's per case; dense cuDNN's forward rate
     and 0.4 of it (the issue's bar per kept score) as marks on the forward panel."""
@@ -319,6 +341,10 @@ def plot_strided(doc, png):
             ax.plot(x, [r["cudnn_dense_fwd_tflops"] for r in rows], "k_", markersize=16, label="dense cuDNN SDPA")
             ax.plot(x, [doc["bar"]["fwd_frac_of_cudnn"] * r["cudnn_dense_fwd_tflops"] for r in rows], "r_",
                     markersize=16, label=f"{doc['bar']['fwd_frac_of_cudnn']} of dense cuDNN (bar)")
+        hbm = doc["machine"].get("hbm_tbs", HBM_TBS)
+        roof = [strided_roofline(r, hbm)[("" if p == "fwd" else "bwd_") + "roofline_tflops"] for r in rows]
+        ax.plot(x, roof, "g_", markersize=16, label=f"memory roofline ({hbm:.2f} TB/s)")
+        ax.set_ylim(0, 1.15 * max(max(r[f"{p}_tflops"], r.get("cudnn_dense_fwd_tflops", 0)) for r in rows))
         ax.set_xticks(x)
         ax.set_xticklabels([f"{r['pattern']}\nL={r['L']}\nD={r['D']}" for r in rows], fontsize=7)
         ax.set_ylabel(f"{p} effective TFLOP/s (kept scores" + (", 2.5x the forward's)" if p == "bwd" else ")"))

@@ -15,18 +15,25 @@ Effective TFLOP/s count kept scores: 4 * nnz * D * B * H forward, 2.5 times that
 bwd_tflops, fwd_frac_of_cudnn (ours per kept score over dense cuDNN's per score), fwd_ratio_vs_flex and
 bwd_ratio_vs_flex (Flex's time over ours), bwd_over_fwd (backward TFLOP/s over forward's), the kernels, and "bar":
 whether each of the issue's marks is met (fwd_frac_of_cudnn >= 0.4, fwd_ratio_vs_flex >= 5, bwd_over_fwd >= 0.6).
+The memory roofline (baseline.strided_roofline: the fewest bytes a call must move, at the HBM rate of a timed
+device-to-device copy, machine.hbm_tbs, or --hbm-tbs) gives roofline_tflops and bwd_roofline_tflops, the best any
+kernel could reach, and frac_of_roofline, bwd_frac_of_roofline (ours over min(roofline, dense cuDNN's rate): the
+forward cannot beat dense attention's compute rate either); bar_reachable: whether 0.4 of cuDNN lies under the
+forward's roofline (dilated(64, 32) and stride(64) & causal at L = 16384 keep ~121-128 keys a query: ~60 FLOP/B).
 The JSON ("kind": "strided") is rewritten after every case, so a run cut short by --budget-s or a timeout keeps what
 it measured; --resume JSON continues such a run (its rows kept, its cases skipped).
 
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
 
---env-ab VAR=VALUE (an environment switch, e.g. SPATTN_HEAD_SECTION=0): also a second plan of each case made with VAR set
-to VALUE, its forward timed against the first's (VAR unset) in alternation, VAR set around each call and each graph
-capture (what the library reads at launch and at make_plan both apply); the row's "env_ab": both times, the speed of
-the default over the variant's, the variant's error against the same reference and its kernels.
+--env-ab VAR=VALUE[,VAR=VALUE] (issue 42's SPATTN_RESIDUE_SECTIONS=old, SPATTN_RESIDUE_BWD=old): also a second plan
+of each case made with those set, its forward and its backward timed against the first's (the variables unset) in
+alternation, the variables set around each call and each graph capture (what the library reads at launch, at make_plan
+and where the backward's plans are built at its first call all apply); the row's "env_ab": the times, the speeds of
+the default over the variant's, the variant's forward error against the same reference, its gradients against the
+default's and its kernels.
 
-  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_HEAD_SECTION=0
+  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_RESIDUE_BWD=old
 """
 import argparse
 import datetime
@@ -55,28 +62,39 @@ def max_rel(a, b):
     return max(((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
 
 
-def with_env(var, value, fn):
-    """fn with the environment variable var set to value (None: unset) around the call, restored after."""
+def with_env(env, fn):
+    """fn with the environment variables of env ({name: value}; None: unset) set around the call, restored after."""
     def call():
-        old = os.environ.get(var)
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+        old = {var: os.environ.get(var) for var in env}
+        for var, value in env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
         try:
             return fn()
         finally:
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
+            for var, value in old.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
     return call
 
 
-def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None):
+def hbm_tbs(reps):
+    """The HBM rate of a device-to-device copy of 1 GiB (read and write counted), TB/s, median of reps."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps)
+    del src, dst
+    return 2.0 * (1 << 30) / ms / 1e9
+
+
+def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, reps, env_ab=None, hbm=None):
     """One case's row: ours and Flex's forward and backward timed in alternation, dense cuDNN's forward (cudnn_time:
     (L, D, q, k, v) -> ms, cached by the caller), our output against the fp32 reference and our gradients against
-    Flex's; env_ab (var, value): also our forward under var=value against it (the module's docstring)."""
+    Flex's; env_ab ({var: value}): also our forward and backward under those against it (the module's docstring)."""
     B, H = gpu_bench.PROBLEM["batch"], gpu_bench.PROBLEM["heads"]
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -96,17 +114,27 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     fwd_kernel = fused.last_kernel()
     ab = None
     if env_ab:
-        var, val = env_ab
-        alt = with_env(var, val, lambda: Fused(lib, spec, L, D))()
+        on, off = env_ab, {var: None for var in env_ab}
+        alt = with_env(on, lambda: Fused(lib, spec, L, D))()
         o2, lse2 = torch.empty_like(q), torch.empty_like(lse)
-        ms, _hows = time_paired([with_env(var, None, lambda: fused.forward(q, k, v, o, lse)),
-                                 with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))], reps)
+        ms, _hows = time_paired([with_env(off, lambda: fused.forward(q, k, v, o, lse)),
+                                 with_env(on, lambda: alt.forward(q, k, v, o2, lse2))], reps)
         o2.fill_(float("nan"))
-        with_env(var, val, lambda: alt.forward(q, k, v, o2, lse2))()
-        ab = {"env": f"{var}={val}", "fwd_ms_default": ms[0], "fwd_ms_env": ms[1], "default_speed_over_env": ms[1] / ms[0],
+        with_env(on, lambda: alt.forward(q, k, v, o2, lse2))()
+        ab = {"env": ",".join(f"{var}={val}" for var, val in on.items()), "fwd_ms_default": ms[0], "fwd_ms_env": ms[1],
+              "default_speed_over_env": ms[1] / ms[0],
               "fwd_err_env": rel_err(o2, ref, idx), "kernel_env": alt.last_kernel(),
               "perm_d_env": [int(x) for x in re.findall(r"perm_d (\d+)", alt.explain)]}
-        del alt, o2, lse2
+        # The backward too, each plan's after its own forward: its first call under VAR builds the variant's backward
+        # plans (what is read where a plan is built applies), and VAR is set around each timed call.
+        g1, g2 = [tuple(torch.empty_like(q) for _ in range(3)) for _ in range(2)]
+        with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1))()
+        with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))()
+        bms = time_pair([with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1)),
+                         with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))], reps)
+        ab.update({"bwd_ms_default": bms[0], "bwd_ms_env": bms[1], "default_bwd_speed_over_env": bms[1] / bms[0],
+                   "bwd_diff_env_vs_default": max_rel(g2, g1), "bwd_kernel_env": alt.last_backward_kernel()})
+        del alt, o2, lse2, g1, g2
     qf, kf, vf = (t.detach().clone().requires_grad_() for t in (q, k, v))
     of = flex(qf, kf, vf, block_mask=bm)
     bwd_ms = time_pair([lambda: fused.backward(q, k, v, o, lse, do, dq, dk, dv),
@@ -133,6 +161,10 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     r["fwd_err"] = fwd_err
     r["bwd_diff_vs_flex"] = diff
     r["bar"] = {key: r[key] >= mark for key, mark in BAR.items()}
+    r.update(baseline.strided_roofline(r, hbm))
+    r["frac_of_roofline"] = r["fwd_tflops"] / min(r["roofline_tflops"], r["cudnn_dense_fwd_tflops"])
+    r["bwd_frac_of_roofline"] = r["bwd_tflops"] / r["bwd_roofline_tflops"]
+    r["bar_reachable"] = BAR["fwd_frac_of_cudnn"] * r["cudnn_dense_fwd_tflops"] <= r["roofline_tflops"]
     if ab:
         r["env_ab"] = ab
     del q, k, v, do, o, dq, dk, dv, lse, qf, kf, vf, of, bm, fused, ref
@@ -145,11 +177,15 @@ def line(r):
     return (f"{r['pattern']:10s} L={r['L']:5d} D={r['D']:3d} fwd {r['fwd_tflops']:6.1f} TF/s ({r['fwd_frac_of_cudnn']:.2f} "
             f"of cuDNN's {r['cudnn_dense_fwd_tflops']:.0f}, {r['fwd_ratio_vs_flex']:.2f}x Flex) bwd {r['bwd_tflops']:6.1f} "
             f"TF/s ({r['bwd_ratio_vs_flex']:.2f}x Flex, bwd/fwd {r['bwd_over_fwd']:.2f}) err {r['fwd_err']:.1e} diff "
-            f"{r['bwd_diff_vs_flex']:.1e} [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
+            f"{r['bwd_diff_vs_flex']:.1e} roofline {r['roofline_tflops']:.0f} TF/s ({r['frac_of_roofline']:.2f} of "
+            f"min(it, cuDNN)) [{r['kernel']} / {r['bwd_kernel']}, perm_d {r['perm_d']}]"
             + (f"  below the bar: {', '.join(below)}" if below else "")
             + (f"\n    {r['env_ab']['env']}: fwd {r['env_ab']['fwd_ms_default']:.4f} ms default / "
                f"{r['env_ab']['fwd_ms_env']:.4f} ms env (default {r['env_ab']['default_speed_over_env']:.3f}x), env err "
-               f"{r['env_ab']['fwd_err_env']:.1e} [{r['env_ab']['kernel_env']}, perm_d {r['env_ab']['perm_d_env']}]"
+               f"{r['env_ab']['fwd_err_env']:.1e} [{r['env_ab']['kernel_env']}, perm_d {r['env_ab']['perm_d_env']}]; bwd "
+               f"{r['env_ab']['bwd_ms_default']:.4f} ms default / {r['env_ab']['bwd_ms_env']:.4f} ms env (default "
+               f"{r['env_ab']['default_bwd_speed_over_env']:.3f}x), env grads within "
+               f"{r['env_ab']['bwd_diff_env_vs_default']:.1e} of the default's [{r['env_ab']['bwd_kernel_env']}]"
                if "env_ab" in r else ""))
 
 
@@ -165,8 +201,10 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     ap.add_argument("--json", default="")
     ap.add_argument("--baseline", default="", metavar="NAME", help="also write bench/baselines/NAME.{json,png}")
-    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
-                    help="also each case's forward under VAR=VALUE (a plan made so) against VAR unset")
+    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE[,VAR=VALUE]",
+                    help="also each case's forward and backward under VAR=VALUE (a plan made so) against VAR unset")
+    ap.add_argument("--hbm-tbs", type=float, default=0.0,
+                    help="the HBM rate (TB/s) of the memory roofline; 0: a timed 1 GiB device copy")
     ap.add_argument("--resume", default="", metavar="JSON",
                     help="an earlier run's JSON: its rows kept (first) and its cases not measured again")
     args = ap.parse_args()
@@ -186,7 +224,8 @@ def main():
     outs = ([args.json] if args.json else []) + (
         [os.path.join(baseline.BASELINES, args.baseline + ".json")] if args.baseline else [])
     machine = {"gpu": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "command": command,
-               "date": datetime.datetime.now().isoformat(timespec="seconds")}
+               "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "hbm_tbs": args.hbm_tbs or hbm_tbs(args.reps)}
     rows, dense = (json.loads(Path(args.resume).read_text())["rows"] if args.resume else []), {}
     done = {(r["pattern"], r["L"], r["D"]) for r in rows}
 
@@ -197,7 +236,8 @@ def main():
         return dense[(L, D)]
 
     wanted = args.patterns.split(",")
-    print(f"# {dev}, torch {torch.__version__}, B={B} H={H} bf16", flush=True)
+    print(f"# {dev}, torch {torch.__version__}, B={B} H={H} bf16, HBM {machine['hbm_tbs']:.2f} TB/s (roofline)",
+          flush=True)
 
     def write():
         doc = {"kind": "strided", "meta": baseline.meta(args.baseline or None, command), "machine": machine,
@@ -218,7 +258,7 @@ def main():
                     print(f"# budget reached, skipping {name} L={L} D={D}", flush=True)
                     continue
                 r = measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D, args.reps,
-                            tuple(args.env_ab.split("=", 1)) if args.env_ab else None)
+                            dict(x.split("=", 1) for x in args.env_ab.split(",") if x) or None, machine["hbm_tbs"])
                 rows.append(r)
                 write()
                 print(line(r), flush=True)
@@ -232,6 +272,10 @@ def main():
     if any(not math.isfinite(e) or e > 2e-2 for r in rows for e in [r["fwd_err"]] + (
             [r["env_ab"]["fwd_err_env"]] if "env_ab" in r else [])):
         print("# forward error above 2e-2", file=sys.stderr)
+        return 1
+    if any(not math.isfinite(e) or e > 2e-2 for r in rows if "env_ab" in r
+           for e in [r["env_ab"].get("bwd_diff_env_vs_default", 0.0)]):
+        print("# the variant's gradients differ from the default's by more than 2e-2", file=sys.stderr)
         return 1
     return 0
 

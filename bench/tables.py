@@ -23,7 +23,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from baseline import BASELINES, ROOT, TSVD_MODELS, cases, index, kind, tsvd_cases, tsvd_meets  # noqa: E402
+from baseline import (BASELINES, HBM_TBS, ROOT, TSVD_MODELS, cases, index, kind, strided_roofline, tsvd_cases,  # noqa: E402
+                      tsvd_meets)
 
 # The fused table's "of dense cuDNN" column: the clustered patterns (the scattered ones run at a few % of a dense
 # rate, where a share of cuDNN says nothing).
@@ -356,11 +357,15 @@ def strided(name, doc):
     r0 = rows[0]
     out = [caption(name, doc, f"{doc['machine']['gpu']}, bf16, B={r0['B']}, H={r0['H']}; TFLOP/s count kept scores "
                               f"(the backward 2.5x the forward's FLOPs)"), "",
-           row(["pattern", "L", "D", "fwd TFLOP/s", "of dense cuDNN", "x Flex fwd", "bwd TFLOP/s", "x Flex bwd",
-                "bwd / fwd", "kernels (fwd / bwd)", "meets bar"]), rule(11)]
+           row(["pattern", "L", "D", "fwd TFLOP/s", "of dense cuDNN", "roofline (of cuDNN)", "of min(roofline, cuDNN)",
+                "x Flex fwd", "bwd TFLOP/s", "x Flex bwd", "bwd / fwd", "kernels (fwd / bwd)", "meets bar"]), rule(13)]
+    hbm = doc["machine"].get("hbm_tbs", HBM_TBS)
     for r in rows:
+        roof = r.get("roofline_tflops") or strided_roofline(r, hbm)["roofline_tflops"]
+        cud = r["cudnn_dense_fwd_tflops"]
         out.append(row([f"`{r['spec']}`", str(r["L"]), str(r["D"]), f"{r['fwd_tflops']:.1f}",
-                        f"{r['fwd_frac_of_cudnn']:.2f}", f"{r['fwd_ratio_vs_flex']:.2f}", f"{r['bwd_tflops']:.1f}",
+                        f"{r['fwd_frac_of_cudnn']:.2f}", f"{roof:.0f} ({roof / cud:.2f})",
+                        f"{r['fwd_tflops'] / min(roof, cud):.2f}", f"{r['fwd_ratio_vs_flex']:.2f}", f"{r['bwd_tflops']:.1f}",
                         f"{r['bwd_ratio_vs_flex']:.2f}", f"{r['bwd_over_fwd']:.2f}",
                         f"{r['kernel']} / {r['bwd_kernel']}", "yes" if all(r["bar"].values()) else
                         "no (" + ", ".join(k for k, ok in r["bar"].items() if not ok) + ")"]))
@@ -369,7 +374,11 @@ def strided(name, doc):
                       f"and >= {bar['fwd_ratio_vs_flex']:g}x FlexAttention, backward >= {bar['bwd_over_fwd']}x the "
                       f"forward's rate. Met in {met} of {len(rows)} cases; forward errors <= "
                       f"{e(max(r['fwd_err'] for r in rows))} (fp32 reference, sampled rows), gradients within "
-                      f"{e(max(r['bwd_diff_vs_flex'] for r in rows))} of Flex's."]
+                      f"{e(max(r['bwd_diff_vs_flex'] for r in rows))} of Flex's. Roofline: the forward's fewest bytes "
+                      f"(Q, K, V read, O and the LSE written, once per head) at {hbm:.2f} TB/s of HBM, as effective "
+                      f"TFLOP/s (bench/baseline.py's strided_roofline); the bar lies above it in "
+                      f"{sum(r.get('roofline_tflops') or strided_roofline(r, hbm)['roofline_tflops'] < bar['fwd_frac_of_cudnn'] * r['cudnn_dense_fwd_tflops'] for r in rows)} "
+                      f"of {len(rows)} cases."]
 
 
 TABLES["strided"] = strided

@@ -198,6 +198,20 @@ TEST(LaunchDecision, HeadSections) {
   EXPECT_DOUBLE_EQ(s.reach, (2.0 / 4 + 1.0 / 4 + 1.0 / 4) / 3);
   EXPECT_DOUBLE_EQ(list_shape({0}, {}, 4).reach, 1.0);
   EXPECT_DOUBLE_EQ(list_shape({0, 0, 0}, {}, 4).imbalance, 1.0);
+  // Residue groups (perm_d 2: two groups of 2 tiles): reach within a group, at most 1.
+  const ListShape g = list_shape({0, 2, 3, 4, 4}, e, 4, 2);
+  EXPECT_EQ(g.groups, 2);
+  EXPECT_DOUBLE_EQ(g.reach, (2.0 / 2 + 1.0 / 2 + 1.0 / 2) / 3);
+  const std::vector<TileEntry> wide = {{0, kFull, 0, 0}, {3, kFull, 0, 0}};
+  EXPECT_DOUBLE_EQ(list_shape({0, 2}, wide, 4, 2).reach, 1.0);
+  // A causal residue group's lists reach far within it: sections; SPATTN_RESIDUE_SECTIONS=old measures against the
+  // whole axis (64 groups: 0.5 / 64) and has none.
+  const ListShape grouped{1.6, 0.5, 64};
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, grouped), 7);
+  ::setenv("SPATTN_RESIDUE_SECTIONS", "old", 1);
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, grouped), 0);
+  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, even), 7);  // unpermuted lists as before
+  ::unsetenv("SPATTN_RESIDUE_SECTIONS");
 }
 
 // The cases the sections were measured on (bench/LOG.md) fall on the side of the gate they were measured to win on:
@@ -221,17 +235,24 @@ TEST(LaunchDecision, HeadSectionCases) {
       {"longformer(256, 32)", 16384, 64, false, false},
       {"bigbird(64, 3, 2, 3)", 16384, 64, false, false},
       {"(local(left=2048, right=0) | global_cols(0:4)) & causal", 32768, 128, true, false},
+      // Grouped by residue (issue 42): causal groups' tiles run apart in the plan's order (most work first); a
+      // section keeps their group's K and V (the backward's Q, dO) in L2 between them.
+      {"stride(64) & causal", 16384, 64, true, true},
+      {"stride(64) & causal", 65536, 128, true, true},
+      {"stride(128) & causal", 65536, 64, true, true},  // sparse_strided(128)'s affine part
+      {"dilated(64, 32)", 16384, 64, true, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.spec);
     const BoundPattern p = parse(c.spec).bind(c.len);
     const Analysis an = analyze(p);
     const LaunchDecision d = decide_tiles(p, &an, c.dim, h200, FusedOptions{});
-    const ListShape f = list_shape(d.tiles.row_offsets, d.tiles.entries, d.tiles.k_tiles);
+    const ListShape f = list_shape(d.tiles.row_offsets, d.tiles.entries, d.tiles.k_tiles, d.tiles.perm_d);
     EXPECT_EQ(head_section(4 << 20, 1024, 1, 50 << 20, f) > 0, c.fwd) << f.imbalance << " " << f.reach;
     const int row = backward_row(backward_choice("", c.dim), an, c.dim);
-    const KeyMajorPlan km = key_major(backward_tiles(p, an, c.dim, row));
-    const ListShape b = list_shape(km.col_offsets, km.entries, km.q_tiles);
+    const BlockPlan bp = backward_tiles(p, an, c.dim, row);
+    const KeyMajorPlan km = key_major(bp);
+    const ListShape b = list_shape(km.col_offsets, km.entries, km.q_tiles, bp.perm_d);
     EXPECT_EQ(head_section(4 << 20, 1024, 1, 50 << 20, b) > 0, c.bwd) << b.imbalance << " " << b.reach;
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "plan/gpu/tiles.hpp"
 #include "plan/key_plan.hpp"
 
 namespace spattn::plan {
@@ -251,15 +252,20 @@ int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes
   if (const char* e = std::getenv("SPATTN_HEAD_SECTION"))  // A/B only: 0 one section, n > 0 groups a section
     n = std::atoll(e) > 0 ? std::atoll(e) * group : 0;
   if (n < 0) {
-    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || shape.reach < 1.0 / 3) return 0;
+    const char* rs = std::getenv("SPATTN_RESIDUE_SECTIONS");  // A/B only: "old", reach against the whole axis
+    const double reach = rs && std::string(rs) == "old" ? shape.reach / std::max(shape.groups, 1) : shape.reach;
+    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || reach < 1.0 / 3) return 0;
     n = std::max<int64_t>(1, l2_bytes * 5 / 8 / group_bytes) * group;
   }
   return n <= 0 || n >= units ? 0 : int(n);
 }
 
-ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles) {
+ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles,
+                     int groups) {
   ListShape s;
+  s.groups = std::max(groups, 1);
   if (offsets.size() < 2 || offsets.back() <= offsets.front() || entries.empty() || other_tiles <= 0) return s;
+  const double span = double(std::max<int64_t>(1, other_tiles / s.groups));  // a residue group's tiles
   int64_t most = 0, lists = 0;
   double reach = 0;
   for (size_t i = 1; i < offsets.size(); ++i) {
@@ -268,7 +274,7 @@ ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<Tile
     if (b <= a) continue;
     int32_t lo = INT32_MAX, hi = INT32_MIN;
     for (int64_t j = a; j < b; ++j) lo = std::min(lo, entries[size_t(j)].kt), hi = std::max(hi, entries[size_t(j)].kt);
-    reach += double(int64_t(hi) - lo + 1) / double(other_tiles);
+    reach += std::min(1.0, double(int64_t(hi) - lo + 1) / span);
     ++lists;
   }
   s.imbalance = double(most) / (double(offsets.back() - offsets.front()) / double(offsets.size() - 1));
@@ -427,10 +433,34 @@ int backward_row(const BackwardChoice& c, const Analysis& analysis, int64_t head
   return c.row >= 0 ? c.row : choose_backward_row(analysis, head_dim, c.warp_specialized);
 }
 
+namespace {
+// The backward's residue groups (issue 42): groups of at most half a key tile of tokens leave most of each of the
+// backward's tiles padding, and its items are key tiles, one a CTA (sparse_strided(512)'s affine part at L = 16384:
+// 512 groups of 32 tokens, a 64x64 tile each at D = 64, 12% kept; 64x128 at D = 128, 6% kept). d / 2^j for the least
+// j whose groups hold more than half a key tile puts 2^j residues in a group (a row's keys stay in its group: d / 2^j
+// divides d), in bitmask tiles: at D = 64, 256 groups of 64 tokens (256 tiles a head, 24% kept); at D = 128, 128
+// groups of 128 (128 key tiles of two query tiles each, 13% kept). 0 where none applies.
+int backward_groups(int d, int64_t len, int block_n) {
+  if (d < 2 || gpu::ceil_div(len, d) > block_n / 2) return 0;
+  for (int c = d; c % 2 == 0;) {
+    c /= 2;
+    if (gpu::ceil_div(len, c) > block_n / 2) return c > 1 ? c : 0;
+  }
+  return 0;
+}
+}  // namespace
+
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row) {
   // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only (any
-  // stride, kMaxGpuPermutation, as the forward).
-  return choose_block_plan(pattern, analysis, head_dim, 64, kKernels[row].block_n, -1, false, 0);
+  // stride, kMaxGpuPermutation, as the forward), coarser where the forward's groups are short (backward_groups;
+  // SPATTN_RESIDUE_BWD=old, read where the plan is built, keeps the forward's for an A/B).
+  const int bn = kKernels[row].block_n;
+  BlockPlan p = choose_block_plan(pattern, analysis, head_dim, 64, bn, -1, false, 0);
+  const char* e = std::getenv("SPATTN_RESIDUE_BWD");
+  if (p.perm_d > 1 && !(e && std::string(e) == "old"))
+    if (const int c = backward_groups(p.perm_d, std::min(p.q_len, p.k_len), bn); c > 1)
+      return choose_block_plan(pattern, analysis, head_dim, 64, bn, c, false, 0);
+  return p;
 }
 
 std::string BackwardParts::describe() const {

@@ -137,14 +137,25 @@ SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, 
 //  - lists that reach less than a third of the other axis (windows, neighborhoods: what a unit's tiles share is
 //    small and stays in L2 anyway; na2d 96x96 forward 0.96x, local(left=4096) L 16384 GQA 0.96x with sections);
 // measured kept: causal D = 128 forward 1.06x, a block mask's backward 1.19x and forward 1.03x (bench/LOG.md).
+// Reach is measured within a residue group where a plan is grouped by residue (perm_d > 1: its lists keep to their
+// group): such a plan's tiles run most work first over every group, so a causal group's tiles (stride(64) & causal,
+// sparse_strided's affine part) run apart and, without sections, read their group's K and V from DRAM at each tile:
+// stride(64) & causal at L = 65536, D = 64 visits 72 key tiles of 128 a group where 8 are its keys, 4.8 GB of K and V
+// for 32 heads, which at 4.2 TB/s is the 1.2 ms it measured. SPATTN_RESIDUE_SECTIONS=old (A/B only, read at each
+// call) measures reach against the whole axis again (no sections for those plans).
 struct ListShape {
   double imbalance = 1;  // the longest list over the mean
-  double reach = 1;      // mean over non-empty lists of (last - first + 1) other-axis tiles / the other axis's tiles
+  // mean over non-empty lists of (last - first + 1) other-axis tiles / the tiles of a residue group (the other axis's
+  // tiles where `groups` is 1), at most 1
+  double reach = 1;
+  int groups = 1;  // the residue groups the other axis is in (a plan's perm_d)
 };
 int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes, const ListShape& shape);
 // The shape of a plan's lists: offsets [tiles + 1] into entries, whose kt is a tile of the other axis (of
-// `other_tiles`). {1, 1} where there are no entries (lists written on the device: not known here).
-ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles);
+// `other_tiles`, in `groups` residue groups of other_tiles / groups). {1, 1} where there are no entries (lists
+// written on the device: not known here).
+ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles,
+                     int groups = 1);
 
 // What runs a compound split's parts on `target` with `options` (plan/parts.hpp, SplitTarget).
 SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedOptions& options);
