@@ -41,6 +41,8 @@ plan took (last_kernel: "runtime_device: ..." or "runtime_rows: ..." for the hos
   python3 bench/runtime_bench.py --quick                              # small sizes: a smoke run in seconds
   python3 bench/runtime_bench.py --cases blocks --ab-lists            # + the one-CTA list builds (cta_over_grid_*)
   python3 bench/runtime_bench.py --cases blocks --ab-lists --profile  # + each one's kernels (row key profile)
+  python3 bench/runtime_bench.py --env-ab SPATTN_RT_BWD=old           # block mask fwd / bwd, variable unset vs set
+  SPATTN_BASELINES=$OUT/baselines python3 bench/runtime_bench.py --baseline h200-runtime  # written there instead
 """
 import argparse
 import datetime
@@ -56,19 +58,7 @@ import torch
 
 def timed(fn, reps, deadline):
     """Median ms of fn() over reps calls (CUDA events around each); fewer reps once past `deadline` (time.time())."""
-    fn()  # warm: plans, compiles
-    torch.cuda.synchronize()
-    ms = []
-    for i in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-        if time.time() > deadline:  # past the case's share of --budget-s: one measured call is a row
-            break
-    return statistics.median(ms)
+    return timed_alternating([fn], reps, deadline)[0]
 
 
 def grad_fn(f, q, k, v, do):
@@ -157,6 +147,112 @@ def lists_env(f, value):
     return g
 
 
+def set_env(var, value):
+    """var=value in this process's environment (read by spattn at each call); value None: unset."""
+    if value is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = value
+
+
+def timed_alternating(fns, reps, deadline):
+    """Median ms of each of fns, called in alternation (one of each a round, CUDA events around each): an A/B in one
+    process whose drift (clocks, heat) falls on both alike. Fewer rounds once past `deadline`."""
+    for f in fns:
+        f()  # warm: plans, compiles
+    torch.cuda.synchronize()
+    ms = [[] for _ in fns]
+    for _ in range(reps):
+        for f, m in zip(fns, ms):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            f()
+            b.record()
+            b.synchronize()
+            m.append(a.elapsed_time(b))
+        if time.time() > deadline:
+            break
+    return [statistics.median(m) for m in ms]
+
+
+def block_mask_tensors(n, R, device, seed=1):
+    """The bar's block mask over n x n blocks: random(R, seed) | local(0) with causal, as FlexAttention's tensors
+    (partial: the diagonal block; full: the listed blocks below it, listed first) and the kept block grid."""
+    import spattn
+    grid = torch.from_numpy(spattn.mask(f"random({R}, seed={seed}) | local(0)", n, n)).to(device)
+    i = torch.arange(n, device=device)
+    full = grid & (i[None, :] < i[:, None])  # below the diagonal: every pair kept (causal)
+    full_num = full.sum(1).int().view(1, 1, n)
+    full_idx = torch.argsort(~full, dim=1, stable=True).int().view(1, 1, n, n)  # listed blocks first
+    part_num = torch.ones(1, 1, n, dtype=torch.int32, device=device)
+    # kv_indices as wide as the key blocks (torch 2.11's from_kv_blocks indexes a dense [n, C + 1] by them)
+    part_idx = i.view(1, 1, n, 1).expand(1, 1, n, n).int().contiguous()
+    return part_num, part_idx, full_num, full_idx, full
+
+
+def env_ab_check(var, value, reps_note=None):
+    """--env-ab's correctness check: the run-time block mask's forward and backward (bf16, L = 2048, H = 2, D = 128,
+    blocks of 128, the bar's mask at that size) with var unset and set, each against an fp64 CPU reference of the same
+    pairs; returns {unset: {o, dq, dk, dv}, set: {...}}, each the max abs error over the max abs reference."""
+    import spattn.torch as st
+    from torch.nn.attention.flex_attention import BlockMask
+    B, H, D, QB, L = 1, 2, 128, 128, 2048
+    n = L // QB
+    part_num, part_idx, full_num, full_idx, full = block_mask_tensors(n, 8, "cuda")
+    bm = BlockMask.from_kv_blocks(part_num, part_idx, full_num, full_idx, BLOCK_SIZE=QB,
+                                  mask_mod=lambda b, h, q, k: q >= k, seq_lengths=(L, L))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, do = (torch.randn(B, L, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    # the reference: every pair of a full block, and the causal pairs of the diagonal block
+    keep = full.cpu().repeat_interleave(QB, 0).repeat_interleave(QB, 1)
+    keep |= torch.ones(L, L, dtype=torch.bool).tril() & torch.eye(n, dtype=torch.bool).repeat_interleave(QB, 0) \
+        .repeat_interleave(QB, 1)
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    s = torch.einsum("blhd,bkhd->bhlk", qr, kr) / D ** 0.5
+    o_ref = torch.einsum("bhlk,bkhd->blhd", s.masked_fill(~keep, float("-inf")).softmax(-1), vr)
+    ref = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(o_ref, (qr, kr, vr), do.cpu().double())))
+    ref["o"] = o_ref.detach()
+    out = {}
+    for label, val in (("unset", None), ("set", value)):
+        set_env(var, val)
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        o = st.sparse_attention(qg, kg, vg, bm, spec="causal")
+        got = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(o, (qg, kg, vg), do)))
+        got["o"] = o.detach()
+        out[label] = {name: (got[name].double().cpu() - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+                      for name, r in ref.items()}
+    set_env(var, None)
+    return out
+
+
+def env_ab(row, args, impl, q, k, v, deadline):
+    """--env-ab VAR=VALUE: the run-time block mask's forward and backward with VAR unset and set, alternated in this
+    process (rows runtime_{fwd,bwd}_ms_unset / _set, set_over_unset_* = unset ms / set ms: > 1 where VALUE is faster),
+    and the correctness check (env_ab_check) of both."""
+    var, _, value = args.env_ab.partition("=")
+    row["env_ab"] = args.env_ab
+    row["env_ab_check"] = env_ab_check(var, value)
+    row["env_ab_ok"] = all(e < 2e-2 for side in row["env_ab_check"].values() for e in side.values())
+    do = torch.randn_like(q)
+
+    def under(val, f):
+        def g():
+            set_env(var, val)
+            return f()
+        return g
+    sides = (("unset", None), ("set", value))
+    fwd = timed_alternating([under(val, lambda: impl(q, k, v)) for _, val in sides], args.reps, deadline)
+    grads = []
+    for _, val in sides:
+        set_env(var, val)
+        grads.append(under(val, grad_fn(impl, q, k, v, do)))
+    bwd = timed_alternating(grads, args.reps, deadline)
+    set_env(var, None)
+    for (label, _), f_ms, b_ms in zip(sides, fwd, bwd):
+        row[f"runtime_fwd_ms_{label}"], row[f"runtime_bwd_ms_{label}"] = f_ms, b_ms
+    row["set_over_unset_fwd"], row["set_over_unset_bwd"] = fwd[0] / fwd[1], bwd[0] / bwd[1]
+
+
 def case_blocks(args, deadline):
     import spattn
     import spattn.torch as st
@@ -165,14 +261,7 @@ def case_blocks(args, deadline):
     B, H, D, QB, R = 1, 16, 128, 128, 8
     L = 4096 if args.quick else 32768
     n = L // QB
-    grid = torch.from_numpy(spattn.mask(f"random({R}, seed=1) | local(0)", n, n)).cuda()  # the block grid's pairs
-    i = torch.arange(n, device="cuda")
-    full = grid & (i[None, :] < i[:, None])  # below the diagonal: every pair kept (causal)
-    full_num = full.sum(1).int().view(1, 1, n)
-    full_idx = torch.argsort(~full, dim=1, stable=True).int().view(1, 1, n, n)  # listed blocks first
-    part_num = torch.ones(1, 1, n, dtype=torch.int32, device="cuda")
-    # kv_indices as wide as the key blocks (torch 2.11's from_kv_blocks indexes a dense [n, C + 1] by them)
-    part_idx = i.view(1, 1, n, 1).expand(1, 1, n, n).int().contiguous()
+    part_num, part_idx, full_num, full_idx, full = block_mask_tensors(n, R, "cuda")
 
     def causal(b, h, q, k):
         return q >= k
@@ -190,6 +279,13 @@ def case_blocks(args, deadline):
         for name, value in (("runtime_cta", "cta"), ("runtime_ctafwd", "fwd"), ("runtime_ctabwd", "bwd")):
             impls[name] = lists_env(lambda q, k, v: st.sparse_attention(q, k, v, bm, spec="causal"), value)
     row = {"case": "blocks", "B": B, "L": L, "H": H, "D": D, "block": QB, "key_blocks": R, "kept": kept * B * H}
+    if args.env_ab:  # the A/B alone: the run-time plan with the variable unset and set, alternated, and checked
+        env_ab(row, args, impls["runtime"], q, k, v, deadline)
+        flop = 4.0 * D * kept * B * H
+        for side in ("unset", "set"):
+            row[f"runtime_fwd_tflops_{side}"] = flop / row[f"runtime_fwd_ms_{side}"] / 1e9
+            row[f"runtime_bwd_tflops_{side}"] = 2.5 * flop / row[f"runtime_bwd_ms_{side}"] / 1e9
+        return row
     o_rt, o_st = impls["runtime"](q, k, v), impls["static"](q, k, v)
     row["runtime_vs_static_max_abs"] = (o_rt.float() - o_st.float()).abs().max().item()
     run_impls(row, impls, q, k, v, 4.0 * D * kept * B * H, args.reps, deadline)
@@ -395,6 +491,7 @@ def run_case(name, args, deadline, timeout):
            "--reps", str(args.reps)]
     cmd += [flag for flag, on in (("--quick", args.quick), ("--ab-lists", args.ab_lists), ("--profile", args.profile))
             if on]
+    cmd += ["--env-ab", args.env_ab] if args.env_ab else []
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -405,6 +502,18 @@ def run_case(name, args, deadline, timeout):
             return json.loads(line[len(ROW_MARK):])
     tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
     return {"case": name, "error": f"child exited {r.returncode} without a row: " + " | ".join(tail)[:600]}
+
+
+def output_path(json_path, baseline):
+    """Where the rows go: --json's path, else --baseline NAME's $SPATTN_BASELINES/NAME.json where that is set
+    (bench/baseline.py's variable: a tree that does not come back from the GPU machine), else
+    bench/baselines/NAME.json; None without either."""
+    if json_path:
+        return json_path
+    if not baseline:
+        return None
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines")
+    return os.path.join(os.environ.get("SPATTN_BASELINES") or here, baseline + ".json")
 
 
 def main():
@@ -422,12 +531,21 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="blocks: each run-time build's and the static plan's kernels by torch.profiler, forward and "
                          "backward (row key profile: device microseconds a call and the heaviest kernels)")
+    ap.add_argument("--env-ab", default="", metavar="VAR=VALUE",
+                    help="blocks only: the run-time block mask's forward and backward with VAR unset and set (read by "
+                         "spattn at each call), alternated in one process, each checked against an fp64 CPU reference "
+                         "at L = 2048 (rows runtime_*_ms_unset / _set, set_over_unset_*, env_ab_check, env_ab_ok); "
+                         "e.g. SPATTN_RT_BWD=old")
     ap.add_argument("--one-case", help=argparse.SUPPRESS)  # internal: run this case here, print its row
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("runtime_bench: no CUDA device (this bench runs on a GPU)")
         return 0
+    if args.env_ab and "=" not in args.env_ab:
+        raise SystemExit(f"runtime_bench: --env-ab wants VAR=VALUE, got '{args.env_ab}'")
+    if args.env_ab and args.cases == ap.get_default("cases"):
+        args.cases = "blocks"  # the A/B is the block mask's
     import spattn
     if not spattn.build_info()["cuda"]:
         print("runtime_bench: this spattn build has no CUDA")
@@ -463,8 +581,7 @@ def main():
             "torch": torch.__version__, "spattn": spattn.__version__, "quick": args.quick, "commit": os.environ.get("SPATTN_COMMIT") or commit,
             "command": "python3 bench/runtime_bench.py " + " ".join(sys.argv[1:]), "seconds": round(time.time() - start, 1)}
     out = {"kind": "runtime", "meta": meta, "rows": rows}
-    path = args.json or (os.path.join(os.path.dirname(os.path.abspath(__file__)), "baselines", args.baseline + ".json")
-                         if args.baseline else None)
+    path = output_path(args.json, args.baseline)
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as fh:

@@ -250,6 +250,24 @@ def test_moba_block_mask_lists_as_wide_as_key_blocks():
         assert bm.kv_indices.shape[-1] == 4 and bm.full_kv_indices.shape[-1] == 4
 
 
+def test_runtime_bench_baseline_honours_spattn_baselines(tmp_path, monkeypatch):
+    """bench/runtime_bench.py --baseline NAME wrote bench/baselines/NAME.json whatever $SPATTN_BASELINES said (the
+    variable bench/baseline.py documents: on the GPU machine the tree does not come back); it goes there now."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "runtime_bench.py")
+    spec = importlib.util.spec_from_file_location("runtime_bench", path)
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    monkeypatch.setenv("SPATTN_BASELINES", str(tmp_path))
+    assert rb.output_path(None, "h200-runtime") == os.path.join(str(tmp_path), "h200-runtime.json")
+    assert rb.output_path("out/rows.json", "h200-runtime") == "out/rows.json"
+    monkeypatch.delenv("SPATTN_BASELINES")
+    here = os.path.join(os.path.dirname(os.path.abspath(path)), "baselines", "h200-runtime.json")
+    assert rb.output_path(None, "h200-runtime") == here
+    assert rb.output_path(None, None) is None
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device and a CUDA build of spattn")
 def test_gpu_device_path_no_sync_and_graph_replay():
     """Documents, 128-blocks and top-k keys on the device path: forward and backward without host synchronisation
