@@ -41,7 +41,7 @@ plan took (last_kernel: "runtime_device: ..." or "runtime_rows: ..." for the hos
   python3 bench/runtime_bench.py --quick                              # small sizes: a smoke run in seconds
   python3 bench/runtime_bench.py --cases blocks --ab-lists            # + the one-CTA list builds (cta_over_grid_*)
   python3 bench/runtime_bench.py --cases blocks --ab-lists --profile  # + each one's kernels (row key profile)
-  python3 bench/runtime_bench.py --env-ab SPATTN_RT_BWD=old           # block mask fwd / bwd, variable unset vs set
+  python3 bench/runtime_bench.py --env-ab SPATTN_HEAD_SECTION=0       # block mask fwd / bwd, variable unset vs set
   SPATTN_BASELINES=$OUT/baselines python3 bench/runtime_bench.py --baseline h200-runtime  # written there instead
 """
 import argparse
@@ -535,7 +535,7 @@ def main():
                     help="blocks only: the run-time block mask's forward and backward with VAR unset and set (read by "
                          "spattn at each call), alternated in one process, each checked against an fp64 CPU reference "
                          "at L = 2048 (rows runtime_*_ms_unset / _set, set_over_unset_*, env_ab_check, env_ab_ok); "
-                         "e.g. SPATTN_RT_BWD=old")
+                         "e.g. SPATTN_HEAD_SECTION=0")
     ap.add_argument("--one-case", help=argparse.SUPPRESS)  # internal: run this case here, print its row
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -53,7 +53,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   entries_ = DeviceBuffer::upload(km.entries);
   masks_ = DeviceBuffer::upload(km.masks);
   order_ = DeviceBuffer::upload(km.order);
-  shape_ = plan::list_shape(km.col_offsets, km.entries, km.q_tiles, plan_.perm_d);
+  shape_ = plan::list_shape(km.col_offsets, km.entries, km.q_tiles, plan::section_groups(true, plan_.perm_d));
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   lse2_ = DeviceBuffer(size_t(rows) * 4);

@@ -49,7 +49,8 @@ static void set_key_boxes(const plan::BlockPlan& hp, FusedParams& k) {
 DevicePlan::DevicePlan(plan::BlockPlan host, int kernel_row) : host_(std::move(host)), kernel_row_(kernel_row) {
   const auto t0 = std::chrono::steady_clock::now();
   device_ = current_device();
-  shape_ = plan::list_shape(host_.row_offsets, host_.entries, host_.k_tiles, host_.perm_d);
+  shape_ = plan::list_shape(host_.row_offsets, host_.entries, host_.k_tiles,
+                            plan::section_groups(false, host_.perm_d));
   static_assert(sizeof(plan::TileEntry) == sizeof(int4), "TileEntry is uploaded as int4");
   // 64x128 plans: mark partial tiles whose kept keys lie in one 64-key half (kHalfShift, fused_params.hpp).
   std::vector<plan::TileEntry> up(host_.entries);

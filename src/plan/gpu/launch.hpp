@@ -138,7 +138,7 @@ SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, 
 //    small and stays in L2 anyway; na2d 96x96 forward 0.96x, local(left=4096) L 16384 GQA 0.96x with sections);
 // measured kept: causal D = 128 forward 1.06x, a block mask's backward 1.19x and forward 1.03x (bench/LOG.md).
 // Reach is measured within a residue group where a plan is grouped by residue (perm_d > 1: its lists keep to their
-// group): such a plan's tiles run most work first over every group, so a causal group's tiles (stride(64) & causal,
+// group) and section_groups asks for it (the backward): such a plan's tiles run most work first over every group, so a causal group's tiles (stride(64) & causal,
 // sparse_strided's affine part) run apart and, without sections, read their group's K and V from DRAM at each tile:
 // stride(64) & causal at L = 65536, D = 64 visits 72 key tiles of 128 a group where 8 are its keys, 4.8 GB of K and V
 // for 32 heads, which at 4.2 TB/s is the 1.2 ms it measured. SPATTN_RESIDUE_SECTIONS=old (A/B only, read at each
@@ -156,6 +156,12 @@ int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes
 // written on the device: not known here).
 ListShape list_shape(const std::vector<int64_t>& offsets, const std::vector<TileEntry>& entries, int64_t other_tiles,
                      int groups = 1);
+// The residue groups a plan's lists are measured in for head sections (list_shape's `groups`): the backward's
+// key-major lists within a residue group (its perm_d), the forward's against the whole axis (1). Measured in one
+// process (bench/LOG.md, session 26): sections on residue-grouped backward plans, with their coarser groups, 1.03-1.74x
+// (sparse_strided(512) D = 128 1.74x, stride(64) & causal L = 65536 D = 64 1.26x); on the forward plans 0.94-0.96x
+// for sparse_strided's affine parts and within 2% for stride(64) & causal and dilated(64, 32).
+inline int section_groups(bool backward, int perm_d) { return backward ? perm_d : 1; }
 
 // What runs a compound split's parts on `target` with `options` (plan/parts.hpp, SplitTarget).
 SplitTarget split_target(int64_t head_dim, const GpuTarget& target, const FusedOptions& options);
