@@ -31,7 +31,6 @@ import argparse
 import ctypes
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import Lib, neighborhood_mask, suite  # noqa: E402
+from gpu_bench import Lib, neighborhood_mask, suite, with_env  # noqa: E402
 from gpu_bench import bhld_strides as strides  # noqa: E402  ([B, H, L, D] tensor as [B, L, H, D])
 
 i64, vp = ctypes.c_int64, ctypes.c_void_p
@@ -118,26 +117,6 @@ def summary(rows):
             "below_flex_min": [r["pattern"] for r in done if r.get("bwd_ratio_vs_flex", BAR_FLEX_MIN) < BAR_FLEX_MIN],
             "bar": f"bwd_over_fwd >= 0.8 on band, blocks, causal (else 0.6); geomean bwd_ratio_vs_flex >= "
                    f"{BAR_FLEX_GEOMEAN}, none below {BAR_FLEX_MIN}"}
-
-
-def with_env(fn, env):
-    """fn run with the environment variables env set for the call (the library reads some at each call: the A/B
-    switch SPATTN_CSR_BWD), then restored; fn itself where env is empty."""
-    if not env:
-        return fn
-
-    def call():
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            fn()
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    return call
 
 
 def compound_cases(L):

@@ -290,6 +290,31 @@ def _graph_or_call(fn):
     return fn, "eager"
 
 
+def with_env(fn, env):
+    """fn with the environment variables of env ({name: value}; None: unset) set around each call and restored after
+    (the library reads its A/B switches at each call, at make_plan or where the backward's plans are built); fn itself
+    where env is empty."""
+    if not env:
+        return fn
+
+    def call():
+        old = {var: os.environ.get(var) for var in env}
+        try:
+            for var, value in env.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+            return fn()
+        finally:
+            for var, value in old.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+    return call
+
+
 def time_ms(fn, reps, warmup=5):
     """Median GPU time of fn over reps calls. Each call is captured once in a CUDA graph and the replays are
     timed, so that every implementation is timed on the GPU alone: a caller whose host cost per call exceeds

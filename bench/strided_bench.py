@@ -52,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402  (meta block, BASELINES, plots)
 import gpu_bench  # noqa: E402  (PROBLEM: the B and H Fused plans)
 from bwd_bench import time_pair  # noqa: E402  (calls in alternation, eager: the backward)
-from gpu_bench import STRIDED, Fused, Lib, reference, rel_err, sample_rows, suite, time_ms, time_paired  # noqa: E402
+from gpu_bench import (STRIDED, Fused, Lib, reference, rel_err, sample_rows, suite, time_ms, time_paired,  # noqa: E402
+                       with_env)
 
 # The issue's bar.
 BAR = {"fwd_frac_of_cudnn": 0.4, "fwd_ratio_vs_flex": 5.0, "bwd_over_fwd": 0.6}
@@ -60,26 +61,6 @@ BAR = {"fwd_frac_of_cudnn": 0.4, "fwd_ratio_vs_flex": 5.0, "bwd_over_fwd": 0.6}
 
 def max_rel(a, b):
     return max(((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30)).item() for x, y in zip(a, b))
-
-
-def with_env(env, fn):
-    """fn with the environment variables of env ({name: value}; None: unset) set around the call, restored after."""
-    def call():
-        old = {var: os.environ.get(var) for var in env}
-        for var, value in env.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-        try:
-            return fn()
-        finally:
-            for var, value in old.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
-    return call
 
 
 def hbm_tbs():
@@ -113,12 +94,12 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
     ab = None
     if env_ab:
         on, off = env_ab, {var: None for var in env_ab}
-        alt = with_env(on, lambda: Fused(lib, spec, L, D))()
+        alt = with_env(lambda: Fused(lib, spec, L, D), on)()
         o2, lse2 = torch.empty_like(q), torch.empty_like(lse)
-        ms, _hows = time_paired([with_env(off, lambda: fused.forward(q, k, v, o, lse)),
-                                 with_env(on, lambda: alt.forward(q, k, v, o2, lse2))], reps)
+        ms, _hows = time_paired([with_env(lambda: fused.forward(q, k, v, o, lse), off),
+                                 with_env(lambda: alt.forward(q, k, v, o2, lse2), on)], reps)
         o2.fill_(float("nan"))
-        with_env(on, lambda: alt.forward(q, k, v, o2, lse2))()
+        with_env(lambda: alt.forward(q, k, v, o2, lse2), on)()
         ab = {"env": ",".join(f"{var}={val}" for var, val in on.items()), "fwd_ms_default": ms[0], "fwd_ms_env": ms[1],
               "default_speed_over_env": ms[1] / ms[0],
               "fwd_err_env": rel_err(o2, ref, idx), "kernel_env": alt.last_kernel(),
@@ -126,10 +107,10 @@ def measure(lib, flex, create_block_mask, cudnn_time, name, spec, mask_mod, L, D
         # The backward too, each plan's after its own forward: its first call under VAR builds the variant's backward
         # plans (what is read where a plan is built applies), and VAR is set around each timed call.
         g1, g2 = [tuple(torch.empty_like(q) for _ in range(3)) for _ in range(2)]
-        with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1))()
-        with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))()
-        bms = time_pair([with_env(off, lambda: fused.backward(q, k, v, o, lse, do, *g1)),
-                         with_env(on, lambda: alt.backward(q, k, v, o2, lse2, do, *g2))], reps)
+        with_env(lambda: fused.backward(q, k, v, o, lse, do, *g1), off)()
+        with_env(lambda: alt.backward(q, k, v, o2, lse2, do, *g2), on)()
+        bms = time_pair([with_env(lambda: fused.backward(q, k, v, o, lse, do, *g1), off),
+                         with_env(lambda: alt.backward(q, k, v, o2, lse2, do, *g2), on)], reps)
         ab.update({"bwd_ms_default": bms[0], "bwd_ms_env": bms[1], "default_bwd_speed_over_env": bms[1] / bms[0],
                    "bwd_diff_env_vs_default": max_rel(g2, g1), "bwd_kernel_env": alt.last_backward_kernel()})
         del alt, o2, lse2, g1, g2

@@ -204,14 +204,9 @@ TEST(LaunchDecision, HeadSections) {
   EXPECT_DOUBLE_EQ(g.reach, (2.0 / 2 + 1.0 / 2 + 1.0 / 2) / 3);
   const std::vector<TileEntry> wide = {{0, kFull, 0, 0}, {3, kFull, 0, 0}};
   EXPECT_DOUBLE_EQ(list_shape({0, 2}, wide, 4, 2).reach, 1.0);
-  // A causal residue group's lists reach far within it: sections; SPATTN_RESIDUE_SECTIONS=old measures against the
-  // whole axis (64 groups: 0.5 / 64) and has none.
+  // A causal residue group's lists reach far within it (reach measured within the group): sections.
   const ListShape grouped{1.6, 0.5, 64};
   EXPECT_EQ(head_section(4 * mb, 32, 1, l2, grouped), 7);
-  ::setenv("SPATTN_RESIDUE_SECTIONS", "old", 1);
-  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, grouped), 0);
-  EXPECT_EQ(head_section(4 * mb, 32, 1, l2, even), 7);  // unpermuted lists as before
-  ::unsetenv("SPATTN_RESIDUE_SECTIONS");
 }
 
 // The cases the sections were measured on (bench/LOG.md) fall on the side of the gate they were measured to win on:

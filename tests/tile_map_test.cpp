@@ -679,9 +679,9 @@ TEST(AffineParts, CoarserGroupsWhereGroupsAreShort) {
 // BackwardGpu.StridedPastSixteen runs the same cases on the device): sparse_strided by parts, its affine part (the
 // part the backward once dropped) and the stride and dilated terms grouped by residue past 16 on the 64-query tiles
 // of the backward's rows, at lengths that leave the groups unequal, each plan keeping exactly its pattern's pairs.
-// Groups of at most half a key tile of tokens are coarser in the backward (backward_groups: `perm`; the forward's
-// grouping, `old`, under SPATTN_RESIDUE_BWD=old): sparse_strided(256) at 4099 has groups of 16-17 tokens, 128 groups
-// of 32-33 instead; at D = 128 (64x128 tiles) groups need more than 64.
+// Groups of at most half a key tile of tokens are coarser in the backward (backward_groups: `perm`):
+// sparse_strided(256) at 4099 has groups of 16-17 tokens, 128 groups of 32-33 instead; at D = 128 (64x128 tiles)
+// groups need more than 64.
 TEST(AffineParts, BackwardPlansGroupByResiduePastSixteen) {
   const spattn::plan::GpuTarget h200{90, 132};
   struct Case {
@@ -689,23 +689,17 @@ TEST(AffineParts, BackwardPlansGroupByResiduePastSixteen) {
     int64_t lq, lk, d;
     int compound, perm;
     bool by_parts;
-    int old;  // the forward's groups (SPATTN_RESIDUE_BWD=old)
   };
-  const char* saved = std::getenv("SPATTN_RESIDUE_BWD");
-  const std::string saved_value = saved ? saved : "";
-  for (const char* variant : {"", "old"}) {
-  if (*variant) setenv("SPATTN_RESIDUE_BWD", variant, 1); else unsetenv("SPATTN_RESIDUE_BWD");
-  for (Case c : {Case{"sparse_strided(256)", 4099, 4099, 64, -1, 128, true, 256},
-                 Case{"sparse_strided(128)", 3001, 3001, 128, -1, 32, true, 128},
-                 Case{"sparse_strided(100)", 2111, 2111, 64, 1, 50, true, 100},
-                 Case{"sparse_strided(512)", 9001, 9001, 128, -1, 128, true, 512},
-                 Case{"stride(64) & causal", 3001, 3001, 128, -1, 32, false, 64},
-                 Case{"stride(40) & causal", 1999, 1999, 64, -1, 40, false, 40},
-                 Case{"dilated(64, 32)", 2049, 2049, 64, -1, 32, false, 32},
-                 Case{"dilated(16, 17)", 1500, 1301, 64, -1, 17, false, 17}}) {
-    if (*variant) c.perm = c.old;
+  for (Case c : {Case{"sparse_strided(256)", 4099, 4099, 64, -1, 128, true},
+                 Case{"sparse_strided(128)", 3001, 3001, 128, -1, 32, true},
+                 Case{"sparse_strided(100)", 2111, 2111, 64, 1, 50, true},
+                 Case{"sparse_strided(512)", 9001, 9001, 128, -1, 128, true},
+                 Case{"stride(64) & causal", 3001, 3001, 128, -1, 32, false},
+                 Case{"stride(40) & causal", 1999, 1999, 64, -1, 40, false},
+                 Case{"dilated(64, 32)", 2049, 2049, 64, -1, 32, false},
+                 Case{"dilated(16, 17)", 1500, 1301, 64, -1, 17, false}}) {
     SCOPED_TRACE(std::string(c.spec) + " at " + std::to_string(c.lq) + "x" + std::to_string(c.lk) + ", D " +
-                 std::to_string(c.d) + (*variant ? ", SPATTN_RESIDUE_BWD=old" : ""));
+                 std::to_string(c.d));
     const BoundPattern pat = bind_rect(c.spec, c.lq, c.lk);
     const auto an = spattn::plan::analyze(pat);
     spattn::PlanOptions o;
@@ -737,8 +731,6 @@ TEST(AffineParts, BackwardPlansGroupByResiduePastSixteen) {
     }
     EXPECT_EQ(nnz, an.nnz) << "the parts' pairs are the pattern's, once";
   }
-  }
-  if (saved) setenv("SPATTN_RESIDUE_BWD", saved_value.c_str(), 1); else unsetenv("SPATTN_RESIDUE_BWD");
 }
 
 // At stride 256 and L = 16384 each residue group holds 64 tokens, and stride(256) & causal less the diagonal (the

@@ -501,8 +501,7 @@ TEST(BackwardGpu, ForcedTileKernelRefusesWhatItCannotRun) {
 // affine part, grouped by residue past 16, adds to them: tile_bwd.cuh's dkv_accumulate), stride and dilated terms
 // whole, grouped by residue past 16. Session 23 and 24 (before the fix) threw at the first case: backward_parts
 // dropped the affine part and the CSR pass refused its empty CSR. Groups of at most half a key tile of tokens run
-// coarser (plan::backward_tiles: several residues a group, in bitmask tiles), and again as the forward groups them
-// under SPATTN_RESIDUE_BWD=old.
+// coarser (plan::backward_tiles: several residues a group, in bitmask tiles).
 TEST(BackwardGpu, StridedPastSixteen) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
@@ -510,34 +509,29 @@ TEST(BackwardGpu, StridedPastSixteen) {
     Case c;
     int perm;  // the residue groups of the (last) tile plan the backward runs
     bool by_parts;
-    int old;  // ... under SPATTN_RESIDUE_BWD=old (the forward's groups; plan::backward_tiles)
   };
   // Groups of at most half a key tile of tokens run coarser in the backward (several residues a group, bitmask tiles).
   const Strided cs[] = {
-      {{{"sparse_strided(256)"}, DType::bf16, 1, 2, 2, 4099, 4099, 64, false}, 128, true, 256},
-      {{{"sparse_strided(128)"}, DType::f16, 2, 4, 2, 3001, 3001, 128, false}, 32, true, 128},  // GQA, D = 128
-      {{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1}, 50, true, 100},
-      {{{"sparse_strided(512)"}, DType::bf16, 1, 2, 2, 9001, 9001, 128, false}, 128, true, 512},
-      {{{"stride(64) & causal"}, DType::bf16, 1, 2, 1, 3001, 3001, 128, false}, 32, false, 64},
-      {{{"stride(40) & causal"}, DType::bf16, 1, 2, 2, 1999, 1999, 64, true}, 40, false, 40},  // [B, H, L, D] views
-      {{{"dilated(64, 32)"}, DType::f16, 1, 2, 2, 2049, 2049, 64, false}, 32, false, 32},
-      {{{"dilated(16, 17)"}, DType::bf16, 1, 2, 2, 1500, 1301, 64, false}, 17, false, 17},  // Lq != Lk
+      {{{"sparse_strided(256)"}, DType::bf16, 1, 2, 2, 4099, 4099, 64, false}, 128, true},
+      {{{"sparse_strided(128)"}, DType::f16, 2, 4, 2, 3001, 3001, 128, false}, 32, true},  // GQA, D = 128
+      {{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1}, 50, true},
+      {{{"sparse_strided(512)"}, DType::bf16, 1, 2, 2, 9001, 9001, 128, false}, 128, true},
+      {{{"stride(64) & causal"}, DType::bf16, 1, 2, 1, 3001, 3001, 128, false}, 32, false},
+      {{{"stride(40) & causal"}, DType::bf16, 1, 2, 2, 1999, 1999, 64, true}, 40, false},  // [B, H, L, D] views
+      {{{"dilated(64, 32)"}, DType::f16, 1, 2, 2, 2049, 2049, 64, false}, 32, false},
+      {{{"dilated(16, 17)"}, DType::bf16, 1, 2, 2, 1500, 1301, 64, false}, 17, false},  // Lq != Lk
   };
   uint32_t seed = 400;
-  // Passes: the default; SPATTN_RESIDUE_BWD=old (where it differs); head sections of one kv head (SPATTN_HEAD_SECTION,
-  // read at each launch: residue-grouped plans run in sections at the suite's lengths, plan::list_shape).
-  for (const int pass : {0, 1, 2})
+  // Passes: the default; head sections of one kv head (SPATTN_HEAD_SECTION, read at each launch: residue-grouped
+  // plans run in sections at the suite's lengths, plan::list_shape).
+  for (const int pass : {0, 1})
   for (const Strided& x : cs) {
-    const bool old = pass == 1;
-    if (old && x.old == x.perm) continue;
     const Case& c = x.c;
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) +
-                 (old ? " SPATTN_RESIDUE_BWD=old" : pass == 2 ? " SPATTN_HEAD_SECTION=1" : ""));
+                 (pass == 1 ? " SPATTN_HEAD_SECTION=1" : ""));
     std::string ran, ex;
-    if (old) setenv("SPATTN_RESIDUE_BWD", "old", 1);
-    if (pass == 2) setenv("SPATTN_HEAD_SECTION", "1", 1);
+    if (pass == 1) setenv("SPATTN_HEAD_SECTION", "1", 1);
     const auto e = backward_errors(c, "", &ran, seed++, &ex);
-    unsetenv("SPATTN_RESIDUE_BWD");
     unsetenv("SPATTN_HEAD_SECTION");
     if (x.by_parts) {
       EXPECT_EQ(ran.rfind("parts(sm90_bwd", 0), 0u) << ran;
@@ -548,7 +542,7 @@ TEST(BackwardGpu, StridedPastSixteen) {
     }
     const size_t last = ex.rfind("key-major block");
     ASSERT_NE(last, std::string::npos) << ex;
-    EXPECT_NE(ex.find("perm_d " + std::to_string(old ? x.old : x.perm) + ",", last), std::string::npos)
+    EXPECT_NE(ex.find("perm_d " + std::to_string(x.perm) + ",", last), std::string::npos)
         << ex.substr(last);
     EXPECT_LE(e[0], 2e-2) << "dq";
     EXPECT_LE(e[1], 2e-2) << "dk";

@@ -252,9 +252,7 @@ int head_section(int64_t group_bytes, int64_t units, int group, int64_t l2_bytes
   if (const char* e = std::getenv("SPATTN_HEAD_SECTION"))  // A/B only: 0 one section, n > 0 groups a section
     n = std::atoll(e) > 0 ? std::atoll(e) * group : 0;
   if (n < 0) {
-    const char* rs = std::getenv("SPATTN_RESIDUE_SECTIONS");  // A/B only: "old", reach against the whole axis
-    const double reach = rs && std::string(rs) == "old" ? shape.reach / std::max(shape.groups, 1) : shape.reach;
-    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || reach < 1.0 / 3) return 0;
+    if (group_bytes <= 0 || l2_bytes <= 0 || shape.imbalance > 8 || shape.reach < 1.0 / 3) return 0;
     n = std::max<int64_t>(1, l2_bytes * 5 / 8 / group_bytes) * group;
   }
   return n <= 0 || n >= units ? 0 : int(n);
@@ -452,12 +450,11 @@ int backward_groups(int d, int64_t len, int block_n) {
 
 BlockPlan backward_tiles(const BoundPattern& pattern, const Analysis& analysis, int64_t head_dim, int row) {
   // No tile map (plan/tile_map.hpp): the backward kernel gathers rows by identity or residue groups only (any
-  // stride, kMaxGpuPermutation, as the forward), coarser where the forward's groups are short (backward_groups;
-  // SPATTN_RESIDUE_BWD=old, read where the plan is built, keeps the forward's for an A/B).
+  // stride, kMaxGpuPermutation, as the forward), coarser where the forward's groups are short (backward_groups:
+  // backward 1.01-1.74x on issue 42's strided cases, measured in one process against the forward's groups).
   const int bn = kKernels[row].block_n;
   BlockPlan p = choose_block_plan(pattern, analysis, head_dim, 64, bn, -1, false, 0);
-  const char* e = std::getenv("SPATTN_RESIDUE_BWD");
-  if (p.perm_d > 1 && !(e && std::string(e) == "old"))
+  if (p.perm_d > 1)
     if (const int c = backward_groups(p.perm_d, std::min(p.q_len, p.k_len), bn); c > 1)
       return choose_block_plan(pattern, analysis, head_dim, 64, bn, c, false, 0);
   return p;

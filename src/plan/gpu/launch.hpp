@@ -141,8 +141,7 @@ SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, 
 // group) and section_groups asks for it (the backward): such a plan's tiles run most work first over every group, so a causal group's tiles (stride(64) & causal,
 // sparse_strided's affine part) run apart and, without sections, read their group's K and V from DRAM at each tile:
 // stride(64) & causal at L = 65536, D = 64 visits 72 key tiles of 128 a group where 8 are its keys, 4.8 GB of K and V
-// for 32 heads, which at 4.2 TB/s is the 1.2 ms it measured. SPATTN_RESIDUE_SECTIONS=old (A/B only, read at each
-// call) measures reach against the whole axis again (no sections for those plans).
+// for 32 heads, which at 4.2 TB/s is the 1.2 ms it measured (the backward 1.01-1.74x with sections, bench/LOG.md).
 struct ListShape {
   double imbalance = 1;  // the longest list over the mean
   // mean over non-empty lists of (last - first + 1) other-axis tiles / the tiles of a residue group (the other axis's
