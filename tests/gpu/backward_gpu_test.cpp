@@ -329,6 +329,72 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
   }
 }
 
+// SPATTN_BWD_EPI=smem (an A/B switch): the warp-specialized rows' dK / dV through shared memory and TMA stores
+// (tile_bwd.cuh, store_dkdv_smem), D = 64 (128-query steps) and 128: causal, windows, GQA (dK, dV summed over the
+// group in registers), lengths that leave a partial last key tile (1000, 4099: rows past Lk must not be written),
+// Lq != Lk, [B, H, L, D] views, fp16 and bf16; each asserted to have run that epilogue
+// (TileBackward::smem_epilogue_launches) against the reference, with the gradients poisoned beforehand. A compound
+// plan whose later tile part adds to dk, dv (dkv_accumulate: the plain epilogue) under the switch too; and without
+// the switch, no launch of it.
+TEST(BackwardGpu, SmemEpilogueMatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  const Case cs[] = {
+      {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
+      {{"causal"}, DType::f16, 1, 2, 2, 1000, 1000, 64, false},
+      {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 64, false},  // GQA 4:1
+      {{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 64, false},               // GQA, a 3-key last tile
+      {{"local(30)"}, DType::bf16, 2, 2, 2, 150, 411, 64, false},                 // Lq != Lk
+      {{"causal"}, DType::bf16, 1, 2, 2, 1000, 1000, 128, false},
+      {{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false},              // GQA
+      {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 128, false},
+      {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                 // [B, H, L, D] views, GQA
+  };
+  ::setenv("SPATTN_BWD_EPI", "smem", 1);
+  uint32_t seed = 2600;
+  for (const Case& c : cs) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lk));
+    const int64_t n0 = TileBackward::smem_epilogue_launches();
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed++);
+    EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
+    EXPECT_EQ(TileBackward::smem_epilogue_launches() - n0, 1) << "the shared-memory epilogue ran";
+    expect_within(e, c.dt);
+  }
+  {  // a compound plan: the tiles part writes dk, dv, the affine part adds (the plain epilogue)
+    const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
+    SCOPED_TRACE("sparse_strided(100), compound");
+    std::string ran;
+    const auto e = backward_errors(c, "", &ran, seed++);
+    expect_within(e, c.dt);
+  }
+  ::unsetenv("SPATTN_BWD_EPI");
+  const int64_t n0 = TileBackward::smem_epilogue_launches();
+  std::string ran;
+  expect_within(backward_errors(cs[0], "sm90_bwd_ws", &ran, 2700), cs[0].dt);
+  EXPECT_EQ(TileBackward::smem_epilogue_launches(), n0) << "the default epilogue without the switch";
+}
+
+// One small case of each warp-specialized row under SPATTN_BWD_EPI=smem, for compute-sanitizer (a partial last key
+// tile, GQA at D = 64).
+TEST(BackwardGpu, SmemEpilogueSmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  const Case cs[] = {{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false},
+                     {{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false}};
+  ::setenv("SPATTN_BWD_EPI", "smem", 1);
+  for (const Case& c : cs) {
+    const int64_t n0 = spattn::cuda::TileBackward::smem_epilogue_launches();
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 7);
+    EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
+    EXPECT_EQ(spattn::cuda::TileBackward::smem_epilogue_launches() - n0, 1);
+    expect_within(e, c.dt);
+  }
+  ::unsetenv("SPATTN_BWD_EPI");
+}
+
 TEST(BackwardGpu, CsrKernelMatchesReference) {
   REQUIRE_GPU();
   check_cases("cuda_csr_bwd", 200);

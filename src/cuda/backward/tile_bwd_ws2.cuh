@@ -224,7 +224,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * wg);
   }
 
-  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
 }
 
 // The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
