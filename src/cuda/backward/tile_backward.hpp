@@ -74,6 +74,8 @@ class TileBackward {
   // For tests: the warp-specialized launches in this process that ran the shared-memory dK / dV epilogue
   // (SPATTN_BWD_EPI=smem; tile_bwd.cuh, store_dkdv_smem).
   static int64_t smem_epilogue_launches();
+  // ... and the 128-query-step launches that ran its v2 (SPATTN_BWD_STEP64=v2; tile_bwd_ws2.cuh, Step64V2).
+  static int64_t step64_v2_launches();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
