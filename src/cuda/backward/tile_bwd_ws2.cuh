@@ -42,10 +42,11 @@ struct BwdWs2Traits {
 // instructions, of them 320 the exponentials' and dS's float work, 32 HGMMA, 32 LDS of lse2 / delta) spends ~30 on
 // the next step's two entry reads (each a select between a whole entry and a padded half: ~15 instructions and two
 // predicated LDG a half), 5 on zeroing the masks' words of full entries, and a local-memory reload (LDL) of the pair
-// count np for the slot's wrap; the next pair's 8 registers live through the step. v2: the step's own pair loaded
-// before its stage wait (half 0 always exists, 2 jj < ne: one LDG.128; half 1's index clamped and three fields
-// patched), the slot kept as 2 jj and wrapped against ne (no np), the masks built between the S^T / dP^T issue and
-// the S^T wait (the loads' latency under the wait and the wgmmas), a full entry's mask words left unset.
+// count np for the slot's wrap, ~8 on the dS^T stmatrix lane offset re-derived from SR_TID; the next pair's 8
+// registers live through the step. v2: the step's own pair loaded before its stage wait (half 0 always exists,
+// 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped against
+// ne (no np), the masks built between the S^T / dP^T issue and the S^T wait (the loads' latency under the wait and
+// the wgmmas), a full entry's mask words left unset, the stmatrix offset kept in a register: 551 instructions.
 template <class Base>
 struct Step64V2 : Base {
   static constexpr bool kStep64V2 = true;
@@ -194,6 +195,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   // across steps (the default holds the next pair's 8 registers through the step).
   const int4* const eb = p.entries + e0;
   int j2 = 0;
+  uint32_t ds_lane = ds_off;
   int4 an[2];
   if constexpr (!kV2) {
     if (n > 0) an[0] = half_entry_at(0, 0), an[1] = half_entry_at(0, 1);
@@ -262,11 +264,13 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
-    // ---- dS^T, both halves, both warpgroups' keys ----
+    // ---- dS^T, both halves, both warpgroups' keys (v2: the lane's offset kept in a register, loop-carried through
+    // an opaque asm; the default's is re-derived from SR_TID every step) ----
+    if constexpr (kV2) asm("" : "+r"(ds_lane));
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_off);
+      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, kV2 ? ds_lane : ds_off);
     }
     fence_proxy_async();
     named_sync(1, NC);
