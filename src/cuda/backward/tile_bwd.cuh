@@ -437,8 +437,10 @@ __device__ __forceinline__ void store_dkdv_smem(const BwdParams& p, const float 
                 pack2<Tr::kBf16>(dk[8 * kk + 2] * sc, dk[8 * kk + 3] * sc),
                 pack2<Tr::kBf16>(dk[8 * kk + 4] * sc, dk[8 * kk + 5] * sc),
                 pack2<Tr::kBf16>(dk[8 * kk + 6] * sc, dk[8 * kk + 7] * sc));
-    stmatrix_x4(bv + off, pack2<Tr::kBf16>(dv[8 * kk], dv[8 * kk + 1]), pack2<Tr::kBf16>(dv[8 * kk + 2], dv[8 * kk + 3]),
-                pack2<Tr::kBf16>(dv[8 * kk + 4], dv[8 * kk + 5]), pack2<Tr::kBf16>(dv[8 * kk + 6], dv[8 * kk + 7]));
+    stmatrix_x4(bv + off, pack2<Tr::kBf16>(dv[8 * kk], dv[8 * kk + 1]),
+                pack2<Tr::kBf16>(dv[8 * kk + 2], dv[8 * kk + 3]),
+                pack2<Tr::kBf16>(dv[8 * kk + 4], dv[8 * kk + 5]),
+                pack2<Tr::kBf16>(dv[8 * kk + 6], dv[8 * kk + 7]));
   }
   fence_proxy_async();  // the generic stores visible to the bulk copies
   if (wg == 0)  // the warpgroup's boxes complete (barrier ids as constants: ptxas then reserves 4, not all 16)
