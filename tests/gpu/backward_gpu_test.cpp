@@ -329,6 +329,98 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
   }
 }
 
+// The warp-specialized rows' A/B variants, each a second instantiation chosen per launch by an environment switch:
+// SPATTN_BWD_EPI=smem (dK / dV through shared memory and TMA stores; tile_bwd.cuh, store_dkdv_smem) on both rows,
+// SPATTN_BWD_STEP64=v2 (the 128-query step's v2; tile_bwd_ws2.cuh, Step64V2) on the D = 64 row, and both at once.
+// D = 64 and 128: causal, windows, bitmask tiles, GQA (dK, dV summed over the group in registers), key tiles with an
+// odd number of entries (a pair's empty second half), lengths that leave a partial last key tile (1000, 4099: rows
+// past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16 and bf16; each asserted to have run its variant
+// (TileBackward's counters; none where it does not apply) against the reference, the gradients poisoned beforehand.
+// A compound plan whose later tile part adds to dk, dv (dkv_accumulate: the plain epilogue) under the switches too;
+// and without them, no launch of either.
+struct WsVariant {
+  bool epi, v2;
+};
+void check_ws_variant(WsVariant w, uint32_t seed) {
+  using spattn::cuda::TileBackward;
+  const Case cs[] = {
+      {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
+      {{"causal"}, DType::f16, 1, 2, 2, 1000, 1000, 64, false},
+      {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 64, false},  // GQA 4:1
+      {{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 64, false},               // GQA, a 3-key last tile
+      {{"local(30)"}, DType::bf16, 2, 2, 2, 150, 411, 64, false},                 // Lq != Lk
+      {{"random(5, seed=3) | local(2)"}, DType::f16, 2, 2, 2, 200, 200, 64, false},  // bitmask tiles
+      {{"causal"}, DType::bf16, 1, 2, 2, 1000, 1000, 128, false},
+      {{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false},              // GQA
+      {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 128, false},
+      {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                 // [B, H, L, D] views, GQA
+  };
+  if (w.epi) ::setenv("SPATTN_BWD_EPI", "smem", 1);
+  if (w.v2) ::setenv("SPATTN_BWD_STEP64", "v2", 1);
+  for (const Case& c : cs) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lk) +
+                 (w.epi ? " epi=smem" : "") + (w.v2 ? " step64=v2" : ""));
+    const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed++);
+    EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
+    EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, w.epi ? 1 : 0) << "the shared-memory epilogue";
+    EXPECT_EQ(TileBackward::step64_v2_launches() - v0, w.v2 && c.D == 64 ? 1 : 0) << "the 128-query step's v2";
+    expect_within(e, c.dt);
+  }
+  {  // a compound plan: the tiles part writes dk, dv, the affine part adds (the plain epilogue)
+    const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
+    SCOPED_TRACE("sparse_strided(100), compound");
+    std::string ran;
+    expect_within(backward_errors(c, "", &ran, seed++), c.dt);
+  }
+  ::unsetenv("SPATTN_BWD_EPI");
+  ::unsetenv("SPATTN_BWD_STEP64");
+  const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
+  std::string ran;
+  expect_within(backward_errors(cs[0], "sm90_bwd_ws", &ran, seed), cs[0].dt);
+  EXPECT_EQ(TileBackward::smem_epilogue_launches(), e0) << "the default epilogue without the switch";
+  EXPECT_EQ(TileBackward::step64_v2_launches(), v0) << "the default step without the switch";
+}
+TEST(BackwardGpu, SmemEpilogueMatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  check_ws_variant({true, false}, 2600);
+}
+TEST(BackwardGpu, Step64V2MatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  check_ws_variant({false, true}, 2700);
+}
+TEST(BackwardGpu, SmemEpilogueWithStep64V2MatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  check_ws_variant({true, true}, 2800);
+}
+
+// One small case of each warp-specialized row under both switches, for compute-sanitizer (a partial last key tile,
+// a bitmask tile, an odd key tile at D = 64; GQA).
+TEST(BackwardGpu, WsVariantsSmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  const Case cs[] = {{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false},
+                     {{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false}};
+  ::setenv("SPATTN_BWD_EPI", "smem", 1);
+  ::setenv("SPATTN_BWD_STEP64", "v2", 1);
+  for (const Case& c : cs) {
+    const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
+    std::string ran;
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 7);
+    EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
+    EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1);
+    EXPECT_EQ(TileBackward::step64_v2_launches() - v0, c.D == 64 ? 1 : 0);
+    expect_within(e, c.dt);
+  }
+  ::unsetenv("SPATTN_BWD_EPI");
+  ::unsetenv("SPATTN_BWD_STEP64");
+}
+
 TEST(BackwardGpu, CsrKernelMatchesReference) {
   REQUIRE_GPU();
   check_cases("cuda_csr_bwd", 200);

@@ -1,6 +1,7 @@
 // cuda/backward/tile_backward.hpp — host side of the tensor-core backward (tile_bwd.cuh): the key-major plan of a
 // pattern uploaded once, its scratch, the checks and the three launches (prep, dK/dV/dQ tiles, dQ finish).
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "cuda/common/buffer.hpp"
@@ -70,6 +71,11 @@ class TileBackward {
     int64_t launches = 0, o16 = 0, dq16 = 0;
   };
   static PrepFinCounts prepfin_counts();
+  // For tests: the warp-specialized launches in this process that ran the shared-memory dK / dV epilogue
+  // (SPATTN_BWD_EPI=smem; tile_bwd.cuh, store_dkdv_smem).
+  static int64_t smem_epilogue_launches();
+  // ... and the 128-query-step launches that ran its v2 (SPATTN_BWD_STEP64=v2; tile_bwd_ws2.cuh, Step64V2).
+  static int64_t step64_v2_launches();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);

@@ -58,6 +58,9 @@ struct BwdParams {
   // The TMA variant (tile_bwd_kernel<Tr, true>: identity plans whose q and dout admit tensor maps): q's and dout's
   // maps ({D, L, H, B}, boxes of 64 elements x 64 rows, 128-byte swizzle).
   TensorMapBytes tmap_q, tmap_do;
+  // The warp-specialized kernels' shared-memory epilogue (SmemEpilogue traits: SPATTN_BWD_EPI=smem): dk's and dv's
+  // maps ({D, Lk, Hk, B}, the same boxes), their stores clipped at k_len.
+  TensorMapBytes tmap_dk, tmap_dv;
   // Query strips (tile_bwd_kernel<Tr, false, true>; plan/key_plan.hpp, key_major_strips): key row r of key tile kt is
   // token k_map[kt * BN + r] (-1: padding); a step's query row r is slot r of its entry's strip, token
   // strip_token(e.z, e.w, r, strip_sx, strip_sy) (-1: padding); lse2, delta and the dQ accumulator are in token order
@@ -398,6 +401,75 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
   }
 }
 
+// The warp-specialized kernels' epilogue through shared memory (SPATTN_BWD_EPI=smem, an A/B switch): traits
+// SmemEpilogue<Tr> select it. Identity plans without dkv_accumulate only (the host runs the plain traits otherwise):
+// a key row r of the tile is token k0 + r. After the loop every wgmma of both consumer warpgroups is done (each
+// waited for its dQ group before the CTA-wide consumer barrier below), so the K and V tiles (2 x 128 x D x 2 bytes,
+// loaded by the consumers themselves, never by the producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x
+// 64-column boxes with the tensor maps' 128-byte swizzle (sw_off<64>), then one thread of each warpgroup stores its
+// 64 rows by TMA (tmap_dk, tmap_dv; rows past k_len dropped by the map). Each thread's 2 D / 8 four-byte stores of
+// half sectors become 2 D / 16 stmatrix and 2 D / 64 bulk tensor stores a warpgroup.
+template <class Base>
+struct SmemEpilogue : Base {
+  static constexpr bool kSmemEpi = true;
+};
+template <class Tr>
+inline constexpr bool kSmemEpiOf = requires { requires Tr::kSmemEpi; };
+
+// Box x (x = ((tensor 0 dK / 1 dV) 2 + warpgroup) D / 64 + 64-column block) at s_stage + 8192 x.
+template <class Tr>
+__device__ __forceinline__ void store_dkdv_smem(const BwdParams& p, const float (&dk)[Tr::D / 2],
+                                                const float (&dv)[Tr::D / 2], int b, int hk, int k0, int kr0,
+                                                uint32_t s_stage) {
+  constexpr int D = Tr::D, NB = D / 64;
+  static_assert(D % 64 == 0 && Tr::BN == 128 && Tr::kConsumerThreads == 256, "two warpgroups of 64 keys");
+  const int lane = threadIdx.x & 31, wg = kr0 >> 6, rw = kr0 & 63;
+  // stmatrix: lane l gives row (l & 7) of matrix l >> 3 (matrix x of kk: rows + 8 (x & 1), chunk 2 kk + (x >> 1),
+  // tile_to_p's word order), in the warpgroup's 64 rows.
+  const int row = rw - (lane >> 2) + 8 * ((lane >> 3) & 1) + (lane & 7);
+  const uint32_t bk = s_stage + uint32_t(wg * NB) * 8192u, bv = bk + uint32_t(2 * NB) * 8192u;
+  named_sync(1, Tr::kConsumerThreads);  // both warpgroups' wgmmas done with K (dQ reads all its rows) and V
+  const float sc = p.scale;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = sw_off<64>(row, 2 * kk + (lane >> 4));
+    stmatrix_x4(bk + off, pack2<Tr::kBf16>(dk[8 * kk] * sc, dk[8 * kk + 1] * sc),
+                pack2<Tr::kBf16>(dk[8 * kk + 2] * sc, dk[8 * kk + 3] * sc),
+                pack2<Tr::kBf16>(dk[8 * kk + 4] * sc, dk[8 * kk + 5] * sc),
+                pack2<Tr::kBf16>(dk[8 * kk + 6] * sc, dk[8 * kk + 7] * sc));
+    stmatrix_x4(bv + off, pack2<Tr::kBf16>(dv[8 * kk], dv[8 * kk + 1]),
+                pack2<Tr::kBf16>(dv[8 * kk + 2], dv[8 * kk + 3]),
+                pack2<Tr::kBf16>(dv[8 * kk + 4], dv[8 * kk + 5]),
+                pack2<Tr::kBf16>(dv[8 * kk + 6], dv[8 * kk + 7]));
+  }
+  fence_proxy_async();  // the generic stores visible to the bulk copies
+  if (wg == 0)  // the warpgroup's boxes complete (barrier ids as constants: ptxas then reserves 4, not all 16)
+    named_sync(2, 128);
+  else
+    named_sync(3, 128);
+  const int r0 = k0 + 64 * wg;
+  if ((threadIdx.x & 127) == 0 && r0 < p.k_len) {
+#pragma unroll
+    for (int c = 0; c < NB; ++c) {
+      tma_store_4d(&p.tmap_dk, bk + uint32_t(c) * 8192u, 64 * c, r0, hk, b);
+      tma_store_4d(&p.tmap_dv, bv + uint32_t(c) * 8192u, 64 * c, r0, hk, b);
+    }
+    bulk_commit();
+    bulk_wait_all<true>();  // the boxes read before the CTA (and its shared memory) ends
+  }
+}
+// The warp-specialized kernels' epilogue: store_dkdv, or store_dkdv_smem (s_stage: the K tile, V's after it) where
+// Tr is SmemEpilogue's.
+template <class Tr>
+__device__ __forceinline__ void store_dkdv_ws(const BwdParams& p, const float (&dk)[Tr::D / 2],
+                                              const float (&dv)[Tr::D / 2], int b, int hk, int k0, int kr0,
+                                              uint32_t s_stage) {
+  if constexpr (kSmemEpiOf<Tr>)
+    store_dkdv_smem<Tr>(p, dk, dv, b, hk, k0, kr0, s_stage);
+  else
+    store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+}
+
 // The CTA's work (a CTA per key tile, batch and kv head; key tiles in the plan's order, most entries first, within
 // head sections): its
 // steps are the key tile's entries for each query head of the kv head's group, n = ne * group.
@@ -514,6 +586,7 @@ __device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int r,
   }
 }
 }  // namespace detail
+using detail::SmemEpilogue;
 
 // Prep: lse2, delta and the dQ accumulator zeroed, per plan-space query row; a thread per 8 elements of a row (D / 8
 // threads a row, a row's threads in one warp; detail::prep_row). Grid: blockIdx.z the batch, blockIdx.y the query

@@ -254,7 +254,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * x);
   }
 
-  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
 }
 
 }  // namespace spattn::cuda::bwd

@@ -37,6 +37,33 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
+// SPATTN_BWD_STEP64=v2 (an A/B switch; Step64V2<Tr> traits): the consumer step's entry reads and masks with less
+// integer work and no entry live across steps. The default's per-step SASS (sm_90a, bf16, a full-tile step: 582
+// instructions, of them 320 the exponentials' and dS's float work, 32 HGMMA, 32 LDS of lse2 / delta) spends ~30 on
+// the next step's two entry reads (each a select between a whole entry and a padded half: ~15 instructions and two
+// predicated LDG a half), 5 on zeroing the masks' words of full entries, and a local-memory reload (LDL) of the pair
+// count np for the slot's wrap, ~8 on the dS^T stmatrix lane offset re-derived from SR_TID; the next pair's 8
+// registers live through the step. v2: the step's own pair loaded before its stage wait (half 0 always exists,
+// 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped against
+// ne (no np), the masks built between the S^T / dP^T issue and the S^T wait (the loads' latency under the wait and
+// the wgmmas), a full entry's mask words left unset, the stmatrix offset kept in a register: 551 instructions.
+template <class Base>
+struct Step64V2 : Base {
+  static constexpr bool kStep64V2 = true;
+};
+template <class Tr>
+inline constexpr bool kStep64V2Of = requires { requires Tr::kStep64V2; };
+// An entry by a coherent ld.global ordered as memory: kept where the step issues it (before its mbarrier wait);
+// ptxas moves __ldg's (ld.global.nc) down to the entry's first use.
+__device__ __forceinline__ int4 ldg_entry(const int4* e) {
+  int4 v;
+  asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(e)
+               : "memory");
+  return v;
+}
+
 // The step as tile_bwd_ws_body's.
 template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
@@ -162,25 +189,60 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   };
   // The halves' entries read a step ahead (slot jj = i % np), so the step waits on no read of an entry; it builds
   // their masks before its wait for its stage, partial tiles only.
+  constexpr bool kV2 = kStep64V2Of<Tr>;
+  // v2: the step's own pair of entries from j2 = 2 jj (half 1 past ne: the pair's last entry, patched to an empty
+  // band), loaded before its stage wait and turned into masks while its S^T and dP^T wgmmas run: no entry lives
+  // across steps (the default holds the next pair's 8 registers through the step).
+  const int4* const eb = p.entries + e0;
+  int j2 = 0;
+  uint32_t ds_lane = ds_off;
   int4 an[2];
-  if (n > 0) an[0] = half_entry_at(0, 0), an[1] = half_entry_at(0, 1);
+  if constexpr (!kV2) {
+    if (n > 0) an[0] = half_entry_at(0, 0), an[1] = half_entry_at(0, 1);
+  }
   int jn = np > 1 ? 1 : 0;  // step i + 1's slot, (i + 1) % np
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     StepMask m[2];
+    if constexpr (kV2) {
+      an[0] = ldg_entry(eb + j2);
+      const bool pad = j2 + 1 >= ne;
+      an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
+      if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
+      j2 = j2 + 2 >= ne ? 0 : j2 + 2;
+    } else {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
-      if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
+      for (int c = 0; c < 2; ++c) {
+        m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
+        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
+      }
+      if (i + 1 < n) an[0] = half_entry_at(jn, 0), an[1] = half_entry_at(jn, 1);
+      jn = jn + 1 == np ? 0 : jn + 1;
     }
-    if (i + 1 < n) an[0] = half_entry_at(jn, 0), an[1] = half_entry_at(jn, 1);
-    jn = jn + 1 == np ? 0 : jn + 1;
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr> o(ops, st, i);
-    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+    if constexpr (kV2) {
+      // issue_sdp_wait_s with the masks built between the issue and the wait
+      fence_regs(s);
+      fence_regs(dp);
+      wgmma_fence();
+      mma_keys_queries<Tr>(s, o.kw, o.q16);
+      wgmma_commit();
+      mma_keys_queries<Tr>(dp, o.vw, o.do16);
+      wgmma_commit();
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        m[c].kind = kFullEntry;  // (a full entry's words unread: apply_mask reads them for bitmask kinds)
+        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
+      }
+      wgmma_wait<1>();
+      fence_regs(s);
+    } else {
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+    }
     // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -202,11 +264,13 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
-    // ---- dS^T, both halves, both warpgroups' keys ----
+    // ---- dS^T, both halves, both warpgroups' keys (v2: the lane's offset kept in a register, loop-carried through
+    // an opaque asm; the default's is re-derived from SR_TID every step) ----
+    if constexpr (kV2) asm("" : "+r"(ds_lane));
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_off);
+      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, kV2 ? ds_lane : ds_off);
     }
     fence_proxy_async();
     named_sync(1, NC);
@@ -224,7 +288,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * wg);
   }
 
-  store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
+  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
 }
 
 // The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
