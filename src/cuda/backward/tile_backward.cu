@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -188,8 +189,24 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s
   else
     launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
+std::atomic<int64_t> g_step_v2{0};  // TileBackward::step_v2_launches
+
+// SPATTN_BWD_STEP=v2, read at each launch (A/B only): the head-dim-128 warp-specialized row runs step variant 2
+// (BwdWsTraits' kStep; tile_bwd_ws_body), else the default step.
+bool step_v2() {
+  const char* e = std::getenv("SPATTN_BWD_STEP");
+  return e != nullptr && std::string(e) == "v2";
+}
+
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, cudaStream_t s) {
+  if constexpr (D == 128) {
+    if (step_v2()) {
+      using Tr2 = bwd::BwdWsTraits<D, kBf16, 2>;
+      ++g_step_v2;
+      return launch_three<Tr2, D / 2>(bwd::tile_bwd_ws_kernel<Tr2>, p, s);
+    }
+  }
   using Tr = bwd::BwdWsTraits<D, kBf16>;
   launch_three<Tr, D / 2>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
 }
@@ -306,6 +323,8 @@ int TileBackward::set_prepfin_grid_limit(int limit) {
     throw Error("backward: prep / finish grid limit " + std::to_string(limit) + " not in [1, 65535]");
   return g_grid_limit.exchange(limit);
 }
+
+int64_t TileBackward::step_v2_launches() { return g_step_v2.load(); }
 
 TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
   return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load()};

@@ -25,10 +25,14 @@
 
 namespace spattn::cuda::bwd {
 
-template <int D_, bool kBf16_>
+// kStep_ (head dim 128): 1 the default step; 2 the A/B variant of SPATTN_BWD_STEP=v2 (tile_bwd_ws_body: dV, dQ, dK
+// as three wgmma groups in that order, dQ staged while dK runs).
+template <int D_, bool kBf16_, int kStep_ = 1>
 struct BwdWsTraits {
   static constexpr int BM = 64, BN = 128, D = D_, kThreads = 384, kConsumerThreads = 256;
   static constexpr bool kBf16 = kBf16_;
+  static constexpr int kStep = kStep_;
+  static_assert(kStep == 1 || (kStep == 2 && D == 128), "step variant 2 at head dim 128 only");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static constexpr int kStages = D == 64 ? 3 : 2;
   static constexpr int kDQ = D / 2;  // dQ columns of a consumer warpgroup
@@ -104,6 +108,47 @@ struct StepOperands {
     ds = first.ds + dso;
   }
 };
+
+// Step variant 2's tail (after P^T, dS^T): FA3's / FA4's order of the step's last three products. dV += P^T dO as
+// one group, dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups;
+// returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it:
+// wgmma_wait<0>, fence_regs(dk), fence_regs(da)). The default step issues dV and dK as one group before the
+// barrier and waits for all three after dQ, so the tensor pipe idles while dQ is staged.
+template <class Tr>
+__device__ __forceinline__ void dv_dq_dk_v2(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2],
+                                            float (&dq)[Tr::kDQ / 2], const StepOperands<Tr>& o, uint32_t s_ds,
+                                            uint32_t ds_off) {
+  using namespace detail;
+  using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  fence_regs(dv);
+  fence_regs(pa);
+  fence_regs(da);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dv, pa[kk], o.dobm.at(kk * 128), 1);
+  wgmma_commit();
+  store_ds_stsm<Tr>(s_ds, da, ds_off);
+  fence_proxy_async();
+  named_sync(1, Tr::kConsumerThreads);
+  fence_regs(dq);
+  fence_regs(dk);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BN / 16; ++kk)
+    ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>::ss_tt(dq, o.ds.at(kk * 128), o.kcols.at(kk * 128), kk > 0 ? 1 : 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dk, da[kk], o.qbm.at(kk * 128), 1);
+  wgmma_commit();
+  wgmma_wait<1>();  // dV and dQ
+  fence_regs(dq);
+  fence_regs(dv);
+  fence_regs(pa);
+}
 
 // A step: wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at immediate
 // offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm), the shared base aligned in the shared
@@ -201,6 +246,17 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   fence_proxy_async();
   named_sync(1, NC);  // K and V visible to both consumer warpgroups
 
+  // ---- dQ to the writer: staged in this thread's register order (buffer x = 2 (i & 1) + wg) ----
+  auto stage_dq = [&](const float (&dq)[kDQ / 2], int i) {
+    const int x = 2 * (i & 1) + wg;
+    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
+#pragma unroll
+    for (int u = 0; u < kDQ / 8; ++u)
+      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+    fence_proxy_async();
+    mbar_arrive(bar_dqfull + 8 * x);
+  };
+
   // Entries read two steps ahead, so the masks do not wait on a global read; step i + 2's entry index (i + 2) % ne
   // kept by increments (no division a step).
   int4 e1 = entry(0), e2 = entry(1);
@@ -229,8 +285,20 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     fence_regs(dp);
     probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
 
-    // ---- dV += P^T dO, dK += dS^T Q ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
+    if constexpr (Tr::kStep == 2) {
+      // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
+      float dq[kDQ / 2];
+      dv_dq_dk_v2<Tr>(s, dp, pa, da, dv, dk, dq, o, s_ds(i), ds_off);
+      stage_dq(dq, i);
+      wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+      fence_regs(dk);
+      fence_regs(da);
+      mbar_arrive(bar_empty + 8 * st);
+      continue;
+    }
+
+    // ---- dV += P^T dO, dK += dS^T Q ----
     issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
     // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
@@ -244,14 +312,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
     mbar_arrive(bar_empty + 8 * st);  // every wgmma reading the stage is done
 
-    // ---- dQ to the writer: staged in this thread's register order ----
-    const int x = 2 * (i & 1) + wg;
-    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
-#pragma unroll
-    for (int u = 0; u < kDQ / 8; ++u)
-      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
-    fence_proxy_async();
-    mbar_arrive(bar_dqfull + 8 * x);
+    stage_dq(dq, i);
   }
 
   store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
