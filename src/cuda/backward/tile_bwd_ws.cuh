@@ -109,6 +109,33 @@ struct StepOperands {
   }
 };
 
+// Step variant 2's P^T and dS^T, each in two parts (FA4's order): this thread's lse2 (delta) pairs, columns 8 j + cb
+// with cb = 2 (t & 3), read by 8 ld.shared.v2 at immediate offsets (as probs_dscores' kImm) before S^T's wgmma is
+// issued (after S^T's wait), their latency under it (under P^T); then the values in place as probs_dscores' (the
+// same arithmetic): P^T = exp2(S^T scale log2 e - lse2), dS^T = P^T (dP^T - delta).
+template <int BM>
+__device__ __forceinline__ void load_row_pairs(float2 (&v)[BM / 8], uint32_t row_s) {
+  uint32_t base = row_s + 8 * (threadIdx.x & 3);
+  asm("" : "+r"(base));
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) v[j] = detail::ld_shared_f2(base + 32 * j);
+}
+template <int BM, bool kP>
+__device__ __forceinline__ void probs_or_dscores(float (&s)[BM / 2], float (&dp)[BM / 2], const float2 (&v)[BM / 8],
+                                                 float sl2) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int idx = 4 * j + x;
+      const float r = x & 1 ? v[j].y : v[j].x;
+      if constexpr (kP)
+        s[idx] = detail::ex2_ftz(fmaf(s[idx], sl2, -r));
+      else
+        dp[idx] = s[idx] * (dp[idx] - r);
+    }
+}
+
 // Step variant 2's tail (after P^T, dS^T): FA3's / FA4's order of the step's last three products. dV += P^T dO as
 // one group, dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups;
 // returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it:
@@ -278,12 +305,24 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr> o(ops, st, i);
-    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
-    probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
-    wgmma_wait<0>();
-    fence_regs(dp);
-    probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
+    if constexpr (Tr::kStep == 2) {
+      float2 l2[BM / 8], dl[BM / 8];
+      load_row_pairs<BM>(l2, s_rows(st));
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+      load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
+      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+      probs_or_dscores<BM, true>(s, dp, l2, sl2);
+      wgmma_wait<0>();
+      fence_regs(dp);
+      probs_or_dscores<BM, false>(s, dp, dl, sl2);
+    } else {
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+      probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
+      wgmma_wait<0>();
+      fence_regs(dp);
+      probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
+    }
 
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     if constexpr (Tr::kStep == 2) {
