@@ -26,7 +26,8 @@
 namespace spattn::cuda::bwd {
 
 // kStep_ (head dim 128): 1 the default step; 2 the A/B variant of SPATTN_BWD_STEP=v2 (tile_bwd_ws_body: dV, dQ, dK
-// as three wgmma groups in that order, dQ staged while dK runs).
+// as three wgmma groups in that order, dQ staged while dK runs; the step's entry from the producer through shared
+// memory, lse2 and delta read ahead of their use).
 template <int D_, bool kBf16_, int kStep_ = 1>
 struct BwdWsTraits {
   static constexpr int BM = 64, BN = 128, D = D_, kThreads = 384, kConsumerThreads = 256;
@@ -44,7 +45,8 @@ struct BwdWsTraits {
   static constexpr int kOffRows = kOffDQ + 4 * kDQStage;        // stage s: lse2 at + 2 s BM 4, delta after it
   static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[4], dq_empty[4]
   static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
-  static constexpr int kSmemBytes = kOffBar + (2 * kStages + 8) * 8 + 1024;  // + alignment slack
+  static constexpr int kOffEnt = kOffBar + (2 * kStages + 8) * 8;  // kStep 2: stage s's entry (16 bytes) at + 16 s
+  static constexpr int kSmemBytes = kOffEnt + (kStep == 2 ? 16 * kStages : 0) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
@@ -59,6 +61,17 @@ __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork 
   w.b = u(w.b), w.hk = u(w.hk), w.k0 = u(w.k0), w.ne = u(w.ne), w.n = u(w.n);
   w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
   return w;
+}
+// 16 bytes to / from shared memory (step variant 2's entry in its stage).
+__device__ __forceinline__ void st_shared_v4b32(uint32_t addr, const int4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_v4b32(uint32_t addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
 }
 // The aligned base of the dynamic shared memory as a shared-window address, computed there (no generic address: no
 // SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it).
@@ -191,6 +204,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
   auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
   auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };           // kStep 2
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
@@ -226,7 +240,13 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
       for (int i = 0; i < n; ++i) {
         const int st = i % S;
         if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
-        tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
+        if constexpr (Tr::kStep == 2) {  // the entry too, stored before the stage's arrival (release)
+          const int4 ei = entry(i);
+          st_shared_v4b32(s_ent(st), ei);
+          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
+        } else {
+          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
+        }
       }
     } else if (warp == 1 && lane == 0) {
       // ---- dQ writer ----
@@ -290,17 +310,24 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   int jn = ne > 0 ? 2 % ne : 0;
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
-    const int4 e = e1;
-    e1 = e2;
-    e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
-    jn = jn + 1 == ne ? 0 : jn + 1;
+    int4 e;
+    if constexpr (Tr::kStep == 2) {
+      // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+      e = ld_shared_v4b32(s_ent(st));
+    } else {
+      e = e1;
+      e1 = e2;
+      e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
+      jn = jn + 1 == ne ? 0 : jn + 1;
+    }
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
     if (e.y >= 0) {
       mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
       mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
     }
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    if constexpr (Tr::kStep != 2) mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
