@@ -82,9 +82,10 @@ __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys kw, vw) as two wgmma groups, S^T waited for: P^T's
 // exponentials run while dP^T's group does (the caller waits for it). Operands (detail::operand) at leading-byte
 // offset 16, the step's q and d_o too.
-template <class Tr, class O>
+// issued(): run after both groups are issued, before the wait (step variant 2: the mask words' global reads).
+template <class Tr, class O, class F>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
-                                                 const O& vw, const O& q, const O& d_o) {
+                                                 const O& vw, const O& q, const O& d_o, F&& issued) {
   using namespace detail;
   fence_regs(s);
   fence_regs(dp);
@@ -93,8 +94,14 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
   wgmma_commit();
   mma_keys_queries<Tr>(dp, vw, d_o);
   wgmma_commit();
+  issued();
   wgmma_wait<1>();
   fence_regs(s);
+}
+template <class Tr, class O>
+__device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
+                                                 const O& vw, const O& q, const O& d_o) {
+  issue_sdp_wait_s<Tr>(s, dp, kw, vw, q, d_o, [] {});
 }
 
 // A step's wgmma operands: kw, vw (this warpgroup's K and V rows), q16, do16 (the stage's Q and dO, K-major: leading
@@ -323,11 +330,16 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     }
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
-    if (e.y >= 0) {
-      mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
-      mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+    auto mask_words = [&] {
+      if (e.y >= 0) {
+        mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+        mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+      }
+    };
+    if constexpr (Tr::kStep != 2) {
+      mask_words();
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
     }
-    if constexpr (Tr::kStep != 2) mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
@@ -335,7 +347,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     if constexpr (Tr::kStep == 2) {
       float2 l2[BM / 8], dl[BM / 8];
       load_row_pairs<BM>(l2, s_rows(st));
-      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
       load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
       mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
       probs_or_dscores<BM, true>(s, dp, l2, sl2);
