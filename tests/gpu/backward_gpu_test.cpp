@@ -421,6 +421,42 @@ TEST(BackwardGpu, WsVariantsSmallCaseForSanitizers) {
   ::unsetenv("SPATTN_BWD_STEP64");
 }
 
+// Step variant 2 of the head-dim-128 warp-specialized row (SPATTN_BWD_STEP=v2: dV, dQ, dK as three wgmma groups,
+// dQ staged under dK), an A/B switch read at each launch: causal and windows (full, band and bitmask tiles), GQA,
+// lengths no multiple of a tile, Lq != Lk, bf16 and fp16; each asserted to have run the variant (its launch count)
+// and against the reference. Unset, the default step runs (the count unchanged).
+TEST(BackwardGpu, WsStepV2MatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernel needs an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  const Case cs[] = {
+      {{"causal"}, DType::bf16, 2, 4, 2, 777, 777, 128, false},
+      {{"local(left=300, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 128, false},
+      {{"local(100)"}, DType::f16, 2, 4, 1, 411, 411, 128, false},
+      {{"causal & global_cols(100:180)"}, DType::bf16, 1, 4, 2, 333, 333, 128, true},
+      {{"random(5, seed=3) | local(2)"}, DType::f16, 1, 2, 2, 200, 200, 128, false},
+      {{"local(30)"}, DType::bf16, 1, 4, 2, 150, 411, 128, false},
+  };
+  uint32_t seed = 1300;
+  for (const Case& c : cs) {
+    SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq));
+    std::string ran;
+    ::setenv("SPATTN_BWD_STEP", "v2", 1);
+    const int64_t before = TileBackward::step_v2_launches();
+    const auto e = backward_errors(c, "sm90_bwd_ws_64x128_d128", &ran, seed);
+    const int64_t v2 = TileBackward::step_v2_launches() - before;
+    ::unsetenv("SPATTN_BWD_STEP");
+    EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d128");
+    EXPECT_GE(v2, 1) << "the variant did not run";
+    expect_within(e, c.dt);
+    const int64_t before1 = TileBackward::step_v2_launches();
+    const auto e1 = backward_errors(c, "sm90_bwd_ws_64x128_d128", &ran, seed++);
+    EXPECT_EQ(TileBackward::step_v2_launches(), before1) << "unset: the default step";
+    // the same inputs (seed): only the summation order of fp32 partial products may differ
+    for (int t = 0; t < 3; ++t) EXPECT_NEAR(e[t], e1[t], 1e-3) << t;
+  }
+}
+
 TEST(BackwardGpu, CsrKernelMatchesReference) {
   REQUIRE_GPU();
   check_cases("cuda_csr_bwd", 200);

@@ -201,8 +201,22 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
+std::atomic<int64_t> g_step_v2{0};  // TileBackward::step_v2_launches
+
+// SPATTN_BWD_STEP=v2, read at each launch (A/B only): the head-dim-128 warp-specialized row runs step variant 2
+// (BwdWsTraits' kStep; tile_bwd_ws_body), else the default step.
+bool step_v2() {
+  const char* e = std::getenv("SPATTN_BWD_STEP");
+  return e != nullptr && std::string(e) == "v2";
+}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
+  if constexpr (D == 128) {
+    if (step_v2()) {
+      ++g_step_v2;
+      return launch_ws_epi<bwd::BwdWsTraits<D, kBf16, 2>, D / 2>(p, epi, s);
+    }
+  }
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
 // v2: the 128-query step's v2 (bwd::Step64V2; SPATTN_BWD_STEP64=v2), a second instantiation.
@@ -335,6 +349,8 @@ int TileBackward::set_prepfin_grid_limit(int limit) {
     throw Error("backward: prep / finish grid limit " + std::to_string(limit) + " not in [1, 65535]");
   return g_grid_limit.exchange(limit);
 }
+
+int64_t TileBackward::step_v2_launches() { return g_step_v2.load(); }
 
 TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
   return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load()};

@@ -80,6 +80,10 @@ class TileBackward {
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
 
+  // For tests: the launches so far of the head-dim-128 warp-specialized row's step variant 2 (SPATTN_BWD_STEP=v2,
+  // read at each launch; an A/B switch).
+  static int64_t step_v2_launches();
+
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)
   bool query_strips() const { return strips_; }  // the plan is over query strips

@@ -25,10 +25,15 @@
 
 namespace spattn::cuda::bwd {
 
-template <int D_, bool kBf16_>
+// kStep_ (head dim 128): 1 the default step; 2 the A/B variant of SPATTN_BWD_STEP=v2 (tile_bwd_ws_body: dV, dQ, dK
+// as three wgmma groups in that order, dQ staged while dK runs; the step's entry from the producer through shared
+// memory, lse2 and delta read ahead of their use).
+template <int D_, bool kBf16_, int kStep_ = 1>
 struct BwdWsTraits {
   static constexpr int BM = 64, BN = 128, D = D_, kThreads = 384, kConsumerThreads = 256;
   static constexpr bool kBf16 = kBf16_;
+  static constexpr int kStep = kStep_;
+  static_assert(kStep == 1 || (kStep == 2 && D == 128), "step variant 2 at head dim 128 only");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static constexpr int kStages = D == 64 ? 3 : 2;
   static constexpr int kDQ = D / 2;  // dQ columns of a consumer warpgroup
@@ -40,7 +45,8 @@ struct BwdWsTraits {
   static constexpr int kOffRows = kOffDQ + 4 * kDQStage;        // stage s: lse2 at + 2 s BM 4, delta after it
   static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[4], dq_empty[4]
   static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
-  static constexpr int kSmemBytes = kOffBar + (2 * kStages + 8) * 8 + 1024;  // + alignment slack
+  static constexpr int kOffEnt = kOffBar + (2 * kStages + 8) * 8;  // kStep 2: stage s's entry (16 bytes) at + 16 s
+  static constexpr int kSmemBytes = kOffEnt + (kStep == 2 ? 16 * kStages : 0) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
@@ -56,6 +62,17 @@ __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork 
   w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
   return w;
 }
+// 16 bytes to / from shared memory (step variant 2's entry in its stage).
+__device__ __forceinline__ void st_shared_v4b32(uint32_t addr, const int4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_v4b32(uint32_t addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
+  return v;
+}
 // The aligned base of the dynamic shared memory as a shared-window address, computed there (no generic address: no
 // SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it).
 __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
@@ -65,9 +82,10 @@ __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys kw, vw) as two wgmma groups, S^T waited for: P^T's
 // exponentials run while dP^T's group does (the caller waits for it). Operands (detail::operand) at leading-byte
 // offset 16, the step's q and d_o too.
-template <class Tr, class O>
+// issued(): run after both groups are issued, before the wait (step variant 2: the mask words' global reads).
+template <class Tr, class O, class F>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
-                                                 const O& vw, const O& q, const O& d_o) {
+                                                 const O& vw, const O& q, const O& d_o, F&& issued) {
   using namespace detail;
   fence_regs(s);
   fence_regs(dp);
@@ -76,8 +94,14 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
   wgmma_commit();
   mma_keys_queries<Tr>(dp, vw, d_o);
   wgmma_commit();
+  issued();
   wgmma_wait<1>();
   fence_regs(s);
+}
+template <class Tr, class O>
+__device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
+                                                 const O& vw, const O& q, const O& d_o) {
+  issue_sdp_wait_s<Tr>(s, dp, kw, vw, q, d_o, [] {});
 }
 
 // A step's wgmma operands: kw, vw (this warpgroup's K and V rows), q16, do16 (the stage's Q and dO, K-major: leading
@@ -105,6 +129,74 @@ struct StepOperands {
   }
 };
 
+// Step variant 2's P^T and dS^T, each in two parts (FA4's order): this thread's lse2 (delta) pairs, columns 8 j + cb
+// with cb = 2 (t & 3), read by 8 ld.shared.v2 at immediate offsets (as probs_dscores' kImm) before S^T's wgmma is
+// issued (after S^T's wait), their latency under it (under P^T); then the values in place as probs_dscores' (the
+// same arithmetic): P^T = exp2(S^T scale log2 e - lse2), dS^T = P^T (dP^T - delta).
+template <int BM>
+__device__ __forceinline__ void load_row_pairs(float2 (&v)[BM / 8], uint32_t row_s) {
+  uint32_t base = row_s + 8 * (threadIdx.x & 3);
+  asm("" : "+r"(base));
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) v[j] = detail::ld_shared_f2(base + 32 * j);
+}
+template <int BM, bool kP>
+__device__ __forceinline__ void probs_or_dscores(float (&s)[BM / 2], float (&dp)[BM / 2], const float2 (&v)[BM / 8],
+                                                 float sl2) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int idx = 4 * j + x;
+      const float r = x & 1 ? v[j].y : v[j].x;
+      if constexpr (kP)
+        s[idx] = detail::ex2_ftz(fmaf(s[idx], sl2, -r));
+      else
+        dp[idx] = s[idx] * (dp[idx] - r);
+    }
+}
+
+// Step variant 2's tail (after P^T, dS^T): FA3's / FA4's order of the step's last three products. dV += P^T dO as
+// one group, dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups;
+// returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it:
+// wgmma_wait<0>, fence_regs(dk), fence_regs(da)). The default step issues dV and dK as one group before the
+// barrier and waits for all three after dQ, so the tensor pipe idles while dQ is staged.
+template <class Tr>
+__device__ __forceinline__ void dv_dq_dk_v2(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2],
+                                            float (&dq)[Tr::kDQ / 2], const StepOperands<Tr>& o, uint32_t s_ds,
+                                            uint32_t ds_off) {
+  using namespace detail;
+  using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  fence_regs(dv);
+  fence_regs(pa);
+  fence_regs(da);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dv, pa[kk], o.dobm.at(kk * 128), 1);
+  wgmma_commit();
+  store_ds_stsm<Tr>(s_ds, da, ds_off);
+  fence_proxy_async();
+  named_sync(1, Tr::kConsumerThreads);
+  fence_regs(dq);
+  fence_regs(dk);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BN / 16; ++kk)
+    ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>::ss_tt(dq, o.ds.at(kk * 128), o.kcols.at(kk * 128), kk > 0 ? 1 : 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dk, da[kk], o.qbm.at(kk * 128), 1);
+  wgmma_commit();
+  wgmma_wait<1>();  // dV and dQ
+  fence_regs(dq);
+  fence_regs(dv);
+  fence_regs(pa);
+}
+
 // A step: wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at immediate
 // offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm), the shared base aligned in the shared
 // window (smem_base_1024).
@@ -119,6 +211,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
   auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
   auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };           // kStep 2
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
@@ -154,7 +247,13 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
       for (int i = 0; i < n; ++i) {
         const int st = i % S;
         if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
-        tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
+        if constexpr (Tr::kStep == 2) {  // the entry too, stored before the stage's arrival (release)
+          const int4 ei = entry(i);
+          st_shared_v4b32(s_ent(st), ei);
+          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
+        } else {
+          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
+        }
       }
     } else if (warp == 1 && lane == 0) {
       // ---- dQ writer ----
@@ -201,36 +300,83 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   fence_proxy_async();
   named_sync(1, NC);  // K and V visible to both consumer warpgroups
 
+  // ---- dQ to the writer: staged in this thread's register order (buffer x = 2 (i & 1) + wg) ----
+  auto stage_dq = [&](const float (&dq)[kDQ / 2], int i) {
+    const int x = 2 * (i & 1) + wg;
+    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
+#pragma unroll
+    for (int u = 0; u < kDQ / 8; ++u)
+      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+    fence_proxy_async();
+    mbar_arrive(bar_dqfull + 8 * x);
+  };
+
   // Entries read two steps ahead, so the masks do not wait on a global read; step i + 2's entry index (i + 2) % ne
   // kept by increments (no division a step).
   int4 e1 = entry(0), e2 = entry(1);
   int jn = ne > 0 ? 2 % ne : 0;
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
-    const int4 e = e1;
-    e1 = e2;
-    e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
-    jn = jn + 1 == ne ? 0 : jn + 1;
+    int4 e;
+    if constexpr (Tr::kStep == 2) {
+      // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+      e = ld_shared_v4b32(s_ent(st));
+    } else {
+      e = e1;
+      e1 = e2;
+      e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
+      jn = jn + 1 == ne ? 0 : jn + 1;
+    }
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
-    if (e.y >= 0) {
-      mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
-      mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+    auto mask_words = [&] {
+      if (e.y >= 0) {
+        mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+        mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+      }
+    };
+    if constexpr (Tr::kStep != 2) {
+      mask_words();
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
     }
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr> o(ops, st, i);
-    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
-    probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
-    wgmma_wait<0>();
-    fence_regs(dp);
-    probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
+    if constexpr (Tr::kStep == 2) {
+      float2 l2[BM / 8], dl[BM / 8];
+      load_row_pairs<BM>(l2, s_rows(st));
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
+      load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
+      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+      probs_or_dscores<BM, true>(s, dp, l2, sl2);
+      wgmma_wait<0>();
+      fence_regs(dp);
+      probs_or_dscores<BM, false>(s, dp, dl, sl2);
+    } else {
+      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
+      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+      probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
+      wgmma_wait<0>();
+      fence_regs(dp);
+      probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
+    }
+
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    if constexpr (Tr::kStep == 2) {
+      // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
+      float dq[kDQ / 2];
+      dv_dq_dk_v2<Tr>(s, dp, pa, da, dv, dk, dq, o, s_ds(i), ds_off);
+      stage_dq(dq, i);
+      wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+      fence_regs(dk);
+      fence_regs(da);
+      mbar_arrive(bar_empty + 8 * st);
+      continue;
+    }
 
     // ---- dV += P^T dO, dK += dS^T Q ----
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
     issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
     // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
@@ -244,14 +390,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
     mbar_arrive(bar_empty + 8 * st);  // every wgmma reading the stage is done
 
-    // ---- dQ to the writer: staged in this thread's register order ----
-    const int x = 2 * (i & 1) + wg;
-    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
-#pragma unroll
-    for (int u = 0; u < kDQ / 8; ++u)
-      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
-    fence_proxy_async();
-    mbar_arrive(bar_dqfull + 8 * x);
+    stage_dq(dq, i);
   }
 
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
