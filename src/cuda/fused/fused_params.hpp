@@ -101,6 +101,10 @@ struct LaunchParams {
   int kernel_row = -1;  // plan::kKernels index: its kind, tile shape and head dim select the instantiation
   bool bf16 = true;
   unsigned grid = 0;
+  // The warp-specialized TMA kernel (sm90_tma rows): o_map where kernel.tmap_o holds o's map (boxes of 64 x 64 rows;
+  // FusedFwd::to_params), tma_epi to launch the instantiation whose epilogue stores O through it (FusedFwd::run, where
+  // SPATTN_FWD_EPI=tma and o_map; WsTraits::kTmaEpi).
+  bool o_map = false, tma_epi = false;
 };
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return

@@ -29,6 +29,7 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
 
 template <int BM, int BN, int D, bool kBf16>
 int launch_ws(const LaunchParams& p, cudaStream_t stream) {
+  if (p.tma_epi) return int(launch_one<WsTraits<BM, BN, D, kBf16, true>, Kind::kWs>(p, stream));  // SPATTN_FWD_EPI=tma
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
