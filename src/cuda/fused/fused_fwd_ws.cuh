@@ -13,6 +13,10 @@
 // spends an issue slot on loads; K/V are shared by C warpgroups (half or a third of the L2 traffic of the
 // one-warpgroup 64-row CTA). Applies to plans without permutation (perm_d == 1: rows are contiguous tokens)
 // and tensors whose strides suit a tensor map (FusedFwd::to_params checks; else the cp.async kernels run).
+//
+// The epilogue (each thread stores its O pairs and LSE, tile_store) has an alternative behind SPATTN_FWD_EPI=tma
+// (WsTraits::kTmaEpi, issue 40): O staged in the Q buffer and stored by bulk tensor copies from the producer
+// warpgroup (ws_stage_o, ws_storer); the Q buffer is then released by the copies' read instead of the last S.
 #pragma once
 #include "cuda/fused/fused_fwd.cuh"
 
@@ -194,10 +198,15 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         Item it{};
         if constexpr (Tr::kTmaEpi) {
           // The Q buffer comes free only once the storers have read the O staged in it, after the epilogue: the
-          // item's first S tiles load before that wait (their stages wait on earlier items' tiles only).
+          // item's Q on its way to L2 and its first S tiles loaded before that wait (their stages wait on earlier
+          // items' tiles only).
           w = draw(nq);
           if (w < items) {
             it = item(w);
+            if (it.n > 0) {
+#pragma unroll
+              for (int c = 0; c < D / 64; ++c) tma_prefetch_4d(&p.tmap_q, 64 * c, it.q0, it.h, it.b);
+            }
             for (; j < it.n && j < S; ++j) load_kv(it, j);
           }
         }
