@@ -43,7 +43,8 @@ struct Case {
   int draw = -1;         // random patterns: -1 chosen (not checked), 1 chosen and checked to draw the bitmasks on the
                          // device, 0 drawn on the host (checked)
   bool tma128 = false;  // checked to run the TMA kernel at head dim 128 (its lazy-rescale loop) on sm_90a
-  bool tma_epi = false;  // run with SPATTN_FWD_EPI=tma: checked to run the TMA kernel's bulk-copy epilogue on sm_90a
+  const char* tma_epi = nullptr;  // run with SPATTN_FWD_EPI set to this (tma, tma2): checked to run the TMA kernel's
+                                  // bulk-copy epilogue on sm_90a
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -52,7 +53,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
             << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "")
-            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << (c.tma_epi ? " tma-epilogue" : "") << "]";
+            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << (c.tma_epi ? std::string(" SPATTN_FWD_EPI=") + c.tma_epi : std::string()) << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -147,7 +148,7 @@ void check_case(const Case& c) {
   const auto st = attn.can_implement(pr, q, k, v, o, lse);
   ASSERT_TRUE(st.ok) << st.reason;
   const long long epi_before = spattn::cuda::fused::FusedFwd::tma_epilogue_launches();
-  if (c.tma_epi) setenv("SPATTN_FWD_EPI", "tma", 1);
+  if (c.tma_epi) setenv("SPATTN_FWD_EPI", c.tma_epi, 1);
   attn.run(pr, q, k, v, o, lse, nullptr);
   if (c.tma_epi) unsetenv("SPATTN_FWD_EPI");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -402,18 +403,18 @@ TEST_P(FusedTma128, MatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Fused, FusedTma128, ::testing::ValuesIn(kTma128Cases));
 
-// The TMA kernel's epilogue by bulk tensor copies (SPATTN_FWD_EPI=tma, WsTraits::kTmaEpi; issue 40): O staged in the
+// The TMA kernel's epilogue by bulk tensor copies (SPATTN_FWD_EPI=tma or tma2, WsTraits::kTmaEpi; issue 40): O staged in the
 // consumers' rows of the Q buffer, stored through o's tensor map (rows past Lq dropped: the partial last tiles, the
 // guard past O), the LSE by the threads; items with no key tile (cross attention's empty rows) store zeros the same
 // way. Head dims 64 (128- and 192-row tiles: two and three consumers) and 128, bf16 and fp16, causal and windows, GQA,
 // persistent CTAs and one item a CTA; each checked to have run that instantiation.
 Case tma_epi_case(const char* what, const char* spec, int64_t B, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d,
-                  DType t, int block = 128, int persistent = -1) {
+                  DType t, int block = 128, int persistent = -1, const char* mode = "tma") {
   Case c{what, spec, B, hq, hkv, lq, lk, d, t, block};
   c.block_n = 128;
   c.band = 0;  // band rows on the TMA kernel
   c.persistent = persistent;
-  c.tma_epi = true;
+  c.tma_epi = mode;
   return c;
 }
 const Case kTmaEpiCases[] = {
@@ -427,6 +428,11 @@ const Case kTmaEpiCases[] = {
     tma_epi_case("TMA epilogue D=64 192x128: causal, length 1000", "causal", 1, 2, 2, 1000, 1000, 64, DType::bf16, 192),
     tma_epi_case("TMA epilogue D=64 192x128: fp16 GQA 4/1 window, length 4099", "local(left=500, right=0)", 1, 4, 1, 4099, 4099, 64, DType::f16, 192),
     tma_epi_case("TMA epilogue D=64 192x128: Lq > Lk, items with no key", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, DType::f16, 192),
+    // tma2: at D=128 two Q buffers and two K/V stages.
+    tma_epi_case("tma2 D=128: causal, length 1000", "causal", 2, 2, 2, 1000, 1000, 128, DType::bf16, 128, -1, "tma2"),
+    tma_epi_case("tma2 D=128: fp16 GQA 4/1 left window, length 4099", "local(left=700, right=0)", 1, 4, 1, 4099, 4099, 128, DType::f16, 128, -1, "tma2"),
+    tma_epi_case("tma2 D=128: Lq > Lk, items with no key, one item a CTA", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, DType::bf16, 128, 0, "tma2"),
+    tma_epi_case("tma2 D=64 (as tma): window, length 1000", "local(256)", 1, 2, 2, 1000, 1000, 64, DType::bf16, 128, -1, "tma2"),
 };
 class FusedTmaEpilogue : public ::testing::TestWithParam<Case> {};
 TEST_P(FusedTmaEpilogue, MatchesReference) {

@@ -361,12 +361,13 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
 
 namespace {
 std::atomic<long long> tma_epi_launches{0};
-// SPATTN_FWD_EPI=tma (read at every launch, so that one process can time both): the TMA kernel's epilogue by bulk
-// tensor copies of O from shared memory (WsTraits::kTmaEpi) where o admits a tensor map; otherwise, or unset, the
-// threads' stores.
-bool fwd_epi_tma() {
+// SPATTN_FWD_EPI=tma or tma2 (read at every launch, so that one process can time them): the TMA kernel's epilogue by
+// bulk tensor copies of O from shared memory (WsTraits' kEpi 1, or 2: at D=128 two Q buffers and two K/V stages) where
+// o admits a tensor map; otherwise, or unset, the threads' stores (0).
+int fwd_epi_tma() {
   const char* e = std::getenv("SPATTN_FWD_EPI");
-  return e != nullptr && std::strcmp(e, "tma") == 0;
+  if (e == nullptr) return 0;
+  return std::strcmp(e, "tma") == 0 ? 1 : std::strcmp(e, "tma2") == 0 ? 2 : 0;
 }
 }  // namespace
 
@@ -379,8 +380,8 @@ void FusedFwd::run(const Params& params, cudaStream_t stream) {
 #endif
   if (params.kernel_row < 0 || params.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
   LaunchParams p = params;
-  p.tma_epi = p.o_map && plan::kKernels[p.kernel_row].kind == plan::KernelKind::sm90_tma && fwd_epi_tma();
-  if (p.tma_epi) tma_epi_launches.fetch_add(1, std::memory_order_relaxed);
+  p.tma_epi = p.o_map && plan::kKernels[p.kernel_row].kind == plan::KernelKind::sm90_tma ? fwd_epi_tma() : 0;
+  if (p.tma_epi > 0) tma_epi_launches.fetch_add(1, std::memory_order_relaxed);
   const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);

@@ -102,9 +102,10 @@ struct LaunchParams {
   bool bf16 = true;
   unsigned grid = 0;
   // The warp-specialized TMA kernel (sm90_tma rows): o_map where kernel.tmap_o holds o's map (boxes of 64 x 64 rows;
-  // FusedFwd::to_params), tma_epi to launch the instantiation whose epilogue stores O through it (FusedFwd::run, where
-  // SPATTN_FWD_EPI=tma and o_map; WsTraits::kTmaEpi).
-  bool o_map = false, tma_epi = false;
+  // FusedFwd::to_params), tma_epi > 0 to launch an instantiation whose epilogue stores O through it (FusedFwd::run, where
+  // SPATTN_FWD_EPI=tma (1) or tma2 (2) and o_map; WsTraits' kEpi).
+  bool o_map = false;
+  int tma_epi = 0;
 };
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return
