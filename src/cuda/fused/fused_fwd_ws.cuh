@@ -199,10 +199,12 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         const int qb = nq % NQ;
         int w = 0, j = 0;  // the item; its tiles loaded
         Item it{};
-        if constexpr (Tr::kTmaEpi) {
-          // The Q buffer comes free only once the storers have read the O staged in it, after the epilogue: the
-          // item's Q on its way to L2 and its first S tiles loaded before that wait (their stages wait on earlier
-          // items' tiles only).
+        // kTmaEpi with one Q buffer: it comes free only once the storers have read the O staged in it, after the
+        // epilogue; the item's Q on its way to L2 and its first S tiles loaded before that wait (their stages wait on
+        // earlier items' tiles only). With two buffers the wait is on the item before last, and the Q load goes first
+        // (the tiles' stages wait on the current item's last tiles).
+        constexpr bool kEarly = Tr::kTmaEpi && NQ == 1;
+        if constexpr (kEarly) {
           w = draw(nq);
           if (w < items) {
             it = item(w);
@@ -214,7 +216,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
           }
         }
         if (nq >= NQ) mbar_wait(bar_qempty + 8 * qb, ((nq / NQ) - 1) & 1);
-        if constexpr (!Tr::kTmaEpi) w = draw(nq);
+        if constexpr (!kEarly) w = draw(nq);
         const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
         auto put = [&](int i, int v) { st_shared_s32(sl + 4 * i, v); };
         if (w >= items) {
@@ -223,7 +225,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
           if (p.persistent) work_counter_done(p.work_counter);
           break;
         }
-        if constexpr (!Tr::kTmaEpi) it = item(w);
+        if constexpr (!kEarly) it = item(w);
         put(0, w), put(1, it.b), put(2, it.h), put(3, it.hk), put(4, it.q0), put(5, it.n);
         put(6, int(it.e_begin & 0xffffffff)), put(7, int(it.e_begin >> 32));
         if (it.n > 0) {
