@@ -38,7 +38,7 @@ struct FusedParams {
   // TMA kernel (LaunchParams::ws); unset otherwise.
   TensorMapBytes tmap_q, tmap_k, tmap_v;
   // The band kernel's output map (o's {D, L, H, B}, boxes of 64 x 64 rows, 128-byte swizzle): slabs are stored
-  // from shared memory by bulk tensor copies.
+  // from shared memory by bulk tensor copies. Also the TMA kernel's, for its SPATTN_FWD_EPI=tma epilogue (o_map).
   TensorMapBytes tmap_o;
   int* work_counter;  // the TMA kernels' work-item counter and count of finished CTAs (DevicePlan-owned, zeroed
                       // once; each persistent launch leaves them zero: work_counter_done in fused_fwd.cuh)
