@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdlib>
 #include <cmath>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 #include "gpu/require_gpu.hpp"
 #include "plan/gpu/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
+#include "cuda/fused/fused_fwd.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/reference.hpp"
@@ -41,6 +43,8 @@ struct Case {
   int draw = -1;         // random patterns: -1 chosen (not checked), 1 chosen and checked to draw the bitmasks on the
                          // device, 0 drawn on the host (checked)
   bool tma128 = false;  // checked to run the TMA kernel at head dim 128 (its lazy-rescale loop) on sm_90a
+  const char* tma_epi = nullptr;  // run with SPATTN_FWD_EPI set to this (tma, tma2): checked to run the TMA kernel's
+                                  // bulk-copy epilogue on sm_90a
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -49,7 +53,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
             << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "")
-            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << "]";
+            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << (c.tma_epi ? std::string(" SPATTN_FWD_EPI=") + c.tma_epi : std::string()) << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -95,9 +99,11 @@ void check_case(const Case& c) {
           hin[k_base + size_t((b * c.Lk + j) * krow + h * c.D)] =
               to_half_bits(j % 700 == 699 ? 40.f : float(j % 256) / 16.f, c.dtype);
   }
-  DeviceBuf din(nin * 2), dout(nq * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
+  // O with a poisoned guard of 192 rows past its end: a store past the last row (a tile's rows past Lq) fails.
+  const size_t guard = size_t(192 * c.Hq * c.D);
+  DeviceBuf din(nin * 2), dout((nq + guard) * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
   ASSERT_EQ(cudaMemcpy(din.p, hin.data(), nin * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dout.p, 0xFF, nq * 2), cudaSuccess);  // NaN poison: an unwritten element fails
+  ASSERT_EQ(cudaMemset(dout.p, 0xFF, (nq + guard) * 2), cudaSuccess);  // NaN poison: an unwritten element fails
   ASSERT_EQ(cudaMemset(dlse.p, 0xFF, size_t(c.B * c.Hq * c.Lq) * 4), cudaSuccess);
   // The q, k, v views over a base pointer (device or host copy of the inputs).
   auto views = [&](void* base, DType t) {
@@ -141,8 +147,15 @@ void check_case(const Case& c) {
   const TensorView lse = TensorView::contiguous(dlse.p, DType::f32, {c.B, c.Hq, c.Lq, 1});
   const auto st = attn.can_implement(pr, q, k, v, o, lse);
   ASSERT_TRUE(st.ok) << st.reason;
+  const long long epi_before = spattn::cuda::fused::FusedFwd::tma_epilogue_launches();
+  if (c.tma_epi) setenv("SPATTN_FWD_EPI", c.tma_epi, 1);
   attn.run(pr, q, k, v, o, lse, nullptr);
+  if (c.tma_epi) unsetenv("SPATTN_FWD_EPI");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (c.tma_epi && on_sm90a())
+    EXPECT_EQ(spattn::cuda::fused::FusedFwd::tma_epilogue_launches(), epi_before + 1) << "the bulk-copy epilogue should run";
+  else if (std::getenv("SPATTN_FWD_EPI") == nullptr)
+    EXPECT_EQ(spattn::cuda::fused::FusedFwd::tma_epilogue_launches(), epi_before) << "SPATTN_FWD_EPI unset: the threads' stores";
   // The variant the case forces is the one that ran (the kernel-table row recorded at launch).
   {
     using spattn::plan::KernelKind;
@@ -159,11 +172,15 @@ void check_case(const Case& c) {
       if (c.persistent >= 0 && !c.no_tma)
         EXPECT_TRUE(ran.kind == KernelKind::sm90_tma || spattn::plan::is_band(ran.kind)) << ran.name;
       if (c.tma128) EXPECT_TRUE(ran.kind == KernelKind::sm90_tma && ran.head_dim == 128) << ran.name;
+      if (c.tma_epi) EXPECT_EQ(ran.kind, KernelKind::sm90_tma) << ran.name;
     }
   }
-  std::vector<uint16_t> ho(nq);
+  std::vector<uint16_t> ho(nq + guard);
   std::vector<float> hlse(size_t(c.B * c.Hq * c.Lq));
-  ASSERT_EQ(cudaMemcpy(ho.data(), dout.p, nq * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ho.data(), dout.p, (nq + guard) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t guard_hit = 0;
+  for (size_t i = nq; i < nq + guard; ++i) guard_hit += ho[i] != 0xFFFF;
+  EXPECT_EQ(guard_hit, 0) << "elements written past O's last row";
   ASSERT_EQ(cudaMemcpy(hlse.data(), dlse.p, hlse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 
   // Reference on the same (rounded) inputs.
@@ -385,6 +402,44 @@ TEST_P(FusedTma128, MatchesReference) {
   check_case(GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(Fused, FusedTma128, ::testing::ValuesIn(kTma128Cases));
+
+// The TMA kernel's epilogue by bulk tensor copies (SPATTN_FWD_EPI=tma or tma2, WsTraits::kTmaEpi; issue 40): O staged in the
+// consumers' rows of the Q buffer, stored through o's tensor map (rows past Lq dropped: the partial last tiles, the
+// guard past O), the LSE by the threads; items with no key tile (cross attention's empty rows) store zeros the same
+// way. Head dims 64 (128- and 192-row tiles: two and three consumers) and 128, bf16 and fp16, causal and windows, GQA,
+// persistent CTAs and one item a CTA; each checked to have run that instantiation.
+Case tma_epi_case(const char* what, const char* spec, int64_t B, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d,
+                  DType t, int block = 128, int persistent = -1, const char* mode = "tma") {
+  Case c{what, spec, B, hq, hkv, lq, lk, d, t, block};
+  c.block_n = 128;
+  c.band = 0;  // band rows on the TMA kernel
+  c.persistent = persistent;
+  c.tma_epi = mode;
+  return c;
+}
+const Case kTmaEpiCases[] = {
+    tma_epi_case("TMA epilogue D=128: causal, length 1000", "causal", 2, 2, 2, 1000, 1000, 128, DType::bf16),
+    tma_epi_case("TMA epilogue D=128: fp16 GQA 4/1 left window, length 4099", "local(left=700, right=0)", 1, 4, 1, 4099, 4099, 128, DType::f16),
+    tma_epi_case("TMA epilogue D=128: fp16 window, length 1000", "local(300)", 2, 2, 2, 1000, 1000, 128, DType::f16),
+    tma_epi_case("TMA epilogue D=128: GQA 4/2 causal, one item a CTA", "causal", 1, 4, 2, 1281, 1281, 128, DType::bf16, 128, 0),
+    tma_epi_case("TMA epilogue D=128: Lq > Lk, items with no key", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, DType::bf16),
+    tma_epi_case("TMA epilogue D=64: causal, length 4099", "causal", 1, 2, 2, 4099, 4099, 64, DType::bf16),
+    tma_epi_case("TMA epilogue D=64: fp16 GQA 4/2 window, length 1000", "local(256)", 2, 4, 2, 1000, 1000, 64, DType::f16),
+    tma_epi_case("TMA epilogue D=64 192x128: causal, length 1000", "causal", 1, 2, 2, 1000, 1000, 64, DType::bf16, 192),
+    tma_epi_case("TMA epilogue D=64 192x128: fp16 GQA 4/1 window, length 4099", "local(left=500, right=0)", 1, 4, 1, 4099, 4099, 64, DType::f16, 192),
+    tma_epi_case("TMA epilogue D=64 192x128: Lq > Lk, items with no key", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, DType::f16, 192),
+    // tma2: at D=128 two Q buffers and two K/V stages.
+    tma_epi_case("tma2 D=128: causal, length 1000", "causal", 2, 2, 2, 1000, 1000, 128, DType::bf16, 128, -1, "tma2"),
+    tma_epi_case("tma2 D=128: fp16 GQA 4/1 left window, length 4099", "local(left=700, right=0)", 1, 4, 1, 4099, 4099, 128, DType::f16, 128, -1, "tma2"),
+    tma_epi_case("tma2 D=128: Lq > Lk, items with no key, one item a CTA", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, DType::bf16, 128, 0, "tma2"),
+    tma_epi_case("tma2 D=64 (as tma): window, length 1000", "local(256)", 1, 2, 2, 1000, 1000, 64, DType::bf16, 128, -1, "tma2"),
+};
+class FusedTmaEpilogue : public ::testing::TestWithParam<Case> {};
+TEST_P(FusedTmaEpilogue, MatchesReference) {
+  REQUIRE_GPU();
+  check_case(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Fused, FusedTmaEpilogue, ::testing::ValuesIn(kTmaEpiCases));
 
 TEST(FusedPlan, BandAndPermutation) {
   // Host-only: the plan describes causal/local diagonals as bands and dilated rows as dense groups.

@@ -263,6 +263,12 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 #endif
 }
+// Starts bringing the box of the 4-D tensor map at these coordinates into L2 (no shared memory, no barrier).
+__device__ __forceinline__ void tma_prefetch_4d(const void* tmap, int c0, int c1, int c2, int c3) {
+  SPATTN_SM90A_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(tmap),
+                                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                                 : "memory"));
+}
 // A box of shared memory at `src` to the 4-D tensor map (elements past the tensor's end are dropped), in this
 // thread's bulk async-group; bulk_commit() closes the group, bulk_wait_all() waits for every group (kRead: only
 // until the sources have been read and may be rewritten).

@@ -415,6 +415,25 @@ __device__ __forceinline__ void tile_store(const FusedParams& p, const float (&o
   }
 }
 
+// O / l of a consumer warpgroup's 64 rows as 16-bit values into shared memory at s_o, in the 128-byte swizzle of a
+// tensor map's 64-row box (16-byte group j of row r at (j / 8) * PanelStride + r * 128 + ((j % 8) ^ (r & 7)) * 16:
+// panels of 64 columns), for a bulk tensor copy to store (the band kernel's band_store, the TMA kernel's kTmaEpi).
+// stmatrix x4 k: the 8x8 matrices (rows 0-7 | 8-15 of warp wq's 16) x (16-byte groups 2k | 2k + 1); lane l addresses
+// row l & 7 of matrix l >> 3. From a base holding (r & 7) in bits 4-6, group 2k + (l >> 4) of the row is an XOR away.
+template <int D, bool kBf16, int PanelStride>
+__device__ __forceinline__ void stage_o_swizzled(uint32_t s_o, const float (&o)[D / 2], const float (&inv)[2], int wq,
+                                                 int lane) {
+  const int l7 = lane & 7, m = lane >> 3;
+  const uint32_t base = (s_o + uint32_t((wq << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^ uint32_t((m >> 1) << 4);
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) {
+    const int j0 = 2 * k, j1 = 2 * k + 1;
+    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * PanelStride, pack2<kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+                pack2<kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]), pack2<kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
+                pack2<kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
+  }
+}
+
 // The key-tile loop of one 64-row warpgroup on sm_90a, software-pipelined inside the warpgroup (FA3): S_i is
 // issued together with O += P_{i-1} V_{i-1}, so softmax_i runs while PV_{i-1} is on the tensor cores; the S
 // issues of the CTA's warpgroups take turns. Shared by the decoupled cp.async kernel and the TMA kernel, which

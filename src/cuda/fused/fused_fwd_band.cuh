@@ -308,20 +308,7 @@ __device__ __forceinline__ bool band_store(const FusedParams& p, const float (&o
   }
   if (stores > 0) mbar_wait(o_empty, int((stores - 1) & 1));  // the previous slab's copy has read the buffer
   ++stores;
-  // stmatrix x4 k: the 8x8 matrices (rows 0-7 | 8-15 of the warp's 16) x (16-byte groups 2k | 2k + 1); lane l
-  // addresses row l & 7 of matrix l >> 3. From a base holding (r & 7) in bits 4-6, group 2k + (l >> 4) of the
-  // row is an XOR away.
-  const int l7 = lane & 7, m = lane >> 3;
-  const uint32_t base = (s_o + uint32_t(((wtid >> 5) << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^
-                        uint32_t((m >> 1) << 4);
-#pragma unroll
-  for (int k = 0; k < Tr::D / 16; ++k) {
-    const int j0 = 2 * k, j1 = 2 * k + 1;
-    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * Tr::kOPanelStride, pack2<Tr::kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
-                pack2<Tr::kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
-                pack2<Tr::kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
-                pack2<Tr::kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
-  }
+  stage_o_swizzled<Tr::D, Tr::kBf16, Tr::kOPanelStride>(s_o, o, inv, wtid >> 5, lane);
   fence_proxy_async();  // the generic-proxy writes, before the async proxy's copy reads them
   named_sync(1 + c, 128);
   if (wtid == 0) {
