@@ -329,19 +329,17 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
   }
 }
 
-// The warp-specialized rows' A/B variants, each a second instantiation chosen per launch by an environment switch:
-// SPATTN_BWD_EPI=smem (dK / dV through shared memory and TMA stores; tile_bwd.cuh, store_dkdv_smem) on both rows,
-// SPATTN_BWD_STEP64=v2 (the 128-query step's v2; tile_bwd_ws2.cuh, Step64V2) on the D = 64 row, and both at once.
-// D = 64 and 128: causal, windows, bitmask tiles, GQA (dK, dV summed over the group in registers), key tiles with an
-// odd number of entries (a pair's empty second half), lengths that leave a partial last key tile (1000, 4099: rows
-// past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16 and bf16; each asserted to have run its variant
-// (TileBackward's counters; none where it does not apply) against the reference, the gradients poisoned beforehand.
-// A compound plan whose later tile part adds to dk, dv (dkv_accumulate: the plain epilogue) under the switches too;
-// and without them, no launch of either.
-struct WsVariant {
-  bool epi, v2;
-};
-void check_ws_variant(WsVariant w, uint32_t seed) {
+// The warp-specialized rows (D = 64: 128-query steps, tile_bwd_ws2.cuh; D = 128: dV, dQ, dK as three wgmma groups,
+// dQ staged while dK runs, each step's entry through shared memory, tile_bwd_ws.cuh), their dK / dV written through
+// shared memory by TMA stores (tile_bwd.cuh, store_dkdv_smem): causal, windows, bitmask tiles, GQA (dK, dV summed over
+// the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
+// partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
+// and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count), against the
+// reference with the gradients poisoned beforehand. A compound plan whose later tile part adds to dk, dv
+// (dkv_accumulate: each thread adds its pairs) too.
+TEST(BackwardGpu, WsRowsMatchReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
   const Case cs[] = {
       {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
@@ -351,109 +349,50 @@ void check_ws_variant(WsVariant w, uint32_t seed) {
       {{"local(30)"}, DType::bf16, 2, 2, 2, 150, 411, 64, false},                 // Lq != Lk
       {{"random(5, seed=3) | local(2)"}, DType::f16, 2, 2, 2, 200, 200, 64, false},  // bitmask tiles
       {{"causal"}, DType::bf16, 1, 2, 2, 1000, 1000, 128, false},
+      {{"causal"}, DType::bf16, 2, 4, 2, 777, 777, 128, false},
       {{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false},              // GQA
+      {{"local(100)"}, DType::f16, 2, 4, 1, 411, 411, 128, false},
       {{"local(left=200, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 128, false},
-      {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                 // [B, H, L, D] views, GQA
+      {{"causal & global_cols(100:180)"}, DType::bf16, 1, 4, 2, 333, 333, 128, true},  // [B, H, L, D] views
+      {{"random(5, seed=3) | local(2)"}, DType::f16, 1, 2, 2, 200, 200, 128, false},   // bitmask tiles
+      {{"local(30)"}, DType::bf16, 1, 4, 2, 150, 411, 128, false},                     // Lq != Lk
+      {{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, true},                      // views, GQA
   };
-  if (w.epi) ::setenv("SPATTN_BWD_EPI", "smem", 1);
-  if (w.v2) ::setenv("SPATTN_BWD_STEP64", "v2", 1);
+  uint32_t seed = 2600;
   for (const Case& c : cs) {
-    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lk) +
-                 (w.epi ? " epi=smem" : "") + (w.v2 ? " step64=v2" : ""));
-    const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" +
+                 std::to_string(c.Lk));
+    const int64_t e0 = TileBackward::smem_epilogue_launches();
     std::string ran;
     const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed++);
     EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
-    EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, w.epi ? 1 : 0) << "the shared-memory epilogue";
-    EXPECT_EQ(TileBackward::step64_v2_launches() - v0, w.v2 && c.D == 64 ? 1 : 0) << "the 128-query step's v2";
+    EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1) << "the shared-memory epilogue";
     expect_within(e, c.dt);
   }
-  {  // a compound plan: the tiles part writes dk, dv, the affine part adds (the plain epilogue)
+  {  // a compound plan: the tiles part writes dk, dv, the affine part adds (each thread its pairs)
     const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
     SCOPED_TRACE("sparse_strided(100), compound");
     std::string ran;
     expect_within(backward_errors(c, "", &ran, seed++), c.dt);
   }
-  ::unsetenv("SPATTN_BWD_EPI");
-  ::unsetenv("SPATTN_BWD_STEP64");
-  const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
-  std::string ran;
-  expect_within(backward_errors(cs[0], "sm90_bwd_ws", &ran, seed), cs[0].dt);
-  EXPECT_EQ(TileBackward::smem_epilogue_launches(), e0) << "the default epilogue without the switch";
-  EXPECT_EQ(TileBackward::step64_v2_launches(), v0) << "the default step without the switch";
-}
-TEST(BackwardGpu, SmemEpilogueMatchesReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  check_ws_variant({true, false}, 2600);
-}
-TEST(BackwardGpu, Step64V2MatchesReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  check_ws_variant({false, true}, 2700);
-}
-TEST(BackwardGpu, SmemEpilogueWithStep64V2MatchesReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  check_ws_variant({true, true}, 2800);
 }
 
-// One small case of each warp-specialized row under both switches, for compute-sanitizer (a partial last key tile,
-// a bitmask tile, an odd key tile at D = 64; GQA).
-TEST(BackwardGpu, WsVariantsSmallCaseForSanitizers) {
+// One small case of each warp-specialized row, for compute-sanitizer (a partial last key tile, a bitmask tile, an odd
+// key tile at D = 64; GQA).
+TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
   const Case cs[] = {{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false},
                      {{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false}};
-  ::setenv("SPATTN_BWD_EPI", "smem", 1);
-  ::setenv("SPATTN_BWD_STEP64", "v2", 1);
   for (const Case& c : cs) {
-    const int64_t e0 = TileBackward::smem_epilogue_launches(), v0 = TileBackward::step64_v2_launches();
+    SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
+    const int64_t e0 = TileBackward::smem_epilogue_launches();
     std::string ran;
-    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 7);
+    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, 2900);
     EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
     EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1);
-    EXPECT_EQ(TileBackward::step64_v2_launches() - v0, c.D == 64 ? 1 : 0);
     expect_within(e, c.dt);
-  }
-  ::unsetenv("SPATTN_BWD_EPI");
-  ::unsetenv("SPATTN_BWD_STEP64");
-}
-
-// Step variant 2 of the head-dim-128 warp-specialized row (SPATTN_BWD_STEP=v2: dV, dQ, dK as three wgmma groups,
-// dQ staged under dK), an A/B switch read at each launch: causal and windows (full, band and bitmask tiles), GQA,
-// lengths no multiple of a tile, Lq != Lk, bf16 and fp16; each asserted to have run the variant (its launch count)
-// and against the reference. Unset, the default step runs (the count unchanged).
-TEST(BackwardGpu, WsStepV2MatchesReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernel needs an sm_90a device (compute capability 9.0)";
-  using spattn::cuda::TileBackward;
-  const Case cs[] = {
-      {{"causal"}, DType::bf16, 2, 4, 2, 777, 777, 128, false},
-      {{"local(left=300, right=0)"}, DType::bf16, 1, 8, 2, 650, 650, 128, false},
-      {{"local(100)"}, DType::f16, 2, 4, 1, 411, 411, 128, false},
-      {{"causal & global_cols(100:180)"}, DType::bf16, 1, 4, 2, 333, 333, 128, true},
-      {{"random(5, seed=3) | local(2)"}, DType::f16, 1, 2, 2, 200, 200, 128, false},
-      {{"local(30)"}, DType::bf16, 1, 4, 2, 150, 411, 128, false},
-  };
-  uint32_t seed = 1300;
-  for (const Case& c : cs) {
-    SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq));
-    std::string ran;
-    ::setenv("SPATTN_BWD_STEP", "v2", 1);
-    const int64_t before = TileBackward::step_v2_launches();
-    const auto e = backward_errors(c, "sm90_bwd_ws_64x128_d128", &ran, seed);
-    const int64_t v2 = TileBackward::step_v2_launches() - before;
-    ::unsetenv("SPATTN_BWD_STEP");
-    EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d128");
-    EXPECT_GE(v2, 1) << "the variant did not run";
-    expect_within(e, c.dt);
-    const int64_t before1 = TileBackward::step_v2_launches();
-    const auto e1 = backward_errors(c, "sm90_bwd_ws_64x128_d128", &ran, seed++);
-    EXPECT_EQ(TileBackward::step_v2_launches(), before1) << "unset: the default step";
-    // the same inputs (seed): only the summation order of fp32 partial products may differ
-    for (int t = 0; t < 3; ++t) EXPECT_NEAR(e[t], e1[t], 1e-3) << t;
   }
 }
 

@@ -108,7 +108,6 @@ std::string TileBackward::explain() const {
 namespace {
 std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 std::atomic<int64_t> g_smem_epi{0};  // TileBackward::smem_epilogue_launches
-std::atomic<int64_t> g_step64_v2{0};  // TileBackward::step64_v2_launches
 
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
@@ -191,7 +190,8 @@ void launch_tiles(const bwd::BwdParams& p, bool tma, bool strips, cudaStream_t s
   else
     launch_three<Tr, 0>(tma ? bwd::tile_bwd_kernel<Tr, true> : bwd::tile_bwd_kernel<Tr, false>, p, s);
 }
-// epi: the shared-memory dK / dV epilogue (bwd::SmemEpilogue; SPATTN_BWD_EPI=smem), a second instantiation.
+// epi: the shared-memory dK / dV epilogue (bwd::SmemEpilogue); without it (dkv_accumulate, or dk / dv without
+// tensor maps) each thread stores its pairs.
 template <class Tr, int kWs>
 void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   if (epi) {
@@ -201,40 +201,20 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
-std::atomic<int64_t> g_step_v2{0};  // TileBackward::step_v2_launches
-
-// SPATTN_BWD_STEP=v2, read at each launch (A/B only): the head-dim-128 warp-specialized row runs step variant 2
-// (BwdWsTraits' kStep; tile_bwd_ws_body), else the default step.
-bool step_v2() {
-  const char* e = std::getenv("SPATTN_BWD_STEP");
-  return e != nullptr && std::string(e) == "v2";
-}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
-  if constexpr (D == 128) {
-    if (step_v2()) {
-      ++g_step_v2;
-      return launch_ws_epi<bwd::BwdWsTraits<D, kBf16, 2>, D / 2>(p, epi, s);
-    }
-  }
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
-// v2: the 128-query step's v2 (bwd::Step64V2; SPATTN_BWD_STEP64=v2), a second instantiation.
 template <bool kBf16>
-void launch_ws2(const bwd::BwdParams& p, bool epi, bool v2, cudaStream_t s) {
+void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  if (v2) {
-    ++g_step64_v2;
-    launch_ws_epi<bwd::Step64V2<Tr>, Tr::kDQ>(p, epi, s);
-  } else {
-    launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
-  }
+  launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
-// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue; v2: the 128-query step's v2).
+// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue).
 template <int... I>
-void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, bool v2, const bwd::BwdParams& p, cudaStream_t s,
+void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, const bwd::BwdParams& p, cudaStream_t s,
                 std::integer_sequence<int, I...>) {
   bool done = false;
   auto one = [&](auto ic) {
@@ -250,7 +230,7 @@ void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, bool v2, co
                     "tile_bwd_ws2.cuh: 128 queries a step (D = 64), tile_bwd_ws.cuh: 64 (D = 128); 128 keys a CTA");
       if (decltype(ic)::value == row && tma && !strips) {
         if constexpr (c.block_m == 128)
-          bf16 ? launch_ws2<true>(p, epi, v2, s) : launch_ws2<false>(p, epi, v2, s);
+          bf16 ? launch_ws2<true>(p, epi, s) : launch_ws2<false>(p, epi, s);
         else
           bf16 ? launch_ws<c.head_dim, true>(p, epi, s) : launch_ws<c.head_dim, false>(p, epi, s);
         done = true;
@@ -329,18 +309,12 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   int ran = row;
   if (plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws && !tma)
     ran = plan::find_kernel(plan::KernelKind::sm90_bwd, 64, 128, int(pr.head_dim));
-  // SPATTN_BWD_EPI=smem (read at every launch; an A/B switch): the warp-specialized rows' dK / dV through shared
-  // memory and TMA stores (tile_bwd.cuh, store_dkdv_smem), where dk and dv admit tensor maps and are written, not
-  // added to (dkv_accumulate: the plain epilogue).
-  const char* epi_env = std::getenv("SPATTN_BWD_EPI");
+  // The warp-specialized rows write dK and dV through shared memory and TMA stores (tile_bwd.cuh, store_dkdv_smem)
+  // where dk and dv admit tensor maps and are written, not added to (dkv_accumulate, a compound plan's later tile
+  // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
-                   epi_env && std::string(epi_env) == "smem" && encode_tmap(p.tmap_dk, dk, 64) &&
-                   encode_tmap(p.tmap_dv, dv, 64);
-  // SPATTN_BWD_STEP64=v2 (the same way): the 128-query step's v2 (tile_bwd_ws2.cuh, Step64V2).
-  const char* v2_env = std::getenv("SPATTN_BWD_STEP64");
-  const bool v2 = v2_env && std::string(v2_env) == "v2";
-  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, v2, p, s,
-             std::make_integer_sequence<int, plan::kNumKernels>{});
+                   encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
+  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
 }
 
@@ -350,13 +324,10 @@ int TileBackward::set_prepfin_grid_limit(int limit) {
   return g_grid_limit.exchange(limit);
 }
 
-int64_t TileBackward::step_v2_launches() { return g_step_v2.load(); }
-
 TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
   return {g_prepfin[0].load(), g_prepfin[1].load(), g_prepfin[2].load()};
 }
 
 int64_t TileBackward::smem_epilogue_launches() { return g_smem_epi.load(); }
-int64_t TileBackward::step64_v2_launches() { return g_step64_v2.load(); }
 
 }  // namespace spattn::cuda

@@ -71,18 +71,12 @@ class TileBackward {
     int64_t launches = 0, o16 = 0, dq16 = 0;
   };
   static PrepFinCounts prepfin_counts();
-  // For tests: the warp-specialized launches in this process that ran the shared-memory dK / dV epilogue
-  // (SPATTN_BWD_EPI=smem; tile_bwd.cuh, store_dkdv_smem).
+  // For tests: the warp-specialized launches in this process that wrote dK and dV through shared memory and TMA
+  // stores (tile_bwd.cuh, store_dkdv_smem; not where they are added to).
   static int64_t smem_epilogue_launches();
-  // ... and the 128-query-step launches that ran its v2 (SPATTN_BWD_STEP64=v2; tile_bwd_ws2.cuh, Step64V2).
-  static int64_t step64_v2_launches();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
-
-  // For tests: the launches so far of the head-dim-128 warp-specialized row's step variant 2 (SPATTN_BWD_STEP=v2,
-  // read at each launch; an A/B switch).
-  static int64_t step_v2_launches();
 
   int kernel_row() const;  // plan/kernels.hpp: the row the last run launched (before any: the chosen one)
   bool last_tma() const { return last_tma_; }  // whether the last run loaded its steps by TMA (else cp.async)

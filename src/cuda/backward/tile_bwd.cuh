@@ -58,7 +58,7 @@ struct BwdParams {
   // The TMA variant (tile_bwd_kernel<Tr, true>: identity plans whose q and dout admit tensor maps): q's and dout's
   // maps ({D, L, H, B}, boxes of 64 elements x 64 rows, 128-byte swizzle).
   TensorMapBytes tmap_q, tmap_do;
-  // The warp-specialized kernels' shared-memory epilogue (SmemEpilogue traits: SPATTN_BWD_EPI=smem): dk's and dv's
+  // The warp-specialized kernels' shared-memory epilogue (SmemEpilogue traits): dk's and dv's
   // maps ({D, Lk, Hk, B}, the same boxes), their stores clipped at k_len.
   TensorMapBytes tmap_dk, tmap_dv;
   // Query strips (tile_bwd_kernel<Tr, false, true>; plan/key_plan.hpp, key_major_strips): key row r of key tile kt is
@@ -401,8 +401,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
   }
 }
 
-// The warp-specialized kernels' epilogue through shared memory (SPATTN_BWD_EPI=smem, an A/B switch): traits
-// SmemEpilogue<Tr> select it. Identity plans without dkv_accumulate only (the host runs the plain traits otherwise):
+// The warp-specialized kernels' epilogue through shared memory (1.01-1.07x the backward in one process against each
+// thread's own stores, session 27; bench/LOG.md): traits SmemEpilogue<Tr> select it. Identity plans without dkv_accumulate only (the host runs the plain traits otherwise):
 // a key row r of the tile is token k0 + r. After the loop every wgmma of both consumer warpgroups is done (each
 // waited for its dQ group before the CTA-wide consumer barrier below), so the K and V tiles (2 x 128 x D x 2 bytes,
 // loaded by the consumers themselves, never by the producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x

@@ -3,17 +3,19 @@
 //
 //   one CTA per (key tile of 128 keys, batch, kv head), 384 threads
 //   warpgroup 0   warp 0: the producer; one thread loads each step's Q, dO (tensor maps), lse2 and delta (bulk
-//                 copies) into a ring of kStages stages (`full` mbarriers complete on the bytes, `empty` ones on
-//                 the consumers' release), running ahead of the consumers.
+//                 copies) and its plan entry (16 bytes, stored before the stage's arrival) into a ring of kStages
+//                 stages (`full` mbarriers complete on the bytes, `empty` ones on the consumers' release), running
+//                 ahead of the consumers.
 //                 warp 1: the dQ writer; one thread adds each step's dQ, staged in shared memory by the consumers,
 //                 into the fp32 accumulator by bulk reduce-add (cp.reduce.async.bulk .add.f32, done at L2), a
 //                 warpgroup's half at a time, and frees the staging buffer once its reads are done.
 //                 setmaxnreg gives the warpgroup's registers to the consumers (24 / 240).
 //   warpgroups 1, 2   consumers, 64 keys each (as tile_bwd.cuh's two warpgroups): S^T and dP^T issued as two
-//                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV, dK by RS wgmma, dS^T through a
+//                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV by RS wgmma, dS^T through a
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
-//                 dQ = dS K (this warpgroup's D/2 columns), staged for the writer in its register order
-//                 (detail::ws_acc_index; bwd_finish_grid_kernel<..., D / 2, ...> reads that order).
+//                 then dQ = dS K (this warpgroup's D/2 columns) and dK by RS wgmma as two more groups: dQ is staged
+//                 for the writer in its register order (detail::ws_acc_index; bwd_finish_grid_kernel<..., D / 2,
+//                 ...> reads that order) while dK's group runs (dv_dq_dk).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
@@ -25,15 +27,10 @@
 
 namespace spattn::cuda::bwd {
 
-// kStep_ (head dim 128): 1 the default step; 2 the A/B variant of SPATTN_BWD_STEP=v2 (tile_bwd_ws_body: dV, dQ, dK
-// as three wgmma groups in that order, dQ staged while dK runs; the step's entry from the producer through shared
-// memory, lse2 and delta read ahead of their use).
-template <int D_, bool kBf16_, int kStep_ = 1>
+template <int D_, bool kBf16_>
 struct BwdWsTraits {
   static constexpr int BM = 64, BN = 128, D = D_, kThreads = 384, kConsumerThreads = 256;
   static constexpr bool kBf16 = kBf16_;
-  static constexpr int kStep = kStep_;
-  static_assert(kStep == 1 || (kStep == 2 && D == 128), "step variant 2 at head dim 128 only");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static constexpr int kStages = D == 64 ? 3 : 2;
   static constexpr int kDQ = D / 2;  // dQ columns of a consumer warpgroup
@@ -45,8 +42,8 @@ struct BwdWsTraits {
   static constexpr int kOffRows = kOffDQ + 4 * kDQStage;        // stage s: lse2 at + 2 s BM 4, delta after it
   static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[4], dq_empty[4]
   static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
-  static constexpr int kOffEnt = kOffBar + (2 * kStages + 8) * 8;  // kStep 2: stage s's entry (16 bytes) at + 16 s
-  static constexpr int kSmemBytes = kOffEnt + (kStep == 2 ? 16 * kStages : 0) + 1024;  // + alignment slack
+  static constexpr int kOffEnt = kOffBar + (2 * kStages + 8) * 8;  // stage s's entry (16 bytes) at + 16 s
+  static constexpr int kSmemBytes = kOffEnt + 16 * kStages + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register split");
@@ -62,7 +59,7 @@ __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork 
   w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
   return w;
 }
-// 16 bytes to / from shared memory (step variant 2's entry in its stage).
+// 16 bytes to / from shared memory (a step's entry in its stage).
 __device__ __forceinline__ void st_shared_v4b32(uint32_t addr, const int4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
@@ -82,7 +79,7 @@ __device__ __forceinline__ uint32_t smem_base_1024(uint8_t* smem_raw) {
 // S^T = K Q^T and dP^T = V dO^T (this warpgroup's keys kw, vw) as two wgmma groups, S^T waited for: P^T's
 // exponentials run while dP^T's group does (the caller waits for it). Operands (detail::operand) at leading-byte
 // offset 16, the step's q and d_o too.
-// issued(): run after both groups are issued, before the wait (step variant 2: the mask words' global reads).
+// issued(): run after both groups are issued, before the wait (the masks' reads and their building).
 template <class Tr, class O, class F>
 __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
                                                  const O& vw, const O& q, const O& d_o, F&& issued) {
@@ -97,11 +94,6 @@ __device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (
   issued();
   wgmma_wait<1>();
   fence_regs(s);
-}
-template <class Tr, class O>
-__device__ __forceinline__ void issue_sdp_wait_s(float (&s)[Tr::BM / 2], float (&dp)[Tr::BM / 2], const O& kw,
-                                                 const O& vw, const O& q, const O& d_o) {
-  issue_sdp_wait_s<Tr>(s, dp, kw, vw, q, d_o, [] {});
 }
 
 // A step's wgmma operands: kw, vw (this warpgroup's K and V rows), q16, do16 (the stage's Q and dO, K-major: leading
@@ -156,13 +148,14 @@ __device__ __forceinline__ void probs_or_dscores(float (&s)[BM / 2], float (&dp)
     }
 }
 
-// Step variant 2's tail (after P^T, dS^T): FA3's / FA4's order of the step's last three products. dV += P^T dO as
-// one group, dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups;
-// returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it:
-// wgmma_wait<0>, fence_regs(dk), fence_regs(da)). The default step issues dV and dK as one group before the
-// barrier and waits for all three after dQ, so the tensor pipe idles while dQ is staged.
+// The step's tail (after P^T, dS^T): FA3's / FA4's order of its last three products. dV += P^T dO as one group,
+// dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups; returns with
+// dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it: wgmma_wait<0>,
+// fence_regs(dk), fence_regs(da)). Issuing dV and dK as one group before the barrier and waiting for all three after
+// dQ (session 26's step) left the tensor pipe idle while dQ was staged: this order ran the D = 128 backward
+// 1.06-1.16x faster in one process (causal 2.720 -> 2.375 ms, H200; bench/LOG.md).
 template <class Tr>
-__device__ __forceinline__ void dv_dq_dk_v2(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+__device__ __forceinline__ void dv_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                             uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2],
                                             float (&dq)[Tr::kDQ / 2], const StepOperands<Tr>& o, uint32_t s_ds,
@@ -211,7 +204,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
   auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
   auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
-  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };           // kStep 2
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
@@ -247,13 +240,9 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
       for (int i = 0; i < n; ++i) {
         const int st = i % S;
         if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
-        if constexpr (Tr::kStep == 2) {  // the entry too, stored before the stage's arrival (release)
-          const int4 ei = entry(i);
-          st_shared_v4b32(s_ent(st), ei);
-          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
-        } else {
-          tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), entry(i).x * BM);
-        }
+        const int4 ei = entry(i);  // the entry too, stored before the stage's arrival (release)
+        st_shared_v4b32(s_ent(st), ei);
+        tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
       }
     } else if (warp == 1 && lane == 0) {
       // ---- dQ writer ----
@@ -311,23 +300,11 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * x);
   };
 
-  // Entries read two steps ahead, so the masks do not wait on a global read; step i + 2's entry index (i + 2) % ne
-  // kept by increments (no division a step).
-  int4 e1 = entry(0), e2 = entry(1);
-  int jn = ne > 0 ? 2 % ne : 0;
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
-    int4 e;
-    if constexpr (Tr::kStep == 2) {
-      // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
-      mbar_wait(bar_full + 8 * st, (i / S) & 1);
-      e = ld_shared_v4b32(s_ent(st));
-    } else {
-      e = e1;
-      e1 = e2;
-      e2 = i + 2 < n ? __ldg(&p.entries[e0 + jn]) : make_int4(0, kFullEntry, 0, 0);
-      jn = jn + 1 == ne ? 0 : jn + 1;
-    }
+    // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
+    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    const int4 e = ld_shared_v4b32(s_ent(st));
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
     auto mask_words = [&] {
@@ -336,61 +313,29 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
         mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
       }
     };
-    if constexpr (Tr::kStep != 2) {
-      mask_words();
-      mbar_wait(bar_full + 8 * st, (i / S) & 1);
-    }
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr> o(ops, st, i);
-    if constexpr (Tr::kStep == 2) {
-      float2 l2[BM / 8], dl[BM / 8];
-      load_row_pairs<BM>(l2, s_rows(st));
-      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
-      load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
-      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
-      probs_or_dscores<BM, true>(s, dp, l2, sl2);
-      wgmma_wait<0>();
-      fence_regs(dp);
-      probs_or_dscores<BM, false>(s, dp, dl, sl2);
-    } else {
-      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-      mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
-      probs_dscores<BM, true, false, true>(s, dp, s_rows(st), sl2);
-      wgmma_wait<0>();
-      fence_regs(dp);
-      probs_dscores<BM, false, true, true>(s, dp, s_rows(st), sl2);
-    }
+    float2 l2[BM / 8], dl[BM / 8];
+    load_row_pairs<BM>(l2, s_rows(st));
+    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
+    load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
+    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+    probs_or_dscores<BM, true>(s, dp, l2, sl2);
+    wgmma_wait<0>();
+    fence_regs(dp);
+    probs_or_dscores<BM, false>(s, dp, dl, sl2);
 
+    // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-    if constexpr (Tr::kStep == 2) {
-      // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
-      float dq[kDQ / 2];
-      dv_dq_dk_v2<Tr>(s, dp, pa, da, dv, dk, dq, o, s_ds(i), ds_off);
-      stage_dq(dq, i);
-      wgmma_wait<0>();  // dK: every wgmma reading the stage is done
-      fence_regs(dk);
-      fence_regs(da);
-      mbar_arrive(bar_empty + 8 * st);
-      continue;
-    }
-
-    // ---- dV += P^T dO, dK += dS^T Q ----
-    issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
-
-    // ---- dS^T (both warpgroups' halves) for dQ. The buffer of step i - 2: both warpgroups' dQ wgmma read it
-    // before they met at step i - 1's barrier ----
-    store_ds_stsm<Tr>(s_ds(i), da, ds_off);
-    fence_proxy_async();
-    named_sync(1, NC);
-
-    // ---- dQ (64 queries x this warpgroup's D/2 columns) = dS K ----
     float dq[kDQ / 2];
-    mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
-    mbar_arrive(bar_empty + 8 * st);  // every wgmma reading the stage is done
-
+    dv_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, s_ds(i), ds_off);
     stage_dq(dq, i);
+    wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+    fence_regs(dk);
+    fence_regs(da);
+    mbar_arrive(bar_empty + 8 * st);
   }
 
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);

@@ -37,22 +37,13 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// SPATTN_BWD_STEP64=v2 (an A/B switch; Step64V2<Tr> traits): the consumer step's entry reads and masks with less
-// integer work and no entry live across steps. The default's per-step SASS (sm_90a, bf16, a full-tile step: 582
-// instructions, of them 320 the exponentials' and dS's float work, 32 HGMMA, 32 LDS of lse2 / delta) spends ~30 on
-// the next step's two entry reads (each a select between a whole entry and a padded half: ~15 instructions and two
-// predicated LDG a half), 5 on zeroing the masks' words of full entries, and a local-memory reload (LDL) of the pair
-// count np for the slot's wrap, ~8 on the dS^T stmatrix lane offset re-derived from SR_TID; the next pair's 8
-// registers live through the step. v2: the step's own pair loaded before its stage wait (half 0 always exists,
-// 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped against
-// ne (no np), the masks built between the S^T / dP^T issue and the S^T wait (the loads' latency under the wait and
-// the wgmmas), a full entry's mask words left unset, the stmatrix offset kept in a register: 551 instructions.
-template <class Base>
-struct Step64V2 : Base {
-  static constexpr bool kStep64V2 = true;
-};
-template <class Tr>
-inline constexpr bool kStep64V2Of = requires { requires Tr::kStep64V2; };
+// The consumer step's entries and masks (measured against the step before, session 27: 1.01-1.05x on the D = 64
+// windows and mixtures, bench/LOG.md): the step's own pair of entries loaded before its stage wait (half 0 always
+// exists, 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped
+// against ne, the masks built between the S^T / dP^T issue and the S^T wait (the loads' latency under the wait and the
+// wgmmas), a full entry's mask words left unset, the dS^T stmatrix lane offset kept in a register: 551 SASS
+// instructions a full-tile step, where reading the next pair a step ahead (its 8 registers live through the step),
+// zeroing full entries' mask words and re-deriving the offset from SR_TID took 582.
 // An entry by a coherent ld.global ordered as memory: kept where the step issues it (before its mbarrier wait);
 // ptxas moves __ldg's (ld.global.nc) down to the entry's first use.
 __device__ __forceinline__ int4 ldg_entry(const int4* e) {
@@ -85,17 +76,8 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p));
   const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
-  const int np = (ne + 1) / 2, n = np * p.group;
+  const int n = (ne + 1) / 2 * p.group;
   const int64_t e0 = w.e0;
-  // Step i's half c: entry 2 jj + c of the key tile, jj = i % np (the step's slot, kept by increments); past the
-  // tile's entries, the first half's query tile under an empty band (lo 1 > hi 0: keeps nothing).
-  auto half_entry_at = [&](int jj, int c) {
-    const int j = 2 * jj + c;
-    if (j < ne) return __ldg(&p.entries[e0 + j]);
-    const int4 a = __ldg(&p.entries[e0 + j - 1]);
-    return make_int4(a.x, -2, 1, 0);
-  };
-
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 1);
@@ -187,62 +169,33 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     }
     return step_mask<64, true>(e, k0, kr0, e.x * 64, kvalid, mw);
   };
-  // The halves' entries read a step ahead (slot jj = i % np), so the step waits on no read of an entry; it builds
-  // their masks before its wait for its stage, partial tiles only.
-  constexpr bool kV2 = kStep64V2Of<Tr>;
-  // v2: the step's own pair of entries from j2 = 2 jj (half 1 past ne: the pair's last entry, patched to an empty
-  // band), loaded before its stage wait and turned into masks while its S^T and dP^T wgmmas run: no entry lives
-  // across steps (the default holds the next pair's 8 registers through the step).
+  // The step's own pair of entries from j2 = 2 jj (half 1 past ne: the pair's last entry, patched to an empty band:
+  // lo 1 > hi 0 keeps nothing), loaded before its stage wait and turned into masks while its S^T and dP^T wgmmas
+  // run: no entry lives across steps.
   const int4* const eb = p.entries + e0;
   int j2 = 0;
   uint32_t ds_lane = ds_off;
-  int4 an[2];
-  if constexpr (!kV2) {
-    if (n > 0) an[0] = half_entry_at(0, 0), an[1] = half_entry_at(0, 1);
-  }
-  int jn = np > 1 ? 1 : 0;  // step i + 1's slot, (i + 1) % np
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     StepMask m[2];
-    if constexpr (kV2) {
-      an[0] = ldg_entry(eb + j2);
-      const bool pad = j2 + 1 >= ne;
-      an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
-      if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
-      j2 = j2 + 2 >= ne ? 0 : j2 + 2;
-    } else {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        m[c] = StepMask{kFullEntry, {0u, 0u, 0u, 0u}};
-        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
-      }
-      if (i + 1 < n) an[0] = half_entry_at(jn, 0), an[1] = half_entry_at(jn, 1);
-      jn = jn + 1 == np ? 0 : jn + 1;
-    }
+    int4 an[2];
+    an[0] = ldg_entry(eb + j2);
+    const bool pad = j2 + 1 >= ne;
+    an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
+    if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
+    j2 = j2 + 2 >= ne ? 0 : j2 + 2;
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
     const StepOperands<Tr> o(ops, st, i);
-    if constexpr (kV2) {
-      // issue_sdp_wait_s with the masks built between the issue and the wait
-      fence_regs(s);
-      fence_regs(dp);
-      wgmma_fence();
-      mma_keys_queries<Tr>(s, o.kw, o.q16);
-      wgmma_commit();
-      mma_keys_queries<Tr>(dp, o.vw, o.do16);
-      wgmma_commit();
+    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, [&] {  // the masks built under the two groups
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         m[c].kind = kFullEntry;  // (a full entry's words unread: apply_mask reads them for bitmask kinds)
         if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
       }
-      wgmma_wait<1>();
-      fence_regs(s);
-    } else {
-      issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16);
-    }
+    });
     // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -264,13 +217,13 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
 
-    // ---- dS^T, both halves, both warpgroups' keys (v2: the lane's offset kept in a register, loop-carried through
-    // an opaque asm; the default's is re-derived from SR_TID every step) ----
-    if constexpr (kV2) asm("" : "+r"(ds_lane));
+    // ---- dS^T, both halves, both warpgroups' keys (the lane's offset kept in a register, loop-carried through an
+    // opaque asm; else ptxas re-derives it from SR_TID every step) ----
+    asm("" : "+r"(ds_lane));
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, kV2 ? ds_lane : ds_off);
+      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_lane);
     }
     fence_proxy_async();
     named_sync(1, NC);
