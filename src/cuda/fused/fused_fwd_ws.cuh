@@ -14,25 +14,26 @@
 // one-warpgroup 64-row CTA). Applies to plans without permutation (perm_d == 1: rows are contiguous tokens)
 // and tensors whose strides suit a tensor map (FusedFwd::to_params checks; else the cp.async kernels run).
 //
-// The epilogue (each thread stores its O pairs and LSE, tile_store) has an alternative behind SPATTN_FWD_EPI=tma
-// (WsTraits::kTmaEpi, issue 40): O staged in the Q buffer and stored by bulk tensor copies from the producer
-// warpgroup (ws_stage_o, ws_storer); the Q buffer is then released by the copies' read instead of the last S.
+// The epilogue (WsTraits::kTmaEpi, issue 40): O staged in the Q buffer and stored by bulk tensor copies from the
+// producer warpgroup (ws_stage_o, ws_storer), the LSE by the threads; the Q buffer is then released by the consumers'
+// last S and the copies' read. Where o admits no tensor map, 128-row plans run on the cp.async kernel instead
+// (FusedFwd::to_params); 192-row tiles have no cp.async row, so their instantiation without it (each thread stores
+// its O pairs, tile_store) is kept for that case only.
 #pragma once
 #include "cuda/fused/fused_fwd.cuh"
 
 namespace spattn::cuda::fused {
 
-// kEpi_ 1 or 2 (SPATTN_FWD_EPI=tma or tma2, FusedFwd::run; issue 40): the epilogue stages O / l in the consumer's rows
-// of its item's Q buffer (free once the item's last S is done) by stmatrix, and a storer thread of the producer
-// warpgroup writes them with bulk tensor copies through o's tensor map (FusedParams::tmap_o: rows past Lq dropped),
-// then releases that Q buffer; the consumer goes on with its next item. 0: each thread stores its O pairs (tile_store).
-// 2 at D=128: two Q buffers and two K/V stages (192 KB) in place of one and three, so that the next item's Q loads
-// while this one's O is staged and stored (with one buffer it loads only after the store has read it).
-template <int BM_, int BN_, int D_, bool kBf16_, int kEpi_ = 0>
+// kTmaEpi_ (issue 40): the epilogue stages O / l in the consumer's rows of its item's Q buffer (free once the item's
+// last S is done) by stmatrix, and a storer thread of the producer warpgroup writes them with bulk tensor copies
+// through o's tensor map (FusedParams::tmap_o: rows past Lq dropped), then adds its arrival on that buffer's q_empty;
+// the consumer goes on with its next item. false (192-row tiles whose o admits no tensor map only: launch_ws): each
+// thread stores its O pairs (tile_store).
+template <int BM_, int BN_, int D_, bool kBf16_, bool kTmaEpi_ = true>
 struct WsTraits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
-  static constexpr bool kBf16 = kBf16_, kTmaEpi = kEpi_ > 0;
-  static_assert(kEpi_ >= 0 && kEpi_ <= 2 && (kEpi_ < 2 || D == 128), "epilogue: 0 threads' stores, 1 or 2 bulk copies");
+  static constexpr bool kBf16 = kBf16_, kTmaEpi = kTmaEpi_;
+  static_assert(kTmaEpi || BM == 192, "the threads' stores: 192-row tiles only (128-row plans run on cp.async)");
   static_assert(BM == 128 || BM == 192, "warp-specialized query tile: 2 or 3 consumer warpgroups");
   static_assert(BN == 128, "warp-specialized key tile: 128");
   static_assert(D == 64 || (D == 128 && BM == 128), "head dim 64 (128 with two consumer warpgroups)");
@@ -45,8 +46,8 @@ struct WsTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // D=64: 4 K/V stages and two query-tile buffers (the next item's Q loads during this item's last tiles);
   // D=128: 3 stages and one buffer (224 KB).
-  static constexpr int kStages = D == 64 ? 4 : kEpi_ == 2 ? 2 : 3;
-  static constexpr int kQBufs = D == 64 || kEpi_ == 2 ? 2 : 1;
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kQBufs = D == 64 ? 2 : 1;
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBufs * kQBytes + kStages * 2 * kTileBytes;
