@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <array>
-#include <cstdlib>
 #include <cmath>
 #include <random>
 #include <string>
@@ -13,7 +12,6 @@
 #include "gpu/require_gpu.hpp"
 #include "plan/gpu/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
-#include "cuda/fused/fused_fwd.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/reference.hpp"
@@ -43,8 +41,10 @@ struct Case {
   int draw = -1;         // random patterns: -1 chosen (not checked), 1 chosen and checked to draw the bitmasks on the
                          // device, 0 drawn on the host (checked)
   bool tma128 = false;  // checked to run the TMA kernel at head dim 128 (its lazy-rescale loop) on sm_90a
-  const char* tma_epi = nullptr;  // run with SPATTN_FWD_EPI set to this (tma, tma2): checked to run the TMA kernel's
-                                  // bulk-copy epilogue on sm_90a
+  bool tma = false;  // checked to run the TMA kernel (sm90_tma: its bulk-copy epilogue where o has a tensor map)
+  int o_pad = 0;     // elements added to o's token stride: 2 gives rows that are not 16-byte multiples apart (no
+                     // tensor map of o), checked to run the row without one: the cp.async kernel of a 128-row plan,
+                     // the TMA kernel's threads' stores on 192-row tiles (sm_90a)
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -53,7 +53,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
             << (c.sm80 ? " sm80" : "") << (c.no_tma ? " no-tma" : "") << (c.packed ? " packed" : "") << (c.persistent >= 0 ? (c.persistent ? " persistent" : " item-per-CTA") : "")
             << (c.band >= 0 ? (c.band ? " band" : " no-band") : "") << (c.split >= 0 ? " split " + std::to_string(c.split) : "")
             << (c.rising ? " rising scores" : "") << (c.running_max >= 0 ? (c.running_max ? " rmax" : " no-rmax") : "")
-            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << (c.tma_epi ? std::string(" SPATTN_FWD_EPI=") + c.tma_epi : std::string()) << "]";
+            << (c.draw >= 0 ? (c.draw ? " device-drawn" : " host-drawn") : "") << (c.tma ? " TMA" : "") << (c.o_pad ? " o stride +" + std::to_string(c.o_pad) : "") << "]";
 }
 
 uint16_t to_half_bits(float x, DType t) {
@@ -99,11 +99,13 @@ void check_case(const Case& c) {
           hin[k_base + size_t((b * c.Lk + j) * krow + h * c.D)] =
               to_half_bits(j % 700 == 699 ? 40.f : float(j % 256) / 16.f, c.dtype);
   }
-  // O with a poisoned guard of 192 rows past its end: a store past the last row (a tile's rows past Lq) fails.
-  const size_t guard = size_t(192 * c.Hq * c.D);
-  DeviceBuf din(nin * 2), dout((nq + guard) * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
+  // O (rows of Hq D + o_pad elements) with a poisoned guard of 192 rows past its end: a store past the last row (a
+  // tile's rows past Lq) or into a row's padding fails.
+  const int64_t orow = c.Hq * c.D + c.o_pad;
+  const size_t no = size_t(c.B * c.Lq * orow), guard = size_t(192 * orow);
+  DeviceBuf din(nin * 2), dout((no + guard) * 2), dlse(size_t(c.B * c.Hq * c.Lq) * 4);
   ASSERT_EQ(cudaMemcpy(din.p, hin.data(), nin * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(dout.p, 0xFF, (nq + guard) * 2), cudaSuccess);  // NaN poison: an unwritten element fails
+  ASSERT_EQ(cudaMemset(dout.p, 0xFF, (no + guard) * 2), cudaSuccess);  // NaN poison: an unwritten element fails
   ASSERT_EQ(cudaMemset(dlse.p, 0xFF, size_t(c.B * c.Hq * c.Lq) * 4), cudaSuccess);
   // The q, k, v views over a base pointer (device or host copy of the inputs).
   auto views = [&](void* base, DType t) {
@@ -143,19 +145,12 @@ void check_case(const Case& c) {
     }
   }
   const auto [q, k, v] = views(din.p, c.dtype);
-  const TensorView o = TensorView::contiguous(dout.p, c.dtype, {c.B, c.Lq, c.Hq, c.D});
+  const TensorView o{dout.p, c.dtype, {c.B, c.Lq, c.Hq, c.D}, {c.Lq * orow, orow, c.D, 1}};
   const TensorView lse = TensorView::contiguous(dlse.p, DType::f32, {c.B, c.Hq, c.Lq, 1});
   const auto st = attn.can_implement(pr, q, k, v, o, lse);
   ASSERT_TRUE(st.ok) << st.reason;
-  const long long epi_before = spattn::cuda::fused::FusedFwd::tma_epilogue_launches();
-  if (c.tma_epi) setenv("SPATTN_FWD_EPI", c.tma_epi, 1);
   attn.run(pr, q, k, v, o, lse, nullptr);
-  if (c.tma_epi) unsetenv("SPATTN_FWD_EPI");
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (c.tma_epi && on_sm90a())
-    EXPECT_EQ(spattn::cuda::fused::FusedFwd::tma_epilogue_launches(), epi_before + 1) << "the bulk-copy epilogue should run";
-  else if (std::getenv("SPATTN_FWD_EPI") == nullptr)
-    EXPECT_EQ(spattn::cuda::fused::FusedFwd::tma_epilogue_launches(), epi_before) << "SPATTN_FWD_EPI unset: the threads' stores";
   // The variant the case forces is the one that ran (the kernel-table row recorded at launch).
   {
     using spattn::plan::KernelKind;
@@ -172,15 +167,24 @@ void check_case(const Case& c) {
       if (c.persistent >= 0 && !c.no_tma)
         EXPECT_TRUE(ran.kind == KernelKind::sm90_tma || spattn::plan::is_band(ran.kind)) << ran.name;
       if (c.tma128) EXPECT_TRUE(ran.kind == KernelKind::sm90_tma && ran.head_dim == 128) << ran.name;
-      if (c.tma_epi) EXPECT_EQ(ran.kind, KernelKind::sm90_tma) << ran.name;
+      if (c.tma) EXPECT_EQ(ran.kind, KernelKind::sm90_tma) << ran.name;
+      if (c.o_pad % 8 != 0 && !c.no_tma) {
+        // band=-1 cases: a band plan (the planner's row), whose fallback runs
+        if (c.band == -1) EXPECT_TRUE(spattn::plan::is_band(spattn::plan::kKernels[attn.kernel_row()].kind)) << attn.kernel_name();
+        EXPECT_EQ(ran.kind, ran.block_m == 192 ? KernelKind::sm90_tma : KernelKind::sm90_cp) << ran.name;
+      }
     }
   }
-  std::vector<uint16_t> ho(nq + guard);
+  std::vector<uint16_t> hpad(no + guard), ho(nq);
   std::vector<float> hlse(size_t(c.B * c.Hq * c.Lq));
-  ASSERT_EQ(cudaMemcpy(ho.data(), dout.p, (nq + guard) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(hpad.data(), dout.p, (no + guard) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   int64_t guard_hit = 0;
-  for (size_t i = nq; i < nq + guard; ++i) guard_hit += ho[i] != 0xFFFF;
-  EXPECT_EQ(guard_hit, 0) << "elements written past O's last row";
+  for (size_t i = 0; i < no + guard; ++i) {
+    const int64_t t = int64_t(i) / orow, e = int64_t(i) % orow;  // token row (b Lq + t), element in it
+    if (i < no && e < c.Hq * c.D) ho[size_t(t * c.Hq * c.D + e)] = hpad[i];
+    else guard_hit += hpad[i] != 0xFFFF;
+  }
+  EXPECT_EQ(guard_hit, 0) << "elements written past O's last row or into its rows' padding";
   ASSERT_EQ(cudaMemcpy(hlse.data(), dlse.p, hlse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
 
   // Reference on the same (rounded) inputs.
@@ -403,18 +407,20 @@ TEST_P(FusedTma128, MatchesReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Fused, FusedTma128, ::testing::ValuesIn(kTma128Cases));
 
-// The TMA kernel's epilogue by bulk tensor copies (SPATTN_FWD_EPI=tma or tma2, WsTraits::kTmaEpi; issue 40): O staged in the
-// consumers' rows of the Q buffer, stored through o's tensor map (rows past Lq dropped: the partial last tiles, the
-// guard past O), the LSE by the threads; items with no key tile (cross attention's empty rows) store zeros the same
-// way. Head dims 64 (128- and 192-row tiles: two and three consumers) and 128, bf16 and fp16, causal and windows, GQA,
-// persistent CTAs and one item a CTA; each checked to have run that instantiation.
+// The TMA kernel's epilogue by bulk tensor copies (WsTraits::kTmaEpi; issue 40): O staged in the consumers' rows of
+// the Q buffer, stored through o's tensor map (rows past Lq dropped: the partial last tiles, the guard past O), the
+// LSE by the threads; items with no key tile (cross attention's empty rows) store zeros the same way. Head dims 64
+// (128- and 192-row tiles: two and three consumers) and 128, bf16 and fp16, causal and windows, GQA, persistent CTAs
+// and one item a CTA; each checked to have run the TMA row. Then o views with no tensor map (o_pad): the row that
+// runs without one.
 Case tma_epi_case(const char* what, const char* spec, int64_t B, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t d,
-                  DType t, int block = 128, int persistent = -1, const char* mode = "tma") {
+                  DType t, int block = 128, int persistent = -1, int o_pad = 0, int band = 0) {
   Case c{what, spec, B, hq, hkv, lq, lk, d, t, block};
-  c.block_n = 128;
-  c.band = 0;  // band rows on the TMA kernel
+  c.block_n = block ? 128 : 0;  // 0: the planner's tiles
+  c.band = band;  // 0: band rows on the TMA kernel
   c.persistent = persistent;
-  c.tma_epi = mode;
+  c.tma = o_pad == 0;
+  c.o_pad = o_pad;
   return c;
 }
 const Case kTmaEpiCases[] = {
@@ -428,11 +434,13 @@ const Case kTmaEpiCases[] = {
     tma_epi_case("TMA epilogue D=64 192x128: causal, length 1000", "causal", 1, 2, 2, 1000, 1000, 64, DType::bf16, 192),
     tma_epi_case("TMA epilogue D=64 192x128: fp16 GQA 4/1 window, length 4099", "local(left=500, right=0)", 1, 4, 1, 4099, 4099, 64, DType::f16, 192),
     tma_epi_case("TMA epilogue D=64 192x128: Lq > Lk, items with no key", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, DType::f16, 192),
-    // tma2: at D=128 two Q buffers and two K/V stages.
-    tma_epi_case("tma2 D=128: causal, length 1000", "causal", 2, 2, 2, 1000, 1000, 128, DType::bf16, 128, -1, "tma2"),
-    tma_epi_case("tma2 D=128: fp16 GQA 4/1 left window, length 4099", "local(left=700, right=0)", 1, 4, 1, 4099, 4099, 128, DType::f16, 128, -1, "tma2"),
-    tma_epi_case("tma2 D=128: Lq > Lk, items with no key, one item a CTA", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 128, DType::bf16, 128, 0, "tma2"),
-    tma_epi_case("tma2 D=64 (as tma): window, length 1000", "local(256)", 1, 2, 2, 1000, 1000, 64, DType::bf16, 128, -1, "tma2"),
+    // o with no tensor map (its rows 4 bytes past a 16-byte multiple apart): 128-row plans on the cp.async row,
+    // 192-row tiles (TMA and band plans) on the TMA kernel with the threads' stores.
+    tma_epi_case("no o map D=128: causal on cp.async", "causal", 1, 2, 2, 1000, 1000, 128, DType::bf16, 128, -1, 2),
+    tma_epi_case("no o map D=128: band plan on cp.async", "local(300)", 1, 2, 2, 1000, 1000, 128, DType::f16, 0, -1, 2, -1),
+    tma_epi_case("no o map D=64: 128x128 on cp.async", "local(256)", 1, 2, 2, 1000, 1000, 64, DType::bf16, 128, -1, 2),
+    tma_epi_case("no o map D=64 192x128: Lq > Lk, threads' stores", "local(left=40, right=300)", 1, 2, 2, 1000, 300, 64, DType::f16, 192, -1, 2),
+    tma_epi_case("no o map D=64: band plan on the TMA kernel", "causal", 1, 2, 2, 1000, 1000, 64, DType::bf16, 0, -1, 2, -1),
 };
 class FusedTmaEpilogue : public ::testing::TestWithParam<Case> {};
 TEST_P(FusedTmaEpilogue, MatchesReference) {

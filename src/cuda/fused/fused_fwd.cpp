@@ -3,7 +3,6 @@
 #include "plan/kernels.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -284,15 +283,19 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
                                       pr.batch * pr.q_heads, k.group, device_info(plan.device()).l2_bytes,
                                       plan.list_shape());
   out.bf16 = pr.dtype == DType::bf16;
-  // The plan's row, or where the tensors' strides admit no tensor map, the row that runs without it: the band
-  // kernel stores through o's map (else the TMA kernel runs the band plan), the TMA kernels load through q's,
-  // k's and v's (else the cp.async kernel of the tile shape; 192-row tiles have none: can_implement refuses).
+  // The plan's row, or where the tensors' strides admit no tensor map, the row that runs without it. The band and
+  // TMA kernels store O through o's map (64-row boxes: a slab, a consumer's rows); without it the cp.async kernel
+  // of the tile shape runs the plan, or for 192-row tiles, which have none, the TMA kernel's instantiation whose
+  // threads store O (launch_ws). They load through q's, k's and v's maps; without them the cp.async kernel of the
+  // tile shape runs (192-row tiles: can_implement refuses).
   using plan::KernelKind;
   int row = plan.kernel_row();
   KernelKind kind = plan::kKernels[row].kind;
-  if (plan::is_band(kind) && !encode_tmap(k.tmap_o, a.o, 64)) {
-    row = plan::find_kernel(KernelKind::sm90_tma, hp.block_m, hp.block_n, int(pr.head_dim));
-    kind = KernelKind::sm90_tma;
+  const bool tma_rows = kind == KernelKind::sm90_tma || plan::is_band(kind);
+  out.o_map = tma_rows && encode_tmap(k.tmap_o, a.o, 64);
+  if (tma_rows && !out.o_map) {
+    kind = hp.block_m == 192 ? KernelKind::sm90_tma : KernelKind::sm90_cp;
+    row = plan::find_kernel(kind, hp.block_m, hp.block_n, int(pr.head_dim));
   }
   if ((kind == KernelKind::sm90_tma || plan::is_band(kind)) &&
       !encode_qkv(a, hp.block_m, plan::is_band(kind) ? 64 : hp.block_n, k)) {
@@ -300,9 +303,6 @@ FusedFwd::Params FusedFwd::to_params(const Arguments& a, const DevicePlan& plan)
     kind = KernelKind::sm90_cp;
   }
   out.kernel_row = row;
-  // The TMA kernel's store through o's map (SPATTN_FWD_EPI=tma, FusedFwd::run): 64-row boxes, a consumer's rows.
-  // Identity plans only (the kernel's rows are tokens q0 ...; mapped or permuted plans keep the threads' stores).
-  if (kind == KernelKind::sm90_tma && hp.perm_d == 1 && !hp.mapped()) out.o_map = encode_tmap(k.tmap_o, a.o, 64);
   k.band_lo = hp.band_lo;
   k.band_hi = hp.band_hi;
   k.band_shifted = hp.band && hp.band_shifted ? 1 : 0;
@@ -359,29 +359,12 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
 }
 #endif
 
-namespace {
-std::atomic<long long> tma_epi_launches{0};
-// SPATTN_FWD_EPI=tma or tma2 (read at every launch, so that one process can time them): the TMA kernel's epilogue by
-// bulk tensor copies of O from shared memory (WsTraits' kEpi 1, or 2: at D=128 two Q buffers and two K/V stages) where
-// o admits a tensor map; otherwise, or unset, the threads' stores (0).
-int fwd_epi_tma() {
-  const char* e = std::getenv("SPATTN_FWD_EPI");
-  if (e == nullptr) return 0;
-  return std::strcmp(e, "tma") == 0 ? 1 : std::strcmp(e, "tma2") == 0 ? 2 : 0;
-}
-}  // namespace
-
-long long FusedFwd::tma_epilogue_launches() { return tma_epi_launches.load(std::memory_order_relaxed); }
-
-void FusedFwd::run(const Params& params, cudaStream_t stream) {
-  if (params.grid == 0) return;
+void FusedFwd::run(const Params& p, cudaStream_t stream) {
+  if (p.grid == 0) return;
 #ifdef SPATTN_TRACE
-  if (traced_run(params, stream)) return;
+  if (traced_run(p, stream)) return;
 #endif
-  if (params.kernel_row < 0 || params.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
-  LaunchParams p = params;
-  p.tma_epi = p.o_map && plan::kKernels[p.kernel_row].kind == plan::KernelKind::sm90_tma ? fwd_epi_tma() : 0;
-  if (p.tma_epi > 0) tma_epi_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.kernel_row < 0 || p.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
   const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);

@@ -100,9 +100,6 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // Launches of the TMA kernel's instantiation that stores O by bulk tensor copies (SPATTN_FWD_EPI=tma; issue 40)
-  // in this process so far (tests check that it ran).
-  static long long tma_epilogue_launches();
 };
 
 }  // namespace spattn::cuda::fused

@@ -14,25 +14,26 @@
 // one-warpgroup 64-row CTA). Applies to plans without permutation (perm_d == 1: rows are contiguous tokens)
 // and tensors whose strides suit a tensor map (FusedFwd::to_params checks; else the cp.async kernels run).
 //
-// The epilogue (each thread stores its O pairs and LSE, tile_store) has an alternative behind SPATTN_FWD_EPI=tma
-// (WsTraits::kTmaEpi, issue 40): O staged in the Q buffer and stored by bulk tensor copies from the producer
-// warpgroup (ws_stage_o, ws_storer); the Q buffer is then released by the copies' read instead of the last S.
+// The epilogue (WsTraits::kTmaEpi, issue 40): O staged in the Q buffer and stored by bulk tensor copies from the
+// producer warpgroup (ws_stage_o, ws_storer), the LSE by the threads; the Q buffer is then released by the consumers'
+// last S and the copies' read. Where o admits no tensor map, 128-row plans run on the cp.async kernel instead
+// (FusedFwd::to_params); 192-row tiles have no cp.async row, so their instantiation without it (each thread stores
+// its O pairs, tile_store) is kept for that case only.
 #pragma once
 #include "cuda/fused/fused_fwd.cuh"
 
 namespace spattn::cuda::fused {
 
-// kEpi_ 1 or 2 (SPATTN_FWD_EPI=tma or tma2, FusedFwd::run; issue 40): the epilogue stages O / l in the consumer's rows
-// of its item's Q buffer (free once the item's last S is done) by stmatrix, and a storer thread of the producer
-// warpgroup writes them with bulk tensor copies through o's tensor map (FusedParams::tmap_o: rows past Lq dropped),
-// then releases that Q buffer; the consumer goes on with its next item. 0: each thread stores its O pairs (tile_store).
-// 2 at D=128: two Q buffers and two K/V stages (192 KB) in place of one and three, so that the next item's Q loads
-// while this one's O is staged and stored (with one buffer it loads only after the store has read it).
-template <int BM_, int BN_, int D_, bool kBf16_, int kEpi_ = 0>
+// kTmaEpi_ (issue 40): the epilogue stages O / l in the consumer's rows of its item's Q buffer (free once the item's
+// last S is done) by stmatrix, and a storer thread of the producer warpgroup writes them with bulk tensor copies
+// through o's tensor map (FusedParams::tmap_o: rows past Lq dropped), then adds its arrival on that buffer's q_empty;
+// the consumer goes on with its next item. false (192-row tiles whose o admits no tensor map only: launch_ws): each
+// thread stores its O pairs (tile_store).
+template <int BM_, int BN_, int D_, bool kBf16_, bool kTmaEpi_ = true>
 struct WsTraits {
   static constexpr int BM = BM_, BN = BN_, D = D_;
-  static constexpr bool kBf16 = kBf16_, kTmaEpi = kEpi_ > 0;
-  static_assert(kEpi_ >= 0 && kEpi_ <= 2 && (kEpi_ < 2 || D == 128), "epilogue: 0 threads' stores, 1 or 2 bulk copies");
+  static constexpr bool kBf16 = kBf16_, kTmaEpi = kTmaEpi_;
+  static_assert(kTmaEpi || BM == 192, "the threads' stores: 192-row tiles only (128-row plans run on cp.async)");
   static_assert(BM == 128 || BM == 192, "warp-specialized query tile: 2 or 3 consumer warpgroups");
   static_assert(BN == 128, "warp-specialized key tile: 128");
   static_assert(D == 64 || (D == 128 && BM == 128), "head dim 64 (128 with two consumer warpgroups)");
@@ -45,8 +46,8 @@ struct WsTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // D=64: 4 K/V stages and two query-tile buffers (the next item's Q loads during this item's last tiles);
   // D=128: 3 stages and one buffer (224 KB).
-  static constexpr int kStages = D == 64 ? 4 : kEpi_ == 2 ? 2 : 3;
-  static constexpr int kQBufs = D == 64 || kEpi_ == 2 ? 2 : 1;
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kQBufs = D == 64 ? 2 : 1;
   static constexpr int kQBytes = BM * D * 2;
   static constexpr int kTileBytes = BN * D * 2;
   static constexpr int kBarOffset = kQBufs * kQBytes + kStages * 2 * kTileBytes;
@@ -87,18 +88,21 @@ __device__ __forceinline__ void ws_stage_o(const FusedParams& p, const float (&o
 
 // kTmaEpi, consumer c's storer (lane 0 of warp 1 + c, in the producer warpgroup): for each item, in order, once the
 // consumer's O is in Q buffer qb, bulk tensor copies of its 64 rows (a copy a 64-column panel; rows past Lq dropped by
-// the map), and once they have read the buffer, the consumer's 128 arrivals on that buffer's q_empty; the item's
-// slot (written by the producer before the Q buffer's q_full, rewritten only after its q_empty) says which rows.
+// the map), and once they have read the buffer, its one arrival on that buffer's q_empty (the consumers arrive
+// themselves after their last S). The item's slot says which rows: the producer writes it before the buffer's q_full
+// and rewrites it only after its q_empty, and the storer waits on both itself (q_full has completed by then: the
+// consumer's o_full follows it), so that every write and read of the slot is ordered by a barrier directly.
 // The copies' tensor map is read here, not in the consumers (band_store: a kernel parameter's generic address in the
 // consumers tipped ptxas into serializing their wgmmas, C7511).
 template <class Tr>
 __device__ __forceinline__ void ws_storer(const FusedParams& p, uint32_t s_q, uint32_t slots, uint32_t o_full0,
-                                          uint32_t bar_qempty, int c) {
+                                          uint32_t bar_qfull, uint32_t bar_qempty, int c) {
   using namespace detail;
   constexpr int NQ = Tr::kQBufs, C = Tr::kConsumers;
   for (unsigned n = 0;; ++n) {
     const int qb = int(n % NQ);
     mbar_wait(o_full0 + 8 * (qb * C + c), int((n / NQ) & 1));
+    mbar_wait(bar_qfull + 8 * qb, int((n / NQ) & 1));  // done (it cannot complete again before our q_empty arrival)
     const uint32_t sl = slots + qb * Tr::kSlotInts * 4;
     if (ld_shared_s32(sl) < 0) break;
     const int b = ld_shared_s32(sl + 4), h = ld_shared_s32(sl + 8), qs = ld_shared_s32(sl + 16) + 64 * c;
@@ -109,7 +113,7 @@ __device__ __forceinline__ void ws_storer(const FusedParams& p, uint32_t s_q, ui
       bulk_commit();
       bulk_wait_all<true>();
     }
-    mbar_arrive_n(bar_qempty + 8 * qb, 128u);
+    mbar_arrive(bar_qempty + 8 * qb);
   }
   bulk_wait_all<false>();  // the copies have completed before the CTA exits
 }
@@ -164,7 +168,8 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
     }
     for (int s = 0; s < NQ; ++s) {
       mbar_init(bar_qfull + 8 * s, 1);        // item id written (and its Q tile landed)
-      mbar_init(bar_qempty + 8 * s, 128 * C); // every consumer thread done with the item's Q (and its id)
+      // every consumer thread done with the item's Q (and its slot); kTmaEpi: and every storer's copies with its O
+      mbar_init(bar_qempty + 8 * s, 128 * C + (Tr::kTmaEpi ? C : 0));
     }
     if constexpr (Tr::kTmaEpi) {
       for (int s = 0; s < NQ * C; ++s) mbar_init(o_full0 + 8 * s, 1);  // the consumer's O staged
@@ -243,7 +248,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         for (; j < it.n; ++j) load_kv(it, j);
       }
     } else if constexpr (Tr::kTmaEpi) {
-      if (lane == 0 && warp >= 1 && warp <= C) ws_storer<Tr>(p, s_q, slots, o_full0, bar_qempty, warp - 1);
+      if (lane == 0 && warp >= 1 && warp <= C) ws_storer<Tr>(p, s_q, slots, o_full0, bar_qfull, bar_qempty, warp - 1);
     }
   } else {
     // ---- consumers ----
@@ -276,7 +281,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
       float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
       if (n == 0) {
-        if constexpr (!Tr::kTmaEpi) mbar_arrive(bar_qempty + 8 * qb);  // kTmaEpi: the storer releases it
+        mbar_arrive(bar_qempty + 8 * qb);  // kTmaEpi: the buffer's O rows then wait on the storers' arrivals too
       } else {
         auto stage_k = [&](int i) { return s_kv0 + uint32_t((g + unsigned(i)) % S) * 2 * Tr::kTileBytes; };
         pipelined_tiles<BM, BN, D, kBf16, Tr::kTileBytes>(
@@ -287,9 +292,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
             [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
-            [&] {
-              if constexpr (!Tr::kTmaEpi) mbar_arrive(bar_qempty + 8 * qb);
-            },
+            [&] { mbar_arrive(bar_qempty + 8 * qb); },
             std::bool_constant<Tr::kLazy>{});
         g += unsigned(n);
       }

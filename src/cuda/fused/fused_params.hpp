@@ -38,7 +38,7 @@ struct FusedParams {
   // TMA kernel (LaunchParams::ws); unset otherwise.
   TensorMapBytes tmap_q, tmap_k, tmap_v;
   // The band kernel's output map (o's {D, L, H, B}, boxes of 64 x 64 rows, 128-byte swizzle): slabs are stored
-  // from shared memory by bulk tensor copies. Also the TMA kernel's, for its SPATTN_FWD_EPI=tma epilogue (o_map).
+  // from shared memory by bulk tensor copies. Also the TMA kernel's, for its epilogue (LaunchParams::o_map).
   TensorMapBytes tmap_o;
   int* work_counter;  // the TMA kernels' work-item counter and count of finished CTAs (DevicePlan-owned, zeroed
                       // once; each persistent launch leaves them zero: work_counter_done in fused_fwd.cuh)
@@ -101,11 +101,9 @@ struct LaunchParams {
   int kernel_row = -1;  // plan::kKernels index: its kind, tile shape and head dim select the instantiation
   bool bf16 = true;
   unsigned grid = 0;
-  // The warp-specialized TMA kernel (sm90_tma rows): o_map where kernel.tmap_o holds o's map (boxes of 64 x 64 rows;
-  // FusedFwd::to_params), tma_epi > 0 to launch an instantiation whose epilogue stores O through it (FusedFwd::run, where
-  // SPATTN_FWD_EPI=tma (1) or tma2 (2) and o_map; WsTraits' kEpi).
+  // The TMA and band kernels: kernel.tmap_o holds o's map (boxes of 64 x 64 rows; FusedFwd::to_params). The TMA
+  // kernel stores O through it; without it only 192-row tiles run on the TMA kernel (launch_ws: the threads' stores).
   bool o_map = false;
-  int tma_epi = 0;
 };
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return

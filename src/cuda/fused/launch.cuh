@@ -29,11 +29,12 @@ cudaError_t launch_one(const LaunchParams& p, cudaStream_t stream) {
 
 template <int BM, int BN, int D, bool kBf16>
 int launch_ws(const LaunchParams& p, cudaStream_t stream) {
-  // SPATTN_FWD_EPI=tma (1) or tma2 (2; at D=64 the same as 1)
-  if constexpr (D == 128) {
-    if (p.tma_epi == 2) return int(launch_one<WsTraits<BM, BN, D, kBf16, 2>, Kind::kWs>(p, stream));
+  // O by bulk tensor copies through o's map; where o has none (LaunchParams::o_map), 192-row tiles (no cp.async row)
+  // store it by the threads, and 128-row plans do not come here (FusedFwd::to_params: the cp.async row).
+  if constexpr (BM == 192) {
+    if (!p.o_map) return int(launch_one<WsTraits<BM, BN, D, kBf16, false>, Kind::kWs>(p, stream));
   }
-  if (p.tma_epi > 0) return int(launch_one<WsTraits<BM, BN, D, kBf16, 1>, Kind::kWs>(p, stream));
+  if (!p.o_map) return int(cudaErrorInvalidConfiguration);
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
