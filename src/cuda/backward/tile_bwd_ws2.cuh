@@ -43,9 +43,15 @@ struct BwdWs2Traits {
 // as two more groups; dQ staged for the writer while dK's group runs, then dK waited for and the stage released. The
 // default issues dV and dK as one group before the barrier and waits for all three after dQ, so the tensor pipe idles
 // while dQ is staged and until the next step's S^T is issued.
+// The step's two entries also come from the producer through shared memory (as head dim 128's): stored into the
+// stage's slot (2 x 16 bytes after the barriers, half 1 already padded) before the stage's arrival, read by the
+// consumers with two LDS.128 after the full wait, in place of the two global reads before it and the slot's wrap.
 template <class Base>
 struct Step64V3 : Base {
   static constexpr bool kStep64V3 = true;
+  static constexpr int kOffEnt = Base::kOffBar + (2 * Base::kStages + 4) * 8;  // stage s: 32 bytes at + 32 s
+  static constexpr int kSmemBytes = Base::kSmemBytes + 32 * Base::kStages;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 template <class Tr>
 inline constexpr bool kStep64V3Of = requires { requires Tr::kStep64V3; };
@@ -83,6 +89,11 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   auto s_dq = [&](int wg) { return s_k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
+  constexpr bool kV3 = kStep64V3Of<Tr>;
+  auto s_ent = [&](int st) {  // v3: stage st's two entries (32 bytes)
+    if constexpr (kV3) return s_k + Tr::kOffEnt + uint32_t(st) * 32;
+    return 0u;
+  };
 
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
@@ -115,11 +126,20 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
           const int st = i % S;
           if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
           const uint32_t bar = bar_full + 8 * st;
+          int4 ea[2] = {};
+          if constexpr (kV3) {  // the pair (half 1 past ne: half 0's, an empty band), stored before the arrival
+            ea[0] = __ldg(&p.entries[e0 + j]);
+            ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
+            st_shared_v4b32(s_ent(st), ea[0]);
+            st_shared_v4b32(s_ent(st) + 16, ea[1]);
+          }
           mbar_expect_tx(bar, Tr::kStepBytes);
-          const int qa = __ldg(&p.entries[e0 + j]).x * 64;
+          const int qa = kV3 ? ea[0].x * 64 : __ldg(&p.entries[e0 + j]).x * 64;
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int q0 = c == 0 || j + 1 == ne ? qa : __ldg(&p.entries[e0 + j + 1]).x * 64;
+            const int q0 = kV3                       ? ea[c].x * 64
+                           : c == 0 || j + 1 == ne ? qa
+                                                   : __ldg(&p.entries[e0 + j + 1]).x * 64;
             tma_load_4d(s_q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
             tma_load_4d(s_do(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
             bulk_load(s_rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
@@ -192,12 +212,18 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     const int st = i % S;
     StepMask m[2];
     int4 an[2];
-    an[0] = ldg_entry(eb + j2);
-    const bool pad = j2 + 1 >= ne;
-    an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
-    if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
-    j2 = j2 + 2 >= ne ? 0 : j2 + 2;
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    if constexpr (kV3) {  // the stage's pair, written by the producer before its arrival
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+      an[0] = ld_shared_v4b32(s_ent(st));
+      an[1] = ld_shared_v4b32(s_ent(st) + 16);
+    } else {
+      an[0] = ldg_entry(eb + j2);
+      const bool pad = j2 + 1 >= ne;
+      an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
+      if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
+      j2 = j2 + 2 >= ne ? 0 : j2 + 2;
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    }
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
