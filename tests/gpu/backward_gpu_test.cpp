@@ -402,45 +402,58 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   }
 }
 
-// SPATTN_BWD_STEP64=v3 (a temporary A/B switch: the D = 64 row's step in FA3's order, dV, dS^T, dQ, dK): the small
-// sanitizer case (first, so compute-sanitizer with `--gtest_filter=*WsStep64V3*` meets it before the larger ones) and
-// the D = 64 cases of WsRowsMatchReference (its seeds), each asserted to have run the variant; then a compound plan
-// (its first tiles part writes dk, dv by the variant, a later part adds), and unset, the default step.
+// SPATTN_BWD_STEP64=v3 (a temporary A/B switch: the D = 64 row's step in FA3's order, dV, dS^T, dQ, dK, its entries
+// from the producer through shared memory): a case run under the switch, asserted to have run the variant and within
+// expect_within's tolerance of the fp64 reference.
+void check_step64_v3(const Case& c, uint32_t seed) {
+  using spattn::cuda::TileBackward;
+  SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk));
+  ::setenv("SPATTN_BWD_STEP64", "v3", 1);
+  const int64_t v0 = TileBackward::step64_v3_launches();
+  std::string ran;
+  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed);
+  ::unsetenv("SPATTN_BWD_STEP64");
+  EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
+  EXPECT_EQ(TileBackward::step64_v3_launches() - v0, 1) << "the v3 step";
+  expect_within(e, c.dt);
+}
+
+// The D = 64 cases of WsRowsMatchReference (its seeds) under the switch; a compound plan (its tiles part writes dk, dv
+// by the variant, a later part adds); unset, the default step (the count unchanged).
 TEST(BackwardGpu, WsStep64V3MatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
-  ::setenv("SPATTN_BWD_STEP64", "v3", 1);
-  auto check = [](const Case& c, uint32_t seed) {
-    SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk));
-    const int64_t v0 = TileBackward::step64_v3_launches();
-    std::string ran;
-    const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed);
-    EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
-    EXPECT_EQ(TileBackward::step64_v3_launches() - v0, 1) << "the v3 step";
-    expect_within(e, c.dt);
-  };
-  check(kWs64SmallCase, 2900);
   uint32_t seed = 2600;
   for (const Case& c : ws_row_cases()) {
-    if (c.D == 64) check(c, seed);
+    if (c.D == 64) check_step64_v3(c, seed);
     ++seed;
   }
-  {  // a compound plan: the tiles part (the v3 step) writes dk, dv, the affine part adds
+  {
     const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
     SCOPED_TRACE("sparse_strided(100), compound");
+    ::setenv("SPATTN_BWD_STEP64", "v3", 1);
     const int64_t v0 = TileBackward::step64_v3_launches();
     std::string ran;
-    expect_within(backward_errors(c, "", &ran, 2700), c.dt);
+    const auto e = backward_errors(c, "", &ran, 2700);
+    ::unsetenv("SPATTN_BWD_STEP64");
+    expect_within(e, c.dt);
     EXPECT_GE(TileBackward::step64_v3_launches() - v0, 1) << "the tiles part by the v3 step";
   }
-  ::unsetenv("SPATTN_BWD_STEP64");
   {  // unset: the default step
     const int64_t v0 = TileBackward::step64_v3_launches();
     std::string ran;
     expect_within(backward_errors(kWs64SmallCase, "sm90_bwd_ws", &ran, 2900), kWs64SmallCase.dt);
     EXPECT_EQ(TileBackward::step64_v3_launches(), v0) << "the default step without the switch";
   }
+}
+
+// The small D = 64 case under the switch, for compute-sanitizer (a partial last key tile, a bitmask tile, an odd key
+// tile: a padded second half).
+TEST(BackwardGpu, WsStep64V3SmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  check_step64_v3(kWs64SmallCase, 2900);
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {
