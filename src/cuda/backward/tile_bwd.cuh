@@ -357,6 +357,43 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
   mma_dq_wait<Tr, NQ>(dq, operand<false>(s_ds, Tr::BN * 128), operand<false>(s_kcols, Tr::BN * 128), dv, dk);
 }
 
+// The warp-specialized step's tail in FA3's / FA4's order (after P^T, dS^T in s, dp): dV += P^T dO as one wgmma
+// group, store_ds() (dS^T's stores, the proxy fence and the consumers' barrier), then dQ = dS K and dK += dS^T Q as two
+// more groups; returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits
+// for it: wgmma_wait<0>, fence_regs(dk), fence_regs(da)). o: the step's operands (tile_bwd_ws.cuh, StepOperands: dobm,
+// qbm, ds, kcols).
+template <class Tr, class Ops, class F>
+__device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], float (&dq)[Tr::kDQ / 2],
+                                            const Ops& o, F&& store_ds) {
+  using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
+  using OpQ = ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>;
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
+  mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  fence_regs(dv);
+  fence_regs(pa);
+  fence_regs(da);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dv, pa[kk], o.dobm.at(kk * 128), 1);
+  wgmma_commit();
+  store_ds();
+  fence_regs(dq);
+  fence_regs(dk);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BN / 16; ++kk) OpQ::ss_tt(dq, o.ds.at(kk * 128), o.kcols.at(kk * 128), kk > 0 ? 1 : 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dk, da[kk], o.qbm.at(kk * 128), 1);
+  wgmma_commit();
+  wgmma_wait<1>();  // dV and dQ
+  fence_regs(dq);
+  fence_regs(dv);
+  fence_regs(pa);
+}
+
 // A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).
 template <class Tr>
 __device__ __forceinline__ void tma_step(const BwdParams& p, uint32_t s_q, uint32_t s_do, uint32_t s_rows,

@@ -161,33 +161,11 @@ __device__ __forceinline__ void dv_dq_dk(const float (&s)[Tr::BM / 2], const flo
                                             float (&dq)[Tr::kDQ / 2], const StepOperands<Tr>& o, uint32_t s_ds,
                                             uint32_t ds_off) {
   using namespace detail;
-  using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
-  mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
-  mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
-  fence_regs(dv);
-  fence_regs(pa);
-  fence_regs(da);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dv, pa[kk], o.dobm.at(kk * 128), 1);
-  wgmma_commit();
-  store_ds_stsm<Tr>(s_ds, da, ds_off);
-  fence_proxy_async();
-  named_sync(1, Tr::kConsumerThreads);
-  fence_regs(dq);
-  fence_regs(dk);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Tr::BN / 16; ++kk)
-    ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>::ss_tt(dq, o.ds.at(kk * 128), o.kcols.at(kk * 128), kk > 0 ? 1 : 0);
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < Tr::BM / 16; ++kk) OpD::rs_tb(dk, da[kk], o.qbm.at(kk * 128), 1);
-  wgmma_commit();
-  wgmma_wait<1>();  // dV and dQ
-  fence_regs(dq);
-  fence_regs(dv);
-  fence_regs(pa);
+  dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
+    store_ds_stsm<Tr>(s_ds, da, ds_off);
+    fence_proxy_async();
+    named_sync(1, Tr::kConsumerThreads);
+  });
 }
 
 // A step: wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at immediate

@@ -37,6 +37,25 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
+// SPATTN_BWD_STEP64=v3 (a temporary A/B switch; Step64V3<Tr> traits, the shared-memory epilogue's instantiation
+// only): the step's last three products in FA3's / FA4's order (tile_bwd.cuh, dv_ds_dq_dk), as head dim 128's. dV +=
+// P^T dO as one wgmma group, dS^T stored (both halves, both warpgroups: the barrier), then dQ = dS K and dK += dS^T Q
+// as two more groups; dQ staged for the writer while dK's group runs, then dK waited for and the stage released. The
+// default issues dV and dK as one group before the barrier and waits for all three after dQ, so the tensor pipe idles
+// while dQ is staged and until the next step's S^T is issued.
+// The step's two entries also come from the producer through shared memory (as head dim 128's): stored into the
+// stage's slot (2 x 16 bytes after the barriers, half 1 already padded) before the stage's arrival, read by the
+// consumers with two LDS.128 after the full wait, in place of the two global reads before it and the slot's wrap.
+template <class Base>
+struct Step64V3 : Base {
+  static constexpr bool kStep64V3 = true;
+  static constexpr int kOffEnt = Base::kOffBar + (2 * Base::kStages + 4) * 8;  // stage s: 32 bytes at + 32 s
+  static constexpr int kSmemBytes = Base::kSmemBytes + 32 * Base::kStages;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+template <class Tr>
+inline constexpr bool kStep64V3Of = requires { requires Tr::kStep64V3; };
+
 // The consumer step's entries and masks (measured against the step before, session 27: 1.01-1.05x on the D = 64
 // windows and mixtures, bench/LOG.md): the step's own pair of entries loaded before its stage wait (half 0 always
 // exists, 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped
@@ -70,6 +89,11 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   auto s_dq = [&](int wg) { return s_k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
+  constexpr bool kV3 = kStep64V3Of<Tr>;
+  auto s_ent = [&](int st) {  // v3: stage st's two entries (32 bytes)
+    if constexpr (kV3) return s_k + Tr::kOffEnt + uint32_t(st) * 32;
+    return 0u;
+  };
 
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
@@ -102,11 +126,20 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
           const int st = i % S;
           if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
           const uint32_t bar = bar_full + 8 * st;
+          int4 ea[2] = {};
+          if constexpr (kV3) {  // the pair (half 1 past ne: half 0's, an empty band), stored before the arrival
+            ea[0] = __ldg(&p.entries[e0 + j]);
+            ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
+            st_shared_v4b32(s_ent(st), ea[0]);
+            st_shared_v4b32(s_ent(st) + 16, ea[1]);
+          }
           mbar_expect_tx(bar, Tr::kStepBytes);
-          const int qa = __ldg(&p.entries[e0 + j]).x * 64;
+          const int qa = kV3 ? ea[0].x * 64 : __ldg(&p.entries[e0 + j]).x * 64;
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int q0 = c == 0 || j + 1 == ne ? qa : __ldg(&p.entries[e0 + j + 1]).x * 64;
+            const int q0 = kV3                       ? ea[c].x * 64
+                           : c == 0 || j + 1 == ne ? qa
+                                                   : __ldg(&p.entries[e0 + j + 1]).x * 64;
             tma_load_4d(s_q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
             tma_load_4d(s_do(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
             bulk_load(s_rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
@@ -179,12 +212,18 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     const int st = i % S;
     StepMask m[2];
     int4 an[2];
-    an[0] = ldg_entry(eb + j2);
-    const bool pad = j2 + 1 >= ne;
-    an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
-    if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
-    j2 = j2 + 2 >= ne ? 0 : j2 + 2;
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    if constexpr (kV3) {  // the stage's pair, written by the producer before its arrival
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+      an[0] = ld_shared_v4b32(s_ent(st));
+      an[1] = ld_shared_v4b32(s_ent(st) + 16);
+    } else {
+      an[0] = ldg_entry(eb + j2);
+      const bool pad = j2 + 1 >= ne;
+      an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
+      if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
+      j2 = j2 + 2 >= ne ? 0 : j2 + 2;
+      mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    }
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
@@ -213,32 +252,46 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
       probs_dscores<64, false, true, true>(sc, dc, s_rows(st) + c * 512, sl2);
     }
 
-    // ---- dV += P^T dO, dK += dS^T Q over the 128 queries ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-    issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
-
     // ---- dS^T, both halves, both warpgroups' keys (the lane's offset kept in a register, loop-carried through an
-    // opaque asm; else ptxas re-derives it from SR_TID every step) ----
-    asm("" : "+r"(ds_lane));
+    // opaque asm; else ptxas re-derives it from SR_TID every step), then the consumers' barrier ----
+    auto store_ds = [&] {
+      asm("" : "+r"(ds_lane));
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-      store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_lane);
-    }
-    fence_proxy_async();
-    named_sync(1, NC);
-
-    // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys ----
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
+        store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_lane);
+      }
+      fence_proxy_async();
+      named_sync(1, NC);
+    };
+    // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys, to the writer's buffer ----
     float dq[kDQ / 2];
-    mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
-    mbar_arrive(bar_empty + 8 * st);
-
-    if (i >= 1) mbar_wait(bar_dqempty + 8 * wg, (i - 1) & 1);
+    auto stage_dq = [&] {
+      if (i >= 1) mbar_wait(bar_dqempty + 8 * wg, (i - 1) & 1);
 #pragma unroll
-    for (int u = 0; u < kDQ / 8; ++u)
-      st_shared_v4f32(s_dq(wg) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
-    fence_proxy_async();
-    mbar_arrive(bar_dqfull + 8 * wg);
+      for (int u = 0; u < kDQ / 8; ++u)
+        st_shared_v4f32(s_dq(wg) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+      fence_proxy_async();
+      mbar_arrive(bar_dqfull + 8 * wg);
+    };
+
+    if constexpr (kStep64V3Of<Tr>) {
+      // ---- v3: dV, dS^T (barrier), dQ, dK; dQ staged while dK's group runs ----
+      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, store_ds);
+      stage_dq();
+      wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+      fence_regs(dk);
+      fence_regs(da);
+      mbar_arrive(bar_empty + 8 * st);
+    } else {
+      // ---- dV += P^T dO, dK += dS^T Q over the 128 queries; dS^T; dQ, waited for with both ----
+      issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
+      store_ds();
+      mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
+      mbar_arrive(bar_empty + 8 * st);
+      stage_dq();
+    }
   }
 
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
