@@ -329,15 +329,14 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
   }
 }
 
-// The warp-specialized rows (D = 64: 128-query steps, tile_bwd_ws2.cuh; D = 128: dV, dQ, dK as three wgmma groups,
-// dQ staged while dK runs, each step's entry through shared memory, tile_bwd_ws.cuh), their dK / dV written through
+// The warp-specialized rows (D = 64: 128-query steps, tile_bwd_ws2.cuh; D = 128: 64, tile_bwd_ws.cuh; both with dV,
+// dQ, dK as three wgmma groups, dQ staged while dK runs, each step's entries through shared memory), dK / dV through
 // shared memory by TMA stores (tile_bwd.cuh, store_dkdv_smem): causal, windows, bitmask tiles, GQA (dK, dV summed over
 // the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
 // partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
 // and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count), against the
 // reference with the gradients poisoned beforehand. A compound plan whose later tile part adds to dk, dv
 // (dkv_accumulate: each thread adds its pairs) too.
-// The warp-specialized rows' cases (WsRowsMatchReference; the D = 64 ones also under SPATTN_BWD_STEP64=v3).
 const std::vector<Case>& ws_row_cases() {
   static const std::vector<Case> cs = {
       {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
@@ -358,7 +357,7 @@ const std::vector<Case>& ws_row_cases() {
   };
   return cs;
 }
-// ... and its small case for compute-sanitizer at D = 64 (a partial last key tile, a bitmask tile, an odd key tile).
+// A small case for compute-sanitizer at D = 64 (a partial last key tile, a bitmask tile, an odd key tile).
 const Case kWs64SmallCase{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false};
 
 TEST(BackwardGpu, WsRowsMatchReference) {
@@ -400,60 +399,6 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
     EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1);
     expect_within(e, c.dt);
   }
-}
-
-// SPATTN_BWD_STEP64=v3 (a temporary A/B switch: the D = 64 row's step in FA3's order, dV, dS^T, dQ, dK, its entries
-// from the producer through shared memory): a case run under the switch, asserted to have run the variant and within
-// expect_within's tolerance of the fp64 reference.
-void check_step64_v3(const Case& c, uint32_t seed) {
-  using spattn::cuda::TileBackward;
-  SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk));
-  ::setenv("SPATTN_BWD_STEP64", "v3", 1);
-  const int64_t v0 = TileBackward::step64_v3_launches();
-  std::string ran;
-  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed);
-  ::unsetenv("SPATTN_BWD_STEP64");
-  EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
-  EXPECT_EQ(TileBackward::step64_v3_launches() - v0, 1) << "the v3 step";
-  expect_within(e, c.dt);
-}
-
-// The D = 64 cases of WsRowsMatchReference (its seeds) under the switch; a compound plan (its tiles part writes dk, dv
-// by the variant, a later part adds); unset, the default step (the count unchanged).
-TEST(BackwardGpu, WsStep64V3MatchesReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  using spattn::cuda::TileBackward;
-  uint32_t seed = 2600;
-  for (const Case& c : ws_row_cases()) {
-    if (c.D == 64) check_step64_v3(c, seed);
-    ++seed;
-  }
-  {
-    const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
-    SCOPED_TRACE("sparse_strided(100), compound");
-    ::setenv("SPATTN_BWD_STEP64", "v3", 1);
-    const int64_t v0 = TileBackward::step64_v3_launches();
-    std::string ran;
-    const auto e = backward_errors(c, "", &ran, 2700);
-    ::unsetenv("SPATTN_BWD_STEP64");
-    expect_within(e, c.dt);
-    EXPECT_GE(TileBackward::step64_v3_launches() - v0, 1) << "the tiles part by the v3 step";
-  }
-  {  // unset: the default step
-    const int64_t v0 = TileBackward::step64_v3_launches();
-    std::string ran;
-    expect_within(backward_errors(kWs64SmallCase, "sm90_bwd_ws", &ran, 2900), kWs64SmallCase.dt);
-    EXPECT_EQ(TileBackward::step64_v3_launches(), v0) << "the default step without the switch";
-  }
-}
-
-// The small D = 64 case under the switch, for compute-sanitizer (a partial last key tile, a bitmask tile, an odd key
-// tile: a padded second half).
-TEST(BackwardGpu, WsStep64V3SmallCaseForSanitizers) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  check_step64_v3(kWs64SmallCase, 2900);
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {

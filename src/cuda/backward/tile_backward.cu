@@ -108,7 +108,6 @@ std::string TileBackward::explain() const {
 namespace {
 std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 std::atomic<int64_t> g_smem_epi{0};  // TileBackward::smem_epilogue_launches
-std::atomic<int64_t> g_step64_v3{0};  // TileBackward::step64_v3_launches
 
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
@@ -206,24 +205,16 @@ template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
-// v3: the 128-query step's v3 (bwd::Step64V3; SPATTN_BWD_STEP64=v3, a temporary A/B switch), instantiated with the
-// shared-memory epilogue only: without it (dkv_accumulate, dk / dv refused tensor maps) the default step runs.
 template <bool kBf16>
-void launch_ws2(const bwd::BwdParams& p, bool epi, bool v3, cudaStream_t s) {
+void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  if (v3 && epi) {
-    ++g_smem_epi, ++g_step64_v3;
-    using V3 = bwd::SmemEpilogue<bwd::Step64V3<Tr>>;
-    launch_three<V3, Tr::kDQ>(bwd::tile_bwd_ws_kernel<V3>, p, s);
-  } else {
-    launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
-  }
+  launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
-// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue; v3: the 128-query step's v3).
+// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue).
 template <int... I>
-void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, bool v3, const bwd::BwdParams& p, cudaStream_t s,
+void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, const bwd::BwdParams& p, cudaStream_t s,
                 std::integer_sequence<int, I...>) {
   bool done = false;
   auto one = [&](auto ic) {
@@ -239,7 +230,7 @@ void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, bool v3, co
                     "tile_bwd_ws2.cuh: 128 queries a step (D = 64), tile_bwd_ws.cuh: 64 (D = 128); 128 keys a CTA");
       if (decltype(ic)::value == row && tma && !strips) {
         if constexpr (c.block_m == 128)
-          bf16 ? launch_ws2<true>(p, epi, v3, s) : launch_ws2<false>(p, epi, v3, s);
+          bf16 ? launch_ws2<true>(p, epi, s) : launch_ws2<false>(p, epi, s);
         else
           bf16 ? launch_ws<c.head_dim, true>(p, epi, s) : launch_ws<c.head_dim, false>(p, epi, s);
         done = true;
@@ -323,12 +314,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
                    encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
-  // SPATTN_BWD_STEP64=v3 (read once a launch; a temporary A/B switch): the 128-query step's v3 (tile_bwd_ws2.cuh,
-  // Step64V3).
-  const char* v3_env = std::getenv("SPATTN_BWD_STEP64");
-  const bool v3 = v3_env && std::string(v3_env) == "v3";
-  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, v3, p, s,
-             std::make_integer_sequence<int, plan::kNumKernels>{});
+  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
 }
 
@@ -343,6 +329,5 @@ TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
 }
 
 int64_t TileBackward::smem_epilogue_launches() { return g_smem_epi.load(); }
-int64_t TileBackward::step64_v3_launches() { return g_step64_v3.load(); }
 
 }  // namespace spattn::cuda

@@ -30,50 +30,22 @@ struct BwdWs2Traits {
   static constexpr int kOffRows = kOffDQ + 2 * kDQStage;       // stage s, half c: lse2 (64) then delta (64)
   static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;  // full[S], empty[S], dq_full[2], dq_empty[2]
   static constexpr int kStepBytes = 2 * kQ + 2 * BM * 4;
-  static constexpr int kSmemBytes = kOffBar + (2 * kStages + 4) * 8 + 1024;  // + alignment slack
+  static constexpr int kOffEnt = kOffBar + (2 * kStages + 4) * 8;  // stage s's two entries: 32 bytes at + 32 s
+  static constexpr int kSmemBytes = kOffEnt + 32 * kStages + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// SPATTN_BWD_STEP64=v3 (a temporary A/B switch; Step64V3<Tr> traits, the shared-memory epilogue's instantiation
-// only): the step's last three products in FA3's / FA4's order (tile_bwd.cuh, dv_ds_dq_dk), as head dim 128's. dV +=
-// P^T dO as one wgmma group, dS^T stored (both halves, both warpgroups: the barrier), then dQ = dS K and dK += dS^T Q
-// as two more groups; dQ staged for the writer while dK's group runs, then dK waited for and the stage released. The
-// default issues dV and dK as one group before the barrier and waits for all three after dQ, so the tensor pipe idles
-// while dQ is staged and until the next step's S^T is issued.
-// The step's two entries also come from the producer through shared memory (as head dim 128's): stored into the
-// stage's slot (2 x 16 bytes after the barriers, half 1 already padded) before the stage's arrival, read by the
-// consumers with two LDS.128 after the full wait, in place of the two global reads before it and the slot's wrap.
-template <class Base>
-struct Step64V3 : Base {
-  static constexpr bool kStep64V3 = true;
-  static constexpr int kOffEnt = Base::kOffBar + (2 * Base::kStages + 4) * 8;  // stage s: 32 bytes at + 32 s
-  static constexpr int kSmemBytes = Base::kSmemBytes + 32 * Base::kStages;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-};
-template <class Tr>
-inline constexpr bool kStep64V3Of = requires { requires Tr::kStep64V3; };
-
-// The consumer step's entries and masks (measured against the step before, session 27: 1.01-1.05x on the D = 64
-// windows and mixtures, bench/LOG.md): the step's own pair of entries loaded before its stage wait (half 0 always
-// exists, 2 jj < ne: one LDG.128; half 1's index clamped and three fields patched), the slot kept as 2 jj and wrapped
-// against ne, the masks built between the S^T / dP^T issue and the S^T wait (the loads' latency under the wait and the
-// wgmmas), a full entry's mask words left unset, the dS^T stmatrix lane offset kept in a register: 551 SASS
-// instructions a full-tile step, where reading the next pair a step ahead (its 8 registers live through the step),
-// zeroing full entries' mask words and re-deriving the offset from SR_TID took 582.
-// An entry by a coherent ld.global ordered as memory: kept where the step issues it (before its mbarrier wait);
-// ptxas moves __ldg's (ld.global.nc) down to the entry's first use.
-__device__ __forceinline__ int4 ldg_entry(const int4* e) {
-  int4 v;
-  asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(e)
-               : "memory");
-  return v;
-}
-
+// The consumer step (session 27, bench/LOG.md): the step's two entries come from the producer through shared memory
+// (stored into the stage's slot, half 1 already padded, before the stage's arrival; two LDS.128 after the full wait),
+// its masks are built between the S^T / dP^T issue and the S^T wait, a full entry's mask words are left unset and the
+// dS^T stmatrix lane offset stays in a register; its last three products run in FA3's / FA4's order (dv_ds_dq_dk:
+// dV, dS^T and the barrier, then dQ and dK as two groups, dQ staged while dK runs). Against the step that read the
+// next pair of entries from global memory a step ahead and issued dV and dK as one group before the barrier, waiting
+// for all three after dQ: 1.01-1.05x, then 0.99-1.10x (causal D = 64 5.550 -> 5.067 ms) in one process, H200; 532
+// SASS instructions a full-tile step where that one took 582.
 // The step as tile_bwd_ws_body's.
 template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
@@ -89,11 +61,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   auto s_dq = [&](int wg) { return s_k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
-  constexpr bool kV3 = kStep64V3Of<Tr>;
-  auto s_ent = [&](int st) {  // v3: stage st's two entries (32 bytes)
-    if constexpr (kV3) return s_k + Tr::kOffEnt + uint32_t(st) * 32;
-    return 0u;
-  };
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 32; };  // stage st's two entries
 
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
@@ -126,20 +94,16 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
           const int st = i % S;
           if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
           const uint32_t bar = bar_full + 8 * st;
-          int4 ea[2] = {};
-          if constexpr (kV3) {  // the pair (half 1 past ne: half 0's, an empty band), stored before the arrival
-            ea[0] = __ldg(&p.entries[e0 + j]);
-            ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
-            st_shared_v4b32(s_ent(st), ea[0]);
-            st_shared_v4b32(s_ent(st) + 16, ea[1]);
-          }
+          // the pair (half 1 past ne: half 0's query tile under an empty band), stored before the arrival
+          int4 ea[2];
+          ea[0] = __ldg(&p.entries[e0 + j]);
+          ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
+          st_shared_v4b32(s_ent(st), ea[0]);
+          st_shared_v4b32(s_ent(st) + 16, ea[1]);
           mbar_expect_tx(bar, Tr::kStepBytes);
-          const int qa = kV3 ? ea[0].x * 64 : __ldg(&p.entries[e0 + j]).x * 64;
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int q0 = kV3                       ? ea[c].x * 64
-                           : c == 0 || j + 1 == ne ? qa
-                                                   : __ldg(&p.entries[e0 + j + 1]).x * 64;
+            const int q0 = ea[c].x * 64;
             tma_load_4d(s_q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
             tma_load_4d(s_do(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
             bulk_load(s_rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
@@ -202,28 +166,14 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
     }
     return step_mask<64, true>(e, k0, kr0, e.x * 64, kvalid, mw);
   };
-  // The step's own pair of entries from j2 = 2 jj (half 1 past ne: the pair's last entry, patched to an empty band:
-  // lo 1 > hi 0 keeps nothing), loaded before its stage wait and turned into masks while its S^T and dP^T wgmmas
-  // run: no entry lives across steps.
-  const int4* const eb = p.entries + e0;
-  int j2 = 0;
   uint32_t ds_lane = ds_off;
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     StepMask m[2];
     int4 an[2];
-    if constexpr (kV3) {  // the stage's pair, written by the producer before its arrival
-      mbar_wait(bar_full + 8 * st, (i / S) & 1);
-      an[0] = ld_shared_v4b32(s_ent(st));
-      an[1] = ld_shared_v4b32(s_ent(st) + 16);
-    } else {
-      an[0] = ldg_entry(eb + j2);
-      const bool pad = j2 + 1 >= ne;
-      an[1] = ldg_entry(eb + (pad ? j2 : j2 + 1));
-      if (pad) an[1].y = -2, an[1].z = 1, an[1].w = 0;
-      j2 = j2 + 2 >= ne ? 0 : j2 + 2;
-      mbar_wait(bar_full + 8 * st, (i / S) & 1);
-    }
+    mbar_wait(bar_full + 8 * st, (i / S) & 1);  // the stage's pair, written by the producer before its arrival
+    an[0] = ld_shared_v4b32(s_ent(st));
+    an[1] = ld_shared_v4b32(s_ent(st) + 16);
 
     // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
     float s[BM / 2], dp[BM / 2];
@@ -276,22 +226,13 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
       mbar_arrive(bar_dqfull + 8 * wg);
     };
 
-    if constexpr (kStep64V3Of<Tr>) {
-      // ---- v3: dV, dS^T (barrier), dQ, dK; dQ staged while dK's group runs ----
-      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, store_ds);
-      stage_dq();
-      wgmma_wait<0>();  // dK: every wgmma reading the stage is done
-      fence_regs(dk);
-      fence_regs(da);
-      mbar_arrive(bar_empty + 8 * st);
-    } else {
-      // ---- dV += P^T dO, dK += dS^T Q over the 128 queries; dS^T; dQ, waited for with both ----
-      issue_dkv<Tr>(s, dp, pa, da, dv, dk, o.dobm, o.qbm);
-      store_ds();
-      mma_dq_wait<Tr, kDQ>(dq, o.ds, o.kcols, dv, dk);
-      mbar_arrive(bar_empty + 8 * st);
-      stage_dq();
-    }
+    // ---- dV, dS^T (barrier), dQ, dK; dQ staged while dK's group runs ----
+    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, store_ds);
+    stage_dq();
+    wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+    fence_regs(dk);
+    fence_regs(da);
+    mbar_arrive(bar_empty + 8 * st);
   }
 
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
