@@ -290,6 +290,14 @@ def _graph_or_call(fn):
     return fn, "eager"
 
 
+def set_env(var, value):
+    """var=value in this process's environment (the library reads its A/B switches at each call); value None: unset."""
+    if value is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = value
+
+
 def with_env(fn, env):
     """fn with the environment variables of env ({name: value}; None: unset) set around each call and restored after
     (the library reads its A/B switches at each call, at make_plan or where the backward's plans are built); fn itself
@@ -301,17 +309,11 @@ def with_env(fn, env):
         old = {var: os.environ.get(var) for var in env}
         try:
             for var, value in env.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
+                set_env(var, value)
             return fn()
         finally:
             for var, value in old.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
+                set_env(var, value)
     return call
 
 

@@ -55,6 +55,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_bench import set_env  # noqa: E402
+
 
 def timed(fn, reps, deadline):
     """Median ms of fn() over reps calls (CUDA events around each); fewer reps once past `deadline` (time.time())."""
@@ -145,14 +148,6 @@ def lists_env(f, value):
             os.environ.pop("SPATTN_RT_KEY_LISTS", None)
         return f(q, k, v)
     return g
-
-
-def set_env(var, value):
-    """var=value in this process's environment (read by spattn at each call); value None: unset."""
-    if value is None:
-        os.environ.pop(var, None)
-    else:
-        os.environ[var] = value
 
 
 def timed_alternating(fns, reps, deadline):

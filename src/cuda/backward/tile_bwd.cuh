@@ -361,7 +361,9 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
 // group, store_ds() (dS^T's stores, the proxy fence and the consumers' barrier), then dQ = dS K and dK += dS^T Q as two
 // more groups; returns with dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits
 // for it: wgmma_wait<0>, fence_regs(dk), fence_regs(da)). o: the step's operands (tile_bwd_ws.cuh, StepOperands: dobm,
-// qbm, ds, kcols).
+// qbm, ds, kcols). Issuing dV and dK as one group before the barrier and waiting for all three after dQ (session 26's
+// step) left the tensor pipe idle while dQ was staged: this order ran the D = 128 backward 1.06-1.16x faster in one
+// process (causal 2.720 -> 2.375 ms, H200) and the D = 64 one 0.99-1.10x (bench/LOG.md).
 template <class Tr, class Ops, class F>
 __device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                             uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
@@ -439,13 +441,14 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
 }
 
 // The warp-specialized kernels' epilogue through shared memory (1.01-1.07x the backward in one process against each
-// thread's own stores, session 27; bench/LOG.md): traits SmemEpilogue<Tr> select it. Identity plans without dkv_accumulate only (the host runs the plain traits otherwise):
-// a key row r of the tile is token k0 + r. After the loop every wgmma of both consumer warpgroups is done (each
-// waited for its dQ group before the CTA-wide consumer barrier below), so the K and V tiles (2 x 128 x D x 2 bytes,
-// loaded by the consumers themselves, never by the producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x
-// 64-column boxes with the tensor maps' 128-byte swizzle (sw_off<64>), then one thread of each warpgroup stores its
-// 64 rows by TMA (tmap_dk, tmap_dv; rows past k_len dropped by the map). Each thread's 2 D / 8 four-byte stores of
-// half sectors become 2 D / 16 stmatrix and 2 D / 64 bulk tensor stores a warpgroup.
+// thread's own stores, session 27; bench/LOG.md): traits SmemEpilogue<Tr> select it. Identity plans without
+// dkv_accumulate only (the host runs the plain traits otherwise): a key row r of the tile is token k0 + r. After the
+// loop every wgmma of both consumer warpgroups is done (each waited for its dQ group before the CTA-wide consumer
+// barrier below), so the K and V tiles (2 x 128 x D x 2 bytes, loaded by the consumers themselves, never by the
+// producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x 64-column boxes with the tensor maps' 128-byte
+// swizzle (sw_off<64>), then one thread of each warpgroup stores its 64 rows by TMA (tmap_dk, tmap_dv; rows past k_len
+// dropped by the map). Each thread's 2 D / 8 four-byte stores of half sectors become 2 D / 16 stmatrix and 2 D / 64
+// bulk tensor stores a warpgroup.
 template <class Base>
 struct SmemEpilogue : Base {
   static constexpr bool kSmemEpi = true;

@@ -15,7 +15,7 @@
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
 //                 then dQ = dS K (this warpgroup's D/2 columns) and dK by RS wgmma as two more groups: dQ is staged
 //                 for the writer in its register order (detail::ws_acc_index; bwd_finish_grid_kernel<..., D / 2,
-//                 ...> reads that order) while dK's group runs (dv_dq_dk).
+//                 ...> reads that order) while dK's group runs (tile_bwd.cuh, dv_ds_dq_dk).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
@@ -58,17 +58,6 @@ __device__ __forceinline__ detail::KeyTileWork warp_uniform(detail::KeyTileWork 
   w.b = u(w.b), w.hk = u(w.hk), w.k0 = u(w.k0), w.ne = u(w.ne), w.n = u(w.n);
   w.e0 = (int64_t(u(int(w.e0 >> 32))) << 32) | uint32_t(u(int(uint32_t(w.e0))));
   return w;
-}
-// 16 bytes to / from shared memory (a step's entry in its stage).
-__device__ __forceinline__ void st_shared_v4b32(uint32_t addr, const int4& v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-__device__ __forceinline__ int4 ld_shared_v4b32(uint32_t addr) {
-  int4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
-               : "memory");
-  return v;
 }
 // The aligned base of the dynamic shared memory as a shared-window address, computed there (no generic address: no
 // SR_SWINHI and 64-bit adds at the top of each step where the compiler rematerializes it).
@@ -121,10 +110,10 @@ struct StepOperands {
   }
 };
 
-// Step variant 2's P^T and dS^T, each in two parts (FA4's order): this thread's lse2 (delta) pairs, columns 8 j + cb
-// with cb = 2 (t & 3), read by 8 ld.shared.v2 at immediate offsets (as probs_dscores' kImm) before S^T's wgmma is
-// issued (after S^T's wait), their latency under it (under P^T); then the values in place as probs_dscores' (the
-// same arithmetic): P^T = exp2(S^T scale log2 e - lse2), dS^T = P^T (dP^T - delta).
+// The step's P^T and dS^T, each in two parts (FA4's order): this thread's lse2 (delta) pairs, columns 8 j + cb with
+// cb = 2 (t & 3), read by 8 ld.shared.v2 at immediate offsets (as probs_dscores' kImm) before S^T's wgmma is issued
+// (after S^T's wait), their latency under it (under P^T); then the values in place as probs_dscores' (the same
+// arithmetic): P^T = exp2(S^T scale log2 e - lse2), dS^T = P^T (dP^T - delta).
 template <int BM>
 __device__ __forceinline__ void load_row_pairs(float2 (&v)[BM / 8], uint32_t row_s) {
   uint32_t base = row_s + 8 * (threadIdx.x & 3);
@@ -148,29 +137,10 @@ __device__ __forceinline__ void probs_or_dscores(float (&s)[BM / 2], float (&dp)
     }
 }
 
-// The step's tail (after P^T, dS^T): FA3's / FA4's order of its last three products. dV += P^T dO as one group,
-// dS^T stored (both warpgroups' halves: the barrier), then dQ = dS K and dK += dS^T Q as two more groups; returns with
-// dV and dQ complete and dK's group still running (the caller stages dQ under it, then waits for it: wgmma_wait<0>,
-// fence_regs(dk), fence_regs(da)). Issuing dV and dK as one group before the barrier and waiting for all three after
-// dQ (session 26's step) left the tensor pipe idle while dQ was staged: this order ran the D = 128 backward
-// 1.06-1.16x faster in one process (causal 2.720 -> 2.375 ms, H200; bench/LOG.md).
-template <class Tr>
-__device__ __forceinline__ void dv_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
-                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
-                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2],
-                                            float (&dq)[Tr::kDQ / 2], const StepOperands<Tr>& o, uint32_t s_ds,
-                                            uint32_t ds_off) {
-  using namespace detail;
-  dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
-    store_ds_stsm<Tr>(s_ds, da, ds_off);
-    fence_proxy_async();
-    named_sync(1, Tr::kConsumerThreads);
-  });
-}
-
-// A step: wgmma descriptors built once and stepped by 64-bit adds (StepOperands), lse2 and delta loaded at immediate
-// offsets (probs_dscores' kImm), dS^T stored by stmatrix (store_ds_stsm), the shared base aligned in the shared
-// window (smem_base_1024).
+// A step: its entry from the producer through shared memory, wgmma descriptors built once and stepped by 64-bit adds
+// (StepOperands), lse2 and delta read ahead at immediate offsets (load_row_pairs), dS^T stored by stmatrix
+// (store_ds_stsm), the last three products in FA3's order (dv_ds_dq_dk), the shared base aligned in the shared window
+// (smem_base_1024).
 template <class Tr>
 __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
@@ -308,7 +278,11 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     float dq[kDQ / 2];
-    dv_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, s_ds(i), ds_off);
+    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
+      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
+      fence_proxy_async();
+      named_sync(1, NC);
+    });
     stage_dq(dq, i);
     wgmma_wait<0>();  // dK: every wgmma reading the stage is done
     fence_regs(dk);

@@ -98,7 +98,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // ---- shared-memory accesses -----------------------------------------------------------------------------------
-// 32-bit words handed between warps (the fused TMA kernels' work-item slots): a volatile generic pointer would
+// Words handed between warps (the fused TMA kernels' work-item slots, the backward's entries): a volatile generic pointer would
 // compile to strong system-scope generic accesses; these are plain shared ones, ordered by the caller's mbarrier.
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
   asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -109,6 +109,17 @@ __device__ __forceinline__ void st_shared_v4f32(uint32_t addr, float a, float b,
 __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
   int v;
   asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+// 16 bytes (the backward's plan entries, handed from its producer to its consumers in each stage).
+__device__ __forceinline__ void st_shared_v4b32(uint32_t addr, const int4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ int4 ld_shared_v4b32(uint32_t addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+               : "memory");
   return v;
 }
 // One 16-bit store at a 32-bit shared address (no clobber: see the file comment).

@@ -424,12 +424,15 @@ template <int D, bool kBf16, int PanelStride>
 __device__ __forceinline__ void stage_o_swizzled(uint32_t s_o, const float (&o)[D / 2], const float (&inv)[2], int wq,
                                                  int lane) {
   const int l7 = lane & 7, m = lane >> 3;
-  const uint32_t base = (s_o + uint32_t((wq << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^ uint32_t((m >> 1) << 4);
+  const uint32_t base =
+      (s_o + uint32_t((wq << 4) + ((m & 1) << 3) + l7) * 128 + uint32_t(l7 << 4)) ^ uint32_t((m >> 1) << 4);
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
     const int j0 = 2 * k, j1 = 2 * k + 1;
-    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * PanelStride, pack2<kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
-                pack2<kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]), pack2<kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
+    stmatrix_x4((base ^ uint32_t((k & 3) << 5)) + uint32_t(k >> 2) * PanelStride,
+                pack2<kBf16>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+                pack2<kBf16>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
+                pack2<kBf16>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
                 pack2<kBf16>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
   }
 }

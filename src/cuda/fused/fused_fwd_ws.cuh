@@ -199,7 +199,9 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
         ++g;
       };
       // Persistent: the next item from the counter. Otherwise one item a CTA (grid = items).
-      auto draw = [&](int nq) { return p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items); };
+      auto draw = [&](int nq) {
+        return p.persistent ? atomicAdd(p.work_counter, 1) : (nq == 0 ? int(blockIdx.x) : items);
+      };
       for (int nq = 0;; ++nq) {
         const int qb = nq % NQ;
         int w = 0, j = 0;  // the item; its tiles loaded

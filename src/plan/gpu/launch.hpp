@@ -138,8 +138,9 @@ SplitChoice choose_split(const BlockPlan& plan, int64_t bh, int sms, int split, 
 //    small and stays in L2 anyway; na2d 96x96 forward 0.96x, local(left=4096) L 16384 GQA 0.96x with sections);
 // measured kept: causal D = 128 forward 1.06x, a block mask's backward 1.19x and forward 1.03x (bench/LOG.md).
 // Reach is measured within a residue group where a plan is grouped by residue (perm_d > 1: its lists keep to their
-// group) and section_groups asks for it (the backward): such a plan's tiles run most work first over every group, so a causal group's tiles (stride(64) & causal,
-// sparse_strided's affine part) run apart and, without sections, read their group's K and V from DRAM at each tile:
+// group) and section_groups asks for it (the backward): such a plan's tiles run most work first over every group, so
+// a causal group's tiles (stride(64) & causal, sparse_strided's affine part) run apart and, without sections, read
+// their group's K and V from DRAM at each tile:
 // stride(64) & causal at L = 65536, D = 64 visits 72 key tiles of 128 a group where 8 are its keys, 4.8 GB of K and V
 // for 32 heads, which at 4.2 TB/s is the 1.2 ms it measured (the backward 1.01-1.74x with sections, bench/LOG.md).
 struct ListShape {
