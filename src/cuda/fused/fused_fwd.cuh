@@ -309,17 +309,23 @@ __device__ __forceinline__ void block_boundary(float x) {
 // tile_softmax with FlashAttention-4's lazy rescale: where every row of the warp has a finite maximum and its tile
 // maximum exceeds it by at most kLazyLog2 / sl2 (p <= 2^kLazyLog2), the maxima stay, alpha is 1 and the function
 // returns false (no rescale of O needed); otherwise the exact step (returns true).
-template <int BN, int kP = 1>
-__device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
-                                                  float sl2, float (&alpha)[2]) {
-  float m_new[2];
+// The lazy rescale's test: the rows' maxima with this tile's (m_new), and whether any row of the warp moves its own.
+template <int BN, int kP>
+__device__ __forceinline__ bool lazy_vote(const float (&s)[BN / 2], const float (&row_max)[2], float sl2,
+                                          float (&m_new)[2]) {
   bool grow = false;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     m_new[hh] = fmaxf(row_max[hh], tile_row_max<BN, kP>(s, hh));
     grow |= !(row_max[hh] != -INFINITY && (m_new[hh] - row_max[hh]) * sl2 <= kLazyLog2);
   }
-  const bool rescale = __any_sync(0xffffffffu, grow);
+  return __any_sync(0xffffffffu, grow);
+}
+template <int BN, int kP = 1>
+__device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                  float sl2, float (&alpha)[2]) {
+  float m_new[2];
+  const bool rescale = lazy_vote<BN, kP>(s, row_max, sl2, m_new);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float m = rescale ? m_new[hh] : row_max[hh];
@@ -329,6 +335,62 @@ __device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&ro
     row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
   }
   return rescale;
+}
+// The step of SPATTN_FWD_STEP=v2 (WsSpec: an A/B against tile_softmax_lazy's; pipelined_tiles' kSpec): with the lazy
+// rescale a row's maximum rarely moves, so the step's exponentials are taken against the stale maximum straight from
+// S, summed and packed into pa, while the tile's row maxima, their growth test and the vote run beside them instead of
+// ahead of them (in tile_softmax_lazy every exponential waits on the maxima, their shuffles and the vote). Where the
+// vote finds growth (a row's first tiles, or scores that jump) the speculative values are dropped and the step is taken
+// again as tile_softmax_lazy's rescale (returns true). Either way the values are tile_softmax_lazy's and tile_to_p's
+// bit for bit: the same maxima, offsets, summation chains and packs. The branch on the vote ends the block, so the
+// wait for PV_{i-1} that follows stays behind the exponentials (block_boundary's role in the default step).
+template <int BN, int kP, bool kBf16>
+__device__ __forceinline__ bool tile_softmax_spec(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                  float sl2, float (&alpha)[2], uint32_t (&pa)[BN / 16][4]) {
+  float ms[2], rsp[2 * kP];  // offsets against the stale maxima; row hh's chains at rsp[hh kP + i]
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    ms[hh] = (row_max[hh] == -INFINITY ? 0.f : row_max[hh]) * sl2;
+#pragma unroll
+    for (int i = 0; i < kP; ++i) rsp[hh * kP + i] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {  // row_exp2's chains and order; tile_to_p's words
+      const float p0 = ex2_ftz(fmaf(s[4 * j + 2 * hh], sl2, -ms[hh]));
+      const float p1 = ex2_ftz(fmaf(s[4 * j + 2 * hh + 1], sl2, -ms[hh]));
+      rsp[hh * kP + j % kP] += p0;
+      rsp[hh * kP + j % kP] += p1;
+      pa[j / 2][2 * (j % 2) + hh] = pack2<kBf16>(p0, p1);
+    }
+  float m_new[2];
+  const bool rescale = lazy_vote<BN, kP>(s, row_max, sl2, m_new);
+  // The speculative values exist before the branch (the compiler would otherwise sink them into the path that keeps
+  // them, behind the vote).
+  fence_regs(rsp);
+  fence_regs(pa);
+  if (rescale) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float m_use = m_new[hh] == -INFINITY ? 0.f : m_new[hh];
+      alpha[hh] = ex2_ftz((row_max[hh] - m_use) * sl2);
+      row_max[hh] = m_new[hh];
+      row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
+    }
+    tile_to_p<BN, kBf16>(s, pa);
+    return true;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+    for (int w = kP / 2; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) rsp[hh * kP + i] += rsp[hh * kP + i + w];
+    alpha[hh] = 1.f;
+    row_sum[hh] += rsp[hh * kP];
+  }
+  return false;
 }
 // O *= alpha per row.
 template <int D>
@@ -456,14 +518,16 @@ __device__ __forceinline__ void stage_o_swizzled(uint32_t s_o, const float (&o)[
 // first; the loop runs two tiles a trip so that the buffers alternate). ptxas then interleaves the 32 F2FP packs
 // with the 66 MUFU.EX2 of that block (a warp's EX2 holds the quarter-rate pipe 8 cycles), where otherwise they ran
 // back to back after the block boundary with nothing to hide under: causal D=128's profile put 7.5% more warp time
-// than FlashAttention-4's in this tail.
+// than FlashAttention-4's in this tail. kSpec (with kLazy; SPATTN_FWD_STEP=v2, an A/B): tile_softmax_spec's step, the
+// exponentials against the stale maxima ahead of the tile's maxima and vote, whose branch ends the block instead.
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
-          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
+          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false, bool kSpec = false>
 __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
                                                 float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                 Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
                                                 TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s,
-                                                std::bool_constant<kLazy> = {}) {
+                                                std::bool_constant<kLazy> = {}, std::bool_constant<kSpec> = {}) {
+  static_assert(kLazy || !kSpec, "the speculative step (SPATTN_FWD_STEP=v2) is a variant of the lazy one");
   constexpr int MW = BN / 64;
   constexpr int kP = kLazy ? 2 : 1;
   float sacc[BN / 2];
@@ -516,12 +580,14 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     fence_regs(sacc);
     tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
     bool rescale = true;
-    if constexpr (kLazy) {
+    if constexpr (kSpec) {
+      rescale = tile_softmax_spec<BN, kP, kBf16>(sacc, row_max, row_sum, sl2, alpha, pout);  // P_i packed in there
+    } else if constexpr (kLazy) {
       rescale = tile_softmax_lazy<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
     } else {
       tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
     }
-    if constexpr (kLazy) {
+    if constexpr (kLazy && !kSpec) {
       tile_to_p<BN, kBf16>(sacc, pout);
       block_boundary(fminf(row_sum[0], row_sum[1]));
     }
