@@ -272,11 +272,13 @@ __device__ __forceinline__ int ws2_produce(const BwdParams& p, const Ws2Smem<Tr>
                                             int g0) {
   using namespace detail;
   constexpr int S = Tr::kStages;
-  const int b = w.b, hk = w.hk, ne = w.ne;
+  const int b = w.b, ne = w.ne;
   const int64_t e0 = w.e0;
-  int g = g0;
-  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    const int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
+  int g = g0, h = w.hk * p.group;
+  // the head's first plan-space row, stepped a head at a time (its 64-bit product per head kept ptxas at 24
+  // registers with 2 spilled; tile_bwd_ws2_body recomputes it)
+  int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
+  for (int hl = p.group; hl > 0; --hl, ++h, rows += p.qp) {
     for (int j = 0; j < ne; j += 2, ++g) {
       const int st = g % S;
       if (g >= S) mbar_wait(sm.empty + 8 * st, ((g / S) - 1) & 1);
