@@ -120,11 +120,14 @@ std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
 std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
 std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
 
-// SPATTN_BWD_PERSIST64=1, read at each launch: the D = 64 warp-specialized row with the shared-memory epilogue runs
-// its persistent grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body); else (unset, 0) a CTA an item.
-bool persist64_on() {
+// SPATTN_BWD_PERSIST64=1 or 2, read at each launch: the D = 64 warp-specialized row with the shared-memory epilogue
+// runs its persistent grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body; 2: the next K and V loaded before the dK /
+// dV epilogue, which stages them in a dS^T buffer); else (unset, 0) a CTA an item.
+int persist64_mode() {
   const char* e = std::getenv("SPATTN_BWD_PERSIST64");
-  return e && std::string(e) == "1";
+  if (!e) return 0;
+  const std::string v(e);
+  return v == "1" ? 1 : v == "2" ? 2 : 0;
 }
 
 // f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel) of p's batches and query heads, in chunks of at most
@@ -218,14 +221,11 @@ template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
-// The D = 64 row; its persistent grid (SPATTN_BWD_PERSIST64=1; with the shared-memory epilogue and an item counter
+// The D = 64 row; its persistent grid (SPATTN_BWD_PERSIST64=1 or 2; with the shared-memory epilogue and an item counter
 // only): CTAs an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
 // from p.work_counter (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
-template <bool kBf16>
-void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
-  using Tr = bwd::BwdWs2Traits<kBf16>;
-  if (!(epi && p.work_counter && persist64_on())) return launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
-  using Pt = bwd::Persistent<bwd::SmemEpilogue<Tr>>;
+template <class Pt>
+void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
   const auto kernel = bwd::tile_bwd_ws_kernel<Pt>;
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Pt::kSmemBytes));
   static std::atomic<int> cached{0};  // CTAs an SM (0: not yet asked; the same on every device of a process)
@@ -240,7 +240,15 @@ void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   SPATTN_CUDA_CHECK(cudaMemsetAsync(p.work_counter, 0, sizeof(int), s));
   ++g_smem_epi, ++g_persist64;
   g_persist64_grid = int(grid);
-  launch_three<Pt, Tr::kDQ>(kernel, p, s, grid);
+  launch_three<Pt, Pt::kDQ>(kernel, p, s, grid);
+}
+template <bool kBf16>
+void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
+  using Tr = bwd::BwdWs2Traits<kBf16>;
+  const int mode = epi && p.work_counter ? persist64_mode() : 0;
+  if (mode == 1) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 1>>(p, s);
+  if (mode == 2) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 2>>(p, s);
+  launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched

@@ -61,8 +61,9 @@ class TileBackward {
     // grid.
     int* work_counter = nullptr;
   };
-  // SPATTN_BWD_PERSIST64=1 (read at each launch): the D = 64 warp-specialized row, where it writes dK and dV through
-  // shared memory, runs a persistent grid (CTAs an SM x SMs, each taking key tiles from a counter; tile_bwd_ws2.cuh).
+  // SPATTN_BWD_PERSIST64=1 or 2 (read at each launch): the D = 64 warp-specialized row, where it writes dK and dV
+  // through shared memory, runs a persistent grid (CTAs an SM x SMs, each taking key tiles from a counter; 2: the next
+  // tile's K and V loaded before the last one's dK / dV epilogue; tile_bwd_ws2.cuh).
   // For tests: such launches so far, the last one's grid, and a cap on that grid (0: none; returns the previous cap)
   // so that small problems give each CTA several items.
   static int64_t persist64_launches();

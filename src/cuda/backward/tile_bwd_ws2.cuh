@@ -330,20 +330,42 @@ __device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const Ws2Smem<Tr
   return g;
 }
 
-// A consumer thread (ct in [0, 256): warpgroup wg, t its index there) on item w: its K and V rows loaded (cp.async,
-// every consumer thread), the steps g0 to g_end - 1 (g_end = g0 + ws2_steps), dK and dV stored (store_dkdv_ws).
+// Item w's K and V rows into their tiles by the consumer threads (ct in [0, 256)): cp.async, committed.
 template <class Tr>
+__device__ __forceinline__ void ws2_load_kv(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+                                            int ct) {
+  using namespace detail;
+  constexpr int NC = Tr::kConsumerThreads;
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(w.b) * p.k_sb + int64_t(w.hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(w.b) * p.v_sb + int64_t(w.hk) * p.v_sh);
+  load_rows<Tr::BN, Tr::D, NC>(sm.k, kg, p.k_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<Tr::BN, Tr::D, NC>(sm.v, vg, p.v_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  cp_async_commit();
+}
+
+// The persistent consumer's own index in the consumer warpgroups (ct in [0, 256)), from %tid.x read again (an opaque
+// read: not hoisted, so not kept live across the steps, where the consumers have no register to spare).
+__device__ __forceinline__ int ws2_consumer_index() {
+  int tx;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+  return tx - 128;
+}
+
+struct Ws2Noop {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+// A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws2_load_kv): the steps g0 to
+// g_end - 1 (g_end = g0 + ws2_steps), after_steps(), dK and dV stored through shared memory at s_stage
+// (store_dkdv_ws: 4 boxes of 8 KB, 1024-byte aligned).
+template <class Tr, class F = Ws2Noop>
 __device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
-                                            int g0, int g_end, int ct, int wg, int t, int lane) {
+                                            int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                            F after_steps = F{}) {
   using namespace detail;
   using Hf = typename Tr::Half;
   constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   const int b = w.b, hk = w.hk, k0 = w.k0;
-  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
-  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
-  load_rows<Tr::BN, Tr::D, NC>(sm.k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  load_rows<Tr::BN, Tr::D, NC>(sm.v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  cp_async_commit();
 
   float dk[Tr::D / 2], dv[Tr::D / 2];
 #pragma unroll
@@ -437,7 +459,8 @@ __device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr
     mbar_arrive(sm.empty + 8 * st);
   }
 
-  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, sm.k);
+  after_steps();
+  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_stage);
 }
 
 // The ring's, dQ staging's mbarriers (thread 0; a fence and a CTA barrier after).
@@ -458,17 +481,25 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
 // x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
 // DynamicPersistentTileScheduler does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) +
 // gridDim.x (the counter zeroed before the launch: a memset node under graph capture). The producer thread takes them
-// (the next one at an item's start, its latency under the item's loads) and hands each to the dQ writer and the 256
+// (the next one after the item's loads) and hands each to the dQ writer and the 256
 // consumer threads through two item slots (item_full: the producer's arrival after its store; item_empty: the 257
 // readers', each as soon as it has read), so every role walks the same items and the producer runs up to two items
 // ahead: it loads the next item's first Q / dO stages as soon as the ring has room, under the current item's last
 // steps and dK / dV epilogue. Every role's step count runs on across items (ws2_steps: the ring's stage and phase,
-// the dS^T buffer, the dQ staging's dq_full / dq_empty phases). The consumers load the next item's K and V once both
-// warpgroups' dK / dV boxes (staged in the K and V tiles by store_dkdv_smem) are read by their TMA stores (each
-// issuing thread waited: cp.async.bulk.wait_group.read; then a consumer barrier). An item -1 ends the walk.
-template <class Base>
+// the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends the walk.
+// K and V, kMode 1: the consumers load the next item's once both warpgroups' dK / dV boxes (staged in the K and V
+// tiles by store_dkdv_smem) are read by their TMA stores (each issuing thread waited: cp.async.bulk.wait_group.read;
+// then a consumer barrier). kMode 2: dK / dV staged in a dS^T buffer instead (free once both warpgroups' last dQ
+// wgmma is done: every step waits for its wgmmas, and a consumer barrier follows the last step), so the consumers
+// issue the next item's K and V right after that barrier, before the epilogue, their copies under its stmatrix and
+// TMA stores; the next item's first dS^T store comes after its own consumer barrier (K / V landed), which the
+// issuing threads reach only after their read waits.
+template <class Base, int kMode_ = 1>
 struct Persistent : Base {
   static constexpr bool kPersist = true;
+  static constexpr int kMode = kMode_;
+  static_assert(kMode == 1 || kMode == 2, "SPATTN_BWD_PERSIST64 modes");
+  static_assert(Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0, "mode 2: the 4 dK / dV boxes in a dS^T buffer");
   // item_full[2], item_empty[2], the two slots' {item, first step}, the producer's {slots published, items, steps}
   static constexpr int kOffItems = Base::kOffEnt + 32 * Base::kStages;
   static constexpr int kSmemBytes = kOffItems + 4 * 8 + 2 * 8 + 3 * 4 + 1024;
@@ -573,18 +604,41 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
 
   // ---- consumers ----
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  for (int j = 0;; ++j) {
-    const int2 it = items.read(j);
-    if (it.x < 0) break;
-    // the thread's indices read again each item (not kept live across the steps)
-    int tx;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
-    const int ct = tx - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = tx & 31;
-    const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
-    // the last item's dK / dV boxes read by their TMA stores (store_dkdv_smem's issuing threads waited) before this
-    // item's K and V overwrite them
-    if (j > 0) named_sync(1, NC);
-    ws2_consume<Tr>(p, sm, w, it.y, it.y + ws2_steps(p, w), ct, wg, t, ln);
+  if constexpr (Tr::kMode == 1) {
+    for (int j = 0;; ++j) {
+      const int2 it = items.read(j);
+      if (it.x < 0) break;
+      // the thread's indices read again each item (not kept live across the steps)
+      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
+      const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+      // the last item's dK / dV boxes read by their TMA stores (store_dkdv_smem's issuing threads waited) before
+      // this item's K and V overwrite them
+      if (j > 0) named_sync(1, NC);
+      ws2_load_kv<Tr>(p, sm, w, ct);
+      ws2_consume<Tr>(p, sm, w, it.y, it.y + ws2_steps(p, w), wg, t, ln, sm.k);
+    }
+  } else {
+    int2 it = items.read(0);
+    detail::KeyTileWork w{};
+    if (it.x >= 0) {
+      w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+      ws2_load_kv<Tr>(p, sm, w, ws2_consumer_index());
+    }
+    for (int j = 1; it.x >= 0; ++j) {
+      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
+      const int g_end = it.y + ws2_steps(p, w);
+      int2 nx = make_int2(-1, 0);
+      detail::KeyTileWork nw{};
+      ws2_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, sm.ds(g_end + 1), [&] {
+        named_sync(1, NC);  // both warpgroups' last wgmmas (K, V, the last dS^T) done
+        nx = items.read(j);
+        if (nx.x >= 0) {
+          nw = warp_uniform(key_tile_work<Tr::BN>(p, nx.x));
+          ws2_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
+        }
+      });
+      it = nx, w = nw;
+    }
   }
 }
 
