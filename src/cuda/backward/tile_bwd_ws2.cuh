@@ -477,8 +477,8 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
   }
 }
 
-// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>, SPATTN_BWD_PERSIST64=1; tile_backward.cu): CTAs an SM
-// x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
+// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>, kMode>, SPATTN_BWD_PERSIST64=kMode; tile_backward.cu):
+// CTAs an SM x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
 // DynamicPersistentTileScheduler does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) +
 // gridDim.x (the counter zeroed before the launch: a memset node under graph capture). The producer thread takes them
 // (the next one after the item's loads) and hands each to the dQ writer and the 256
