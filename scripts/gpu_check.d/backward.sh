@@ -22,6 +22,8 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|error|Value of|
 
 echo "== backward: compute-sanitizer ($(elapsed))"
 sanitize_all bwd "$BUILD/tests/backward_gpu_test" 'BackwardGpu.SmallCaseForSanitizers*' || rc=1
+# the persistent D = 64 grid (SPATTN_BWD_PERSIST64, set by the test itself): one CTA over two items
+sanitize_all bwd_persist64 "$BUILD/tests/backward_gpu_test" 'BackwardGpu.Persistent64SmallCaseForSanitizers' || rc=1
 
 echo "== backward: spattn run --dq --dk --dv on the GPU against the CPU reference ($(elapsed))"
 for spec in "local(20)" "causal" "dilated(10, 3)"; do

@@ -39,9 +39,11 @@ struct Case {
 };
 
 // Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched;
-// `explained`: the plan's explain after the backward, where given.
+// `explained`: the plan's explain after the backward, where given. graph_replays > 0: after the first backward, one
+// captured into a CUDA graph on a stream of its own and the graph launched that many times, the gradients poisoned
+// before each launch (the errors are the last launch's).
 std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, std::string* ran, uint32_t seed,
-                                      std::string* explained = nullptr) {
+                                      std::string* explained = nullptr, int graph_replays = 0) {
   std::vector<spattn::Pattern> pats;
   std::vector<spattn::BoundPattern> bound;
   for (const char* s : c.specs) pats.push_back(spattn::parse(s)), bound.push_back(pats.back().bind(c.Lq, c.Lk));
@@ -99,9 +101,31 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
               cudaSuccess);
     o_rows = o_narrow.p;
   }
-  plan.backward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), narrow_view(o_rows, sq), tl,
-                dev_view(dout.p, sq), narrow_view(gq.p, sq), dev_view(gk.p, sk), dev_view(gv.p, sk));
+  auto backward = [&](spattn::Stream st) {
+    plan.backward(dev_view(q.p, sq), dev_view(k.p, sk), dev_view(v.p, sk), narrow_view(o_rows, sq), tl,
+                  dev_view(dout.p, sq), narrow_view(gq.p, sq), dev_view(gk.p, sk), dev_view(gv.p, sk), st);
+  };
+  backward(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (graph_replays > 0) {
+    cudaStream_t st;
+    EXPECT_EQ(cudaStreamCreate(&st), cudaSuccess);
+    cudaGraph_t graph;
+    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    backward(st);
+    EXPECT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int r = 0; r < graph_replays; ++r) {
+      for (const Buf* g : {&gq, &gk, &gv})
+        EXPECT_EQ(cudaMemsetAsync(g->p, 0x7f, g == &gq ? nqp * es : nk * es, st), cudaSuccess);
+      EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+  }
   *ran = plan.last_backward_kernel();
   if (explained) *explained = plan.explain();
   std::vector<double> rq(nq), rk(nk), rv(nk);
@@ -399,6 +423,105 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
     EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1);
     expect_within(e, c.dt);
   }
+}
+
+// The persistent D = 64 grid (SPATTN_BWD_PERSIST64=1; tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key
+// tiles from a counter, the ring, dS^T and dQ staging phases running on across items, the next K / V loaded into the
+// tiles the last item's dK / dV were staged in (mode 1), or before the dK / dV epilogue, which stages them in a dS^T
+// buffer (mode 2). Set for the scope; the grid capped (0: none) where given.
+struct Persist64 {
+  int prev;
+  explicit Persist64(const char* mode, int grid_limit = 0)
+      : prev(spattn::cuda::TileBackward::set_persist64_grid_limit(grid_limit)) {
+    ::setenv("SPATTN_BWD_PERSIST64", mode, 1);
+  }
+  ~Persist64() {
+    ::unsetenv("SPATTN_BWD_PERSIST64");
+    spattn::cuda::TileBackward::set_persist64_grid_limit(prev);
+  }
+};
+// c through the persistent grid (asserted to have run, once, with the shared-memory epilogue) against the reference.
+void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
+  using spattn::cuda::TileBackward;
+  const int64_t p0 = TileBackward::persist64_launches(), e0 = TileBackward::smem_epilogue_launches();
+  std::string ran;
+  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed, nullptr, graph_replays);
+  EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
+  // the eager backward; a captured one launches at capture (host side) too
+  const int64_t launches = graph_replays > 0 ? 2 : 1;
+  EXPECT_EQ(TileBackward::persist64_launches() - p0, launches) << "the persistent grid";
+  EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, launches) << "the shared-memory epilogue";
+  expect_within(e, c.dt);
+}
+
+// WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid and on grids of 3 and 1 CTAs (every CTA
+// several items: the protocol across items), and a case with more items than SMs at the full grid; modes 1 and 2.
+// Off (unset, or another value): the one-CTA-an-item grid.
+TEST(BackwardGpu, Persistent64MatchesReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  for (const char* mode : {"1", "2"}) {
+    for (int limit : {0, 3, 1}) {
+      const Persist64 on(mode, limit);
+      uint32_t seed = 2600;
+      for (const Case& c : ws_row_cases()) {
+        const uint32_t s = seed++;
+        if (c.D != 64) continue;
+        SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " mode " +
+                     mode + " grid limit " + std::to_string(limit));
+        expect_persist64(c, s);
+        if (limit > 0) EXPECT_LE(TileBackward::last_persist64_grid(), limit);
+      }
+    }
+    // 32 key tiles x 16 kv heads = 512 items
+    const Persist64 on(mode);
+    const Case c{{"local(64)"}, DType::bf16, 2, 8, 8, 4096, 4096, 64, false};
+    SCOPED_TRACE(std::string("local(64) L=4096, 512 items, mode ") + mode);
+    expect_persist64(c, 2700);
+    EXPECT_LT(TileBackward::last_persist64_grid(), 512);
+    EXPECT_GE(TileBackward::last_persist64_grid(), 1);
+  }
+  for (const char* off : {"", "0", "3"}) {  // switched off: the one-CTA grid
+    SCOPED_TRACE(std::string("SPATTN_BWD_PERSIST64=") + off);
+    const Persist64 set(off);
+    const int64_t p0 = TileBackward::persist64_launches();
+    std::string ran;
+    expect_within(backward_errors(ws_row_cases()[0], "sm90_bwd_ws", &ran, 2600), ws_row_cases()[0].dt);
+    EXPECT_EQ(TileBackward::persist64_launches(), p0);
+  }
+  EXPECT_THROW(TileBackward::set_persist64_grid_limit(-1), spattn::Error);
+}
+
+// Captured into a CUDA graph and launched twice (the gradients poisoned before each): the counter's memset node
+// zeroes it at each launch (the eager run before the capture leaves it past the items). 3 CTAs: several items each.
+TEST(BackwardGpu, Persistent64GraphReplays) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  const Case cs[] = {{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 64, false},
+                     {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false}};
+  for (const char* mode : {"1", "2"}) {
+    uint32_t seed = 2750;
+    for (int limit : {0, 3})
+      for (const Case& c : cs) {
+        SCOPED_TRACE(std::string(c.specs[0]) + " mode " + mode + " grid limit " + std::to_string(limit));
+        const Persist64 on(mode, limit);
+        expect_persist64(c, seed++, 2);
+      }
+  }
+}
+
+// kWs64SmallCase (2 items) on the persistent grid, for compute-sanitizer: 2 CTAs, then 1 (both items in one CTA);
+// modes 1 and 2.
+TEST(BackwardGpu, Persistent64SmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  for (const char* mode : {"1", "2"})
+    for (int limit : {0, 1}) {
+      SCOPED_TRACE(std::string("mode ") + mode + " grid limit " + std::to_string(limit));
+      const Persist64 on(mode, limit);
+      expect_persist64(kWs64SmallCase, 2900);
+    }
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {

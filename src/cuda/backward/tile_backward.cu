@@ -56,6 +56,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   shape_ = plan::list_shape(km.col_offsets, km.entries, km.q_tiles, plan::section_groups(true, plan_.perm_d));
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
+  work_counter_ = DeviceBuffer(sizeof(int));
   lse2_ = DeviceBuffer(size_t(rows) * 4);
   delta_ = DeviceBuffer(size_t(rows) * 4);
 }
@@ -114,6 +115,19 @@ bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
 }
 
 std::atomic<int> g_grid_limit{65535};  // TileBackward::set_prepfin_grid_limit
+std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
+std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
+std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
+
+// SPATTN_BWD_PERSIST64=1 or 2, read at each launch: the D = 64 warp-specialized row with the shared-memory epilogue
+// runs its persistent grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body; 2: the next K and V loaded before the dK /
+// dV epilogue, which stages them in a dS^T buffer); else (unset, 0) a CTA an item.
+int persist64_mode() {
+  const char* e = std::getenv("SPATTN_BWD_PERSIST64");
+  if (!e) return 0;
+  const std::string v(e);
+  return v == "1" ? 1 : v == "2" ? 2 : 0;
+}
 
 // f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel) of p's batches and query heads, in chunks of at most
 // g_grid_limit of each (grid y and z): c is p with its pointers to O, dO, dQ, lse and the plan-space rows moved to the
@@ -141,8 +155,9 @@ void prepfin_grids(const bwd::BwdParams& p, F&& f) {
 // warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major). Prep and finish: grids of
 // (plan-space rows, head, batch) (bwd_prep_grid_kernel, prepfin_grids), 16-byte O loads and dq stores where those rows
 // are 16-byte aligned.
+// grid: the tile kernel's CTAs (0: one per key tile, batch and kv head; a persistent kernel loops over those items).
 template <class Tr, int kWs>
-void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s) {
+void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s, int64_t grid = 0) {
   using Elem = typename Tr::Elem;
   constexpr int D = Tr::D;
   constexpr bool B16 = Tr::kBf16;
@@ -163,7 +178,8 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
     });
     SPATTN_LAUNCH_CHECK("backward prep");
   }
-  const int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
+  int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
+  if (grid > 0) ctas = std::min(ctas, grid);
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
   if (rows > 0) {
@@ -204,9 +220,33 @@ template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
+// The D = 64 row; its persistent grid (SPATTN_BWD_PERSIST64=1 or 2; with the shared-memory epilogue and an item counter
+// only): CTAs an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
+// from p.work_counter (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
+template <class Pt>
+void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
+  const auto kernel = bwd::tile_bwd_ws_kernel<Pt>;
+  SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Pt::kSmemBytes));
+  static std::atomic<int> cached{0};  // CTAs an SM (0: not yet asked; the same on every device of a process)
+  int per_sm = cached.load();
+  if (per_sm == 0) {
+    SPATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Pt::kThreads, Pt::kSmemBytes));
+    cached = per_sm = std::max(per_sm, 1);
+  }
+  int64_t grid = int64_t(per_sm) * device_info(current_device()).sms;
+  if (const int lim = g_persist64_limit.load(); lim > 0) grid = std::min<int64_t>(grid, lim);
+  grid = std::max<int64_t>(1, std::min(grid, int64_t(p.k_tiles) * p.batch * p.kv_heads));
+  SPATTN_CUDA_CHECK(cudaMemsetAsync(p.work_counter, 0, sizeof(int), s));
+  ++g_smem_epi, ++g_persist64;
+  g_persist64_grid = int(grid);
+  launch_three<Pt, Pt::kDQ>(kernel, p, s, grid);
+}
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
+  const int mode = epi && p.work_counter ? persist64_mode() : 0;
+  if (mode == 1) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 1>>(p, s);
+  if (mode == 2) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 2>>(p, s);
   launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 
@@ -257,6 +297,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   }
   l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
   l.shape = shape_;
+  l.work_counter = work_counter_.get<int>();
   ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate,
                    dkv_accumulate);
 }
@@ -287,7 +328,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   p.scale = float(pr.softmax_scale());
   p.scale_log2 = float(pr.softmax_scale() * 1.4426950408889634);
   p.col_offsets = l.col_offsets, p.entries = static_cast<const int4*>(l.entries);
-  p.masks = l.masks, p.order = l.order;
+  p.masks = l.masks, p.order = l.order, p.work_counter = l.work_counter;
   p.k_tiles = int(l.k_tiles);
   p.dq_accumulate = dq_accumulate ? 1 : 0;
   p.dkv_accumulate = dkv_accumulate ? 1 : 0;
@@ -328,5 +369,12 @@ TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
 }
 
 int64_t TileBackward::smem_epilogue_launches() { return g_smem_epi.load(); }
+
+int64_t TileBackward::persist64_launches() { return g_persist64.load(); }
+int TileBackward::last_persist64_grid() { return g_persist64_grid.load(); }
+int TileBackward::set_persist64_grid_limit(int limit) {
+  if (limit < 0) throw Error("backward: persistent grid limit " + std::to_string(limit) + " negative");
+  return g_persist64_limit.exchange(limit);
+}
 
 }  // namespace spattn::cuda

@@ -56,7 +56,19 @@ class TileBackward {
     const int32_t* k_map = nullptr;
     int strip_sx = 0, strip_sy = 0;
     plan::ListShape shape;  // of the key tiles' lists (plan::list_shape; run-time lists: as their runner says)
+    // One int of device memory, the persistent D = 64 grid's item counter (SPATTN_BWD_PERSIST64; zeroed by launch() on
+    // the stream before the tile kernel, so lists with one counter run on one stream at a time); null: no persistent
+    // grid.
+    int* work_counter = nullptr;
   };
+  // SPATTN_BWD_PERSIST64=1 or 2 (read at each launch): the D = 64 warp-specialized row, where it writes dK and dV
+  // through shared memory, runs a persistent grid (CTAs an SM x SMs, each taking key tiles from a counter; 2: the next
+  // tile's K and V loaded before the last one's dK / dV epilogue; tile_bwd_ws2.cuh).
+  // For tests: such launches so far, the last one's grid, and a cap on that grid (0: none; returns the previous cap)
+  // so that small problems give each CTA several items.
+  static int64_t persist64_launches();
+  static int last_persist64_grid();
+  static int set_persist64_grid_limit(int limit);
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
   // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
   // dkv_accumulate as run()'s.
@@ -95,6 +107,7 @@ class TileBackward {
   int32_t strip_sx_ = 0, strip_sy_ = 0;
   DeviceBuffer col_offsets_, entries_, masks_, order_, k_map_;
   DeviceBuffer dq_acc_, lse2_, delta_;
+  DeviceBuffer work_counter_;  // DeviceLists::work_counter
   mutable bool last_tma_ = false;
   mutable int ran_row_ = -1;  // a warp-specialized row without TMA runs the 64x128 row of its head dim
 };

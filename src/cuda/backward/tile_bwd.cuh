@@ -69,6 +69,8 @@ struct BwdParams {
   int strip_sx, strip_sy;
   // The grid's head sections (plan::head_section; section_item in cuda/common/work_order.cuh): 0 none.
   int head_section;
+  // The persistent D = 64 grid's item counter (tile_bwd_ws2.cuh, Ws2Items; zeroed before its launch); else unused.
+  int* work_counter;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -517,9 +519,10 @@ struct KeyTileWork {
   int b, hk, k0, ne, n;
   int64_t e0;  // the key tile's first entry
 };
+// Item `item` of the grid's (the persistent grid's items are the one-CTA-an-item grid's CTAs, in that order).
 template <int BN>
-__device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
-  const WorkItem it = section_item(int(blockIdx.x), p.k_tiles, p.batch * p.kv_heads, p.head_section, p.order);
+__device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p, int item) {
+  const WorkItem it = section_item(item, p.k_tiles, p.batch * p.kv_heads, p.head_section, p.order);
   const int kt = it.tile, bhk = it.unit;
   KeyTileWork w;
   w.b = bhk / p.kv_heads, w.hk = bhk % p.kv_heads;
@@ -528,6 +531,10 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
   w.ne = int(p.col_offsets[kt + 1] - w.e0);
   w.n = w.ne * p.group;
   return w;
+}
+template <int BN>
+__device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
+  return key_tile_work<BN>(p, int(blockIdx.x));
 }
 
 // The warp-specialized kernels' dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's

@@ -238,12 +238,418 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
 }
 
+// The persistent variant's pieces (SPATTN_BWD_PERSIST64; tile_bwd_ws2_persist_body): tile_bwd_ws2_body's roles over
+// one item each, the CTA's step count running on across items. (tile_bwd_ws2_body keeps its own copy of the step:
+// built on these, its SASS differed from main's in 495 of ~2770 instructions; the A/B decides which one stays.)
+// The kernel's shared memory (Tr's offsets from the aligned base, smem_base_1024).
+template <class Tr>
+struct Ws2Smem {
+  static constexpr int BM = Tr::BM, S = Tr::kStages;
+  uint32_t k, v, full, empty, dqfull, dqempty;  // mbarriers: full[S], empty[S], dq_full[2], dq_empty[2] (+ 8 wg)
+  __device__ __forceinline__ explicit Ws2Smem(uint32_t base)
+      : k(base), v(base + Tr::kOffV), full(base + Tr::kOffBar), empty(full + 8 * S), dqfull(empty + 8 * S),
+        dqempty(dqfull + 16) {}
+  __device__ __forceinline__ uint32_t q(int st) const { return k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; }
+  __device__ __forceinline__ uint32_t d_o(int st) const { return q(st) + Tr::kQ; }
+  // + 512 c: half c
+  __device__ __forceinline__ uint32_t rows(int st) const { return k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; }
+  __device__ __forceinline__ uint32_t ds(int i) const { return k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; }
+  __device__ __forceinline__ uint32_t dq(int wg) const { return k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; }
+  // stage st's two entries
+  __device__ __forceinline__ uint32_t ent(int st) const { return k + Tr::kOffEnt + uint32_t(st) * 32; }
+};
+
+// The steps of item w (key tile, batch, kv head): n = ceil(ne / 2) x group; the CTA's step count g = g0 + i runs on
+// across a persistent CTA's items (the ring's stage and phase, the dS^T buffer, the staged dQ's phases).
+__device__ __forceinline__ int ws2_steps(const BwdParams& p, const detail::KeyTileWork& w) {
+  return (w.ne + 1) / 2 * p.group;
+}
+
+// The producer thread on item w: the two halves' Q, dO rows (64 each) and their lse2, delta; returns the step count
+// after them.
+template <class Tr>
+__device__ __forceinline__ int ws2_produce(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+                                            int g0) {
+  using namespace detail;
+  constexpr int S = Tr::kStages;
+  const int b = w.b, ne = w.ne;
+  const int64_t e0 = w.e0;
+  int g = g0, h = w.hk * p.group;
+  // the head's first plan-space row, stepped a head at a time (its 64-bit product per head kept ptxas at 24
+  // registers with 2 spilled; tile_bwd_ws2_body recomputes it)
+  int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
+  for (int hl = p.group; hl > 0; --hl, ++h, rows += p.qp) {
+    for (int j = 0; j < ne; j += 2, ++g) {
+      const int st = g % S;
+      if (g >= S) mbar_wait(sm.empty + 8 * st, ((g / S) - 1) & 1);
+      const uint32_t bar = sm.full + 8 * st;
+      // the pair (half 1 past ne: half 0's query tile under an empty band), stored before the arrival
+      int4 ea[2];
+      ea[0] = __ldg(&p.entries[e0 + j]);
+      ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
+      st_shared_v4b32(sm.ent(st), ea[0]);
+      st_shared_v4b32(sm.ent(st) + 16, ea[1]);
+      mbar_expect_tx(bar, Tr::kStepBytes);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int q0 = ea[c].x * 64;
+        tma_load_4d(sm.q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
+        tma_load_4d(sm.d_o(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
+        bulk_load(sm.rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
+        bulk_load(sm.rows(st) + c * 512 + 256, p.delta + rows + q0, 64 * 4, bar);
+      }
+    }
+  }
+  return g;
+}
+
+// The dQ writer thread on item w: half c's 64 x 64 (consumer warpgroup c's) into its query tile's accumulator; returns
+// the step count after them.
+template <class Tr>
+__device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+                                             int g0) {
+  using namespace detail;
+  const int b = w.b, hk = w.hk, ne = w.ne;
+  const int64_t e0 = w.e0;
+  int g = g0;
+  for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    float* acc_h = p.dq_acc + (int64_t(b) * p.q_heads + h) * p.qp * Tr::D;
+    for (int j = 0; j < ne; j += 2, ++g) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        mbar_wait(sm.dqfull + 8 * c, g & 1);
+        if (j + c < ne) {
+          bulk_reduce_add_f32(acc_h + int64_t(__ldg(&p.entries[e0 + j + c]).x) * 64 * Tr::D, sm.dq(c), Tr::kDQStage);
+          bulk_commit();
+          bulk_wait_all<true>();
+        }
+        mbar_arrive(sm.dqempty + 8 * c);
+      }
+    }
+  }
+  return g;
+}
+
+// Item w's K and V rows into their tiles by the consumer threads (ct in [0, 256)): cp.async, committed.
+template <class Tr>
+__device__ __forceinline__ void ws2_load_kv(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+                                            int ct) {
+  using namespace detail;
+  constexpr int NC = Tr::kConsumerThreads;
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(w.b) * p.k_sb + int64_t(w.hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(w.b) * p.v_sb + int64_t(w.hk) * p.v_sh);
+  load_rows<Tr::BN, Tr::D, NC>(sm.k, kg, p.k_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<Tr::BN, Tr::D, NC>(sm.v, vg, p.v_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  cp_async_commit();
+}
+
+// The persistent consumer's own index in the consumer warpgroups (ct in [0, 256)), from %tid.x read again (an opaque
+// read: not hoisted, so not kept live across the steps, where the consumers have no register to spare).
+__device__ __forceinline__ int ws2_consumer_index() {
+  int tx;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+  return tx - 128;
+}
+
+struct Ws2Noop {
+  __device__ __forceinline__ void operator()() const {}
+};
+
+// A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws2_load_kv): the steps g0 to
+// g_end - 1 (g_end = g0 + ws2_steps), after_steps(), dK and dV stored through shared memory at s_stage
+// (store_dkdv_ws: 4 boxes of 8 KB, 1024-byte aligned).
+template <class Tr, class F = Ws2Noop>
+__device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+                                            int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                            F after_steps = F{}) {
+  using namespace detail;
+  using Hf = typename Tr::Half;
+  constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
+  const int b = w.b, hk = w.hk, k0 = w.k0;
+
+  float dk[Tr::D / 2], dv[Tr::D / 2];
+#pragma unroll
+  for (int i = 0; i < Tr::D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int rw = (t >> 5) * 16 + (lane >> 2);
+  const int kr0 = wg * 64 + rw;
+  const float sl2 = p.scale_log2;
+  const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
+  const uint32_t ds_off = stsm_ds_lane_off<Hf>(kr0);
+  const StepOperands<Tr> ops(sm.k + wg * 64 * 128, sm.v + wg * 64 * 128, sm.q(0), sm.ds(0) + wg * Tr::kHalfDS, sm.k);
+
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_sync(1, NC);
+
+  // Half c's mask (StepMask) of entry e.
+  auto entry_mask = [&](const int4& e) {
+    unsigned long long mw[2] = {0, 0};
+    if (e.y >= 0) {
+      mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
+      mw[1] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0 + 8);
+    }
+    return step_mask<64, true>(e, k0, kr0, e.x * 64, kvalid, mw);
+  };
+  uint32_t ds_lane = ds_off;
+  for (int g = g0; g < g_end; ++g) {
+    const int st = g % S;
+    StepMask m[2];
+    int4 an[2];
+    mbar_wait(sm.full + 8 * st, (g / S) & 1);  // the stage's pair, written by the producer before its arrival
+    an[0] = ld_shared_v4b32(sm.ent(st));
+    an[1] = ld_shared_v4b32(sm.ent(st) + 16);
+
+    // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
+    float s[BM / 2], dp[BM / 2];
+    const StepOperands<Tr> o(ops, st, g);
+    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, [&] {  // the masks built under the two groups
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        m[c].kind = kFullEntry;  // (a full entry's words unread: apply_mask reads them for bitmask kinds)
+        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
+      }
+    });
+    // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
+      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
+      apply_mask<64, true>(sc, m[c]);
+      probs_dscores<64, true, false, true>(sc, dc, sm.rows(st) + c * 512, sl2);
+    }
+    wgmma_wait<0>();
+    fence_regs(dp);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
+      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
+      probs_dscores<64, false, true, true>(sc, dc, sm.rows(st) + c * 512, sl2);
+    }
+
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    // ---- dS^T, both halves, both warpgroups' keys (the lane's offset kept in a register, loop-carried through an
+    // opaque asm; else ptxas re-derives it from SR_TID every step), then the consumers' barrier ----
+    auto store_ds = [&] {
+      asm("" : "+r"(ds_lane));
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
+        store_ds_stsm<Hf>(sm.ds(g) + c * Tr::kHalfDS, dh, ds_lane);
+      }
+      fence_proxy_async();
+      named_sync(1, NC);
+    };
+    // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys, to the writer's buffer ----
+    float dq[kDQ / 2];
+    auto stage_dq = [&] {
+      if (g >= 1) mbar_wait(sm.dqempty + 8 * wg, (g - 1) & 1);
+#pragma unroll
+      for (int u = 0; u < kDQ / 8; ++u)
+        st_shared_v4f32(sm.dq(wg) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+      fence_proxy_async();
+      mbar_arrive(sm.dqfull + 8 * wg);
+    };
+
+    // ---- dV, dS^T (barrier), dQ, dK; dQ staged while dK's group runs ----
+    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, store_ds);
+    stage_dq();
+    wgmma_wait<0>();  // dK: every wgmma reading the stage is done
+    fence_regs(dk);
+    fence_regs(da);
+    mbar_arrive(sm.empty + 8 * st);
+  }
+
+  after_steps();
+  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_stage);
+}
+
+// The ring's, dQ staging's mbarriers (thread 0; a fence and a CTA barrier after).
+template <class Tr>
+__device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
+  using namespace detail;
+  for (int s = 0; s < Tr::kStages; ++s) {
+    mbar_init(sm.full + 8 * s, 1);
+    mbar_init(sm.empty + 8 * s, Tr::kConsumerThreads);
+  }
+  for (int x = 0; x < 2; ++x) {
+    mbar_init(sm.dqfull + 8 * x, 128);
+    mbar_init(sm.dqempty + 8 * x, 1);
+  }
+}
+
+// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>, kMode>, SPATTN_BWD_PERSIST64=kMode; tile_backward.cu):
+// CTAs an SM x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
+// DynamicPersistentTileScheduler does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) +
+// gridDim.x (the counter zeroed before the launch: a memset node under graph capture). The producer thread takes them
+// (the next one after the item's loads) and hands each to the dQ writer and the 256
+// consumer threads through two item slots (item_full: the producer's arrival after its store; item_empty: the 257
+// readers', each as soon as it has read), so every role walks the same items and the producer runs up to two items
+// ahead: it loads the next item's first Q / dO stages as soon as the ring has room, under the current item's last
+// steps and dK / dV epilogue. Every role's step count runs on across items (ws2_steps: the ring's stage and phase,
+// the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends the walk.
+// K and V, kMode 1: the consumers load the next item's once both warpgroups' dK / dV boxes (staged in the K and V
+// tiles by store_dkdv_smem) are read by their TMA stores (each issuing thread waited: cp.async.bulk.wait_group.read;
+// then a consumer barrier). kMode 2: dK / dV staged in a dS^T buffer instead (free once both warpgroups' last dQ
+// wgmma is done: every step waits for its wgmmas, and a consumer barrier follows the last step), so the consumers
+// issue the next item's K and V right after that barrier, before the epilogue, their copies under its stmatrix and
+// TMA stores; the next item's first dS^T store comes after its own consumer barrier (K / V landed), which the
+// issuing threads reach only after their read waits.
+template <class Base, int kMode_ = 1>
+struct Persistent : Base {
+  static constexpr bool kPersist = true;
+  static constexpr int kMode = kMode_;
+  static_assert(kMode == 1 || kMode == 2, "SPATTN_BWD_PERSIST64 modes");
+  static_assert(Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0, "mode 2: the 4 dK / dV boxes in a dS^T buffer");
+  // item_full[2], item_empty[2], the two slots' {item, first step}, the producer's {slots published, items, steps}
+  static constexpr int kOffItems = Base::kOffEnt + 32 * Base::kStages;
+  static constexpr int kSmemBytes = kOffItems + 4 * 8 + 2 * 8 + 3 * 4 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+template <class Tr>
+inline constexpr bool kPersistOf = requires { requires Tr::kPersist; };
+
+template <class Tr>
+struct Ws2Items {
+  static constexpr int kReaders = 1 + Tr::kConsumerThreads;  // item_empty's arrivals: the writer, the consumers
+  uint32_t full, empty, slot;
+  __device__ __forceinline__ explicit Ws2Items(uint32_t base)
+      : full(base + Tr::kOffItems), empty(full + 16), slot(empty + 16) {}
+  // The producer thread's {slots published, items, steps issued}, in shared memory: in registers they are live
+  // across its loads, and its 24 registers (setmaxnreg) spilled.
+  __device__ __forceinline__ uint32_t producer_state() const { return slot + 16; }
+  __device__ __forceinline__ void init(int count) const {
+    for (int r = 0; r < 2; ++r) {
+      detail::mbar_init(full + 8 * r, 1);
+      detail::mbar_init(empty + 8 * r, kReaders);
+    }
+    detail::st_shared_s32(producer_state(), 0);
+    detail::st_shared_s32(producer_state() + 4, count);
+    detail::st_shared_s32(producer_state() + 8, 0);
+  }
+  // The producer's slot j (the CTA's j-th item): waits for its previous item's readers, then publishes the item
+  // (-1: the walk's end) and the CTA's step count at its first step, so the readers carry neither across items.
+  __device__ __forceinline__ void publish(int j, int item, int g0) const {
+    const int r = j & 1;
+    if (j >= 2) detail::mbar_wait(empty + 8 * r, ((j >> 1) - 1) & 1);
+    detail::st_shared_s32(slot + 8 * r, item);
+    detail::st_shared_s32(slot + 8 * r + 4, g0);
+    detail::mbar_arrive(full + 8 * r);  // release: the slot's stores before it
+  }
+  // A reader's slot j: {item, first step} published there (the slot released at once).
+  __device__ __forceinline__ int2 read(int j) const {
+    const int r = j & 1;
+    detail::mbar_wait(full + 8 * r, (j >> 1) & 1);
+    const int2 v = make_int2(detail::ld_shared_s32(slot + 8 * r), detail::ld_shared_s32(slot + 8 * r + 4));
+    detail::mbar_arrive(empty + 8 * r);
+    return v;
+  }
+  // The next item from the counter (the producer thread).
+  static __device__ __forceinline__ int take(const BwdParams& p) {
+    return atomicAdd(p.work_counter, 1) + int(gridDim.x);
+  }
+};
+
+template <class Tr>
+__device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
+  using namespace detail;
+  constexpr int NC = Tr::kConsumerThreads;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = smem_base_1024(smem_raw);
+  const Ws2Smem<Tr> sm(base);
+  const Ws2Items<Tr> items(base);
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  if (tid == 0) {
+    ws2_init_barriers<Tr>(sm);
+    items.init(int(int64_t(p.k_tiles) * p.batch * p.kv_heads));
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp == 0) {
+      // The whole warp walks the items (an item's KeyTileWork warp-uniform: uniform registers, as the one-item
+      // kernel's, which computes it before setmaxnreg; in lane 0's registers alone the producer spilled at 24),
+      // lane 0 issues.
+      const uint32_t ps = items.producer_state();
+      for (int item = int(blockIdx.x);;) {
+        const int j = ld_shared_s32(ps), count = ld_shared_s32(ps + 4), g0 = ld_shared_s32(ps + 8);
+        if (lane == 0) items.publish(j, item < count ? item : -1, g0);
+        if (item >= count) break;
+        const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, item));
+        __syncwarp();  // every lane's state read before lane 0 writes it
+        int next = 0;  // (not item: it would stay live across the loads in lane 0)
+        if (lane == 0) {
+          st_shared_s32(ps, j + 1);
+          st_shared_s32(ps + 8, ws2_produce<Tr>(p, sm, w, g0));
+          next = Ws2Items<Tr>::take(p);
+        }
+        __syncwarp();
+        item = __shfl_sync(0xffffffffu, next, 0);
+      }
+    } else if (warp == 1) {  // the dQ writer: the same, lane 0 reading the slots and issuing
+      for (int j = 0;; ++j) {
+        int2 it = make_int2(0, 0);
+        if (lane == 0) it = items.read(j);
+        it.x = __shfl_sync(0xffffffffu, it.x, 0), it.y = __shfl_sync(0xffffffffu, it.y, 0);
+        if (it.x < 0) break;
+        const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+        if (lane == 0) ws2_write_dq<Tr>(p, sm, w, it.y);
+        __syncwarp();
+      }
+      if (lane == 0) bulk_wait_all<false>();  // the adds done before the CTA ends (the finish kernel reads them)
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  if constexpr (Tr::kMode == 1) {
+    for (int j = 0;; ++j) {
+      const int2 it = items.read(j);
+      if (it.x < 0) break;
+      // the thread's indices read again each item (not kept live across the steps)
+      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
+      const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+      // the last item's dK / dV boxes read by their TMA stores (store_dkdv_smem's issuing threads waited) before
+      // this item's K and V overwrite them
+      if (j > 0) named_sync(1, NC);
+      ws2_load_kv<Tr>(p, sm, w, ct);
+      ws2_consume<Tr>(p, sm, w, it.y, it.y + ws2_steps(p, w), wg, t, ln, sm.k);
+    }
+  } else {
+    int2 it = items.read(0);
+    detail::KeyTileWork w{};
+    if (it.x >= 0) {
+      w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+      ws2_load_kv<Tr>(p, sm, w, ws2_consumer_index());
+    }
+    for (int j = 1; it.x >= 0; ++j) {
+      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
+      const int g_end = it.y + ws2_steps(p, w);
+      int2 nx = make_int2(-1, 0);
+      detail::KeyTileWork nw{};
+      ws2_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, sm.ds(g_end + 1), [&] {
+        named_sync(1, NC);  // both warpgroups' last wgmmas (K, V, the last dS^T) done
+        nx = items.read(j);
+        if (nx.x >= 0) {
+          nw = warp_uniform(key_tile_work<Tr::BN>(p, nx.x));
+          ws2_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
+        }
+      });
+      it = nx, w = nw;
+    }
+  }
+}
+
 // The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
   if constexpr (!mma::kWgmmaAvailable) {
     __trap();
+  } else if constexpr (Tr::BM == 128 && kPersistOf<Tr>) {
+    tile_bwd_ws2_persist_body<Tr>(p);
   } else if constexpr (Tr::BM == 128) {
     tile_bwd_ws2_body<Tr>(p);
   } else {
