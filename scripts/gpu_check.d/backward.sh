@@ -22,7 +22,7 @@ grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|error|Value of|
 
 echo "== backward: compute-sanitizer ($(elapsed))"
 sanitize_all bwd "$BUILD/tests/backward_gpu_test" 'BackwardGpu.SmallCaseForSanitizers*' || rc=1
-# the persistent D = 64 grid (SPATTN_BWD_PERSIST64, set by the test itself): one CTA over two items
+# the persistent D = 64 grid: one CTA over two items (the test caps the grid)
 sanitize_all bwd_persist64 "$BUILD/tests/backward_gpu_test" 'BackwardGpu.Persistent64SmallCaseForSanitizers' || rc=1
 
 echo "== backward: spattn run --dq --dk --dv on the GPU against the CPU reference ($(elapsed))"

@@ -425,20 +425,13 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   }
 }
 
-// The persistent D = 64 grid (SPATTN_BWD_PERSIST64=1; tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key
-// tiles from a counter, the ring, dS^T and dQ staging phases running on across items, the next K / V loaded into the
-// tiles the last item's dK / dV were staged in (mode 1), or before the dK / dV epilogue, which stages them in a dS^T
-// buffer (mode 2). Set for the scope; the grid capped (0: none) where given.
-struct Persist64 {
+// The persistent D = 64 grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key tiles from a counter, the
+// ring, dS^T and dQ staging phases running on across items, the next K / V loaded before the dK / dV epilogue, which
+// stages them in a dS^T buffer. The grid capped (0: none) for the scope.
+struct GridLimit {
   int prev;
-  explicit Persist64(const char* mode, int grid_limit = 0)
-      : prev(spattn::cuda::TileBackward::set_persist64_grid_limit(grid_limit)) {
-    ::setenv("SPATTN_BWD_PERSIST64", mode, 1);
-  }
-  ~Persist64() {
-    ::unsetenv("SPATTN_BWD_PERSIST64");
-    spattn::cuda::TileBackward::set_persist64_grid_limit(prev);
-  }
+  explicit GridLimit(int limit) : prev(spattn::cuda::TileBackward::set_persist64_grid_limit(limit)) {}
+  ~GridLimit() { spattn::cuda::TileBackward::set_persist64_grid_limit(prev); }
 };
 // c through the persistent grid (asserted to have run, once, with the shared-memory epilogue) against the reference.
 void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
@@ -455,40 +448,38 @@ void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
 }
 
 // WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid and on grids of 3 and 1 CTAs (every CTA
-// several items: the protocol across items), and a case with more items than SMs at the full grid; modes 1 and 2.
-// Off (unset, or another value): the one-CTA-an-item grid.
+// several items: the protocol across items), and a case with more items than SMs at the full grid. A compound plan
+// whose later part adds to dK / dV keeps the one-CTA-an-item grid (each thread adds its pairs).
 TEST(BackwardGpu, Persistent64MatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
-  for (const char* mode : {"1", "2"}) {
-    for (int limit : {0, 3, 1}) {
-      const Persist64 on(mode, limit);
-      uint32_t seed = 2600;
-      for (const Case& c : ws_row_cases()) {
-        const uint32_t s = seed++;
-        if (c.D != 64) continue;
-        SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " mode " +
-                     mode + " grid limit " + std::to_string(limit));
-        expect_persist64(c, s);
-        if (limit > 0) EXPECT_LE(TileBackward::last_persist64_grid(), limit);
-      }
+  for (int limit : {0, 3, 1}) {
+    const GridLimit on(limit);
+    uint32_t seed = 2600;
+    for (const Case& c : ws_row_cases()) {
+      const uint32_t s = seed++;
+      if (c.D != 64) continue;
+      SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
+                   " grid limit " + std::to_string(limit));
+      expect_persist64(c, s);
+      if (limit > 0) EXPECT_LE(TileBackward::last_persist64_grid(), limit);
     }
-    // 32 key tiles x 16 kv heads = 512 items
-    const Persist64 on(mode);
+  }
+  {  // 32 key tiles x 16 kv heads = 512 items
     const Case c{{"local(64)"}, DType::bf16, 2, 8, 8, 4096, 4096, 64, false};
-    SCOPED_TRACE(std::string("local(64) L=4096, 512 items, mode ") + mode);
+    SCOPED_TRACE("local(64) L=4096, 512 items");
     expect_persist64(c, 2700);
     EXPECT_LT(TileBackward::last_persist64_grid(), 512);
     EXPECT_GE(TileBackward::last_persist64_grid(), 1);
   }
-  for (const char* off : {"", "0", "3"}) {  // switched off: the one-CTA grid
-    SCOPED_TRACE(std::string("SPATTN_BWD_PERSIST64=") + off);
-    const Persist64 set(off);
+  {
+    const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
+    SCOPED_TRACE("sparse_strided(100), compound");
     const int64_t p0 = TileBackward::persist64_launches();
     std::string ran;
-    expect_within(backward_errors(ws_row_cases()[0], "sm90_bwd_ws", &ran, 2600), ws_row_cases()[0].dt);
-    EXPECT_EQ(TileBackward::persist64_launches(), p0);
+    expect_within(backward_errors(c, "", &ran, 2750), c.dt);
+    EXPECT_EQ(TileBackward::persist64_launches(), p0) << "a part adding to dK / dV ran on the persistent grid";
   }
   EXPECT_THROW(TileBackward::set_persist64_grid_limit(-1), spattn::Error);
 }
@@ -500,28 +491,24 @@ TEST(BackwardGpu, Persistent64GraphReplays) {
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   const Case cs[] = {{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 64, false},
                      {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false}};
-  for (const char* mode : {"1", "2"}) {
-    uint32_t seed = 2750;
-    for (int limit : {0, 3})
-      for (const Case& c : cs) {
-        SCOPED_TRACE(std::string(c.specs[0]) + " mode " + mode + " grid limit " + std::to_string(limit));
-        const Persist64 on(mode, limit);
-        expect_persist64(c, seed++, 2);
-      }
-  }
+  uint32_t seed = 2750;
+  for (int limit : {0, 3})
+    for (const Case& c : cs) {
+      SCOPED_TRACE(std::string(c.specs[0]) + " grid limit " + std::to_string(limit));
+      const GridLimit on(limit);
+      expect_persist64(c, seed++, 2);
+    }
 }
 
-// kWs64SmallCase (2 items) on the persistent grid, for compute-sanitizer: 2 CTAs, then 1 (both items in one CTA);
-// modes 1 and 2.
+// kWs64SmallCase (2 items) on the persistent grid, for compute-sanitizer: 2 CTAs, then 1 (both items in one CTA).
 TEST(BackwardGpu, Persistent64SmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  for (const char* mode : {"1", "2"})
-    for (int limit : {0, 1}) {
-      SCOPED_TRACE(std::string("mode ") + mode + " grid limit " + std::to_string(limit));
-      const Persist64 on(mode, limit);
-      expect_persist64(kWs64SmallCase, 2900);
-    }
+  for (int limit : {0, 1}) {
+    SCOPED_TRACE(std::string("grid limit ") + std::to_string(limit));
+    const GridLimit on(limit);
+    expect_persist64(kWs64SmallCase, 2900);
+  }
 }
 
 TEST(BackwardGpu, CsrKernelMatchesReference) {

@@ -119,16 +119,6 @@ std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
 std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
 std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
 
-// SPATTN_BWD_PERSIST64=1 or 2, read at each launch: the D = 64 warp-specialized row with the shared-memory epilogue
-// runs its persistent grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body; 2: the next K and V loaded before the dK /
-// dV epilogue, which stages them in a dS^T buffer); else (unset, 0) a CTA an item.
-int persist64_mode() {
-  const char* e = std::getenv("SPATTN_BWD_PERSIST64");
-  if (!e) return 0;
-  const std::string v(e);
-  return v == "1" ? 1 : v == "2" ? 2 : 0;
-}
-
 // f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel) of p's batches and query heads, in chunks of at most
 // g_grid_limit of each (grid y and z): c is p with its pointers to O, dO, dQ, lse and the plan-space rows moved to the
 // chunk's first batch and head (the kernels' row index keeps p.q_heads as its stride).
@@ -220,8 +210,8 @@ template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
-// The D = 64 row; its persistent grid (SPATTN_BWD_PERSIST64=1 or 2; with the shared-memory epilogue and an item counter
-// only): CTAs an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
+// The D = 64 row; its persistent grid (with the shared-memory epilogue and an item counter; else a CTA an item): CTAs
+// an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
 // from p.work_counter (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
 template <class Pt>
 void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
@@ -244,9 +234,7 @@ void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  const int mode = epi && p.work_counter ? persist64_mode() : 0;
-  if (mode == 1) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 1>>(p, s);
-  if (mode == 2) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>, 2>>(p, s);
+  if (epi && p.work_counter) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
   launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 

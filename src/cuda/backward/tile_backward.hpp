@@ -56,14 +56,13 @@ class TileBackward {
     const int32_t* k_map = nullptr;
     int strip_sx = 0, strip_sy = 0;
     plan::ListShape shape;  // of the key tiles' lists (plan::list_shape; run-time lists: as their runner says)
-    // One int of device memory, the persistent D = 64 grid's item counter (SPATTN_BWD_PERSIST64; zeroed by launch() on
-    // the stream before the tile kernel, so lists with one counter run on one stream at a time); null: no persistent
-    // grid.
+    // One int of device memory, the persistent D = 64 grid's item counter (zeroed by launch() on the stream before the
+    // tile kernel, so lists with one counter run on one stream at a time); null: a CTA a key tile.
     int* work_counter = nullptr;
   };
-  // SPATTN_BWD_PERSIST64=1 or 2 (read at each launch): the D = 64 warp-specialized row, where it writes dK and dV
-  // through shared memory, runs a persistent grid (CTAs an SM x SMs, each taking key tiles from a counter; 2: the next
-  // tile's K and V loaded before the last one's dK / dV epilogue; tile_bwd_ws2.cuh).
+  // The D = 64 warp-specialized row, where it writes dK and dV through shared memory and has an item counter, runs a
+  // persistent grid (CTAs an SM x SMs, each taking key tiles from a counter, the next tile's K and V loaded before the
+  // last one's dK / dV epilogue; tile_bwd_ws2.cuh).
   // For tests: such launches so far, the last one's grid, and a cap on that grid (0: none; returns the previous cap)
   // so that small problems give each CTA several items.
   static int64_t persist64_launches();

@@ -238,9 +238,10 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
 }
 
-// The persistent variant's pieces (SPATTN_BWD_PERSIST64; tile_bwd_ws2_persist_body): tile_bwd_ws2_body's roles over
-// one item each, the CTA's step count running on across items. (tile_bwd_ws2_body keeps its own copy of the step:
-// built on these, its SASS differed from main's in 495 of ~2770 instructions; the A/B decides which one stays.)
+// The persistent grid's pieces (tile_bwd_ws2_persist_body): tile_bwd_ws2_body's roles over one item each, the CTA's
+// step count running on across items. (tile_bwd_ws2_body, the one-CTA-an-item grid where a later part adds to dK / dV
+// or the lists are a run-time mask's, keeps its own copy of the step: built on these pieces, its SASS differed in 495
+// of ~2770 instructions, not yet timed.)
 // The kernel's shared memory (Tr's offsets from the aligned base, smem_base_1024).
 template <class Tr>
 struct Ws2Smem {
@@ -351,17 +352,13 @@ __device__ __forceinline__ int ws2_consumer_index() {
   return tx - 128;
 }
 
-struct Ws2Noop {
-  __device__ __forceinline__ void operator()() const {}
-};
-
 // A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws2_load_kv): the steps g0 to
 // g_end - 1 (g_end = g0 + ws2_steps), after_steps(), dK and dV stored through shared memory at s_stage
 // (store_dkdv_ws: 4 boxes of 8 KB, 1024-byte aligned).
-template <class Tr, class F = Ws2Noop>
+template <class Tr, class F>
 __device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
                                             int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
-                                            F after_steps = F{}) {
+                                            F&& after_steps) {
   using namespace detail;
   using Hf = typename Tr::Half;
   constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
@@ -477,7 +474,7 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
   }
 }
 
-// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>, kMode>, SPATTN_BWD_PERSIST64=kMode; tile_backward.cu):
+// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>; tile_backward.cu, launch_ws2):
 // CTAs an SM x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
 // DynamicPersistentTileScheduler does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) +
 // gridDim.x (the counter zeroed before the launch: a memset node under graph capture). The producer thread takes them
@@ -487,19 +484,17 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
 // ahead: it loads the next item's first Q / dO stages as soon as the ring has room, under the current item's last
 // steps and dK / dV epilogue. Every role's step count runs on across items (ws2_steps: the ring's stage and phase,
 // the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends the walk.
-// K and V, kMode 1: the consumers load the next item's once both warpgroups' dK / dV boxes (staged in the K and V
-// tiles by store_dkdv_smem) are read by their TMA stores (each issuing thread waited: cp.async.bulk.wait_group.read;
-// then a consumer barrier). kMode 2: dK / dV staged in a dS^T buffer instead (free once both warpgroups' last dQ
-// wgmma is done: every step waits for its wgmmas, and a consumer barrier follows the last step), so the consumers
-// issue the next item's K and V right after that barrier, before the epilogue, their copies under its stmatrix and
-// TMA stores; the next item's first dS^T store comes after its own consumer barrier (K / V landed), which the
-// issuing threads reach only after their read waits.
-template <class Base, int kMode_ = 1>
+// K and V: dK / dV are staged in a dS^T buffer (free once both warpgroups' last dQ wgmma is done: every step waits
+// for its wgmmas, and a consumer barrier follows the last step), so the consumers issue the next item's K and V right
+// after that barrier, before the epilogue, their copies under its stmatrix and TMA stores; the next item's first dS^T
+// store comes after its own consumer barrier (K / V landed), which the issuing threads reach only after their read
+// waits. Against the one-CTA-an-item grid (H200, bf16, one process, backward time): local(256) 0.929, bigbird 0.932,
+// longformer 0.931, local(256) | random 0.969, local(left=1024) GQA 0.995, causal 1.004. Staging dK / dV in the K and
+// V tiles instead, the next K and V loaded after the epilogue's reads: 0.984-1.001 (bench/LOG.md, session 28).
+template <class Base>
 struct Persistent : Base {
   static constexpr bool kPersist = true;
-  static constexpr int kMode = kMode_;
-  static_assert(kMode == 1 || kMode == 2, "SPATTN_BWD_PERSIST64 modes");
-  static_assert(Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0, "mode 2: the 4 dK / dV boxes in a dS^T buffer");
+  static_assert(Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0, "the 4 dK / dV boxes in a dS^T buffer");
   // item_full[2], item_empty[2], the two slots' {item, first step}, the producer's {slots published, items, steps}
   static constexpr int kOffItems = Base::kOffEnt + 32 * Base::kStages;
   static constexpr int kSmemBytes = kOffItems + 4 * 8 + 2 * 8 + 3 * 4 + 1024;
@@ -604,41 +599,26 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
 
   // ---- consumers ----
   setmaxnreg_inc<Tr::kConsumerRegs>();
-  if constexpr (Tr::kMode == 1) {
-    for (int j = 0;; ++j) {
-      const int2 it = items.read(j);
-      if (it.x < 0) break;
-      // the thread's indices read again each item (not kept live across the steps)
-      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
-      const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
-      // the last item's dK / dV boxes read by their TMA stores (store_dkdv_smem's issuing threads waited) before
-      // this item's K and V overwrite them
-      if (j > 0) named_sync(1, NC);
-      ws2_load_kv<Tr>(p, sm, w, ct);
-      ws2_consume<Tr>(p, sm, w, it.y, it.y + ws2_steps(p, w), wg, t, ln, sm.k);
-    }
-  } else {
-    int2 it = items.read(0);
-    detail::KeyTileWork w{};
-    if (it.x >= 0) {
-      w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
-      ws2_load_kv<Tr>(p, sm, w, ws2_consumer_index());
-    }
-    for (int j = 1; it.x >= 0; ++j) {
-      const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
-      const int g_end = it.y + ws2_steps(p, w);
-      int2 nx = make_int2(-1, 0);
-      detail::KeyTileWork nw{};
-      ws2_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, sm.ds(g_end + 1), [&] {
-        named_sync(1, NC);  // both warpgroups' last wgmmas (K, V, the last dS^T) done
-        nx = items.read(j);
-        if (nx.x >= 0) {
-          nw = warp_uniform(key_tile_work<Tr::BN>(p, nx.x));
-          ws2_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
-        }
-      });
-      it = nx, w = nw;
-    }
+  int2 it = items.read(0);
+  detail::KeyTileWork w{};
+  if (it.x >= 0) {
+    w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
+    ws2_load_kv<Tr>(p, sm, w, ws2_consumer_index());
+  }
+  for (int j = 1; it.x >= 0; ++j) {
+    const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
+    const int g_end = it.y + ws2_steps(p, w);
+    int2 nx = make_int2(-1, 0);
+    detail::KeyTileWork nw{};
+    ws2_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, sm.ds(g_end + 1), [&] {
+      named_sync(1, NC);  // both warpgroups' last wgmmas (K, V, the last dS^T) done
+      nx = items.read(j);
+      if (nx.x >= 0) {
+        nw = warp_uniform(key_tile_work<Tr::BN>(p, nx.x));
+        ws2_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
+      }
+    });
+    it = nx, w = nw;
   }
 }
 

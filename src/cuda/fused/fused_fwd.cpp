@@ -3,14 +3,12 @@
 #include "plan/kernels.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -361,42 +359,16 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
 }
 #endif
 
-namespace {
-std::atomic<int64_t> g_step_v2{0};  // FusedFwd::step_v2_launches
-
-// SPATTN_FWD_STEP (an A/B switch, read at each launch): unset, empty or v1 the default step, v2 the D=128 TMA kernel's
-// speculative step (WsSpec); anything else is refused, naming the value.
-int fwd_step_env() {
-  const char* e = std::getenv("SPATTN_FWD_STEP");
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "v1") == 0) return 1;
-  if (std::strcmp(e, "v2") == 0) return 2;
-  throw Error(std::string("SPATTN_FWD_STEP='") + e + "': expected v1 or v2");
-}
-}  // namespace
-
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
 #ifdef SPATTN_TRACE
   if (traced_run(p, stream)) return;
 #endif
   if (p.kernel_row < 0 || p.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
-  const plan::KernelConfig& row = plan::kKernels[p.kernel_row];
-  // The v2 step exists for the D=128 TMA kernel storing O through o's map (launch_ws); other rows ignore the switch.
-  const int step = fwd_step_env();
-  const bool v2 = step == 2 && row.kind == plan::KernelKind::sm90_tma && row.head_dim == 128 && p.o_map;
-  Params pv;
-  if (v2) {
-    pv = p;
-    pv.fwd_step = 2;
-  }
-  const Params& lp = v2 ? pv : p;
-  const int e = plan::is_sm90(row.kind) ? launch_sm90(lp, stream) : launch_sm80(lp, stream);
+  const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);
-  if (v2) ++g_step_v2;
 }
-
-int64_t FusedFwd::step_v2_launches() { return g_step_v2.load(); }
 
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string(p.kernel_row >= 0 ? plan::kKernels[p.kernel_row].name : "none") + (p.bf16 ? "_bf16" : "_fp16");

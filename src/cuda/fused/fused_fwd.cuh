@@ -300,15 +300,6 @@ __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max
 // stay <= 2^8, far from fp32's range and from P's bf16/fp16 range: P is scaled by 2^-m for the stale m and O and
 // the row sum carry the same factor, which the epilogue's division cancels, so the result is exact).
 inline constexpr float kLazyLog2 = 8.f;
-// A basic-block boundary after x is computed: a warp-uniform branch to a trap that never fires (x: a row sum, never
-// negative; NaN compares false). ptxas does not move instructions across it (pipelined_tiles: the wait for PV_{i-1}
-// stays behind softmax_i).
-__device__ __forceinline__ void block_boundary(float x) {
-  if (__any_sync(0xffffffffu, x < 0.f)) __trap();
-}
-// tile_softmax with FlashAttention-4's lazy rescale: where every row of the warp has a finite maximum and its tile
-// maximum exceeds it by at most kLazyLog2 / sl2 (p <= 2^kLazyLog2), the maxima stay, alpha is 1 and the function
-// returns false (no rescale of O needed); otherwise the exact step (returns true).
 // The lazy rescale's test: the rows' maxima with this tile's (m_new), and whether any row of the warp moves its own.
 template <int BN, int kP>
 __device__ __forceinline__ bool lazy_vote(const float (&s)[BN / 2], const float (&row_max)[2], float sl2,
@@ -321,31 +312,19 @@ __device__ __forceinline__ bool lazy_vote(const float (&s)[BN / 2], const float 
   }
   return __any_sync(0xffffffffu, grow);
 }
-template <int BN, int kP = 1>
-__device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
-                                                  float sl2, float (&alpha)[2]) {
-  float m_new[2];
-  const bool rescale = lazy_vote<BN, kP>(s, row_max, sl2, m_new);
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float m = rescale ? m_new[hh] : row_max[hh];
-    const float m_use = m == -INFINITY ? 0.f : m;
-    alpha[hh] = rescale ? ex2_ftz((row_max[hh] - m_use) * sl2) : 1.f;
-    row_max[hh] = m;
-    row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
-  }
-  return rescale;
-}
-// The step of SPATTN_FWD_STEP=v2 (WsSpec: an A/B against tile_softmax_lazy's; pipelined_tiles' kSpec): with the lazy
-// rescale a row's maximum rarely moves, so the step's exponentials are taken against the stale maximum straight from
-// S, summed and packed into pa, while the tile's row maxima, their growth test and the vote run beside them instead of
-// ahead of them (in tile_softmax_lazy every exponential waits on the maxima, their shuffles and the vote). Where the
-// vote finds growth (a row's first tiles, or scores that jump) the speculative values are dropped and the step is taken
-// again as tile_softmax_lazy's rescale (returns true). Either way the values are tile_softmax_lazy's and tile_to_p's
-// bit for bit: the same maxima, offsets, summation chains and packs. The branch on the vote ends the block, so the
-// wait for PV_{i-1} that follows stays behind the exponentials (block_boundary's role in the default step).
+// tile_softmax with FlashAttention-4's lazy rescale (pipelined_tiles' kLazy), P_i packed into pa: where every row of
+// the warp has a finite maximum and its tile maximum exceeds it by at most kLazyLog2 / sl2 (p <= 2^kLazyLog2), the
+// maxima stay, alpha is 1 and the function returns false (no rescale of O needed); otherwise the exact step (returns
+// true). As a row's maximum rarely moves, the exponentials are taken against the stale maxima straight from S, summed
+// and packed, with the tile's row maxima, their growth test and the warp's vote beside them rather than ahead of them.
+// Where the vote finds growth (a row's first tiles, or scores that jump) those values are dropped and the step is taken
+// again with the new maxima. Either way the values are those of the maxima-first step bit for bit (the same maxima,
+// offsets, summation chains and packs). The branch on the vote ends the basic block, so the wait for PV_{i-1} that
+// follows stays behind the exponentials. Against the maxima-first step (P packed after the vote, then a trap branch as
+// the block boundary): 0.927-0.973 of the forward's time on the six D=128 TMA cases (H200, bf16, one process;
+// bench/LOG.md, session 28).
 template <int BN, int kP, bool kBf16>
-__device__ __forceinline__ bool tile_softmax_spec(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+__device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                   float sl2, float (&alpha)[2], uint32_t (&pa)[BN / 16][4]) {
   float ms[2], rsp[2 * kP];  // offsets against the stale maxima; row hh's chains at rsp[hh kP + i]
 #pragma unroll
@@ -512,22 +491,21 @@ __device__ __forceinline__ void stage_o_swizzled(uint32_t s_o, const float (&o)[
 //   after_last_s()             once every S of the tile list is done (before the last PV)
 // kLazy (the TMA kernel at D=128; KERNELS.md section 6): a basic-block boundary between softmax_i and the wait for
 // PV_{i-1} (ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the softmax, and PV_{i-1} never runs under
-// it), the row max and sum in two chains, the lazy rescale (tile_softmax_lazy: O rescaled on a warp-uniform branch)
+// it: tile_softmax_lazy's branch on its vote), the row max and sum in two chains, the lazy rescale (O rescaled on a
+// warp-uniform branch)
 // and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait); and
 // P_i packed to 16 bits inside softmax_i's basic block, into the second of two P buffers (PV_{i-1} still reads the
 // first; the loop runs two tiles a trip so that the buffers alternate). ptxas then interleaves the 32 F2FP packs
 // with the 66 MUFU.EX2 of that block (a warp's EX2 holds the quarter-rate pipe 8 cycles), where otherwise they ran
 // back to back after the block boundary with nothing to hide under: causal D=128's profile put 7.5% more warp time
-// than FlashAttention-4's in this tail. kSpec (with kLazy; SPATTN_FWD_STEP=v2, an A/B): tile_softmax_spec's step, the
-// exponentials against the stale maxima ahead of the tile's maxima and vote, whose branch ends the block instead.
+// than FlashAttention-4's in this tail.
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
-          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false, bool kSpec = false>
+          class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
 __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uint32_t s_q_wg, int q0, int r0, int cb,
                                                 float sl2, float (&o)[D / 2], float (&row_max)[2], float (&row_sum)[2],
                                                 Entry0&& entry0, Entry&& entry, WaitFull&& wait_full, Stage&& stage, Release&& release,
                                                 TurnWait&& turn_wait, TurnPass&& turn_pass, AfterLastS&& after_last_s,
-                                                std::bool_constant<kLazy> = {}, std::bool_constant<kSpec> = {}) {
-  static_assert(kLazy || !kSpec, "the speculative step (SPATTN_FWD_STEP=v2) is a variant of the lazy one");
+                                                std::bool_constant<kLazy> = {}) {
   constexpr int MW = BN / 64;
   constexpr int kP = kLazy ? 2 : 1;
   float sacc[BN / 2];
@@ -580,16 +558,10 @@ __device__ __forceinline__ void pipelined_tiles(const FusedParams& p, int n, uin
     fence_regs(sacc);
     tile_mask<BN>(p, sacc, e, mw, q0, r0, cb);
     bool rescale = true;
-    if constexpr (kSpec) {
-      rescale = tile_softmax_spec<BN, kP, kBf16>(sacc, row_max, row_sum, sl2, alpha, pout);  // P_i packed in there
-    } else if constexpr (kLazy) {
-      rescale = tile_softmax_lazy<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
+    if constexpr (kLazy) {
+      rescale = tile_softmax_lazy<BN, kP, kBf16>(sacc, row_max, row_sum, sl2, alpha, pout);  // P_i packed in there
     } else {
       tile_softmax<BN, kP>(sacc, row_max, row_sum, sl2, alpha);
-    }
-    if constexpr (kLazy && !kSpec) {
-      tile_to_p<BN, kBf16>(sacc, pout);
-      block_boundary(fminf(row_sum[0], row_sum[1]));
     }
     wgmma_wait<0>();  // PV_{i-1} done: O and P free, stage i-1 released
     fence_regs(o);

@@ -9,7 +9,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <string>
 
 #include "common/status.hpp"
@@ -101,8 +100,6 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // For tests: the launches in this process that ran the D=128 TMA kernel's v2 step (SPATTN_FWD_STEP=v2, an A/B).
-  static int64_t step_v2_launches();
 };
 
 }  // namespace spattn::cuda::fused

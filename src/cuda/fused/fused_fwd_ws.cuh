@@ -42,7 +42,6 @@ struct WsTraits {
   // softmax's block (pipelined_tiles' kLazy): +3.9-4.7% on the windows table's three D=128 cases (H200, bf16), the
   // early pack 1.5% more on the six D=128 cases (bench/LOG.md, session 26). D=64 keeps the plain loop.
   static constexpr bool kLazy = D == 128;
-  static constexpr bool kSpec = false;  // WsSpec: SPATTN_FWD_STEP=v2's step
   static constexpr int kEmptyArrivals = 128 * kConsumers;  // every consumer thread releases a K/V stage
   static constexpr int kThreads = 128 * (kConsumers + 1);
   // D=64: 4 K/V stages and two query-tile buffers (the next item's Q loads during this item's last tiles);
@@ -65,14 +64,6 @@ struct WsTraits {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
-};
-
-// SPATTN_FWD_STEP=v2 (an A/B, FusedFwd::run): the D=128 kernel with tile_softmax_spec's step (pipelined_tiles' kSpec:
-// the exponentials against the stale maxima, ahead of the tile's maxima and their vote). Same values bit for bit.
-template <class Tr>
-struct WsSpec : Tr {
-  static_assert(Tr::kLazy && Tr::kTmaEpi && Tr::D == 128, "the step variant of the D=128 TMA kernel only");
-  static constexpr bool kSpec = true;
 };
 
 // kTmaEpi, consumer c's epilogue: LSE by the threads, O / l into the consumer's 64 rows of the Q buffer at s_o (its
@@ -304,7 +295,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
             [&] { mbar_arrive(bar_qempty + 8 * qb); },
-            std::bool_constant<Tr::kLazy>{}, std::bool_constant<Tr::kSpec>{});
+            std::bool_constant<Tr::kLazy>{});
         g += unsigned(n);
       }
       if constexpr (Tr::kTmaEpi) {

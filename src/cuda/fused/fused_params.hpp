@@ -104,8 +104,6 @@ struct LaunchParams {
   // The TMA and band kernels: kernel.tmap_o holds o's map (boxes of 64 x 64 rows; FusedFwd::to_params). The TMA
   // kernel stores O through it; without it only 192-row tiles run on the TMA kernel (launch_ws: the threads' stores).
   bool o_map = false;
-  // SPATTN_FWD_STEP (an A/B, set by FusedFwd::run at each launch): 2 runs the D=128 TMA kernel's v2 step (WsSpec).
-  int fwd_step = 1;
 };
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return

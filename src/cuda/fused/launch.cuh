@@ -35,9 +35,6 @@ int launch_ws(const LaunchParams& p, cudaStream_t stream) {
     if (!p.o_map) return int(launch_one<WsTraits<BM, BN, D, kBf16, false>, Kind::kWs>(p, stream));
   }
   if (!p.o_map) return int(cudaErrorInvalidConfiguration);
-  if constexpr (D == 128) {  // SPATTN_FWD_STEP=v2 (LaunchParams::fwd_step)
-    if (p.fwd_step == 2) return int(launch_one<WsSpec<WsTraits<BM, BN, D, kBf16>>, Kind::kWs>(p, stream));
-  }
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
