@@ -448,8 +448,8 @@ void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
 }
 
 // WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid and on grids of 3 and 1 CTAs (every CTA
-// several items: the protocol across items), and a case with more items than SMs at the full grid. A compound plan
-// whose later part adds to dK / dV keeps the one-CTA-an-item grid (each thread adds its pairs).
+// several items: the protocol across items), a case with more items than SMs at the full grid, and a compound plan
+// (its tiles part on the persistent grid, its affine part adding to dK / dV).
 TEST(BackwardGpu, Persistent64MatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
@@ -479,7 +479,8 @@ TEST(BackwardGpu, Persistent64MatchesReference) {
     const int64_t p0 = TileBackward::persist64_launches();
     std::string ran;
     expect_within(backward_errors(c, "", &ran, 2750), c.dt);
-    EXPECT_EQ(TileBackward::persist64_launches(), p0) << "a part adding to dK / dV ran on the persistent grid";
+    // the tiles part (it writes dK, dV) on the persistent grid; the affine part adds on its own rows
+    EXPECT_EQ(TileBackward::persist64_launches() - p0, 1) << "the tiles part on the persistent grid";
   }
   EXPECT_THROW(TileBackward::set_persist64_grid_limit(-1), spattn::Error);
 }
