@@ -18,8 +18,9 @@ over the forward's) and bwd_ratio_vs_flex (Flex's backward time over ours).
     longformer, a causal window with sinks at L = 32768 GQA 32/8 D = 128, bigbird), each at its own length, heads
     and head dim; a compound plan's backward runs by parts (the kernel column reads parts(row+row...)).
     --issue: issue 39's table (issue_cases: sparse_fixed, band | random(8), two neighborhoods, local(256) at D = 64
-    and GQA 32/4 D = 128, bigbird, the causal window with sinks, longformer), each row with its bar ("bar": 0.8 on
-    bands, blocks and causal, else 0.6) and a "summary" of the run (geomeans, the least ratios, rows below the bar).
+    and GQA 32/4 D = 128, bigbird, the causal window with sinks, longformer).
+Every row carries issue 39's bar ("class", "bar": 0.8 on bands, blocks and causal, else 0.6; BAR_CLASS names them),
+and the run a "summary" (geomeans, the least ratios, the rows below the bar), the suite's runs as the table's.
 
     python3 bench/bwd_bench.py --lib build/libspattn.so --baseline h200-bwd
 
@@ -77,7 +78,9 @@ def local256(b, h, q, k):
 
 # Issue 39's bar: the backward's effective TFLOP/s at least this share of the same plan's forward (0.8 on bands,
 # blocks and causal, 0.6 elsewhere); against FlexAttention's backward a geomean of 2.5x and no case below 1.5x.
-BAR_CLASS = {"local": "band", "local_gqa": "band", "bigbird": "blocks", "sinks_causal": "causal"}
+# Issue 39's bar classes: its table's names, then the suite's (gpu_bench.suite) where they are bands, blocks or causal
+BAR_CLASS = {"local": "band", "local_gqa": "band", "bigbird": "blocks", "sinks_causal": "causal",
+             "lfcols": "band", "sinks": "band", "causal": "causal", "dense": "blocks"}
 BAR_FLEX_GEOMEAN, BAR_FLEX_MIN = 2.5, 1.5
 
 
@@ -255,9 +258,8 @@ def main():
                          "fwd_tflops": ffl / fwd_ms / 1e9}
                     r["bwd_tflops"] = r["tflops"]
                     r["bwd_over_fwd"] = r["tflops"] / r["fwd_tflops"]
-                    if args.issue:
-                        r["class"] = BAR_CLASS.get(name, "other")
-                        r["bar"] = bar_of(name)
+                    r["class"] = BAR_CLASS.get(name, "other")
+                    r["bar"] = bar_of(name)
                     if label:
                         r["forced"] = label
                     line = (f"{name:12s} L={L:5d} D={D:3d} {ran:14s} fwd {fwd_ms:7.3f} ms ({r['fwd_tflops']:6.1f} TF/s) "
@@ -284,7 +286,7 @@ def main():
                   + (f" ({kern if kern.startswith('env:') else 'backward_kernel=' + kern})" if kern else ""))
     doc = {"kind": "backward", "machine": {"gpu": dev, "command": "python3 bench/bwd_bench.py " + " ".join(sys.argv[1:])},
            "rows": rows}
-    if args.issue:
+    if rows:
         doc["summary"] = summary([r for r in rows if not r.get("forced")])
         sm = doc["summary"]
         fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
