@@ -599,8 +599,9 @@ TEST(BackwardGpu, CompoundPlansByParts) {
 
 // The CSR parts' rows kernels (cuda_scattered_bwd, scattered_backward.hpp): the scattered part alone (it writes the
 // gradients: keys no row keeps get 0), after a tiles part (it adds), GQA, Lq != Lk, D = 64 and 128, a scattered part
-// with empty rows (a band covering most random keys); each against the reference, with SPATTN_CSR_BWD=warp (the
-// warp-a-row pass, the A/B switch) too.
+// with empty rows (a band covering most random keys); each against the reference, and again with o and dq narrowed
+// from [B, L, H, D + 2] rows ([B, L, H, D] layout), which the rows kernels do not take: the warp-a-row pass
+// (cuda_csr_bwd) runs the scattered part then, writing or, after a tiles part, adding.
 TEST(BackwardGpu, ScatteredPartRowsKernels) {
   REQUIRE_GPU();
   const Case cs[] = {
@@ -625,16 +626,19 @@ TEST(BackwardGpu, ScatteredPartRowsKernels) {
       for (size_t q = 0; q + 1 < off.size(); ++q) empty += off[q] == off[q + 1];
       EXPECT_GT(empty, 20) << "the case should have empty scattered rows";
     }
-    for (const char* mode : {"", "warp"}) {
-      if (*mode) setenv("SPATTN_CSR_BWD", mode, 1);
+    for (int64_t pad : {0, 2}) {
+      Case cp = c;
+      cp.pad = pad;
+      if (pad) cp.bhld = false;
       std::string ran;
-      const auto e = backward_errors(c, "", &ran, seed);
-      unsetenv("SPATTN_CSR_BWD");
-      EXPECT_NE(ran.find(*mode ? "cuda_csr_bwd" : "cuda_scattered_bwd"), std::string::npos) << mode << ": " << ran;
+      const auto e = backward_errors(cp, "", &ran, seed);
+      EXPECT_EQ(ran.rfind("parts(", 0), 0u) << "pad " << pad << ": " << ran;
+      EXPECT_EQ(ran.find("cuda_scattered_bwd") != std::string::npos, pad == 0) << "pad " << pad << ": " << ran;
+      EXPECT_EQ(ran.find("cuda_csr_bwd") != std::string::npos, pad != 0) << "pad " << pad << ": " << ran;
       const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
-      EXPECT_LE(e[0], tol) << "dq " << mode;
-      EXPECT_LE(e[1], tol) << "dk " << mode;
-      EXPECT_LE(e[2], tol) << "dv " << mode;
+      EXPECT_LE(e[0], tol) << "dq, pad " << pad;
+      EXPECT_LE(e[1], tol) << "dk, pad " << pad;
+      EXPECT_LE(e[2], tol) << "dv, pad " << pad;
     }
     ++seed;
   }
