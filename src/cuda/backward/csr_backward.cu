@@ -449,8 +449,8 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   std::string why;
   if (!want_csr) {
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
-    // Query strips where asked (2-D neighborhoods, backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD read at every
-    // call: plan::query_strips_asked) and they fit; else the chosen row.
+    // Query strips where asked (2-D neighborhoods where no kernel is forced, or backward_kernel "sm90_bwd_strips":
+    // plan::query_strips_asked) and they fit; else the chosen row.
     if (why.empty() && plan::query_strips_asked(choice_, strips_grid_[i]))
       if (TileBackward* t = strips_ready(i, p)) {
         t->run(q, k, v, o, lse, dout, dq, dk, dv, stream);
