@@ -149,8 +149,8 @@ def main():
     ap.add_argument("--compound", action="store_true", help="issue 39's compound cases (compound_cases) instead")
     ap.add_argument("--json", default="")
     ap.add_argument("--env-ab", default="", help="VAR=VALUE[,VAR=VALUE]: also time the (first) plan's backward with "
-                    "these set at each call, alternated with the rest (an A/B in one process: SPATTN_CSR_BWD=warp runs "
-                    "the old warp-a-row pass of the CSR parts); its rows are marked forced: env:...")
+                    "these set at each call, alternated with the rest (an A/B in one process: SPATTN_HEAD_SECTION=0 runs "
+                    "the tile backward in one head section); its rows are marked forced: env:...")
     ap.add_argument("--issue", action="store_true", help="issue 39's table (issue_cases) instead")
     ap.add_argument("--baseline", default="", help="also write bench/baselines/NAME.json (+ .png) through baseline.py "
                     "(the --issue cases unless --compound or --patterns is given)")

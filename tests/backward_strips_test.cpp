@@ -1,12 +1,11 @@
 // The neighborhood backward on query strips (issue 39; plan/key_plan.hpp, key_major_strips), on the CPU: the key-major
 // plan covers exactly the pattern's kept pairs (each kept (q, k) by one entry's bitmask, never a padding slot or key),
 // its key boxes are a bijection on the keys, its entries carry their strips' geometry (plan/key_strips.hpp), and its
-// kept fraction of visited scores is the forward's strips' rather than the row-major key-major plan's. The switch is
-// opt-in: backward_kernel "sm90_bwd_strips" or SPATTN_NBR_BWD=1.
+// kept fraction of visited scores is the forward's strips' rather than the row-major key-major plan's. Chosen for 2-D
+// neighborhoods, forced by backward_kernel "sm90_bwd_strips"; another backward_kernel runs the row-major plan.
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -159,10 +158,9 @@ TEST(BackwardStrips, KeptFractionNearTheForwards) {
 }
 
 // Asked for 2-D neighborhoods where no kernel is forced; backward_kernel "sm90_bwd_strips" forces it on the 64x64
-// sm90_bwd row of the head dim; SPATTN_NBR_BWD=0 / 1 overrides the choice (never / every neighborhood grid) where no
-// other kernel is forced.
+// sm90_bwd row of the head dim; any other backward kernel forced (the row-major tile plan, or the CSR pass) never
+// asks for them.
 TEST(BackwardStrips, WhereAsked) {
-  ::unsetenv("SPATTN_NBR_BWD");
   using spattn::plan::query_strips_asked;
   const auto grid = [](const char* spec, int64_t len) {
     return spattn::plan::query_strips_grid(spattn::parse(spec).bind(len));
@@ -193,14 +191,10 @@ TEST(BackwardStrips, WhereAsked) {
       EXPECT_FALSE(spattn::plan::bwd_strips_only(spattn::plan::kKernels[row])) << spec << " " << kernel;
     }
   }
-  ::setenv("SPATTN_NBR_BWD", "1", 1);
-  EXPECT_TRUE(query_strips_asked(chosen, na1d));
-  EXPECT_FALSE(query_strips_asked(chosen, band));  // no neighborhood grid
-  EXPECT_FALSE(query_strips_asked(spattn::plan::backward_choice("sm90_bwd", 64), na2d));
-  ::setenv("SPATTN_NBR_BWD", "0", 1);
-  EXPECT_FALSE(query_strips_asked(chosen, na2d));
-  EXPECT_TRUE(query_strips_asked(forced, na2d));
-  ::unsetenv("SPATTN_NBR_BWD");
+  // The row-major tile plan of a 2-D neighborhood: its row (or kind) forced.
+  for (const char* kernel : {"sm90_bwd", "sm90_bwd_ws", "sm90_bwd_ws_128x128_d64", "sm90_bwd_64x128_d64", "cuda_csr_bwd"})
+    for (const auto g : {na2d, na2d_causal})
+      EXPECT_FALSE(query_strips_asked(spattn::plan::backward_choice(kernel, 64), g)) << kernel;
 }
 
 }  // namespace

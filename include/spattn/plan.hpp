@@ -93,8 +93,8 @@ struct PlanOptions {
   // queries a step, and sm90_bwd_ws_64x128_d128; plans with a residue permutation run the sm90_bwd 64x128 row instead,
   // and last_backward_kernel says so), "cuda_csr_bwd" (deterministic: no atomics), "sm90_bwd_strips" (neighborhood
   // patterns of a 1-2 axis grid: key boxes walking strips of the queries that see them, on the 64x64 sm90_bwd row of the
-  // head dim; an Error where the strips do not fit; chosen for 2-D neighborhoods, where SPATTN_NBR_BWD=0 at a call runs
-  // the row-major tile plan instead).
+  // head dim; an Error where the strips do not fit; chosen for 2-D neighborhoods, where "sm90_bwd" or "sm90_bwd_ws"
+  // runs the row-major tile plan instead).
   std::string backward_kernel;
 };
 

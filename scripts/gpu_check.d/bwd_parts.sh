@@ -5,7 +5,7 @@
 # (BackwardGpu.CompoundPlansByParts: sparse_fixed, band | random, scattered keys alone, three parts, longformer, a
 # causal window with sinks, bigbird, empty rows, per-head patterns, GQA, D = 64 and 128;
 # BackwardGpu.ScatteredPartRowsKernels: the scattered part's rows kernels (cuda_scattered_bwd) alone and after a tiles
-# part, awkward lengths, GQA, empty scattered rows, and the old warp-a-row pass through SPATTN_CSR_BWD=warp;
+# part, awkward lengths, GQA, empty scattered rows, and the warp-a-row pass where o and dq rows are not 16-byte aligned;
 # CompoundExplainListsBackwardParts), the NaN plants on the parts (NonFiniteGpu.BackwardByParts: a NaN poisons only
 # its rows and keys), compute-sanitizer memcheck on the compound and rows-kernel cases, then bench/bwd_bench.py
 # --baseline h200-bwd (issue 39's table against FlexAttention's backward in the same process: forward and backward

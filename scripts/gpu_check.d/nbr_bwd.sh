@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.d/nbr_bwd.sh [OUTDIR] — GPU checks of the neighborhood backward on query strips (issue 39; chosen
-# for 2-D neighborhoods, forced by backward_kernel "sm90_bwd_strips", off with SPATTN_NBR_BWD=0), one call on an H200
+# for 2-D neighborhoods, forced by backward_kernel "sm90_bwd_strips", off with "sm90_bwd_ws"), one call on an H200
 # (~4 minutes on 16 cores): the host checks of the strip plans (backward_strips_test: each kept pair once, kept
 # fractions printed), the GPU tests against the fp64 reference (BackwardGpu.QueryStrips*: dilation, causal, awkward
-# grids, GQA, views, fp16; the environment switch read per call and its fallback), the unchanged tile rows
+# grids, GQA, views, fp16; chosen, or forced off, or refused where they do not fit), the unchanged tile rows
 # (BackwardGpu.EveryTileRowMatchesReference, the kernel file changed), compute-sanitizer memcheck, racecheck and
 # synccheck on the small strips case, then the A/B in one process: bench/bwd_bench.py --issue on na2d_96 and na2d_112
-# with and without SPATTN_NBR_BWD=0 (the row-major tile plan; rows marked "env:SPATTN_NBR_BWD=0"), JSON in
+# chosen and with backward_kernel "sm90_bwd_ws" (the row-major tile plan on the row the planner picks for it), JSON in
 # OUTDIR/nbr_bwd_ab.json. Logs go to OUTDIR (else $SPATTN_OUT, else ./out). Standalone it builds what it runs into
 # build-nb/ (GoogleTest from .gtest/ where the machine has none); NB_SKIP_BENCH=1 skips the bench.
 set -uo pipefail
@@ -29,9 +29,9 @@ echo "== nb: compute-sanitizer on the small strips case ($(elapsed))"
 sanitize_all nb "$T/backward_gpu_test" 'BackwardGpu.QueryStripsSmallCaseForSanitizers' || fail "compute-sanitizer"
 
 if [ "${NB_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== nb: A/B in one process, na2d_96 (D=64) and na2d_112 (D=128), query strips (chosen) vs SPATTN_NBR_BWD=0 ($(elapsed))"
+  echo "== nb: A/B in one process, na2d_96 (D=64) and na2d_112 (D=128), query strips (chosen) vs sm90_bwd_ws ($(elapsed))"
   timeout 240 python3 "$ROOT/bench/bwd_bench.py" --lib "$BUILD/libspattn.so" --issue --patterns na2d_96,na2d_112 \
-    --env-ab SPATTN_NBR_BWD=0 --budget-s 200 --json "$OUTD/nbr_bwd_ab.json" 2>&1 | tee "$OUTD/nb_bench.log" | grep -v "^W1\|warn" ||
+    --kernel ,sm90_bwd_ws --budget-s 200 --json "$OUTD/nbr_bwd_ab.json" 2>&1 | tee "$OUTD/nb_bench.log" | grep -v "^W1\|warn" ||
     fail "bench"
 fi
 echo "nbr_bwd.sh: rc $rc ($(elapsed))"

@@ -599,8 +599,9 @@ TEST(BackwardGpu, CompoundPlansByParts) {
 
 // The CSR parts' rows kernels (cuda_scattered_bwd, scattered_backward.hpp): the scattered part alone (it writes the
 // gradients: keys no row keeps get 0), after a tiles part (it adds), GQA, Lq != Lk, D = 64 and 128, a scattered part
-// with empty rows (a band covering most random keys); each against the reference, with SPATTN_CSR_BWD=warp (the
-// warp-a-row pass, the A/B switch) too.
+// with empty rows (a band covering most random keys); each against the reference, and again with o and dq narrowed
+// from [B, L, H, D + 2] rows ([B, L, H, D] layout), which the rows kernels do not take: the warp-a-row pass
+// (cuda_csr_bwd) runs the scattered part then, writing or, after a tiles part, adding.
 TEST(BackwardGpu, ScatteredPartRowsKernels) {
   REQUIRE_GPU();
   const Case cs[] = {
@@ -625,16 +626,19 @@ TEST(BackwardGpu, ScatteredPartRowsKernels) {
       for (size_t q = 0; q + 1 < off.size(); ++q) empty += off[q] == off[q + 1];
       EXPECT_GT(empty, 20) << "the case should have empty scattered rows";
     }
-    for (const char* mode : {"", "warp"}) {
-      if (*mode) setenv("SPATTN_CSR_BWD", mode, 1);
+    for (int64_t pad : {0, 2}) {
+      Case cp = c;
+      cp.pad = pad;
+      if (pad) cp.bhld = false;
       std::string ran;
-      const auto e = backward_errors(c, "", &ran, seed);
-      unsetenv("SPATTN_CSR_BWD");
-      EXPECT_NE(ran.find(*mode ? "cuda_csr_bwd" : "cuda_scattered_bwd"), std::string::npos) << mode << ": " << ran;
+      const auto e = backward_errors(cp, "", &ran, seed);
+      EXPECT_EQ(ran.rfind("parts(", 0), 0u) << "pad " << pad << ": " << ran;
+      EXPECT_EQ(ran.find("cuda_scattered_bwd") != std::string::npos, pad == 0) << "pad " << pad << ": " << ran;
+      EXPECT_EQ(ran.find("cuda_csr_bwd") != std::string::npos, pad != 0) << "pad " << pad << ": " << ran;
       const double tol = c.dt == DType::bf16 ? 2e-2 : 1e-2;
-      EXPECT_LE(e[0], tol) << "dq " << mode;
-      EXPECT_LE(e[1], tol) << "dk " << mode;
-      EXPECT_LE(e[2], tol) << "dv " << mode;
+      EXPECT_LE(e[0], tol) << "dq, pad " << pad;
+      EXPECT_LE(e[1], tol) << "dk, pad " << pad;
+      EXPECT_LE(e[2], tol) << "dv, pad " << pad;
     }
     ++seed;
   }
@@ -767,36 +771,43 @@ TEST(BackwardGpu, QueryStripsMatchReference) {
   }
 }
 
-// The choice and its A/B switch: a 2-D neighborhood runs query strips by default; SPATTN_NBR_BWD (read at each call:
-// one plan, both paths) =0 runs the chosen row, =1 asks for strips on any neighborhood grid, and where they do not fit
-// the chosen row runs and explain says why; a forced kernel wins over the variable.
-TEST(BackwardGpu, QueryStripsByEnvironment) {
+// The choice: a 2-D neighborhood runs query strips by default; a tile kernel forced runs the row-major tile plan
+// instead ("sm90_bwd_ws" runs the row the planner picks for that plan, the other side of the strips' A/B; "sm90_bwd"
+// the plain rows); a 1-D window runs the chosen row (no strips asked), and forcing the strips there is an Error naming
+// them.
+TEST(BackwardGpu, QueryStripsChosenOrForcedOff) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
   const Case c{{"neighborhood(dims=(16,20), kernel=5)"}, DType::bf16, 1, 2, 2, 320, 320, 64, false};
   std::string ran, ex;
-  ::unsetenv("SPATTN_NBR_BWD");
   auto e = backward_errors(c, "", &ran, 30, &ex);
   EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
   EXPECT_NE(ex.find("key-major query strips over"), std::string::npos) << ex;
   for (double x : e) EXPECT_LE(x, 2e-2);
-  ::setenv("SPATTN_NBR_BWD", "1", 1);
-  e = backward_errors(c, "", &ran, 31, &ex);
-  EXPECT_EQ(ran, "sm90_bwd_strips(sm90_bwd_64x64_d64)");
+  // The row-major tile plan: the planner's row for it, forced by its kind.
+  const spattn::BoundPattern bp = spattn::parse(c.specs[0]).bind(c.Lq, c.Lk);
+  const int rowmajor = spattn::plan::backward_row(spattn::plan::backward_choice("", c.D), spattn::plan::analyze(bp), c.D);
+  ASSERT_GE(rowmajor, 0);
+  e = backward_errors(c, "sm90_bwd_ws", &ran, 34, &ex);
+  EXPECT_EQ(ran, spattn::plan::kKernels[rowmajor].name);
+  EXPECT_EQ(ex.find("key-major query strips over"), std::string::npos) << ex;
   for (double x : e) EXPECT_LE(x, 2e-2);
   e = backward_errors(c, "sm90_bwd", &ran, 32);
   EXPECT_EQ(ran.find("strips"), std::string::npos) << ran;
-  // A 1-D window: no strip fits (a band; the chosen row).
+  EXPECT_EQ(ran.rfind("sm90_bwd_64x", 0), 0u) << ran;
+  for (double x : e) EXPECT_LE(x, 2e-2);
+  // A 1-D window: a band, no strips asked (the chosen row); forced, they do not fit.
   const Case band{{"neighborhood(kernel=7)"}, DType::bf16, 1, 2, 2, 300, 300, 64, false};
   e = backward_errors(band, "", &ran, 33, &ex);
   EXPECT_EQ(ran.find("strips"), std::string::npos) << ran;
-  EXPECT_NE(ex.find("query strips asked, not run"), std::string::npos) << ex;
+  EXPECT_EQ(ex.find("query strips"), std::string::npos) << ex;
   for (double x : e) EXPECT_LE(x, 2e-2);
-  ::setenv("SPATTN_NBR_BWD", "0", 1);
-  e = backward_errors(c, "", &ran, 34);
-  EXPECT_EQ(ran.find("strips"), std::string::npos) << ran;
-  for (double x : e) EXPECT_LE(x, 2e-2);
-  ::unsetenv("SPATTN_NBR_BWD");
+  try {
+    backward_errors(band, "sm90_bwd_strips", &ran, 33);
+    FAIL() << "query strips forced on a 1-D window should be refused, ran " << ran;
+  } catch (const spattn::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("sm90_bwd_strips"), std::string::npos) << err.what();
+  }
 }
 
 // One small case for compute-sanitizer (scripts/gpu_check.d/nbr_bwd.sh): padding slots and keys, GQA.

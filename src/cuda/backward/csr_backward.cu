@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -230,11 +229,6 @@ ScatteredBwdParams rows_params(const Problem& p, const TensorView* t[8], const T
   a.bf16 = t[0]->dtype == DType::bf16;
   return a;
 }
-// SPATTN_CSR_BWD=warp at the call: the warp-a-row passes where the rows kernels would run (A/B in one process).
-bool rows_kernels_allowed() {
-  const char* e = std::getenv("SPATTN_CSR_BWD");
-  return !(e && std::string(e) == "warp");
-}
 }  // namespace
 
 bool CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -257,7 +251,7 @@ bool CsrBackward::run(const Problem& p, const TensorView& q, const TensorView& k
                   ", q has " + std::string(dtype_name(q.dtype)));
     if (all[t]->stride[3] != 1) throw Error(std::string("gpu backward: ") + names[t] + " needs a contiguous head dim");
   }
-  if (rows_kernels && q.dtype != DType::f32 && rows_kernels_allowed()) {
+  if (rows_kernels && q.dtype != DType::f32) {
     ScatteredBwdParams rp = rows_params(p, all, lse, delta, delta_sb, delta_sh, accumulate);
     rp.row_off = row_off_, rp.cols = cols_, rp.col_off = col_off_, rp.rows = rows_, rp.key_order = key_order_;
     if (scattered_backward_takes(rp)) {
@@ -455,8 +449,8 @@ void PatternsBackward::run_one(size_t i, const Problem& p, const TensorView& q, 
   std::string why;
   if (!want_csr) {
     why = TileBackward::refusal(p, q, k, v, o, lse, dout, dq, dk, dv);
-    // Query strips where asked (2-D neighborhoods, backward_kernel "sm90_bwd_strips", or SPATTN_NBR_BWD read at every
-    // call: plan::query_strips_asked) and they fit; else the chosen row.
+    // Query strips where asked (2-D neighborhoods where no kernel is forced, or backward_kernel "sm90_bwd_strips":
+    // plan::query_strips_asked) and they fit; else the chosen row.
     if (why.empty() && plan::query_strips_asked(choice_, strips_grid_[i]))
       if (TileBackward* t = strips_ready(i, p)) {
         t->run(q, k, v, o, lse, dout, dq, dk, dv, stream);

@@ -29,8 +29,9 @@ class CsrBackward {
   // dtype. `delta`: fp32 scratch [B, Hq, Lq] with batch and head strides delta_sb, delta_sh. accumulate: dq, dk, dv
   // get this pattern's gradients added to what they hold (a later part of a compound plan), else written.
   // rows_kernels: the passes of scattered_backward.hpp (cuda_scattered_bwd: eight lanes a row, 16-byte gathers) where
-  // they take the tensors, unless the environment variable SPATTN_CSR_BWD is "warp" at the call (an A/B of the two in
-  // one process); else this header's warp-a-row passes. Returns whether the rows kernels ran.
+  // they take the tensors (bf16 / fp16, head dim 64 or 128, 16-byte aligned rows); else this header's warp-a-row
+  // passes (4.04x slower on local(256) | random(8)'s scattered part, H200; bench/LOG.md). Returns whether the rows
+  // kernels ran.
   bool run(const Problem& problem, const TensorView& q, const TensorView& k, const TensorView& v,
            const TensorView& o, const TensorView& lse, const TensorView& dout, const TensorView& dq,
            const TensorView& dk, const TensorView& dv, float* delta, int64_t delta_sb, int64_t delta_sh,

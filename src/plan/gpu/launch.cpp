@@ -415,9 +415,7 @@ QueryStripsGrid query_strips_grid(const BoundPattern& pattern) {
 
 bool query_strips_asked(const BackwardChoice& c, QueryStripsGrid grid) {
   if (c.query_strips) return true;
-  if (!c.kernel.empty() || grid == QueryStripsGrid::none) return false;  // another kernel forced; no grid
-  if (const char* e = std::getenv("SPATTN_NBR_BWD"); e != nullptr && (std::string(e) == "0" || std::string(e) == "1"))
-    return std::string(e) == "1";
+  if (!c.kernel.empty()) return false;  // another kernel forced
   return grid == QueryStripsGrid::two_d;
 }
 

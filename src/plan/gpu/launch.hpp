@@ -197,11 +197,11 @@ enum class QueryStripsGrid { none, other, two_d };
 QueryStripsGrid query_strips_grid(const BoundPattern& pattern);
 // The neighborhood backward on query strips (issue 39; plan/key_plan.hpp, key_major_strips): asked for 2-D
 // neighborhoods (a grid of two axes longer than 1) where no kernel is forced (H200: na2d 96x96 K=7 D=64 backward
-// 1.52x, 112x112 K=9 D=128 1.64x the row-major tile plan's; bench/LOG.md), forced by backward_kernel
-// "sm90_bwd_strips". SPATTN_NBR_BWD in the environment, read at every call, overrides the choice for an A/B in one
-// process (bench/bwd_bench.py --env-ab SPATTN_NBR_BWD=0): 0 never, 1 every neighborhood grid. Where the strips do not
-// fit the chosen row runs (with the reason in explain). The golden decisions do not see it. The pattern's part is
-// query_strips_grid, decided once a pattern (its result: `grid`); only the variable is read at every call.
+// 1.52x, 112x112 K=9 D=128 1.64x the row-major tile plan's; in one process the row-major plan 1.167x slower on 96x96
+// K=7; bench/LOG.md), forced by backward_kernel "sm90_bwd_strips"; any other backward_kernel ("sm90_bwd",
+// "sm90_bwd_ws", a row of them, "cuda_csr_bwd") runs that kernel's row-major plan instead. Where the strips are asked
+// but do not fit, the chosen row runs (with the reason in explain); forced, that is an Error. `grid` is
+// query_strips_grid's, decided once a pattern.
 bool query_strips_asked(const BackwardChoice& choice, QueryStripsGrid grid);
 // Its kernel-table row: the 64-key sm90_bwd row of the head dim (query strips are 64-query steps over 64-key boxes);
 // -1 where the table has none (why says so).
