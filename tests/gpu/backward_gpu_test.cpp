@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -41,9 +42,10 @@ struct Case {
 // Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched;
 // `explained`: the plan's explain after the backward, where given. graph_replays > 0: after the first backward, one
 // captured into a CUDA graph on a stream of its own and the graph launched that many times, the gradients poisoned
-// before each launch (the errors are the last launch's).
+// before each launch (the errors are the last launch's). dq_bytes: where given, dq's device memory (its padding too).
 std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, std::string* ran, uint32_t seed,
-                                      std::string* explained = nullptr, int graph_replays = 0) {
+                                      std::string* explained = nullptr, int graph_replays = 0,
+                                      std::vector<uint8_t>* dq_bytes = nullptr) {
   std::vector<spattn::Pattern> pats;
   std::vector<spattn::BoundPattern> bound;
   for (const char* s : c.specs) pats.push_back(spattn::parse(s)), bound.push_back(pats.back().bind(c.Lq, c.Lk));
@@ -128,6 +130,10 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
   }
   *ran = plan.last_backward_kernel();
   if (explained) *explained = plan.explain();
+  if (dq_bytes) {
+    dq_bytes->resize(nqp * es);
+    EXPECT_EQ(cudaMemcpy(dq_bytes->data(), gq.p, dq_bytes->size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   std::vector<double> rq(nq), rk(nk), rv(nk);
   spattn::cpu::reference_attention_backward(bound, pr, tq, tk, tv, tdo, TensorView::contiguous(rq.data(), DType::f64, sq),
                                             TensorView::contiguous(rk.data(), DType::f64, sk),
@@ -163,6 +169,18 @@ void expect_within(const std::array<double, 3>& e, DType dt) {
   EXPECT_LE(e[2], tol) << "dv";
 }
 
+// A case and the backward kernel it forces ("": the planner's choice).
+struct KernelCase {
+  Case c;
+  const char* kernel;
+};
+// The prep / finish grids' batch and head limit (TileBackward::set_prepfin_grid_limit) for the scope.
+struct PrepFinLimit {
+  int prev;
+  explicit PrepFinLimit(int l) : prev(spattn::cuda::TileBackward::set_prepfin_grid_limit(l)) {}
+  ~PrepFinLimit() { spattn::cuda::TileBackward::set_prepfin_grid_limit(prev); }
+};
+
 // The prep and finish kernels (tile_bwd.cuh): 16-byte O loads and dq loads / stores where those rows are 16-byte
 // aligned, 4-byte ones where they are not (o and dq narrowed from [B, L, H, D + 2] buffers: 4-byte aligned rows), as
 // each launch decides (TileBackward::prepfin_counts, asserted). Every run against the reference: the warp-specialized
@@ -172,12 +190,8 @@ TEST(BackwardGpu, PrepFinishAlignedAndNarrowedRows) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the tile backward runs on sm_90a only";
   using spattn::cuda::TileBackward;
-  struct PF {
-    Case c;
-    const char* kernel;
-  };
   const auto a = spattn::Engine::automatic;
-  const PF cs[] = {
+  const KernelCase cs[] = {
       {{{"local(40)"}, DType::bf16, 2, 4, 2, 300, 300, 64, false}, "sm90_bwd_ws_128x128_d64"},  // GQA
       {{{"causal"}, DType::f16, 1, 2, 2, 333, 333, 128, false}, "sm90_bwd_ws_64x128_d128"},
       {{{"local(24)"}, DType::bf16, 2, 4, 2, 190, 190, 128, false}, "sm90_bwd_64x128_d128"},
@@ -186,7 +200,7 @@ TEST(BackwardGpu, PrepFinishAlignedAndNarrowedRows) {
       {{{"sparse_fixed(128, 4)"}, DType::bf16, 1, 4, 2, 517, 517, 64, false, a, 1}, ""},   // columns: dq added
   };
   uint32_t seed = 1700;
-  for (const PF& x : cs) {
+  for (const KernelCase& x : cs) {
     for (int64_t pad : {0, 2}) {
       Case c = x.c;
       c.pad = pad;
@@ -207,13 +221,8 @@ TEST(BackwardGpu, PrepFinishAlignedAndNarrowedRows) {
   }
   // The grids split past their batch / head limit (lowered here to 3 and 1 a launch; CUDA's is 65535): the same
   // answers, for the row-major and the warp-specialized accumulator orders and dq_accumulate.
-  struct Limit {
-    int prev;
-    explicit Limit(int l) : prev(TileBackward::set_prepfin_grid_limit(l)) {}
-    ~Limit() { TileBackward::set_prepfin_grid_limit(prev); }
-  };
   for (int lim : {3, 1}) {
-    const Limit guard(lim);
+    const PrepFinLimit guard(lim);
     for (int i : {0, 2, 5})
       for (int64_t pad : {0, 2}) {
         Case c = cs[i].c;
@@ -405,6 +414,74 @@ TEST(BackwardGpu, WsRowsMatchReference) {
     std::string ran;
     expect_within(backward_errors(c, "", &ran, seed++), c.dt);
   }
+}
+
+// The warp-specialized rows' dQ finish (tile_bwd.cuh): bwd_finish_tile_kernel (a CTA per 64-row tile through shared
+// memory; the default) against bwd_finish_grid_kernel (SPATTN_BWD_FINISH=v1), both against the reference and their dq
+// bit for bit (the same arithmetic, finish_store). The key lengths are one key tile (<= 128), so each accumulator
+// element gets one add (onto zero: the same bits every run; v1 run twice asserts it). D = 64 and 128, bf16 and fp16,
+// GQA, query lengths no multiple of 64, rows that keep no key, [B, H, L, D] views, narrowed dq rows (4-byte loads and
+// stores), a compound plan whose columns part adds to dq (dq_accumulate); at the grid limit 65535 and 1 (a launch a
+// batch and head). Each asserted to have run the finish asked (TileBackward::finish_tile_counts). Another value of the
+// switch is refused, by name. (No residue permutation: the warp-specialized rows load by TMA, identity plans only.)
+TEST(BackwardGpu, WsFinishTileMatchesV1BitForBit) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  const auto a = spattn::Engine::automatic;
+  const KernelCase cs[] = {
+      {{{"dense"}, DType::bf16, 1, 4, 2, 333, 100, 64, false}, "sm90_bwd_ws"},
+      {{{"local(30)"}, DType::f16, 2, 2, 2, 333, 120, 128, false}, "sm90_bwd_ws"},  // rows past 150 keep no key
+      {{{"causal"}, DType::bf16, 2, 4, 2, 200, 128, 128, true}, "sm90_bwd_ws"},     // [B, H, L, D] views
+      {{{"dense"}, DType::f16, 1, 2, 1, 190, 128, 64, false, a, -1, 2}, "sm90_bwd_ws"},   // narrowed o, dq rows
+      {{{"local(30)"}, DType::bf16, 1, 2, 2, 250, 128, 128, false, a, -1, 2}, "sm90_bwd_ws"},
+      // by parts: the tiles part writes dq, the columns part (4 keys gathered) adds to it
+      {{{"local(16) | global_cols(0:4)"}, DType::bf16, 1, 4, 2, 120, 120, 64, false, a, 1}, ""},
+      {{{"local(16) | global_cols(0:4)"}, DType::f16, 1, 4, 2, 120, 120, 128, false, a, 1}, ""},
+  };
+  for (int lim : {65535, 1}) {
+    const PrepFinLimit guard(lim);
+    uint32_t seed = 3100;
+    for (const KernelCase& x : cs) {
+      const Case& c = x.c;
+      SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" +
+                   std::to_string(c.Lk) + " pad=" + std::to_string(c.pad) + " limit " + std::to_string(lim));
+      const int64_t parts = c.compound == 1 ? 2 : 1;  // tile backward launches
+      std::vector<uint8_t> dq[3];                     // v1, the tile finish, v1 again
+      for (int run = 0; run < 3; ++run) {
+        const bool v1 = run != 1;
+        if (v1)
+          ::setenv("SPATTN_BWD_FINISH", "v1", 1);
+        else
+          ::unsetenv("SPATTN_BWD_FINISH");
+        const TileBackward::FinishTileCounts n0 = TileBackward::finish_tile_counts();
+        std::string ran;
+        const auto e = backward_errors(c, x.kernel, &ran, seed, nullptr, 0, &dq[run]);
+        const TileBackward::FinishTileCounts n1 = TileBackward::finish_tile_counts();
+        EXPECT_NE(ran.find("sm90_bwd_ws"), std::string::npos) << ran;
+        EXPECT_EQ(n1.launches - n0.launches, v1 ? 0 : parts) << "tile finishes, run " << run;
+        EXPECT_EQ(n1.accumulate - n0.accumulate, v1 ? 0 : parts - 1) << "tile finishes adding to dq, run " << run;
+        expect_within(e, c.dt);
+      }
+      ::unsetenv("SPATTN_BWD_FINISH");
+      ASSERT_EQ(dq[0].size(), dq[1].size());
+      EXPECT_TRUE(dq[0] == dq[2]) << "v1 twice: the accumulator differs between runs (the bit-for-bit premise)";
+      size_t diff = 0, first = dq[0].size();
+      for (size_t i = 0; i < dq[0].size(); ++i)
+        if (dq[0][i] != dq[1][i]) first = std::min(first, i), ++diff;
+      EXPECT_EQ(diff, 0u) << "dq bytes differing between the finishes, the first at byte " << first;
+      ++seed;
+    }
+  }
+  ::setenv("SPATTN_BWD_FINISH", "v2", 1);
+  try {
+    std::string ran;
+    backward_errors(cs[0].c, cs[0].kernel, &ran, 3100);
+    ADD_FAILURE() << "SPATTN_BWD_FINISH=v2 accepted";
+  } catch (const spattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"v2\""), std::string::npos) << e.what();
+  }
+  ::unsetenv("SPATTN_BWD_FINISH");
 }
 
 // One small case of each warp-specialized row, for compute-sanitizer (a partial last key tile, a bitmask tile, an odd

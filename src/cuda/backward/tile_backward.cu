@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -108,6 +109,7 @@ std::string TileBackward::explain() const {
 namespace {
 std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 std::atomic<int64_t> g_smem_epi{0};  // TileBackward::smem_epilogue_launches
+std::atomic<int64_t> g_fin_tile[2];  // FinishTileCounts' fields, in order
 
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
@@ -119,11 +121,12 @@ std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
 std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
 std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
 
-// f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel) of p's batches and query heads, in chunks of at most
-// g_grid_limit of each (grid y and z): c is p with its pointers to O, dO, dQ, lse and the plan-space rows moved to the
-// chunk's first batch and head (the kernels' row index keeps p.q_heads as its stride).
+// f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel; bwd_finish_tile_kernel) of p's batches and query
+// heads, cta_rows plan-space rows a CTA (grid x), in chunks of at most g_grid_limit of each (grid y and z): c is p with
+// its pointers to O, dO, dQ, lse and the plan-space rows moved to the chunk's first batch and head (the kernels' row
+// index keeps p.q_heads as its stride).
 template <class Elem, int D, class F>
-void prepfin_grids(const bwd::BwdParams& p, F&& f) {
+void prepfin_grids(const bwd::BwdParams& p, int cta_rows, F&& f) {
   const int lim = g_grid_limit.load();
   for (int b0 = 0; b0 < p.batch; b0 += lim)
     for (int h0 = 0; h0 < p.q_heads; h0 += lim) {
@@ -136,15 +139,25 @@ void prepfin_grids(const bwd::BwdParams& p, F&& f) {
       c.lse = p.lse + (b0 * p.lse_sb + h0 * p.lse_sh);
       const int64_t r0 = (int64_t(b0) * p.q_heads + h0) * p.qp;
       c.dq_acc = p.dq_acc + r0 * D, c.lse2 = p.lse2 + r0, c.delta = p.delta + r0;
-      f(c, dim3(unsigned(p.qp / bwd::kPfRows<D>), unsigned(std::min(lim, p.q_heads - h0)),
+      f(c, dim3(unsigned(p.qp / cta_rows), unsigned(std::min(lim, p.q_heads - h0)),
                 unsigned(std::min(lim, p.batch - b0))));
     }
 }
 
+// SPATTN_BWD_FINISH, read at each launch (A/B only): "v1" the warp-specialized orders' finish by
+// bwd_finish_grid_kernel (a thread per 8 columns of a row, four 8-byte accumulator loads); unset or empty:
+// bwd_finish_tile_kernel (a CTA per 64-row tile through shared memory).
+bool finish_v1() {
+  const char* e = std::getenv("SPATTN_BWD_FINISH");
+  if (e == nullptr || *e == 0) return false;
+  if (std::string(e) == "v1") return true;
+  throw Error("SPATTN_BWD_FINISH: unknown value \"" + std::string(e) + "\" (v1, or unset)");
+}
+
 // Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
-// warp-specialized kernel's accumulator order, its warpgroups' dQ columns; 0: row-major). Prep and finish: grids of
-// (plan-space rows, head, batch) (bwd_prep_grid_kernel, prepfin_grids), 16-byte O loads and dq stores where those rows
-// are 16-byte aligned.
+// warp-specialized kernel's accumulator order, its warpgroups' dQ columns, by bwd_finish_tile_kernel; 0: row-major,
+// by bwd_finish_grid_kernel). Prep and finish: grids of (plan-space rows, head, batch) (prepfin_grids), 16-byte O
+// loads and dq stores where those rows are 16-byte aligned.
 // grid: the tile kernel's CTAs (0: one per key tile, batch and kv head; a persistent kernel loops over those items).
 template <class Tr, int kWs>
 void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaStream_t s, int64_t grid = 0) {
@@ -152,6 +165,7 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   constexpr int D = Tr::D;
   constexpr bool B16 = Tr::kBf16;
   constexpr int NT = bwd::kPfThreads;
+  const bool tile_finish = kWs != 0 && !finish_v1();  // before any launch: a bad value launches nothing
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   if (p.qp % 64 != 0)
     throw Error("backward: plan-space query rows " + std::to_string(p.qp) + " not whole 64-row tiles");
@@ -160,7 +174,7 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   const bool dq16 = rows_16byte(p.dq, p.dq_sb, p.dq_sl, p.dq_sh);
   ++g_prepfin[0], g_prepfin[1] += o16, g_prepfin[2] += dq16;
   if (rows > 0) {
-    prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+    prepfin_grids<Elem, D>(p, bwd::kPfRows<D>, [&](const bwd::BwdParams& c, dim3 grid) {
       if (o16)
         bwd::bwd_prep_grid_kernel<Elem, B16, D, true><<<grid, NT, 0, s>>>(c);
       else
@@ -172,8 +186,20 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   if (grid > 0) ctas = std::min(ctas, grid);
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
-  if (rows > 0) {
-    prepfin_grids<Elem, D>(p, [&](const bwd::BwdParams& c, dim3 grid) {
+  if (rows > 0 && tile_finish) {
+    if constexpr (kWs != 0) {
+      constexpr int FT = bwd::kFinThreads;
+      ++g_fin_tile[0], g_fin_tile[1] += p.dq_accumulate;
+      prepfin_grids<Elem, D>(p, 64, [&](const bwd::BwdParams& c, dim3 grid) {
+        if (dq16)
+          bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, true><<<grid, FT, 0, s>>>(c);
+        else
+          bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, false><<<grid, FT, 0, s>>>(c);
+      });
+    }
+    SPATTN_LAUNCH_CHECK("backward finish");
+  } else if (rows > 0) {
+    prepfin_grids<Elem, D>(p, bwd::kPfRows<D>, [&](const bwd::BwdParams& c, dim3 grid) {
       if (dq16)
         bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, true><<<grid, NT, 0, s>>>(c);
       else
@@ -357,6 +383,10 @@ TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
 }
 
 int64_t TileBackward::smem_epilogue_launches() { return g_smem_epi.load(); }
+
+TileBackward::FinishTileCounts TileBackward::finish_tile_counts() {
+  return {g_fin_tile[0].load(), g_fin_tile[1].load()};
+}
 
 int64_t TileBackward::persist64_launches() { return g_persist64.load(); }
 int TileBackward::last_persist64_grid() { return g_persist64_grid.load(); }

@@ -85,6 +85,12 @@ class TileBackward {
   // For tests: the warp-specialized launches in this process that wrote dK and dV through shared memory and TMA
   // stores (tile_bwd.cuh, store_dkdv_smem; not where they are added to).
   static int64_t smem_epilogue_launches();
+  // For tests: the launches in this process whose finish ran bwd_finish_tile_kernel (the warp-specialized rows'
+  // accumulator order, SPATTN_BWD_FINISH unset), and of those the ones adding to dq (dq_accumulate).
+  struct FinishTileCounts {
+    int64_t launches = 0, accumulate = 0;
+  };
+  static FinishTileCounts finish_tile_counts();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
