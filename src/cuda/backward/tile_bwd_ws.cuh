@@ -50,6 +50,29 @@ struct BwdWsTraits {
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
+// The D = 128 step's variants (SPATTN_BWD_STEP128, a temporary A/B switch read at each launch; traits Step128<Tr, v>,
+// bf16 with the shared-memory epilogue only; tile_bwd_ws_body):
+//   v3: the consumers' step entries and bitmask words in registers, read ahead from global memory by __ldg (an entry
+//       two steps ahead, at the step's top, its index i % ne by increments; a bitmask entry's words one step ahead,
+//       after the step's mask branches) instead of the entry through the stage (an LDS after the stage wait) and the
+//       words among the step's S^T / dP^T wgmmas. ncu (local(1024) D = 128, B 1, L 16384, H 16, H200; bench/LOG.md, session 28): the words'
+//       predicate waited for that LDS between the step's first and second S^T wgmma (9.0k of the consumer loop's 98k
+//       stall samples, ~330 cycles a step and consumer warp), and the words' loads, predicated off, held the branch
+//       after S^T's wait on the long scoreboard (2.5k samples).
+//   v4: v3, and dS^T stored before dV's group is issued (FA4's order): the proxy fence and the consumers' barrier
+//       after dV's issue had waited for the stmatrix issued behind its wgmmas (7.9k samples).
+template <class Base, int V>
+struct Step128 : Base {
+  static constexpr int kStep128 = V;
+};
+template <class Tr>
+constexpr int step128_of() {
+  if constexpr (requires { Tr::kStep128; })
+    return Tr::kStep128;
+  else
+    return 0;
+}
+
 // The CTA's work through lane-0 shuffles (every thread of the warp present): values the compiler then knows are
 // warp-uniform, kept in uniform registers (the D = 64 kernel had spilled its per-thread n and np: 3 LDL a step, 1
 // with this).
@@ -248,18 +271,44 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * x);
   };
 
+  // Step128's v3 / v4 (kAhead): step i's entry e1 and bitmask words mw1 in registers, step i + 2's entry e2 (at index
+  // j2 of the list) in flight.
+  constexpr bool kAhead = step128_of<Tr>() >= 3, kDsFirst = step128_of<Tr>() >= 4;
+  const int4* ents = p.entries + e0;
+  auto entry_at = [&](int i, int j) { return i < n ? __ldg(ents + j) : make_int4(0, kFullEntry, 0, 0); };
+  auto words = [&](const int4& e, unsigned long long (&w)[2]) {
+    if (e.y >= 0) {
+      w[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+      w[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+    }
+  };
+  int4 e1{}, e2{};
+  int j2 = 0;
+  unsigned long long mw1[2] = {0, 0};
+  if constexpr (kAhead) {
+    j2 = ne > 1 ? 1 : 0;
+    e1 = entry_at(0, 0), e2 = entry_at(1, j2);
+    j2 = j2 + 1 == ne ? 0 : j2 + 1;
+    words(e1, mw1);
+  }
+
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
+    unsigned long long mw[2] = {0, 0};
+    int4 e;
+    if constexpr (kAhead) {  // step i + 2's entry loaded at the top (ptxas moves it to uniform registers within this
+                             // step, after the S^T / dP^T wgmmas are issued: so as early as can be)
+      e = e1, mw[0] = mw1[0], mw[1] = mw1[1];
+      e1 = e2;
+      e2 = entry_at(i + 2, j2);
+      j2 = j2 + 1 == ne ? 0 : j2 + 1;
+    }
     // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
-    const int4 e = ld_shared_v4b32(s_ent(st));
+    if constexpr (!kAhead) e = ld_shared_v4b32(s_ent(st));
     const int q0 = e.x * BM;
-    unsigned long long mw[2] = {0, 0};
     auto mask_words = [&] {
-      if (e.y >= 0) {
-        mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
-        mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
-      }
+      if constexpr (!kAhead) words(e, mw);
     };
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
@@ -270,6 +319,10 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
     load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
     mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
+    if constexpr (kAhead) {  // step i + 1's words, issued past this step's mask branches
+      mw1[0] = mw1[1] = 0;
+      words(e1, mw1);
+    }
     probs_or_dscores<BM, true>(s, dp, l2, sl2);
     wgmma_wait<0>();
     fence_regs(dp);
@@ -278,11 +331,19 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     float dq[kDQ / 2];
-    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
-      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
+    auto ds_stsm = [&] { store_ds_stsm<Tr>(s_ds(i), da, ds_off); };  // dS^T (this warpgroup's keys) by stmatrix
+    auto ds_fence_sync = [&] {
       fence_proxy_async();
       named_sync(1, NC);
-    });
+    };
+    if constexpr (kDsFirst) {
+      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, ds_stsm, ds_fence_sync);
+    } else {
+      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {
+        ds_stsm();
+        ds_fence_sync();
+      });
+    }
     stage_dq(dq, i);
     wgmma_wait<0>();  // dK: every wgmma reading the stage is done
     fence_regs(dk);
