@@ -425,8 +425,8 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   }
 }
 
-// SPATTN_BWD_STEP128=v3 / v4 (a temporary A/B switch; tile_bwd_ws.cuh, Step128: the D = 128 step's entries and
-// bitmask words read ahead into registers; v4 also stores dS^T before dV's group), set for the scope.
+// SPATTN_BWD_STEP128=v3 / v4 (a temporary A/B switch; tile_bwd_ws.cuh, Step128: the D = 128 step's entry taken from
+// the previous step, its bitmask words loaded there; v4 also stores dS^T before dV's group), set for the scope.
 struct Step128Env {
   explicit Step128Env(const char* v) { ::setenv("SPATTN_BWD_STEP128", v, 1); }
   ~Step128Env() { ::unsetenv("SPATTN_BWD_STEP128"); }
@@ -454,7 +454,7 @@ TEST(BackwardGpu, WsStep128SmallCaseForSanitizers) {
   for (const int v : {3, 4}) expect_step128(kWs128SmallCase, v, 2950);
 }
 
-// Both variants on one query tile under GQA (every key tile one entry or none: the entry index wraps each step) and
+// Both variants on one query tile under GQA (every key tile one entry or none: each step's next entry is the same) and
 // WsRowsMatchReference's D = 128 cases (their seeds). A value other than v3 / v4 is refused; unset, the default runs.
 TEST(BackwardGpu, WsStep128VariantsMatchReference) {
   REQUIRE_GPU();

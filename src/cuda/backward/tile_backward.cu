@@ -208,19 +208,20 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
-// step128: SPATTN_BWD_STEP128's variant (3, 4; 0 none; bwd::Step128, a temporary A/B switch), instantiated for D = 128,
-// bf16 and the shared-memory epilogue only: elsewhere the default step runs.
+// step128: SPATTN_BWD_STEP128's variant (3, 4; 0 none; bwd::Step128, a temporary A/B switch), instantiated for
+// D = 128, bf16 and the shared-memory epilogue only: elsewhere the default step runs.
+template <class Tr, int V>
+void launch_step128(const bwd::BwdParams& p, cudaStream_t s) {
+  using K = bwd::SmemEpilogue<bwd::Step128<Tr, V>>;
+  ++g_smem_epi, ++g_step128[V - 3];
+  launch_three<K, Tr::D / 2>(bwd::tile_bwd_ws_kernel<K>, p, s);
+}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, int step128, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
   if constexpr (D == 128 && kBf16) {
-    if (epi && (step128 == 3 || step128 == 4)) {
-      ++g_smem_epi, ++g_step128[step128 - 3];
-      using V3 = bwd::SmemEpilogue<bwd::Step128<Tr, 3>>;
-      using V4 = bwd::SmemEpilogue<bwd::Step128<Tr, 4>>;
-      if (step128 == 3) return launch_three<V3, D / 2>(bwd::tile_bwd_ws_kernel<V3>, p, s);
-      return launch_three<V4, D / 2>(bwd::tile_bwd_ws_kernel<V4>, p, s);
-    }
+    if (epi && step128 == 3) return launch_step128<Tr, 3>(p, s);
+    if (epi && step128 == 4) return launch_step128<Tr, 4>(p, s);
   }
   launch_ws_epi<Tr, D / 2>(p, epi, s);
 }

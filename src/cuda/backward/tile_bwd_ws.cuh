@@ -52,18 +52,21 @@ struct BwdWsTraits {
 
 // The D = 128 step's variants (SPATTN_BWD_STEP128, a temporary A/B switch read at each launch; traits Step128<Tr, v>,
 // bf16 with the shared-memory epilogue only; tile_bwd_ws_body):
-//   v3: the consumers' step entries and bitmask words in registers, read ahead from global memory by __ldg (an entry
-//       two steps ahead, at the step's top, its index i % ne by increments; a bitmask entry's words one step ahead,
-//       after the step's mask branches) instead of the entry through the stage (an LDS after the stage wait) and the
-//       words among the step's S^T / dP^T wgmmas. ncu (local(1024) D = 128, B 1, L 16384, H 16, H200; bench/LOG.md, session 28): the words'
-//       predicate waited for that LDS between the step's first and second S^T wgmma (9.0k of the consumer loop's 98k
-//       stall samples, ~330 cycles a step and consumer warp), and the words' loads, predicated off, held the branch
-//       after S^T's wait on the long scoreboard (2.5k samples).
+//   v3: the producer stores step i + 1's entry beside step i's in the stage (32-byte entries); the consumers read it
+//       past step i's mask branches, issue step i + 1's bitmask words from it there and keep it for step i + 1, whose
+//       top then reads nothing (the default reads its entry by LDS after the stage wait, and the words' loads go out
+//       among its S^T / dP^T wgmmas). ncu (local(1024) D = 128, B 1, L 16384, H 16, H200; bench/LOG.md, session 28):
+//       the words' predicate waited for that LDS between the step's first and second S^T wgmma (9.0k of the consumer
+//       loop's 98k stall samples, ~330 cycles a step and consumer warp), and the words' loads, predicated off, held
+//       the branch after S^T's wait on the long scoreboard (2.5k samples). The first step's entry and words by __ldg.
 //   v4: v3, and dS^T stored before dV's group is issued (FA4's order): the proxy fence and the consumers' barrier
-//       after dV's issue had waited for the stmatrix issued behind its wgmmas (7.9k samples).
+//       after dV's issue had waited for the stmatrix issued behind its wgmmas (8.1k samples, FA4's 1.1k).
+// (Entries read ahead from global memory instead ran no better in SASS: ptxas moves the warp-uniform entry to uniform
+// registers right in the step of its load, before S^T's wait, waiting for it; loads made non-uniform spilled.)
 template <class Base, int V>
 struct Step128 : Base {
   static constexpr int kStep128 = V;
+  static constexpr int kSmemBytes = Base::kSmemBytes + 16 * Base::kStages;  // 32-byte entries
 };
 template <class Tr>
 constexpr int step128_of() {
@@ -175,7 +178,9 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
   auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
   auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
-  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };
+  constexpr bool kNext = step128_of<Tr>() >= 3, kDsFirst = step128_of<Tr>() >= 4;  // Step128's v3, v4
+  // stage st's entry (kNext: and the next step's after it)
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * (kNext ? 32 : 16); };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
@@ -213,6 +218,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
         if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
         const int4 ei = entry(i);  // the entry too, stored before the stage's arrival (release)
         st_shared_v4b32(s_ent(st), ei);
+        if constexpr (kNext) st_shared_v4b32(s_ent(st) + 16, entry(i + 1));
         tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
       }
     } else if (warp == 1 && lane == 0) {
@@ -271,44 +277,32 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * x);
   };
 
-  // Step128's v3 / v4 (kAhead): step i's entry e1 and bitmask words mw1 in registers, step i + 2's entry e2 (at index
-  // j2 of the list) in flight.
-  constexpr bool kAhead = step128_of<Tr>() >= 3, kDsFirst = step128_of<Tr>() >= 4;
-  const int4* ents = p.entries + e0;
-  auto entry_at = [&](int i, int j) { return i < n ? __ldg(ents + j) : make_int4(0, kFullEntry, 0, 0); };
+  // Step128 (kNext): at step i's top, its entry e1 and bitmask words mw1 in registers.
   auto words = [&](const int4& e, unsigned long long (&w)[2]) {
     if (e.y >= 0) {
       w[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
       w[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
     }
   };
-  int4 e1{}, e2{};
-  int j2 = 0;
+  int4 e1{};
   unsigned long long mw1[2] = {0, 0};
-  if constexpr (kAhead) {
-    j2 = ne > 1 ? 1 : 0;
-    e1 = entry_at(0, 0), e2 = entry_at(1, j2);
-    j2 = j2 + 1 == ne ? 0 : j2 + 1;
+  if constexpr (kNext) {
+    e1 = entry(0);
     words(e1, mw1);
   }
 
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
-    unsigned long long mw[2] = {0, 0};
-    int4 e;
-    if constexpr (kAhead) {  // step i + 2's entry loaded at the top (ptxas moves it to uniform registers within this
-                             // step, after the S^T / dP^T wgmmas are issued: so as early as can be)
-      e = e1, mw[0] = mw1[0], mw[1] = mw1[1];
-      e1 = e2;
-      e2 = entry_at(i + 2, j2);
-      j2 = j2 + 1 == ne ? 0 : j2 + 1;
-    }
     // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
-    if constexpr (!kAhead) e = ld_shared_v4b32(s_ent(st));
-    const int q0 = e.x * BM;
+    unsigned long long mw[2] = {0, 0};
+    int4 e;
+    if constexpr (kNext)
+      e = e1, mw[0] = mw1[0], mw[1] = mw1[1];
+    else
+      e = ld_shared_v4b32(s_ent(st));
     auto mask_words = [&] {
-      if constexpr (!kAhead) words(e, mw);
+      if constexpr (!kNext) words(e, mw);
     };
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
@@ -318,8 +312,9 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     load_row_pairs<BM>(l2, s_rows(st));
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
     load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
-    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
-    if constexpr (kAhead) {  // step i + 1's words, issued past this step's mask branches
+    mask_step<Tr, true>(s, e, k0, kr0, e.x * BM, kvalid, mw);
+    if constexpr (kNext) {  // step i + 1's entry and words, past this step's mask branches
+      e1 = ld_shared_v4b32(s_ent(st) + 16);
       mw1[0] = mw1[1] = 0;
       words(e1, mw1);
     }
