@@ -502,6 +502,59 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   }
 }
 
+// SPATTN_BWD_STEP128=v3 / v4 (a temporary A/B switch; tile_bwd_ws.cuh, Step128: the D = 128 step's entry taken from
+// the previous step, its bitmask words loaded there; v4 also stores dS^T before dV's group), set for the scope.
+struct Step128Env {
+  explicit Step128Env(const char* v) { ::setenv("SPATTN_BWD_STEP128", v, 1); }
+  ~Step128Env() { ::unsetenv("SPATTN_BWD_STEP128"); }
+};
+// c under variant v (3, 4) against the reference: bf16 asserted to have run the variant (TileBackward's count), fp16
+// the default step.
+void expect_step128(const Case& c, int v, uint32_t seed) {
+  using spattn::cuda::TileBackward;
+  SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " v" +
+               std::to_string(v));
+  const Step128Env on(v == 3 ? "v3" : "v4");
+  const int64_t n0 = TileBackward::step128_launches(v);
+  std::string ran;
+  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed);
+  EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d128");
+  EXPECT_EQ(TileBackward::step128_launches(v) - n0, c.dt == DType::bf16 ? 1 : 0) << "the variant (bf16 only)";
+  expect_within(e, c.dt);
+}
+// A small case for compute-sanitizer: bitmask tiles, GQA, an odd key tile, a partial last key tile.
+const Case kWs128SmallCase{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 4, 2, 300, 300, 128, false};
+
+TEST(BackwardGpu, WsStep128SmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  for (const int v : {3, 4}) expect_step128(kWs128SmallCase, v, 2950);
+}
+
+// Both variants on one query tile under GQA (every key tile one entry or none: each step's next entry is the same) and
+// WsRowsMatchReference's D = 128 cases (their seeds). A value other than v3 / v4 is refused; unset, the default runs.
+TEST(BackwardGpu, WsStep128VariantsMatchReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  using spattn::cuda::TileBackward;
+  std::vector<std::pair<Case, uint32_t>> cs = {{{{"local(30)"}, DType::bf16, 1, 4, 2, 64, 411, 128, false}, 2951}};
+  uint32_t seed = 2600;
+  for (const Case& c : ws_row_cases()) {
+    const uint32_t s = seed++;
+    if (c.D == 128) cs.push_back({c, s});
+  }
+  for (const int v : {3, 4})
+    for (const auto& [c, s] : cs) expect_step128(c, v, s);
+  std::string ran;
+  {
+    const Step128Env bad("v9");
+    EXPECT_THROW(backward_errors(kWs128SmallCase, "sm90_bwd_ws", &ran, 2950), spattn::Error);
+  }
+  const int64_t n3 = TileBackward::step128_launches(3), n4 = TileBackward::step128_launches(4);
+  expect_within(backward_errors(kWs128SmallCase, "sm90_bwd_ws", &ran, 2950), kWs128SmallCase.dt);
+  EXPECT_EQ(TileBackward::step128_launches(3) + TileBackward::step128_launches(4), n3 + n4) << "unset: the default";
+}
+
 // The persistent D = 64 grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key tiles from a counter, the
 // ring, dS^T and dQ staging phases running on across items, the next K / V loaded before the dK / dV epilogue, which
 // stages them in a dS^T buffer. The grid capped (0: none) for the scope.

@@ -366,15 +366,18 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
 // qbm, ds, kcols). Issuing dV and dK as one group before the barrier and waiting for all three after dQ (session 26's
 // step) left the tensor pipe idle while dQ was staged: this order ran the D = 128 backward 1.06-1.16x faster in one
 // process (causal 2.720 -> 2.375 ms, H200) and the D = 64 one 0.99-1.10x (bench/LOG.md).
-template <class Tr, class Ops, class F>
+// before_dv (the overload with it): run after P^T and dS^T are packed, before dV's group is issued (the D = 128
+// step's v4 stores dS^T there, FA4's order, so that store_ds's proxy fence finds the stores done).
+template <class Tr, class Ops, class Pre, class F>
 __device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                             uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], float (&dq)[Tr::kDQ / 2],
-                                            const Ops& o, F&& store_ds) {
+                                            const Ops& o, Pre&& before_dv, F&& store_ds) {
   using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
   using OpQ = ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>;
   mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
   mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
+  before_dv();
   fence_regs(dv);
   fence_regs(pa);
   fence_regs(da);
@@ -396,6 +399,13 @@ __device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const 
   fence_regs(dq);
   fence_regs(dv);
   fence_regs(pa);
+}
+template <class Tr, class Ops, class F>
+__device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
+                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
+                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], float (&dq)[Tr::kDQ / 2],
+                                            const Ops& o, F&& store_ds) {
+  dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [] {}, store_ds);
 }
 
 // A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).
