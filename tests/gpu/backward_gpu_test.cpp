@@ -42,10 +42,9 @@ struct Case {
 // Relative errors (Frobenius) of dq, dk, dv against the reference; `ran`: the kernel the backward launched;
 // `explained`: the plan's explain after the backward, where given. graph_replays > 0: after the first backward, one
 // captured into a CUDA graph on a stream of its own and the graph launched that many times, the gradients poisoned
-// before each launch (the errors are the last launch's). dq_bytes: where given, dq's device memory (its padding too).
+// before each launch (the errors are the last launch's).
 std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, std::string* ran, uint32_t seed,
-                                      std::string* explained = nullptr, int graph_replays = 0,
-                                      std::vector<uint8_t>* dq_bytes = nullptr) {
+                                      std::string* explained = nullptr, int graph_replays = 0) {
   std::vector<spattn::Pattern> pats;
   std::vector<spattn::BoundPattern> bound;
   for (const char* s : c.specs) pats.push_back(spattn::parse(s)), bound.push_back(pats.back().bind(c.Lq, c.Lk));
@@ -130,10 +129,6 @@ std::array<double, 3> backward_errors(const Case& c, const std::string& kernel, 
   }
   *ran = plan.last_backward_kernel();
   if (explained) *explained = plan.explain();
-  if (dq_bytes) {
-    dq_bytes->resize(nqp * es);
-    EXPECT_EQ(cudaMemcpy(dq_bytes->data(), gq.p, dq_bytes->size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
   std::vector<double> rq(nq), rk(nk), rv(nk);
   spattn::cpu::reference_attention_backward(bound, pr, tq, tk, tv, tdo, TensorView::contiguous(rq.data(), DType::f64, sq),
                                             TensorView::contiguous(rk.data(), DType::f64, sk),
@@ -416,15 +411,13 @@ TEST(BackwardGpu, WsRowsMatchReference) {
   }
 }
 
-// The warp-specialized rows' dQ finish (tile_bwd.cuh): bwd_finish_tile_kernel (a CTA per 64-row tile through shared
-// memory; the default) against bwd_finish_grid_kernel (SPATTN_BWD_FINISH=v1), both against the reference and their dq
-// bit for bit (the same arithmetic, finish_store). The key lengths are one key tile (<= 128), so each accumulator
-// element gets one add (onto zero: the same bits every run; v1 run twice asserts it). D = 64 and 128, bf16 and fp16,
-// GQA, query lengths no multiple of 64, rows that keep no key, [B, H, L, D] views, narrowed dq rows (4-byte loads and
-// stores), a compound plan whose columns part adds to dq (dq_accumulate); at the grid limit 65535 and 1 (a launch a
-// batch and head). Each asserted to have run the finish asked (TileBackward::finish_tile_counts). Another value of the
-// switch is refused, by name. (No residue permutation: the warp-specialized rows load by TMA, identity plans only.)
-TEST(BackwardGpu, WsFinishTileMatchesV1BitForBit) {
+// The warp-specialized rows' dQ finish (tile_bwd.cuh, bwd_finish_tile_kernel: a CTA per 64-row tile through shared
+// memory) against the reference: D = 64 and 128, bf16 and fp16, GQA, query lengths no multiple of 64, rows that keep
+// no key, [B, H, L, D] views, narrowed dq rows (4-byte loads and stores), a compound plan whose columns part adds to
+// dq (dq_accumulate); at the grid limit 65535 and 1 (a launch a batch and head). Each asserted to have run it
+// (TileBackward::finish_tile_counts). (No residue permutation: the warp-specialized rows load by TMA, identity plans
+// only.)
+TEST(BackwardGpu, WsFinishTileMatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
@@ -447,41 +440,17 @@ TEST(BackwardGpu, WsFinishTileMatchesV1BitForBit) {
       SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" +
                    std::to_string(c.Lk) + " pad=" + std::to_string(c.pad) + " limit " + std::to_string(lim));
       const int64_t parts = c.compound == 1 ? 2 : 1;  // tile backward launches
-      std::vector<uint8_t> dq[3];                     // v1, the tile finish, v1 again
-      for (int run = 0; run < 3; ++run) {
-        const bool v1 = run != 1;
-        if (v1)
-          ::setenv("SPATTN_BWD_FINISH", "v1", 1);
-        else
-          ::unsetenv("SPATTN_BWD_FINISH");
-        const TileBackward::FinishTileCounts n0 = TileBackward::finish_tile_counts();
-        std::string ran;
-        const auto e = backward_errors(c, x.kernel, &ran, seed, nullptr, 0, &dq[run]);
-        const TileBackward::FinishTileCounts n1 = TileBackward::finish_tile_counts();
-        EXPECT_NE(ran.find("sm90_bwd_ws"), std::string::npos) << ran;
-        EXPECT_EQ(n1.launches - n0.launches, v1 ? 0 : parts) << "tile finishes, run " << run;
-        EXPECT_EQ(n1.accumulate - n0.accumulate, v1 ? 0 : parts - 1) << "tile finishes adding to dq, run " << run;
-        expect_within(e, c.dt);
-      }
-      ::unsetenv("SPATTN_BWD_FINISH");
-      ASSERT_EQ(dq[0].size(), dq[1].size());
-      EXPECT_TRUE(dq[0] == dq[2]) << "v1 twice: the accumulator differs between runs (the bit-for-bit premise)";
-      size_t diff = 0, first = dq[0].size();
-      for (size_t i = 0; i < dq[0].size(); ++i)
-        if (dq[0][i] != dq[1][i]) first = std::min(first, i), ++diff;
-      EXPECT_EQ(diff, 0u) << "dq bytes differing between the finishes, the first at byte " << first;
+      const TileBackward::FinishTileCounts n0 = TileBackward::finish_tile_counts();
+      std::string ran;
+      const auto e = backward_errors(c, x.kernel, &ran, seed);
+      const TileBackward::FinishTileCounts n1 = TileBackward::finish_tile_counts();
+      EXPECT_NE(ran.find("sm90_bwd_ws"), std::string::npos) << ran;
+      EXPECT_EQ(n1.launches - n0.launches, parts) << "tile finishes";
+      EXPECT_EQ(n1.accumulate - n0.accumulate, parts - 1) << "tile finishes adding to dq";
+      expect_within(e, c.dt);
       ++seed;
     }
   }
-  ::setenv("SPATTN_BWD_FINISH", "v2", 1);
-  try {
-    std::string ran;
-    backward_errors(cs[0].c, cs[0].kernel, &ran, 3100);
-    ADD_FAILURE() << "SPATTN_BWD_FINISH=v2 accepted";
-  } catch (const spattn::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"v2\""), std::string::npos) << e.what();
-  }
-  ::unsetenv("SPATTN_BWD_FINISH");
 }
 
 // One small case of each warp-specialized row, for compute-sanitizer (a partial last key tile, a bitmask tile, an odd
@@ -500,59 +469,6 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
     EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1);
     expect_within(e, c.dt);
   }
-}
-
-// SPATTN_BWD_STEP128=v3 / v4 (a temporary A/B switch; tile_bwd_ws.cuh, Step128: the D = 128 step's entry taken from
-// the previous step, its bitmask words loaded there; v4 also stores dS^T before dV's group), set for the scope.
-struct Step128Env {
-  explicit Step128Env(const char* v) { ::setenv("SPATTN_BWD_STEP128", v, 1); }
-  ~Step128Env() { ::unsetenv("SPATTN_BWD_STEP128"); }
-};
-// c under variant v (3, 4) against the reference: bf16 asserted to have run the variant (TileBackward's count), fp16
-// the default step.
-void expect_step128(const Case& c, int v, uint32_t seed) {
-  using spattn::cuda::TileBackward;
-  SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) + " v" +
-               std::to_string(v));
-  const Step128Env on(v == 3 ? "v3" : "v4");
-  const int64_t n0 = TileBackward::step128_launches(v);
-  std::string ran;
-  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed);
-  EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d128");
-  EXPECT_EQ(TileBackward::step128_launches(v) - n0, c.dt == DType::bf16 ? 1 : 0) << "the variant (bf16 only)";
-  expect_within(e, c.dt);
-}
-// A small case for compute-sanitizer: bitmask tiles, GQA, an odd key tile, a partial last key tile.
-const Case kWs128SmallCase{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 4, 2, 300, 300, 128, false};
-
-TEST(BackwardGpu, WsStep128SmallCaseForSanitizers) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  for (const int v : {3, 4}) expect_step128(kWs128SmallCase, v, 2950);
-}
-
-// Both variants on one query tile under GQA (every key tile one entry or none: each step's next entry is the same) and
-// WsRowsMatchReference's D = 128 cases (their seeds). A value other than v3 / v4 is refused; unset, the default runs.
-TEST(BackwardGpu, WsStep128VariantsMatchReference) {
-  REQUIRE_GPU();
-  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  using spattn::cuda::TileBackward;
-  std::vector<std::pair<Case, uint32_t>> cs = {{{{"local(30)"}, DType::bf16, 1, 4, 2, 64, 411, 128, false}, 2951}};
-  uint32_t seed = 2600;
-  for (const Case& c : ws_row_cases()) {
-    const uint32_t s = seed++;
-    if (c.D == 128) cs.push_back({c, s});
-  }
-  for (const int v : {3, 4})
-    for (const auto& [c, s] : cs) expect_step128(c, v, s);
-  std::string ran;
-  {
-    const Step128Env bad("v9");
-    EXPECT_THROW(backward_errors(kWs128SmallCase, "sm90_bwd_ws", &ran, 2950), spattn::Error);
-  }
-  const int64_t n3 = TileBackward::step128_launches(3), n4 = TileBackward::step128_launches(4);
-  expect_within(backward_errors(kWs128SmallCase, "sm90_bwd_ws", &ran, 2950), kWs128SmallCase.dt);
-  EXPECT_EQ(TileBackward::step128_launches(3) + TileBackward::step128_launches(4), n3 + n4) << "unset: the default";
 }
 
 // The persistent D = 64 grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key tiles from a counter, the

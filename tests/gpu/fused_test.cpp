@@ -5,7 +5,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,7 +12,6 @@
 #include "gpu/require_gpu.hpp"
 #include "plan/gpu/block_plan.hpp"
 #include "cuda/fused/fused_attention.hpp"
-#include "cuda/fused/fused_fwd.hpp"
 #include "plan/analysis.hpp"
 #include "plan/kernels.hpp"
 #include "spattn/reference.hpp"
@@ -450,39 +448,6 @@ TEST_P(FusedTmaEpilogue, MatchesReference) {
   check_case(GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(Fused, FusedTmaEpilogue, ::testing::ValuesIn(kTmaEpiCases));
-
-// SPATTN_FWD_LAZY64=1 (an A/B switch, read by FusedFwd::run at each launch): the D=64 128-row TMA kernel with the
-// D=128 kernel's loop (WsLazy: the stale-max step, two P buffers): causal, a GQA window, Lq > Lk, fp16, one item a CTA,
-// and the rising scores (the step's redo branch), each against the fp64 reference and checked to have run it.
-struct Lazy64Env {
-  Lazy64Env() { setenv("SPATTN_FWD_LAZY64", "1", 1); }
-  ~Lazy64Env() { unsetenv("SPATTN_FWD_LAZY64"); }
-};
-Case lazy64_case(const char* what, const char* spec, int64_t hq, int64_t hkv, int64_t lq, int64_t lk, DType t,
-                 bool rising = false, int persistent = -1) {
-  Case c = tma_epi_case(what, spec, 1, hq, hkv, lq, lk, 64, t, 128, persistent);
-  c.rising = rising;
-  return c;
-}
-const Case kLazy64Cases[] = {
-    lazy64_case("lazy D=64: causal, length 4099", "causal", 2, 2, 4099, 4099, DType::bf16),
-    lazy64_case("lazy D=64: fp16 GQA 4/2 window, length 1000", "local(256)", 4, 2, 1000, 1000, DType::f16),
-    lazy64_case("lazy D=64: Lq > Lk, items with no key", "local(left=40, right=300)", 2, 2, 1000, 300, DType::bf16),
-    lazy64_case("lazy D=64: rising scores, causal", "causal", 2, 2, 1501, 1501, DType::bf16, true),
-    lazy64_case("lazy D=64: fp16 rising scores, left window, one item a CTA", "local(left=900, right=0)", 2, 2, 1501,
-                1501, DType::f16, true, 0),
-};
-class FusedLazy64 : public ::testing::TestWithParam<Case> {};
-TEST_P(FusedLazy64, MatchesReference) {
-  REQUIRE_GPU();
-  const int64_t n0 = spattn::cuda::fused::FusedFwd::lazy64_launches();
-  {
-    Lazy64Env env;
-    check_case(GetParam());
-  }
-  if (on_sm90a()) EXPECT_GE(spattn::cuda::fused::FusedFwd::lazy64_launches() - n0, 1) << "the lazy D=64 kernel did not run";
-}
-INSTANTIATE_TEST_SUITE_P(Fused, FusedLazy64, ::testing::ValuesIn(kLazy64Cases));
 
 TEST(FusedPlan, BandAndPermutation) {
   // Host-only: the plan describes causal/local diagonals as bands and dilated rows as dense groups.

@@ -110,7 +110,6 @@ namespace {
 std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 std::atomic<int64_t> g_smem_epi{0};  // TileBackward::smem_epilogue_launches
 std::atomic<int64_t> g_fin_tile[2];  // FinishTileCounts' fields, in order
-std::atomic<int64_t> g_step128[2];   // TileBackward::step128_launches(3), (4)
 
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
@@ -145,16 +144,6 @@ void prepfin_grids(const bwd::BwdParams& p, int cta_rows, F&& f) {
     }
 }
 
-// SPATTN_BWD_FINISH, read at each launch (A/B only): "v1" the warp-specialized orders' finish by
-// bwd_finish_grid_kernel (a thread per 8 columns of a row, four 8-byte accumulator loads); unset or empty:
-// bwd_finish_tile_kernel (a CTA per 64-row tile through shared memory).
-bool finish_v1() {
-  const char* e = std::getenv("SPATTN_BWD_FINISH");
-  if (e == nullptr || *e == 0) return false;
-  if (std::string(e) == "v1") return true;
-  throw Error("SPATTN_BWD_FINISH: unknown value \"" + std::string(e) + "\" (v1, or unset)");
-}
-
 // Prep, the tile kernel (Tr::kThreads a CTA, a CTA per key tile, batch and kv head), finish (kWs: a
 // warp-specialized kernel's accumulator order, its warpgroups' dQ columns, by bwd_finish_tile_kernel; 0: row-major,
 // by bwd_finish_grid_kernel). Prep and finish: grids of (plan-space rows, head, batch) (prepfin_grids), 16-byte O
@@ -166,7 +155,6 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   constexpr int D = Tr::D;
   constexpr bool B16 = Tr::kBf16;
   constexpr int NT = bwd::kPfThreads;
-  const bool tile_finish = kWs != 0 && !finish_v1();  // before any launch: a bad value launches nothing
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes));
   if (p.qp % 64 != 0)
     throw Error("backward: plan-space query rows " + std::to_string(p.qp) + " not whole 64-row tiles");
@@ -187,27 +175,25 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
   if (grid > 0) ctas = std::min(ctas, grid);
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
   SPATTN_LAUNCH_CHECK("backward tiles");
-  if (rows > 0 && tile_finish) {
-    if constexpr (kWs != 0) {
-      constexpr int FT = bwd::kFinThreads;
-      ++g_fin_tile[0], g_fin_tile[1] += p.dq_accumulate;
-      prepfin_grids<Elem, D>(p, 64, [&](const bwd::BwdParams& c, dim3 grid) {
-        if (dq16)
-          bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, true><<<grid, FT, 0, s>>>(c);
-        else
-          bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, false><<<grid, FT, 0, s>>>(c);
-      });
-    }
-    SPATTN_LAUNCH_CHECK("backward finish");
-  } else if (rows > 0) {
+  if (rows == 0) return;
+  if constexpr (kWs != 0) {
+    constexpr int FT = bwd::kFinThreads;
+    ++g_fin_tile[0], g_fin_tile[1] += p.dq_accumulate;
+    prepfin_grids<Elem, D>(p, 64, [&](const bwd::BwdParams& c, dim3 grid) {
+      if (dq16)
+        bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, true><<<grid, FT, 0, s>>>(c);
+      else
+        bwd::bwd_finish_tile_kernel<Elem, B16, D, kWs, false><<<grid, FT, 0, s>>>(c);
+    });
+  } else {
     prepfin_grids<Elem, D>(p, bwd::kPfRows<D>, [&](const bwd::BwdParams& c, dim3 grid) {
       if (dq16)
-        bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, true><<<grid, NT, 0, s>>>(c);
+        bwd::bwd_finish_grid_kernel<Elem, B16, D, true><<<grid, NT, 0, s>>>(c);
       else
-        bwd::bwd_finish_grid_kernel<Elem, B16, D, kWs, false><<<grid, NT, 0, s>>>(c);
+        bwd::bwd_finish_grid_kernel<Elem, B16, D, false><<<grid, NT, 0, s>>>(c);
     });
-    SPATTN_LAUNCH_CHECK("backward finish");
   }
+  SPATTN_LAUNCH_CHECK("backward finish");
 }
 // strips: query strips (BwdParams::k_map), 64-key rows only.
 template <int BN, int D, bool kBf16>
@@ -233,22 +219,9 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
-// step128: SPATTN_BWD_STEP128's variant (3, 4; 0 none; bwd::Step128, a temporary A/B switch), instantiated for
-// D = 128, bf16 and the shared-memory epilogue only: elsewhere the default step runs.
-template <class Tr, int V>
-void launch_step128(const bwd::BwdParams& p, cudaStream_t s) {
-  using K = bwd::SmemEpilogue<bwd::Step128<Tr, V>>;
-  ++g_smem_epi, ++g_step128[V - 3];
-  launch_three<K, Tr::D / 2>(bwd::tile_bwd_ws_kernel<K>, p, s);
-}
 template <int D, bool kBf16>
-void launch_ws(const bwd::BwdParams& p, bool epi, int step128, cudaStream_t s) {
-  using Tr = bwd::BwdWsTraits<D, kBf16>;
-  if constexpr (D == 128 && kBf16) {
-    if (epi && step128 == 3) return launch_step128<Tr, 3>(p, s);
-    if (epi && step128 == 4) return launch_step128<Tr, 4>(p, s);
-  }
-  launch_ws_epi<Tr, D / 2>(p, epi, s);
+void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
+  launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
 // The D = 64 row; its persistent grid (with the shared-memory epilogue and an item counter; else a CTA an item): CTAs
 // an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
@@ -279,10 +252,10 @@ void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
 }
 
 // The sm90_bwd and sm90_bwd_ws rows of the kernel table, each instantiated for bf16 and fp16; row `row` launched
-// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue; step128: launch_ws's).
+// (a warp-specialized row needs `tma`; epi: its shared-memory epilogue).
 template <int... I>
-void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, int step128, const bwd::BwdParams& p,
-                cudaStream_t s, std::integer_sequence<int, I...>) {
+void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, const bwd::BwdParams& p, cudaStream_t s,
+                std::integer_sequence<int, I...>) {
   bool done = false;
   auto one = [&](auto ic) {
     constexpr plan::KernelConfig c = plan::kKernels[decltype(ic)::value];
@@ -299,7 +272,7 @@ void launch_row(int row, bool bf16, bool tma, bool strips, bool epi, int step128
         if constexpr (c.block_m == 128)
           bf16 ? launch_ws2<true>(p, epi, s) : launch_ws2<false>(p, epi, s);
         else
-          bf16 ? launch_ws<c.head_dim, true>(p, epi, step128, s) : launch_ws<c.head_dim, false>(p, epi, step128, s);
+          bf16 ? launch_ws<c.head_dim, true>(p, epi, s) : launch_ws<c.head_dim, false>(p, epi, s);
         done = true;
       }
     }
@@ -382,16 +355,7 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
                    encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
-  // SPATTN_BWD_STEP128 (read at each launch; a temporary A/B switch): v3 / v4, the D = 128 step's variants
-  // (tile_bwd_ws.cuh, Step128).
-  int step128 = 0;
-  if (const char* e = std::getenv("SPATTN_BWD_STEP128"); e && *e) {
-    const std::string v(e);
-    if (v != "v3" && v != "v4") throw Error("SPATTN_BWD_STEP128: '" + v + "' is not v3 or v4");
-    step128 = v == "v3" ? 3 : 4;
-  }
-  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, step128, p, s,
-             std::make_integer_sequence<int, plan::kNumKernels>{});
+  launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
 }
 
@@ -406,7 +370,6 @@ TileBackward::PrepFinCounts TileBackward::prepfin_counts() {
 }
 
 int64_t TileBackward::smem_epilogue_launches() { return g_smem_epi.load(); }
-int64_t TileBackward::step128_launches(int v) { return v == 3 || v == 4 ? g_step128[v - 3].load() : 0; }
 
 TileBackward::FinishTileCounts TileBackward::finish_tile_counts() {
   return {g_fin_tile[0].load(), g_fin_tile[1].load()};

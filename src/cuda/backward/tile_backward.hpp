@@ -86,14 +86,11 @@ class TileBackward {
   // stores (tile_bwd.cuh, store_dkdv_smem; not where they are added to).
   static int64_t smem_epilogue_launches();
   // For tests: the launches in this process whose finish ran bwd_finish_tile_kernel (the warp-specialized rows'
-  // accumulator order, SPATTN_BWD_FINISH unset), and of those the ones adding to dq (dq_accumulate).
+  // accumulator orders), and of those the ones adding to dq (dq_accumulate).
   struct FinishTileCounts {
     int64_t launches = 0, accumulate = 0;
   };
   static FinishTileCounts finish_tile_counts();
-  // For tests: the launches in this process that ran the D = 128 step's variant v (3, 4: SPATTN_BWD_STEP128=v3 / v4, a
-  // temporary A/B switch read at each launch; tile_bwd_ws.cuh, Step128; bf16 with the shared-memory epilogue only).
-  static int64_t step128_launches(int v);
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);

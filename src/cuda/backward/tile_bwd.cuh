@@ -366,18 +366,15 @@ __device__ __forceinline__ void mma_dq_wait(float (&dq)[NQ / 2], uint32_t s_ds, 
 // qbm, ds, kcols). Issuing dV and dK as one group before the barrier and waiting for all three after dQ (session 26's
 // step) left the tensor pipe idle while dQ was staged: this order ran the D = 128 backward 1.06-1.16x faster in one
 // process (causal 2.720 -> 2.375 ms, H200) and the D = 64 one 0.99-1.10x (bench/LOG.md).
-// before_dv (the overload with it): run after P^T and dS^T are packed, before dV's group is issued (the D = 128
-// step's v4 stores dS^T there, FA4's order, so that store_ds's proxy fence finds the stores done).
-template <class Tr, class Ops, class Pre, class F>
+template <class Tr, class Ops, class F>
 __device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
                                             uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
                                             float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], float (&dq)[Tr::kDQ / 2],
-                                            const Ops& o, Pre&& before_dv, F&& store_ds) {
+                                            const Ops& o, F&& store_ds) {
   using OpD = ::spattn::cuda::wgmma::Op<Tr::D, Tr::kBf16>;
   using OpQ = ::spattn::cuda::wgmma::Op<Tr::kDQ, Tr::kBf16>;
   mma::tile_to_p<Tr::BM, Tr::kBf16>(s, pa);
   mma::tile_to_p<Tr::BM, Tr::kBf16>(dp, da);
-  before_dv();
   fence_regs(dv);
   fence_regs(pa);
   fence_regs(da);
@@ -399,13 +396,6 @@ __device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const 
   fence_regs(dq);
   fence_regs(dv);
   fence_regs(pa);
-}
-template <class Tr, class Ops, class F>
-__device__ __forceinline__ void dv_ds_dq_dk(const float (&s)[Tr::BM / 2], const float (&dp)[Tr::BM / 2],
-                                            uint32_t (&pa)[Tr::BM / 16][4], uint32_t (&da)[Tr::BM / 16][4],
-                                            float (&dv)[Tr::D / 2], float (&dk)[Tr::D / 2], float (&dq)[Tr::kDQ / 2],
-                                            const Ops& o, F&& store_ds) {
-  dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [] {}, store_ds);
 }
 
 // A step's Q, dO (tensor maps), lse2 and delta rows (bulk copies) into a stage, completing on `bar` (one thread).
@@ -607,7 +597,7 @@ __device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, i
 
 // dq[.., c .. c + 8) of one row at drow = scale * (x, y) (the accumulator's 8 floats), + what dq holds where
 // p.dq_accumulate; packed to Elem. kVec: drow 16-byte aligned, one 16-byte store (and load of the old dq), else four
-// 4-byte ones. Both finish kernels' arithmetic (bwd_finish_grid_kernel, bwd_finish_tile_kernel: the same bits).
+// 4-byte ones. The arithmetic of both finish kernels (bwd_finish_grid_kernel, bwd_finish_tile_kernel).
 template <class Elem, bool kBf16, bool kVec>
 __device__ __forceinline__ void finish_store(const BwdParams& p, Elem* drow, const float4& x, const float4& y) {
   float g[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
@@ -633,23 +623,13 @@ __device__ __forceinline__ void finish_store(const BwdParams& p, Elem* drow, con
   }
 }
 
-// Finish's work for one thread: dq[b, tok, h, c .. c + 8) from the accumulator's (plan-space row w, r its row in its
-// 64-row tile; kWs as bwd_finish_grid_kernel's) by finish_store.
-template <class Elem, bool kBf16, int D, int kWs, bool kVec>
-__device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int r, int b, int h, int tok, int c) {
-  float4 x, y;
-  if constexpr (kWs != 0) {
-    const float* chunk = p.dq_acc + (w - r) * D;
-    float2 f[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) f[q] = *reinterpret_cast<const float2*>(chunk + ws_acc_index<D, kWs>(r, c + 2 * q));
-    x = make_float4(f[0].x, f[0].y, f[1].x, f[1].y), y = make_float4(f[2].x, f[2].y, f[3].x, f[3].y);
-  } else {
-    const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + w * D + c);
-    x = acc[0], y = acc[1];
-  }
+// Finish's work for one thread: dq[b, tok, h, c .. c + 8) from the row-major accumulator's plan-space row w by
+// finish_store.
+template <class Elem, bool kBf16, int D, bool kVec>
+__device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int b, int h, int tok, int c) {
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + w * D + c);
   finish_store<Elem, kBf16, kVec>(
-      p, static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c), x, y);
+      p, static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c), acc[0], acc[1]);
 }
 
 // bwd_finish_tile_kernel's shared copy of a tile's accumulator, in 16-byte units: unit u (of the chunk's 16 D) at
@@ -681,10 +661,10 @@ __global__ void __launch_bounds__(kPfThreads) bwd_prep_grid_kernel(const BwdPara
                                          int(threadIdx.x % TPR) * 8);
 }
 
-// Finish: dq[b, tok, h, :] = scale * accumulator (detail::finish_row), a thread per 8 elements of a real row; the
-// grid as bwd_prep_grid_kernel's. kWs: the accumulator in a warp-specialized kernel's order (detail::ws_acc_index<D,
-// kWs>, kWs columns a warpgroup; four 8-byte loads); 0: row-major. kVec: dq's rows 16-byte aligned.
-template <class Elem, bool kBf16, int D, int kWs, bool kVec>
+// Finish of the row-major accumulator (the cp.async rows; bwd_finish_tile_kernel takes the warp-specialized orders):
+// dq[b, tok, h, :] = scale * accumulator (detail::finish_row), a thread per 8 elements of a real row; the grid as
+// bwd_prep_grid_kernel's. kVec: dq's rows 16-byte aligned.
+template <class Elem, bool kBf16, int D, bool kVec>
 __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdParams p) {
   constexpr int TPR = D / 8;
   const int b = int(blockIdx.z), h = int(blockIdx.y);
@@ -692,7 +672,7 @@ __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdPa
   const int tok = detail::plan_token(pos, p.perm_d, p.q_group);
   if (tok >= p.q_len) return;
   const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
-  detail::finish_row<Elem, kBf16, D, kWs, kVec>(p, w, pos & 63, b, h, tok, int(threadIdx.x % TPR) * 8);
+  detail::finish_row<Elem, kBf16, D, kVec>(p, w, b, h, tok, int(threadIdx.x % TPR) * 8);
 }
 
 // Finish for the warp-specialized accumulator orders (kWs != 0), a CTA (kFinThreads) per 64-row tile (grid: x the
@@ -701,8 +681,10 @@ __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdPa
 // thread per (row pair r, r + 8; 8-column block): four conflict-free 16-byte shared loads (units t .. t + 3 of its
 // block, ws_fin_swz's comment), two rows of dq by finish_store (kVec: 16-byte stores; D / 8 threads of a warp on a
 // row's D columns). Rows past q_len are skipped; on the identity plan a tile wholly past q_len returns at once.
-// The per-row bwd_finish_grid_kernel read the same order by four 8-byte loads a thread, at stride 64 bytes across a
-// row's threads: 1.97 TB/s, L1 95.7 % busy (local(1024), D = 128, L = 16384, H = 16, H200).
+// A thread per 8 columns of a row reading the same order by four 8-byte loads (the finish before session 28), at
+// stride 64 bytes across a row's threads, ran at 1.97 TB/s, L1 95.7 % busy (local(1024), D = 128, L = 16384, H = 16,
+// H200); against it this kernel took the whole D = 128 backward to 0.949-0.986 of its time (local(256) GQA 32/4
+// 0.949), D = 64 1.00 (one process; bench/LOG.md, session 28).
 inline constexpr int kFinThreads = 256;
 template <class Elem, bool kBf16, int D, int kWs, bool kVec>
 __global__ void __launch_bounds__(kFinThreads) bwd_finish_tile_kernel(const BwdParams p) {

@@ -50,32 +50,6 @@ struct BwdWsTraits {
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
-// The D = 128 step's variants (SPATTN_BWD_STEP128, a temporary A/B switch read at each launch; traits Step128<Tr, v>,
-// bf16 with the shared-memory epilogue only; tile_bwd_ws_body):
-//   v3: the producer stores step i + 1's entry beside step i's in the stage (32-byte entries); the consumers read it
-//       past step i's mask branches, issue step i + 1's bitmask words from it there and keep it for step i + 1, whose
-//       top then reads nothing (the default reads its entry by LDS after the stage wait, and the words' loads go out
-//       among its S^T / dP^T wgmmas). ncu (local(1024) D = 128, B 1, L 16384, H 16, H200; bench/LOG.md, session 28):
-//       the words' predicate waited for that LDS between the step's first and second S^T wgmma (9.0k of the consumer
-//       loop's 98k stall samples, ~330 cycles a step and consumer warp), and the words' loads, predicated off, held
-//       the branch after S^T's wait on the long scoreboard (2.5k samples). The first step's entry and words by __ldg.
-//   v4: v3, and dS^T stored before dV's group is issued (FA4's order): the proxy fence and the consumers' barrier
-//       after dV's issue had waited for the stmatrix issued behind its wgmmas (8.1k samples, FA4's 1.1k).
-// (Entries read ahead from global memory instead ran no better in SASS: ptxas moves the warp-uniform entry to uniform
-// registers right in the step of its load, before S^T's wait, waiting for it; loads made non-uniform spilled.)
-template <class Base, int V>
-struct Step128 : Base {
-  static constexpr int kStep128 = V;
-  static constexpr int kSmemBytes = Base::kSmemBytes + 16 * Base::kStages;  // 32-byte entries
-};
-template <class Tr>
-constexpr int step128_of() {
-  if constexpr (requires { Tr::kStep128; })
-    return Tr::kStep128;
-  else
-    return 0;
-}
-
 // The CTA's work through lane-0 shuffles (every thread of the warp present): values the compiler then knows are
 // warp-uniform, kept in uniform registers (the D = 64 kernel had spilled its per-thread n and np: 3 LDL a step, 1
 // with this).
@@ -178,9 +152,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
   auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
   auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
-  constexpr bool kNext = step128_of<Tr>() >= 3, kDsFirst = step128_of<Tr>() >= 4;  // Step128's v3, v4
-  // stage st's entry (kNext: and the next step's after it)
-  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * (kNext ? 32 : 16); };
+  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };
   const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
   const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
 
@@ -218,7 +190,6 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
         if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
         const int4 ei = entry(i);  // the entry too, stored before the stage's arrival (release)
         st_shared_v4b32(s_ent(st), ei);
-        if constexpr (kNext) st_shared_v4b32(s_ent(st) + 16, entry(i + 1));
         tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
       }
     } else if (warp == 1 && lane == 0) {
@@ -277,32 +248,18 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     mbar_arrive(bar_dqfull + 8 * x);
   };
 
-  // Step128 (kNext): at step i's top, its entry e1 and bitmask words mw1 in registers.
-  auto words = [&](const int4& e, unsigned long long (&w)[2]) {
-    if (e.y >= 0) {
-      w[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
-      w[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
-    }
-  };
-  int4 e1{};
-  unsigned long long mw1[2] = {0, 0};
-  if constexpr (kNext) {
-    e1 = entry(0);
-    words(e1, mw1);
-  }
-
   for (int i = 0; i < n; ++i) {
     const int st = i % S;
     // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
     mbar_wait(bar_full + 8 * st, (i / S) & 1);
+    const int4 e = ld_shared_v4b32(s_ent(st));
+    const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
-    int4 e;
-    if constexpr (kNext)
-      e = e1, mw[0] = mw1[0], mw[1] = mw1[1];
-    else
-      e = ld_shared_v4b32(s_ent(st));
     auto mask_words = [&] {
-      if constexpr (!kNext) words(e, mw);
+      if (e.y >= 0) {
+        mw[0] = __ldg(p.masks + int64_t(e.y) * BN + kr0);
+        mw[1] = __ldg(p.masks + int64_t(e.y) * BN + kr0 + 8);
+      }
     };
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
@@ -312,12 +269,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     load_row_pairs<BM>(l2, s_rows(st));
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
     load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
-    mask_step<Tr, true>(s, e, k0, kr0, e.x * BM, kvalid, mw);
-    if constexpr (kNext) {  // step i + 1's entry and words, past this step's mask branches
-      e1 = ld_shared_v4b32(s_ent(st) + 16);
-      mw1[0] = mw1[1] = 0;
-      words(e1, mw1);
-    }
+    mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
     probs_or_dscores<BM, true>(s, dp, l2, sl2);
     wgmma_wait<0>();
     fence_regs(dp);
@@ -326,19 +278,11 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     // ---- dV, dS^T (barrier), dQ, dK; dQ staged for the writer while dK's group runs ----
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     float dq[kDQ / 2];
-    auto ds_stsm = [&] { store_ds_stsm<Tr>(s_ds(i), da, ds_off); };  // dS^T (this warpgroup's keys) by stmatrix
-    auto ds_fence_sync = [&] {
+    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
+      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
       fence_proxy_async();
       named_sync(1, NC);
-    };
-    if constexpr (kDsFirst) {
-      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, ds_stsm, ds_fence_sync);
-    } else {
-      dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {
-        ds_stsm();
-        ds_fence_sync();
-      });
-    }
+    });
     stage_dq(dq, i);
     wgmma_wait<0>();  // dK: every wgmma reading the stage is done
     fence_regs(dk);

@@ -3,14 +3,12 @@
 #include "plan/kernels.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "cuda/common/check.hpp"
@@ -361,33 +359,16 @@ static bool traced_run(const LaunchParams& p, cudaStream_t stream) {
 }
 #endif
 
-namespace {
-std::atomic<int64_t> g_lazy64{0};  // FusedFwd::lazy64_launches
-}  // namespace
-
 void FusedFwd::run(const Params& p, cudaStream_t stream) {
   if (p.grid == 0) return;
 #ifdef SPATTN_TRACE
   if (traced_run(p, stream)) return;
 #endif
   if (p.kernel_row < 0 || p.kernel_row >= plan::kNumKernels) throw Error("fused kernel: no kernel-table row to launch");
-  const plan::KernelConfig& row = plan::kKernels[p.kernel_row];
-  // SPATTN_FWD_LAZY64 (an A/B switch, read at each launch): 1 runs the D=64 128-row TMA kernel with kLazy (WsLazy);
-  // unset, empty or 0 the default; anything else is refused, naming the value.
-  bool lazy = false;
-  if (const char* env = std::getenv("SPATTN_FWD_LAZY64"); env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0) {
-    if (std::strcmp(env, "1") != 0) throw Error(std::string("SPATTN_FWD_LAZY64='") + env + "': expected 0 or 1");
-    lazy = row.kind == plan::KernelKind::sm90_tma && row.head_dim == 64 && row.block_m == 128 && p.o_map;
-  }
-  Params pl;
-  if (lazy) pl = p, pl.lazy64 = true;
-  const int e = plan::is_sm90(row.kind) ? launch_sm90(lazy ? pl : p, stream) : launch_sm80(p, stream);
-  if (lazy) ++g_lazy64;
+  const int e = plan::is_sm90(plan::kKernels[p.kernel_row].kind) ? launch_sm90(p, stream) : launch_sm80(p, stream);
   if (e == int(cudaErrorInvalidConfiguration)) throw Error("fused kernel: no instantiation for " + kernel_name(p));
   check(cudaError_t(e), ("launch of " + kernel_name(p)).c_str(), __FILE__, __LINE__);
 }
-
-int64_t FusedFwd::lazy64_launches() { return g_lazy64.load(); }
 
 std::string FusedFwd::kernel_name(const Params& p) {
   return std::string(p.kernel_row >= 0 ? plan::kKernels[p.kernel_row].name : "none") + (p.bf16 ? "_bf16" : "_fp16");

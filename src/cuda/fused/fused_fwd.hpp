@@ -9,7 +9,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <string>
 
 #include "common/status.hpp"
@@ -101,8 +100,6 @@ class FusedFwd {
   static void run(const Params& params, cudaStream_t stream);
   // The kernel's name for a configuration (for explain and bench rows): its table row and dtype.
   static std::string kernel_name(const Params& params);
-  // For tests: the launches in this process that ran the D=64 kernel with kLazy (SPATTN_FWD_LAZY64=1, an A/B).
-  static int64_t lazy64_launches();
 };
 
 }  // namespace spattn::cuda::fused

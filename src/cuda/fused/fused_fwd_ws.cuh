@@ -66,14 +66,6 @@ struct WsTraits {
   using Elem = typename std::conditional<kBf16, __nv_bfloat16, __half>::type;
 };
 
-// SPATTN_FWD_LAZY64=1 (an A/B, FusedFwd::run): the D=64 128-row kernel with the D=128 kernel's loop (kLazy: the
-// stale-max step, two P buffers, the next entry loaded a tile ahead).
-template <class Tr>
-struct WsLazy : Tr {
-  static_assert(Tr::D == 64 && Tr::BM == 128 && Tr::kTmaEpi, "the D=64 128-row TMA kernel only");
-  static constexpr bool kLazy = true;
-};
-
 // kTmaEpi, consumer c's epilogue: LSE by the threads, O / l into the consumer's 64 rows of the Q buffer at s_o (its
 // last S done: nothing reads them again this item), then o_full for its storer.
 template <class Tr>

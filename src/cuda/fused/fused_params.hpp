@@ -104,8 +104,6 @@ struct LaunchParams {
   // The TMA and band kernels: kernel.tmap_o holds o's map (boxes of 64 x 64 rows; FusedFwd::to_params). The TMA
   // kernel stores O through it; without it only 192-row tiles run on the TMA kernel (launch_ws: the threads' stores).
   bool o_map = false;
-  // SPATTN_FWD_LAZY64=1 (an A/B, set by FusedFwd::run at each launch): the D=64 128-row TMA kernel with kLazy (WsLazy).
-  bool lazy64 = false;
 };
 
 // Defined in kernels_sm90.cu / kernels_sm80.cu (CUDA files that include no C++20 header). Return

@@ -35,9 +35,6 @@ int launch_ws(const LaunchParams& p, cudaStream_t stream) {
     if (!p.o_map) return int(launch_one<WsTraits<BM, BN, D, kBf16, false>, Kind::kWs>(p, stream));
   }
   if (!p.o_map) return int(cudaErrorInvalidConfiguration);
-  if constexpr (D == 64 && BM == 128) {  // SPATTN_FWD_LAZY64=1 (LaunchParams::lazy64)
-    if (p.lazy64) return int(launch_one<WsLazy<WsTraits<BM, BN, D, kBf16>>, Kind::kWs>(p, stream));
-  }
   return int(launch_one<WsTraits<BM, BN, D, kBf16>, Kind::kWs>(p, stream));
 }
 
