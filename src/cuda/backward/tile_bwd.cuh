@@ -450,7 +450,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
 // producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x 64-column boxes with the tensor maps' 128-byte
 // swizzle (sw_off<64>), then one thread of each warpgroup stores its 64 rows by TMA (tmap_dk, tmap_dv; rows past k_len
 // dropped by the map). Each thread's 2 D / 8 four-byte stores of half sectors become 2 D / 16 stmatrix and 2 D / 64
-// bulk tensor stores a warpgroup.
+// bulk tensor stores a warpgroup. The persistent D = 64 grid (tile_bwd_ws2.cuh) stages dK and dV in a dS^T buffer
+// instead, its K and V tiles then already loading the next item's.
 template <class Base>
 struct SmemEpilogue : Base {
   static constexpr bool kSmemEpi = true;
@@ -497,11 +498,11 @@ __device__ __forceinline__ void store_dkdv_smem(const BwdParams& p, const float 
       tma_store_4d(&p.tmap_dv, bv + uint32_t(c) * 8192u, 64 * c, r0, hk, b);
     }
     bulk_commit();
-    bulk_wait_all<true>();  // the boxes read before the CTA (and its shared memory) ends
+    bulk_wait_all<true>();  // the boxes read before the CTA (and its shared memory) ends, or the buffer is reused
   }
 }
-// The warp-specialized kernels' epilogue: store_dkdv, or store_dkdv_smem (s_stage: the K tile, V's after it) where
-// Tr is SmemEpilogue's.
+// The warp-specialized kernels' epilogue: store_dkdv, or store_dkdv_smem (s_stage: the K tile, V's after it; the
+// persistent grid's: a dS^T buffer) where Tr is SmemEpilogue's.
 template <class Tr>
 __device__ __forceinline__ void store_dkdv_ws(const BwdParams& p, const float (&dk)[Tr::D / 2],
                                               const float (&dv)[Tr::D / 2], int b, int hk, int k0, int kr0,
@@ -512,9 +513,9 @@ __device__ __forceinline__ void store_dkdv_ws(const BwdParams& p, const float (&
     store_dkdv<Tr>(p, dk, dv, b, hk, k0, kr0);
 }
 
-// The CTA's work (a CTA per key tile, batch and kv head; key tiles in the plan's order, most entries first, within
-// head sections): its
-// steps are the key tile's entries for each query head of the kv head's group, n = ne * group.
+// A work item (a key tile, batch and kv head; a CTA an item, or the persistent grid's CTAs taking several; key tiles
+// in the plan's order, most entries first, within head sections): its steps are the key tile's entries for each query
+// head of the kv head's group, n = ne * group.
 struct KeyTileWork {
   int b, hk, k0, ne, n;
   int64_t e0;  // the key tile's first entry
@@ -537,17 +538,6 @@ __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
   return key_tile_work<BN>(p, int(blockIdx.x));
 }
 
-// The warp-specialized kernels' dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
-// kDQ columns (D/2: tile_bwd_ws.cuh; D: tile_bwd_ws2.cuh, a warpgroup per 64 queries) are a contiguous block (one
-// bulk reduce-add), in its threads' register order (thread t's float4 u at (128 u + t) 4: conflict-free
-// st.shared.v4). The index of element (row r, column c) of the tile.
-template <int D, int kDQ = D / 2>
-__device__ __forceinline__ int ws_acc_index(int r, int c) {
-  const int w = c / kDQ, cc = c % kDQ, u = cc / 8, q = (cc % 8) / 2;
-  const int t = (r / 16) * 32 + (r % 8) * 4 + q, hh = (r % 16) / 8;
-  return w * 64 * kDQ + (u * 128 + t) * 4 + 2 * hh + (cc & 1);
-}
-
 // 8 2-byte elements at p as four words: one 16-byte load (kVec: p 16-byte aligned) or four 4-byte loads.
 template <bool kVec>
 __device__ __forceinline__ void load8(const void* p, uint32_t (&u)[4]) {
@@ -560,9 +550,10 @@ __device__ __forceinline__ void load8(const void* p, uint32_t (&u)[4]) {
   }
 }
 
-// Prep's work for one thread: 8 columns [c, c + 8) of plan-space row w (token tok of batch b, head h): delta's partial sum over dO o O, reduced over the row's D / 8 threads (one warp), then lse2 and delta
-// (column 0's thread) and the accumulator's 8 floats zeroed (two 16-byte stores). dO by one 16-byte load (16-byte
-// aligned rows); O by one 16-byte load (kVec: its rows 16-byte aligned) or four 4-byte loads.
+// Prep's work for one thread: 8 columns [c, c + 8) of plan-space row w (token tok of batch b, head h): delta's
+// partial sum over dO o O, reduced over the row's D / 8 threads (one warp), then lse2 and delta (column 0's thread)
+// and the accumulator's 8 floats zeroed (two 16-byte stores). dO by one 16-byte load (16-byte aligned rows); O by one
+// 16-byte load (kVec: its rows 16-byte aligned) or four 4-byte loads.
 template <class Elem, bool kBf16, int D, bool kVec>
 __device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, int h, int tok, int c) {
   const bool real = tok < p.q_len;
@@ -632,8 +623,13 @@ __device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int b,
       p, static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c), acc[0], acc[1]);
 }
 
+// The warp-specialized kernels' dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
+// kDQ columns (bwd_finish_tile_kernel's kWs; D/2: tile_bwd_ws.cuh; D: tile_bwd_ws2.cuh, a warpgroup per 64 queries)
+// are a contiguous block (one bulk reduce-add), in its threads' register order (thread t's float4 u at (128 u + t) 4:
+// conflict-free st.shared.v4). Element (row r, column c) of the tile, with w = c / kDQ, cc = c % kDQ, is float
+// w 64 kDQ + (128 (cc / 8) + t) 4 + 2 ((r % 16) / 8) + cc % 2, t = (r / 16) 32 + (r % 8) 4 + q, q = (cc % 8) / 2.
 // bwd_finish_tile_kernel's shared copy of a tile's accumulator, in 16-byte units: unit u (of the chunk's 16 D) at
-// ws_fin_swz(u). By ws_acc_index, unit u holds column block u / 128 (8 columns c0 = 8 (u / 128): warpgroup w, block
+// ws_fin_swz(u). By that order, unit u holds column block u / 128 (8 columns c0 = 8 (u / 128): warpgroup w, block
 // j of its kWs columns, c0 = w kWs + 8 j) and t = u % 128 = (r / 16) 32 + (r % 8) 4 + q: rows r (floats 0, 1) and
 // r + 8 (2, 3), columns c0 + 2 q, + 1. The swizzle XORs the column block's low 3 bits into the unit's: a linear copy
 // (8 consecutive units a quarter warp) stays a permutation of 8 units, and a read of one unit t by 8 threads of 8

@@ -14,8 +14,8 @@
 //                 wgmma groups (P^T's exponentials run under dP^T's wgmma), dV by RS wgmma, dS^T through a
 //                 double-buffered shared tile (one 256-thread barrier a step: both halves of the key tile stored),
 //                 then dQ = dS K (this warpgroup's D/2 columns) and dK by RS wgmma as two more groups: dQ is staged
-//                 for the writer in its register order (detail::ws_acc_index; bwd_finish_tile_kernel<..., D / 2,
-//                 ...> reads that order) while dK's group runs (tile_bwd.cuh, dv_ds_dq_dk).
+//                 for the writer in its register order (tile_bwd.cuh, the ws accumulator order above ws_fin_swz;
+//                 bwd_finish_tile_kernel<..., D / 2, ...> reads it) while dK's group runs (dv_ds_dq_dk).
 //
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).

@@ -9,8 +9,8 @@
 //   pairs a head); an odd key tile's last pair has an empty second half: the first half's query tile loaded again
 //   under an empty band (P = 0, so dS = 0 and nothing reaches dK, dV), and the writer adds nothing for it.
 //   Registers a consumer thread: S^T 64 + dP^T 64 + dK 32 + dV 32 (+ dQ 32 after S^T and dP^T are packed).
-//   dQ staging: one buffer a warpgroup (64 x 64 fp32, in its register order: ws_acc_index<64, 64>), freed by the
-//   writer once its bulk reads are done (a step ahead of its reuse).
+//   dQ staging: one buffer a warpgroup (64 x 64 fp32, in its register order: tile_bwd.cuh's ws accumulator order with
+//   kDQ = 64), freed by the writer once its bulk reads are done (a step ahead of its reuse).
 #pragma once
 #include "cuda/backward/tile_bwd_ws.cuh"
 
