@@ -11,6 +11,9 @@
 //   Registers a consumer thread: S^T 64 + dP^T 64 + dK 32 + dV 32 (+ dQ 32 after S^T and dP^T are packed).
 //   dQ staging: one buffer a warpgroup (64 x 64 fp32, in its register order: tile_bwd.cuh's ws accumulator order with
 //   kDQ = 64), freed by the writer once its bulk reads are done (a step ahead of its reuse).
+// Two grids: a CTA a key tile (tile_bwd_ws2_body), and the persistent one (tile_bwd_ws2_persist_body, traits
+// Persistent<SmemEpilogue<...>>: CTAs an SM taking key tiles from a counter), which tile_backward.cu launches where
+// dK / dV go out through shared memory and the lists have an item counter.
 #pragma once
 #include "cuda/backward/tile_bwd_ws.cuh"
 
@@ -239,9 +242,9 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 }
 
 // The persistent grid's pieces (tile_bwd_ws2_persist_body): tile_bwd_ws2_body's roles over one item each, the CTA's
-// step count running on across items. (tile_bwd_ws2_body, the one-CTA-an-item grid where a later part adds to dK / dV
-// or the lists are a run-time mask's, keeps its own copy of the step: built on these pieces, its SASS differed in 495
-// of ~2770 instructions, not yet timed.)
+// step count running on across items. (tile_bwd_ws2_body, the one-CTA-an-item grid where a later part adds to dK / dV,
+// dk / dv admit no tensor map or the lists are a run-time mask's, keeps its own copy of the step: built on these
+// pieces, its SASS differed in 495 of ~2770 instructions, not yet timed.)
 // The kernel's shared memory (Tr's offsets from the aligned base, smem_base_1024).
 template <class Tr>
 struct Ws2Smem {
@@ -622,7 +625,8 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
   }
 }
 
-// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits).
+// The warp-specialized kernels: 64 queries a step (BwdWsTraits, tile_bwd_ws.cuh) or 128 (BwdWs2Traits; on the
+// persistent grid where Tr is Persistent's).
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __grid_constant__ BwdParams p) {
 #ifdef __CUDA_ARCH__
