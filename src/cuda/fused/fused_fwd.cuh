@@ -318,11 +318,11 @@ __device__ __forceinline__ bool lazy_vote(const float (&s)[BN / 2], const float 
 // true). As a row's maximum rarely moves, the exponentials are taken against the stale maxima straight from S, summed
 // and packed, with the tile's row maxima, their growth test and the warp's vote beside them rather than ahead of them.
 // Where the vote finds growth (a row's first tiles, or scores that jump) those values are dropped and the step is taken
-// again with the new maxima. Either way the values are those of the maxima-first step bit for bit (the same maxima,
-// offsets, summation chains and packs). The branch on the vote ends the basic block, so the wait for PV_{i-1} that
-// follows stays behind the exponentials. Against the maxima-first step (P packed after the vote, then a trap branch as
-// the block boundary): 0.927-0.973 of the forward's time on the six D=128 TMA cases (H200, bf16, one process;
-// bench/LOG.md, session 28).
+// again with the new maxima. Either way the values are bit for bit those of the step this one replaced, which took the
+// maxima and the vote first (the same maxima, offsets, summation chains and packs). The branch on the vote ends the
+// basic block, so the wait for PV_{i-1} that follows stays behind the exponentials. Against that step (P packed after
+// the vote, then a trap branch as the block boundary): 0.927-0.973 of the forward's time on the six D=128 TMA cases
+// (H200, bf16, one process; bench/LOG.md, session 28).
 template <int BN, int kP, bool kBf16>
 __device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                   float sl2, float (&alpha)[2], uint32_t (&pa)[BN / 16][4]) {
@@ -490,14 +490,13 @@ __device__ __forceinline__ void stage_o_swizzled(uint32_t s_o, const float (&o)[
 //   turn_wait(), turn_pass()   the turn barriers around the S issue
 //   after_last_s()             once every S of the tile list is done (before the last PV)
 // kLazy (the TMA kernel at D=128; KERNELS.md section 6): a basic-block boundary between softmax_i and the wait for
-// PV_{i-1} (ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the softmax, and PV_{i-1} never runs under
-// it: tile_softmax_lazy's branch on its vote), the row max and sum in two chains, the lazy rescale (O rescaled on a
-// warp-uniform branch)
-// and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the turn wait); and
-// P_i packed to 16 bits inside softmax_i's basic block, into the second of two P buffers (PV_{i-1} still reads the
-// first; the loop runs two tiles a trip so that the buffers alternate). ptxas then interleaves the 32 F2FP packs
-// with the 66 MUFU.EX2 of that block (a warp's EX2 holds the quarter-rate pipe 8 cycles), where otherwise they ran
-// back to back after the block boundary with nothing to hide under: causal D=128's profile put 7.5% more warp time
+// PV_{i-1} (tile_softmax_lazy's branch on its vote; ptxas otherwise hoists that wait, WARPGROUP.DEPBAR, ahead of the
+// softmax, and PV_{i-1} never runs under it), the row max and sum in two chains, the lazy rescale (O rescaled on a
+// warp-uniform branch) and tile i+1's plan entry loaded during tile i (its load otherwise stalls the warp ahead of the
+// turn wait); and P_i packed to 16 bits inside softmax_i's basic block, into the second of two P buffers (PV_{i-1}
+// still reads the first; the loop runs two tiles a trip so that the buffers alternate). ptxas then interleaves the 32
+// F2FP packs with the MUFU.EX2 of that block (a warp's EX2 holds the quarter-rate pipe 8 cycles), where otherwise they
+// ran back to back after the block boundary with nothing to hide under: causal D=128's profile put 7.5% more warp time
 // than FlashAttention-4's in this tail.
 template <int BM, int BN, int D, bool kBf16, int TileBytes, class Entry0, class Entry, class WaitFull, class Stage,
           class Release, class TurnWait, class TurnPass, class AfterLastS, bool kLazy = false>
