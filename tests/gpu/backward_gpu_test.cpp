@@ -1,7 +1,8 @@
 // Plan::backward on a CUDA device, kernel by kernel: the sm_90a tensor-core tiles (sm90_bwd, and the warp-specialized
-// sm90_bwd_ws rows) and the CUDA-core CSR pass (cuda_csr_bwd), each forced and asserted to have run, against the fp64 reference backward on fresh random
-// inputs: every tile kind (full, band, bitmask; residue permutations), GQA, per-head patterns, empty rows,
-// Lq != Lk, lengths that are no multiple of a tile, D = 64 and 128, bf16 and fp16, [B, H, L, D] strided views.
+// sm90_bwd_ws rows) and the CUDA-core CSR pass (cuda_csr_bwd), each forced and asserted to have run, against the fp64
+// reference backward on fresh random inputs: every tile kind (full, band, bitmask; residue permutations), GQA, per-head
+// patterns, empty rows, Lq != Lk, lengths that are no multiple of a tile, D = 64 and 128, bf16 and fp16, [B, H, L, D]
+// strided views.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -362,8 +363,9 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
 // shared memory by TMA stores (tile_bwd.cuh, store_dkdv_smem): causal, windows, bitmask tiles, GQA (dK, dV summed over
 // the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
 // partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
-// and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count), against the
-// reference with the gradients poisoned beforehand. A compound plan whose later tile part adds to dk, dv
+// and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count; at D = 64 on the
+// persistent grid, the default there: Persistent64* assert that grid), against the reference with the gradients
+// poisoned beforehand. A compound plan whose later tile part adds to dk, dv
 // (dkv_accumulate: each thread adds its pairs) too.
 const std::vector<Case>& ws_row_cases() {
   static const std::vector<Case> cs = {
@@ -493,9 +495,10 @@ void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
   expect_within(e, c.dt);
 }
 
-// WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid and on grids of 3 and 1 CTAs (every CTA
-// several items: the protocol across items), a case with more items than SMs at the full grid, and a compound plan
-// (its tiles part on the persistent grid, its affine part adding to dK / dV).
+// WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid (the run WsRowsMatchReference makes, here
+// asserted to be persistent) and on grids of 3 and 1 CTAs (every CTA several items: the protocol across items), a
+// case with more items than SMs at the full grid, and a compound plan (its tiles part on the persistent grid, its
+// affine part adding to dK / dV).
 TEST(BackwardGpu, Persistent64MatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
