@@ -26,14 +26,14 @@ it measured; --resume JSON continues such a run (its rows kept, its cases skippe
   python3 bench/strided_bench.py --lib build/libspattn.so --json out/strided.json
   python3 bench/strided_bench.py --lib build/libspattn.so --baseline h200-strided   # bench/baselines/h200-strided.{json,png}
 
---env-ab VAR=VALUE[,VAR=VALUE] (issue 42's SPATTN_RESIDUE_SECTIONS=old, SPATTN_RESIDUE_BWD=old): also a second plan
+--env-ab VAR=VALUE[,VAR=VALUE] (an A/B switch of docs/CPP.md, e.g. SPATTN_HEAD_SECTION=0): also a second plan
 of each case made with those set, its forward and its backward timed against the first's (the variables unset) in
 alternation, the variables set around each call and each graph capture (what the library reads at launch, at make_plan
 and where the backward's plans are built at its first call all apply); the row's "env_ab": the times, the speeds of
 the default over the variant's, the variant's forward error against the same reference, its gradients against the
 default's and its kernels.
 
-  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_RESIDUE_BWD=old
+  python3 bench/strided_bench.py --lib build/libspattn.so --lengths 16384 --env-ab SPATTN_HEAD_SECTION=0
 """
 import argparse
 import datetime
