@@ -78,7 +78,8 @@ def local256(b, h, q, k):
 
 # Issue 39's bar: the backward's effective TFLOP/s at least this share of the same plan's forward (0.8 on bands,
 # blocks and causal, 0.6 elsewhere); against FlexAttention's backward a geomean of 2.5x and no case below 1.5x.
-# Issue 39's bar classes: its table's names, then the suite's (gpu_bench.suite) where they are bands, blocks or causal
+# BAR_CLASS: the classes by case name, issue 39's table's names, then the suite's (gpu_bench.suite) that are bands,
+# blocks or causal; any other name is "other" (bar 0.6).
 BAR_CLASS = {"local": "band", "local_gqa": "band", "bigbird": "blocks", "sinks_causal": "causal",
              "lfcols": "band", "sinks": "band", "causal": "causal", "dense": "blocks"}
 BAR_FLEX_GEOMEAN, BAR_FLEX_MIN = 2.5, 1.5
