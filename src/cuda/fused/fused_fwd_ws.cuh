@@ -40,7 +40,8 @@ struct WsTraits {
   static constexpr int kConsumers = BM / 64;
   // D=128: the key-tile loop with the lazy rescale and the softmax kept under the previous P V, P packed inside the
   // softmax's block (pipelined_tiles' kLazy): +3.9-4.7% on the windows table's three D=128 cases (H200, bf16), the
-  // early pack 1.5% more on the six D=128 cases (bench/LOG.md, session 26). D=64 keeps the plain loop.
+  // early pack 1.5% more on the six D=128 cases (bench/LOG.md, session 26). D=64 keeps the plain loop (this loop
+  // there: 0.994-1.014 of its time on six D=64 cases, one process, H200; bench/LOG.md, session 28).
   static constexpr bool kLazy = D == 128;
   static constexpr int kEmptyArrivals = 128 * kConsumers;  // every consumer thread releases a K/V stage
   static constexpr int kThreads = 128 * (kConsumers + 1);
