@@ -481,7 +481,8 @@ struct GridLimit {
   explicit GridLimit(int limit) : prev(spattn::cuda::TileBackward::set_persist64_grid_limit(limit)) {}
   ~GridLimit() { spattn::cuda::TileBackward::set_persist64_grid_limit(prev); }
 };
-// c through the persistent grid (asserted to have run, once, with the shared-memory epilogue) against the reference.
+// c through the persistent grid (asserted to have run once a backward call, the captured one too, with the
+// shared-memory epilogue) against the reference.
 void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
   using spattn::cuda::TileBackward;
   const int64_t p0 = TileBackward::persist64_launches(), e0 = TileBackward::smem_epilogue_launches();
