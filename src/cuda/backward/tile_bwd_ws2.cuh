@@ -477,16 +477,16 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
   }
 }
 
-// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>; tile_backward.cu, launch_ws2):
-// CTAs an SM x SMs, each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's
-// DynamicPersistentTileScheduler does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) +
-// gridDim.x (the counter zeroed before the launch: a memset node under graph capture). The producer thread takes them
-// (the next one after the item's loads) and hands each to the dQ writer and the 256
-// consumer threads through two item slots (item_full: the producer's arrival after its store; item_empty: the 257
-// readers', each as soon as it has read), so every role walks the same items and the producer runs up to two items
-// ahead: it loads the next item's first Q / dO stages as soon as the ring has room, under the current item's last
-// steps and dK / dV epilogue. Every role's step count runs on across items (ws2_steps: the ring's stage and phase,
-// the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends the walk.
+// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>; tile_backward.cu, launch_persist64): CTAs an SM x SMs,
+// each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's DynamicPersistentTileScheduler
+// does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) + gridDim.x (the counter zeroed before
+// the launch: a memset node under graph capture). The producer thread takes them (the next one after the item's loads)
+// and hands each to the dQ writer and the 256 consumer threads through two item slots (item_full: the producer's
+// arrival after its store; item_empty: the 257 readers', each as soon as it has read), so every role walks the same
+// items and the producer runs up to two items ahead: it loads the next item's first Q / dO stages as soon as the ring
+// has room, under the current item's last steps and dK / dV epilogue. Every role's step count runs on across items
+// (ws2_steps: the ring's stage and phase, the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends
+// the walk.
 // K and V: dK / dV are staged in a dS^T buffer (free once both warpgroups' last dQ wgmma is done: every step waits
 // for its wgmmas, and a consumer barrier follows the last step), so the consumers issue the next item's K and V right
 // after that barrier, before the epilogue, their copies under its stmatrix and TMA stores; the next item's first dS^T
