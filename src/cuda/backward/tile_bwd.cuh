@@ -13,7 +13,9 @@
 //                           [w D/2, (w+1) D/2), added to an fp32 accumulator in plan space by red.global.add.v2
 // Q, dO, the rows' lse and delta come in by cp.async, double-buffered (the next step's while this one computes).
 // Prep kernel: delta = rowsum(dO o O) and lse * log2 e (+inf where a row is padding or kept no key: P = 0) in plan
-// space, the dQ accumulator zeroed. Finish kernel: dQ = scale * accumulator, at the rows' tokens.
+// space, the dQ accumulator zeroed. Finish kernels: dQ = scale * accumulator, at the rows' tokens
+// (bwd_finish_grid_kernel for this file's row-major accumulator, bwd_finish_tile_kernel for the warp-specialized
+// rows' order).
 //
 // Out-of-range keys need no mask in full tiles (a full tile has every key in range) and are masked in band tiles
 // (kvalid) and bitmask tiles (no bit); padding query rows have lse +inf, so P = 0 there.
