@@ -120,10 +120,10 @@ std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
 std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
 std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
 
-// f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel; bwd_finish_tile_kernel) of p's batches and query
-// heads, cta_rows plan-space rows a CTA (grid x), in chunks of at most g_grid_limit of each (grid y and z): c is p with
-// its pointers to O, dO, dQ, lse and the plan-space rows moved to the chunk's first batch and head (the kernels' row
-// index keeps p.q_heads as its stride).
+// f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel and bwd_finish_grid_kernel, kPfRows<D> rows a CTA;
+// bwd_finish_tile_kernel, 64) of p's batches and query heads, cta_rows plan-space rows a CTA (grid x), in chunks of at
+// most g_grid_limit of each (grid y and z): c is p with its pointers to O, dO, dQ, lse and the plan-space rows moved to
+// the chunk's first batch and head (the kernels' row index keeps p.q_heads as its stride).
 template <class Elem, int D, class F>
 void prepfin_grids(const bwd::BwdParams& p, int cta_rows, F&& f) {
   const int lim = g_grid_limit.load();
