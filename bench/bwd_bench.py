@@ -32,7 +32,6 @@ import argparse
 import ctypes
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,27 +40,10 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import Lib, neighborhood_mask, suite, with_env  # noqa: E402
+from gpu_bench import Lib, neighborhood_mask, suite, time_pair, with_env  # noqa: E402
 from gpu_bench import bhld_strides as strides  # noqa: E402  ([B, H, L, D] tensor as [B, L, H, D])
 
 i64, vp = ctypes.c_int64, ctypes.c_void_p
-
-
-def time_pair(fns, reps=20, warmup=3):
-    for f in fns:
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    ts = [[] for _ in fns]
-    for _ in range(reps):
-        for i, f in enumerate(fns):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            f()
-            b.record()
-            ts[i].append((a, b))
-    torch.cuda.synchronize()
-    return [statistics.median(a.elapsed_time(b) for a, b in t) for t in ts]
 
 
 def sinks_causal(b, h, q, k):  # (local(left=2048, right=0) | global_cols(0:4)) & causal

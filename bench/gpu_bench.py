@@ -362,6 +362,25 @@ def time_paired(fns, reps, warmup=5):
     return ([statistics.median(a.elapsed_time(b) for a, b in e) for e in ev], [how for _call, how in calls])
 
 
+def time_pair(fns, reps=20, warmup=3):
+    """Median GPU times (ms) of eager calls of several functions, called in turn reps times (as time_paired, without
+    graphs: for autograd calls, whose graph capture is not what users run), warmup calls of each first."""
+    for f in fns:
+        for _ in range(warmup):
+            f()
+    torch.cuda.synchronize()
+    ts = [[] for _ in fns]
+    for _ in range(reps):
+        for i, f in enumerate(fns):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            f()
+            b.record()
+            ts[i].append((a, b))
+    torch.cuda.synchronize()
+    return [statistics.median(a.elapsed_time(b) for a, b in t) for t in ts]
+
+
 def sample_rows(L):
     m = min(256, L // 4)
     mid = L // 2

@@ -6,7 +6,7 @@ bf16, B = 2, H = 16) at each --lengths and --dims. For each it times
   forward   ours (spattn_plan_forward) and Flex's (compiled flex_attention, a block mask of the same pattern), CUDA-graph
             replays in alternation (gpu_bench.time_paired), median of --reps; dense cuDNN SDPA once per (L, D);
   backward  ours (spattn_plan_backward after one forward) and Flex's (autograd.grad over a retained graph), the calls
-            in alternation (bwd_bench.time_pair), median of --reps;
+            in alternation (gpu_bench.time_pair), median of --reps;
 and checks our output against an fp32 reference on sampled query rows (gpu_bench.reference, the library's own mask)
 and our gradients against Flex's (relative Frobenius, the largest of dq, dk, dv; ours against the fp64 reference is
 BackwardGpu.StridedPastSixteen's).
@@ -51,8 +51,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline  # noqa: E402  (meta block, BASELINES, plots)
 import gpu_bench  # noqa: E402  (PROBLEM: the B and H Fused plans)
-from bwd_bench import time_pair  # noqa: E402  (calls in alternation, eager: the backward)
-from gpu_bench import (STRIDED, Fused, Lib, reference, rel_err, sample_rows, suite, time_ms, time_paired,  # noqa: E402
+from gpu_bench import (STRIDED, Fused, Lib, reference, rel_err, sample_rows, suite, time_ms, time_pair, time_paired,  # noqa: E402
                        with_env)
 
 # The bar.

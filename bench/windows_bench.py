@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bwd_bench import time_pair  # noqa: E402  (calls in alternation, eager: the backward)
-from gpu_bench import time_paired  # noqa: E402  (CUDA-graph replays in alternation: the forward)
+from gpu_bench import time_pair, time_paired  # noqa: E402  (eager calls: the backward; graph replays: the forward)
 
 # (name, B, L, Hq, Hkv, D, left, right, causal): left/right None = unbounded on that side
 CASES = [
