@@ -41,210 +41,8 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// The consumer step (session 27, bench/LOG.md): the step's two entries come from the producer through shared memory
-// (stored into the stage's slot, half 1 already padded, before the stage's arrival; two LDS.128 after the full wait),
-// its masks are built between the S^T / dP^T issue and the S^T wait, a full entry's mask words are left unset and the
-// dS^T stmatrix lane offset stays in a register; its last three products run in FA3's / FA4's order (dv_ds_dq_dk:
-// dV, dS^T and the barrier, then dQ and dK as two groups, dQ staged while dK runs). Against the step that read the
-// next pair of entries from global memory a step ahead and issued dV and dK as one group before the barrier, waiting
-// for all three after dQ: 1.01-1.05x, then 0.99-1.10x (causal D = 64 5.550 -> 5.067 ms) in one process, H200; 532
-// SASS instructions a full-tile step where that one took 582.
-// The step as tile_bwd_ws_body's.
-template <class Tr>
-__device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
-  using namespace detail;
-  using Hf = typename Tr::Half;
-  constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t s_k = smem_base_1024(smem_raw), s_v = s_k + Tr::kOffV;
-  auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
-  auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
-  auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };  // + 512 c: half c
-  auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };     // + kHalfDS c
-  auto s_dq = [&](int wg) { return s_k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; };
-  const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
-  const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 16;  // + 8 wg
-  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 32; };  // stage st's two entries
-
-  // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
-  // registers (tile_bwd_ws.cuh).
-  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
-  const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p));
-  const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne;
-  const int n = (ne + 1) / 2 * p.group;
-  const int64_t e0 = w.e0;
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, NC);
-    }
-    for (int x = 0; x < 2; ++x) {
-      mbar_init(bar_dqfull + 8 * x, 128);
-      mbar_init(bar_dqempty + 8 * x, 1);
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
-
-  if (warp < 4) {
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp == 0 && lane == 0) {
-      // ---- producer: the two halves' Q, dO rows (64 each) and their lse2, delta ----
-      int i = 0;
-      for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-        const int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
-        for (int j = 0; j < ne; j += 2, ++i) {
-          const int st = i % S;
-          if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
-          const uint32_t bar = bar_full + 8 * st;
-          // the pair (half 1 past ne: half 0's query tile under an empty band), stored before the arrival
-          int4 ea[2];
-          ea[0] = __ldg(&p.entries[e0 + j]);
-          ea[1] = j + 1 == ne ? make_int4(ea[0].x, -2, 1, 0) : __ldg(&p.entries[e0 + j + 1]);
-          st_shared_v4b32(s_ent(st), ea[0]);
-          st_shared_v4b32(s_ent(st) + 16, ea[1]);
-          mbar_expect_tx(bar, Tr::kStepBytes);
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int q0 = ea[c].x * 64;
-            tma_load_4d(s_q(st) + c * 64 * 128, &p.tmap_q, bar, 0, q0, h, b);
-            tma_load_4d(s_do(st) + c * 64 * 128, &p.tmap_do, bar, 0, q0, h, b);
-            bulk_load(s_rows(st) + c * 512, p.lse2 + rows + q0, 64 * 4, bar);
-            bulk_load(s_rows(st) + c * 512 + 256, p.delta + rows + q0, 64 * 4, bar);
-          }
-        }
-      }
-    } else if (warp == 1 && lane == 0) {
-      // ---- dQ writer: half c's 64 x 64 (consumer warpgroup c's) into its query tile's accumulator ----
-      int i = 0;
-      for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-        float* acc_h = p.dq_acc + (int64_t(b) * p.q_heads + h) * p.qp * Tr::D;
-        for (int j = 0; j < ne; j += 2, ++i) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            mbar_wait(bar_dqfull + 8 * c, i & 1);
-            if (j + c < ne) {
-              bulk_reduce_add_f32(acc_h + int64_t(__ldg(&p.entries[e0 + j + c]).x) * 64 * Tr::D, s_dq(c), Tr::kDQStage);
-              bulk_commit();
-              bulk_wait_all<true>();
-            }
-            mbar_arrive(bar_dqempty + 8 * c);
-          }
-        }
-      }
-      bulk_wait_all<false>();
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
-  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
-  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
-  load_rows<Tr::BN, Tr::D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  load_rows<Tr::BN, Tr::D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  cp_async_commit();
-
-  float dk[Tr::D / 2], dv[Tr::D / 2];
-#pragma unroll
-  for (int i = 0; i < Tr::D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const int rw = (t >> 5) * 16 + (lane >> 2);
-  const int kr0 = wg * 64 + rw;
-  const float sl2 = p.scale_log2;
-  const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
-  const uint32_t ds_off = stsm_ds_lane_off<Hf>(kr0);
-  const StepOperands<Tr> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0) + wg * Tr::kHalfDS, s_k);
-
-  cp_async_wait<0>();
-  fence_proxy_async();
-  named_sync(1, NC);
-
-  // Half c's mask (StepMask) of entry e.
-  auto entry_mask = [&](const int4& e) {
-    unsigned long long mw[2] = {0, 0};
-    if (e.y >= 0) {
-      mw[0] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0);
-      mw[1] = __ldg(p.masks + int64_t(e.y) * Tr::BN + kr0 + 8);
-    }
-    return step_mask<64, true>(e, k0, kr0, e.x * 64, kvalid, mw);
-  };
-  uint32_t ds_lane = ds_off;
-  for (int i = 0; i < n; ++i) {
-    const int st = i % S;
-    StepMask m[2];
-    int4 an[2];
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);  // the stage's pair, written by the producer before its arrival
-    an[0] = ld_shared_v4b32(s_ent(st));
-    an[1] = ld_shared_v4b32(s_ent(st) + 16);
-
-    // ---- S^T, dP^T: this warpgroup's 64 keys x the step's 128 queries ----
-    float s[BM / 2], dp[BM / 2];
-    const StepOperands<Tr> o(ops, st, i);
-    issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, [&] {  // the masks built under the two groups
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        m[c].kind = kFullEntry;  // (a full entry's words unread: apply_mask reads them for bitmask kinds)
-        if (an[c].y != kFullEntry) m[c] = entry_mask(an[c]);
-      }
-    });
-    // Half c: columns [64 c, 64 c + 64), the fragment's floats [32 c, 32 c + 32).
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
-      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      apply_mask<64, true>(sc, m[c]);
-      probs_dscores<64, true, false, true>(sc, dc, s_rows(st) + c * 512, sl2);
-    }
-    wgmma_wait<0>();
-    fence_regs(dp);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      float(&sc)[32] = *reinterpret_cast<float(*)[32]>(&s[32 * c]);
-      float(&dc)[32] = *reinterpret_cast<float(*)[32]>(&dp[32 * c]);
-      probs_dscores<64, false, true, true>(sc, dc, s_rows(st) + c * 512, sl2);
-    }
-
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
-    // ---- dS^T, both halves, both warpgroups' keys (the lane's offset kept in a register, loop-carried through an
-    // opaque asm; else ptxas re-derives it from SR_TID every step), then the consumers' barrier ----
-    auto store_ds = [&] {
-      asm("" : "+r"(ds_lane));
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t(&dh)[4][4] = *reinterpret_cast<uint32_t(*)[4][4]>(&da[4 * c]);
-        store_ds_stsm<Hf>(s_ds(i) + c * Tr::kHalfDS, dh, ds_lane);
-      }
-      fence_proxy_async();
-      named_sync(1, NC);
-    };
-    // ---- dQ of half wg (its 64 queries x 64 columns) = dS K over the 128 keys, to the writer's buffer ----
-    float dq[kDQ / 2];
-    auto stage_dq = [&] {
-      if (i >= 1) mbar_wait(bar_dqempty + 8 * wg, (i - 1) & 1);
-#pragma unroll
-      for (int u = 0; u < kDQ / 8; ++u)
-        st_shared_v4f32(s_dq(wg) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
-      fence_proxy_async();
-      mbar_arrive(bar_dqfull + 8 * wg);
-    };
-
-    // ---- dV, dS^T (barrier), dQ, dK; dQ staged while dK's group runs ----
-    dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, store_ds);
-    stage_dq();
-    wgmma_wait<0>();  // dK: every wgmma reading the stage is done
-    fence_regs(dk);
-    fence_regs(da);
-    mbar_arrive(bar_empty + 8 * st);
-  }
-
-  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
-}
-
-// The persistent grid's pieces (tile_bwd_ws2_persist_body): tile_bwd_ws2_body's roles over one item each, the CTA's
-// step count running on across items. (tile_bwd_ws2_body, the one-CTA-an-item grid where a later part adds to dK / dV,
-// dk / dv admit no tensor map or the lists are a run-time mask's, keeps its own copy of the step: built on these
-// pieces, its SASS differed in 495 of ~2770 instructions, not yet timed.)
+// The kernel's roles over one item each (tile_bwd_ws2_body: one item a CTA; tile_bwd_ws2_persist_body: several, the
+// CTA's step count running on across items).
 // The kernel's shared memory (Tr's offsets from the aligned base, smem_base_1024).
 template <class Tr>
 struct Ws2Smem {
@@ -280,7 +78,7 @@ __device__ __forceinline__ int ws2_produce(const BwdParams& p, const Ws2Smem<Tr>
   const int64_t e0 = w.e0;
   int g = g0, h = w.hk * p.group;
   // the head's first plan-space row, stepped a head at a time (its 64-bit product per head kept ptxas at 24
-  // registers with 2 spilled; tile_bwd_ws2_body recomputes it)
+  // registers with 2 spilled)
   int64_t rows = (int64_t(b) * p.q_heads + h) * p.qp;
   for (int hl = p.group; hl > 0; --hl, ++h, rows += p.qp) {
     for (int j = 0; j < ne; j += 2, ++g) {
@@ -355,9 +153,17 @@ __device__ __forceinline__ int ws2_consumer_index() {
   return tx - 128;
 }
 
+// The consumer step (session 27, bench/LOG.md): the step's two entries come from the producer through shared memory
+// (stored into the stage's slot, half 1 already padded, before the stage's arrival; two LDS.128 after the full wait),
+// its masks are built between the S^T / dP^T issue and the S^T wait, a full entry's mask words are left unset and the
+// dS^T stmatrix lane offset stays in a register; its last three products run in FA3's / FA4's order (dv_ds_dq_dk:
+// dV, dS^T and the barrier, then dQ and dK as two groups, dQ staged while dK runs). Against the step that read the
+// next pair of entries from global memory a step ahead and issued dV and dK as one group before the barrier, waiting
+// for all three after dQ: 1.01-1.05x, then 0.99-1.10x (causal D = 64 5.550 -> 5.067 ms) in one process, H200; 532
+// SASS instructions a full-tile step where that one took 582.
 // A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws2_load_kv): the steps g0 to
-// g_end - 1 (g_end = g0 + ws2_steps), after_steps(), dK and dV stored through shared memory at s_stage
-// (store_dkdv_ws: 4 boxes of 8 KB, 1024-byte aligned).
+// g_end - 1 (g_end = g0 + ws2_steps), after_steps(), then dK and dV stored (store_dkdv_ws; with the shared-memory
+// epilogue through s_stage: 4 boxes of 8 KB, 1024-byte aligned).
 template <class Tr, class F>
 __device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
                                             int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
@@ -475,6 +281,40 @@ __device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
     mbar_init(sm.dqfull + 8 * x, 128);
     mbar_init(sm.dqempty + 8 * x, 1);
   }
+}
+
+// A CTA a key tile (where a later part adds to dK / dV, dk / dv admit no tensor map, or the lists are a run-time
+// mask's; else tile_backward.cu launches the persistent grid below): producer thread, dQ writer thread and the 256
+// consumer threads on the CTA's item, dK and dV stored from the K and V tiles (store_dkdv_ws).
+template <class Tr>
+__device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
+  using namespace detail;
+  extern __shared__ uint8_t smem_raw[];
+  const Ws2Smem<Tr> sm(smem_base_1024(smem_raw));
+  // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
+  // registers (tile_bwd_ws.cuh).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p));
+  if (tid == 0) {
+    ws2_init_barriers<Tr>(sm);
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      ws2_produce<Tr>(p, sm, w, 0);
+    } else if (warp == 1 && lane == 0) {
+      ws2_write_dq<Tr>(p, sm, w, 0);
+      bulk_wait_all<false>();
+    }
+    return;
+  }
+  setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
+  ws2_load_kv<Tr>(p, sm, w, ct);
+  ws2_consume<Tr>(p, sm, w, 0, ws2_steps(p, w), wg, t, lane, sm.k, [] {});
 }
 
 // The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>; tile_backward.cu, launch_persist64): CTAs an SM x SMs,
