@@ -222,20 +222,15 @@ template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
 }
-// The D = 64 row; its persistent grid (with the shared-memory epilogue and an item counter; else a CTA an item): CTAs
-// an SM (one: the kernel's shared memory and registers) x SMs, at most the items, which the CTAs take
-// from p.work_counter (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
+// The D = 64 row; its persistent grid (with the shared-memory epilogue and an item counter; else a CTA an item): a CTA
+// an SM (the kernel's shared memory holds one), at most the items, which the CTAs take from p.work_counter
+// (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
 template <class Pt>
 void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
+  static_assert(2 * Pt::kSmemBytes > 228 * 1024, "one CTA an SM (sm_90's 228 KB of shared memory)");
   const auto kernel = bwd::tile_bwd_ws_kernel<Pt>;
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Pt::kSmemBytes));
-  static std::atomic<int> cached{0};  // CTAs an SM (0: not yet asked; the same on every device of a process)
-  int per_sm = cached.load();
-  if (per_sm == 0) {
-    SPATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Pt::kThreads, Pt::kSmemBytes));
-    cached = per_sm = std::max(per_sm, 1);
-  }
-  int64_t grid = int64_t(per_sm) * device_info(current_device()).sms;
+  int64_t grid = device_info(current_device()).sms;
   if (const int lim = g_persist64_limit.load(); lim > 0) grid = std::min<int64_t>(grid, lim);
   grid = std::max<int64_t>(1, std::min(grid, int64_t(p.k_tiles) * p.batch * p.kv_heads));
   SPATTN_CUDA_CHECK(cudaMemsetAsync(p.work_counter, 0, sizeof(int), s));
