@@ -595,7 +595,7 @@ template <class Elem, bool kBf16, bool kVec>
 __device__ __forceinline__ void finish_store(const BwdParams& p, Elem* drow, const float4& x, const float4& y) {
   float g[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
   uint32_t u[4];
-  if (p.dq_accumulate) {  // one explicit fma: no contraction left to the compiler, per kernel
+  if (p.dq_accumulate) {
     load8<kVec>(drow, u);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -614,15 +614,6 @@ __device__ __forceinline__ void finish_store(const BwdParams& p, Elem* drow, con
 #pragma unroll
     for (int e = 0; e < 4; ++e) reinterpret_cast<uint32_t*>(drow)[e] = u[e];
   }
-}
-
-// Finish's work for one thread: dq[b, tok, h, c .. c + 8) from the row-major accumulator's plan-space row w by
-// finish_store.
-template <class Elem, bool kBf16, int D, bool kVec>
-__device__ __forceinline__ void finish_row(const BwdParams& p, int64_t w, int b, int h, int tok, int c) {
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + w * D + c);
-  finish_store<Elem, kBf16, kVec>(
-      p, static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c), acc[0], acc[1]);
 }
 
 // The warp-specialized kernels' dQ accumulator order within a 64-row tile's 64 D floats: a consumer warpgroup's
@@ -660,7 +651,7 @@ __global__ void __launch_bounds__(kPfThreads) bwd_prep_grid_kernel(const BwdPara
 }
 
 // Finish of the row-major accumulator (the cp.async rows; bwd_finish_tile_kernel takes the warp-specialized orders):
-// dq[b, tok, h, :] = scale * accumulator (detail::finish_row), a thread per 8 elements of a real row; the grid as
+// dq[b, tok, h, :] = scale * accumulator (detail::finish_store), a thread per 8 elements of a real row; the grid as
 // bwd_prep_grid_kernel's. kVec: dq's rows 16-byte aligned.
 template <class Elem, bool kBf16, int D, bool kVec>
 __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdParams p) {
@@ -670,7 +661,10 @@ __global__ void __launch_bounds__(kPfThreads) bwd_finish_grid_kernel(const BwdPa
   const int tok = detail::plan_token(pos, p.perm_d, p.q_group);
   if (tok >= p.q_len) return;
   const int64_t w = int64_t(b * p.q_heads + h) * p.qp + pos;
-  detail::finish_row<Elem, kBf16, D, kVec>(p, w, b, h, tok, int(threadIdx.x % TPR) * 8);
+  const int c = int(threadIdx.x % TPR) * 8;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_acc + w * D + c);
+  detail::finish_store<Elem, kBf16, kVec>(
+      p, static_cast<Elem*>(p.dq) + (b * p.dq_sb + tok * p.dq_sl + h * p.dq_sh + c), acc[0], acc[1]);
 }
 
 // Finish for the warp-specialized accumulator orders (kWs != 0), a CTA (kFinThreads) per 64-row tile (grid: x the

@@ -280,6 +280,16 @@ __device__ __forceinline__ float tile_row_max(const float (&s)[BN / 2], int hh) 
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
+// Row hh's step given its new maximum m_new (the running one with this tile's): exponentials in place, alpha, the
+// running max and sum updated.
+template <int BN, int kP>
+__device__ __forceinline__ void row_softmax(float (&s)[BN / 2], int hh, float m_new, float& row_max, float& row_sum,
+                                            float sl2, float& alpha) {
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;
+  alpha = ex2_ftz((row_max - m_use) * sl2);
+  row_max = m_new;
+  row_sum = row_sum * alpha + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
+}
 // Online softmax of one tile (base 2): exponentials in place, running max/sum updated, O's rescale factors
 // returned in alpha. A row with no key yet keeps max -inf and contributes nothing. kP (a power of 2): the row's
 // max and sum as kP independent chains, combined at the end (shorter dependency chains, another summation order).
@@ -287,13 +297,9 @@ template <int BN, int kP = 1>
 __device__ __forceinline__ void tile_softmax(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2], float sl2,
                                              float (&alpha)[2]) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float m_new = fmaxf(row_max[hh], tile_row_max<BN, kP>(s, hh));
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[hh] = ex2_ftz((row_max[hh] - m_use) * sl2);
-    row_max[hh] = m_new;
-    row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
-  }
+  for (int hh = 0; hh < 2; ++hh)
+    row_softmax<BN, kP>(s, hh, fmaxf(row_max[hh], tile_row_max<BN, kP>(s, hh)), row_max[hh], row_sum[hh], sl2,
+                        alpha[hh]);
 }
 // The lazy rescale (FlashAttention-4; pipelined_tiles' kLazy, KERNELS.md section 6): a row's running max moves
 // only where some row of the warp would rise past it by more than kLazyLog2 log2 units (its exponentials then
@@ -351,12 +357,7 @@ __device__ __forceinline__ bool tile_softmax_lazy(float (&s)[BN / 2], float (&ro
   fence_regs(pa);
   if (rescale) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float m_use = m_new[hh] == -INFINITY ? 0.f : m_new[hh];
-      alpha[hh] = ex2_ftz((row_max[hh] - m_use) * sl2);
-      row_max[hh] = m_new[hh];
-      row_sum[hh] = row_sum[hh] * alpha[hh] + row_exp2<BN, kP>(s, hh, sl2, m_use * sl2);
-    }
+    for (int hh = 0; hh < 2; ++hh) row_softmax<BN, kP>(s, hh, m_new[hh], row_max[hh], row_sum[hh], sl2, alpha[hh]);
     tile_to_p<BN, kBf16>(s, pa);
     return true;
   }
