@@ -98,8 +98,9 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // ---- shared-memory accesses -----------------------------------------------------------------------------------
-// Words handed between warps (the fused TMA kernels' work-item slots, the backward's entries): a volatile generic pointer would
-// compile to strong system-scope generic accesses; these are plain shared ones, ordered by the caller's mbarrier.
+// Words handed between warps (the fused TMA kernels' work-item slots, the backward's entries): a volatile generic
+// pointer would compile to strong system-scope generic accesses; these are plain shared ones, ordered by the caller's
+// mbarrier.
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
   asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }

@@ -295,8 +295,7 @@ __device__ __forceinline__ void fused_fwd_ws_body(const FusedParams& p) {
             [&](int i) { mbar_arrive(bar_empty + 8 * ((g + unsigned(i)) % S)); },
             [&] { turns.wait(); }, [&] { turns.pass(); },
             // every S of this item is done: the producer may reuse the Q buffer
-            [&] { mbar_arrive(bar_qempty + 8 * qb); },
-            std::bool_constant<Tr::kLazy>{});
+            [&] { mbar_arrive(bar_qempty + 8 * qb); }, std::bool_constant<Tr::kLazy>{});
         g += unsigned(n);
       }
       if constexpr (Tr::kTmaEpi) {
