@@ -42,6 +42,8 @@ CASES = [  # name, spec, B, L, Hq, Hkv, D
     ("blocked", "blocked(128, random(8) | local(0)) & causal", 1, 32768, 16, 16, 128),
     ("dense_d128", "dense", 1, 8192, 16, 16, 128),
     ("local_gqa_d128", "local(256)", 2, 16384, 32, 4, 128),
+    ("local_d128", "local(256)", 2, 16384, 16, 16, 128),
+    ("na1d_d128", "neighborhood(kernel=257)", 2, 16384, 16, 16, 128),
 ]
 
 

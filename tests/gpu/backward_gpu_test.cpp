@@ -364,7 +364,7 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
 // the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
 // partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
 // and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count; at D = 64 on the
-// persistent grid, the default there: Persistent64* assert that grid), against the reference with the gradients
+// persistent grid, the default: Persistent* assert that grid), against the reference with the gradients
 // poisoned beforehand. A compound plan whose later tile part adds to dk, dv
 // (dkv_accumulate: each thread adds its pairs) too.
 const std::vector<Case>& ws_row_cases() {
@@ -389,6 +389,8 @@ const std::vector<Case>& ws_row_cases() {
 }
 // A small case for compute-sanitizer at D = 64 (a partial last key tile, a bitmask tile, an odd key tile).
 const Case kWs64SmallCase{{"local(20) | random(3, seed=2)"}, DType::bf16, 1, 2, 1, 150, 150, 64, false};
+// ... and at D = 128 (a partial last key tile).
+const Case kWs128SmallCase{{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false};
 
 TEST(BackwardGpu, WsRowsMatchReference) {
   REQUIRE_GPU();
@@ -461,7 +463,7 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
-  const Case cs[] = {kWs64SmallCase, {{"causal"}, DType::f16, 1, 2, 2, 200, 200, 128, false}};
+  const Case cs[] = {kWs64SmallCase, kWs128SmallCase};
   for (const Case& c : cs) {
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D));
     const int64_t e0 = TileBackward::smem_epilogue_launches();
@@ -473,34 +475,35 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
   }
 }
 
-// The persistent D = 64 grid (tile_bwd_ws2.cuh, tile_bwd_ws2_persist_body): CTAs taking key tiles from a counter, the
-// ring, dS^T and dQ staging phases running on across items, the next K / V loaded before the dK / dV epilogue, which
-// stages them in a dS^T buffer. The grid capped (0: none) for the scope.
+// The persistent grid of both warp-specialized rows (tile_bwd_ws2.cuh, tile_bwd_ws_persist_body): CTAs taking key
+// tiles from a counter, the ring, dS^T and dQ staging phases running on across items, the next K / V loaded before the
+// dK / dV epilogue, which stages them in a dS^T buffer (D = 64) or the dQ buffers (D = 128). The grid capped (0: none)
+// for the scope.
 struct GridLimit {
   int prev;
-  explicit GridLimit(int limit) : prev(spattn::cuda::TileBackward::set_persist64_grid_limit(limit)) {}
-  ~GridLimit() { spattn::cuda::TileBackward::set_persist64_grid_limit(prev); }
+  explicit GridLimit(int limit) : prev(spattn::cuda::TileBackward::set_persistent_grid_limit(limit)) {}
+  ~GridLimit() { spattn::cuda::TileBackward::set_persistent_grid_limit(prev); }
 };
 // c through the persistent grid (asserted to have run once a backward call, the captured one too, with the
 // shared-memory epilogue) against the reference.
-void expect_persist64(const Case& c, uint32_t seed, int graph_replays = 0) {
+void expect_persistent(const Case& c, uint32_t seed, int graph_replays = 0) {
   using spattn::cuda::TileBackward;
-  const int64_t p0 = TileBackward::persist64_launches(), e0 = TileBackward::smem_epilogue_launches();
+  const int64_t p0 = TileBackward::persistent_launches(), e0 = TileBackward::smem_epilogue_launches();
   std::string ran;
   const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed, nullptr, graph_replays);
-  EXPECT_EQ(ran, "sm90_bwd_ws_128x128_d64");
+  EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
   // the eager backward; a captured one launches at capture (host side) too
   const int64_t launches = graph_replays > 0 ? 2 : 1;
-  EXPECT_EQ(TileBackward::persist64_launches() - p0, launches) << "the persistent grid";
+  EXPECT_EQ(TileBackward::persistent_launches() - p0, launches) << "the persistent grid";
   EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, launches) << "the shared-memory epilogue";
   expect_within(e, c.dt);
 }
 
-// WsRowsMatchReference's D = 64 cases (their seeds), each on the SMs' grid (the run WsRowsMatchReference makes, here
-// asserted to be persistent) and on grids of 3 and 1 CTAs (every CTA several items: the protocol across items), a
-// case with more items than SMs at the full grid, and a compound plan (its tiles part on the persistent grid, its
-// affine part adding to dK / dV).
-TEST(BackwardGpu, Persistent64MatchesReference) {
+// WsRowsMatchReference's cases (their seeds), each on the SMs' grid (the run WsRowsMatchReference makes, here
+// asserted to be persistent) and on grids of 3 and 1 CTAs (every CTA several items: the protocol across items), cases
+// with more items than SMs at the full grid, and a compound plan (its tiles part on the persistent grid, its affine
+// part adding to dK / dV).
+TEST(BackwardGpu, PersistentMatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
@@ -509,56 +512,58 @@ TEST(BackwardGpu, Persistent64MatchesReference) {
     uint32_t seed = 2600;
     for (const Case& c : ws_row_cases()) {
       const uint32_t s = seed++;
-      if (c.D != 64) continue;
-      SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
+      SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
                    " grid limit " + std::to_string(limit));
-      expect_persist64(c, s);
-      if (limit > 0) EXPECT_LE(TileBackward::last_persist64_grid(), limit);
+      expect_persistent(c, s);
+      if (limit > 0) EXPECT_LE(TileBackward::last_persistent_grid(), limit);
     }
   }
-  {  // 32 key tiles x 16 kv heads = 512 items
-    const Case c{{"local(64)"}, DType::bf16, 2, 8, 8, 4096, 4096, 64, false};
-    SCOPED_TRACE("local(64) L=4096, 512 items");
-    expect_persist64(c, 2700);
-    EXPECT_LT(TileBackward::last_persist64_grid(), 512);
-    EXPECT_GE(TileBackward::last_persist64_grid(), 1);
+  for (int d : {64, 128}) {  // 32 key tiles x 16 kv heads = 512 items
+    const Case c{{"local(64)"}, DType::bf16, 2, 8, 8, 4096, 4096, d, false};
+    SCOPED_TRACE("local(64) L=4096, 512 items, D=" + std::to_string(d));
+    expect_persistent(c, 2700 + d);
+    EXPECT_LT(TileBackward::last_persistent_grid(), 512);
+    EXPECT_GE(TileBackward::last_persistent_grid(), 1);
   }
   {
     const Case c{{"sparse_strided(100)"}, DType::bf16, 1, 2, 2, 2111, 2111, 64, false, spattn::Engine::automatic, 1};
     SCOPED_TRACE("sparse_strided(100), compound");
-    const int64_t p0 = TileBackward::persist64_launches();
+    const int64_t p0 = TileBackward::persistent_launches();
     std::string ran;
     expect_within(backward_errors(c, "", &ran, 2750), c.dt);
     // the tiles part (it writes dK, dV) on the persistent grid; the affine part adds on its own rows
-    EXPECT_EQ(TileBackward::persist64_launches() - p0, 1) << "the tiles part on the persistent grid";
+    EXPECT_EQ(TileBackward::persistent_launches() - p0, 1) << "the tiles part on the persistent grid";
   }
-  EXPECT_THROW(TileBackward::set_persist64_grid_limit(-1), spattn::Error);
+  EXPECT_THROW(TileBackward::set_persistent_grid_limit(-1), spattn::Error);
 }
 
 // Captured into a CUDA graph and launched twice (the gradients poisoned before each): the counter's memset node
 // zeroes it at each launch (the eager run before the capture leaves it past the items). 3 CTAs: several items each.
-TEST(BackwardGpu, Persistent64GraphReplays) {
+TEST(BackwardGpu, PersistentGraphReplays) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   const Case cs[] = {{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 64, false},
-                     {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false}};
+                     {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
+                     {{"local(100)"}, DType::bf16, 1, 4, 2, 4099, 4099, 128, false}};
   uint32_t seed = 2750;
   for (int limit : {0, 3})
     for (const Case& c : cs) {
       SCOPED_TRACE(std::string(c.specs[0]) + " grid limit " + std::to_string(limit));
       const GridLimit on(limit);
-      expect_persist64(c, seed++, 2);
+      expect_persistent(c, seed++, 2);
     }
 }
 
-// kWs64SmallCase (2 items) on the persistent grid, for compute-sanitizer: 2 CTAs, then 1 (both items in one CTA).
-TEST(BackwardGpu, Persistent64SmallCaseForSanitizers) {
+// kWs64SmallCase (2 items) and kWs128SmallCase (4 items of 4 or 2 steps) on the persistent grid, for
+// compute-sanitizer: the SMs' grid, then 1 CTA (every item in one CTA).
+TEST(BackwardGpu, PersistentSmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   for (int limit : {0, 1}) {
     SCOPED_TRACE(std::string("grid limit ") + std::to_string(limit));
     const GridLimit on(limit);
-    expect_persist64(kWs64SmallCase, 2900);
+    expect_persistent(kWs64SmallCase, 2900);
+    expect_persistent(kWs128SmallCase, 2901);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "cuda/backward/tile_backward.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <optional>
 #include <sstream>
@@ -116,9 +117,9 @@ bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
 }
 
 std::atomic<int> g_grid_limit{65535};  // TileBackward::set_prepfin_grid_limit
-std::atomic<int64_t> g_persist64{0};     // TileBackward::persist64_launches
-std::atomic<int> g_persist64_grid{0};    // TileBackward::last_persist64_grid
-std::atomic<int> g_persist64_limit{0};   // TileBackward::set_persist64_grid_limit (0: none)
+std::atomic<int64_t> g_persist{0};     // TileBackward::persistent_launches
+std::atomic<int> g_persist_grid{0};    // TileBackward::last_persistent_grid
+std::atomic<int> g_persist_limit{0};   // TileBackward::set_persistent_grid_limit (0: none)
 
 // f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel and bwd_finish_grid_kernel, kPfRows<D> rows a CTA;
 // bwd_finish_tile_kernel, 64) of p's batches and query heads, cta_rows plan-space rows a CTA (grid x), in chunks of at
@@ -218,30 +219,39 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
+template <class Pt>
+void launch_persistent(const bwd::BwdParams& p, cudaStream_t s);
+// SPATTN_BWD_PERSIST128=0: the D = 128 row a CTA a key tile (a temporary switch for the persistent grid's A/B).
+bool persist128() {
+  const char* e = std::getenv("SPATTN_BWD_PERSIST128");
+  return !(e && std::string(e) == "0");
+}
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
-  launch_ws_epi<bwd::BwdWsTraits<D, kBf16>, D / 2>(p, epi, s);
+  using Tr = bwd::BwdWsTraits<D, kBf16>;
+  if (epi && p.work_counter && persist128()) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
+  launch_ws_epi<Tr, D / 2>(p, epi, s);
 }
-// The D = 64 row; its persistent grid (with the shared-memory epilogue and an item counter; else a CTA an item): a CTA
+// The persistent grid of either row (with the shared-memory epilogue and an item counter; else a CTA an item): a CTA
 // an SM (the kernel's shared memory holds one), at most the items, which the CTAs take from p.work_counter
 // (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
 template <class Pt>
-void launch_persist64(const bwd::BwdParams& p, cudaStream_t s) {
+void launch_persistent(const bwd::BwdParams& p, cudaStream_t s) {
   static_assert(2 * Pt::kSmemBytes > 228 * 1024, "one CTA an SM (sm_90's 228 KB of shared memory)");
   const auto kernel = bwd::tile_bwd_ws_kernel<Pt>;
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Pt::kSmemBytes));
   int64_t grid = device_info(current_device()).sms;
-  if (const int lim = g_persist64_limit.load(); lim > 0) grid = std::min<int64_t>(grid, lim);
+  if (const int lim = g_persist_limit.load(); lim > 0) grid = std::min<int64_t>(grid, lim);
   grid = std::max<int64_t>(1, std::min(grid, int64_t(p.k_tiles) * p.batch * p.kv_heads));
   SPATTN_CUDA_CHECK(cudaMemsetAsync(p.work_counter, 0, sizeof(int), s));
-  ++g_smem_epi, ++g_persist64;
-  g_persist64_grid = int(grid);
+  ++g_smem_epi, ++g_persist;
+  g_persist_grid = int(grid);
   launch_three<Pt, Pt::kDQ>(kernel, p, s, grid);
 }
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWs2Traits<kBf16>;
-  if (epi && p.work_counter) return launch_persist64<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
+  if (epi && p.work_counter) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
   launch_ws_epi<Tr, Tr::kDQ>(p, epi, s);
 }
 
@@ -369,11 +379,11 @@ TileBackward::FinishTileCounts TileBackward::finish_tile_counts() {
   return {g_fin_tile[0].load(), g_fin_tile[1].load()};
 }
 
-int64_t TileBackward::persist64_launches() { return g_persist64.load(); }
-int TileBackward::last_persist64_grid() { return g_persist64_grid.load(); }
-int TileBackward::set_persist64_grid_limit(int limit) {
+int64_t TileBackward::persistent_launches() { return g_persist.load(); }
+int TileBackward::last_persistent_grid() { return g_persist_grid.load(); }
+int TileBackward::set_persistent_grid_limit(int limit) {
   if (limit < 0) throw Error("backward: persistent grid limit " + std::to_string(limit) + " negative");
-  return g_persist64_limit.exchange(limit);
+  return g_persist_limit.exchange(limit);
 }
 
 }  // namespace spattn::cuda

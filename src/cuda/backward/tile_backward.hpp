@@ -60,14 +60,14 @@ class TileBackward {
     // tile kernel, so lists with one counter run on one stream at a time); null: a CTA a key tile.
     int* work_counter = nullptr;
   };
-  // The D = 64 warp-specialized row, where it writes dK and dV through shared memory and has an item counter, runs a
+  // The warp-specialized rows, where they write dK and dV through shared memory and have an item counter, run a
   // persistent grid (CTAs an SM x SMs, each taking key tiles from a counter, the next tile's K and V loaded before the
   // last one's dK / dV epilogue; tile_bwd_ws2.cuh).
   // For tests: such launches so far, the last one's grid, and a cap on that grid (0: none; returns the previous cap)
   // so that small problems give each CTA several items.
-  static int64_t persist64_launches();
-  static int last_persist64_grid();
-  static int set_persist64_grid_limit(int limit);
+  static int64_t persistent_launches();
+  static int last_persistent_grid();
+  static int set_persistent_grid_limit(int limit);
   // run()'s launches for `lists` and kernel-table row `row` (requires refusal(...) == ""); returns the row launched
   // (a warp-specialized row without tensor maps runs the sm90_bwd 64x128 row) and sets *tma; dq_accumulate and
   // dkv_accumulate as run()'s.

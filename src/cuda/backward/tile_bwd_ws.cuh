@@ -1,7 +1,7 @@
 // cuda/backward/tile_bwd_ws.cuh — the warp-specialized backward over a key-major tile plan (sm_90a), FA3's
 // backward shape (hopper/flash_bwd_kernel_sm90.h, mainloop_bwd_sm90_tma_gmma_ws.hpp) on tile_bwd.cuh's step:
 //
-//   one CTA per (key tile of 128 keys, batch, kv head), 384 threads
+//   a CTA per (key tile of 128 keys, batch, kv head) or CTAs an SM taking them in turn, 384 threads
 //   warpgroup 0   warp 0: the producer; one thread loads each step's Q, dO (tensor maps), lse2 and delta (bulk
 //                 copies) and its plan entry (16 bytes, stored before the stage's arrival) into a ring of kStages
 //                 stages (`full` mbarriers complete on the bytes, `empty` ones on the consumers' release), running
@@ -20,8 +20,9 @@
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
 //
-// Its kernel runs head dim 128 (sm90_bwd_ws_64x128_d128). Head dim 64 runs tile_bwd_ws2.cuh (128 queries a step),
-// which replaced this kernel there and takes BwdWsTraits<64, *> as the traits of its 64-query halves (store_ds).
+// Its roles (ws_produce64, ws_write_dq64, ws_consume64) run head dim 128 (sm90_bwd_ws_64x128_d128) on either grid of
+// tile_bwd_ws2.cuh (a CTA a key tile, or the persistent one). Head dim 64 runs tile_bwd_ws2.cuh's 128 queries a
+// step, which replaced this step there and takes BwdWsTraits<64, *> as the traits of its 64-query halves (store_ds).
 #pragma once
 #include "cuda/backward/tile_bwd.cuh"
 
@@ -137,90 +138,120 @@ __device__ __forceinline__ void probs_or_dscores(float (&s)[BM / 2], float (&dp)
     }
 }
 
+// The kernels' shared memory (Tr's offsets from the aligned base, smem_base_1024): the K and V tiles, the ring's
+// stages (Q, dO, lse2 and delta rows, entries), the dS^T buffers, the staged dQ and the mbarriers full[S], empty[S],
+// dq_full[kDQBufs], dq_empty[kDQBufs]. 64 queries a step (BwdWsTraits): 4 dQ buffers (x = 2 (step & 1) + warpgroup),
+// an entry a stage; 128 (BwdWs2Traits, tile_bwd_ws2.cuh): 2 (x = warpgroup), two entries a stage.
+template <class Tr>
+struct WsSmem {
+  static constexpr int BM = Tr::BM, S = Tr::kStages, kDQBufs = BM == 128 ? 2 : 4, kEnt = BM == 128 ? 32 : 16;
+  uint32_t k, v, full, empty, dqfull, dqempty;
+  __device__ __forceinline__ explicit WsSmem(uint32_t base)
+      : k(base), v(base + Tr::kOffV), full(base + Tr::kOffBar), empty(full + 8 * S), dqfull(empty + 8 * S),
+        dqempty(dqfull + 8 * kDQBufs) {}
+  __device__ __forceinline__ uint32_t q(int st) const { return k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; }
+  __device__ __forceinline__ uint32_t d_o(int st) const { return q(st) + Tr::kQ; }
+  // lse2 then delta (64 queries a step: BM each; 128: half c at + 512 c, 64 each)
+  __device__ __forceinline__ uint32_t rows(int st) const { return k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; }
+  __device__ __forceinline__ uint32_t ds(int g) const { return k + Tr::kOffDS + uint32_t(g & 1) * Tr::kDS; }
+  __device__ __forceinline__ uint32_t dq(int x) const { return k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; }
+  __device__ __forceinline__ uint32_t ent(int st) const { return k + Tr::kOffEnt + uint32_t(st) * kEnt; }
+};
+
+// The ring's and dQ staging's mbarriers (thread 0; a fence and a CTA barrier after).
+template <class Tr>
+__device__ __forceinline__ void ws_init_barriers(const WsSmem<Tr>& sm) {
+  using namespace detail;
+  for (int s = 0; s < Tr::kStages; ++s) {
+    mbar_init(sm.full + 8 * s, 1);                      // the producer's expect_tx; completes on the bytes
+    mbar_init(sm.empty + 8 * s, Tr::kConsumerThreads);  // every consumer thread done with the stage
+  }
+  for (int x = 0; x < WsSmem<Tr>::kDQBufs; ++x) {
+    mbar_init(sm.dqfull + 8 * x, 128);  // the warpgroup's threads stored their dQ
+    mbar_init(sm.dqempty + 8 * x, 1);   // the writer's bulk reads of it done
+  }
+}
+
+// Item w's K and V rows into their tiles by the consumer threads (ct in [0, 256)): cp.async, committed.
+template <class Tr>
+__device__ __forceinline__ void ws_load_kv(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int ct) {
+  using namespace detail;
+  constexpr int NC = Tr::kConsumerThreads;
+  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(w.b) * p.k_sb + int64_t(w.hk) * p.k_sh);
+  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(w.b) * p.v_sb + int64_t(w.hk) * p.v_sh);
+  load_rows<Tr::BN, Tr::D, NC>(sm.k, kg, p.k_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  load_rows<Tr::BN, Tr::D, NC>(sm.v, vg, p.v_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
+  cp_async_commit();
+}
+
+// The roles over item w (the key tile's n = ne x group steps, query head hk * group + i / ne, entry i % ne at step
+// i), the CTA's step count g = g0 + i running on across a persistent CTA's items (the ring's stage and phase, the
+// dS^T buffer, the staged dQ's buffer and phases); each returns the count after the item.
+// The producer thread: the step's Q and dO (tensor maps), lse2 and delta (bulk copies) and its entry (16 bytes,
+// stored before the stage's arrival).
+template <class Tr>
+__device__ __forceinline__ int ws_produce64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                            int g0) {
+  using namespace detail;
+  constexpr int S = Tr::kStages;
+  int g = g0;
+  for (int i = 0; i < w.n; ++i, ++g) {
+    const int st = g % S;
+    if (g >= S) mbar_wait(sm.empty + 8 * st, ((g / S) - 1) & 1);
+    const int4 ei = __ldg(&p.entries[w.e0 + i % w.ne]);
+    st_shared_v4b32(sm.ent(st), ei);
+    tma_step<Tr>(p, sm.q(st), sm.d_o(st), sm.rows(st), sm.full + 8 * st, w.b, w.hk * p.group + i / w.ne,
+                 ei.x * Tr::BM);
+  }
+  return g;
+}
+
+// The dQ writer thread: each step's dQ (both consumer warpgroups' D / 2 columns, staged in x = 2 (g & 1) + wg) added
+// into the fp32 accumulator by bulk reduce-add, the buffers freed once their reads are done.
+template <class Tr>
+__device__ __forceinline__ int ws_write_dq64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                             int g0) {
+  using namespace detail;
+  int g = g0;
+  for (int i = 0; i < w.n; ++i, ++g) {
+    const int h = w.hk * p.group + i / w.ne;
+    float* acc = p.dq_acc +
+                 ((int64_t(w.b) * p.q_heads + h) * p.qp + int64_t(__ldg(&p.entries[w.e0 + i % w.ne]).x) * Tr::BM) *
+                     Tr::D;
+    const int x0 = 2 * (g & 1);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {  // consumer warpgroup c's columns
+      mbar_wait(sm.dqfull + 8 * (x0 + c), (g >> 1) & 1);
+      bulk_reduce_add_f32(acc + c * Tr::BM * Tr::kDQ, sm.dq(x0 + c), Tr::kDQStage);
+    }
+    bulk_commit();
+    bulk_wait_all<true>();
+    mbar_arrive(sm.dqempty + 8 * x0);
+    mbar_arrive(sm.dqempty + 8 * (x0 + 1));
+  }
+  return g;
+}
+
+// The persistent grid's traits (tile_bwd_ws2.cuh); kPersistOf<Tr>: Tr is one.
+template <class Tr>
+inline constexpr bool kPersistOf = requires { requires Tr::kPersist; };
+
+// A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws_load_kv): the steps g0 to
+// g_end - 1, after_steps(), then dK and dV stored (store_dkdv_ws; with the shared-memory epilogue through s_stage).
 // A step: its entry from the producer through shared memory, wgmma descriptors built once and stepped by 64-bit adds
 // (StepOperands), lse2 and delta read ahead at immediate offsets (load_row_pairs), dS^T stored by stmatrix
 // (store_ds_stsm), the last three products in FA3's order (dv_ds_dq_dk), the shared base aligned in the shared window
-// (smem_base_1024).
-template <class Tr>
-__device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
+// (smem_base_1024). On the persistent grid dK and dV go out through this warpgroup's two dQ buffers (s_stage: the
+// first; store_dkdv_smem's boxes of warpgroup wg are buffers wg and 2 + wg), once the writer has read the last two
+// steps' dQ there.
+template <class Tr, class F>
+__device__ __forceinline__ void ws_consume64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                             int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                             F&& after_steps) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t s_k = smem_base_1024(smem_raw), s_v = s_k + Tr::kOffV;
-  auto s_q = [&](int st) { return s_k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; };
-  auto s_do = [&](int st) { return s_q(st) + Tr::kQ; };
-  auto s_rows = [&](int st) { return s_k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; };
-  auto s_ds = [&](int i) { return s_k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; };
-  auto s_dq = [&](int x) { return s_k + Tr::kOffDQ + uint32_t(x) * Tr::kDQStage; };  // x = 2 (i & 1) + warpgroup
-  auto s_ent = [&](int st) { return s_k + Tr::kOffEnt + uint32_t(st) * 16; };
-  const uint32_t bar_full = s_k + Tr::kOffBar, bar_empty = bar_full + 8 * S;
-  const uint32_t bar_dqfull = bar_empty + 8 * S, bar_dqempty = bar_dqfull + 32;  // + 8 x
-
-  // warp (and below wg, n) through a lane-0 shuffle: values the compiler knows are warp-uniform, so the wgmma
-  // descriptors derived from them live in uniform registers (no R2UR / IMAD per wgmma; CUTLASS's
-  // canonical_warp_group_idx).
-  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
-  const detail::KeyTileWork w = key_tile_work<BN>(p);
-  if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add (the whole CTA, before any barrier)
-  const int b = w.b, hk = w.hk, k0 = w.k0, ne = w.ne, n = w.n;
-  const int64_t e0 = w.e0;
-  // Step i: query head hk * group + i / ne, entry i % ne.
-  auto entry = [&](int i) { return i < n ? __ldg(&p.entries[e0 + i % ne]) : make_int4(0, kFullEntry, 0, 0); };
-  auto head = [&](int i) { return hk * p.group + i / ne; };
-
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 1);    // the producer's expect_tx; completes on the bytes
-      mbar_init(bar_empty + 8 * s, NC);  // every consumer thread done with the stage
-    }
-    for (int x = 0; x < 4; ++x) {
-      mbar_init(bar_dqfull + 8 * x, 128);  // the warpgroup's threads stored their dQ
-      mbar_init(bar_dqempty + 8 * x, 1);   // the writer's bulk reads of it done
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
-
-  if (warp < 4) {
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp == 0 && lane == 0) {
-      // ---- producer ----
-      for (int i = 0; i < n; ++i) {
-        const int st = i % S;
-        if (i >= S) mbar_wait(bar_empty + 8 * st, ((i / S) - 1) & 1);
-        const int4 ei = entry(i);  // the entry too, stored before the stage's arrival (release)
-        st_shared_v4b32(s_ent(st), ei);
-        tma_step<Tr>(p, s_q(st), s_do(st), s_rows(st), bar_full + 8 * st, b, head(i), ei.x * BM);
-      }
-    } else if (warp == 1 && lane == 0) {
-      // ---- dQ writer ----
-      for (int i = 0; i < n; ++i) {
-        float* acc = p.dq_acc + ((int64_t(b) * p.q_heads + head(i)) * p.qp + int64_t(entry(i).x) * BM) * D;
-        const int x0 = 2 * (i & 1);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {  // consumer warpgroup c's columns
-          mbar_wait(bar_dqfull + 8 * (x0 + c), (i >> 1) & 1);
-          bulk_reduce_add_f32(acc + c * BM * kDQ, s_dq(x0 + c), Tr::kDQStage);
-        }
-        bulk_commit();
-        bulk_wait_all<true>();
-        mbar_arrive(bar_dqempty + 8 * x0);
-        mbar_arrive(bar_dqempty + 8 * (x0 + 1));
-      }
-      bulk_wait_all<false>();  // the adds done before the CTA ends (the finish kernel reads them)
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
-  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(b) * p.k_sb + int64_t(hk) * p.k_sh);
-  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(b) * p.v_sb + int64_t(hk) * p.v_sh);
-  load_rows<BN, D, NC>(s_k, kg, p.k_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  load_rows<BN, D, NC>(s_v, vg, p.v_sl * 2, k0, p.k_len, p.perm_d, p.k_group, ct);
-  cp_async_commit();
-
+  const int k0 = w.k0;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -229,30 +260,30 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   const float sl2 = p.scale_log2;
   const int kvalid = mma::keys_valid(k0, p.k_len, p.perm_d, p.k_group);
   // K MN-major for dQ: D = 128, the warpgroup's 64-column block; D = 64, 32 columns in.
-  const uint32_t s_kcols = s_k + (D == 128 ? wg * BN * 128 : wg * 64);
+  const uint32_t s_kcols = sm.k + (D == 128 ? wg * BN * 128 : wg * 64);
   const uint32_t ds_off = stsm_ds_lane_off<Tr>(kr0);
-  const StepOperands<Tr> ops(s_k + wg * 64 * 128, s_v + wg * 64 * 128, s_q(0), s_ds(0), s_kcols);
+  const StepOperands<Tr> ops(sm.k + wg * 64 * 128, sm.v + wg * 64 * 128, sm.q(0), sm.ds(0), s_kcols);
 
   cp_async_wait<0>();
   fence_proxy_async();
   named_sync(1, NC);  // K and V visible to both consumer warpgroups
 
-  // ---- dQ to the writer: staged in this thread's register order (buffer x = 2 (i & 1) + wg) ----
-  auto stage_dq = [&](const float (&dq)[kDQ / 2], int i) {
-    const int x = 2 * (i & 1) + wg;
-    if (i >= 2) mbar_wait(bar_dqempty + 8 * x, ((i >> 1) - 1) & 1);
+  // ---- dQ to the writer: staged in this thread's register order (buffer x = 2 (g & 1) + wg) ----
+  auto stage_dq = [&](const float (&dq)[kDQ / 2], int g) {
+    const int x = 2 * (g & 1) + wg;
+    if (g >= 2) mbar_wait(sm.dqempty + 8 * x, ((g >> 1) - 1) & 1);
 #pragma unroll
     for (int u = 0; u < kDQ / 8; ++u)
-      st_shared_v4f32(s_dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
+      st_shared_v4f32(sm.dq(x) + (u * 128 + t) * 16, dq[4 * u], dq[4 * u + 1], dq[4 * u + 2], dq[4 * u + 3]);
     fence_proxy_async();
-    mbar_arrive(bar_dqfull + 8 * x);
+    mbar_arrive(sm.dqfull + 8 * x);
   };
 
-  for (int i = 0; i < n; ++i) {
-    const int st = i % S;
+  for (int g = g0; g < g_end; ++g) {
+    const int st = g % S;
     // the stage's entry, written by the producer before its arrival: no global read (and no rotation) a step
-    mbar_wait(bar_full + 8 * st, (i / S) & 1);
-    const int4 e = ld_shared_v4b32(s_ent(st));
+    mbar_wait(sm.full + 8 * st, (g / S) & 1);
+    const int4 e = ld_shared_v4b32(sm.ent(st));
     const int q0 = e.x * BM;
     unsigned long long mw[2] = {0, 0};
     auto mask_words = [&] {
@@ -264,11 +295,11 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 
     // ---- S^T = K Q^T and dP^T = V dO^T as two groups: P^T while dP^T runs ----
     float s[BM / 2], dp[BM / 2];
-    const StepOperands<Tr> o(ops, st, i);
+    const StepOperands<Tr> o(ops, st, g);
     float2 l2[BM / 8], dl[BM / 8];
-    load_row_pairs<BM>(l2, s_rows(st));
+    load_row_pairs<BM>(l2, sm.rows(st));
     issue_sdp_wait_s<Tr>(s, dp, o.kw, o.vw, o.q16, o.do16, mask_words);  // the entry's LDS not waited for first
-    load_row_pairs<BM>(dl, s_rows(st) + BM * 4);
+    load_row_pairs<BM>(dl, sm.rows(st) + BM * 4);
     mask_step<Tr, true>(s, e, k0, kr0, q0, kvalid, mw);
     probs_or_dscores<BM, true>(s, dp, l2, sl2);
     wgmma_wait<0>();
@@ -279,18 +310,24 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     float dq[kDQ / 2];
     dv_ds_dq_dk<Tr>(s, dp, pa, da, dv, dk, dq, o, [&] {  // dS^T (this warpgroup's keys) by stmatrix
-      store_ds_stsm<Tr>(s_ds(i), da, ds_off);
+      store_ds_stsm<Tr>(sm.ds(g), da, ds_off);
       fence_proxy_async();
       named_sync(1, NC);
     });
-    stage_dq(dq, i);
+    stage_dq(dq, g);
     wgmma_wait<0>();  // dK: every wgmma reading the stage is done
     fence_regs(dk);
     fence_regs(da);
-    mbar_arrive(bar_empty + 8 * st);
+    mbar_arrive(sm.empty + 8 * st);
   }
 
-  store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_k);
+  after_steps();
+  if constexpr (kPersistOf<Tr>) {
+    static_assert(D == 128 && Tr::kDQStage == 2 * 8192, "dK / dV boxes: two 8 KB boxes a dQ buffer");
+    for (int g = g_end - 2; g < g_end; ++g)
+      if (g >= 0) mbar_wait(sm.dqempty + 8 * (2 * (g & 1) + wg), (g >> 1) & 1);
+  }
+  store_dkdv_ws<Tr>(p, dk, dv, w.b, w.hk, k0, kr0, s_stage);
 }
 
 }  // namespace spattn::cuda::bwd

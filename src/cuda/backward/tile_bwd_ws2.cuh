@@ -11,9 +11,9 @@
 //   Registers a consumer thread: S^T 64 + dP^T 64 + dK 32 + dV 32 (+ dQ 32 after S^T and dP^T are packed).
 //   dQ staging: one buffer a warpgroup (64 x 64 fp32, in its register order: tile_bwd.cuh's ws accumulator order with
 //   kDQ = 64), freed by the writer once its bulk reads are done (a step ahead of its reuse).
-// Two grids: a CTA a key tile (tile_bwd_ws2_body), and the persistent one (tile_bwd_ws2_persist_body, traits
-// Persistent<SmemEpilogue<...>>: CTAs an SM taking key tiles from a counter), which tile_backward.cu launches where
-// dK / dV go out through shared memory and the lists have an item counter.
+// Two grids, for this step and tile_bwd_ws.cuh's (D = 128): a CTA a key tile (tile_bwd_ws_body), and the persistent
+// one (tile_bwd_ws_persist_body, traits Persistent<SmemEpilogue<...>>: CTAs an SM taking key tiles from a counter),
+// which tile_backward.cu launches where dK / dV go out through shared memory and the lists have an item counter.
 #pragma once
 #include "cuda/backward/tile_bwd_ws.cuh"
 
@@ -41,26 +41,6 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// The kernel's roles over one item each (tile_bwd_ws2_body: one item a CTA; tile_bwd_ws2_persist_body: several, the
-// CTA's step count running on across items).
-// The kernel's shared memory (Tr's offsets from the aligned base, smem_base_1024).
-template <class Tr>
-struct Ws2Smem {
-  static constexpr int BM = Tr::BM, S = Tr::kStages;
-  uint32_t k, v, full, empty, dqfull, dqempty;  // mbarriers: full[S], empty[S], dq_full[2], dq_empty[2] (+ 8 wg)
-  __device__ __forceinline__ explicit Ws2Smem(uint32_t base)
-      : k(base), v(base + Tr::kOffV), full(base + Tr::kOffBar), empty(full + 8 * S), dqfull(empty + 8 * S),
-        dqempty(dqfull + 16) {}
-  __device__ __forceinline__ uint32_t q(int st) const { return k + Tr::kOffStage + uint32_t(st) * 2 * Tr::kQ; }
-  __device__ __forceinline__ uint32_t d_o(int st) const { return q(st) + Tr::kQ; }
-  // + 512 c: half c
-  __device__ __forceinline__ uint32_t rows(int st) const { return k + Tr::kOffRows + uint32_t(st) * 2 * BM * 4; }
-  __device__ __forceinline__ uint32_t ds(int i) const { return k + Tr::kOffDS + uint32_t(i & 1) * Tr::kDS; }
-  __device__ __forceinline__ uint32_t dq(int wg) const { return k + Tr::kOffDQ + uint32_t(wg) * Tr::kDQStage; }
-  // stage st's two entries
-  __device__ __forceinline__ uint32_t ent(int st) const { return k + Tr::kOffEnt + uint32_t(st) * 32; }
-};
-
 // The steps of item w (key tile, batch, kv head): n = ceil(ne / 2) x group; the CTA's step count g = g0 + i runs on
 // across a persistent CTA's items (the ring's stage and phase, the dS^T buffer, the staged dQ's phases).
 __device__ __forceinline__ int ws2_steps(const BwdParams& p, const detail::KeyTileWork& w) {
@@ -70,7 +50,7 @@ __device__ __forceinline__ int ws2_steps(const BwdParams& p, const detail::KeyTi
 // The producer thread on item w: the two halves' Q, dO rows (64 each) and their lse2, delta; returns the step count
 // after them.
 template <class Tr>
-__device__ __forceinline__ int ws2_produce(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+__device__ __forceinline__ int ws2_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
                                             int g0) {
   using namespace detail;
   constexpr int S = Tr::kStages;
@@ -108,7 +88,7 @@ __device__ __forceinline__ int ws2_produce(const BwdParams& p, const Ws2Smem<Tr>
 // The dQ writer thread on item w: half c's 64 x 64 (consumer warpgroup c's) into its query tile's accumulator; returns
 // the step count after them.
 template <class Tr>
-__device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+__device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
                                              int g0) {
   using namespace detail;
   const int b = w.b, hk = w.hk, ne = w.ne;
@@ -132,19 +112,6 @@ __device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const Ws2Smem<Tr
   return g;
 }
 
-// Item w's K and V rows into their tiles by the consumer threads (ct in [0, 256)): cp.async, committed.
-template <class Tr>
-__device__ __forceinline__ void ws2_load_kv(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
-                                            int ct) {
-  using namespace detail;
-  constexpr int NC = Tr::kConsumerThreads;
-  const char* kg = static_cast<const char*>(p.k) + 2 * (int64_t(w.b) * p.k_sb + int64_t(w.hk) * p.k_sh);
-  const char* vg = static_cast<const char*>(p.v) + 2 * (int64_t(w.b) * p.v_sb + int64_t(w.hk) * p.v_sh);
-  load_rows<Tr::BN, Tr::D, NC>(sm.k, kg, p.k_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
-  load_rows<Tr::BN, Tr::D, NC>(sm.v, vg, p.v_sl * 2, w.k0, p.k_len, p.perm_d, p.k_group, ct);
-  cp_async_commit();
-}
-
 // The persistent consumer's own index in the consumer warpgroups (ct in [0, 256)), from %tid.x read again (an opaque
 // read: not hoisted, so not kept live across the steps, where the consumers have no register to spare).
 __device__ __forceinline__ int ws2_consumer_index() {
@@ -161,11 +128,11 @@ __device__ __forceinline__ int ws2_consumer_index() {
 // next pair of entries from global memory a step ahead and issued dV and dK as one group before the barrier, waiting
 // for all three after dQ: 1.01-1.05x, then 0.99-1.10x (causal D = 64 5.550 -> 5.067 ms) in one process, H200; 532
 // SASS instructions a full-tile step where that one took 582.
-// A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws2_load_kv): the steps g0 to
+// A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws_load_kv): the steps g0 to
 // g_end - 1 (g_end = g0 + ws2_steps), after_steps(), then dK and dV stored (store_dkdv_ws; with the shared-memory
 // epilogue through s_stage: 4 boxes of 8 KB, 1024-byte aligned).
 template <class Tr, class F>
-__device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr>& sm, const detail::KeyTileWork& w,
+__device__ __forceinline__ void ws2_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
                                             int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
                                             F&& after_steps) {
   using namespace detail;
@@ -269,34 +236,55 @@ __device__ __forceinline__ void ws2_consume(const BwdParams& p, const Ws2Smem<Tr
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_stage);
 }
 
-// The ring's, dQ staging's mbarriers (thread 0; a fence and a CTA barrier after).
+// Each role of either row on item w from step g0 (64 queries a step: tile_bwd_ws.cuh's ws_*64; 128: ws2_* above).
 template <class Tr>
-__device__ __forceinline__ void ws2_init_barriers(const Ws2Smem<Tr>& sm) {
-  using namespace detail;
-  for (int s = 0; s < Tr::kStages; ++s) {
-    mbar_init(sm.full + 8 * s, 1);
-    mbar_init(sm.empty + 8 * s, Tr::kConsumerThreads);
-  }
-  for (int x = 0; x < 2; ++x) {
-    mbar_init(sm.dqfull + 8 * x, 128);
-    mbar_init(sm.dqempty + 8 * x, 1);
-  }
+__device__ __forceinline__ int ws_steps(const BwdParams& p, const detail::KeyTileWork& w) {
+  if constexpr (Tr::BM == 128)
+    return ws2_steps(p, w);
+  else
+    return w.n;
+}
+template <class Tr>
+__device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                          int g0) {
+  if constexpr (Tr::BM == 128)
+    return ws2_produce<Tr>(p, sm, w, g0);
+  else
+    return ws_produce64<Tr>(p, sm, w, g0);
+}
+template <class Tr>
+__device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0) {
+  if constexpr (Tr::BM == 128)
+    return ws2_write_dq<Tr>(p, sm, w, g0);
+  else
+    return ws_write_dq64<Tr>(p, sm, w, g0);
+}
+template <class Tr, class F>
+__device__ __forceinline__ void ws_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                           F&& after_steps) {
+  if constexpr (Tr::BM == 128)
+    ws2_consume<Tr>(p, sm, w, g0, g_end, wg, t, lane, s_stage, after_steps);
+  else
+    ws_consume64<Tr>(p, sm, w, g0, g_end, wg, t, lane, s_stage, after_steps);
 }
 
 // A CTA a key tile (where a later part adds to dK / dV, dk / dv admit no tensor map, or the lists are a run-time
 // mask's; else tile_backward.cu launches the persistent grid below): producer thread, dQ writer thread and the 256
 // consumer threads on the CTA's item, dK and dV stored from the K and V tiles (store_dkdv_ws).
 template <class Tr>
-__device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
+__device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
   using namespace detail;
   extern __shared__ uint8_t smem_raw[];
-  const Ws2Smem<Tr> sm(smem_base_1024(smem_raw));
+  const WsSmem<Tr> sm(smem_base_1024(smem_raw));
   // warp and wg through a lane-0 shuffle: warp-uniform to the compiler, so the wgmma descriptors stay in uniform
   // registers (tile_bwd_ws.cuh).
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p));
+  if (w.n == 0 && p.dkv_accumulate) return;  // nothing to add (the whole CTA, before any barrier)
   if (tid == 0) {
-    ws2_init_barriers<Tr>(sm);
+    ws_init_barriers<Tr>(sm);
     fence_mbar_init();
   }
   __syncthreads();
@@ -304,20 +292,21 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
   if (warp < 4) {
     setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp == 0 && lane == 0) {
-      ws2_produce<Tr>(p, sm, w, 0);
+      ws_produce<Tr>(p, sm, w, 0);
     } else if (warp == 1 && lane == 0) {
-      ws2_write_dq<Tr>(p, sm, w, 0);
-      bulk_wait_all<false>();
+      ws_write_dq<Tr>(p, sm, w, 0);
+      bulk_wait_all<false>();  // the adds done before the CTA ends (the finish kernel reads them)
     }
     return;
   }
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const int ct = tid - 128, wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127;
-  ws2_load_kv<Tr>(p, sm, w, ct);
-  ws2_consume<Tr>(p, sm, w, 0, ws2_steps(p, w), wg, t, lane, sm.k, [] {});
+  ws_load_kv<Tr>(p, sm, w, ct);
+  ws_consume<Tr>(p, sm, w, 0, ws_steps<Tr>(p, w), wg, t, lane, sm.k, [] {});
 }
 
-// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits>>; tile_backward.cu, launch_persist64): CTAs an SM x SMs,
+// The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits or BwdWsTraits<128>>>; tile_backward.cu,
+// launch_persistent): CTAs an SM x SMs,
 // each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's DynamicPersistentTileScheduler
 // does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) + gridDim.x (the counter zeroed before
 // the launch: a memset node under graph capture). The producer thread takes them (the next one after the item's loads)
@@ -325,7 +314,7 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 // arrival after its store; item_empty: the 257 readers', each as soon as it has read), so every role walks the same
 // items and the producer runs up to two items ahead: it loads the next item's first Q / dO stages as soon as the ring
 // has room, under the current item's last steps and dK / dV epilogue. Every role's step count runs on across items
-// (ws2_steps: the ring's stage and phase, the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends
+// (ws_steps: the ring's stage and phase, the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends
 // the walk.
 // K and V: dK / dV are staged in a dS^T buffer (free once both warpgroups' last dQ wgmma is done: every step waits
 // for its wgmmas, and a consumer barrier follows the last step), so the consumers issue the next item's K and V right
@@ -334,17 +323,20 @@ __device__ __forceinline__ void tile_bwd_ws2_body(const BwdParams& p) {
 // waits. Against the one-CTA-an-item grid (H200, bf16, one process, backward time): local(256) 0.929, bigbird 0.932,
 // longformer 0.931, local(256) | random 0.969, local(left=1024) GQA 0.995, causal 1.004. Staging dK / dV in the K and
 // V tiles instead, the next K and V loaded after the epilogue's reads: 0.984-1.001 (bench/LOG.md, session 28).
+// At D = 128 (64 queries a step) no dS^T buffer holds them (2 x 16 KB); the four dQ buffers do (64 KB), each warpgroup's
+// boxes in its own two, once the writer has read the last two steps' dQ there (ws_consume64); the next item's first dQ
+// staging comes after its first dS^T barrier, past the issuing threads' read waits as above.
 template <class Base>
 struct Persistent : Base {
   static constexpr bool kPersist = true;
-  static_assert(Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0, "the 4 dK / dV boxes in a dS^T buffer");
+  static_assert(Base::BM == 128 ? Base::kDS == 4 * 8192 && Base::kOffDS % 1024 == 0
+                                 : 4 * Base::kDQStage == 8 * 8192 && Base::kOffDQ % 1024 == 0,
+                "the dK / dV boxes (2 D / 16 of 8 KB) in a dS^T buffer (D = 64) or the dQ buffers (D = 128)");
   // item_full[2], item_empty[2], the two slots' {item, first step}, the producer's {slots published, items, steps}
-  static constexpr int kOffItems = Base::kOffEnt + 32 * Base::kStages;
+  static constexpr int kOffItems = Base::kOffEnt + WsSmem<Base>::kEnt * Base::kStages;
   static constexpr int kSmemBytes = kOffItems + 4 * 8 + 2 * 8 + 3 * 4 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
-template <class Tr>
-inline constexpr bool kPersistOf = requires { requires Tr::kPersist; };
 
 template <class Tr>
 struct Ws2Items {
@@ -388,16 +380,16 @@ struct Ws2Items {
 };
 
 template <class Tr>
-__device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
+__device__ __forceinline__ void tile_bwd_ws_persist_body(const BwdParams& p) {
   using namespace detail;
   constexpr int NC = Tr::kConsumerThreads;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = smem_base_1024(smem_raw);
-  const Ws2Smem<Tr> sm(base);
+  const WsSmem<Tr> sm(base);
   const Ws2Items<Tr> items(base);
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   if (tid == 0) {
-    ws2_init_barriers<Tr>(sm);
+    ws_init_barriers<Tr>(sm);
     items.init(int(int64_t(p.k_tiles) * p.batch * p.kv_heads));
     fence_mbar_init();
   }
@@ -419,7 +411,7 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
         int next = 0;  // (not item: it would stay live across the loads in lane 0)
         if (lane == 0) {
           st_shared_s32(ps, j + 1);
-          st_shared_s32(ps + 8, ws2_produce<Tr>(p, sm, w, g0));
+          st_shared_s32(ps + 8, ws_produce<Tr>(p, sm, w, g0));
           next = Ws2Items<Tr>::take(p);
         }
         __syncwarp();
@@ -432,7 +424,7 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
         it.x = __shfl_sync(0xffffffffu, it.x, 0), it.y = __shfl_sync(0xffffffffu, it.y, 0);
         if (it.x < 0) break;
         const detail::KeyTileWork w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
-        if (lane == 0) ws2_write_dq<Tr>(p, sm, w, it.y);
+        if (lane == 0) ws_write_dq<Tr>(p, sm, w, it.y);
         __syncwarp();
       }
       if (lane == 0) bulk_wait_all<false>();  // the adds done before the CTA ends (the finish kernel reads them)
@@ -446,21 +438,23 @@ __device__ __forceinline__ void tile_bwd_ws2_persist_body(const BwdParams& p) {
   detail::KeyTileWork w{};
   if (it.x >= 0) {
     w = warp_uniform(key_tile_work<Tr::BN>(p, it.x));
-    ws2_load_kv<Tr>(p, sm, w, ws2_consumer_index());
+    ws_load_kv<Tr>(p, sm, w, ws2_consumer_index());
   }
   for (int j = 1; it.x >= 0; ++j) {
     const int ct = ws2_consumer_index(), wg = __shfl_sync(0xffffffffu, ct >> 7, 0), t = ct & 127, ln = ct & 31;
-    const int g_end = it.y + ws2_steps(p, w);
     int2 nx = make_int2(-1, 0);
     detail::KeyTileWork nw{};
-    ws2_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, sm.ds(g_end + 1), [&] {
+    auto next = [&] {
       named_sync(1, NC);  // both warpgroups' last wgmmas (K, V, the last dS^T) done
       nx = items.read(j);
       if (nx.x >= 0) {
         nw = warp_uniform(key_tile_work<Tr::BN>(p, nx.x));
-        ws2_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
+        ws_load_kv<Tr>(p, sm, nw, ws2_consumer_index());
       }
-    });
+    };
+    const int g_end = it.y + ws_steps<Tr>(p, w);
+    // dK / dV staged in the dS^T buffer the last step left free (D = 64) or in the dQ buffers (D = 128)
+    ws_consume<Tr>(p, sm, w, it.y, g_end, wg, t, ln, Tr::BM == 128 ? sm.ds(g_end + 1) : sm.dq(0), next);
     it = nx, w = nw;
   }
 }
@@ -472,10 +466,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) tile_bwd_ws_kernel(const __gr
 #ifdef __CUDA_ARCH__
   if constexpr (!mma::kWgmmaAvailable) {
     __trap();
-  } else if constexpr (Tr::BM == 128 && kPersistOf<Tr>) {
-    tile_bwd_ws2_persist_body<Tr>(p);
-  } else if constexpr (Tr::BM == 128) {
-    tile_bwd_ws2_body<Tr>(p);
+  } else if constexpr (kPersistOf<Tr>) {
+    tile_bwd_ws_persist_body<Tr>(p);
   } else {
     tile_bwd_ws_body<Tr>(p);
   }
