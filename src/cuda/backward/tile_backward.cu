@@ -2,7 +2,6 @@
 #include "cuda/backward/tile_backward.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <optional>
 #include <sstream>
@@ -221,15 +220,13 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
 }
 template <class Pt>
 void launch_persistent(const bwd::BwdParams& p, cudaStream_t s);
-// SPATTN_BWD_PERSIST128=0: the D = 128 row a CTA a key tile (a temporary switch for the persistent grid's A/B).
-bool persist128() {
-  const char* e = std::getenv("SPATTN_BWD_PERSIST128");
-  return !(e && std::string(e) == "0");
-}
+// The D = 128 row; its persistent grid as the D = 64 row's (launch_ws2). Against a CTA a key tile (H200, bf16, one
+// process, backward time): local(256) 0.956, neighborhood(kernel=257) 0.950, local(256) GQA 32/4 0.986, local(1024)
+// 0.965, causal 0.972, local(left=4096) GQA 0.972, sinks GQA 0.963, block mask 0.949, dense 0.971 (bench/LOG.md).
 template <int D, bool kBf16>
 void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
   using Tr = bwd::BwdWsTraits<D, kBf16>;
-  if (epi && p.work_counter && persist128()) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
+  if (epi && p.work_counter) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
   launch_ws_epi<Tr, D / 2>(p, epi, s);
 }
 // The persistent grid of either row (with the shared-memory epilogue and an item counter; else a CTA an item): a CTA
