@@ -99,8 +99,10 @@ def summary(rows):
     return {"cases": len(done), "skipped": [r["pattern"] for r in rows if "skipped" in r],
             "geomean_bwd_over_fwd": geomean(bo), "min_bwd_over_fwd": min(bo, default=None),
             "geomean_bwd_ratio_vs_flex": geomean(vs), "min_bwd_ratio_vs_flex": min(vs, default=None),
-            "below_bar_bwd_over_fwd": [r["pattern"] for r in done if "bar" in r and r["bwd_over_fwd"] < r["bar"]],
-            "below_flex_min": [r["pattern"] for r in done if r.get("bwd_ratio_vs_flex", BAR_FLEX_MIN) < BAR_FLEX_MIN],
+            "below_bar_bwd_over_fwd": [f"{r['pattern']} D={r['D']}" for r in done
+                                       if "bar" in r and r["bwd_over_fwd"] < r["bar"]],
+            "below_flex_min": [f"{r['pattern']} D={r['D']}" for r in done
+                               if r.get("bwd_ratio_vs_flex", BAR_FLEX_MIN) < BAR_FLEX_MIN],
             "bar": f"bwd_over_fwd >= 0.8 on band, blocks, causal (else 0.6); geomean bwd_ratio_vs_flex >= "
                    f"{BAR_FLEX_GEOMEAN}, none below {BAR_FLEX_MIN}"}
 

@@ -210,8 +210,8 @@ def backward(name, doc):
         out += ["", f"bwd / fwd: geomean {math.exp(sum(map(math.log, bf)) / len(bf)):.2f}, lowest {min(bf):.2f}. The bar "
                     f"(issue 39): >= 0.6 on every case (0.8 on bands, blocks and causal), >= 2.5x Flex's backward in "
                     f"geomean and 1.5x on every case; below it: "
-                    + (", ".join(r["pattern"] for r in rows if r["bwd_over_fwd"] < r.get("bar", 0.6) or r.get("speedup", 9) < 1.5)
-                       or "none") + "."]
+                    + (", ".join(f"{r['pattern']} D={r['D']}" for r in rows
+                                 if r["bwd_over_fwd"] < r.get("bar", 0.6) or r.get("speedup", 9) < 1.5) or "none") + "."]
     return out
 
 
