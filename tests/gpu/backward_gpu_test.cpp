@@ -363,9 +363,8 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
 // shared memory by TMA stores (tile_bwd.cuh, store_dkdv_smem): causal, windows, bitmask tiles, GQA (dK, dV summed over
 // the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
 // partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
-// and bf16; each asserted to have run its row and the shared-memory epilogue (TileBackward's count; at D = 64 on the
-// persistent grid, the default: Persistent* assert that grid), against the reference with the gradients
-// poisoned beforehand. A compound plan whose later tile part adds to dk, dv
+// and bf16; each asserted to have run its row, the shared-memory epilogue and the persistent grid (TileBackward's
+// counts; Persistent* run them on smaller grids), against the reference with the gradients poisoned beforehand. A compound plan whose later tile part adds to dk, dv
 // (dkv_accumulate: each thread adds its pairs) too.
 const std::vector<Case>& ws_row_cases() {
   static const std::vector<Case> cs = {
@@ -400,11 +399,12 @@ TEST(BackwardGpu, WsRowsMatchReference) {
   for (const Case& c : ws_row_cases()) {
     SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" +
                  std::to_string(c.Lk));
-    const int64_t e0 = TileBackward::smem_epilogue_launches();
+    const int64_t e0 = TileBackward::smem_epilogue_launches(), p0 = TileBackward::persistent_launches();
     std::string ran;
     const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed++);
     EXPECT_EQ(ran, c.D == 64 ? "sm90_bwd_ws_128x128_d64" : "sm90_bwd_ws_64x128_d128");
     EXPECT_EQ(TileBackward::smem_epilogue_launches() - e0, 1) << "the shared-memory epilogue";
+    EXPECT_EQ(TileBackward::persistent_launches() - p0, 1) << "the persistent grid (the SMs' grid)";
     expect_within(e, c.dt);
   }
   {  // a compound plan: the tiles part writes dk, dv, the affine part adds (each thread its pairs)
@@ -499,15 +499,14 @@ void expect_persistent(const Case& c, uint32_t seed, int graph_replays = 0) {
   expect_within(e, c.dt);
 }
 
-// WsRowsMatchReference's cases (their seeds), each on the SMs' grid (the run WsRowsMatchReference makes, here
-// asserted to be persistent) and on grids of 3 and 1 CTAs (every CTA several items: the protocol across items), cases
-// with more items than SMs at the full grid, and a compound plan (its tiles part on the persistent grid, its affine
-// part adding to dK / dV).
+// WsRowsMatchReference's cases (their seeds; that test runs them on the SMs' grid) on grids of 3 and 1 CTAs (every CTA
+// several items: the protocol across items), cases with more items than SMs at the full grid, and a compound plan
+// (its tiles part on the persistent grid, its affine part adding to dK / dV).
 TEST(BackwardGpu, PersistentMatchesReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   using spattn::cuda::TileBackward;
-  for (int limit : {0, 3, 1}) {
+  for (int limit : {3, 1}) {
     const GridLimit on(limit);
     uint32_t seed = 2600;
     for (const Case& c : ws_row_cases()) {
@@ -515,7 +514,7 @@ TEST(BackwardGpu, PersistentMatchesReference) {
       SCOPED_TRACE(std::string(c.specs[0]) + " D=" + std::to_string(c.D) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
                    " grid limit " + std::to_string(limit));
       expect_persistent(c, s);
-      if (limit > 0) EXPECT_LE(TileBackward::last_persistent_grid(), limit);
+      EXPECT_LE(TileBackward::last_persistent_grid(), limit);
     }
   }
   for (int d : {64, 128}) {  // 32 key tiles x 16 kv heads = 512 items
