@@ -364,8 +364,8 @@ TEST(BackwardGpu, Ws128QueryStepMatchesReference) {
 // the group in registers), key tiles with an odd number of entries (a pair's empty second half), lengths that leave a
 // partial last key tile (1000, 4099, 777, 411: rows past Lk must not be written), Lq != Lk, [B, H, L, D] views, fp16
 // and bf16; each asserted to have run its row, the shared-memory epilogue and the persistent grid (TileBackward's
-// counts; Persistent* run them on smaller grids), against the reference with the gradients poisoned beforehand. A compound plan whose later tile part adds to dk, dv
-// (dkv_accumulate: each thread adds its pairs) too.
+// counts; Persistent* run them on smaller grids), against the reference with the gradients poisoned beforehand. A
+// compound plan whose tiles part writes dk, dv and whose affine part adds to them too.
 const std::vector<Case>& ws_row_cases() {
   static const std::vector<Case> cs = {
       {{"local(256)"}, DType::bf16, 2, 4, 4, 1000, 1000, 64, false},
