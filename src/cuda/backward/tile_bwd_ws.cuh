@@ -20,7 +20,7 @@
 // No CTA-wide barrier inside the loop and no red.global in the consumers. Identity plans whose q and dout admit
 // tensor maps only (TileBackward runs the 64x128 tile_bwd_kernel row of the head dim otherwise).
 //
-// Its roles (ws_produce64, ws_write_dq64, ws_consume64) run head dim 128 (sm90_bwd_ws_64x128_d128) on either grid of
+// Its roles (ws_produce, ws_write_dq, ws_consume for BM = 64) run head dim 128 (sm90_bwd_ws_64x128_d128) on either grid of
 // tile_bwd_ws2.cuh (a CTA a key tile, or the persistent one). Head dim 64 runs tile_bwd_ws2.cuh's 128 queries a
 // step, which replaced this step there and takes BwdWsTraits<64, *> as the traits of its 64-query halves (store_ds).
 #pragma once
@@ -185,14 +185,16 @@ __device__ __forceinline__ void ws_load_kv(const BwdParams& p, const WsSmem<Tr>&
   cp_async_commit();
 }
 
-// The roles over item w (the key tile's n = ne x group steps, query head hk * group + i / ne, entry i % ne at step
-// i), the CTA's step count g = g0 + i running on across a persistent CTA's items (the ring's stage and phase, the
-// dS^T buffer, the staged dQ's buffer and phases); each returns the count after the item.
+// The roles over item w at 64 queries a step (requires BM = 64; tile_bwd_ws2.cuh's overloads of the same names take
+// 128): the key tile's n = ne x group steps, query head hk * group + i / ne, entry i % ne at step i, the CTA's step
+// count g = g0 + i running on across a persistent CTA's items (the ring's stage and phase, the dS^T buffer, the staged
+// dQ's buffer and phases); the producer and the writer return the count after the item.
 // The producer thread: the step's Q and dO (tensor maps), lse2 and delta (bulk copies) and its entry (16 bytes,
 // stored before the stage's arrival).
 template <class Tr>
-__device__ __forceinline__ int ws_produce64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                            int g0) {
+  requires(Tr::BM == 64)
+__device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                          int g0) {
   using namespace detail;
   constexpr int S = Tr::kStages;
   int g = g0;
@@ -210,8 +212,9 @@ __device__ __forceinline__ int ws_produce64(const BwdParams& p, const WsSmem<Tr>
 // The dQ writer thread: each step's dQ (both consumer warpgroups' D / 2 columns, staged in x = 2 (g & 1) + wg) added
 // into the fp32 accumulator by bulk reduce-add, the buffers freed once their reads are done.
 template <class Tr>
-__device__ __forceinline__ int ws_write_dq64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                             int g0) {
+  requires(Tr::BM == 64)
+__device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0) {
   using namespace detail;
   int g = g0;
   for (int i = 0; i < w.n; ++i, ++g) {
@@ -246,9 +249,10 @@ inline constexpr bool kPersistOf = requires { requires Tr::kPersist; };
 // first; store_dkdv_smem's boxes of warpgroup wg are buffers wg and 2 + wg), once the writer has read the last two
 // steps' dQ there.
 template <class Tr, class F>
-__device__ __forceinline__ void ws_consume64(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                             int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
-                                             F&& after_steps) {
+  requires(Tr::BM == 64)
+__device__ __forceinline__ void ws_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                           F&& after_steps) {
   using namespace detail;
   constexpr int BM = Tr::BM, BN = Tr::BN, D = Tr::D, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
   const int k0 = w.k0;

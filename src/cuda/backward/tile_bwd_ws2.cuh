@@ -41,17 +41,20 @@ struct BwdWs2Traits {
   using Half = BwdWsTraits<64, kBf16>;  // a half step: 64 queries (mask_step, store_ds)
 };
 
-// The steps of item w (key tile, batch, kv head): n = ceil(ne / 2) x group; the CTA's step count g = g0 + i runs on
-// across a persistent CTA's items (the ring's stage and phase, the dS^T buffer, the staged dQ's phases).
-__device__ __forceinline__ int ws2_steps(const BwdParams& p, const detail::KeyTileWork& w) {
-  return (w.ne + 1) / 2 * p.group;
+// The steps of item w (key tile, batch, kv head): 128 queries a step (two entries), ceil(ne / 2) x group; 64,
+// n = ne x group. The CTA's step count g = g0 + i runs on across a persistent CTA's items (the ring's stage and phase,
+// the dS^T buffer, the staged dQ's phases).
+template <class Tr>
+__device__ __forceinline__ int ws_steps(const BwdParams& p, const detail::KeyTileWork& w) {
+  return Tr::BM == 128 ? (w.ne + 1) / 2 * p.group : w.n;
 }
 
 // The producer thread on item w: the two halves' Q, dO rows (64 each) and their lse2, delta; returns the step count
 // after them.
 template <class Tr>
-__device__ __forceinline__ int ws2_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                            int g0) {
+  requires(Tr::BM == 128)
+__device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                          int g0) {
   using namespace detail;
   constexpr int S = Tr::kStages;
   const int b = w.b, ne = w.ne;
@@ -88,8 +91,9 @@ __device__ __forceinline__ int ws2_produce(const BwdParams& p, const WsSmem<Tr>&
 // The dQ writer thread on item w: half c's 64 x 64 (consumer warpgroup c's) into its query tile's accumulator; returns
 // the step count after them.
 template <class Tr>
-__device__ __forceinline__ int ws2_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                             int g0) {
+  requires(Tr::BM == 128)
+__device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0) {
   using namespace detail;
   const int b = w.b, hk = w.hk, ne = w.ne;
   const int64_t e0 = w.e0;
@@ -129,12 +133,13 @@ __device__ __forceinline__ int ws2_consumer_index() {
 // for all three after dQ: 1.01-1.05x, then 0.99-1.10x (causal D = 64 5.550 -> 5.067 ms) in one process, H200; 532
 // SASS instructions a full-tile step where that one took 582.
 // A consumer thread (warpgroup wg, t its index there) on item w, its K and V issued (ws_load_kv): the steps g0 to
-// g_end - 1 (g_end = g0 + ws2_steps), after_steps(), then dK and dV stored (store_dkdv_ws; with the shared-memory
+// g_end - 1 (g_end = g0 + ws_steps), after_steps(), then dK and dV stored (store_dkdv_ws; with the shared-memory
 // epilogue through s_stage: 4 boxes of 8 KB, 1024-byte aligned).
 template <class Tr, class F>
-__device__ __forceinline__ void ws2_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                            int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
-                                            F&& after_steps) {
+  requires(Tr::BM == 128)
+__device__ __forceinline__ void ws_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
+                                           int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
+                                           F&& after_steps) {
   using namespace detail;
   using Hf = typename Tr::Half;
   constexpr int BM = Tr::BM, S = Tr::kStages, kDQ = Tr::kDQ, NC = Tr::kConsumerThreads;
@@ -236,40 +241,6 @@ __device__ __forceinline__ void ws2_consume(const BwdParams& p, const WsSmem<Tr>
   store_dkdv_ws<Tr>(p, dk, dv, b, hk, k0, kr0, s_stage);
 }
 
-// Each role of either row on item w from step g0 (64 queries a step: tile_bwd_ws.cuh's ws_*64; 128: ws2_* above).
-template <class Tr>
-__device__ __forceinline__ int ws_steps(const BwdParams& p, const detail::KeyTileWork& w) {
-  if constexpr (Tr::BM == 128)
-    return ws2_steps(p, w);
-  else
-    return w.n;
-}
-template <class Tr>
-__device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                          int g0) {
-  if constexpr (Tr::BM == 128)
-    return ws2_produce<Tr>(p, sm, w, g0);
-  else
-    return ws_produce64<Tr>(p, sm, w, g0);
-}
-template <class Tr>
-__device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                           int g0) {
-  if constexpr (Tr::BM == 128)
-    return ws2_write_dq<Tr>(p, sm, w, g0);
-  else
-    return ws_write_dq64<Tr>(p, sm, w, g0);
-}
-template <class Tr, class F>
-__device__ __forceinline__ void ws_consume(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
-                                           int g0, int g_end, int wg, int t, int lane, uint32_t s_stage,
-                                           F&& after_steps) {
-  if constexpr (Tr::BM == 128)
-    ws2_consume<Tr>(p, sm, w, g0, g_end, wg, t, lane, s_stage, after_steps);
-  else
-    ws_consume64<Tr>(p, sm, w, g0, g_end, wg, t, lane, s_stage, after_steps);
-}
-
 // A CTA a key tile (where a later part adds to dK / dV, dk / dv admit no tensor map, or the lists are a run-time
 // mask's; else tile_backward.cu launches the persistent grid below): producer thread, dQ writer thread and the 256
 // consumer threads on the CTA's item, dK and dV stored from the K and V tiles (store_dkdv_ws).
@@ -324,7 +295,7 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 // longformer 0.931, local(256) | random 0.969, local(left=1024) GQA 0.995, causal 1.004. Staging dK / dV in the K and
 // V tiles instead, the next K and V loaded after the epilogue's reads: 0.984-1.001 (bench/LOG.md, session 28).
 // At D = 128 (64 queries a step) no dS^T buffer holds them (2 x 16 KB); the four dQ buffers do (64 KB), each warpgroup's
-// boxes in its own two, once the writer has read the last two steps' dQ there (ws_consume64); the next item's first dQ
+// boxes in its own two, once the writer has read the last two steps' dQ there (ws_consume of tile_bwd_ws.cuh); the next item's first dQ
 // staging comes after its first dS^T barrier, past the issuing threads' read waits as above.
 template <class Base>
 struct Persistent : Base {
