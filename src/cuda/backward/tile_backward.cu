@@ -218,17 +218,6 @@ void launch_ws_epi(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
     launch_three<Tr, kWs>(bwd::tile_bwd_ws_kernel<Tr>, p, s);
   }
 }
-template <class Pt>
-void launch_persistent(const bwd::BwdParams& p, cudaStream_t s);
-// The D = 128 row; its persistent grid as the D = 64 row's (launch_ws2). Against a CTA a key tile (H200, bf16, one
-// process, backward time): local(256) 0.956, neighborhood(kernel=257) 0.950, local(256) GQA 32/4 0.986, local(1024)
-// 0.965, causal 0.972, local(left=4096) GQA 0.972, sinks GQA 0.963, block mask 0.949, dense 0.971 (bench/LOG.md).
-template <int D, bool kBf16>
-void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
-  using Tr = bwd::BwdWsTraits<D, kBf16>;
-  if (epi && p.work_counter) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
-  launch_ws_epi<Tr, D / 2>(p, epi, s);
-}
 // The persistent grid of either row (with the shared-memory epilogue and an item counter; else a CTA an item): a CTA
 // an SM (the kernel's shared memory holds one), at most the items, which the CTAs take from p.work_counter
 // (tile_bwd_ws2.cuh, Ws2Items), zeroed here on the stream (a memset node where captured).
@@ -244,6 +233,15 @@ void launch_persistent(const bwd::BwdParams& p, cudaStream_t s) {
   ++g_smem_epi, ++g_persist;
   g_persist_grid = int(grid);
   launch_three<Pt, Pt::kDQ>(kernel, p, s, grid);
+}
+// The D = 128 row; its persistent grid as the D = 64 row's (launch_ws2). Against a CTA a key tile (H200, bf16, one
+// process, backward time): local(256) 0.956, neighborhood(kernel=257) 0.950, local(256) GQA 32/4 0.986, local(1024)
+// 0.965, causal 0.972, local(left=4096) GQA 0.972, sinks GQA 0.963, block mask 0.949, dense 0.971 (bench/LOG.md).
+template <int D, bool kBf16>
+void launch_ws(const bwd::BwdParams& p, bool epi, cudaStream_t s) {
+  using Tr = bwd::BwdWsTraits<D, kBf16>;
+  if (epi && p.work_counter) return launch_persistent<bwd::Persistent<bwd::SmemEpilogue<Tr>>>(p, s);
+  launch_ws_epi<Tr, D / 2>(p, epi, s);
 }
 template <bool kBf16>
 void launch_ws2(const bwd::BwdParams& p, bool epi, cudaStream_t s) {

@@ -452,8 +452,8 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, const float (&dk)
 // producer) hold dK and dV: bf16 / fp16 by stmatrix into 64-row x 64-column boxes with the tensor maps' 128-byte
 // swizzle (sw_off<64>), then one thread of each warpgroup stores its 64 rows by TMA (tmap_dk, tmap_dv; rows past k_len
 // dropped by the map). Each thread's 2 D / 8 four-byte stores of half sectors become 2 D / 16 stmatrix and 2 D / 64
-// bulk tensor stores a warpgroup. The persistent D = 64 grid (tile_bwd_ws2.cuh) stages dK and dV in a dS^T buffer
-// instead, its K and V tiles then already loading the next item's.
+// bulk tensor stores a warpgroup. The persistent grid (tile_bwd_ws2.cuh) stages dK and dV elsewhere, its K and V
+// tiles then already loading the next item's: in a dS^T buffer at D = 64, in the dQ staging buffers at D = 128.
 template <class Base>
 struct SmemEpilogue : Base {
   static constexpr bool kSmemEpi = true;
@@ -504,7 +504,7 @@ __device__ __forceinline__ void store_dkdv_smem(const BwdParams& p, const float 
   }
 }
 // The warp-specialized kernels' epilogue: store_dkdv, or store_dkdv_smem (s_stage: the K tile, V's after it; the
-// persistent grid's: a dS^T buffer) where Tr is SmemEpilogue's.
+// persistent grid's: a dS^T buffer at D = 64, the dQ buffers at D = 128) where Tr is SmemEpilogue's.
 template <class Tr>
 __device__ __forceinline__ void store_dkdv_ws(const BwdParams& p, const float (&dk)[Tr::D / 2],
                                               const float (&dv)[Tr::D / 2], int b, int hk, int k0, int kr0,
