@@ -270,6 +270,63 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
                spattn::Error);
 }
 
+// dQ's first writers (plan::dq_owners): each query tile's owner is, of the key tiles whose entries name it, the first
+// in the grid's order (so a step waits only on an item taken before its own); bands walk their lists last first, where
+// the owners' stores come first; plans where most steps would wait (causal, dense: one key tile owns every query tile)
+// and plans with a query tile that keeps no key have none.
+TEST(KeyMajorPlan, DqOwnersFirstInOrder) {
+  struct Case {
+    const char* spec;
+    int64_t lq, lk;
+    bool owned, reverse;
+  };
+  const Case cases[] = {
+      {"local(100)", 4099, 4099, true, true},
+      {"local(256)", 16384, 16384, true, true},
+      {"neighborhood(kernel=257)", 16384, 16384, true, true},
+      {"local(left=200, right=0)", 650, 650, true, true},
+      {"local(24)", 190, 190, false, false},  // two key tiles: the second's steps would wait for the first's
+      {"local(30)", 150, 411, false, false},
+      {"causal", 1000, 1000, false, false},
+      {"dense", 1000, 1000, false, false},
+      {"causal & global_cols(100:180)", 333, 333, false, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.spec);
+    const spattn::plan::KeyMajorPlan km =
+        spattn::plan::key_major(spattn::plan::build_block_plan(spattn::parse(c.spec).bind(c.lq, c.lk), 64, 128));
+    bool rev = !c.reverse;
+    const std::vector<int32_t> owner = spattn::plan::dq_owners(km, &rev);
+    EXPECT_EQ(!owner.empty(), c.owned);
+    EXPECT_EQ(rev, c.reverse);
+    if (owner.empty()) continue;
+    ASSERT_EQ(int64_t(owner.size()), km.q_tiles);
+    std::vector<int64_t> rank(size_t(km.k_tiles));
+    for (size_t r = 0; r < km.order.size(); ++r) rank[size_t(km.order[r])] = int64_t(r);
+    std::vector<int> named(size_t(km.q_tiles), 0);
+    for (int64_t kt = 0; kt < km.k_tiles; ++kt)
+      for (int64_t e = km.col_offsets[size_t(kt)]; e < km.col_offsets[size_t(kt) + 1]; ++e) {
+        const int32_t q = km.entries[size_t(e)].kt;
+        named[size_t(q)] += owner[size_t(q)] == kt;
+        EXPECT_LE(rank[size_t(owner[size_t(q)])], rank[size_t(kt)]) << "query tile " << q << " key tile " << kt;
+      }
+    for (int64_t q = 0; q < km.q_tiles; ++q) EXPECT_EQ(named[size_t(q)], 1) << "query tile " << q;
+  }
+  // any_waits: owners wherever every query tile has a key, the first in order
+  for (const char* spec : {"causal", "dense"}) {
+    SCOPED_TRACE(spec);
+    const spattn::plan::KeyMajorPlan km =
+        spattn::plan::key_major(spattn::plan::build_block_plan(spattn::parse(spec).bind(1000), 64, 128));
+    const std::vector<int32_t> owner = spattn::plan::dq_owners(km, nullptr, true);
+    ASSERT_EQ(int64_t(owner.size()), km.q_tiles);
+    for (const int32_t o : owner) EXPECT_EQ(o, km.order[0]) << "the first key tile in order names every query tile";
+  }
+  EXPECT_TRUE(spattn::plan::dq_owners(spattn::plan::key_major(spattn::plan::build_block_plan(
+                                          spattn::parse("causal & global_cols(100:180)").bind(333), 64, 128)),
+                                      nullptr, true)
+                  .empty());
+}
+
 // Wide (128-key) warp-specialized backward tiles, narrow (64) sm90_bwd ones for residue-permuted plans (cp.async
 // steps) where the head dim has them (64; at 128 the warp-specialized row).
 TEST(KeyMajorPlan, ChoosesTheBackwardRow) {

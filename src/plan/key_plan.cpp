@@ -2,6 +2,7 @@
 #include "plan/key_plan.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 
 #include "plan/kernels.hpp"
@@ -143,6 +144,42 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
   if (permuted && narrow >= 0) return narrow;
   if (warp_specialized && ws >= 0) return ws;
   return plain;
+}
+
+std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any_waits) {
+  if (reverse) *reverse = false;
+  if (plan.query_strips) return {};
+  std::vector<int32_t> rank(size_t(plan.k_tiles), INT32_MAX);
+  for (size_t r = 0; r < plan.order.size(); ++r) rank[size_t(plan.order[r])] = int32_t(r);
+  std::vector<int32_t> owner(size_t(plan.q_tiles), -1);
+  for (int64_t kt = 0; kt < plan.k_tiles; ++kt)
+    for (int64_t e = plan.col_offsets[size_t(kt)]; e < plan.col_offsets[size_t(kt) + 1]; ++e) {
+      int32_t& o = owner[size_t(plan.entries[size_t(e)].kt)];
+      if (o < 0 || rank[size_t(kt)] < rank[size_t(o)]) o = int32_t(kt);
+    }
+  if (std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
+  // The steps that would wait, walking the lists first to last (rev false) or last first: the other key tiles' entries
+  // of a query tile at or before the owner's step (each key tile's walk counted from its own start).
+  const auto waits = [&](bool rev) {
+    std::vector<int64_t> own_step(size_t(plan.q_tiles), 0);
+    int64_t w = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
+        const int64_t e0 = plan.col_offsets[size_t(kt)], n = plan.col_offsets[size_t(kt) + 1] - e0;
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t q = size_t(plan.entries[size_t(e0 + i)].kt);
+          const int64_t step = rev ? n - 1 - i : i;
+          if (pass == 0 && owner[q] == kt) own_step[q] = step;
+          if (pass == 1 && owner[q] != kt && step <= own_step[q]) ++w;
+        }
+      }
+    return w;
+  };
+  const int64_t fwd = waits(false), rev = waits(true);
+  const int64_t others = int64_t(plan.entries.size()) - plan.q_tiles;
+  if (!any_waits && 8 * std::min(fwd, rev) > others) return {};
+  if (reverse) *reverse = rev < fwd;
+  return owner;
 }
 
 }  // namespace spattn::plan

@@ -50,6 +50,18 @@ KeyMajorPlan key_major(const BlockPlan& plan);
 // axes longer than 1; reverse windows past 64 coordinates of the last axis). O(nnz + the strip builds).
 std::optional<KeyMajorPlan> key_major_strips(const BoundPattern& pattern, std::string* why = nullptr);
 
+// dQ's first writers of a key-major plan walked by a grid in plan.order (the backward's tile kernel: a key tile's
+// items in that order, batch and head fastest): owner[query tile] = the key tile, of those whose entries name the query
+// tile, that comes first in plan.order. Its step stores the tile's dQ and the others add to it after (BwdParams::
+// dq_owner), so the accumulator needs no zeroing and a step waits only on a key tile taken before its own. *reverse:
+// whether the key tiles walk their entries last first, the direction in which fewer of the other key tiles' steps
+// come at or before the owner's step of their query tile (counted from each walk's start: a band's owner stores its
+// tiles first walking backward). Empty where a query tile has no entry (its dQ would be left unwritten), the plan is
+// over query strips, or more than 1/8 of the other steps would wait in both directions (causal and dense plans: one
+// key tile owns every query tile, and the others would keep step with it; any_waits: owners even so, for tests of the
+// waits). O(entries).
+std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any_waits = false);
+
 // The backward's row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`
 // (plan/kernels.hpp): the warp-specialized sm90_bwd_ws row where the plan has no residue permutation (its steps come
 // by TMA, 128 queries a step at head dim 64; tensors without a tensor map run the sm90_bwd 128-key row), the 64-key

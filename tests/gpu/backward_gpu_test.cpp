@@ -566,6 +566,69 @@ TEST(BackwardGpu, PersistentSmallCaseForSanitizers) {
   }
 }
 
+// dQ's first writes stored by their owners (SPATTN_BWD_OWNER; plan::dq_owners, tile_bwd_ws.cuh's ws_write_dq): the
+// owner's step stores a query tile's accumulator (prep no longer zeroes it) and the other steps add after its flag.
+// With =2 (owners even where most steps wait: causal's key tile 0 owns every query tile) WsRowsMatchReference's
+// D = 128 cases on the SMs' grid, 3 CTAs and 1 (every wait then on an item the same CTA ran before), each with a graph
+// captured and replayed twice (the accumulator holds the last launch's sums when the next runs: an owner that added
+// instead of storing would be caught); causal & global_cols(100:180)'s first query tile has no key, so that plan keeps
+// prep's zeroing and adds (asserted: no owners). With =1, the plans the rule admits: a band walked last first; and
+// prep split a launch a batch and head.
+struct DqOwnerOn {
+  explicit DqOwnerOn(const char* mode) { setenv("SPATTN_BWD_OWNER", mode, 1); }
+  ~DqOwnerOn() { unsetenv("SPATTN_BWD_OWNER"); }
+};
+void expect_dq_owners(const Case& c, uint32_t seed, bool owned, int graph_replays) {
+  using spattn::cuda::TileBackward;
+  const int64_t o0 = TileBackward::dq_owner_launches();
+  std::string ran;
+  const auto e = backward_errors(c, "sm90_bwd_ws", &ran, seed, nullptr, graph_replays);
+  EXPECT_EQ(ran, "sm90_bwd_ws_64x128_d128");
+  EXPECT_EQ(TileBackward::dq_owner_launches() - o0, owned ? (graph_replays > 0 ? 2 : 1) : 0) << "owners' launches";
+  expect_within(e, c.dt);
+}
+TEST(BackwardGpu, DqOwnersMatchReference) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  {
+    const DqOwnerOn on("2");
+    for (int limit : {0, 3, 1}) {
+      const GridLimit grid(limit);
+      uint32_t seed = 3300;
+      for (const Case& c : ws_row_cases()) {
+        const uint32_t sd = seed++;
+        if (c.D != 128) continue;
+        SCOPED_TRACE(std::string(c.specs[0]) + " L=" + std::to_string(c.Lq) + "x" + std::to_string(c.Lk) +
+                     " grid limit " + std::to_string(limit));
+        expect_dq_owners(c, sd, std::string(c.specs[0]) != "causal & global_cols(100:180)", 2);
+      }
+    }
+  }
+  const DqOwnerOn on("1");
+  for (int limit : {0, 3}) {
+    const GridLimit grid(limit);
+    const Case c{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false};
+    SCOPED_TRACE("local(100) 4099, grid limit " + std::to_string(limit));
+    expect_dq_owners(c, 3380 + limit, true, 2);
+  }
+  const PrepFinLimit lim(1);
+  const Case c{{"local(200)"}, DType::bf16, 2, 4, 2, 2000, 2000, 128, false};
+  SCOPED_TRACE("local(200), prep grid limit 1, graph replays");
+  expect_dq_owners(c, 3390, true, 2);
+}
+
+// kWs128SmallCase with the owners' stores, for compute-sanitizer: the SMs' grid, then 1 CTA.
+TEST(BackwardGpu, DqOwnersSmallCaseForSanitizers) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  const DqOwnerOn on("2");
+  for (int limit : {0, 1}) {
+    SCOPED_TRACE(std::string("grid limit ") + std::to_string(limit));
+    const GridLimit grid(limit);
+    expect_dq_owners(kWs128SmallCase, 3395, true, 0);
+  }
+}
+
 TEST(BackwardGpu, CsrKernelMatchesReference) {
   REQUIRE_GPU();
   check_cases("cuda_csr_bwd", 200);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -57,6 +58,12 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   work_counter_ = DeviceBuffer(sizeof(int));
+  // SPATTN_BWD_OWNER (an A/B switch, read here and at each launch): 2, owners wherever every query tile has a key.
+  const char* own = std::getenv("SPATTN_BWD_OWNER");
+  if (const std::vector<int32_t> owner = plan::dq_owners(km, &dq_rev_, own && std::atoi(own) == 2); !owner.empty()) {
+    dq_owner_ = DeviceBuffer::upload(owner);
+    dq_ready_ = DeviceBuffer(size_t(problem.batch * problem.q_heads * q_tiles) * sizeof(int));
+  }
   lse2_ = DeviceBuffer(size_t(rows) * 4);
   delta_ = DeviceBuffer(size_t(rows) * 4);
 }
@@ -109,6 +116,7 @@ namespace {
 std::atomic<int64_t> g_prepfin[3];  // PrepFinCounts' fields, in order
 std::atomic<int64_t> g_smem_epi{0};  // TileBackward::smem_epilogue_launches
 std::atomic<int64_t> g_fin_tile[2];  // FinishTileCounts' fields, in order
+std::atomic<int64_t> g_dq_owner{0};  // TileBackward::dq_owner_launches
 
 // Rows of a [B, L, H, D] view of 2-byte elements start 16-byte aligned: its pointer, and its strides in 8 elements.
 bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
@@ -138,6 +146,7 @@ void prepfin_grids(const bwd::BwdParams& p, int cta_rows, F&& f) {
       c.lse = p.lse + (b0 * p.lse_sb + h0 * p.lse_sh);
       const int64_t r0 = (int64_t(b0) * p.q_heads + h0) * p.qp;
       c.dq_acc = p.dq_acc + r0 * D, c.lse2 = p.lse2 + r0, c.delta = p.delta + r0;
+      if (p.dq_ready) c.dq_ready = p.dq_ready + r0 / 64;
       f(c, dim3(unsigned(p.qp / cta_rows), unsigned(std::min(lim, p.q_heads - h0)),
                 unsigned(std::min(lim, p.batch - b0))));
     }
@@ -298,6 +307,7 @@ void TileBackward::run(const TensorView& q, const TensorView& k, const TensorVie
   l.dq_acc = dq_acc_.get<float>(), l.lse2 = lse2_.get<float>(), l.delta = delta_.get<float>();
   l.shape = shape_;
   l.work_counter = work_counter_.get<int>();
+  l.dq_owner = dq_owner_.get<int32_t>(), l.dq_ready = dq_ready_.get<int>(), l.dq_rev = dq_rev_;
   ran_row_ = launch(problem_, row_, l, q, k, v, o, lse, dout, dq, dk, dv, stream, &last_tma_, dq_accumulate,
                    dkv_accumulate);
 }
@@ -354,6 +364,14 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
                    encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
+  // dQ's first writes stored by their owners (an A/B switch for now): the D = 128 row on its persistent grid (every
+  // item taken in order from the counter, so an owner's item is running or done when a step waits on it).
+  const char* own = std::getenv("SPATTN_BWD_OWNER");
+  if (own && std::atoi(own) >= 1 && l.dq_owner && l.dq_ready && epi && l.work_counter && pr.head_dim == 128 &&
+      plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws) {
+    p.dq_owner = l.dq_owner, p.dq_ready = l.dq_ready, p.dq_rev = l.dq_rev ? 1 : 0;
+    ++g_dq_owner;
+  }
   launch_row(ran, q.dtype == DType::bf16, tma, strips, epi, p, s, std::make_integer_sequence<int, plan::kNumKernels>{});
   return ran;
 }
@@ -374,6 +392,7 @@ TileBackward::FinishTileCounts TileBackward::finish_tile_counts() {
   return {g_fin_tile[0].load(), g_fin_tile[1].load()};
 }
 
+int64_t TileBackward::dq_owner_launches() { return g_dq_owner.load(); }
 int64_t TileBackward::persistent_launches() { return g_persist.load(); }
 int TileBackward::last_persistent_grid() { return g_persist_grid.load(); }
 int TileBackward::set_persistent_grid_limit(int limit) {

@@ -59,6 +59,11 @@ class TileBackward {
     // One int of device memory, the persistent D = 64 grid's item counter (zeroed by launch() on the stream before the
     // tile kernel, so lists with one counter run on one stream at a time); null: a CTA a key tile.
     int* work_counter = nullptr;
+    // dQ's first writers (plan::dq_owners: [q_tiles]) and their flags (B Hq q_tiles ints), where the plan has them;
+    // used on the D = 128 row's persistent grid (SPATTN_BWD_OWNER=1, an A/B switch): BwdParams::dq_owner.
+    const int32_t* dq_owner = nullptr;
+    int* dq_ready = nullptr;
+    bool dq_rev = false;
   };
   // The warp-specialized rows, where they write dK and dV through shared memory and have an item counter, run a
   // persistent grid (CTAs an SM x SMs, each taking key tiles from a counter, the next tile's K and V loaded before the
@@ -91,6 +96,8 @@ class TileBackward {
     int64_t launches = 0, accumulate = 0;
   };
   static FinishTileCounts finish_tile_counts();
+  // For tests: the launches in this process whose owners stored dQ's first writes (BwdParams::dq_owner).
+  static int64_t dq_owner_launches();
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
@@ -113,6 +120,8 @@ class TileBackward {
   DeviceBuffer col_offsets_, entries_, masks_, order_, k_map_;
   DeviceBuffer dq_acc_, lse2_, delta_;
   DeviceBuffer work_counter_;  // DeviceLists::work_counter
+  DeviceBuffer dq_owner_, dq_ready_;  // DeviceLists::dq_owner, dq_ready (empty: plan::dq_owners found none)
+  bool dq_rev_ = false;
   mutable bool last_tma_ = false;
   mutable int ran_row_ = -1;  // a warp-specialized row without TMA runs the 64x128 row of its head dim
 };

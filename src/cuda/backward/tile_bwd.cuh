@@ -73,6 +73,15 @@ struct BwdParams {
   int head_section;
   // The persistent D = 64 grid's item counter (tile_bwd_ws2.cuh, Ws2Items; zeroed before its launch); else unused.
   int* work_counter;
+  // dQ's first writes (the D = 128 warp-specialized row on the persistent grid; tile_bwd_ws.cuh, ws_write_dq):
+  // dq_owner[query tile] is the key tile whose step stores the tile's accumulator (a bulk copy, no add) and then sets
+  // dq_ready[(b Hq + h) qp / 64 + query tile] (gpu scope; prep zeroes the flags and leaves the accumulator); every
+  // other step waits for the flag, then adds. The owner is the tile's first key tile in the grid's item order, so a
+  // step waits only on an item taken before its own. dq_rev: the items walk their entries last first (where the
+  // owners' tiles sit at their ends). Null dq_owner: prep zeroes the accumulator and every step adds.
+  const int32_t* dq_owner;
+  int* dq_ready;
+  int dq_rev;
 };
 
 // BN = 128 keys a CTA: two warpgroups (64 keys each), dQ's columns split between them (a CTA barrier between dS
@@ -539,6 +548,12 @@ template <int BN>
 __device__ __forceinline__ KeyTileWork key_tile_work(const BwdParams& p) {
   return key_tile_work<BN>(p, int(blockIdx.x));
 }
+// Step i's entry of item w (64 queries a step): the item's query heads in turn, each over the key tile's entries,
+// last first where p.dq_rev.
+__device__ __forceinline__ int64_t step_entry(const BwdParams& p, const KeyTileWork& w, int i) {
+  const int j = i % w.ne;
+  return w.e0 + (p.dq_rev ? w.ne - 1 - j : j);
+}
 
 // 8 2-byte elements at p as four words: one 16-byte load (kVec: p 16-byte aligned) or four 4-byte loads.
 template <bool kVec>
@@ -584,8 +599,12 @@ __device__ __forceinline__ void prep_row(const BwdParams& p, int64_t w, int b, i
     p.lse2[w] = l2;
     p.delta[w] = s;
   }
-  float4* acc = reinterpret_cast<float4*>(p.dq_acc + w * D + c);
-  acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.dq_ready) {  // the owners' steps store the accumulator: only the tile's flag cleared
+    if (c == 0 && w % 64 == 0) p.dq_ready[w / 64] = 0;
+  } else {
+    float4* acc = reinterpret_cast<float4*>(p.dq_acc + w * D + c);
+    acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 // dq[.., c .. c + 8) of one row at drow = scale * (x, y) (the accumulator's 8 floats), + what dq holds where

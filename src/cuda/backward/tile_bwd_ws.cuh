@@ -201,7 +201,7 @@ __device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& 
   for (int i = 0; i < w.n; ++i, ++g) {
     const int st = g % S;
     if (g >= S) mbar_wait(sm.empty + 8 * st, ((g / S) - 1) & 1);
-    const int4 ei = __ldg(&p.entries[w.e0 + i % w.ne]);
+    const int4 ei = __ldg(&p.entries[step_entry(p, w, i)]);
     st_shared_v4b32(sm.ent(st), ei);
     tma_step<Tr>(p, sm.q(st), sm.d_o(st), sm.rows(st), sm.full + 8 * st, w.b, w.hk * p.group + i / w.ne,
                  ei.x * Tr::BM);
@@ -210,7 +210,11 @@ __device__ __forceinline__ int ws_produce(const BwdParams& p, const WsSmem<Tr>& 
 }
 
 // The dQ writer thread: each step's dQ (both consumer warpgroups' D / 2 columns, staged in x = 2 (g & 1) + wg) added
-// into the fp32 accumulator by bulk reduce-add, the buffers freed once their reads are done.
+// into the fp32 accumulator by bulk reduce-add, the buffers freed once their reads are done. With p.dq_owner the
+// tile's owner stores instead (no add: prep has not zeroed the accumulator) and, once the copy is complete (its
+// completion fences the async proxy's writes for the generic proxy), publishes the tile's flag; any other step waits
+// for that flag before its adds. The waits go only to items taken earlier (BwdParams::dq_owner), and the writer that
+// waits holds nothing the owner's CTA needs.
 template <class Tr>
   requires(Tr::BM == 64)
 __device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>& sm, const detail::KeyTileWork& w,
@@ -219,17 +223,36 @@ __device__ __forceinline__ int ws_write_dq(const BwdParams& p, const WsSmem<Tr>&
   int g = g0;
   for (int i = 0; i < w.n; ++i, ++g) {
     const int h = w.hk * p.group + i / w.ne;
-    float* acc = p.dq_acc +
-                 ((int64_t(w.b) * p.q_heads + h) * p.qp + int64_t(__ldg(&p.entries[w.e0 + i % w.ne]).x) * Tr::BM) *
-                     Tr::D;
+    const int qt = __ldg(&p.entries[step_entry(p, w, i)]).x;
+    const int64_t unit = int64_t(w.b) * p.q_heads + h;
+    float* acc = p.dq_acc + (unit * p.qp + int64_t(qt) * Tr::BM) * Tr::D;
+    bool own = false;
+    int* ready = nullptr;
+    if (p.dq_owner) {
+      ready = p.dq_ready + unit * (p.qp / Tr::BM) + qt;
+      own = __ldg(p.dq_owner + qt) * Tr::BN == w.k0;
+      if (!own) {
+        while (ld_acquire_gpu(ready) == 0) __nanosleep(64);
+        fence_proxy_async_global();  // the adds after the flag
+      }
+    }
     const int x0 = 2 * (g & 1);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // consumer warpgroup c's columns
       mbar_wait(sm.dqfull + 8 * (x0 + c), (g >> 1) & 1);
-      bulk_reduce_add_f32(acc + c * Tr::BM * Tr::kDQ, sm.dq(x0 + c), Tr::kDQStage);
+      if (own)
+        bulk_store(acc + c * Tr::BM * Tr::kDQ, sm.dq(x0 + c), Tr::kDQStage);
+      else
+        bulk_reduce_add_f32(acc + c * Tr::BM * Tr::kDQ, sm.dq(x0 + c), Tr::kDQStage);
     }
     bulk_commit();
-    bulk_wait_all<true>();
+    if (own) {
+      bulk_wait_all<false>();  // the stores complete
+      fence_proxy_async_global();
+      st_release_gpu(ready, 1);
+    } else {
+      bulk_wait_all<true>();
+    }
     mbar_arrive(sm.dqempty + 8 * x0);
     mbar_arrive(sm.dqempty + 8 * (x0 + 1));
   }

@@ -205,6 +205,19 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   SPATTN_SM90A_ONLY(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
+// The same between the generic and the async proxy over global memory (a flag read, then a bulk add behind it).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  SPATTN_SM90A_ONLY(asm volatile("fence.proxy.async.global;\n" ::: "memory"));
+}
+// A flag in global memory published (release) and read (acquire) at gpu scope.
+__device__ __forceinline__ void st_release_gpu(int* f, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(f), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* f) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+  return v;
+}
 // Makes mbarrier initializations visible to the async proxy (bulk copies completing on them).
 __device__ __forceinline__ void fence_mbar_init() {
   SPATTN_SM90A_ONLY(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
@@ -296,6 +309,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
   SPATTN_SM90A_ONLY(asm volatile(
       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
       : "memory"));
+}
+// A copy of `bytes` (a multiple of 16, 16-byte aligned ends) of shared memory at `src` to global memory at `dst`, in
+// this thread's bulk async-group.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  SPATTN_SM90A_ONLY(asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                                 "r"(bytes)
+                                 : "memory"));
 }
 __device__ __forceinline__ void bulk_commit() {
   SPATTN_SM90A_ONLY(asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"));
