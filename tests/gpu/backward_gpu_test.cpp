@@ -566,17 +566,18 @@ TEST(BackwardGpu, PersistentSmallCaseForSanitizers) {
   }
 }
 
-// dQ's first writes stored by their owners (SPATTN_BWD_OWNER; plan::dq_owners, tile_bwd_ws.cuh's ws_write_dq): the
+// dQ's first writes stored by their owners (plan::dq_owners, tile_bwd_ws.cuh's ws_write_dq; TileBackward's mode): the
 // owner's step stores a query tile's accumulator (prep no longer zeroes it) and the other steps add after its flag.
-// With =2 (owners even where most steps wait: causal's key tile 0 owns every query tile) WsRowsMatchReference's
+// With mode 2 (owners even where most steps wait: causal's key tile 0 owns every query tile) WsRowsMatchReference's
 // D = 128 cases on the SMs' grid, 3 CTAs and 1 (every wait then on an item the same CTA ran before), each with a graph
 // captured and replayed twice (the accumulator holds the last launch's sums when the next runs: an owner that added
 // instead of storing would be caught); causal & global_cols(100:180)'s first query tile has no key, so that plan keeps
-// prep's zeroing and adds (asserted: no owners). With =1, the plans the rule admits: a band walked last first; and
+// prep's zeroing and adds (asserted: no owners). With mode 1 (the default), the plans the rule admits: a band walked last first; and
 // prep split a launch a batch and head.
 struct DqOwnerOn {
-  explicit DqOwnerOn(const char* mode) { setenv("SPATTN_BWD_OWNER", mode, 1); }
-  ~DqOwnerOn() { unsetenv("SPATTN_BWD_OWNER"); }
+  int prev;
+  explicit DqOwnerOn(int mode) : prev(spattn::cuda::TileBackward::set_dq_owner_mode(mode)) {}
+  ~DqOwnerOn() { spattn::cuda::TileBackward::set_dq_owner_mode(prev); }
 };
 void expect_dq_owners(const Case& c, uint32_t seed, bool owned, int graph_replays) {
   using spattn::cuda::TileBackward;
@@ -591,7 +592,7 @@ TEST(BackwardGpu, DqOwnersMatchReference) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
   {
-    const DqOwnerOn on("2");
+    const DqOwnerOn on(2);
     for (int limit : {0, 3, 1}) {
       const GridLimit grid(limit);
       uint32_t seed = 3300;
@@ -604,7 +605,13 @@ TEST(BackwardGpu, DqOwnersMatchReference) {
       }
     }
   }
-  const DqOwnerOn on("1");
+  {  // mode 0: prep zeroes the accumulator and every step adds
+    const DqOwnerOn off(0);
+    const Case c{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false};
+    SCOPED_TRACE("local(100) 4099, owners off");
+    expect_dq_owners(c, 3379, false, 0);
+  }
+  const DqOwnerOn on(1);
   for (int limit : {0, 3}) {
     const GridLimit grid(limit);
     const Case c{{"local(100)"}, DType::f16, 1, 4, 2, 4099, 4099, 128, false};
@@ -621,7 +628,7 @@ TEST(BackwardGpu, DqOwnersMatchReference) {
 TEST(BackwardGpu, DqOwnersSmallCaseForSanitizers) {
   REQUIRE_GPU();
   if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
-  const DqOwnerOn on("2");
+  const DqOwnerOn on(2);
   for (int limit : {0, 1}) {
     SCOPED_TRACE(std::string("grid limit ") + std::to_string(limit));
     const GridLimit grid(limit);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -18,6 +17,10 @@
 #include "plan/key_plan.hpp"
 
 namespace spattn::cuda {
+
+namespace {
+std::atomic<int> g_dq_owner_mode{1};  // TileBackward::set_dq_owner_mode
+}  // namespace
 
 TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an, const Problem& problem, int row,
                            bool query_strips)
@@ -58,9 +61,7 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   work_counter_ = DeviceBuffer(sizeof(int));
-  // SPATTN_BWD_OWNER (an A/B switch, read here and at each launch): 2, owners wherever every query tile has a key.
-  const char* own = std::getenv("SPATTN_BWD_OWNER");
-  if (const std::vector<int32_t> owner = plan::dq_owners(km, &dq_rev_, own && std::atoi(own) == 2); !owner.empty()) {
+  if (const std::vector<int32_t> owner = plan::dq_owners(km, &dq_rev_, g_dq_owner_mode.load() == 2); !owner.empty()) {
     dq_owner_ = DeviceBuffer::upload(owner);
     dq_ready_ = DeviceBuffer(size_t(problem.batch * problem.q_heads * q_tiles) * sizeof(int));
   }
@@ -364,10 +365,11 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
                    encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
-  // dQ's first writes stored by their owners (an A/B switch for now): the D = 128 row on its persistent grid (every
-  // item taken in order from the counter, so an owner's item is running or done when a step waits on it).
-  const char* own = std::getenv("SPATTN_BWD_OWNER");
-  if (own && std::atoi(own) >= 1 && l.dq_owner && l.dq_ready && epi && l.work_counter && pr.head_dim == 128 &&
+  // dQ's first writes stored by their owners where the lists have them: the D = 128 row on its persistent grid (every
+  // item taken in order from the counter, so an owner's item is running or done when a step waits on it). Against
+  // prep's zeroing and every step adding (H200, bf16, one process, backward time): neighborhood(kernel=257) 0.947,
+  // local(256) GQA 32/4 0.946, local(256) 0.977, local(1024) 0.993 (bench/LOG.md).
+  if (g_dq_owner_mode.load() > 0 && l.dq_owner && l.dq_ready && epi && l.work_counter && pr.head_dim == 128 &&
       plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws) {
     p.dq_owner = l.dq_owner, p.dq_ready = l.dq_ready, p.dq_rev = l.dq_rev ? 1 : 0;
     ++g_dq_owner;
@@ -393,6 +395,10 @@ TileBackward::FinishTileCounts TileBackward::finish_tile_counts() {
 }
 
 int64_t TileBackward::dq_owner_launches() { return g_dq_owner.load(); }
+int TileBackward::set_dq_owner_mode(int mode) {
+  if (mode < 0 || mode > 2) throw Error("backward: dQ owner mode " + std::to_string(mode) + " not 0, 1 or 2");
+  return g_dq_owner_mode.exchange(mode);
+}
 int64_t TileBackward::persistent_launches() { return g_persist.load(); }
 int TileBackward::last_persistent_grid() { return g_persist_grid.load(); }
 int TileBackward::set_persistent_grid_limit(int limit) {

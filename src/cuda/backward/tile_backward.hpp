@@ -60,7 +60,7 @@ class TileBackward {
     // tile kernel, so lists with one counter run on one stream at a time); null: a CTA a key tile.
     int* work_counter = nullptr;
     // dQ's first writers (plan::dq_owners: [q_tiles]) and their flags (B Hq q_tiles ints), where the plan has them;
-    // used on the D = 128 row's persistent grid (SPATTN_BWD_OWNER=1, an A/B switch): BwdParams::dq_owner.
+    // used on the D = 128 row's persistent grid: BwdParams::dq_owner. Null: prep zeroes the accumulator.
     const int32_t* dq_owner = nullptr;
     int* dq_ready = nullptr;
     bool dq_rev = false;
@@ -96,8 +96,11 @@ class TileBackward {
     int64_t launches = 0, accumulate = 0;
   };
   static FinishTileCounts finish_tile_counts();
-  // For tests: the launches in this process whose owners stored dQ's first writes (BwdParams::dq_owner).
+  // For tests: the launches in this process whose owners stored dQ's first writes (BwdParams::dq_owner), and the
+  // owners' use for plans built and launched after the call (1, the default: where plan::dq_owners' rule admits them;
+  // 0: never; 2: wherever every query tile has a key, any_waits); returns the previous mode.
   static int64_t dq_owner_launches();
+  static int set_dq_owner_mode(int mode);
   // The prep / finish grids' most batches and query heads a launch (grid z and y; 65535, CUDA's limit): more are split
   // into launches of at most that many. Tests lower it to run the split; returns the previous limit.
   static int set_prepfin_grid_limit(int limit);
