@@ -44,6 +44,7 @@ CASES = [  # name, spec, B, L, Hq, Hkv, D
     ("local_gqa_d128", "local(256)", 2, 16384, 32, 4, 128),
     ("local_d128", "local(256)", 2, 16384, 16, 16, 128),
     ("na1d_d128", "neighborhood(kernel=257)", 2, 16384, 16, 16, 128),
+    ("na3d_d128", "neighborhood(dims=(16,32,32), kernel=7, causal=(1,0,0))", 2, 16384, 16, 16, 128),
 ]
 
 

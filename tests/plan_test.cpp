@@ -272,8 +272,8 @@ TEST(KeyMajorPlan, TransposesEveryEntryAndMask) {
 
 // dQ's first writers (plan::dq_owners): each query tile's owner is, of the key tiles whose entries name it, the first
 // in the grid's order (so a step waits only on an item taken before its own); bands walk their lists last first, where
-// the owners' stores come first; plans where most steps would wait (causal, dense: one key tile owns every query tile)
-// and plans with a query tile that keeps no key have none.
+// the owners' stores come first; plans where most steps would wait (causal, dense: one key tile owns every query tile),
+// wide or broken lists (local(1024), a 3-D neighborhood) and plans with a query tile that keeps no key have none.
 TEST(KeyMajorPlan, DqOwnersFirstInOrder) {
   struct Case {
     const char* spec;
@@ -288,6 +288,8 @@ TEST(KeyMajorPlan, DqOwnersFirstInOrder) {
       {"local(24)", 190, 190, false, false},  // two key tiles: the second's steps would wait for the first's
       {"local(30)", 150, 411, false, false},
       {"causal", 1000, 1000, false, false},
+      {"local(1024)", 16384, 16384, false, false},  // 33 entries a key tile
+      {"neighborhood(dims=(16,32,32), kernel=7, causal=(1,0,0))", 16384, 16384, false, false},  // runs in 3 planes
       {"dense", 1000, 1000, false, false},
       {"causal & global_cols(100:180)", 333, 333, false, false},
   };

@@ -158,6 +158,13 @@ std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any
       if (o < 0 || rank[size_t(kt)] < rank[size_t(o)]) o = int32_t(kt);
     }
   if (std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
+  if (!any_waits)  // a band: each key tile's query tiles one run, a short one
+    for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
+      const int64_t e0 = plan.col_offsets[size_t(kt)], n = plan.col_offsets[size_t(kt) + 1] - e0;
+      if (n > kOwnerMaxEntries) return {};
+      for (int64_t i = 1; i < n; ++i)
+        if (plan.entries[size_t(e0 + i)].kt != plan.entries[size_t(e0 + i - 1)].kt + 1) return {};
+    }
   // The steps that would wait, walking the lists first to last (rev false) or last first: the other key tiles' entries
   // of a query tile at or before the owner's step (each key tile's walk counted from its own start).
   const auto waits = [&](bool rev) {

@@ -50,6 +50,13 @@ KeyMajorPlan key_major(const BlockPlan& plan);
 // axes longer than 1; reverse windows past 64 coordinates of the last axis). O(nnz + the strip builds).
 std::optional<KeyMajorPlan> key_major_strips(const BoundPattern& pattern, std::string* why = nullptr);
 
+// The most entries a key tile of a plan with dQ owners (dq_owners) has: what owners save, prep's zeroing of the
+// accumulator, is a share of the backward that shrinks as the lists grow. Owners against zeroing (H200, bf16, D 128,
+// one process, backward time): neighborhood(kernel=257) (6 entries a key tile) 0.947, local(256) (10) 0.977-0.984,
+// local(256) GQA 32/4 0.946, local(1024) (33) 0.993, local(left=4096, right=0) GQA (58) 1.009; a 3-D neighborhood's
+// lists (31 entries in several runs) 1.086 (bench/LOG.md).
+inline constexpr int64_t kOwnerMaxEntries = 16;
+
 // dQ's first writers of a key-major plan walked by a grid in plan.order (the backward's tile kernel: a key tile's
 // items in that order, batch and head fastest): owner[query tile] = the key tile, of those whose entries name the query
 // tile, that comes first in plan.order. Its step stores the tile's dQ and the others add to it after (BwdParams::
@@ -57,9 +64,10 @@ std::optional<KeyMajorPlan> key_major_strips(const BoundPattern& pattern, std::s
 // whether the key tiles walk their entries last first, the direction in which fewer of the other key tiles' steps
 // come at or before the owner's step of their query tile (counted from each walk's start: a band's owner stores its
 // tiles first walking backward). Empty where a query tile has no entry (its dQ would be left unwritten), the plan is
-// over query strips, or more than 1/8 of the other steps would wait in both directions (causal and dense plans: one
-// key tile owns every query tile, and the others would keep step with it; any_waits: owners even so, for tests of the
-// waits). O(entries).
+// over query strips, a key tile's query tiles are not one run or more than kOwnerMaxEntries, or more than 1/8 of the
+// other steps would wait in both directions (causal and dense plans: one key tile owns every query tile, and the
+// others would keep step with it); any_waits: owners wherever every query tile has a key (tests of the waits).
+// O(entries).
 std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any_waits = false);
 
 // The backward's row of the kernel table for a pattern of analysis `analysis` (analyze(pattern)) at `head_dim`

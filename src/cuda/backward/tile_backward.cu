@@ -365,10 +365,9 @@ int TileBackward::launch(const Problem& pr, int row, const DeviceLists& l, const
   // part: each thread adds its pairs, store_dkdv).
   const bool epi = tma && plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws && !dkv_accumulate &&
                    encode_tmap(p.tmap_dk, dk, 64) && encode_tmap(p.tmap_dv, dv, 64);
-  // dQ's first writes stored by their owners where the lists have them: the D = 128 row on its persistent grid (every
-  // item taken in order from the counter, so an owner's item is running or done when a step waits on it). Against
-  // prep's zeroing and every step adding (H200, bf16, one process, backward time): neighborhood(kernel=257) 0.947,
-  // local(256) GQA 32/4 0.946, local(256) 0.977, local(1024) 0.993 (bench/LOG.md).
+  // dQ's first writes stored by their owners where the lists have them (plan::dq_owners; its rule and measurements at
+  // plan::kOwnerMaxEntries): the D = 128 row on its persistent grid (every item taken in order from the counter, so an
+  // owner's item is running or done when a step waits on it).
   if (g_dq_owner_mode.load() > 0 && l.dq_owner && l.dq_ready && epi && l.work_counter && pr.head_dim == 128 &&
       plan::kKernels[ran].kind == plan::KernelKind::sm90_bwd_ws) {
     p.dq_owner = l.dq_owner, p.dq_ready = l.dq_ready, p.dq_rev = l.dq_rev ? 1 : 0;
