@@ -327,6 +327,19 @@ TEST(KeyMajorPlan, DqOwnersFirstInOrder) {
                                           spattn::parse("causal & global_cols(100:180)").bind(333), 64, 128)),
                                       nullptr, true)
                   .empty());
+  // an order that is not a permutation of the key tiles (an owner no item would run): refused, naming the tile
+  spattn::plan::KeyMajorPlan km =
+      spattn::plan::key_major(spattn::plan::build_block_plan(spattn::parse("local(100)").bind(4099), 64, 128));
+  const std::vector<int32_t> order = km.order;
+  km.order.pop_back();
+  EXPECT_THROW(spattn::plan::dq_owners(km, nullptr), spattn::Error);
+  km.order = order;
+  km.order[1] = km.order[0];
+  EXPECT_THROW(spattn::plan::dq_owners(km, nullptr), spattn::Error);
+  km.order[1] = int32_t(km.k_tiles);
+  EXPECT_THROW(spattn::plan::dq_owners(km, nullptr), spattn::Error);
+  km.order = order;
+  EXPECT_FALSE(spattn::plan::dq_owners(km, nullptr).empty());
 }
 
 // Wide (128-key) warp-specialized backward tiles, narrow (64) sm90_bwd ones for residue-permuted plans (cp.async

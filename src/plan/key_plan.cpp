@@ -149,8 +149,18 @@ int choose_backward_row(const Analysis& analysis, int64_t head_dim, bool warp_sp
 std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any_waits) {
   if (reverse) *reverse = false;
   if (plan.query_strips) return {};
+  // The grid walks plan.order (section_item): every key tile once, else an owner might be a tile no item runs.
+  if (int64_t(plan.order.size()) != plan.k_tiles)
+    throw Error("dQ owners: the plan's order has " + std::to_string(plan.order.size()) + " key tiles, the plan " +
+                std::to_string(plan.k_tiles));
   std::vector<int32_t> rank(size_t(plan.k_tiles), INT32_MAX);
-  for (size_t r = 0; r < plan.order.size(); ++r) rank[size_t(plan.order[r])] = int32_t(r);
+  for (size_t r = 0; r < plan.order.size(); ++r) {
+    const int32_t kt = plan.order[r];
+    if (kt < 0 || kt >= plan.k_tiles || rank[size_t(kt)] != INT32_MAX)
+      throw Error("dQ owners: the plan's order names key tile " + std::to_string(kt) + " at " + std::to_string(r) +
+                  (kt < 0 || kt >= plan.k_tiles ? ", out of [0, " + std::to_string(plan.k_tiles) + ")" : ", again"));
+    rank[size_t(kt)] = int32_t(r);
+  }
   std::vector<int32_t> owner(size_t(plan.q_tiles), -1);
   for (int64_t kt = 0; kt < plan.k_tiles; ++kt)
     for (int64_t e = plan.col_offsets[size_t(kt)]; e < plan.col_offsets[size_t(kt) + 1]; ++e) {

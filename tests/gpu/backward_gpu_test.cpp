@@ -477,7 +477,7 @@ TEST(BackwardGpu, WsRowsSmallCaseForSanitizers) {
 
 // The persistent grid of both warp-specialized rows (tile_bwd_ws2.cuh, tile_bwd_ws_persist_body): CTAs taking key
 // tiles from a counter, the ring, dS^T and dQ staging phases running on across items, the next K / V loaded before the
-// dK / dV epilogue, which stages them in a dS^T buffer (D = 64) or the dQ buffers (D = 128). The grid capped (0: none)
+// dK / dV epilogue, which stages them in a dS^T buffer (D = 64) or the dQ buffers (D = 128). The grid set (0: the SMs)
 // for the scope.
 struct GridLimit {
   int prev;
@@ -622,6 +622,29 @@ TEST(BackwardGpu, DqOwnersMatchReference) {
   const Case c{{"local(100)"}, DType::bf16, 2, 4, 2, 4099, 4099, 128, false};
   SCOPED_TRACE("local(100), prep grid limit 1, graph replays");
   expect_dq_owners(c, 3390, true, 2);
+}
+
+// A grid of twice the SMs' CTAs (one fits an SM: the second half starts only once CTAs of the first have ended) over
+// causal lists with owners forced (key tile 0 owns every query tile) and 2 x SMs units (B = 2, H = SMs), one head
+// section: the first 2 x SMs items are every unit's key tile 0, the rest wait on them. Were a CTA's first item its
+// blockIdx.x (as before this test came), the running CTAs would take from the counter the other key tiles of
+// the second half's units and wait on those units' key tile 0, whose CTAs cannot start: every running CTA ends up
+// waiting (4 key tiles: 3 x SMs such items, at most 3 taken by a CTA whose writer waits: its producer stops in the
+// third's loads), a hang. Every item from the counter (Ws2Items::take): an item waited on is a running CTA's.
+TEST(BackwardGpu, DqOwnersOnAGridPastTheSMs) {
+  REQUIRE_GPU();
+  if (!on_sm90a()) GTEST_SKIP() << "the sm90_bwd_ws kernels need an sm_90a device (compute capability 9.0)";
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const DqOwnerOn on(2);
+  const GridLimit grid(2 * sms);
+  setenv("SPATTN_HEAD_SECTION", "0", 1);  // one section: items key tile by key tile over all units
+  const Case c{{"causal"}, DType::bf16, 2, sms, sms, 512, 512, 128, false};
+  SCOPED_TRACE(std::string("causal L=512, B=2, H=") + std::to_string(sms));
+  expect_dq_owners(c, 3396, true, 0);
+  EXPECT_EQ(spattn::cuda::TileBackward::last_persistent_grid(), 2 * sms);
+  unsetenv("SPATTN_HEAD_SECTION");
 }
 
 // kWs128SmallCase with the owners' stores, for compute-sanitizer: the SMs' grid, then 1 CTA.

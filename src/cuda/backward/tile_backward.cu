@@ -127,7 +127,7 @@ bool rows_16byte(const void* data, int64_t sb, int64_t sl, int64_t sh) {
 std::atomic<int> g_grid_limit{65535};  // TileBackward::set_prepfin_grid_limit
 std::atomic<int64_t> g_persist{0};     // TileBackward::persistent_launches
 std::atomic<int> g_persist_grid{0};    // TileBackward::last_persistent_grid
-std::atomic<int> g_persist_limit{0};   // TileBackward::set_persistent_grid_limit (0: none)
+std::atomic<int> g_persist_limit{0};   // TileBackward::set_persistent_grid_limit (0: the SMs')
 
 // f(c, grid) for the prep / finish grids (bwd_prep_grid_kernel and bwd_finish_grid_kernel, kPfRows<D> rows a CTA;
 // bwd_finish_tile_kernel, 64) of p's batches and query heads, cta_rows plan-space rows a CTA (grid x), in chunks of at
@@ -180,6 +180,8 @@ void launch_three(void (*kernel)(bwd::BwdParams), const bwd::BwdParams& p, cudaS
     });
     SPATTN_LAUNCH_CHECK("backward prep");
   }
+  // dQ owners' waits go to items taken earlier from the counter: the persistent grid only (tile_bwd_ws2.cuh, Ws2Items)
+  if (p.dq_owner && grid <= 0) throw Error("backward: dQ owners on a grid of a CTA an item (the persistent grid only)");
   int64_t ctas = int64_t(p.k_tiles) * p.batch * p.kv_heads;
   if (grid > 0) ctas = std::min(ctas, grid);
   if (ctas > 0) kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, s>>>(p);
@@ -237,7 +239,7 @@ void launch_persistent(const bwd::BwdParams& p, cudaStream_t s) {
   const auto kernel = bwd::tile_bwd_ws_kernel<Pt>;
   SPATTN_CUDA_CHECK(raise_smem_limit(reinterpret_cast<const void*>(kernel), Pt::kSmemBytes));
   int64_t grid = device_info(current_device()).sms;
-  if (const int lim = g_persist_limit.load(); lim > 0) grid = std::min<int64_t>(grid, lim);
+  if (const int lim = g_persist_limit.load(); lim > 0) grid = lim;
   grid = std::max<int64_t>(1, std::min(grid, int64_t(p.k_tiles) * p.batch * p.kv_heads));
   SPATTN_CUDA_CHECK(cudaMemsetAsync(p.work_counter, 0, sizeof(int), s));
   ++g_smem_epi, ++g_persist;

@@ -68,8 +68,9 @@ class TileBackward {
   // The warp-specialized rows, where they write dK and dV through shared memory and have an item counter, run a
   // persistent grid (CTAs an SM x SMs, each taking key tiles from a counter, the next tile's K and V loaded before the
   // last one's dK / dV epilogue; tile_bwd_ws2.cuh).
-  // For tests: such launches so far, the last one's grid, and a cap on that grid (0: none; returns the previous cap)
-  // so that small problems give each CTA several items.
+  // For tests: such launches so far, the last one's grid, and that grid's CTAs (0: the SMs'; at most the items;
+  // returns the previous value): fewer, so that small problems give each CTA several items, or more than the SMs, so
+  // that some CTAs start only once others have ended.
   static int64_t persistent_launches();
   static int last_persistent_grid();
   static int set_persistent_grid_limit(int limit);

@@ -279,14 +279,14 @@ __device__ __forceinline__ void tile_bwd_ws_body(const BwdParams& p) {
 // The persistent grid (Persistent<SmemEpilogue<BwdWs2Traits or BwdWsTraits<128>>>; tile_backward.cu,
 // launch_persistent): CTAs an SM x SMs,
 // each taking items (the one-CTA-an-item grid's CTAs, key_tile_work's order) as FA3's DynamicPersistentTileScheduler
-// does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) + gridDim.x (the counter zeroed before
-// the launch: a memset node under graph capture). The producer thread takes them (the next one after the item's loads)
-// and hands each to the dQ writer and the 256 consumer threads through two item slots (item_full: the producer's
-// arrival after its store; item_empty: the 257 readers', each as soon as it has read), so every role walks the same
-// items and the producer runs up to two items ahead: it loads the next item's first Q / dO stages as soon as the ring
-// has room, under the current item's last steps and dK / dV epilogue. Every role's step count runs on across items
-// (ws_steps: the ring's stage and phase, the dS^T buffer, the dQ staging's dq_full / dq_empty phases). An item -1 ends
-// the walk.
+// does: its first item blockIdx.x, each next one atomicAdd(p.work_counter, 1) + gridDim.x (with dQ owners every one
+// from the counter: Ws2Items::take; the counter zeroed before the launch: a memset node under graph capture). The
+// producer thread takes them (the next one after the item's loads) and hands each to the dQ writer and the 256 consumer
+// threads through two item slots (item_full: the producer's arrival after its store; item_empty: the 257 readers', each
+// as soon as it has read), so every role walks the same items and the producer runs up to two items ahead: it loads the
+// next item's first Q / dO stages as soon as the ring has room, under the current item's last steps and dK / dV
+// epilogue. Every role's step count runs on across items (ws_steps: the ring's stage and phase, the dS^T buffer, the dQ
+// staging's dq_full / dq_empty phases). An item -1 ends the walk.
 // K and V: dK / dV are staged in a dS^T buffer (free once both warpgroups' last dQ wgmma is done: every step waits
 // for its wgmmas, and a consumer barrier follows the last step), so the consumers issue the next item's K and V right
 // after that barrier, before the epilogue, their copies under its stmatrix and TMA stores; the next item's first dS^T
@@ -344,9 +344,19 @@ struct Ws2Items {
     detail::mbar_arrive(empty + 8 * r);
     return v;
   }
-  // The next item from the counter (the producer thread).
+  // The next item from the counter (the producer thread): past the grid's first items (blockIdx.x), or, with dQ
+  // owners, every item (first_item): a step waits on an owner's item only, and an item taken from the counter is a
+  // running CTA's, where blockIdx.x's would be one that might not have started (a grid is not promised to be resident
+  // at once: another kernel holding SMs, fewer SMs than the grid); CUB's onesweep takes its tiles so.
   static __device__ __forceinline__ int take(const BwdParams& p) {
-    return atomicAdd(p.work_counter, 1) + int(gridDim.x);
+    return atomicAdd(p.work_counter, 1) + (p.dq_owner ? 0 : int(gridDim.x));
+  }
+  // The CTA's first item (the producer warp, lane 0 taking it).
+  static __device__ __forceinline__ int first_item(const BwdParams& p, int lane) {
+    if (!p.dq_owner) return int(blockIdx.x);
+    int t = 0;
+    if (lane == 0) t = take(p);
+    return __shfl_sync(0xffffffffu, t, 0);
   }
 };
 
@@ -373,7 +383,7 @@ __device__ __forceinline__ void tile_bwd_ws_persist_body(const BwdParams& p) {
       // kernel's, which computes it before setmaxnreg; in lane 0's registers alone the producer spilled at 24),
       // lane 0 issues.
       const uint32_t ps = items.producer_state();
-      for (int item = int(blockIdx.x);;) {
+      for (int item = Ws2Items<Tr>::first_item(p, lane);;) {
         const int j = ld_shared_s32(ps), count = ld_shared_s32(ps + 4), g0 = ld_shared_s32(ps + 8);
         if (lane == 0) items.publish(j, item < count ? item : -1, g0);
         if (item >= count) break;
