@@ -572,8 +572,8 @@ TEST(BackwardGpu, PersistentSmallCaseForSanitizers) {
 // D = 128 cases on the SMs' grid, 3 CTAs and 1 (every wait then on an item the same CTA ran before), each with a graph
 // captured and replayed twice (the accumulator holds the last launch's sums when the next runs: an owner that added
 // instead of storing would be caught); causal & global_cols(100:180)'s first query tile has no key, so that plan keeps
-// prep's zeroing and adds (asserted: no owners). With mode 1 (the default), the plans the rule admits: a band walked last first; and
-// prep split a launch a batch and head.
+// prep's zeroing and adds (asserted: no owners). Mode 0 on a band (no owners); mode 1 (the default) on the bands the
+// rule admits, walked last first; and prep split a launch a batch and head.
 struct DqOwnerOn {
   int prev;
   explicit DqOwnerOn(int mode) : prev(spattn::cuda::TileBackward::set_dq_owner_mode(mode)) {}
