@@ -161,35 +161,38 @@ std::vector<int32_t> dq_owners(const KeyMajorPlan& plan, bool* reverse, bool any
                   (kt < 0 || kt >= plan.k_tiles ? ", out of [0, " + std::to_string(plan.k_tiles) + ")" : ", again"));
     rank[size_t(kt)] = int32_t(r);
   }
-  std::vector<int32_t> owner(size_t(plan.q_tiles), -1);
-  for (int64_t kt = 0; kt < plan.k_tiles; ++kt)
-    for (int64_t e = plan.col_offsets[size_t(kt)]; e < plan.col_offsets[size_t(kt) + 1]; ++e) {
-      int32_t& o = owner[size_t(plan.entries[size_t(e)].kt)];
-      if (o < 0 || rank[size_t(kt)] < rank[size_t(o)]) o = int32_t(kt);
-    }
-  if (std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
-  if (!any_waits)  // a band: each key tile's query tiles one run, a short one
+  // f(key tile, its entry i of n, that entry's query tile) over every entry
+  const auto each_entry = [&](auto&& f) {
     for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
       const int64_t e0 = plan.col_offsets[size_t(kt)], n = plan.col_offsets[size_t(kt) + 1] - e0;
-      if (n > kOwnerMaxEntries) return {};
-      for (int64_t i = 1; i < n; ++i)
-        if (plan.entries[size_t(e0 + i)].kt != plan.entries[size_t(e0 + i - 1)].kt + 1) return {};
+      for (int64_t i = 0; i < n; ++i) f(kt, i, n, size_t(plan.entries[size_t(e0 + i)].kt));
     }
+  };
+  std::vector<int32_t> owner(size_t(plan.q_tiles), -1);
+  each_entry([&](int64_t kt, int64_t, int64_t, size_t q) {
+    if (owner[q] < 0 || rank[size_t(kt)] < rank[size_t(owner[q])]) owner[q] = int32_t(kt);
+  });
+  if (std::find(owner.begin(), owner.end(), -1) != owner.end()) return {};
+  if (!any_waits) {  // a band: each key tile's query tiles one run, a short one
+    bool band = true;
+    size_t prev = 0;
+    each_entry([&](int64_t, int64_t i, int64_t n, size_t q) {
+      band = band && n <= kOwnerMaxEntries && (i == 0 || q == prev + 1);
+      prev = q;
+    });
+    if (!band) return {};
+  }
   // The steps that would wait, walking the lists first to last (rev false) or last first: the other key tiles' entries
   // of a query tile at or before the owner's step (each key tile's walk counted from its own start).
   const auto waits = [&](bool rev) {
     std::vector<int64_t> own_step(size_t(plan.q_tiles), 0);
+    each_entry([&](int64_t kt, int64_t i, int64_t n, size_t q) {
+      if (owner[q] == kt) own_step[q] = rev ? n - 1 - i : i;
+    });
     int64_t w = 0;
-    for (int pass = 0; pass < 2; ++pass)
-      for (int64_t kt = 0; kt < plan.k_tiles; ++kt) {
-        const int64_t e0 = plan.col_offsets[size_t(kt)], n = plan.col_offsets[size_t(kt) + 1] - e0;
-        for (int64_t i = 0; i < n; ++i) {
-          const size_t q = size_t(plan.entries[size_t(e0 + i)].kt);
-          const int64_t step = rev ? n - 1 - i : i;
-          if (pass == 0 && owner[q] == kt) own_step[q] = step;
-          if (pass == 1 && owner[q] != kt && step <= own_step[q]) ++w;
-        }
-      }
+    each_entry([&](int64_t kt, int64_t i, int64_t n, size_t q) {
+      w += owner[q] != kt && (rev ? n - 1 - i : i) <= own_step[q];
+    });
     return w;
   };
   const int64_t fwd = waits(false), rev = waits(true);
