@@ -61,7 +61,11 @@ TileBackward::TileBackward(const BoundPattern& pattern, const plan::Analysis& an
   const int64_t rows = problem.batch * problem.q_heads * q_tiles * 64;
   dq_acc_ = DeviceBuffer(size_t(checked_bytes("backward dQ accumulator", {rows, problem.head_dim}, 4)));
   work_counter_ = DeviceBuffer(sizeof(int));
-  if (const std::vector<int32_t> owner = plan::dq_owners(km, &dq_rev_, g_dq_owner_mode.load() == 2); !owner.empty()) {
+  // dQ owners (launch(): the D = 128 warp-specialized row only, so other rows build none)
+  const bool ws128 = problem.head_dim == 128 && plan::kKernels[row].kind == plan::KernelKind::sm90_bwd_ws;
+  if (const std::vector<int32_t> owner =
+          ws128 ? plan::dq_owners(km, &dq_rev_, g_dq_owner_mode.load() == 2) : std::vector<int32_t>{};
+      !owner.empty()) {
     dq_owner_ = DeviceBuffer::upload(owner);
     dq_ready_ = DeviceBuffer(size_t(problem.batch * problem.q_heads * q_tiles) * sizeof(int));
   }
